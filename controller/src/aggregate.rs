@@ -1,0 +1,309 @@
+//! Per-job aggregation, exactly once under at-least-once delivery. A job's state (which chunks are
+//! accounted for, the running per-account totals, failed chunks, request counts) is checkpointed to S3
+//! after each batch and before its messages are deleted; a chunk already accounted for is a duplicate
+//! however often it arrives. When every chunk of a job is accounted for, the report is written.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use shared::billing::{AccountTotals, Totals};
+use shared::blob::BlobStore;
+use shared::codec::{decompress_capped, from_zstd_json, sha256_hex, to_zstd_json, unpack_json};
+use shared::error::{Error, Result};
+use shared::layout::{accounts_key, check_job_id, checkpoint_key, manifest_key, report_key};
+use shared::model::{
+    now_rfc3339, AccountsPayload, Checkpoint, FailedChunk, JobStatus, Manifest, Outcome, ResultMessage, WorkItem, WIRE_VERSION,
+};
+use shared::queue::Message;
+use shared::report;
+use shared::requests::RequestCounts;
+
+/// Largest decompressed checkpoint, result payload or manifest accepted.
+const MAX_DOC_BYTES: u64 = 1 << 30;
+/// Finished jobs remembered in memory (to drop late duplicates without an S3 read).
+const FINISHED_MEMORY: usize = 10_000;
+
+/// Which queue a batch came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Chunk results from processors.
+    Results,
+    /// Work items that exhausted their receives.
+    WorkDeadLetter,
+}
+
+/// What to do with the messages of a batch once applied.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Applied (or duplicates): delete.
+    pub delete: Vec<String>,
+    /// Unreadable dead letters: hide them for a long time rather than spin on them.
+    pub park: Vec<String>,
+}
+
+enum Item {
+    Result(ResultMessage),
+    Dead { item: WorkItem, receives: u32 },
+}
+
+impl Item {
+    fn job_id(&self) -> &str {
+        match self {
+            Item::Result(r) => r.job_id(),
+            Item::Dead { item, .. } => &item.job_id,
+        }
+    }
+
+    fn total_chunks(&self) -> u32 {
+        match self {
+            Item::Result(ResultMessage::Chunk(c)) => c.total_chunks,
+            Item::Result(ResultMessage::EmptyJob { .. }) => 0,
+            Item::Dead { item, .. } => item.total_chunks,
+        }
+    }
+}
+
+struct Job {
+    cp: Checkpoint,
+    totals: Totals,
+}
+
+/// The controller's in-memory view of the jobs it is aggregating.
+pub struct Aggregator {
+    store: Arc<dyn BlobStore>,
+    jobs: HashMap<String, Job>,
+    finished: HashMap<String, JobStatus>,
+    finished_order: VecDeque<String>,
+}
+
+impl Aggregator {
+    pub fn new(store: Arc<dyn BlobStore>) -> Aggregator {
+        Aggregator { store, jobs: HashMap::new(), finished: HashMap::new(), finished_order: VecDeque::new() }
+    }
+
+    /// Applies one received batch. Messages of a job whose state could not be saved are not deleted
+    /// (they come back), and that job is reloaded from its last checkpoint next time.
+    pub async fn apply(&mut self, source: Source, msgs: &[Message]) -> Applied {
+        let mut applied = Applied::default();
+        let mut groups: BTreeMap<String, Vec<(usize, Item)>> = BTreeMap::new();
+        for (i, m) in msgs.iter().enumerate() {
+            match parse(source, m) {
+                Ok(item) => groups.entry(item.job_id().to_string()).or_default().push((i, item)),
+                Err(e) => {
+                    tracing::error!(?source, message_id = %m.id, receive_count = m.receive_count, error = %e, "unreadable message");
+                    // An unreadable result is left to reach the results dead-letter queue; an unreadable
+                    // dead letter is parked where an operator can find it.
+                    if source == Source::WorkDeadLetter {
+                        applied.park.push(m.receipt.clone());
+                    }
+                }
+            }
+        }
+        for (job_id, items) in groups {
+            let receipts: Vec<String> = items.iter().map(|(i, _)| msgs[*i].receipt.clone()).collect();
+            let items: Vec<Item> = items.into_iter().map(|(_, it)| it).collect();
+            match self.apply_job(&job_id, items).await {
+                Ok(()) => applied.delete.extend(receipts),
+                Err(e) => {
+                    tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered");
+                    self.jobs.remove(&job_id);
+                }
+            }
+        }
+        applied
+    }
+
+    async fn apply_job(&mut self, job_id: &str, items: Vec<Item>) -> Result<()> {
+        if self.finished.contains_key(job_id) {
+            tracing::debug!(job = %job_id, n = items.len(), "late duplicates of a finished job");
+            return Ok(());
+        }
+        let total = items[0].total_chunks();
+        let mut ctl = RequestCounts::default();
+        ctl.add("sqs.ReceiveMessage", 1);
+        ctl.add("sqs.DeleteMessageBatch", 1);
+        if !self.jobs.contains_key(job_id) {
+            let job = self.load(job_id, total, &mut ctl).await?;
+            if job.cp.status.is_finished() {
+                self.remember_finished(job_id, job.cp.status);
+                return Ok(());
+            }
+            self.jobs.insert(job_id.to_string(), job);
+        }
+        let store = self.store.clone();
+        let job = self.jobs.get_mut(job_id).expect("job loaded above");
+        for item in items {
+            apply_item(job, item, store.as_ref(), &mut ctl).await?;
+        }
+        ctl.add("s3.PutObject", 1); // the checkpoint below
+        let complete = job.cp.accounted.len() as u32 == job.cp.total_chunks;
+        if complete {
+            ctl.add("s3.GetObject", 1);
+            ctl.add("s3.PutObject", 2);
+        }
+        job.cp.requests.merge(&ctl);
+        if complete {
+            let status = finalize(job, store.as_ref()).await?;
+            self.jobs.remove(job_id);
+            self.remember_finished(job_id, status);
+        } else {
+            save_checkpoint(job, store.as_ref()).await?;
+        }
+        Ok(())
+    }
+
+    async fn load(&self, job_id: &str, total: u32, ctl: &mut RequestCounts) -> Result<Job> {
+        ctl.add("s3.GetObject", 1);
+        match self.store.get(&checkpoint_key(job_id)).await? {
+            Some(data) => {
+                let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES)?;
+                let mut totals = Totals::new();
+                totals.add_all(cp.accounts.iter());
+                cp.accounts = Vec::new();
+                tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, "resumed job from checkpoint");
+                Ok(Job { cp, totals })
+            }
+            None => Ok(Job {
+                cp: Checkpoint {
+                    v: WIRE_VERSION,
+                    job_id: job_id.to_string(),
+                    status: JobStatus::Running,
+                    total_chunks: total,
+                    accounted: Default::default(),
+                    processed_transactions: 0,
+                    failed_chunks: Vec::new(),
+                    accounts: Vec::new(),
+                    requests: RequestCounts::default(),
+                    updated_at: now_rfc3339(),
+                },
+                totals: Totals::new(),
+            }),
+        }
+    }
+
+    fn remember_finished(&mut self, job_id: &str, status: JobStatus) {
+        if self.finished.insert(job_id.to_string(), status).is_none() {
+            self.finished_order.push_back(job_id.to_string());
+            if self.finished_order.len() > FINISHED_MEMORY {
+                if let Some(old) = self.finished_order.pop_front() {
+                    self.finished.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Jobs currently being aggregated (not finished).
+    pub fn open_jobs(&self) -> usize {
+        self.jobs.len()
+    }
+}
+
+fn parse(source: Source, m: &Message) -> Result<Item> {
+    let item = match source {
+        Source::Results => Item::Result(serde_json::from_str(&m.body)?),
+        Source::WorkDeadLetter => Item::Dead { item: serde_json::from_str(&m.body)?, receives: m.receive_count },
+    };
+    check_job_id(item.job_id())?;
+    Ok(item)
+}
+
+async fn apply_item(job: &mut Job, item: Item, store: &dyn BlobStore, ctl: &mut RequestCounts) -> Result<()> {
+    let cp = &mut job.cp;
+    let (chunk, total, transactions) = match &item {
+        Item::Result(ResultMessage::EmptyJob { .. }) => return Ok(()),
+        Item::Result(ResultMessage::Chunk(c)) => (c.chunk, c.total_chunks, c.transactions),
+        Item::Dead { item, .. } => (item.chunk, item.total_chunks, item.transactions),
+    };
+    if total != cp.total_chunks || chunk >= total {
+        // Not from this job as we know it: drop it loudly rather than corrupt the totals.
+        tracing::error!(job = %cp.job_id, chunk, total, expected_total = cp.total_chunks, "message does not fit its job; ignored");
+        return Ok(());
+    }
+    if cp.accounted.contains(&chunk) {
+        tracing::debug!(job = %cp.job_id, chunk, "duplicate; already counted");
+        return Ok(());
+    }
+    match item {
+        Item::Result(ResultMessage::Chunk(c)) => {
+            match c.outcome {
+                Outcome::Processed { payload } => {
+                    let accounts = decode_payload(payload, store, ctl).await?;
+                    let counted: u64 = accounts.iter().map(|a| a.count).sum();
+                    if counted == c.transactions {
+                        job.totals.add_all(accounts.iter());
+                        cp.processed_transactions += counted;
+                    } else {
+                        cp.failed_chunks.push(FailedChunk {
+                            chunk,
+                            transactions,
+                            reason: format!("result counts {counted} transactions, the chunk has {}", c.transactions),
+                        });
+                    }
+                }
+                Outcome::Failed { reason } => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason }),
+            }
+            cp.requests.merge(&c.requests);
+        }
+        Item::Dead { receives, .. } => {
+            tracing::warn!(job = %cp.job_id, chunk, receives, "work item dead-lettered; chunk recorded as failed");
+            cp.failed_chunks.push(FailedChunk {
+                chunk,
+                transactions,
+                reason: "work item reached the dead-letter queue: processing failed on every allowed attempt".to_string(),
+            });
+        }
+        Item::Result(ResultMessage::EmptyJob { .. }) => {}
+    }
+    cp.accounted.insert(chunk);
+    Ok(())
+}
+
+async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, ctl: &mut RequestCounts) -> Result<Vec<AccountTotals>> {
+    match payload {
+        AccountsPayload::Inline { accounts } => Ok(accounts),
+        AccountsPayload::Zstd { data } => unpack_json(&data, MAX_DOC_BYTES),
+        AccountsPayload::Blob { blob } => {
+            ctl.add("s3.GetObject", 1);
+            let data = store.get(&blob.key).await?.ok_or_else(|| Error::NotFound { service: shared::error::Service::S3, what: blob.key.clone() })?;
+            if sha256_hex(&data) != blob.sha256 {
+                return Err(Error::Corrupt(format!("result blob {} checksum mismatch", blob.key)));
+            }
+            Ok(serde_json::from_slice(&decompress_capped(&data, blob.raw_bytes.min(MAX_DOC_BYTES))?)?)
+        }
+    }
+}
+
+async fn save_checkpoint(job: &mut Job, store: &dyn BlobStore) -> Result<()> {
+    job.cp.updated_at = now_rfc3339();
+    job.cp.accounts = job.totals.rows();
+    let bytes = to_zstd_json(&job.cp);
+    job.cp.accounts = Vec::new();
+    store.put(&checkpoint_key(&job.cp.job_id), Bytes::from(bytes?), "application/zstd").await
+}
+
+/// Writes the report and accounts.csv, then marks the job finished in its checkpoint.
+async fn finalize(job: &mut Job, store: &dyn BlobStore) -> Result<JobStatus> {
+    let job_id = job.cp.job_id.clone();
+    let manifest: Manifest = match store.get(&manifest_key(&job_id)).await? {
+        Some(b) => serde_json::from_slice(&b)?,
+        None => return Err(Error::NotFound { service: shared::error::Service::S3, what: format!("manifest of job {job_id}") }),
+    };
+    let mut requests = manifest.requests.clone();
+    requests.merge(&job.cp.requests);
+    let r = report::build(&manifest, &job.totals, job.cp.failed_chunks.clone(), &requests);
+    if r.transactions.accepted != r.transactions.processed + r.transactions.failed {
+        tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
+            "accepted != processed + failed: the results disagree with the manifest");
+    }
+    store.put(&report_key(&job_id), Bytes::from(serde_json::to_vec_pretty(&r)?), "application/json").await?;
+    store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
+    job.cp.status = r.status;
+    save_checkpoint(job, store).await?;
+    tracing::info!(job = %job_id, status = ?r.status, processed = r.transactions.processed, failed = r.transactions.failed,
+        requests = r.requests.total, "job finished; report written");
+    Ok(r.status)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,42 @@
+//! `controller`: parses configuration, sets up tracing and clients, runs the controller until SIGTERM.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use shared::config::{Aws, FleetArgs, LogArgs};
+
+/// Billing fleet controller: aggregates chunk results per job into the S3 warehouse.
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    #[command(flatten)]
+    fleet: FleetArgs,
+    #[command(flatten)]
+    settings: controller::Settings,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    shared::telemetry::init(cli.log.log_json, "info");
+    let shutdown = shared::shutdown::on_signals();
+    match start(cli, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
+    let aws = Aws::load().await;
+    let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
+    let work_dlq = aws.queue(&cli.fleet.work_dlq).await.context("opening the work dead-letter queue")?;
+    let store = aws.store(&cli.fleet.bucket);
+    controller::run(cli.settings, controller::Deps { results, work_dlq, store }, shutdown).await?;
+    Ok(())
+}

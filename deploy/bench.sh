@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): submits generated transactions through the running local fleet and prints
+# wall time, transactions per second and SQS/S3 requests per 1,000 transactions, next to the time the
+# same rows take in one process with no queues (parse, validate, bill). Also checks both give the same
+# per-account totals.
+#
+#   deploy/bench.sh [ROWS] [CHUNK_SIZE]     defaults: 1000000 transactions, chunks of 5000
+#
+# Brings the fleet up with deploy/local.sh first (safe when it already runs).
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+rows=${1:-1000000}
+chunk=${2:-5000}
+accounts=${BENCH_ACCOUNTS:-1000}
+run=${FLEET_RUN_DIR:-$repo/.run}
+export AWS_ENDPOINT_URL=${AWS_ENDPOINT_URL:-http://127.0.0.1:4566} AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-test}
+export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test} AWS_REGION=${AWS_REGION:-us-east-1}
+
+"$repo/deploy/local.sh" up >/dev/null
+bin="$repo/target/release/initiator"
+data="$run/bench-$rows-$accounts.csv"
+[ -s "$data" ] || "$bin" generate --rows "$rows" --accounts "$accounts" --seed 42 >"$data"
+
+echo "== one process, no queues: $rows transactions"
+t0=$(date +%s.%N)
+"$bin" local "$data" --json >"$run/bench-local.json"
+t1=$(date +%s.%N)
+
+echo "== fleet: submit -> report, chunks of $chunk"
+t2=$(date +%s.%N)
+code=0
+"$bin" submit "$data" --chunk-size "$chunk" --wait --json >"$run/bench-fleet.json" 2>"$run/bench-submit.log" || code=$?
+t3=$(date +%s.%N)
+[ "$code" = 0 ] || { echo "submit failed (exit $code):"; cat "$run/bench-submit.log"; exit 1; }
+
+python3 - "$run/bench-local.json" "$run/bench-fleet.json" "$t0" "$t1" "$t2" "$t3" <<'PY'
+import json, sys
+local, fleet = (json.load(open(p)) for p in sys.argv[1:3])
+t0, t1, t2, t3 = map(float, sys.argv[3:7])
+lt, ft = t1 - t0, t3 - t2
+n = fleet["transactions"]["processed"]
+req = fleet["requests"]
+sqs, s3 = sum(req["sqs"].values()), sum(req["s3"].values())
+same = local["accounts"] == fleet["accounts"] and local["totals"] == fleet["totals"]
+print(f"transactions          {n}")
+print(f"one process           {lt:8.3f} s   {n / lt:12,.0f} txn/s")
+print(f"fleet submit->report  {ft:8.3f} s   {n / ft:12,.0f} txn/s")
+print(f"fleet overhead        {ft - lt:8.3f} s   ({ft / lt:.1f}x the one-process time)")
+print(f"SQS requests          {sqs:8d}     {sqs * 1000 / n:8.3f} per 1,000 transactions  {req['sqs']}")
+print(f"S3 requests           {s3:8d}     {s3 * 1000 / n:8.3f} per 1,000 transactions  {req['s3']}")
+print(f"SQS+S3                {sqs + s3:8d}     {(sqs + s3) * 1000 / n:8.3f} per 1,000 transactions")
+print(f"totals identical      {'yes' if same else 'NO'}")
+sys.exit(0 if same else 1)
+PY

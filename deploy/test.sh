@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: installs and starts what the tests need (RabbitMQ, LocalStack) when they are
+# missing, then `cargo test --workspace`. Extra arguments go to cargo test.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$repo/deploy/rabbitmq.sh"
+"$repo/localstack/start.sh"
+export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
+cd "$repo"
+cargo test --workspace --locked "$@"

@@ -1,0 +1,52 @@
+//! `initiator local`: bills files in this one process with no queues or storage: a dry run for users
+//! and the baseline the benchmark compares the fleet against (parse, validate, bill).
+
+use std::path::PathBuf;
+
+use shared::billing::{Tariff, Totals};
+use shared::input::{InputFile, Validator};
+use shared::model::{now_rfc3339, Manifest, WIRE_VERSION};
+use shared::report::{self, Report};
+use shared::requests::RequestCounts;
+
+use crate::CliError;
+
+/// Reads, validates and bills `files`; the report has job id `local`.
+pub fn bill(files: &[PathBuf], tariff: &Tariff) -> Result<Report, CliError> {
+    let inputs = files.iter().map(|p| InputFile::open(p)).collect::<Result<Vec<_>, _>>().map_err(|e| CliError::Input(e.to_string()))?;
+    let calc = tariff.calculator();
+    let mut v = Validator::new();
+    let mut rejected = Vec::new();
+    let mut totals = Totals::new();
+    let mut batch = Vec::with_capacity(8192);
+    for f in &inputs {
+        v.read(
+            f,
+            |t| {
+                batch.push(t);
+                if batch.len() == batch.capacity() {
+                    Totals::bill(&batch, &calc).rows().iter().for_each(|r| totals.add(r));
+                    batch.clear();
+                }
+            },
+            |r| rejected.push(r),
+            |_| {},
+        )
+        .map_err(|e| CliError::Input(e.to_string()))?;
+    }
+    Totals::bill(&batch, &calc).rows().iter().for_each(|r| totals.add(r));
+    let manifest = Manifest {
+        v: WIRE_VERSION,
+        job_id: "local".into(),
+        created_at: now_rfc3339(),
+        files: files.iter().map(|p| p.display().to_string()).collect(),
+        submitted: v.counts.submitted,
+        accepted: v.counts.accepted,
+        rejected,
+        total_chunks: 0,
+        chunk_transactions: Vec::new(),
+        tariff: tariff.clone(),
+        requests: RequestCounts::default(),
+    };
+    Ok(report::build(&manifest, &totals, Vec::new(), &RequestCounts::default()))
+}

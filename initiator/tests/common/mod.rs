@@ -1,0 +1,164 @@
+//! Test harness: a uniquely named fleet (queues, DLQs, bucket, trigger exchange) on the LocalStack and
+//! RabbitMQ that `deploy/test.sh` starts, with processor and controller running in-process.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use initiator::submit::{Clients, SubmitOptions, Submitted};
+use shared::billing::{money, Tariff, Totals};
+use shared::config::{Aws, FleetArgs};
+use shared::input::{InputFile, Validator};
+use shared::provision::{ensure_fleet, QueueSettings};
+use shared::queue::{Queue, SqsQueue};
+use shared::report::Report;
+use shared::trigger::{RabbitTriggers, TriggerBus};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub const LOCALSTACK: &str = "http://127.0.0.1:4566";
+
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+pub struct Stack {
+    pub aws: Aws,
+    pub names: FleetArgs,
+    pub work: Arc<SqsQueue>,
+    pub work_dlq: Arc<SqsQueue>,
+    pub results: Arc<SqsQueue>,
+    pub store: Arc<shared::blob::S3Store>,
+}
+
+/// Creates a fresh fleet with unique names.
+pub async fn stack(settings: QueueSettings) -> Stack {
+    let aws = Aws::local_or_env(LOCALSTACK).await;
+    let suffix = uuid::Uuid::now_v7().simple().to_string();
+    let mut names = FleetArgs::defaults().with_suffix(&suffix[suffix.len() - 12..]);
+    names.amqp_url = amqp_url();
+    ensure_fleet(&aws, &names, settings)
+        .await
+        .unwrap_or_else(|e| panic!("cannot create test resources on {LOCALSTACK} ({e}); start the stack with deploy/test.sh"));
+    let store = aws.store(&names.bucket);
+    Stack {
+        work: aws.queue(&names.work_queue).await.unwrap(),
+        work_dlq: aws.queue(&names.work_dlq).await.unwrap(),
+        results: aws.queue(&names.results_queue).await.unwrap(),
+        store,
+        names,
+        aws,
+    }
+}
+
+pub struct Running {
+    pub stop: CancellationToken,
+    pub handle: JoinHandle<shared::Result<()>>,
+}
+
+impl Running {
+    /// Graceful stop: cancel and wait.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.handle.await.unwrap().unwrap();
+    }
+}
+
+impl Stack {
+    pub fn clients(&self) -> Clients {
+        Clients {
+            work: self.work.clone(),
+            results: self.results.clone(),
+            store: self.store.clone(),
+            triggers: Some(Arc::new(RabbitTriggers::new(&self.names.amqp_url, &self.names.trigger_exchange)) as Arc<dyn TriggerBus>),
+        }
+    }
+
+    pub fn start_processor(&self, settings: processor::Settings) -> Running {
+        let stop = CancellationToken::new();
+        let (tx, _) = tokio::sync::broadcast::channel(64);
+        shared::trigger::spawn_subscriber(self.names.amqp_url.clone(), self.names.trigger_exchange.clone(), tx.clone(), stop.clone());
+        let deps = processor::Deps { work: self.work.clone(), results: self.results.clone(), store: self.store.clone(), triggers: Some(tx) };
+        let handle = tokio::spawn(processor::run(settings, deps, stop.clone()));
+        Running { stop, handle }
+    }
+
+    pub fn start_controller(&self) -> Running {
+        let stop = CancellationToken::new();
+        let deps = controller::Deps { results: self.results.clone(), work_dlq: self.work_dlq.clone(), store: self.store.clone() };
+        let settings = controller::Settings { receive_wait_secs: 1, drain_secs: 10 };
+        let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
+        Running { stop, handle }
+    }
+
+    pub async fn submit(&self, files: &[PathBuf], chunk_size: u64) -> Submitted {
+        let opts = SubmitOptions { chunk_size, ..SubmitOptions::new(files.to_vec()) };
+        initiator::submit::submit(opts, &self.clients()).await.expect("submit")
+    }
+
+    pub async fn wait_report(&self, s: &Submitted, timeout: Duration) -> Report {
+        initiator::follow::wait(self.store.as_ref(), &s.job_id, s.total_chunks, timeout, false).await.expect("job finished in time")
+    }
+
+    /// Polls until the queue shows `visible` messages and nothing in flight.
+    pub async fn wait_depth(&self, q: &dyn Queue, visible: u64, timeout: Duration) {
+        let start = Instant::now();
+        loop {
+            let d = q.depth().await.unwrap();
+            if d.visible == visible && d.in_flight == 0 {
+                return;
+            }
+            assert!(start.elapsed() < timeout, "queue {} depth {d:?}, wanted {visible} visible", q.name());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Fast processor settings for tests.
+pub fn fast_processor() -> processor::Settings {
+    processor::Settings { consumers: 3, receive_wait_secs: 1, retry_delay_secs: 0, drain_secs: 10, ..Default::default() }
+}
+
+pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+pub fn generated(dir: &Path, name: &str, rows: u64, accounts: u64, seed: u64) -> PathBuf {
+    let p = dir.join(name);
+    let mut f = std::fs::File::create(&p).unwrap();
+    shared::generate::write_csv(&mut f, rows, accounts, seed).unwrap();
+    p
+}
+
+/// The expected per-account rows, computed in one process with no queues.
+pub fn expected_accounts(files: &[PathBuf]) -> Vec<(String, String, u64, String, String, String)> {
+    let calc = Tariff::default().calculator();
+    let mut txns = Vec::new();
+    let mut v = Validator::new();
+    for f in files {
+        v.read(&InputFile::open(f).unwrap(), |t| txns.push(t), |_| {}, |_| {}).unwrap();
+    }
+    Totals::bill(&txns, &calc)
+        .rows()
+        .into_iter()
+        .map(|r| (r.account_id.clone(), r.currency.clone(), r.count, money(r.gross), money(r.fees), money(r.net())))
+        .collect()
+}
+
+pub fn report_accounts(r: &Report) -> Vec<(String, String, u64, String, String, String)> {
+    r.accounts.iter().map(|a| (a.account_id.clone(), a.currency.clone(), a.count, a.gross.clone(), a.fees.clone(), a.net.clone())).collect()
+}
+
+/// The arithmetic identities every report must satisfy.
+pub fn assert_consistent(r: &Report) {
+    let t = &r.transactions;
+    assert_eq!(t.submitted, t.accepted + t.rejected, "submitted = accepted + rejected");
+    assert_eq!(t.accepted, t.processed + t.failed, "accepted = processed + failed");
+    assert_eq!(r.accounts.iter().map(|a| a.count).sum::<u64>(), t.processed);
+    assert_eq!(r.totals.iter().map(|c| c.count).sum::<u64>(), t.processed);
+    assert_eq!(t.failed, r.failed_chunks.iter().map(|f| f.transactions).sum::<u64>());
+}

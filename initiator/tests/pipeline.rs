@@ -1,0 +1,163 @@
+//! End-to-end tests of the billing pipeline on real LocalStack (SQS, S3) and RabbitMQ.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use shared::blob::BlobStore;
+use shared::layout::{accounts_key, chunk_key, report_key};
+use shared::model::JobStatus;
+use shared::provision::QueueSettings;
+use shared::queue::Queue;
+
+const T: Duration = Duration::from_secs(90);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn whole_pipeline_bills_exactly() {
+    let st = stack(QueueSettings::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let big = generated(dir.path(), "big.csv", 20_000, 300, 7);
+    // A hand-checked file: rejects, a duplicate, a refund, quoting and CRLF.
+    let small = write(
+        dir.path(),
+        "small.csv",
+        "timestamp,txn_id,account_id,amount,currency,memo\r\n\
+         2026-11-21T10:00:00Z,h1,HAND,100.00,EUR,a\r\n\
+         2026-11-21T10:00:00Z,h2,HAND,15.00,EUR,\"x, y\"\r\n\
+         2026-11-21T10:00:00Z,h3,HAND,-40.00,EUR,refund\r\n\
+         2026-11-21T10:00:00Z,h1,HAND,5.00,EUR,dup\r\n\
+         \r\n\
+         2026-11-21T10:00:00Z,h4,HAND,1.234,EUR,bad amount\r\n\
+         2026-11-21T10:00:00Z,h5,HAND,5.00,eur,bad currency\r\n",
+    );
+    let p = st.start_processor(fast_processor());
+    let c = st.start_controller();
+    let files = vec![big.clone(), small.clone()];
+    let s = st.submit(&files, 1000).await;
+    assert_eq!(s.total_chunks, 21);
+    let r = st.wait_report(&s, T).await;
+    assert_eq!(r.status, JobStatus::Complete);
+    assert_consistent(&r);
+    assert_eq!(r.transactions.submitted, 20_006);
+    assert_eq!(r.transactions.rejected, 3);
+    assert_eq!(r.transactions.processed, 20_003);
+    assert_eq!(report_accounts(&r), expected_accounts(&files));
+    // HAND: 100.00 (fee 3.20) + 15.00 (fee 0.74, half away from zero of 0.735) - 40.00 (no fee)
+    let hand = r.accounts.iter().find(|a| a.account_id == "HAND").unwrap();
+    assert_eq!((hand.count, hand.gross.as_str(), hand.fees.as_str(), hand.net.as_str()), (3, "75.00", "3.94", "71.06"));
+    let lines: Vec<(u64, &str)> = r.rejected.iter().map(|x| (x.line, x.reason.as_str())).collect();
+    assert_eq!(lines[0].0, 5);
+    assert!(lines[0].1.starts_with("txn_id: duplicate"), "{lines:?}");
+    assert_eq!((lines[1].0, lines[2].0), (7, 8), "physical line numbers, blank line counted");
+    assert!(lines[1].1.starts_with("amount:") && lines[2].1.starts_with("currency:"));
+    // Request accounting: every part of the fleet counted its calls for this job.
+    assert!(r.requests.s3.get("PutObject").copied().unwrap_or(0) >= 21 + 1 + 3, "{:?}", r.requests);
+    assert!(r.requests.s3.get("GetObject").copied().unwrap_or(0) >= 21);
+    assert!(r.requests.sqs.get("SendMessageBatch").copied().unwrap_or(0) >= 3);
+    assert!(r.requests.sqs.get("DeleteMessageBatch").copied().unwrap_or(0) >= 3);
+    // The warehouse holds the report and accounts.csv.
+    let csv = st.store.get(&accounts_key(&s.job_id)).await.unwrap().unwrap();
+    assert_eq!(csv.iter().filter(|&&b| b == b'\n').count(), r.accounts.len() + 1);
+    assert!(st.store.get(&report_key(&s.job_id)).await.unwrap().is_some());
+    // Nothing left behind on the queues.
+    st.wait_depth(st.work.as_ref(), 0, T).await;
+    st.wait_depth(st.results.as_ref(), 0, T).await;
+    p.stop().await;
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicate_work_items_do_not_change_totals() {
+    let st = stack(QueueSettings::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = generated(dir.path(), "in.csv", 3_000, 50, 11);
+    let s = st.submit(std::slice::from_ref(&f), 500).await;
+    assert_eq!(s.total_chunks, 6);
+    // Deliver every work item twice: copy each body back onto the queue.
+    let mut got = std::collections::BTreeMap::new();
+    while got.len() < 6 {
+        for m in st.work.receive(10, Duration::from_secs(1)).await.unwrap() {
+            got.insert(m.id.clone(), m);
+        }
+    }
+    for m in got.values() {
+        st.work.set_visibility(&m.receipt, Duration::ZERO).await.unwrap();
+    }
+    let bodies: Vec<String> = got.into_values().map(|m| m.body).collect();
+    st.work.send(&bodies).await.unwrap();
+    st.wait_depth(st.work.as_ref(), 12, T).await;
+    let p = st.start_processor(fast_processor());
+    let c = st.start_controller();
+    let r = st.wait_report(&s, T).await;
+    assert_eq!(r.status, JobStatus::Complete);
+    assert_consistent(&r);
+    assert_eq!(r.transactions.processed, 3_000);
+    assert_eq!(report_accounts(&r), expected_accounts(&[f]));
+    st.wait_depth(st.work.as_ref(), 0, T).await;
+    st.wait_depth(st.results.as_ref(), 0, T).await;
+    p.stop().await;
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn corrupt_blob_reaches_dlq_and_job_is_partial() {
+    let st = stack(QueueSettings { max_receive_count: 2, visibility_timeout: std::time::Duration::from_secs(2) }).await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = generated(dir.path(), "in.csv", 2_000, 40, 3);
+    let s = st.submit(std::slice::from_ref(&f), 500).await;
+    assert_eq!(s.total_chunks, 4);
+    // Chunk 2's blob is damaged after submission.
+    st.store.put(&chunk_key(&s.job_id, 2), Bytes::from_static(b"\x28\xb5\x2f\xfd garbage"), "application/zstd").await.unwrap();
+    let p = st.start_processor(fast_processor());
+    // The work item is never deleted by the processor: after two receives it lands in the DLQ.
+    st.wait_depth(st.work_dlq.as_ref(), 1, T).await;
+    st.wait_depth(st.work.as_ref(), 0, T).await;
+    let c = st.start_controller();
+    let r = st.wait_report(&s, T).await;
+    assert_eq!(r.status, JobStatus::Partial);
+    assert_consistent(&r);
+    assert_eq!(r.transactions.failed, 500);
+    assert_eq!(r.transactions.processed, 1_500);
+    assert_eq!(r.failed_chunks.len(), 1);
+    assert_eq!(r.failed_chunks[0].chunk, 2);
+    assert!(r.failed_chunks[0].reason.contains("sha256 mismatch"), "{}", r.failed_chunks[0].reason);
+    // The controller consumed the dead letter as well (recorded once, then removed).
+    st.wait_depth(st.work_dlq.as_ref(), 0, T).await;
+    p.stop().await;
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn controller_restarted_mid_job_keeps_totals_exact() {
+    let st = stack(QueueSettings { max_receive_count: 5, visibility_timeout: std::time::Duration::from_secs(2) }).await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = generated(dir.path(), "in.csv", 6_000, 80, 5);
+    let s = st.submit(std::slice::from_ref(&f), 200).await;
+    assert_eq!(s.total_chunks, 30);
+    let p = st.start_processor(fast_processor());
+    st.wait_depth(st.results.as_ref(), 30, T).await;
+    p.stop().await;
+
+    // First controller: applies and checkpoints two batches, then "crashes" before deleting them.
+    let mut agg = controller::Aggregator::new(st.store.clone());
+    for _ in 0..2 {
+        let msgs = st.results.receive(10, Duration::from_secs(1)).await.unwrap();
+        assert!(!msgs.is_empty());
+        agg.apply(controller::Source::Results, &msgs).await;
+    }
+    drop(agg);
+    // A second controller is killed hard while it works.
+    let c1 = st.start_controller();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c1.handle.abort();
+    // The last one finishes the job.
+    let c2 = st.start_controller();
+    let r = st.wait_report(&s, T).await;
+    assert_eq!(r.status, JobStatus::Complete);
+    assert_consistent(&r);
+    assert_eq!(r.transactions.processed, 6_000);
+    assert_eq!(report_accounts(&r), expected_accounts(&[f]));
+    c2.stop().await;
+}

@@ -1,0 +1,49 @@
+//! `processor`: parses configuration, sets up tracing and clients, runs the processor until SIGTERM.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use shared::config::{Aws, FleetArgs, LogArgs};
+use shared::trigger::{redact_url, spawn_subscriber};
+
+/// Billing fleet processor: bills the chunks referenced by work items on the work queue.
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    #[command(flatten)]
+    fleet: FleetArgs,
+    #[command(flatten)]
+    settings: processor::Settings,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    shared::telemetry::init(cli.log.log_json, "info");
+    let shutdown = shared::shutdown::on_signals();
+    match start(cli, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
+    let aws = Aws::load().await;
+    let work = aws.queue(&cli.fleet.work_queue).await.context("opening the work queue")?;
+    let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
+    let store = aws.store(&cli.fleet.bucket);
+    let triggers = (!cli.fleet.amqp_url.is_empty()).then(|| {
+        let (tx, _) = tokio::sync::broadcast::channel(64);
+        tracing::info!(url = %redact_url(&cli.fleet.amqp_url), "listening for work-detected triggers");
+        spawn_subscriber(cli.fleet.amqp_url.clone(), cli.fleet.trigger_exchange.clone(), tx.clone(), shutdown.clone());
+        tx
+    });
+    processor::run(cli.settings, processor::Deps { work, results, store, triggers }, shutdown).await?;
+    Ok(())
+}

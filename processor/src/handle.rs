@@ -1,0 +1,93 @@
+//! Handling one work item: parse it, fetch the chunk blob (claim check), verify checksum and sizes,
+//! decompress under the size cap, validate every row again, bill, and package the per-account totals
+//! for the results queue (inline, compressed inline, or as a blob when large).
+
+use bytes::Bytes;
+use shared::billing::Totals;
+use shared::blob::BlobStore;
+use shared::codec::{decode_chunk, pack_json, sha256_hex, to_zstd_json};
+use shared::error::{Error, Result};
+use shared::layout::{check_chunk_key, result_key};
+use shared::model::{AccountsPayload, BlobRef, ChunkResult, Outcome, WorkItem, WIRE_VERSION};
+use shared::requests::RequestCounts;
+
+/// Results up to this size travel as plain JSON inside the message.
+pub const INLINE_LIMIT: usize = 24 * 1024;
+/// Compressed results up to this size (base64) travel inside the message; larger ones as a blob.
+pub const COMPRESSED_INLINE_LIMIT: usize = 160 * 1024;
+
+/// Parses and checks a work item body.
+pub fn parse_work_item(body: &str) -> Result<WorkItem> {
+    let w: WorkItem = serde_json::from_str(body)?;
+    if w.v != WIRE_VERSION {
+        return Err(Error::Corrupt(format!("work item version {} (this processor reads {WIRE_VERSION})", w.v)));
+    }
+    check_chunk_key(&w.job_id, w.chunk, &w.blob.key)?;
+    if w.chunk >= w.total_chunks {
+        return Err(Error::Corrupt(format!("chunk {} of a job with {} chunks", w.chunk, w.total_chunks)));
+    }
+    w.tariff.check().map_err(|e| Error::Corrupt(format!("tariff: {e}")))?;
+    Ok(w)
+}
+
+/// Processes one work item. Returns the chunk result (requests: the S3 calls made for it).
+pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u64) -> Result<ChunkResult> {
+    let mut requests = RequestCounts::default();
+    requests.add("s3.GetObject", 1);
+    let data = store
+        .get(&item.blob.key)
+        .await?
+        .ok_or_else(|| Error::Corrupt(format!("chunk blob {} does not exist", item.blob.key)))?;
+    let (blob, rows, tariff) = (item.blob.clone(), item.transactions, item.tariff.clone());
+    let accounts = tokio::task::spawn_blocking(move || {
+        let txns = decode_chunk(&data, &blob, rows, max_chunk_bytes)?;
+        Ok::<_, Error>(Totals::bill(&txns, &tariff.calculator()).rows())
+    })
+    .await
+    .map_err(|e| Error::Corrupt(format!("billing task failed: {e}")))??;
+
+    let json_len = serde_json::to_vec(&accounts)?.len();
+    let payload = if json_len <= INLINE_LIMIT {
+        AccountsPayload::Inline { accounts }
+    } else {
+        let packed = pack_json(&accounts)?;
+        if packed.len() <= COMPRESSED_INLINE_LIMIT {
+            AccountsPayload::Zstd { data: packed }
+        } else {
+            let bytes = to_zstd_json(&accounts)?;
+            let blob = BlobRef {
+                key: result_key(&item.job_id, item.chunk),
+                sha256: sha256_hex(&bytes),
+                compressed_bytes: bytes.len() as u64,
+                raw_bytes: json_len as u64,
+            };
+            requests.add("s3.PutObject", 1);
+            store.put(&blob.key, Bytes::from(bytes), "application/zstd").await?;
+            AccountsPayload::Blob { blob }
+        }
+    };
+    Ok(ChunkResult {
+        v: WIRE_VERSION,
+        job_id: item.job_id.clone(),
+        chunk: item.chunk,
+        total_chunks: item.total_chunks,
+        transactions: item.transactions,
+        outcome: Outcome::Processed { payload },
+        requests,
+    })
+}
+
+/// The result sent for a work item that failed on its last allowed receive.
+pub fn failed_result(item: &WorkItem, reason: String) -> ChunkResult {
+    let mut requests = RequestCounts::default();
+    requests.add("s3.GetObject", 1);
+    ChunkResult {
+        v: WIRE_VERSION,
+        job_id: item.job_id.clone(),
+        chunk: item.chunk,
+        total_chunks: item.total_chunks,
+        transactions: item.transactions,
+        outcome: Outcome::Failed { reason },
+        requests,
+    }
+}

@@ -1,0 +1,68 @@
+//! The scaling agent (minimal for now): watches the fleet's queues and reports their depth and
+//! in-flight counts, and publishes a work-detected trigger when the work queue turns non-empty, so
+//! parked listeners wake without waiting for their next poll. Scaling processor instances comes later.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use shared::queue::{Queue, QueueDepth};
+use shared::trigger::{TriggerBus, WorkDetected};
+use tokio_util::sync::CancellationToken;
+
+/// Agent settings.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Settings {
+    /// Seconds between two looks at the queues.
+    #[arg(long, env = "AGENT_INTERVAL_SECS", default_value_t = 5)]
+    pub interval_secs: u64,
+}
+
+/// The queues watched, by role.
+pub struct Watched {
+    pub work: Arc<dyn Queue>,
+    pub work_dlq: Arc<dyn Queue>,
+    pub results: Arc<dyn Queue>,
+}
+
+/// Depths of all watched queues.
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    pub work: QueueDepth,
+    pub work_dlq: QueueDepth,
+    pub results: QueueDepth,
+}
+
+pub async fn snapshot(w: &Watched) -> shared::Result<Snapshot> {
+    Ok(Snapshot { work: w.work.depth().await?, work_dlq: w.work_dlq.depth().await?, results: w.results.depth().await? })
+}
+
+/// Looks at the queues every interval until `shutdown`; logs depths and triggers on empty -> non-empty.
+pub async fn run(settings: Settings, watched: Watched, triggers: Option<Arc<dyn TriggerBus>>, shutdown: CancellationToken) -> shared::Result<()> {
+    let mut was_empty = true;
+    loop {
+        match snapshot(&watched).await {
+            Ok(s) => {
+                tracing::info!(
+                    work_visible = s.work.visible, work_in_flight = s.work.in_flight, work_dlq = s.work_dlq.visible,
+                    results_visible = s.results.visible, results_in_flight = s.results.in_flight, "queue depths"
+                );
+                let empty = s.work.visible == 0;
+                if was_empty && !empty {
+                    if let Some(t) = &triggers {
+                        let ev = WorkDetected { queue: watched.work.name().to_string(), messages: s.work.visible, source: "scaling-agent".into() };
+                        if let Err(e) = t.publish(&ev).await {
+                            tracing::warn!(error = %e, "could not publish work-detected trigger");
+                        }
+                    }
+                }
+                was_empty = empty;
+            }
+            Err(e) => tracing::warn!(error = %e, "could not read queue depths"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_secs(settings.interval_secs.max(1))) => {}
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! Billing: the tariff, the per-transaction fee (exact decimals, rounded to cents half away from zero)
+//! and the per (account, currency) totals that chunks produce and the controller merges.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use rust_decimal::{Decimal, RoundingStrategy};
+use serde::{Deserialize, Serialize};
+
+use crate::model::Transaction;
+
+/// Fee rule for one currency: `fixed_fee + percent% of amount` for charges, `refund_fee` for refunds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rates {
+    pub fixed_fee: Decimal,
+    pub percent: Decimal,
+    #[serde(default)]
+    pub refund_fee: Decimal,
+}
+
+/// The tariff a job is billed with. Travels inside every work item so that a job is billed the same
+/// way by every processor, whatever their configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tariff {
+    #[serde(flatten)]
+    pub default: Rates,
+    /// Per-currency overrides.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub currencies: BTreeMap<String, Rates>,
+}
+
+impl Default for Tariff {
+    /// 0.30 + 2.9% per charge, nothing for refunds.
+    fn default() -> Self {
+        Tariff {
+            default: Rates { fixed_fee: Decimal::new(30, 2), percent: Decimal::new(29, 1), refund_fee: Decimal::ZERO },
+            currencies: BTreeMap::new(),
+        }
+    }
+}
+
+impl Tariff {
+    /// Reads a tariff JSON file, e.g. `{"fixed_fee":"0.25","percent":"1.4","currencies":{"GBP":{...}}}`.
+    pub fn load(path: &Path) -> Result<Tariff, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let t: Tariff = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        t.check().map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(t)
+    }
+
+    /// Rejects negative or absurd rates.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, r) in std::iter::once(("default", &self.default)).chain(self.currencies.iter().map(|(k, v)| (k.as_str(), v))) {
+            if r.fixed_fee.is_sign_negative() || r.refund_fee.is_sign_negative() {
+                return Err(format!("{name}: fees must not be negative"));
+            }
+            if r.percent.is_sign_negative() || r.percent > Decimal::ONE_HUNDRED {
+                return Err(format!("{name}: percent must be within 0..=100"));
+            }
+        }
+        for c in self.currencies.keys() {
+            crate::validate::parse_currency(c).map_err(|e| format!("currencies: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// A per-job calculator with the rates prepared.
+    pub fn calculator(&self) -> FeeCalculator {
+        let prep = |r: &Rates| Prepared { fixed: r.fixed_fee, rate: r.percent / Decimal::ONE_HUNDRED, refund: r.refund_fee };
+        FeeCalculator {
+            default: prep(&self.default),
+            overrides: self.currencies.iter().map(|(k, r)| (k.clone(), prep(r))).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Prepared {
+    fixed: Decimal,
+    rate: Decimal,
+    refund: Decimal,
+}
+
+/// Computes fees for one tariff.
+#[derive(Debug, Clone)]
+pub struct FeeCalculator {
+    default: Prepared,
+    overrides: HashMap<String, Prepared>,
+}
+
+impl FeeCalculator {
+    /// The fee for one amount in one currency, rounded to cents half away from zero.
+    pub fn fee(&self, amount: Decimal, currency: &str) -> Decimal {
+        let p = if self.overrides.is_empty() { &self.default } else { self.overrides.get(currency).unwrap_or(&self.default) };
+        let fee = if amount.is_sign_positive() && !amount.is_zero() { p.fixed + amount * p.rate } else { p.refund };
+        fee.round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero)
+    }
+}
+
+/// Totals for one (account, currency).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountTotals {
+    pub account_id: String,
+    pub currency: String,
+    pub count: u64,
+    pub gross: Decimal,
+    pub fees: Decimal,
+}
+
+impl AccountTotals {
+    pub fn net(&self) -> Decimal {
+        self.gross - self.fees
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Sums {
+    count: u64,
+    gross: Decimal,
+    fees: Decimal,
+}
+
+/// Running per (account, currency) totals; merging is commutative and associative, so chunks may be
+/// added in any order.
+#[derive(Debug, Clone, Default)]
+pub struct Totals {
+    by_key: HashMap<(String, String), Sums>,
+}
+
+impl Totals {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bills a chunk of transactions.
+    pub fn bill(txns: &[Transaction], fees: &FeeCalculator) -> Totals {
+        let mut t = Totals::new();
+        for x in txns {
+            let fee = fees.fee(x.amount, x.currency_str());
+            let s = match t.by_key.get_mut(&(x.account_id.clone(), x.currency_str().to_string())) {
+                Some(s) => s,
+                None => t.by_key.entry((x.account_id.clone(), x.currency_str().to_string())).or_default(),
+            };
+            s.count += 1;
+            s.gross += x.amount;
+            s.fees += fee;
+        }
+        t
+    }
+
+    pub fn add(&mut self, a: &AccountTotals) {
+        let s = self.by_key.entry((a.account_id.clone(), a.currency.clone())).or_default();
+        s.count += a.count;
+        s.gross += a.gross;
+        s.fees += a.fees;
+    }
+
+    pub fn add_all<'a>(&mut self, rows: impl IntoIterator<Item = &'a AccountTotals>) {
+        for r in rows {
+            self.add(r);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// Rows sorted by account_id then currency (byte order).
+    pub fn rows(&self) -> Vec<AccountTotals> {
+        let mut rows: Vec<AccountTotals> = self
+            .by_key
+            .iter()
+            .map(|((a, c), s)| AccountTotals { account_id: a.clone(), currency: c.clone(), count: s.count, gross: s.gross, fees: s.fees })
+            .collect();
+        rows.sort_unstable_by(|x, y| (x.account_id.as_bytes(), x.currency.as_bytes()).cmp(&(y.account_id.as_bytes(), y.currency.as_bytes())));
+        rows
+    }
+
+    /// Per-currency sums, sorted by currency.
+    pub fn by_currency(&self) -> Vec<AccountTotals> {
+        let mut cur: BTreeMap<&str, Sums> = BTreeMap::new();
+        for ((_, c), s) in &self.by_key {
+            let t = cur.entry(c.as_str()).or_default();
+            t.count += s.count;
+            t.gross += s.gross;
+            t.fees += s.fees;
+        }
+        cur.into_iter()
+            .map(|(c, s)| AccountTotals { account_id: String::new(), currency: c.to_string(), count: s.count, gross: s.gross, fees: s.fees })
+            .collect()
+    }
+
+    pub fn transactions(&self) -> u64 {
+        self.by_key.values().map(|s| s.count).sum()
+    }
+}
+
+/// Formats an amount as a string with exactly two decimals (`-12.50`).
+pub fn money(d: Decimal) -> String {
+    let mut r = d.round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
+    r.rescale(2);
+    if r.is_zero() {
+        r.set_sign_positive(true);
+    }
+    r.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::parse_amount;
+
+    fn fee(amount: &str) -> String {
+        money(Tariff::default().calculator().fee(parse_amount(amount).unwrap(), "EUR"))
+    }
+
+    #[test]
+    fn default_tariff_and_half_up_rounding() {
+        assert_eq!(fee("100"), "3.20"); // 0.30 + 2.90
+        assert_eq!(fee("10.00"), "0.59"); // 0.30 + 0.29
+        assert_eq!(fee("0.50"), "0.31"); // 0.30 + 0.0145 = 0.3145
+        assert_eq!(fee("1.50"), "0.34"); // 0.30 + 0.0435 -> 0.3435 -> 0.34
+        assert_eq!(fee("0.05"), "0.30"); // 0.30 + 0.00145
+        assert_eq!(fee("8.62"), "0.55"); // 0.30 + 0.24998
+        assert_eq!(fee("12.50"), "0.66"); // 0.30 + 0.3625 = 0.6625 -> 0.66
+        assert_eq!(fee("15.00"), "0.74"); // 0.30 + 0.435 = 0.735 -> half away from zero -> 0.74
+        assert_eq!(fee("-15.00"), "0.00"); // refunds carry no fee
+        assert_eq!(fee("9999999999.99"), "290000000.30"); // 0.30 + 289999999.9997 -> 290000000.2997
+    }
+
+    #[test]
+    fn overrides_and_check() {
+        let t: Tariff = serde_json::from_str(
+            r#"{"fixed_fee":"0.25","percent":"1.4","refund_fee":"0.10","currencies":{"GBP":{"fixed_fee":"0.20","percent":"2.5"}}}"#,
+        )
+        .unwrap();
+        t.check().unwrap();
+        let c = t.calculator();
+        assert_eq!(money(c.fee(Decimal::new(10000, 2), "EUR")), "1.65");
+        assert_eq!(money(c.fee(Decimal::new(10000, 2), "GBP")), "2.70");
+        assert_eq!(money(c.fee(Decimal::new(-10000, 2), "EUR")), "0.10");
+        let bad: Tariff = serde_json::from_str(r#"{"fixed_fee":"-1","percent":"1"}"#).unwrap();
+        assert!(bad.check().is_err());
+        assert!(serde_json::from_str::<Tariff>(r#"{"fixed_fee":"1","percent":"1","typo":1}"#).is_err());
+    }
+
+    #[test]
+    fn merge_is_order_independent_and_sorted() {
+        let row = |a: &str, c: &str, n, g: i64, f: i64| AccountTotals {
+            account_id: a.into(),
+            currency: c.into(),
+            count: n,
+            gross: Decimal::new(g, 2),
+            fees: Decimal::new(f, 2),
+        };
+        let rows = [row("b", "EUR", 1, 100, 10), row("a", "USD", 2, -50, 0), row("a", "EUR", 1, 1, 1), row("b", "EUR", 3, 200, 20)];
+        let mut fwd = Totals::new();
+        fwd.add_all(rows.iter());
+        let mut rev = Totals::new();
+        rev.add_all(rows.iter().rev());
+        assert_eq!(fwd.rows(), rev.rows());
+        let out = fwd.rows();
+        assert_eq!(out.iter().map(|r| (r.account_id.as_str(), r.currency.as_str())).collect::<Vec<_>>(), [("a", "EUR"), ("a", "USD"), ("b", "EUR")]);
+        assert_eq!(out[2].count, 4);
+        assert_eq!(money(out[2].gross), "3.00");
+        assert_eq!(money(out[2].net()), "2.70");
+        let cur = fwd.by_currency();
+        assert_eq!(cur.len(), 2);
+        assert_eq!(cur[0].currency, "EUR");
+        assert_eq!(cur[0].count, 5);
+        assert_eq!(fwd.transactions(), 7);
+    }
+
+    #[test]
+    fn money_format() {
+        assert_eq!(money(Decimal::new(-1250, 3)), "-1.25");
+        assert_eq!(money(Decimal::new(5, 0)), "5.00");
+        assert_eq!(money(Decimal::new(-0, 2)), "0.00");
+    }
+}

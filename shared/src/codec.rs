@@ -1,0 +1,219 @@
+//! The chunk codec: accepted transactions as CSV, zstd-compressed, with a SHA-256 of the stored bytes;
+//! decoding verifies the checksum and size, refuses to expand past a hard cap (no zstd bombs) and
+//! validates every row again, because whatever arrives through the queue is untrusted.
+
+use std::collections::HashSet;
+use std::io::Read;
+
+use base64::Engine;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::model::{BlobRef, Transaction};
+use crate::validate::{validate_row, REQUIRED_COLUMNS};
+
+/// zstd level for chunks: fast, still ~5-8x on transaction CSV.
+pub const CHUNK_ZSTD_LEVEL: i32 = 3;
+
+/// Accumulates transactions as CSV lines for one chunk.
+pub struct ChunkWriter {
+    w: csv::Writer<Vec<u8>>,
+    rows: u64,
+}
+
+impl Default for ChunkWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChunkWriter {
+    pub fn new() -> Self {
+        let mut w = csv::WriterBuilder::new().terminator(csv::Terminator::Any(b'\n')).from_writer(Vec::with_capacity(1 << 20));
+        // Writing to a Vec cannot fail.
+        let _ = w.write_record(REQUIRED_COLUMNS);
+        ChunkWriter { w, rows: 0 }
+    }
+
+    pub fn push(&mut self, t: &Transaction) {
+        let amount = t.amount.to_string();
+        let _ = self.w.write_record([t.txn_id.as_str(), t.account_id.as_str(), amount.as_str(), t.currency_str(), t.timestamp.as_str()]);
+        self.rows += 1;
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Bytes written so far (approximate until flushed; good enough for size bounds).
+    pub fn approx_bytes(&self) -> usize {
+        self.w.get_ref().len()
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.w.into_inner().unwrap_or_default()
+    }
+}
+
+/// A compressed chunk ready to store.
+pub struct EncodedChunk {
+    pub bytes: Vec<u8>,
+    pub sha256: String,
+    pub raw_bytes: u64,
+    pub rows: u64,
+}
+
+pub fn sha256_hex(b: &[u8]) -> String {
+    hex::encode(Sha256::digest(b))
+}
+
+/// Compresses a finished chunk.
+pub fn encode_chunk(w: ChunkWriter) -> EncodedChunk {
+    let rows = w.rows();
+    let raw = w.into_bytes();
+    let bytes = zstd::bulk::compress(&raw, CHUNK_ZSTD_LEVEL).expect("zstd compression of an in-memory buffer");
+    EncodedChunk { sha256: sha256_hex(&bytes), raw_bytes: raw.len() as u64, bytes, rows }
+}
+
+/// Decompresses at most `cap` bytes; more than that is treated as corruption (a decompression bomb).
+pub fn decompress_capped(data: &[u8], cap: u64) -> Result<Vec<u8>> {
+    let dec = zstd::stream::read::Decoder::new(data).map_err(|e| Error::corrupt(format!("zstd: {e}")))?;
+    let mut out = Vec::with_capacity(cap.min(64 << 20) as usize);
+    dec.take(cap + 1).read_to_end(&mut out).map_err(|e| Error::corrupt(format!("zstd: {e}")))?;
+    if out.len() as u64 > cap {
+        return Err(Error::corrupt(format!("decompresses to more than {cap} bytes")));
+    }
+    Ok(out)
+}
+
+/// Verifies and decodes a chunk blob: checksum, sizes, the size cap, the header and every row.
+pub fn decode_chunk(data: &[u8], blob: &BlobRef, expected_rows: u64, max_raw_bytes: u64) -> Result<Vec<Transaction>> {
+    if data.len() as u64 != blob.compressed_bytes {
+        return Err(Error::corrupt(format!("blob {} is {} bytes, work item says {}", blob.key, data.len(), blob.compressed_bytes)));
+    }
+    let sum = sha256_hex(data);
+    if sum != blob.sha256 {
+        return Err(Error::corrupt(format!("blob {} sha256 mismatch: {} != {}", blob.key, sum, blob.sha256)));
+    }
+    if blob.raw_bytes > max_raw_bytes {
+        return Err(Error::corrupt(format!("blob {} declares {} raw bytes, above the cap of {max_raw_bytes}", blob.key, blob.raw_bytes)));
+    }
+    let raw = decompress_capped(data, blob.raw_bytes)?;
+    if raw.len() as u64 != blob.raw_bytes {
+        return Err(Error::corrupt(format!("blob {} decompressed to {} bytes, work item says {}", blob.key, raw.len(), blob.raw_bytes)));
+    }
+    let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(raw.as_slice());
+    let mut rec = csv::ByteRecord::new();
+    let mut out = Vec::with_capacity(expected_rows.min(1 << 20) as usize);
+    let mut seen = HashSet::with_capacity(out.capacity());
+    let mut header = true;
+    while rdr.read_byte_record(&mut rec).map_err(|e| Error::corrupt(format!("chunk CSV: {e}")))? {
+        if header {
+            header = false;
+            if rec.iter().ne(REQUIRED_COLUMNS.iter().map(|c| c.as_bytes())) {
+                return Err(Error::corrupt("chunk header is not txn_id,account_id,amount,currency,timestamp"));
+            }
+            continue;
+        }
+        let line = rec.position().map(|p| p.line()).unwrap_or(0);
+        let t = validate_row(rec.get(0), rec.get(1), rec.get(2), rec.get(3), rec.get(4))
+            .map_err(|e| Error::corrupt(format!("chunk line {line}: {e}")))?;
+        if !seen.insert(t.txn_id.clone()) {
+            return Err(Error::corrupt(format!("chunk line {line}: duplicate txn_id")));
+        }
+        out.push(t);
+    }
+    if out.len() as u64 != expected_rows {
+        return Err(Error::corrupt(format!("chunk holds {} transactions, work item says {expected_rows}", out.len())));
+    }
+    Ok(out)
+}
+
+/// zstd + base64 of a JSON value, for compressed inline payloads.
+pub fn pack_json<T: serde::Serialize>(v: &T) -> Result<String> {
+    let json = serde_json::to_vec(v)?;
+    let z = zstd::bulk::compress(&json, CHUNK_ZSTD_LEVEL).map_err(|e| Error::corrupt(format!("zstd: {e}")))?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(z))
+}
+
+/// Inverse of [`pack_json`], capped at `cap` decompressed bytes.
+pub fn unpack_json<T: serde::de::DeserializeOwned>(data: &str, cap: u64) -> Result<T> {
+    let z = base64::engine::general_purpose::STANDARD.decode(data).map_err(|e| Error::corrupt(format!("base64: {e}")))?;
+    let json = decompress_capped(&z, cap)?;
+    Ok(serde_json::from_slice(&json)?)
+}
+
+/// zstd-compressed JSON document (checkpoints).
+pub fn to_zstd_json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>> {
+    let json = serde_json::to_vec(v)?;
+    zstd::bulk::compress(&json, CHUNK_ZSTD_LEVEL).map_err(|e| Error::corrupt(format!("zstd: {e}")))
+}
+
+pub fn from_zstd_json<T: serde::de::DeserializeOwned>(data: &[u8], cap: u64) -> Result<T> {
+    Ok(serde_json::from_slice(&decompress_capped(data, cap)?)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::parse_amount;
+
+    fn txn(i: u32) -> Transaction {
+        Transaction {
+            txn_id: format!("t{i}"),
+            account_id: format!("acc,\"{i}\""),
+            amount: parse_amount("-12.5").unwrap(),
+            currency: *b"EUR",
+            timestamp: "2026-11-21T10:00:00Z".into(),
+        }
+    }
+
+    fn encoded(n: u32) -> (EncodedChunk, BlobRef) {
+        let mut w = ChunkWriter::new();
+        for i in 0..n {
+            w.push(&txn(i));
+        }
+        let e = encode_chunk(w);
+        let b = BlobRef { key: "jobs/j/chunks/0".into(), sha256: e.sha256.clone(), compressed_bytes: e.bytes.len() as u64, raw_bytes: e.raw_bytes };
+        (e, b)
+    }
+
+    #[test]
+    fn round_trip() {
+        let (e, b) = encoded(100);
+        let back = decode_chunk(&e.bytes, &b, 100, 1 << 20).unwrap();
+        assert_eq!(back, (0..100).map(txn).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn detects_corruption_and_count_mismatch() {
+        let (mut e, b) = encoded(10);
+        assert!(decode_chunk(&e.bytes, &b, 11, 1 << 20).unwrap_err().to_string().contains("holds 10"));
+        let last = e.bytes.len() - 1;
+        e.bytes[last] ^= 1;
+        let err = decode_chunk(&e.bytes, &b, 10, 1 << 20).unwrap_err();
+        assert!(err.to_string().contains("sha256 mismatch"), "{err}");
+        assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn refuses_zstd_bomb() {
+        // 64 MiB of zeros compresses to a few KiB; declaring it small must not expand it.
+        let bomb = zstd::bulk::compress(&vec![0u8; 64 << 20], 3).unwrap();
+        assert!(bomb.len() < 64 << 10);
+        let b = BlobRef { key: "k".into(), sha256: sha256_hex(&bomb), compressed_bytes: bomb.len() as u64, raw_bytes: 1000 };
+        let err = decode_chunk(&bomb, &b, 1, 1 << 20).unwrap_err();
+        assert!(err.to_string().contains("more than 1000 bytes"), "{err}");
+        let b2 = BlobRef { raw_bytes: 64 << 20, ..b };
+        assert!(decode_chunk(&bomb, &b2, 1, 1 << 20).unwrap_err().to_string().contains("above the cap"));
+    }
+
+    #[test]
+    fn rejects_invalid_rows_inside_chunk() {
+        let raw = b"txn_id,account_id,amount,currency,timestamp\nt1,a,1.234,EUR,2026-11-21T10:00:00Z\n";
+        let z = zstd::bulk::compress(raw, 3).unwrap();
+        let b = BlobRef { key: "k".into(), sha256: sha256_hex(&z), compressed_bytes: z.len() as u64, raw_bytes: raw.len() as u64 };
+        let err = decode_chunk(&z, &b, 1, 1 << 20).unwrap_err().to_string();
+        assert!(err.contains("line 2: amount"), "{err}");
+    }
+}

@@ -1,0 +1,128 @@
+//! Configuration shared by every binary: resource names (clap flags with env fallbacks) and the AWS
+//! clients, built from the standard AWS environment (AWS_ENDPOINT_URL, AWS_REGION, profiles).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, SdkConfig};
+
+use crate::blob::S3Store;
+use crate::error::Result;
+use crate::queue::SqsQueue;
+
+/// Names of the fleet's queues, bucket and trigger exchange.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FleetArgs {
+    /// S3 bucket for chunk blobs (jobs/ prefix) and reports (warehouse/ prefix).
+    #[arg(long, global = true, env = "FLEET_BUCKET", default_value = "billing-fleet")]
+    pub bucket: String,
+    /// Work queue (name or URL).
+    #[arg(long, global = true, env = "FLEET_WORK_QUEUE", default_value = "billing-work")]
+    pub work_queue: String,
+    /// Dead-letter queue of the work queue (name or URL).
+    #[arg(long, global = true, env = "FLEET_WORK_DLQ", default_value = "billing-work-dlq")]
+    pub work_dlq: String,
+    /// Results queue (name or URL).
+    #[arg(long, global = true, env = "FLEET_RESULTS_QUEUE", default_value = "billing-results")]
+    pub results_queue: String,
+    /// RabbitMQ URL for work-detected triggers; empty to disable triggers.
+    #[arg(long, global = true, env = "AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f", hide_default_value = true)]
+    pub amqp_url: String,
+    /// Fanout exchange the triggers are published on.
+    #[arg(long, global = true, env = "FLEET_TRIGGER_EXCHANGE", default_value = "billing.triggers")]
+    pub trigger_exchange: String,
+}
+
+impl FleetArgs {
+    /// Defaults, as the CLI would give them with no flags or env (for tests and tools).
+    pub fn defaults() -> FleetArgs {
+        FleetArgs {
+            bucket: "billing-fleet".into(),
+            work_queue: "billing-work".into(),
+            work_dlq: "billing-work-dlq".into(),
+            results_queue: "billing-results".into(),
+            amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            trigger_exchange: "billing.triggers".into(),
+        }
+    }
+
+    /// Same names with a suffix on every queue, bucket and exchange (isolated test fleets).
+    pub fn with_suffix(&self, suffix: &str) -> FleetArgs {
+        FleetArgs {
+            bucket: format!("{}-{suffix}", self.bucket),
+            work_queue: format!("{}-{suffix}", self.work_queue),
+            work_dlq: format!("{}-{suffix}", self.work_dlq),
+            results_queue: format!("{}-{suffix}", self.results_queue),
+            amqp_url: self.amqp_url.clone(),
+            trigger_exchange: format!("{}-{suffix}", self.trigger_exchange),
+        }
+    }
+}
+
+/// Logging flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
+    /// Log as JSON lines instead of text (filter with RUST_LOG).
+    #[arg(long, global = true, env = "LOG_JSON")]
+    pub log_json: bool,
+}
+
+/// Loaded AWS configuration and the endpoint it talks to (for error messages).
+#[derive(Clone)]
+pub struct Aws {
+    pub sdk: SdkConfig,
+    /// AWS_ENDPOINT_URL, or a description of the AWS default endpoint.
+    pub endpoint: String,
+    custom_endpoint: bool,
+}
+
+impl Aws {
+    /// Loads the standard AWS configuration chain.
+    pub async fn load() -> Aws {
+        let sdk = aws_config::defaults(BehaviorVersion::latest())
+            .timeout_config(TimeoutConfig::builder().connect_timeout(Duration::from_secs(3)).build())
+            .load()
+            .await;
+        let custom_endpoint = sdk.endpoint_url().is_some();
+        let endpoint = match sdk.endpoint_url() {
+            Some(u) => u.to_string(),
+            None => format!("the AWS endpoint for region {}", sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "(none set)".into())),
+        };
+        Aws { sdk, endpoint, custom_endpoint }
+    }
+
+    /// Configuration for a local stack at `endpoint` with static test credentials, unless the standard
+    /// environment already names an endpoint (then that environment is used as is).
+    pub async fn local_or_env(endpoint: &str) -> Aws {
+        if std::env::var_os("AWS_ENDPOINT_URL").is_some() {
+            return Aws::load().await;
+        }
+        let sdk = aws_config::defaults(BehaviorVersion::latest())
+            .endpoint_url(endpoint)
+            .region(aws_config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_sqs::config::Credentials::new("test", "test", None, None, "static"))
+            .timeout_config(TimeoutConfig::builder().connect_timeout(Duration::from_secs(3)).build())
+            .load()
+            .await;
+        Aws { sdk, endpoint: endpoint.to_string(), custom_endpoint: true }
+    }
+
+    pub fn sqs(&self) -> aws_sdk_sqs::Client {
+        aws_sdk_sqs::Client::new(&self.sdk)
+    }
+
+    pub fn s3(&self) -> aws_sdk_s3::Client {
+        // LocalStack and most S3 look-alikes need path-style addressing.
+        let conf = aws_sdk_s3::config::Builder::from(&self.sdk).force_path_style(self.custom_endpoint).build();
+        aws_sdk_s3::Client::from_conf(conf)
+    }
+
+    pub async fn queue(&self, name_or_url: &str) -> Result<Arc<SqsQueue>> {
+        Ok(Arc::new(SqsQueue::open(self.sqs(), &self.endpoint, name_or_url).await?))
+    }
+
+    pub fn store(&self, bucket: &str) -> Arc<S3Store> {
+        Arc::new(S3Store::new(self.s3(), &self.endpoint, bucket))
+    }
+}

@@ -1,0 +1,70 @@
+//! The library error type. Every error says whether retrying the same operation can help
+//! (`is_retryable`), so callers decide between "leave the message for redelivery" and "give up".
+
+use std::fmt;
+
+/// Result alias for the shared library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Which external service an error came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    Sqs,
+    S3,
+    RabbitMq,
+}
+
+impl fmt::Display for Service {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Service::Sqs => "SQS",
+            Service::S3 => "S3",
+            Service::RabbitMq => "RabbitMQ",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The service could not be reached at all (connection refused, DNS, timeout).
+    #[error("cannot reach {service} at {endpoint}: {detail}")]
+    Unreachable { service: Service, endpoint: String, detail: String },
+    /// The service answered with an error.
+    #[error("{service} {operation} failed: {detail}")]
+    Service { service: Service, operation: &'static str, detail: String, retryable: bool },
+    /// A named resource (queue, bucket, object) does not exist.
+    #[error("{service}: {what} does not exist")]
+    NotFound { service: Service, what: String },
+    /// Data that failed an integrity or format check (checksum, size cap, schema). Never retryable.
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+    /// Bad configuration or arguments.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    /// Whether retrying the same operation later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Unreachable { .. } => true,
+            Error::Service { retryable, .. } => *retryable,
+            Error::NotFound { .. } | Error::Corrupt(_) | Error::Config(_) => false,
+        }
+    }
+
+    /// Whether this is an infrastructure problem (as opposed to bad data).
+    pub fn is_infrastructure(&self) -> bool {
+        matches!(self, Error::Unreachable { .. } | Error::Service { .. } | Error::NotFound { .. })
+    }
+
+    pub(crate) fn corrupt(msg: impl Into<String>) -> Self {
+        Error::Corrupt(msg.into())
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error::Corrupt(format!("invalid JSON: {e}"))
+    }
+}

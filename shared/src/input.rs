@@ -1,0 +1,221 @@
+//! Reading the user's transaction CSV files: header mapping, per-row validation, de-duplication of
+//! `txn_id` across the whole job, and rejected rows with file, physical line and reason.
+//!
+//! Headers of every file are checked before any row is read, so a file missing a required column refuses
+//! the whole submission before anything is written anywhere.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use crate::model::{Rejected, Transaction};
+use crate::validate::{validate_row, REQUIRED_COLUMNS};
+
+/// A problem with a whole input file.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("{file}: cannot read: {source}")]
+    Io { file: String, source: std::io::Error },
+    #[error("{file}: no header row (the file is empty)")]
+    Empty { file: String },
+    #[error("{file}: missing required column \"{column}\" (header has: {found})")]
+    MissingColumn { file: String, column: &'static str, found: String },
+    #[error("{file}: {detail}")]
+    Csv { file: String, detail: String },
+}
+
+/// An input file whose header passed the check, ready to be read.
+pub struct InputFile {
+    pub name: String,
+    path: PathBuf,
+    columns: [usize; 5],
+    pub bytes: u64,
+}
+
+fn csv_reader<R: Read>(r: R) -> csv::Reader<R> {
+    csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(r)
+}
+
+impl InputFile {
+    /// Opens a file and maps its header onto the required columns.
+    pub fn open(path: &Path) -> Result<InputFile, InputError> {
+        let name = path.display().to_string();
+        let io = |source| InputError::Io { file: name.clone(), source };
+        let f = File::open(path).map_err(io)?;
+        let bytes = f.metadata().map_err(io)?.len();
+        let mut rdr = csv_reader(BufReader::new(f));
+        let mut header = csv::ByteRecord::new();
+        let got = rdr.read_byte_record(&mut header).map_err(|e| InputError::Csv { file: name.clone(), detail: e.to_string() })?;
+        if !got {
+            return Err(InputError::Empty { file: name });
+        }
+        let names: Vec<String> = header
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let h = String::from_utf8_lossy(h);
+                // A UTF-8 byte order mark may precede the first column name.
+                let h = if i == 0 { h.trim_start_matches('\u{feff}') } else { &h };
+                h.trim().to_string()
+            })
+            .collect();
+        let mut columns = [0usize; 5];
+        for (slot, col) in columns.iter_mut().zip(REQUIRED_COLUMNS) {
+            *slot = names.iter().position(|n| n == col).ok_or_else(|| InputError::MissingColumn {
+                file: name.clone(),
+                column: col,
+                found: names.join(","),
+            })?;
+        }
+        Ok(InputFile { name, path: path.to_path_buf(), columns, bytes })
+    }
+}
+
+/// Row counts of a read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub submitted: u64,
+    pub accepted: u64,
+    pub rejected: u64,
+}
+
+/// Validates rows and remembers accepted `txn_id`s for the whole job.
+#[derive(Default)]
+pub struct Validator {
+    /// txn_id -> (file index, line) of the accepted row that first carried it.
+    seen: HashMap<Box<str>, (u32, u64)>,
+    files: Vec<String>,
+    pub counts: Counts,
+}
+
+impl Validator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads every row of `file`; accepted rows go to `accept`, rejected ones to `reject`.
+    /// `progress` is called with the bytes read so far in this file, now and then.
+    pub fn read(
+        &mut self,
+        file: &InputFile,
+        mut accept: impl FnMut(Transaction),
+        mut reject: impl FnMut(Rejected),
+        mut progress: impl FnMut(u64),
+    ) -> Result<(), InputError> {
+        let io = |source| InputError::Io { file: file.name.clone(), source };
+        let f = File::open(&file.path).map_err(io)?;
+        let mut rdr = csv_reader(BufReader::with_capacity(1 << 20, f));
+        let file_idx = self.files.len() as u32;
+        self.files.push(file.name.clone());
+        let mut rec = csv::ByteRecord::new();
+        let mut first = true;
+        let [ti, ai, mi, ci, si] = file.columns;
+        loop {
+            let more = rdr.read_byte_record(&mut rec).map_err(|e| match e.into_kind() {
+                csv::ErrorKind::Io(source) => InputError::Io { file: file.name.clone(), source },
+                other => InputError::Csv { file: file.name.clone(), detail: format!("{other:?}") },
+            })?;
+            if !more {
+                break;
+            }
+            if first {
+                first = false; // the header, checked in open()
+                continue;
+            }
+            let line = rec.position().map(|p| p.line()).unwrap_or(0);
+            self.counts.submitted += 1;
+            if self.counts.submitted % 65_536 == 0 {
+                progress(rec.position().map(|p| p.byte()).unwrap_or(0));
+            }
+            let result = validate_row(rec.get(ti), rec.get(ai), rec.get(mi), rec.get(ci), rec.get(si))
+                .map_err(|e| e.to_string())
+                .and_then(|t| match self.seen.get(t.txn_id.as_str()) {
+                    Some(&(fi, fl)) => Err(format!("txn_id: duplicate of the accepted row at {}:{fl}", self.files[fi as usize])),
+                    None => Ok(t),
+                });
+            match result {
+                Ok(t) => {
+                    self.seen.insert(t.txn_id.as_str().into(), (file_idx, line));
+                    self.counts.accepted += 1;
+                    accept(t);
+                }
+                Err(reason) => {
+                    self.counts.rejected += 1;
+                    let txn_id = rec.get(ti).filter(|v| !v.is_empty()).map(|v| String::from_utf8_lossy(v).into_owned());
+                    reject(Rejected { file: file.name.clone(), line, txn_id, reason });
+                }
+            }
+        }
+        progress(file.bytes);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file(dir: &tempfile::TempDir, name: &str, body: &str) -> PathBuf {
+        let p = dir.path().join(name);
+        std::fs::File::create(&p).unwrap().write_all(body.as_bytes()).unwrap();
+        p
+    }
+
+    fn read_all(paths: &[PathBuf]) -> Result<(Vec<Transaction>, Vec<Rejected>, Counts), InputError> {
+        let files = paths.iter().map(|p| InputFile::open(p)).collect::<Result<Vec<_>, _>>()?;
+        let mut v = Validator::new();
+        let (mut acc, mut rej) = (vec![], vec![]);
+        for f in &files {
+            v.read(f, |t| acc.push(t), |r| rej.push(r), |_| {})?;
+        }
+        Ok((acc, rej, v.counts))
+    }
+
+    #[test]
+    fn columns_in_any_order_quotes_crlf_blank_lines_and_line_numbers() {
+        let d = tempfile::tempdir().unwrap();
+        let body = "\u{feff}note,timestamp,currency,amount,account_id,txn_id\r\n\
+                    \"multi\nline\",2026-11-21T10:00:00Z,EUR,10.00,A1,t1\r\n\
+                    \r\n\
+                    x,2026-11-21T10:00:00Z,EUR,abc,A1,t2\r\n\
+                    y,2026-11-21T10:00:00Z,EUR,\"1,5\",\"A,2\",t3\r\n\
+                    z,2026-11-21T10:00:00+01:00,USD,-3.5,\"A,2\",t4\r\n";
+        let p = file(&d, "in.csv", body);
+        let (acc, rej, counts) = read_all(&[p]).unwrap();
+        assert_eq!(counts, Counts { submitted: 4, accepted: 2, rejected: 2 });
+        assert_eq!(acc[0].txn_id, "t1");
+        assert_eq!(acc[1].account_id, "A,2");
+        assert_eq!(acc[1].amount.to_string(), "-3.50");
+        // header line 1, t1 spans lines 2-3, blank line 4, t2 on line 5, t3 on line 6
+        assert_eq!(rej.iter().map(|r| r.line).collect::<Vec<_>>(), [5, 6]);
+        assert!(rej[0].reason.starts_with("amount:"), "{}", rej[0].reason);
+        assert_eq!(rej[0].txn_id.as_deref(), Some("t2"));
+    }
+
+    #[test]
+    fn duplicates_across_files_and_missing_fields() {
+        let d = tempfile::tempdir().unwrap();
+        let a = file(&d, "a.csv", "txn_id,account_id,amount,currency,timestamp\nt1,A,1,EUR,2026-11-21T10:00:00Z\nt2,A,0,EUR,2026-11-21T10:00:00Z\n");
+        let b = file(&d, "b.csv", "txn_id,account_id,amount,currency,timestamp\nt1,B,2,EUR,2026-11-21T10:00:00Z\nt2,B,2,EUR,2026-11-21T10:00:00Z\n,B,2\n");
+        let (acc, rej, counts) = read_all(&[a.clone(), b]).unwrap();
+        assert_eq!(counts, Counts { submitted: 5, accepted: 2, rejected: 3 });
+        // t2 was first rejected (zero amount), so its later valid row is accepted
+        assert_eq!(acc.iter().map(|t| (t.txn_id.as_str(), t.account_id.as_str())).collect::<Vec<_>>(), [("t1", "A"), ("t2", "B")]);
+        assert_eq!(rej[1].reason, format!("txn_id: duplicate of the accepted row at {}:2", a.display()));
+        assert_eq!(rej[2].txn_id, None);
+        assert_eq!(rej[2].line, 4);
+    }
+
+    #[test]
+    fn missing_column_refuses_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = file(&d, "bad.csv", "txn_id,account_id,amount,timestamp\nt1,A,1,2026-11-21T10:00:00Z\n");
+        let e = InputFile::open(&p).err().unwrap();
+        let msg = e.to_string();
+        assert!(msg.contains("bad.csv") && msg.contains("\"currency\""), "{msg}");
+        let empty = file(&d, "empty.csv", "");
+        assert!(matches!(InputFile::open(&empty), Err(InputError::Empty { .. })));
+    }
+}

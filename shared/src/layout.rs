@@ -1,0 +1,71 @@
+//! Where things live in the bucket: chunk blobs, manifests, checkpoints and large results under
+//! `jobs/{job}/`, finished reports under `warehouse/{job}/`.
+
+use crate::error::{Error, Result};
+
+pub const JOBS_PREFIX: &str = "jobs/";
+pub const WAREHOUSE_PREFIX: &str = "warehouse/";
+
+pub fn chunk_key(job: &str, chunk: u32) -> String {
+    format!("{JOBS_PREFIX}{job}/chunks/{chunk:06}.csv.zst")
+}
+
+pub fn result_key(job: &str, chunk: u32) -> String {
+    format!("{JOBS_PREFIX}{job}/results/{chunk:06}.json.zst")
+}
+
+pub fn manifest_key(job: &str) -> String {
+    format!("{JOBS_PREFIX}{job}/manifest.json")
+}
+
+pub fn checkpoint_key(job: &str) -> String {
+    format!("{JOBS_PREFIX}{job}/checkpoint.json.zst")
+}
+
+pub fn report_key(job: &str) -> String {
+    format!("{WAREHOUSE_PREFIX}{job}/report.json")
+}
+
+pub fn accounts_key(job: &str) -> String {
+    format!("{WAREHOUSE_PREFIX}{job}/accounts.csv")
+}
+
+/// A new job id: time-ordered (UUID v7), safe in keys.
+pub fn new_job_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// Job ids come from users and from queue messages: only `[A-Za-z0-9_-]{1,64}` may become part of a key.
+pub fn check_job_id(job: &str) -> Result<()> {
+    if !job.is_empty() && job.len() <= 64 && job.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        Ok(())
+    } else {
+        Err(Error::Corrupt(format!("invalid job id {job:?}: expected 1-64 of [A-Za-z0-9_-]")))
+    }
+}
+
+/// A chunk key must be the one this job and chunk would have (the queue is untrusted).
+pub fn check_chunk_key(job: &str, chunk: u32, key: &str) -> Result<()> {
+    check_job_id(job)?;
+    if key == chunk_key(job, chunk) {
+        Ok(())
+    } else {
+        Err(Error::Corrupt(format!("blob key {key:?} is not the key of job {job} chunk {chunk}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_checks() {
+        let j = new_job_id();
+        check_job_id(&j).unwrap();
+        assert!(check_job_id("../etc").is_err());
+        assert!(check_job_id("").is_err());
+        assert_eq!(chunk_key("j1", 7), "jobs/j1/chunks/000007.csv.zst");
+        check_chunk_key("j1", 7, "jobs/j1/chunks/000007.csv.zst").unwrap();
+        assert!(check_chunk_key("j1", 7, "jobs/j2/chunks/000007.csv.zst").is_err());
+    }
+}

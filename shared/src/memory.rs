@@ -1,0 +1,274 @@
+//! In-memory queue and blob store with SQS/S3 semantics (visibility timeouts, receive counts,
+//! dead-letter redrive, long polls), for fast deterministic tests. They use tokio's clock, so tests
+//! can run them under paused time. Never a substitute for the real services in integration tests.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::blob::BlobStore;
+use crate::error::Result;
+use crate::queue::{plan_batches, Message, Queue, QueueDepth};
+use crate::requests::CallCounter;
+
+struct Stored {
+    id: String,
+    body: String,
+    receive_count: u32,
+    visible_at: Instant,
+    /// Receipt of the current receive; stale receipts are ignored.
+    receipt: Option<String>,
+}
+
+struct State {
+    messages: VecDeque<Stored>,
+    next_id: u64,
+}
+
+/// An in-memory queue.
+pub struct MemoryQueue {
+    name: String,
+    visibility: Duration,
+    redrive: Option<(u32, Arc<MemoryQueue>)>,
+    state: Mutex<State>,
+    arrived: Notify,
+    calls: CallCounter,
+}
+
+impl MemoryQueue {
+    pub fn new(name: &str, visibility: Duration) -> Arc<MemoryQueue> {
+        Self::build(name, visibility, None)
+    }
+
+    /// A queue whose messages move to `dlq` when received more than `max_receive` times.
+    pub fn with_dlq(name: &str, visibility: Duration, max_receive: u32, dlq: Arc<MemoryQueue>) -> Arc<MemoryQueue> {
+        Self::build(name, visibility, Some((max_receive, dlq)))
+    }
+
+    fn build(name: &str, visibility: Duration, redrive: Option<(u32, Arc<MemoryQueue>)>) -> Arc<MemoryQueue> {
+        Arc::new(MemoryQueue {
+            name: name.to_string(),
+            visibility,
+            redrive,
+            state: Mutex::new(State { messages: VecDeque::new(), next_id: 0 }),
+            arrived: Notify::new(),
+            calls: CallCounter::default(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, body: String, receive_count: u32) {
+        let mut s = self.lock();
+        s.next_id += 1;
+        let id = format!("m{}", s.next_id);
+        s.messages.push_back(Stored { id, body, receive_count, visible_at: Instant::now(), receipt: None });
+        drop(s);
+        self.arrived.notify_waiters();
+    }
+
+    /// Bodies of all messages, visible or not (for assertions).
+    pub fn bodies(&self) -> Vec<String> {
+        self.lock().messages.iter().map(|m| m.body.clone()).collect()
+    }
+
+    fn try_take(&self, max: u32) -> Vec<Message> {
+        let now = Instant::now();
+        let mut s = self.lock();
+        let mut out = Vec::new();
+        let mut dead = Vec::new();
+        let mut i = 0;
+        while i < s.messages.len() && out.len() < max as usize {
+            let visible = s.messages[i].visible_at <= now;
+            if !visible {
+                i += 1;
+                continue;
+            }
+            if let Some((max_receive, _)) = &self.redrive {
+                if s.messages[i].receive_count >= *max_receive {
+                    if let Some(m) = s.messages.remove(i) {
+                        dead.push(m);
+                    }
+                    continue;
+                }
+            }
+            s.next_id += 1;
+            let receipt = format!("{}#{}", s.messages[i].id, s.next_id);
+            let m = &mut s.messages[i];
+            m.receive_count += 1;
+            m.visible_at = now + self.visibility;
+            m.receipt = Some(receipt.clone());
+            out.push(Message { id: m.id.clone(), body: m.body.clone(), receipt, receive_count: m.receive_count });
+            i += 1;
+        }
+        drop(s);
+        if let Some((_, dlq)) = &self.redrive {
+            for m in dead {
+                dlq.push(m.body, 0);
+            }
+        }
+        out
+    }
+
+    fn next_visible_at(&self) -> Option<Instant> {
+        self.lock().messages.iter().map(|m| m.visible_at).min()
+    }
+}
+
+#[async_trait]
+impl Queue for MemoryQueue {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn send(&self, bodies: &[String]) -> Result<u64> {
+        let sizes: Vec<usize> = bodies.iter().map(String::len).collect();
+        let plan = plan_batches(&sizes);
+        for _ in &plan {
+            self.calls.bump("sqs.SendMessageBatch");
+        }
+        for b in bodies {
+            self.push(b.clone(), 0);
+        }
+        Ok(plan.len() as u64)
+    }
+
+    async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Message>> {
+        self.calls.bump("sqs.ReceiveMessage");
+        let deadline = Instant::now() + wait;
+        loop {
+            let arrived = self.arrived.notified();
+            let got = self.try_take(max.clamp(1, 10));
+            if !got.is_empty() || Instant::now() >= deadline {
+                return Ok(got);
+            }
+            let wake = self.next_visible_at().map_or(deadline, |t| t.max(Instant::now()).min(deadline));
+            tokio::select! {
+                _ = arrived => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    async fn delete(&self, receipts: &[String]) -> Result<u64> {
+        let calls = receipts.chunks(10).count() as u64;
+        for _ in 0..calls {
+            self.calls.bump("sqs.DeleteMessageBatch");
+        }
+        let mut s = self.lock();
+        s.messages.retain(|m| m.receipt.as_ref().is_none_or(|r| !receipts.contains(r)));
+        Ok(calls)
+    }
+
+    async fn set_visibility(&self, receipt: &str, timeout: Duration) -> Result<()> {
+        self.calls.bump("sqs.ChangeMessageVisibility");
+        let mut s = self.lock();
+        if let Some(m) = s.messages.iter_mut().find(|m| m.receipt.as_deref() == Some(receipt)) {
+            m.visible_at = Instant::now() + timeout;
+        }
+        drop(s);
+        self.arrived.notify_waiters();
+        Ok(())
+    }
+
+    async fn depth(&self) -> Result<QueueDepth> {
+        self.calls.bump("sqs.GetQueueAttributes");
+        let now = Instant::now();
+        let s = self.lock();
+        let visible = s.messages.iter().filter(|m| m.visible_at <= now).count() as u64;
+        Ok(QueueDepth { visible, in_flight: s.messages.len() as u64 - visible })
+    }
+
+    async fn max_receive_count(&self) -> Result<Option<u32>> {
+        Ok(self.redrive.as_ref().map(|(n, _)| *n))
+    }
+
+    fn calls(&self) -> &CallCounter {
+        &self.calls
+    }
+}
+
+/// An in-memory blob store.
+#[derive(Default)]
+pub struct MemoryStore {
+    objects: Mutex<HashMap<String, Bytes>>,
+    calls: CallCounter,
+}
+
+impl MemoryStore {
+    pub fn new() -> Arc<MemoryStore> {
+        Arc::new(MemoryStore::default())
+    }
+
+    pub fn keys(&self) -> Vec<String> {
+        let mut k: Vec<String> = self.objects.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect();
+        k.sort();
+        k
+    }
+}
+
+#[async_trait]
+impl BlobStore for MemoryStore {
+    fn bucket(&self) -> &str {
+        "memory"
+    }
+
+    async fn put(&self, key: &str, body: Bytes, _content_type: &str) -> Result<()> {
+        self.calls.bump("s3.PutObject");
+        self.objects.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), body);
+        Ok(())
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Bytes>> {
+        self.calls.bump("s3.GetObject");
+        Ok(self.objects.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned())
+    }
+
+    fn calls(&self) -> &CallCounter {
+        &self.calls
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn visibility_redelivery_and_dead_letter() {
+        let dlq = MemoryQueue::new("dlq", Duration::from_secs(30));
+        let q = MemoryQueue::with_dlq("q", Duration::from_secs(30), 2, dlq.clone());
+        q.send(&["a".to_string()]).await.unwrap();
+        let m = q.receive(10, Duration::ZERO).await.unwrap();
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].receive_count, 1);
+        assert!(q.receive(10, Duration::ZERO).await.unwrap().is_empty(), "invisible while in flight");
+        // A long poll returns when the message becomes visible again.
+        let m2 = q.receive(10, Duration::from_secs(40)).await.unwrap();
+        assert_eq!(m2[0].receive_count, 2);
+        // The old receipt no longer deletes it.
+        q.delete(&[m[0].receipt.clone()]).await.unwrap();
+        assert_eq!(q.bodies().len(), 1);
+        tokio::time::advance(Duration::from_secs(31)).await;
+        assert!(q.receive(10, Duration::ZERO).await.unwrap().is_empty(), "third receive moves it to the DLQ");
+        assert_eq!(dlq.bodies(), ["a"]);
+        assert!(q.bodies().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn long_poll_wakes_on_send() {
+        let q = MemoryQueue::new("q", Duration::from_secs(30));
+        let q2 = q.clone();
+        let h = tokio::spawn(async move { q2.receive(10, Duration::from_secs(20)).await.unwrap() });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        q.send(&["x".to_string()]).await.unwrap();
+        let got = h.await.unwrap();
+        assert_eq!(got.len(), 1);
+    }
+}

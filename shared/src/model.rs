@@ -1,0 +1,185 @@
+//! The messages and documents that travel between the fleet's parts: work items on the work queue,
+//! chunk results on the results queue, the job manifest and the controller's checkpoint on S3.
+//! Every document carries a version field so that old and new fleet members can tell each other apart.
+
+use std::collections::BTreeSet;
+
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+use crate::billing::{AccountTotals, Tariff};
+use crate::requests::RequestCounts;
+
+/// Version of the wire format written by this build.
+pub const WIRE_VERSION: u32 = 1;
+
+/// One valid transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transaction {
+    pub txn_id: String,
+    pub account_id: String,
+    /// Exact amount, scale 2; negative for a refund.
+    pub amount: Decimal,
+    /// ISO 4217 code, three uppercase ASCII letters.
+    pub currency: [u8; 3],
+    /// RFC 3339 timestamp, as given.
+    pub timestamp: String,
+}
+
+impl Transaction {
+    pub fn currency_str(&self) -> &str {
+        // Validated as ASCII uppercase on construction.
+        std::str::from_utf8(&self.currency).unwrap_or("???")
+    }
+}
+
+/// A chunk blob on S3 (claim check): where it is and how to verify it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobRef {
+    pub key: String,
+    /// Lowercase hex SHA-256 of the stored (compressed) bytes.
+    pub sha256: String,
+    pub compressed_bytes: u64,
+    /// Size after decompression; the processor refuses to expand past it.
+    pub raw_bytes: u64,
+}
+
+/// The small message on the work queue that references one chunk blob.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkItem {
+    pub v: u32,
+    pub job_id: String,
+    /// 0-based chunk number within the job.
+    pub chunk: u32,
+    pub total_chunks: u32,
+    pub transactions: u64,
+    pub blob: BlobRef,
+    pub tariff: Tariff,
+}
+
+/// How a chunk's per-account totals travel back: inline, compressed inline, or as a blob reference
+/// when they are too large for a queue message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "encoding", rename_all = "snake_case")]
+pub enum AccountsPayload {
+    Inline { accounts: Vec<AccountTotals> },
+    /// Base64 of zstd-compressed JSON `Vec<AccountTotals>`.
+    Zstd { data: String },
+    Blob { blob: BlobRef },
+}
+
+/// What happened to a chunk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    Processed { payload: AccountsPayload },
+    Failed { reason: String },
+}
+
+/// A message on the results queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ResultMessage {
+    Chunk(ChunkResult),
+    /// A job with no accepted transactions: nothing to process, the controller just finishes it.
+    EmptyJob { v: u32, job_id: String },
+}
+
+impl ResultMessage {
+    pub fn job_id(&self) -> &str {
+        match self {
+            ResultMessage::Chunk(c) => &c.job_id,
+            ResultMessage::EmptyJob { job_id, .. } => job_id,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkResult {
+    pub v: u32,
+    pub job_id: String,
+    pub chunk: u32,
+    pub total_chunks: u32,
+    pub transactions: u64,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// SQS and S3 calls the processor made for this chunk.
+    pub requests: RequestCounts,
+}
+
+/// A rejected input row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejected {
+    pub file: String,
+    pub line: u64,
+    pub txn_id: Option<String>,
+    pub reason: String,
+}
+
+/// Written by the initiator to `jobs/{job}/manifest.json` before any work item is sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub v: u32,
+    pub job_id: String,
+    pub created_at: String,
+    pub files: Vec<String>,
+    pub submitted: u64,
+    pub accepted: u64,
+    pub rejected: Vec<Rejected>,
+    pub total_chunks: u32,
+    /// Transactions in each chunk, by chunk number.
+    pub chunk_transactions: Vec<u64>,
+    pub tariff: Tariff,
+    /// Calls the initiator made for this job, including the sends that follow the manifest.
+    pub requests: RequestCounts,
+}
+
+/// Job status as seen by users.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    /// Chunks still outstanding.
+    Running,
+    /// Every accepted transaction was processed.
+    Complete,
+    /// Finished, but some chunks failed (dead-lettered).
+    Partial,
+}
+
+impl JobStatus {
+    pub fn is_finished(self) -> bool {
+        !matches!(self, JobStatus::Running)
+    }
+}
+
+/// A chunk that could not be processed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedChunk {
+    pub chunk: u32,
+    pub transactions: u64,
+    pub reason: String,
+}
+
+/// The controller's durable per-job state, `jobs/{job}/checkpoint.json.zst`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub v: u32,
+    pub job_id: String,
+    pub status: JobStatus,
+    pub total_chunks: u32,
+    /// Chunks already counted (processed or failed); a result for one of these is a duplicate.
+    pub accounted: BTreeSet<u32>,
+    pub processed_transactions: u64,
+    pub failed_chunks: Vec<FailedChunk>,
+    pub accounts: Vec<AccountTotals>,
+    /// Calls counted so far for this job by processors and the controller.
+    pub requests: RequestCounts,
+    pub updated_at: String,
+}
+
+/// Current UTC time in RFC 3339.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_string())
+}

@@ -1,0 +1,85 @@
+//! Creates the fleet's queues (each with a dead-letter queue and redrive) and bucket, idempotently.
+//! `localstack/init/ready.d/10-billing-fleet.py` does the same for deployments; tests use this to
+//! make their own uniquely named resources.
+
+use std::time::Duration;
+
+use aws_sdk_sqs::types::QueueAttributeName;
+
+use crate::config::{Aws, FleetArgs};
+use crate::error::{Error, Result, Service};
+use crate::queue::sdk_error;
+
+/// Queue settings.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueSettings {
+    pub max_receive_count: u32,
+    pub visibility_timeout: Duration,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(30) }
+    }
+}
+
+async fn create_queue(aws: &Aws, name: &str, attrs: Vec<(QueueAttributeName, String)>) -> Result<(String, String)> {
+    let sqs = aws.sqs();
+    let mut req = sqs.create_queue().queue_name(name);
+    for (k, v) in attrs {
+        req = req.attributes(k, v);
+    }
+    let url = req.send().await.map_err(|e| sdk_error(Service::Sqs, "CreateQueue", &aws.endpoint, e))?.queue_url().unwrap_or_default().to_string();
+    let arn = sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| sdk_error(Service::Sqs, "GetQueueAttributes", &aws.endpoint, e))?
+        .attributes()
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .ok_or_else(|| Error::Config(format!("queue {name} has no ARN")))?;
+    Ok((url, arn))
+}
+
+/// Creates `name` and `{name}-dlq`-style dead-letter queue `dlq` with redrive after `max_receive_count`.
+pub async fn ensure_queue_with_dlq(aws: &Aws, name: &str, dlq: &str, s: QueueSettings) -> Result<String> {
+    let (_, dlq_arn) = create_queue(aws, dlq, vec![(QueueAttributeName::MessageRetentionPeriod, "1209600".into())]).await?;
+    let redrive = serde_json::json!({ "deadLetterTargetArn": dlq_arn, "maxReceiveCount": s.max_receive_count.to_string() }).to_string();
+    let (url, _) = create_queue(
+        aws,
+        name,
+        vec![
+            (QueueAttributeName::VisibilityTimeout, s.visibility_timeout.as_secs().to_string()),
+            (QueueAttributeName::RedrivePolicy, redrive.clone()),
+        ],
+    )
+    .await?;
+    // CreateQueue on an existing queue with other attributes fails on AWS; keep settings current.
+    aws.sqs()
+        .set_queue_attributes()
+        .queue_url(&url)
+        .attributes(QueueAttributeName::RedrivePolicy, redrive)
+        .attributes(QueueAttributeName::VisibilityTimeout, s.visibility_timeout.as_secs().to_string())
+        .send()
+        .await
+        .map_err(|e| sdk_error(Service::Sqs, "SetQueueAttributes", &aws.endpoint, e))?;
+    Ok(url)
+}
+
+pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
+    let s3 = aws.s3();
+    match s3.create_bucket().bucket(bucket).send().await {
+        Ok(_) => Ok(()),
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_bucket_already_owned_by_you() || s.is_bucket_already_exists()) => Ok(()),
+        Err(e) => Err(sdk_error(Service::S3, "CreateBucket", &aws.endpoint, e)),
+    }
+}
+
+/// Creates every resource of a fleet: work queue + DLQ, results queue + DLQ, bucket.
+pub async fn ensure_fleet(aws: &Aws, names: &FleetArgs, s: QueueSettings) -> Result<()> {
+    ensure_queue_with_dlq(aws, &names.work_queue, &names.work_dlq, s).await?;
+    ensure_queue_with_dlq(aws, &names.results_queue, &format!("{}-dlq", names.results_queue), s).await?;
+    ensure_bucket(aws, &names.bucket).await
+}

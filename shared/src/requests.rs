@@ -1,0 +1,90 @@
+//! Request accounting: how many SQS and S3 calls were made, by operation. The clients count every call
+//! they make (process-wide totals, for metrics); pipelines attribute calls to the job they served, and
+//! those per-job counts travel in work results and end up in the job's report.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+/// Calls by `"service.Operation"` name (`"sqs.ReceiveMessage"`, `"s3.PutObject"`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RequestCounts(pub BTreeMap<String, u64>);
+
+impl RequestCounts {
+    pub fn add(&mut self, op: &str, n: u64) {
+        if n > 0 {
+            *self.0.entry(op.to_string()).or_default() += n;
+        }
+    }
+
+    pub fn merge(&mut self, other: &RequestCounts) {
+        for (k, v) in &other.0 {
+            self.add(k, *v);
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
+
+    /// Total calls of one service (`"sqs"` or `"s3"`).
+    pub fn service_total(&self, service: &str) -> u64 {
+        self.by_service(service).values().sum()
+    }
+
+    /// Calls of one service keyed by bare operation name.
+    pub fn by_service(&self, service: &str) -> BTreeMap<String, u64> {
+        let prefix = format!("{service}.");
+        self.0
+            .iter()
+            .filter_map(|(k, v)| k.strip_prefix(&prefix).map(|op| (op.to_string(), *v)))
+            .collect()
+    }
+}
+
+/// Process-wide call counter kept inside a client. Cheap to bump from many tasks.
+#[derive(Debug, Default)]
+pub struct CallCounter {
+    calls: Mutex<BTreeMap<&'static str, u64>>,
+    total: AtomicU64,
+}
+
+impl CallCounter {
+    pub fn bump(&self, op: &'static str) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        *calls.entry(op).or_default() += 1;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    pub fn snapshot(&self) -> RequestCounts {
+        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        RequestCounts(calls.iter().map(|(k, v)| (k.to_string(), *v)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_and_group_by_service() {
+        let mut a = RequestCounts::default();
+        a.add("sqs.ReceiveMessage", 2);
+        a.add("s3.GetObject", 3);
+        let mut b = RequestCounts::default();
+        b.add("sqs.ReceiveMessage", 1);
+        b.add("sqs.DeleteMessageBatch", 0);
+        a.merge(&b);
+        assert_eq!(a.total(), 6);
+        assert_eq!(a.service_total("sqs"), 3);
+        assert_eq!(a.by_service("s3").get("GetObject"), Some(&3));
+        assert!(!a.0.contains_key("sqs.DeleteMessageBatch"));
+    }
+}

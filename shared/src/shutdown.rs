@@ -1,0 +1,50 @@
+//! Shutdown plumbing: SIGINT/SIGTERM cancel a token that every task watches; `drain` waits for the
+//! tracked tasks under a bound.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// A token cancelled on the first SIGINT or SIGTERM.
+pub fn on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = match signal(SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot install SIGTERM handler");
+                    let _ = tokio::signal::ctrl_c().await;
+                    t.cancel();
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        t.cancel();
+    });
+    token
+}
+
+/// Closes the tracker and waits for its tasks at most `grace`. Returns false when it timed out.
+pub async fn drain(tracker: &TaskTracker, grace: Duration) -> bool {
+    tracker.close();
+    match tokio::time::timeout(grace, tracker.wait()).await {
+        Ok(()) => true,
+        Err(_) => {
+            tracing::warn!(grace_s = grace.as_secs_f64(), remaining = tracker.len(), "drain timed out; abandoning in-flight work (it will be redelivered)");
+            false
+        }
+    }
+}

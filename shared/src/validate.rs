@@ -1,0 +1,199 @@
+//! Field rules for one transaction row. The initiator applies them to the user's CSV and the processor
+//! applies them again to every chunk it receives (the queue is untrusted input), so they live here once.
+
+use std::fmt;
+
+use rust_decimal::Decimal;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use crate::model::Transaction;
+
+/// Longest allowed `txn_id` / `account_id`, in characters.
+pub const MAX_ID_CHARS: usize = 64;
+/// Most integer digits an amount may have.
+pub const MAX_INTEGER_DIGITS: usize = 10;
+
+/// The required input columns, in the order chunks are written.
+pub const REQUIRED_COLUMNS: [&str; 5] = ["txn_id", "account_id", "amount", "currency", "timestamp"];
+
+/// Why a row was rejected: the field and the problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowError {
+    pub field: &'static str,
+    pub problem: String,
+}
+
+impl fmt::Display for RowError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.problem)
+    }
+}
+
+fn err(field: &'static str, problem: impl Into<String>) -> RowError {
+    RowError { field, problem: problem.into() }
+}
+
+/// Shortens a value for an error message (no huge fields in reports).
+fn shown(v: &str) -> String {
+    let mut s: String = v.chars().take(40).collect();
+    if v.chars().count() > 40 {
+        s.push('…');
+    }
+    format!("{s:?}")
+}
+
+fn text<'a>(field: &'static str, raw: Option<&'a [u8]>) -> Result<&'a str, RowError> {
+    let raw = raw.ok_or_else(|| err(field, "missing (the row has too few fields)"))?;
+    std::str::from_utf8(raw).map_err(|_| err(field, "not valid UTF-8"))
+}
+
+fn id(field: &'static str, raw: Option<&[u8]>) -> Result<String, RowError> {
+    let v = text(field, raw)?;
+    if v.is_empty() {
+        return Err(err(field, "empty"));
+    }
+    let n = v.chars().count();
+    if n > MAX_ID_CHARS {
+        return Err(err(field, format!("{n} characters, more than {MAX_ID_CHARS}")));
+    }
+    Ok(v.to_string())
+}
+
+/// Parses `-?digits[.d|.dd]` (at most 10 integer digits), non-zero, into an exact decimal with scale 2.
+pub fn parse_amount(v: &str) -> Result<Decimal, RowError> {
+    let bad = || {
+        err(
+            "amount",
+            format!("{} is not -?digits[.d or .dd] with at most {MAX_INTEGER_DIGITS} integer digits", shown(v)),
+        )
+    };
+    let b = v.as_bytes();
+    let (neg, rest) = match b.first() {
+        Some(b'-') => (true, &b[1..]),
+        _ => (false, b),
+    };
+    let (int, frac) = match rest.iter().position(|&c| c == b'.') {
+        Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+        None => (rest, None),
+    };
+    if int.is_empty() || int.len() > MAX_INTEGER_DIGITS || !int.iter().all(u8::is_ascii_digit) {
+        return Err(bad());
+    }
+    let mut cents: i64 = 0;
+    for &d in int {
+        cents = cents * 10 + i64::from(d - b'0');
+    }
+    cents *= 100;
+    if let Some(frac) = frac {
+        if frac.is_empty() || frac.len() > 2 || !frac.iter().all(u8::is_ascii_digit) {
+            return Err(bad());
+        }
+        let mut f = 0i64;
+        for &d in frac {
+            f = f * 10 + i64::from(d - b'0');
+        }
+        cents += if frac.len() == 1 { f * 10 } else { f };
+    }
+    if cents == 0 {
+        return Err(err("amount", "is zero"));
+    }
+    Ok(Decimal::new(if neg { -cents } else { cents }, 2))
+}
+
+/// Three uppercase ASCII letters.
+pub fn parse_currency(v: &str) -> Result<[u8; 3], RowError> {
+    let b = v.as_bytes();
+    if b.len() == 3 && b.iter().all(u8::is_ascii_uppercase) {
+        Ok([b[0], b[1], b[2]])
+    } else {
+        Err(err("currency", format!("{} is not three uppercase letters (ISO 4217)", shown(v))))
+    }
+}
+
+/// An RFC 3339 date-time with an offset (`Z` or `±hh:mm`), `T` as the separator.
+pub fn check_timestamp(v: &str) -> Result<(), RowError> {
+    let bad = || err("timestamp", format!("{} is not an RFC 3339 date-time with offset", shown(v)));
+    // The RFC allows a lowercase `t`/`z` and some parsers accept a space; the contract asks for the
+    // canonical form, so require an uppercase `T` at position 10 before handing the rest to `time`.
+    if v.as_bytes().get(10) != Some(&b'T') {
+        return Err(bad());
+    }
+    OffsetDateTime::parse(v, &Rfc3339).map(|_| ()).map_err(|_| bad())
+}
+
+/// Validates one row's five fields (raw bytes as read from CSV; `None` when the row lacks the field).
+pub fn validate_row(
+    txn_id: Option<&[u8]>,
+    account_id: Option<&[u8]>,
+    amount: Option<&[u8]>,
+    currency: Option<&[u8]>,
+    timestamp: Option<&[u8]>,
+) -> Result<Transaction, RowError> {
+    let txn_id = id("txn_id", txn_id)?;
+    let account_id = id("account_id", account_id)?;
+    let amount = parse_amount(text("amount", amount)?)?;
+    let currency = parse_currency(text("currency", currency)?)?;
+    let timestamp = text("timestamp", timestamp)?;
+    check_timestamp(timestamp)?;
+    Ok(Transaction { txn_id, account_id, amount, currency, timestamp: timestamp.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amounts() {
+        assert_eq!(parse_amount("12").unwrap().to_string(), "12.00");
+        assert_eq!(parse_amount("12.5").unwrap().to_string(), "12.50");
+        assert_eq!(parse_amount("-0.05").unwrap().to_string(), "-0.05");
+        assert_eq!(parse_amount("9999999999.99").unwrap().to_string(), "9999999999.99");
+        for bad in ["", "-", "1.", ".5", "1.234", "12345678901", "+1", "1e3", " 1", "1,00", "--1", "1.2.3", "١"] {
+            assert_eq!(parse_amount(bad).unwrap_err().field, "amount", "{bad:?} should be rejected");
+        }
+        assert_eq!(parse_amount("0.00").unwrap_err().problem, "is zero");
+        assert_eq!(parse_amount("-0").unwrap_err().problem, "is zero");
+    }
+
+    #[test]
+    fn currencies() {
+        assert_eq!(&parse_currency("EUR").unwrap(), b"EUR");
+        for bad in ["eur", "EU", "EURO", "E1R", "ÉUR", ""] {
+            assert!(parse_currency(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn timestamps() {
+        for ok in ["2026-11-21T10:00:00Z", "2026-11-21T10:00:00.250+02:00", "2026-02-28T23:59:59-05:30"] {
+            assert!(check_timestamp(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "2026-11-21 10:00:00Z",
+            "2026-11-21T10:00:00",
+            "2026-11-21",
+            "2026-13-01T00:00:00Z",
+            "2026-11-21t10:00:00Z",
+            "yesterday",
+        ] {
+            assert!(check_timestamp(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ids_and_missing_fields() {
+        let long = "x".repeat(65);
+        let ok = |t: &str, a: &str| {
+            validate_row(Some(t.as_bytes()), Some(a.as_bytes()), Some(b"1"), Some(b"EUR"), Some(b"2026-11-21T10:00:00Z"))
+        };
+        assert!(ok("t1", "a1").is_ok());
+        assert!(ok(&"é".repeat(64), "a").is_ok(), "64 characters are allowed even when multi-byte");
+        assert_eq!(ok("", "a1").unwrap_err().to_string(), "txn_id: empty");
+        assert_eq!(ok("t1", &long).unwrap_err().field, "account_id");
+        let missing = validate_row(Some(b"t"), Some(b"a"), Some(b"1"), None, None).unwrap_err();
+        assert_eq!(missing.field, "currency");
+        let bad_utf8 = validate_row(Some(b"t\xff"), Some(b"a"), Some(b"1"), Some(b"EUR"), Some(b"x")).unwrap_err();
+        assert_eq!(bad_utf8.to_string(), "txn_id: not valid UTF-8");
+    }
+}
