@@ -13,7 +13,7 @@ use shared::codec::{decompress_capped, from_zstd_json, sha256_hex, to_zstd_json,
 use shared::error::{Error, Result};
 use shared::layout::{accounts_key, check_job_id, checkpoint_key, manifest_key, report_key};
 use shared::model::{
-    now_rfc3339, AccountsPayload, Checkpoint, FailedChunk, JobStatus, Manifest, Outcome, ResultMessage, WorkItem, WIRE_VERSION,
+    now_rfc3339, AccountsPayload, Checkpoint, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, ResultMessage, WorkItem, WIRE_VERSION,
 };
 use shared::queue::Message;
 use shared::report;
@@ -23,6 +23,9 @@ use shared::requests::RequestCounts;
 const MAX_DOC_BYTES: u64 = 1 << 30;
 /// Finished jobs remembered in memory (to drop late duplicates without an S3 read).
 const FINISHED_MEMORY: usize = 10_000;
+
+/// Reason recorded for a chunk known only from its dead-lettered work item.
+pub const DEAD_LETTER_REASON: &str = "work item reached the dead-letter queue: processing failed on every allowed attempt";
 
 /// Which queue a batch came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,6 +224,12 @@ async fn apply_item(job: &mut Job, item: Item, store: &dyn BlobStore, ctl: &mut 
         return Ok(());
     }
     if cp.accounted.contains(&chunk) {
+        // The processor's own failure report says more than the dead letter: keep its reason.
+        if let Item::Result(ResultMessage::Chunk(ChunkResult { outcome: Outcome::Failed { reason }, .. })) = &item {
+            if let Some(f) = cp.failed_chunks.iter_mut().find(|f| f.chunk == chunk && f.reason == DEAD_LETTER_REASON) {
+                f.reason = reason.clone();
+            }
+        }
         tracing::debug!(job = %cp.job_id, chunk, "duplicate; already counted");
         return Ok(());
     }
@@ -250,7 +259,7 @@ async fn apply_item(job: &mut Job, item: Item, store: &dyn BlobStore, ctl: &mut 
             cp.failed_chunks.push(FailedChunk {
                 chunk,
                 transactions,
-                reason: "work item reached the dead-letter queue: processing failed on every allowed attempt".to_string(),
+                reason: DEAD_LETTER_REASON.to_string(),
             });
         }
         Item::Result(ResultMessage::EmptyJob { .. }) => {}

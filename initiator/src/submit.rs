@@ -104,7 +104,7 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
         let mut next = 0u32;
         let closed = AtomicBool::new(false);
         let mut done_bytes = 0;
-        let mut ship = |w: ChunkWriter, next: &mut u32| {
+        let ship = |w: ChunkWriter, next: &mut u32| {
             if !closed.load(Ordering::Relaxed) && tx.blocking_send((*next, w)).is_err() {
                 closed.store(true, Ordering::Relaxed);
             }

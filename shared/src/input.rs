@@ -4,10 +4,12 @@
 //! Headers of every file are checked before any row is read, so a file missing a required column refuses
 //! the whole submission before anything is written anywhere.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use crate::model::{Rejected, Transaction};
 use crate::validate::{validate_row, REQUIRED_COLUMNS};
@@ -72,6 +74,62 @@ impl InputFile {
     }
 }
 
+/// Offsets of the CR and LF bytes that have streamed past, for physical line numbers. (The csv crate's
+/// own line counter is off with CRLF endings and blank lines.)
+type Breaks = Rc<RefCell<VecDeque<(u64, u8)>>>;
+
+/// A reader that records where line-break bytes are as they stream past.
+struct BreakRecorder<R> {
+    inner: R,
+    offset: u64,
+    breaks: Breaks,
+}
+
+impl<R: Read> Read for BreakRecorder<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let mut breaks = self.breaks.borrow_mut();
+        for i in memchr::memchr2_iter(b'\n', b'\r', &buf[..n]) {
+            breaks.push_back((self.offset + i as u64, buf[i]));
+        }
+        self.offset += n as u64;
+        Ok(n)
+    }
+}
+
+/// Turns record byte positions into physical line numbers (1-based; LF, CRLF and lone CR end a line).
+struct LineCounter {
+    breaks: Breaks,
+    /// Line breaks counted so far.
+    passed: u64,
+}
+
+impl LineCounter {
+    fn take(&mut self) {
+        let mut breaks = self.breaks.borrow_mut();
+        if let Some((off, b)) = breaks.pop_front() {
+            let crlf = b == b'\r' && breaks.front() == Some(&(off + 1, b'\n'));
+            if !crlf {
+                self.passed += 1;
+            }
+        }
+    }
+
+    /// Line of the record whose reading started at byte `pos` (just after the previous record's
+    /// terminator): breaks before `pos`, plus the blank lines skipped from there.
+    fn line_at(&mut self, pos: u64) -> u64 {
+        while self.breaks.borrow().front().is_some_and(|&(off, _)| off < pos) {
+            self.take();
+        }
+        let mut cur = pos;
+        while self.breaks.borrow().front().is_some_and(|&(off, _)| off == cur) {
+            self.take();
+            cur += 1;
+        }
+        self.passed + 1
+    }
+}
+
 /// Row counts of a read.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Counts {
@@ -105,7 +163,9 @@ impl Validator {
     ) -> Result<(), InputError> {
         let io = |source| InputError::Io { file: file.name.clone(), source };
         let f = File::open(&file.path).map_err(io)?;
-        let mut rdr = csv_reader(BufReader::with_capacity(1 << 20, f));
+        let breaks: Breaks = Rc::default();
+        let mut lines = LineCounter { breaks: breaks.clone(), passed: 0 };
+        let mut rdr = csv_reader(BreakRecorder { inner: BufReader::with_capacity(1 << 20, f), offset: 0, breaks });
         let file_idx = self.files.len() as u32;
         self.files.push(file.name.clone());
         let mut rec = csv::ByteRecord::new();
@@ -119,11 +179,11 @@ impl Validator {
             if !more {
                 break;
             }
+            let line = lines.line_at(rec.position().map_or(0, |p| p.byte()));
             if first {
                 first = false; // the header, checked in open()
                 continue;
             }
-            let line = rec.position().map(|p| p.line()).unwrap_or(0);
             self.counts.submitted += 1;
             if self.counts.submitted % 65_536 == 0 {
                 progress(rec.position().map(|p| p.byte()).unwrap_or(0));
@@ -192,6 +252,22 @@ mod tests {
         assert_eq!(rej.iter().map(|r| r.line).collect::<Vec<_>>(), [5, 6]);
         assert!(rej[0].reason.starts_with("amount:"), "{}", rej[0].reason);
         assert_eq!(rej[0].txn_id.as_deref(), Some("t2"));
+    }
+
+    #[test]
+    fn physical_line_numbers_with_crlf_and_blank_lines() {
+        let d = tempfile::tempdir().unwrap();
+        let hdr = "txn_id,account_id,amount,currency,timestamp";
+        for (name, body) in [
+            ("lf.csv", format!("{hdr}\n\nt1,A,x,EUR,2026-11-21T10:00:00Z\n\n\nt2,A,x,EUR,2026-11-21T10:00:00Z\n")),
+            ("crlf.csv", format!("{hdr}\r\n\r\nt1,A,x,EUR,2026-11-21T10:00:00Z\r\n\r\n\r\nt2,A,x,EUR,2026-11-21T10:00:00Z\r\n")),
+            ("nofinal.csv", format!("{hdr}\r\n\r\nt1,A,x,EUR,2026-11-21T10:00:00Z\r\n\r\n\r\nt2,A,x,EUR,2026-11-21T10:00:00Z")),
+        ] {
+            let p = file(&d, name, &body);
+            let (_, rej, counts) = read_all(&[p]).unwrap();
+            assert_eq!(counts.submitted, 2, "{name}");
+            assert_eq!(rej.iter().map(|r| r.line).collect::<Vec<_>>(), [3, 6], "{name}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
@@ -80,10 +81,9 @@ pub fn plan_batches(sizes: &[usize]) -> Vec<Range<usize>> {
 }
 
 /// Maps an SDK error to the library error, telling unreachable endpoints apart from service errors.
-pub(crate) fn sdk_error<E, R>(service: Service, operation: &'static str, endpoint: &str, e: SdkError<E, R>) -> Error
+pub(crate) fn sdk_error<E>(service: Service, operation: &'static str, endpoint: &str, e: SdkError<E, HttpResponse>) -> Error
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    R: std::fmt::Debug + Send + Sync + 'static,
 {
     match &e {
         SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
@@ -98,7 +98,7 @@ where
             let retryable = matches!(
                 code,
                 "ThrottlingException" | "RequestThrottled" | "SlowDown" | "InternalError" | "ServiceUnavailable" | "KmsThrottled"
-            ) || se.raw_status() >= 500;
+            ) || se.raw().status().as_u16() >= 500;
             Error::Service { service, operation, detail, retryable }
         }
         _ => Error::Service { service, operation, detail: format!("{}", DisplayErrorContext(&e)), retryable: true },
@@ -140,10 +140,9 @@ impl SqsQueue {
         &self.url
     }
 
-    fn err<E, R>(&self, op: &'static str, e: SdkError<E, R>) -> Error
+    fn err<E>(&self, op: &'static str, e: SdkError<E, HttpResponse>) -> Error
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-        R: std::fmt::Debug + Send + Sync + 'static,
     {
         sdk_error(Service::Sqs, op, &self.endpoint, e)
     }
