@@ -18,23 +18,9 @@ pub fn bill(files: &[PathBuf], tariff: &Tariff) -> Result<Report, CliError> {
     let mut v = Validator::new();
     let mut rejected = Vec::new();
     let mut totals = Totals::new();
-    let mut batch = Vec::with_capacity(8192);
     for f in &inputs {
-        v.read(
-            f,
-            |t| {
-                batch.push(t);
-                if batch.len() == batch.capacity() {
-                    Totals::bill(&batch, &calc).rows().iter().for_each(|r| totals.add(r));
-                    batch.clear();
-                }
-            },
-            |r| rejected.push(r),
-            |_| {},
-        )
-        .map_err(|e| CliError::Input(e.to_string()))?;
+        v.read(f, |t| totals.add_txn(t, &calc), |r| rejected.push(r), |_| {}).map_err(|e| CliError::Input(e.to_string()))?;
     }
-    Totals::bill(&batch, &calc).rows().iter().for_each(|r| totals.add(r));
     let manifest = Manifest {
         v: WIRE_VERSION,
         job_id: "local".into(),

@@ -40,8 +40,10 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
         .ok_or_else(|| Error::Corrupt(format!("chunk blob {} does not exist", item.blob.key)))?;
     let (blob, rows, tariff) = (item.blob.clone(), item.transactions, item.tariff.clone());
     let accounts = tokio::task::spawn_blocking(move || {
-        let txns = decode_chunk(&data, &blob, rows, max_chunk_bytes)?;
-        Ok::<_, Error>(Totals::bill(&txns, &tariff.calculator()).rows())
+        let fees = tariff.calculator();
+        let mut totals = Totals::new();
+        decode_chunk(&data, &blob, rows, max_chunk_bytes, |t| totals.add_txn(t, &fees))?;
+        Ok::<_, Error>(totals.rows())
     })
     .await
     .map_err(|e| Error::Corrupt(format!("billing task failed: {e}")))??;

@@ -2,6 +2,7 @@
 //! and the per (account, currency) totals that chunks produce and the controller merges.
 
 use std::collections::{BTreeMap, HashMap};
+
 use std::path::Path;
 
 use rust_decimal::{Decimal, RoundingStrategy};
@@ -123,10 +124,11 @@ struct Sums {
 }
 
 /// Running per (account, currency) totals; merging is commutative and associative, so chunks may be
-/// added in any order.
+/// added in any order. Looked up by `&str` (accounts first, then their few currencies), so adding a
+/// transaction allocates only when a new (account, currency) appears.
 #[derive(Debug, Clone, Default)]
 pub struct Totals {
-    by_key: HashMap<(String, String), Sums>,
+    by_account: foldhash::HashMap<Box<str>, Vec<(String, Sums)>>,
 }
 
 impl Totals {
@@ -134,24 +136,41 @@ impl Totals {
         Self::default()
     }
 
-    /// Bills a chunk of transactions.
-    pub fn bill(txns: &[Transaction], fees: &FeeCalculator) -> Totals {
+    fn slot(&mut self, account: &str, currency: &str) -> &mut Sums {
+        if !self.by_account.contains_key(account) {
+            self.by_account.insert(account.into(), Vec::with_capacity(1));
+        }
+        let v = self.by_account.get_mut(account).expect("inserted above");
+        let i = match v.iter().position(|(c, _)| c == currency) {
+            Some(i) => i,
+            None => {
+                v.push((currency.to_string(), Sums::default()));
+                v.len() - 1
+            }
+        };
+        &mut v[i].1
+    }
+
+    /// Bills one transaction.
+    pub fn add_txn(&mut self, t: &Transaction<'_>, fees: &FeeCalculator) {
+        let fee = fees.fee(t.amount, t.currency_str());
+        let s = self.slot(t.account_id, t.currency_str());
+        s.count += 1;
+        s.gross += t.amount;
+        s.fees += fee;
+    }
+
+    /// Bills a set of transactions.
+    pub fn bill<'a, 'b: 'a>(txns: impl IntoIterator<Item = &'a Transaction<'b>>, fees: &FeeCalculator) -> Totals {
         let mut t = Totals::new();
         for x in txns {
-            let fee = fees.fee(x.amount, x.currency_str());
-            let s = match t.by_key.get_mut(&(x.account_id.clone(), x.currency_str().to_string())) {
-                Some(s) => s,
-                None => t.by_key.entry((x.account_id.clone(), x.currency_str().to_string())).or_default(),
-            };
-            s.count += 1;
-            s.gross += x.amount;
-            s.fees += fee;
+            t.add_txn(x, fees);
         }
         t
     }
 
     pub fn add(&mut self, a: &AccountTotals) {
-        let s = self.by_key.entry((a.account_id.clone(), a.currency.clone())).or_default();
+        let s = self.slot(&a.account_id, &a.currency);
         s.count += a.count;
         s.gross += a.gross;
         s.fees += a.fees;
@@ -163,20 +182,24 @@ impl Totals {
         }
     }
 
+    /// Number of (account, currency) rows.
     pub fn len(&self) -> usize {
-        self.by_key.len()
+        self.by_account.values().map(Vec::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
+        self.by_account.is_empty()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&str, &str, &Sums)> {
+        self.by_account.iter().flat_map(|(a, v)| v.iter().map(move |(c, s)| (a.as_ref(), c.as_str(), s)))
     }
 
     /// Rows sorted by account_id then currency (byte order).
     pub fn rows(&self) -> Vec<AccountTotals> {
         let mut rows: Vec<AccountTotals> = self
-            .by_key
             .iter()
-            .map(|((a, c), s)| AccountTotals { account_id: a.clone(), currency: c.clone(), count: s.count, gross: s.gross, fees: s.fees })
+            .map(|(a, c, s)| AccountTotals { account_id: a.to_string(), currency: c.to_string(), count: s.count, gross: s.gross, fees: s.fees })
             .collect();
         rows.sort_unstable_by(|x, y| (x.account_id.as_bytes(), x.currency.as_bytes()).cmp(&(y.account_id.as_bytes(), y.currency.as_bytes())));
         rows
@@ -185,8 +208,8 @@ impl Totals {
     /// Per-currency sums, sorted by currency.
     pub fn by_currency(&self) -> Vec<AccountTotals> {
         let mut cur: BTreeMap<&str, Sums> = BTreeMap::new();
-        for ((_, c), s) in &self.by_key {
-            let t = cur.entry(c.as_str()).or_default();
+        for (_, c, s) in self.iter() {
+            let t = cur.entry(c).or_default();
             t.count += s.count;
             t.gross += s.gross;
             t.fees += s.fees;
@@ -197,7 +220,7 @@ impl Totals {
     }
 
     pub fn transactions(&self) -> u64 {
-        self.by_key.values().map(|s| s.count).sum()
+        self.iter().map(|(_, _, s)| s.count).sum()
     }
 }
 

@@ -2,7 +2,6 @@
 //! decoding verifies the checksum and size, refuses to expand past a hard cap (no zstd bombs) and
 //! validates every row again, because whatever arrives through the queue is untrusted.
 
-use std::collections::HashSet;
 use std::io::Read;
 
 use base64::Engine;
@@ -10,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::model::{BlobRef, Transaction};
-use crate::validate::{validate_row, REQUIRED_COLUMNS};
+use crate::validate::{validate_row, SeenIds, REQUIRED_COLUMNS};
 
 /// zstd level for chunks: fast, still ~5-8x on transaction CSV.
 pub const CHUNK_ZSTD_LEVEL: i32 = 3;
@@ -35,9 +34,8 @@ impl ChunkWriter {
         ChunkWriter { w, rows: 0 }
     }
 
-    pub fn push(&mut self, t: &Transaction) {
-        let amount = t.amount.to_string();
-        let _ = self.w.write_record([t.txn_id.as_str(), t.account_id.as_str(), amount.as_str(), t.currency_str(), t.timestamp.as_str()]);
+    pub fn push(&mut self, t: &Transaction<'_>) {
+        let _ = self.w.write_record([t.txn_id, t.account_id, t.amount_text, t.currency_str(), t.timestamp]);
         self.rows += 1;
     }
 
@@ -86,8 +84,9 @@ pub fn decompress_capped(data: &[u8], cap: u64) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Verifies and decodes a chunk blob: checksum, sizes, the size cap, the header and every row.
-pub fn decode_chunk(data: &[u8], blob: &BlobRef, expected_rows: u64, max_raw_bytes: u64) -> Result<Vec<Transaction>> {
+/// Verifies and decodes a chunk blob: checksum, sizes, the size cap, the header and every row (no
+/// duplicate `txn_id`s, the announced count). Valid rows go to `row`; nothing is kept in between.
+pub fn decode_chunk(data: &[u8], blob: &BlobRef, expected_rows: u64, max_raw_bytes: u64, mut row: impl FnMut(&Transaction<'_>)) -> Result<()> {
     if data.len() as u64 != blob.compressed_bytes {
         return Err(Error::corrupt(format!("blob {} is {} bytes, work item says {}", blob.key, data.len(), blob.compressed_bytes)));
     }
@@ -104,8 +103,8 @@ pub fn decode_chunk(data: &[u8], blob: &BlobRef, expected_rows: u64, max_raw_byt
     }
     let mut rdr = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(raw.as_slice());
     let mut rec = csv::ByteRecord::new();
-    let mut out = Vec::with_capacity(expected_rows.min(1 << 20) as usize);
-    let mut seen = HashSet::with_capacity(out.capacity());
+    let mut seen: SeenIds<()> = SeenIds::default();
+    let mut rows = 0u64;
     let mut header = true;
     while rdr.read_byte_record(&mut rec).map_err(|e| Error::corrupt(format!("chunk CSV: {e}")))? {
         if header {
@@ -118,15 +117,16 @@ pub fn decode_chunk(data: &[u8], blob: &BlobRef, expected_rows: u64, max_raw_byt
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
         let t = validate_row(rec.get(0), rec.get(1), rec.get(2), rec.get(3), rec.get(4))
             .map_err(|e| Error::corrupt(format!("chunk line {line}: {e}")))?;
-        if !seen.insert(t.txn_id.clone()) {
+        if !seen.insert(t.txn_id, ()) {
             return Err(Error::corrupt(format!("chunk line {line}: duplicate txn_id")));
         }
-        out.push(t);
+        rows += 1;
+        row(&t);
     }
-    if out.len() as u64 != expected_rows {
-        return Err(Error::corrupt(format!("chunk holds {} transactions, work item says {expected_rows}", out.len())));
+    if rows != expected_rows {
+        return Err(Error::corrupt(format!("chunk holds {rows} transactions, work item says {expected_rows}")));
     }
-    Ok(out)
+    Ok(())
 }
 
 /// zstd + base64 of a JSON value, for compressed inline payloads.
@@ -158,20 +158,22 @@ mod tests {
     use super::*;
     use crate::validate::parse_amount;
 
-    fn txn(i: u32) -> Transaction {
-        Transaction {
-            txn_id: format!("t{i}"),
-            account_id: format!("acc,\"{i}\""),
-            amount: parse_amount("-12.5").unwrap(),
-            currency: *b"EUR",
-            timestamp: "2026-11-21T10:00:00Z".into(),
-        }
+    fn ids(i: u32) -> (String, String) {
+        (format!("t{i}"), format!("acc,\"{i}\""))
     }
 
     fn encoded(n: u32) -> (EncodedChunk, BlobRef) {
         let mut w = ChunkWriter::new();
         for i in 0..n {
-            w.push(&txn(i));
+            let (t, a) = ids(i);
+            w.push(&Transaction {
+                txn_id: &t,
+                account_id: &a,
+                amount: parse_amount("-12.5").unwrap(),
+                amount_text: "-12.5",
+                currency: *b"EUR",
+                timestamp: "2026-11-21T10:00:00Z",
+            });
         }
         let e = encode_chunk(w);
         let b = BlobRef { key: "jobs/j/chunks/0".into(), sha256: e.sha256.clone(), compressed_bytes: e.bytes.len() as u64, raw_bytes: e.raw_bytes };
@@ -181,17 +183,18 @@ mod tests {
     #[test]
     fn round_trip() {
         let (e, b) = encoded(100);
-        let back = decode_chunk(&e.bytes, &b, 100, 1 << 20).unwrap();
-        assert_eq!(back, (0..100).map(txn).collect::<Vec<_>>());
+        let mut back = Vec::new();
+        decode_chunk(&e.bytes, &b, 100, 1 << 20, |t| back.push((t.txn_id.to_string(), t.account_id.to_string(), t.amount.to_string()))).unwrap();
+        assert_eq!(back, (0..100).map(|i| { let (t, a) = ids(i); (t, a, "-12.50".to_string()) }).collect::<Vec<_>>());
     }
 
     #[test]
     fn detects_corruption_and_count_mismatch() {
         let (mut e, b) = encoded(10);
-        assert!(decode_chunk(&e.bytes, &b, 11, 1 << 20).unwrap_err().to_string().contains("holds 10"));
+        assert!(decode_chunk(&e.bytes, &b, 11, 1 << 20, |_| {}).unwrap_err().to_string().contains("holds 10"));
         let last = e.bytes.len() - 1;
         e.bytes[last] ^= 1;
-        let err = decode_chunk(&e.bytes, &b, 10, 1 << 20).unwrap_err();
+        let err = decode_chunk(&e.bytes, &b, 10, 1 << 20, |_| {}).unwrap_err();
         assert!(err.to_string().contains("sha256 mismatch"), "{err}");
         assert!(!err.is_retryable());
     }
@@ -202,10 +205,10 @@ mod tests {
         let bomb = zstd::bulk::compress(&vec![0u8; 64 << 20], 3).unwrap();
         assert!(bomb.len() < 64 << 10);
         let b = BlobRef { key: "k".into(), sha256: sha256_hex(&bomb), compressed_bytes: bomb.len() as u64, raw_bytes: 1000 };
-        let err = decode_chunk(&bomb, &b, 1, 1 << 20).unwrap_err();
+        let err = decode_chunk(&bomb, &b, 1, 1 << 20, |_| {}).unwrap_err();
         assert!(err.to_string().contains("more than 1000 bytes"), "{err}");
         let b2 = BlobRef { raw_bytes: 64 << 20, ..b };
-        assert!(decode_chunk(&bomb, &b2, 1, 1 << 20).unwrap_err().to_string().contains("above the cap"));
+        assert!(decode_chunk(&bomb, &b2, 1, 1 << 20, |_| {}).unwrap_err().to_string().contains("above the cap"));
     }
 
     #[test]
@@ -213,7 +216,7 @@ mod tests {
         let raw = b"txn_id,account_id,amount,currency,timestamp\nt1,a,1.234,EUR,2026-11-21T10:00:00Z\n";
         let z = zstd::bulk::compress(raw, 3).unwrap();
         let b = BlobRef { key: "k".into(), sha256: sha256_hex(&z), compressed_bytes: z.len() as u64, raw_bytes: raw.len() as u64 };
-        let err = decode_chunk(&z, &b, 1, 1 << 20).unwrap_err().to_string();
+        let err = decode_chunk(&z, &b, 1, 1 << 20, |_| {}).unwrap_err().to_string();
         assert!(err.contains("line 2: amount"), "{err}");
     }
 }

@@ -5,14 +5,14 @@
 //! the whole submission before anything is written anywhere.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use crate::model::{Rejected, Transaction};
-use crate::validate::{validate_row, REQUIRED_COLUMNS};
+use crate::validate::{validate_row, SeenIds, REQUIRED_COLUMNS};
 
 /// A problem with a whole input file.
 #[derive(Debug, thiserror::Error)]
@@ -142,7 +142,7 @@ pub struct Counts {
 #[derive(Default)]
 pub struct Validator {
     /// txn_id -> (file index, line) of the accepted row that first carried it.
-    seen: HashMap<Box<str>, (u32, u64)>,
+    seen: SeenIds<(u32, u64)>,
     files: Vec<String>,
     pub counts: Counts,
 }
@@ -157,7 +157,7 @@ impl Validator {
     pub fn read(
         &mut self,
         file: &InputFile,
-        mut accept: impl FnMut(Transaction),
+        mut accept: impl FnMut(&Transaction<'_>),
         mut reject: impl FnMut(Rejected),
         mut progress: impl FnMut(u64),
     ) -> Result<(), InputError> {
@@ -185,20 +185,19 @@ impl Validator {
                 continue;
             }
             self.counts.submitted += 1;
-            if self.counts.submitted % 65_536 == 0 {
+            if self.counts.submitted.is_multiple_of(65_536) {
                 progress(rec.position().map(|p| p.byte()).unwrap_or(0));
             }
             let result = validate_row(rec.get(ti), rec.get(ai), rec.get(mi), rec.get(ci), rec.get(si))
                 .map_err(|e| e.to_string())
-                .and_then(|t| match self.seen.get(t.txn_id.as_str()) {
+                .and_then(|t| match self.seen.insert_new(t.txn_id, (file_idx, line)) {
                     Some(&(fi, fl)) => Err(format!("txn_id: duplicate of the accepted row at {}:{fl}", self.files[fi as usize])),
                     None => Ok(t),
                 });
             match result {
                 Ok(t) => {
-                    self.seen.insert(t.txn_id.as_str().into(), (file_idx, line));
                     self.counts.accepted += 1;
-                    accept(t);
+                    accept(&t);
                 }
                 Err(reason) => {
                     self.counts.rejected += 1;
@@ -223,12 +222,15 @@ mod tests {
         p
     }
 
-    fn read_all(paths: &[PathBuf]) -> Result<(Vec<Transaction>, Vec<Rejected>, Counts), InputError> {
+    /// Accepted rows as (txn_id, account_id, amount), rejected rows, counts.
+    type Accepted = Vec<(String, String, String)>;
+
+    fn read_all(paths: &[PathBuf]) -> Result<(Accepted, Vec<Rejected>, Counts), InputError> {
         let files = paths.iter().map(|p| InputFile::open(p)).collect::<Result<Vec<_>, _>>()?;
         let mut v = Validator::new();
         let (mut acc, mut rej) = (vec![], vec![]);
         for f in &files {
-            v.read(f, |t| acc.push(t), |r| rej.push(r), |_| {})?;
+            v.read(f, |t| acc.push((t.txn_id.to_string(), t.account_id.to_string(), t.amount.to_string())), |r| rej.push(r), |_| {})?;
         }
         Ok((acc, rej, v.counts))
     }
@@ -245,9 +247,9 @@ mod tests {
         let p = file(&d, "in.csv", body);
         let (acc, rej, counts) = read_all(&[p]).unwrap();
         assert_eq!(counts, Counts { submitted: 4, accepted: 2, rejected: 2 });
-        assert_eq!(acc[0].txn_id, "t1");
-        assert_eq!(acc[1].account_id, "A,2");
-        assert_eq!(acc[1].amount.to_string(), "-3.50");
+        assert_eq!(acc[0].0, "t1");
+        assert_eq!(acc[1].1, "A,2");
+        assert_eq!(acc[1].2, "-3.50");
         // header line 1, t1 spans lines 2-3, blank line 4, t2 on line 5, t3 on line 6
         assert_eq!(rej.iter().map(|r| r.line).collect::<Vec<_>>(), [5, 6]);
         assert!(rej[0].reason.starts_with("amount:"), "{}", rej[0].reason);
@@ -278,7 +280,7 @@ mod tests {
         let (acc, rej, counts) = read_all(&[a.clone(), b]).unwrap();
         assert_eq!(counts, Counts { submitted: 5, accepted: 2, rejected: 3 });
         // t2 was first rejected (zero amount), so its later valid row is accepted
-        assert_eq!(acc.iter().map(|t| (t.txn_id.as_str(), t.account_id.as_str())).collect::<Vec<_>>(), [("t1", "A"), ("t2", "B")]);
+        assert_eq!(acc.iter().map(|t| (t.0.as_str(), t.1.as_str())).collect::<Vec<_>>(), [("t1", "A"), ("t2", "B")]);
         assert_eq!(rej[1].reason, format!("txn_id: duplicate of the accepted row at {}:2", a.display()));
         assert_eq!(rej[2].txn_id, None);
         assert_eq!(rej[2].line, 4);

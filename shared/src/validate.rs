@@ -48,7 +48,7 @@ fn text<'a>(field: &'static str, raw: Option<&'a [u8]>) -> Result<&'a str, RowEr
     std::str::from_utf8(raw).map_err(|_| err(field, "not valid UTF-8"))
 }
 
-fn id(field: &'static str, raw: Option<&[u8]>) -> Result<String, RowError> {
+fn id<'a>(field: &'static str, raw: Option<&'a [u8]>) -> Result<&'a str, RowError> {
     let v = text(field, raw)?;
     if v.is_empty() {
         return Err(err(field, "empty"));
@@ -57,7 +57,7 @@ fn id(field: &'static str, raw: Option<&[u8]>) -> Result<String, RowError> {
     if n > MAX_ID_CHARS {
         return Err(err(field, format!("{n} characters, more than {MAX_ID_CHARS}")));
     }
-    Ok(v.to_string())
+    Ok(v)
 }
 
 /// Parses `-?digits[.d|.dd]` (at most 10 integer digits), non-zero, into an exact decimal with scale 2.
@@ -123,20 +123,75 @@ pub fn check_timestamp(v: &str) -> Result<(), RowError> {
 }
 
 /// Validates one row's five fields (raw bytes as read from CSV; `None` when the row lacks the field).
-pub fn validate_row(
-    txn_id: Option<&[u8]>,
-    account_id: Option<&[u8]>,
-    amount: Option<&[u8]>,
-    currency: Option<&[u8]>,
-    timestamp: Option<&[u8]>,
-) -> Result<Transaction, RowError> {
+pub fn validate_row<'a>(
+    txn_id: Option<&'a [u8]>,
+    account_id: Option<&'a [u8]>,
+    amount: Option<&'a [u8]>,
+    currency: Option<&'a [u8]>,
+    timestamp: Option<&'a [u8]>,
+) -> Result<Transaction<'a>, RowError> {
     let txn_id = id("txn_id", txn_id)?;
     let account_id = id("account_id", account_id)?;
-    let amount = parse_amount(text("amount", amount)?)?;
+    let amount_text = text("amount", amount)?;
+    let amount = parse_amount(amount_text)?;
     let currency = parse_currency(text("currency", currency)?)?;
     let timestamp = text("timestamp", timestamp)?;
     check_timestamp(timestamp)?;
-    Ok(Transaction { txn_id, account_id, amount, currency, timestamp: timestamp.to_string() })
+    Ok(Transaction { txn_id, account_id, amount, amount_text, currency, timestamp })
+}
+
+/// Remembers `txn_id`s by a keyed 128-bit fingerprint instead of a copy of each id: no allocation per
+/// row. The key is random per process, so ids cannot be crafted to collide; an accidental collision
+/// (about 1e-27 for a million ids) would reject one row as a duplicate.
+pub struct SeenIds<V> {
+    seed: u64,
+    map: foldhash::HashMap<u128, V>,
+}
+
+impl<V> Default for SeenIds<V> {
+    fn default() -> Self {
+        SeenIds { seed: rand::random(), map: Default::default() }
+    }
+}
+
+impl<V> SeenIds<V> {
+    fn key(&self, id: &str) -> u128 {
+        xxhash_rust::xxh3::xxh3_128_with_seed(id.as_bytes(), self.seed)
+    }
+
+    pub fn get(&self, id: &str) -> Option<&V> {
+        self.map.get(&self.key(id))
+    }
+
+    /// Inserts `id` with `v` unless it is there already; then returns the first value.
+    pub fn insert_new(&mut self, id: &str, v: V) -> Option<&V> {
+        let k = self.key(id);
+        match self.map.entry(k) {
+            std::collections::hash_map::Entry::Occupied(e) => Some(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(v);
+                None
+            }
+        }
+    }
+
+    /// Inserts `id`; returns false (and keeps the first value) when it was already there.
+    pub fn insert(&mut self, id: &str, v: V) -> bool {
+        self.insert_new(id, v).is_none()
+    }
+
+    /// Makes room for `n` more ids.
+    pub fn reserve(&mut self, n: usize) {
+        self.map.reserve(n);
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
 }
 
 #[cfg(test)]
@@ -182,10 +237,20 @@ mod tests {
     }
 
     #[test]
+    fn seen_ids() {
+        let mut s: SeenIds<u32> = SeenIds::default();
+        assert!(s.insert("a", 1));
+        assert!(!s.insert("a", 2));
+        assert_eq!(s.get("a"), Some(&1));
+        assert_eq!(s.get("b"), None);
+        assert_eq!(s.len(), 1);
+    }
+
+    #[test]
     fn ids_and_missing_fields() {
         let long = "x".repeat(65);
         let ok = |t: &str, a: &str| {
-            validate_row(Some(t.as_bytes()), Some(a.as_bytes()), Some(b"1"), Some(b"EUR"), Some(b"2026-11-21T10:00:00Z"))
+            validate_row(Some(t.as_bytes()), Some(a.as_bytes()), Some(b"1"), Some(b"EUR"), Some(b"2026-11-21T10:00:00Z")).map(|_| ())
         };
         assert!(ok("t1", "a1").is_ok());
         assert!(ok(&"é".repeat(64), "a").is_ok(), "64 characters are allowed even when multi-byte");

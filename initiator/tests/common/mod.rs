@@ -137,12 +137,12 @@ pub fn generated(dir: &Path, name: &str, rows: u64, accounts: u64, seed: u64) ->
 /// The expected per-account rows, computed in one process with no queues.
 pub fn expected_accounts(files: &[PathBuf]) -> Vec<(String, String, u64, String, String, String)> {
     let calc = Tariff::default().calculator();
-    let mut txns = Vec::new();
+    let mut totals = Totals::new();
     let mut v = Validator::new();
     for f in files {
-        v.read(&InputFile::open(f).unwrap(), |t| txns.push(t), |_| {}, |_| {}).unwrap();
+        v.read(&InputFile::open(f).unwrap(), |t| totals.add_txn(t, &calc), |_| {}, |_| {}).unwrap();
     }
-    Totals::bill(&txns, &calc)
+    totals
         .rows()
         .into_iter()
         .map(|r| (r.account_id.clone(), r.currency.clone(), r.count, money(r.gross), money(r.fees), money(r.net())))
