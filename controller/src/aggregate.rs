@@ -57,14 +57,6 @@ impl Item {
             Item::Dead { item, .. } => &item.job_id,
         }
     }
-
-    fn total_chunks(&self) -> u32 {
-        match self {
-            Item::Result(ResultMessage::Chunk(c)) => c.total_chunks,
-            Item::Result(ResultMessage::EmptyJob { .. }) => 0,
-            Item::Dead { item, .. } => item.total_chunks,
-        }
-    }
 }
 
 struct Job {
@@ -122,12 +114,11 @@ impl Aggregator {
             tracing::debug!(job = %job_id, n = items.len(), "late duplicates of a finished job");
             return Ok(());
         }
-        let total = items[0].total_chunks();
         let mut ctl = RequestCounts::default();
         ctl.add("sqs.ReceiveMessage", 1);
         ctl.add("sqs.DeleteMessageBatch", 1);
         if !self.jobs.contains_key(job_id) {
-            let job = self.load(job_id, total, &mut ctl).await?;
+            let job = self.load(job_id, &mut ctl).await?;
             if job.cp.status.is_finished() {
                 self.remember_finished(job_id, job.cp.status);
                 return Ok(());
@@ -140,7 +131,7 @@ impl Aggregator {
             apply_item(job, item, store.as_ref(), &mut ctl).await?;
         }
         ctl.add("s3.PutObject", 1); // the checkpoint below
-        let complete = job.cp.accounted.len() as u32 == job.cp.total_chunks;
+        let complete = job.cp.total_chunks == Some(job.cp.accounted.len() as u32);
         if complete {
             ctl.add("s3.GetObject", 1);
             ctl.add("s3.PutObject", 2);
@@ -156,7 +147,7 @@ impl Aggregator {
         Ok(())
     }
 
-    async fn load(&self, job_id: &str, total: u32, ctl: &mut RequestCounts) -> Result<Job> {
+    async fn load(&self, job_id: &str, ctl: &mut RequestCounts) -> Result<Job> {
         ctl.add("s3.GetObject", 1);
         match self.store.get(&checkpoint_key(job_id)).await? {
             Some(data) => {
@@ -172,7 +163,7 @@ impl Aggregator {
                     v: WIRE_VERSION,
                     job_id: job_id.to_string(),
                     status: JobStatus::Running,
-                    total_chunks: total,
+                    total_chunks: None,
                     accounted: Default::default(),
                     processed_transactions: 0,
                     failed_chunks: Vec::new(),
@@ -213,14 +204,26 @@ fn parse(source: Source, m: &Message) -> Result<Item> {
 
 async fn apply_item(job: &mut Job, item: Item, store: &dyn BlobStore, ctl: &mut RequestCounts) -> Result<()> {
     let cp = &mut job.cp;
-    let (chunk, total, transactions) = match &item {
-        Item::Result(ResultMessage::EmptyJob { .. }) => return Ok(()),
-        Item::Result(ResultMessage::Chunk(c)) => (c.chunk, c.total_chunks, c.transactions),
-        Item::Dead { item, .. } => (item.chunk, item.total_chunks, item.transactions),
+    let (chunk, transactions) = match &item {
+        Item::Result(ResultMessage::Sealed { total_chunks, .. }) => {
+            let total = *total_chunks;
+            match cp.total_chunks {
+                Some(t) if t != total => tracing::error!(job = %cp.job_id, total, sealed_before = t, "conflicting seal ignored"),
+                _ => {
+                    if let Some(c) = cp.accounted.iter().find(|&&c| c >= total) {
+                        tracing::error!(job = %cp.job_id, chunk = c, total, "a counted chunk lies beyond the sealed size");
+                    }
+                    cp.total_chunks = Some(total);
+                }
+            }
+            return Ok(());
+        }
+        Item::Result(ResultMessage::Chunk(c)) => (c.chunk, c.transactions),
+        Item::Dead { item, .. } => (item.chunk, item.transactions),
     };
-    if total != cp.total_chunks || chunk >= total {
+    if cp.total_chunks.is_some_and(|t| chunk >= t) {
         // Not from this job as we know it: drop it loudly rather than corrupt the totals.
-        tracing::error!(job = %cp.job_id, chunk, total, expected_total = cp.total_chunks, "message does not fit its job; ignored");
+        tracing::error!(job = %cp.job_id, chunk, total = ?cp.total_chunks, "chunk beyond the job's size; ignored");
         return Ok(());
     }
     if cp.accounted.contains(&chunk) {
@@ -262,7 +265,7 @@ async fn apply_item(job: &mut Job, item: Item, store: &dyn BlobStore, ctl: &mut 
                 reason: DEAD_LETTER_REASON.to_string(),
             });
         }
-        Item::Result(ResultMessage::EmptyJob { .. }) => {}
+        Item::Result(ResultMessage::Sealed { .. }) => {}
     }
     cp.accounted.insert(chunk);
     Ok(())

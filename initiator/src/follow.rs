@@ -18,39 +18,46 @@ use crate::CliError;
 pub struct JobProgress {
     pub job_id: String,
     pub status: JobStatus,
-    pub total_chunks: u32,
+    /// Unknown while the job is still being submitted.
+    pub total_chunks: Option<u32>,
     pub accounted_chunks: u32,
     pub failed_chunks: u32,
-    pub accepted: u64,
+    pub accepted: Option<u64>,
     pub processed: u64,
-    pub rejected: u64,
+    pub rejected: Option<u64>,
 }
 
 /// Reads the manifest and checkpoint of a job.
 pub async fn progress(store: &dyn BlobStore, job_id: &str) -> Result<JobProgress, CliError> {
     check_job_id(job_id).map_err(|e| CliError::Input(e.to_string()))?;
-    let manifest: Manifest = match store.get(&manifest_key(job_id)).await? {
-        Some(b) => serde_json::from_slice(&b).map_err(shared::Error::from)?,
-        None => return Err(CliError::Input(format!("no job {job_id} in bucket {}", store.bucket()))),
+    let manifest: Option<Manifest> = match store.get(&manifest_key(job_id)).await? {
+        Some(b) => Some(serde_json::from_slice(&b).map_err(shared::Error::from)?),
+        None => None,
     };
     let cp: Option<Checkpoint> = match store.get(&checkpoint_key(job_id)).await? {
         Some(b) => Some(from_zstd_json(&b, 1 << 30)?),
         None => None,
     };
+    if manifest.is_none() && cp.is_none() {
+        return Err(CliError::Input(format!("no job {job_id} in bucket {}", store.bucket())));
+    }
     Ok(JobProgress {
         job_id: job_id.to_string(),
         status: cp.as_ref().map_or(JobStatus::Running, |c| c.status),
-        total_chunks: manifest.total_chunks,
+        total_chunks: manifest.as_ref().map(|m| m.total_chunks),
         accounted_chunks: cp.as_ref().map_or(0, |c| c.accounted.len() as u32),
         failed_chunks: cp.as_ref().map_or(0, |c| c.failed_chunks.len() as u32),
-        accepted: manifest.accepted,
+        accepted: manifest.as_ref().map(|m| m.accepted),
         processed: cp.as_ref().map_or(0, |c| c.processed_transactions),
-        rejected: manifest.rejected.len() as u64,
+        rejected: manifest.as_ref().map(|m| m.rejected.len() as u64),
     })
 }
 
 impl std::fmt::Display for JobProgress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(total) = self.total_chunks else {
+            return write!(f, "job {}: being submitted, {} chunks accounted for so far, {} transactions processed", self.job_id, self.accounted_chunks, self.processed);
+        };
         let status = match self.status {
             JobStatus::Running => "running",
             JobStatus::Complete => "complete",
@@ -59,7 +66,13 @@ impl std::fmt::Display for JobProgress {
         write!(
             f,
             "job {}: {status}, {}/{} chunks accounted for ({} failed), {}/{} accepted transactions processed, {} rows rejected",
-            self.job_id, self.accounted_chunks, self.total_chunks, self.failed_chunks, self.processed, self.accepted, self.rejected
+            self.job_id,
+            self.accounted_chunks,
+            total,
+            self.failed_chunks,
+            self.processed,
+            self.accepted.unwrap_or(0),
+            self.rejected.unwrap_or(0)
         )
     }
 }

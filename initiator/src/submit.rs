@@ -1,7 +1,8 @@
 //! `initiator submit`: reads and validates the files, de-duplicates `txn_id`s, splits accepted rows into
-//! chunks (by count and by bytes), compresses and stores each chunk on S3 while reading continues,
-//! writes the job manifest, sends the work items with SendMessageBatch and publishes a work-detected
-//! trigger. With `--strict`, any rejected row refuses the whole submission and nothing is stored.
+//! chunks (by count and by bytes) and, while reading goes on, compresses and stores each chunk on S3 and
+//! sends its work item (SendMessageBatch, up to ten at a time; a work-detected trigger after the first).
+//! At the end it writes the job manifest and sends the job's `Sealed` message to the results queue.
+//! With `--strict`, any rejected row refuses the whole submission and nothing is stored or enqueued.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +17,7 @@ use shared::codec::{encode_chunk, ChunkWriter, EncodedChunk};
 use shared::input::{Counts, InputFile, Validator};
 use shared::layout::{chunk_key, manifest_key, new_job_id};
 use shared::model::{now_rfc3339, BlobRef, Manifest, Rejected, ResultMessage, WorkItem, WIRE_VERSION};
-use shared::queue::{plan_batches, Queue};
+use shared::queue::Queue;
 use shared::requests::RequestCounts;
 use shared::trigger::{TriggerBus, WorkDetected};
 
@@ -64,12 +65,95 @@ pub struct Submitted {
     pub requests: RequestCounts,
 }
 
-struct StoredChunk {
+/// A compressed chunk, before and after it is stored.
+struct Chunk {
     number: u32,
     rows: u64,
     blob: BlobRef,
-    /// Held back until validation is over (strict mode only).
-    held: Option<Bytes>,
+    /// The bytes, until stored.
+    bytes: Option<Bytes>,
+}
+
+async fn encode(number: u32, w: ChunkWriter, job_id: &str, bar: &ProgressBar) -> Result<Chunk, CliError> {
+    let enc: EncodedChunk = tokio::task::spawn_blocking(move || encode_chunk(w)).await.map_err(|e| CliError::Input(format!("compression task failed: {e}")))?;
+    bar.inc(1);
+    let blob = BlobRef { key: chunk_key(job_id, number), sha256: enc.sha256, compressed_bytes: enc.bytes.len() as u64, raw_bytes: enc.raw_bytes };
+    Ok(Chunk { number, rows: enc.rows, blob, bytes: Some(Bytes::from(enc.bytes)) })
+}
+
+async fn put(mut c: Chunk, store: &Arc<dyn BlobStore>) -> Result<Chunk, CliError> {
+    if let Some(b) = c.bytes.take() {
+        store.put(&c.blob.key, b, "application/zstd").await?;
+    }
+    Ok(c)
+}
+
+type ReadOutcome = (Counts, Vec<Rejected>);
+
+fn read_result(r: Result<Result<ReadOutcome, shared::input::InputError>, tokio::task::JoinError>) -> Result<ReadOutcome, CliError> {
+    r.map_err(|e| CliError::Input(format!("reading task failed: {e}")))?.map_err(|e| CliError::Input(e.to_string()))
+}
+
+/// Sends work items for stored chunks in SendMessageBatch calls of up to ten, and publishes one
+/// work-detected trigger after the first call so that parked listeners wake at once.
+struct Enqueue<'a> {
+    clients: &'a Clients,
+    job_id: &'a str,
+    tariff: &'a Tariff,
+    bar: ProgressBar,
+    trigger: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl<'a> Enqueue<'a> {
+    fn new(clients: &'a Clients, job_id: &'a str, tariff: &'a Tariff, bar: ProgressBar) -> Self {
+        Enqueue { clients, job_id, tariff, bar, trigger: std::sync::Mutex::new(None) }
+    }
+
+    async fn run(&self, stored: impl futures::Stream<Item = Result<Chunk, CliError>>) -> Result<Vec<Chunk>, CliError> {
+        let sent: Vec<Vec<Chunk>> = stored.ready_chunks(10).map(|batch| self.send(batch)).buffer_unordered(4).try_collect().await?;
+        self.bar.finish();
+        Ok(sent.into_iter().flatten().collect())
+    }
+
+    async fn send(&self, batch: Vec<Result<Chunk, CliError>>) -> Result<Vec<Chunk>, CliError> {
+        let batch = batch.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let bodies = batch
+            .iter()
+            .map(|c| {
+                serde_json::to_string(&WorkItem {
+                    v: WIRE_VERSION,
+                    job_id: self.job_id.to_string(),
+                    chunk: c.number,
+                    transactions: c.rows,
+                    blob: c.blob.clone(),
+                    tariff: self.tariff.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| CliError::Input(e.to_string()))?;
+        self.clients.work.send(&bodies).await?;
+        self.bar.inc(bodies.len() as u64);
+        let mut trigger = self.trigger.lock().unwrap_or_else(|e| e.into_inner());
+        if trigger.is_none() {
+            if let Some(t) = self.clients.triggers.clone() {
+                let ev = WorkDetected { queue: self.clients.work.name().to_string(), messages: bodies.len() as u64, source: "initiator".into() };
+                *trigger = Some(tokio::spawn(async move {
+                    if let Err(e) = t.publish(&ev).await {
+                        tracing::warn!(error = %e, "could not publish the work-detected trigger; processors will find the work by polling");
+                    }
+                }));
+            }
+        }
+        Ok(batch)
+    }
+
+    /// Waits for the trigger publication (bounded: a trigger is only a hint).
+    async fn finish(&self) {
+        let handle = self.trigger.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), h).await;
+        }
+    }
 }
 
 fn bar(mp: &MultiProgress, len: u64, template: &str) -> ProgressBar {
@@ -88,9 +172,10 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
     // Every header is checked before any row is read or anything is stored.
     let files = opts.files.iter().map(|p| InputFile::open(p)).collect::<Result<Vec<_>, _>>().map_err(|e| CliError::Input(e.to_string()))?;
     let job_id = new_job_id();
+    let started = std::time::Instant::now();
     let mp = MultiProgress::with_draw_target(if opts.progress { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
     let read_bar = bar(&mp, files.iter().map(|f| f.bytes).sum(), "reading   [{bar:30}] {bytes}/{total_bytes} {msg}");
-    let store_bar = bar(&mp, 0, "storing   {pos} chunks {msg}");
+    let store_bar = bar(&mp, 0, "chunks    {pos} compressed");
 
     // Reading and validation run on a blocking thread and hand finished chunks over a small channel;
     // compression and uploads overlap with reading.
@@ -130,87 +215,44 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
         Ok::<_, shared::input::InputError>((v.counts, rejected))
     });
 
-    let (strict, store) = (opts.strict, clients.store.clone());
-    let sb = store_bar.clone();
-    let job = job_id.clone();
-    let uploads = futures::stream::poll_fn(|cx| rx.poll_recv(cx))
-        .map(|(number, w)| {
-            let (store, job, sb) = (store.clone(), job.clone(), sb.clone());
-            async move {
-                let enc: EncodedChunk = tokio::task::spawn_blocking(move || encode_chunk(w)).await.map_err(|e| CliError::Input(format!("compression task failed: {e}")))?;
-                let blob = BlobRef { key: chunk_key(&job, number), sha256: enc.sha256, compressed_bytes: enc.bytes.len() as u64, raw_bytes: enc.raw_bytes };
-                let bytes = Bytes::from(enc.bytes);
-                let held = if strict {
-                    Some(bytes)
-                } else {
-                    store.put(&blob.key, bytes, "application/zstd").await?;
-                    None
-                };
-                sb.inc(1);
-                Ok::<_, CliError>(StoredChunk { number, rows: enc.rows, blob, held })
+    let store = clients.store.clone();
+    let n = opts.upload_concurrency.max(1);
+    let enqueue = Enqueue::new(clients, &job_id, &opts.tariff, bar(&mp, 0, "enqueued  {pos} work items"));
+    let encoded = futures::stream::poll_fn(|cx| rx.poll_recv(cx)).map(|(number, w)| encode(number, w, &job_id, &store_bar)).buffer_unordered(n);
+    let (read, sent) = if opts.strict {
+        // Nothing may be stored or enqueued before every row has been validated.
+        let (read, held) = tokio::join!(reader, encoded.try_collect::<Vec<_>>());
+        let read = read_result(read)?;
+        if !read.1.is_empty() {
+            let mut msg = format!("--strict: {} of {} rows rejected; nothing was enqueued. First ones:", read.1.len(), read.0.submitted);
+            for r in read.1.iter().take(10) {
+                msg.push_str(&format!("\n  {}:{}: {}", r.file, r.line, r.reason));
             }
-        })
-        .buffer_unordered(opts.upload_concurrency.max(1))
-        .try_collect::<Vec<_>>();
-    let (read, stored) = tokio::join!(reader, uploads);
-    let (counts, rejected) = read.map_err(|e| CliError::Input(format!("reading task failed: {e}")))?.map_err(|e| CliError::Input(e.to_string()))?;
-    let mut chunks = stored?;
+            return Err(CliError::Input(msg));
+        }
+        let stored = futures::stream::iter(held?).map(|c| put(c, &store)).buffer_unordered(n);
+        (Ok(read), enqueue.run(stored).await)
+    } else {
+        // Chunks are stored and their work items sent while reading goes on, so processing starts at once.
+        let stored = encoded.map(|r| async { put(r?, &store).await }).buffer_unordered(n);
+        let (read, sent) = tokio::join!(reader, enqueue.run(stored));
+        (read_result(read), sent)
+    };
+    let (counts, rejected) = read?;
+    let mut chunks = sent?;
     chunks.sort_by_key(|c| c.number);
     read_bar.finish_with_message(format!("{} rows: {} accepted, {} rejected", counts.submitted, counts.accepted, counts.rejected));
+    store_bar.finish();
+    tracing::info!(job = %job_id, rows = counts.submitted, chunks = chunks.len(), elapsed_ms = started.elapsed().as_millis() as u64, "read, stored and enqueued");
 
-    if opts.strict && !rejected.is_empty() {
-        let mut msg = format!("--strict: {} of {} rows rejected; nothing was enqueued. First ones:", rejected.len(), counts.submitted);
-        for r in rejected.iter().take(10) {
-            msg.push_str(&format!("\n  {}:{}: {}", r.file, r.line, r.reason));
-        }
-        return Err(CliError::Input(msg));
-    }
-    if opts.strict {
-        futures::stream::iter(chunks.iter_mut())
-            .map(|c| {
-                let store = store.clone();
-                async move {
-                    if let Some(b) = c.held.take() {
-                        store.put(&c.blob.key, b, "application/zstd").await?;
-                    }
-                    Ok::<_, CliError>(())
-                }
-            })
-            .buffer_unordered(opts.upload_concurrency.max(1))
-            .try_collect::<Vec<()>>()
-            .await?;
-    }
-    store_bar.finish_with_message("stored");
-
+    // The manifest, then the seal: the controller finishes a job only once it is sealed, and reads the
+    // manifest then. The manifest carries this process's calls: all made so far, plus these two.
     let total_chunks = chunks.len() as u32;
-    let bodies: Vec<String> = chunks
-        .iter()
-        .map(|c| {
-            serde_json::to_string(&WorkItem {
-                v: WIRE_VERSION,
-                job_id: job_id.clone(),
-                chunk: c.number,
-                total_chunks,
-                transactions: c.rows,
-                blob: c.blob.clone(),
-                tariff: opts.tariff.clone(),
-            })
-        })
-        .collect::<Result<_, _>>()
-        .map_err(|e| CliError::Input(e.to_string()))?;
-    let empty_job = (total_chunks == 0)
-        .then(|| serde_json::to_string(&ResultMessage::EmptyJob { v: WIRE_VERSION, job_id: job_id.clone() }))
-        .transpose()
-        .map_err(|e| CliError::Input(e.to_string()))?;
-
-    // The manifest goes first so the controller can always finish the job; it carries this process's
-    // calls so far plus the ones that follow it (the manifest write and the sends).
     let mut requests = clients.store.calls().snapshot();
     requests.merge(&clients.work.calls().snapshot());
+    requests.merge(&clients.results.calls().snapshot());
     requests.add("s3.PutObject", 1);
-    let sizes: Vec<usize> = bodies.iter().map(String::len).collect();
-    let send_calls: u64 = sizes.chunks(10).map(|c| plan_batches(c).len() as u64).sum();
-    requests.add("sqs.SendMessageBatch", send_calls + u64::from(empty_job.is_some()));
+    requests.add("sqs.SendMessageBatch", 1);
     let manifest = Manifest {
         v: WIRE_VERSION,
         job_id: job_id.clone(),
@@ -226,34 +268,8 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
     };
     let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| CliError::Input(e.to_string()))?;
     clients.store.put(&manifest_key(&job_id), Bytes::from(manifest_bytes), "application/json").await?;
-
-    let send_bar = bar(&mp, bodies.len() as u64, "enqueuing [{bar:30}] {pos}/{len} work items");
-    let work = clients.work.clone();
-    let made: Vec<u64> = futures::stream::iter(bodies.chunks(10))
-        .map(|batch| {
-            let (work, sb) = (work.clone(), send_bar.clone());
-            async move {
-                let n = work.send(batch).await?;
-                sb.inc(batch.len() as u64);
-                Ok::<_, CliError>(n)
-            }
-        })
-        .buffer_unordered(8)
-        .try_collect()
-        .await?;
-    if let Some(body) = empty_job {
-        clients.results.send(&[body]).await?;
-    }
-    send_bar.finish();
-    let made: u64 = made.iter().sum();
-    if made != send_calls {
-        tracing::warn!(planned = send_calls, made, "some work items needed resending; the report counts the planned calls");
-    }
-    if let Some(t) = &clients.triggers {
-        let ev = WorkDetected { queue: clients.work.name().to_string(), messages: u64::from(total_chunks), source: "initiator".into() };
-        if let Err(e) = t.publish(&ev).await {
-            tracing::warn!(error = %e, "could not publish the work-detected trigger; processors will find the work by polling");
-        }
-    }
+    let seal = serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: job_id.clone(), total_chunks }).map_err(|e| CliError::Input(e.to_string()))?;
+    clients.results.send(&[seal]).await?;
+    enqueue.finish().await;
     Ok(Submitted { job_id, total_chunks, counts, rejected, requests })
 }

@@ -140,7 +140,7 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
     let s = st.submit(std::slice::from_ref(&f), 200).await;
     assert_eq!(s.total_chunks, 30);
     let p = st.start_processor(fast_processor());
-    st.wait_depth(st.results.as_ref(), 30, T).await;
+    st.wait_depth(st.results.as_ref(), 31, T).await; // 30 chunk results and the seal
     p.stop().await;
 
     // First controller: applies and checkpoints two batches, then "crashes" before deleting them.
@@ -163,4 +163,20 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
     assert_eq!(r.transactions.processed, 6_000);
     assert_eq!(report_accounts(&r), expected_accounts(&[f]));
     c2.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_with_nothing_accepted_still_finishes() {
+    let st = stack(QueueSettings::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(dir.path(), "bad.csv", "txn_id,account_id,amount,currency,timestamp\nt1,a,0,EUR,2026-11-21T10:00:00Z\nt2,,1,EUR,2026-11-21T10:00:00Z\n");
+    let c = st.start_controller();
+    let s = st.submit(std::slice::from_ref(&f), 100).await;
+    assert_eq!(s.total_chunks, 0);
+    let r = st.wait_report(&s, T).await;
+    assert_eq!(r.status, JobStatus::Complete);
+    assert_consistent(&r);
+    assert_eq!((r.transactions.submitted, r.transactions.accepted, r.transactions.rejected), (2, 0, 2));
+    assert!(r.accounts.is_empty() && r.totals.is_empty());
+    c.stop().await;
 }

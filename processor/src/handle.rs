@@ -23,9 +23,6 @@ pub fn parse_work_item(body: &str) -> Result<WorkItem> {
         return Err(Error::Corrupt(format!("work item version {} (this processor reads {WIRE_VERSION})", w.v)));
     }
     check_chunk_key(&w.job_id, w.chunk, &w.blob.key)?;
-    if w.chunk >= w.total_chunks {
-        return Err(Error::Corrupt(format!("chunk {} of a job with {} chunks", w.chunk, w.total_chunks)));
-    }
     w.tariff.check().map_err(|e| Error::Corrupt(format!("tariff: {e}")))?;
     Ok(w)
 }
@@ -72,7 +69,6 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
         v: WIRE_VERSION,
         job_id: item.job_id.clone(),
         chunk: item.chunk,
-        total_chunks: item.total_chunks,
         transactions: item.transactions,
         outcome: Outcome::Processed { payload },
         requests,
@@ -87,7 +83,6 @@ pub fn failed_result(item: &WorkItem, reason: String) -> ChunkResult {
         v: WIRE_VERSION,
         job_id: item.job_id.clone(),
         chunk: item.chunk,
-        total_chunks: item.total_chunks,
         transactions: item.transactions,
         outcome: Outcome::Failed { reason },
         requests,

@@ -51,9 +51,9 @@ pub struct BlobRef {
 pub struct WorkItem {
     pub v: u32,
     pub job_id: String,
-    /// 0-based chunk number within the job.
+    /// 0-based chunk number within the job. (Work items go out while the input is still being read,
+    /// so they do not know the job's size; the `Sealed` result message tells the controller.)
     pub chunk: u32,
-    pub total_chunks: u32,
     pub transactions: u64,
     pub blob: BlobRef,
     pub tariff: Tariff,
@@ -83,15 +83,16 @@ pub enum Outcome {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ResultMessage {
     Chunk(ChunkResult),
-    /// A job with no accepted transactions: nothing to process, the controller just finishes it.
-    EmptyJob { v: u32, job_id: String },
+    /// Sent by the initiator once every work item of the job is out and the manifest is written: the job
+    /// has `total_chunks` chunks (possibly none). The controller finishes a job only after this.
+    Sealed { v: u32, job_id: String, total_chunks: u32 },
 }
 
 impl ResultMessage {
     pub fn job_id(&self) -> &str {
         match self {
             ResultMessage::Chunk(c) => &c.job_id,
-            ResultMessage::EmptyJob { job_id, .. } => job_id,
+            ResultMessage::Sealed { job_id, .. } => job_id,
         }
     }
 }
@@ -101,7 +102,6 @@ pub struct ChunkResult {
     pub v: u32,
     pub job_id: String,
     pub chunk: u32,
-    pub total_chunks: u32,
     pub transactions: u64,
     #[serde(flatten)]
     pub outcome: Outcome,
@@ -168,7 +168,8 @@ pub struct Checkpoint {
     pub v: u32,
     pub job_id: String,
     pub status: JobStatus,
-    pub total_chunks: u32,
+    /// Known once the job's `Sealed` message has arrived.
+    pub total_chunks: Option<u32>,
     /// Chunks already counted (processed or failed); a result for one of these is a duplicate.
     pub accounted: BTreeSet<u32>,
     pub processed_transactions: u64,
