@@ -1,7 +1,8 @@
-//! Per-job aggregation, exactly once under at-least-once delivery. A job's state (which chunks are
-//! accounted for, the running per-account totals, failed chunks, request counts) is checkpointed to S3
-//! after each batch and before its messages are deleted; a chunk already accounted for is a duplicate
-//! however often it arrives. When every chunk of a job is accounted for, the report is written.
+//! Per-job aggregation, exactly once under at-least-once delivery. Batches are applied in memory; a
+//! job's state (which chunks are accounted for, the running per-account totals, failed chunks, request
+//! counts) is checkpointed to S3 by `flush`, and only the messages a checkpoint covers are handed back
+//! for deletion. A chunk already accounted for is a duplicate however often it arrives. When a sealed
+//! job has every chunk accounted for, its report is written at once.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -39,8 +40,8 @@ pub enum Source {
 /// What to do with the messages of a batch once applied.
 #[derive(Debug, Default)]
 pub struct Applied {
-    /// Applied (or duplicates): delete.
-    pub delete: Vec<String>,
+    /// Durably applied (or duplicates of finished jobs): delete.
+    pub delete: Vec<(Source, String)>,
     /// Unreadable dead letters: hide them for a long time rather than spin on them.
     pub park: Vec<String>,
 }
@@ -62,6 +63,8 @@ impl Item {
 struct Job {
     cp: Checkpoint,
     totals: Totals,
+    /// Applied in memory, not yet covered by a checkpoint: deleted after the next one.
+    pending: Vec<(Source, String)>,
 }
 
 /// The controller's in-memory view of the jobs it is aggregating.
@@ -96,11 +99,13 @@ impl Aggregator {
             }
         }
         for (job_id, items) in groups {
-            let receipts: Vec<String> = items.iter().map(|(i, _)| msgs[*i].receipt.clone()).collect();
+            let receipts: Vec<(Source, String)> = items.iter().map(|(i, _)| (source, msgs[*i].receipt.clone())).collect();
             let items: Vec<Item> = items.into_iter().map(|(_, it)| it).collect();
-            match self.apply_job(&job_id, items).await {
-                Ok(()) => applied.delete.extend(receipts),
+            match self.apply_job(&job_id, items, receipts).await {
+                Ok(deletable) => applied.delete.extend(deletable),
                 Err(e) => {
+                    // Everything applied since the last checkpoint is dropped with the job; those
+                    // messages were not deleted and come back.
                     tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered");
                     self.jobs.remove(&job_id);
                 }
@@ -109,19 +114,20 @@ impl Aggregator {
         applied
     }
 
-    async fn apply_job(&mut self, job_id: &str, items: Vec<Item>) -> Result<()> {
+    /// Applies a job's items; returns the receipts that may be deleted now (the job finished, or the
+    /// messages belong to a job finished before).
+    async fn apply_job(&mut self, job_id: &str, items: Vec<Item>, receipts: Vec<(Source, String)>) -> Result<Vec<(Source, String)>> {
         if self.finished.contains_key(job_id) {
             tracing::debug!(job = %job_id, n = items.len(), "late duplicates of a finished job");
-            return Ok(());
+            return Ok(receipts);
         }
         let mut ctl = RequestCounts::default();
         ctl.add("sqs.ReceiveMessage", 1);
-        ctl.add("sqs.DeleteMessageBatch", 1);
         if !self.jobs.contains_key(job_id) {
             let job = self.load(job_id, &mut ctl).await?;
             if job.cp.status.is_finished() {
                 self.remember_finished(job_id, job.cp.status);
-                return Ok(());
+                return Ok(receipts);
             }
             self.jobs.insert(job_id.to_string(), job);
         }
@@ -130,21 +136,54 @@ impl Aggregator {
         for item in items {
             apply_item(job, item, store.as_ref(), &mut ctl).await?;
         }
-        ctl.add("s3.PutObject", 1); // the checkpoint below
-        let complete = job.cp.total_chunks == Some(job.cp.accounted.len() as u32);
-        if complete {
-            ctl.add("s3.GetObject", 1);
-            ctl.add("s3.PutObject", 2);
-        }
+        job.pending.extend(receipts);
         job.cp.requests.merge(&ctl);
-        if complete {
-            let status = finalize(job, store.as_ref()).await?;
-            self.jobs.remove(job_id);
-            self.remember_finished(job_id, status);
-        } else {
-            save_checkpoint(job, store.as_ref()).await?;
+        if job.cp.total_chunks != Some(job.cp.accounted.len() as u32) {
+            return Ok(Vec::new());
         }
-        Ok(())
+        let mut job = self.jobs.remove(job_id).expect("job loaded above");
+        let mut done = RequestCounts::default();
+        done.add("s3.GetObject", 1); // the manifest
+        done.add("s3.PutObject", 3); // report, accounts.csv, checkpoint
+        done.add("sqs.DeleteMessageBatch", delete_calls(&job.pending));
+        job.cp.requests.merge(&done);
+        let status = match finalize(&mut job, store.as_ref()).await {
+            Ok(s) => s,
+            Err(e) => {
+                self.jobs.insert(job_id.to_string(), job);
+                return Err(e);
+            }
+        };
+        self.remember_finished(job_id, status);
+        Ok(job.pending)
+    }
+
+    /// Messages applied in memory and waiting for a checkpoint.
+    pub fn pending(&self) -> usize {
+        self.jobs.values().map(|j| j.pending.len()).sum()
+    }
+
+    /// Checkpoints every job with pending messages and returns those messages for deletion. A job
+    /// whose checkpoint fails is dropped from memory (reloaded from its last checkpoint later); its
+    /// messages are not returned, so they come back.
+    pub async fn flush(&mut self) -> Vec<(Source, String)> {
+        let mut out = Vec::new();
+        let dirty: Vec<String> = self.jobs.iter().filter(|(_, j)| !j.pending.is_empty()).map(|(k, _)| k.clone()).collect();
+        for job_id in dirty {
+            let job = self.jobs.get_mut(&job_id).expect("listed above");
+            let mut ctl = RequestCounts::default();
+            ctl.add("s3.PutObject", 1);
+            ctl.add("sqs.DeleteMessageBatch", delete_calls(&job.pending));
+            job.cp.requests.merge(&ctl);
+            match save_checkpoint(job, self.store.as_ref()).await {
+                Ok(()) => out.append(&mut job.pending),
+                Err(e) => {
+                    tracing::warn!(job = %job_id, error = %e, "checkpoint failed; its messages will be redelivered");
+                    self.jobs.remove(&job_id);
+                }
+            }
+        }
+        out
     }
 
     async fn load(&self, job_id: &str, ctl: &mut RequestCounts) -> Result<Job> {
@@ -156,7 +195,7 @@ impl Aggregator {
                 totals.add_all(cp.accounts.iter());
                 cp.accounts = Vec::new();
                 tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, "resumed job from checkpoint");
-                Ok(Job { cp, totals })
+                Ok(Job { cp, totals, pending: Vec::new() })
             }
             None => Ok(Job {
                 cp: Checkpoint {
@@ -172,6 +211,7 @@ impl Aggregator {
                     updated_at: now_rfc3339(),
                 },
                 totals: Totals::new(),
+                pending: Vec::new(),
             }),
         }
     }
@@ -191,6 +231,13 @@ impl Aggregator {
     pub fn open_jobs(&self) -> usize {
         self.jobs.len()
     }
+}
+
+/// DeleteMessageBatch calls needed for these receipts (per queue, ten at a time).
+fn delete_calls(receipts: &[(Source, String)]) -> u64 {
+    let results = receipts.iter().filter(|(s, _)| *s == Source::Results).count();
+    let dead = receipts.len() - results;
+    (results.div_ceil(10) + dead.div_ceil(10)) as u64
 }
 
 fn parse(source: Source, m: &Message) -> Result<Item> {

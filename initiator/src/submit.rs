@@ -110,7 +110,7 @@ impl<'a> Enqueue<'a> {
     }
 
     async fn run(&self, stored: impl futures::Stream<Item = Result<Chunk, CliError>>) -> Result<Vec<Chunk>, CliError> {
-        let sent: Vec<Vec<Chunk>> = stored.ready_chunks(10).map(|batch| self.send(batch)).buffer_unordered(4).try_collect().await?;
+        let sent: Vec<Vec<Chunk>> = stored.chunks(10).map(|batch| self.send(batch)).buffer_unordered(4).try_collect().await?;
         self.bar.finish();
         Ok(sent.into_iter().flatten().collect())
     }

@@ -150,6 +150,7 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
         assert!(!msgs.is_empty());
         agg.apply(controller::Source::Results, &msgs).await;
     }
+    agg.flush().await;
     drop(agg);
     // A second controller is killed hard while it works.
     let c1 = st.start_controller();
