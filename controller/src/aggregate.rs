@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use shared::billing::{AccountTotals, Totals};
 use shared::blob::BlobStore;
-use shared::codec::{decompress_capped, from_zstd_json, sha256_hex, to_zstd_json, unpack_json};
+use shared::codec::{accounts_from_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
 use shared::error::{Error, Result};
 use shared::layout::{accounts_key, check_job_id, checkpoint_key, manifest_key, report_key};
 use shared::model::{
@@ -321,14 +321,14 @@ async fn apply_item(job: &mut Job, item: Item, store: &dyn BlobStore, ctl: &mut 
 async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, ctl: &mut RequestCounts) -> Result<Vec<AccountTotals>> {
     match payload {
         AccountsPayload::Inline { accounts } => Ok(accounts),
-        AccountsPayload::Zstd { data } => unpack_json(&data, MAX_DOC_BYTES),
+        AccountsPayload::ZstdCsv { data } => accounts_from_zstd_csv(&base64_decode(&data)?, MAX_DOC_BYTES),
         AccountsPayload::Blob { blob } => {
             ctl.add("s3.GetObject", 1);
             let data = store.get(&blob.key).await?.ok_or_else(|| Error::NotFound { service: shared::error::Service::S3, what: blob.key.clone() })?;
             if sha256_hex(&data) != blob.sha256 {
                 return Err(Error::Corrupt(format!("result blob {} checksum mismatch", blob.key)));
             }
-            Ok(serde_json::from_slice(&decompress_capped(&data, blob.raw_bytes.min(MAX_DOC_BYTES))?)?)
+            accounts_from_zstd_csv(&data, blob.raw_bytes.min(MAX_DOC_BYTES))
         }
     }
 }

@@ -5,14 +5,14 @@
 use bytes::Bytes;
 use shared::billing::Totals;
 use shared::blob::BlobStore;
-use shared::codec::{decode_chunk, pack_json, sha256_hex, to_zstd_json};
+use shared::codec::{accounts_to_zstd_csv, base64_encode, decode_chunk, sha256_hex};
 use shared::error::{Error, Result};
 use shared::layout::{check_chunk_key, result_key};
 use shared::model::{AccountsPayload, BlobRef, ChunkResult, Outcome, WorkItem, WIRE_VERSION};
 use shared::requests::RequestCounts;
 
-/// Results up to this size travel as plain JSON inside the message.
-pub const INLINE_LIMIT: usize = 24 * 1024;
+/// Results with up to this many (account, currency) rows travel as plain JSON inside the message.
+pub const INLINE_ROWS: usize = 100;
 /// Compressed results up to this size (base64) travel inside the message; larger ones as a blob.
 pub const COMPRESSED_INLINE_LIMIT: usize = 160 * 1024;
 
@@ -36,32 +36,30 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
         .await?
         .ok_or_else(|| Error::Corrupt(format!("chunk blob {} does not exist", item.blob.key)))?;
     let (blob, rows, tariff) = (item.blob.clone(), item.transactions, item.tariff.clone());
-    let accounts = tokio::task::spawn_blocking(move || {
+    let (accounts, packed) = tokio::task::spawn_blocking(move || {
         let fees = tariff.calculator();
         let mut totals = Totals::new();
         decode_chunk(&data, &blob, rows, max_chunk_bytes, |t| totals.add_txn(t, &fees))?;
-        Ok::<_, Error>(totals.rows())
+        let accounts = totals.rows();
+        let packed = (accounts.len() > INLINE_ROWS).then(|| accounts_to_zstd_csv(&accounts));
+        Ok::<_, Error>((accounts, packed))
     })
     .await
     .map_err(|e| Error::Corrupt(format!("billing task failed: {e}")))??;
 
-    let json_len = serde_json::to_vec(&accounts)?.len();
-    let payload = if json_len <= INLINE_LIMIT {
-        AccountsPayload::Inline { accounts }
-    } else {
-        let packed = pack_json(&accounts)?;
-        if packed.len() <= COMPRESSED_INLINE_LIMIT {
-            AccountsPayload::Zstd { data: packed }
-        } else {
-            let bytes = to_zstd_json(&accounts)?;
+    let payload = match packed {
+        None => AccountsPayload::Inline { accounts },
+        Some(z) if z.len() / 3 * 4 <= COMPRESSED_INLINE_LIMIT => AccountsPayload::ZstdCsv { data: base64_encode(&z) },
+        Some(z) => {
             let blob = BlobRef {
                 key: result_key(&item.job_id, item.chunk),
-                sha256: sha256_hex(&bytes),
-                compressed_bytes: bytes.len() as u64,
-                raw_bytes: json_len as u64,
+                sha256: sha256_hex(&z),
+                compressed_bytes: z.len() as u64,
+                // A cap for the reader: each row is well under 256 bytes.
+                raw_bytes: accounts.len() as u64 * 256,
             };
             requests.add("s3.PutObject", 1);
-            store.put(&blob.key, Bytes::from(bytes), "application/zstd").await?;
+            store.put(&blob.key, Bytes::from(z), "application/zstd").await?;
             AccountsPayload::Blob { blob }
         }
     };

@@ -65,8 +65,9 @@ pub struct WorkItem {
 #[serde(tag = "encoding", rename_all = "snake_case")]
 pub enum AccountsPayload {
     Inline { accounts: Vec<AccountTotals> },
-    /// Base64 of zstd-compressed JSON `Vec<AccountTotals>`.
-    Zstd { data: String },
+    /// Base64 of zstd-compressed CSV rows (`codec::accounts_to_zstd_csv`).
+    ZstdCsv { data: String },
+    /// A blob holding zstd-compressed CSV rows.
     Blob { blob: BlobRef },
 }
 
