@@ -1,6 +1,9 @@
-//! Shutdown plumbing: SIGINT/SIGTERM cancel a token that every task watches; `drain` waits for the
-//! tracked tasks under a bound.
+//! Service lifecycle: tracing and signal set-up around a service's start function (`serve`),
+//! SIGINT/SIGTERM cancelling a token that every task watches, and `drain`, which waits for the tracked
+//! tasks under a bound.
 
+use std::future::Future;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -45,6 +48,23 @@ pub async fn drain(tracker: &TaskTracker, grace: Duration) -> bool {
         Err(_) => {
             tracing::warn!(grace_s = grace.as_secs_f64(), remaining = tracker.len(), "drain timed out; abandoning in-flight work (it will be redelivered)");
             false
+        }
+    }
+}
+
+/// The body of a service binary: sets up tracing (`info` by default), turns SIGINT/SIGTERM into a
+/// cancelled token, runs `start` with it and maps the outcome to the exit code (errors are logged).
+pub async fn serve<F, Fut>(log_json: bool, start: F) -> ExitCode
+where
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    crate::telemetry::init(log_json, "info");
+    match start(on_signals()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
         }
     }
 }

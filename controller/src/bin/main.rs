@@ -21,15 +21,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    shared::telemetry::init(cli.log.log_json, "info");
-    let shutdown = shared::shutdown::on_signals();
-    match start(cli, shutdown).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    shared::shutdown::serve(cli.log.log_json, |shutdown| start(cli, shutdown)).await
 }
 
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
