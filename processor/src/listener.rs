@@ -120,7 +120,11 @@ async fn handle_batch(s: &Shared, msgs: Vec<Message>) {
     for (i, d) in outcomes.into_iter().enumerate() {
         match d {
             Done::Processed(r) => by_job.entry(r.job_id.clone()).or_default().push((i, true, r)),
-            Done::FailedFinal(r) => by_job.entry(r.job_id.clone()).or_default().push((i, false, r)),
+            Done::FailedFinal(r) => {
+                // Released at once: the next receive moves it to the dead-letter queue.
+                retry.push(i);
+                by_job.entry(r.job_id.clone()).or_default().push((i, false, r));
+            }
             Done::Retry => retry.push(i),
         }
     }

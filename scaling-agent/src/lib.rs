@@ -66,3 +66,30 @@ pub async fn run(settings: Settings, watched: Watched, triggers: Option<Arc<dyn 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::memory::MemoryQueue;
+    use shared::trigger::MemoryTriggers;
+
+    #[tokio::test(start_paused = true)]
+    async fn triggers_once_when_work_appears() {
+        let work = MemoryQueue::new("billing-work", Duration::from_secs(30));
+        let watched = Watched { work: work.clone(), work_dlq: MemoryQueue::new("dlq", Duration::from_secs(30)), results: MemoryQueue::new("r", Duration::from_secs(30)) };
+        let bus = MemoryTriggers::new();
+        let mut rx = bus.tx.subscribe();
+        let stop = CancellationToken::new();
+        let agent = tokio::spawn(run(Settings { interval_secs: 1 }, watched, Some(bus.clone() as Arc<dyn TriggerBus>), stop.clone()));
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert!(rx.try_recv().is_err(), "no trigger while the queue is empty");
+        work.send(&["a".to_string(), "b".to_string()]).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let ev = rx.try_recv().expect("a trigger when work appears");
+        assert_eq!((ev.queue.as_str(), ev.messages, ev.source.as_str()), ("billing-work", 2, "scaling-agent"));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(rx.try_recv().is_err(), "one trigger per empty -> non-empty transition");
+        stop.cancel();
+        agent.await.unwrap().unwrap();
+    }
+}

@@ -1,0 +1,80 @@
+//! The processor against the in-memory queue and blob store: a good work item is billed, its result
+//! sent and the item deleted; a corrupt one is never deleted, is reported failed on its last allowed
+//! attempt and ends in the dead-letter queue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use shared::billing::Tariff;
+use shared::blob::BlobStore;
+use shared::codec::{encode_chunk, ChunkWriter};
+use shared::layout::chunk_key;
+use shared::memory::{MemoryQueue, MemoryStore};
+use shared::model::{AccountsPayload, BlobRef, Outcome, ResultMessage, WorkItem};
+use shared::queue::Queue;
+use shared::validate::validate_row;
+use tokio_util::sync::CancellationToken;
+
+async fn work_item(store: &MemoryStore, job: &str, chunk: u32, rows: &[(&str, &str, &str)]) -> String {
+    let mut w = ChunkWriter::new();
+    for (id, acct, amount) in rows {
+        let t = validate_row(Some(id.as_bytes()), Some(acct.as_bytes()), Some(amount.as_bytes()), Some(b"EUR"), Some(b"2026-11-21T10:00:00Z")).unwrap();
+        w.push(&t);
+    }
+    let e = encode_chunk(w);
+    let key = chunk_key(job, chunk);
+    store.put(&key, Bytes::from(e.bytes.clone()), "application/zstd").await.unwrap();
+    let item = WorkItem {
+        v: 1,
+        job_id: job.into(),
+        chunk,
+        transactions: e.rows,
+        blob: BlobRef { key, sha256: e.sha256, compressed_bytes: e.bytes.len() as u64, raw_bytes: e.raw_bytes },
+        tariff: Tariff::default(),
+    };
+    serde_json::to_string(&item).unwrap()
+}
+
+async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bills_good_items_and_dead_letters_corrupt_ones() {
+    let store = MemoryStore::new();
+    let dlq = MemoryQueue::new("work-dlq", Duration::from_secs(30));
+    let work = MemoryQueue::with_dlq("work", Duration::from_secs(30), 2, dlq.clone());
+    let results = MemoryQueue::new("results", Duration::from_secs(30));
+    let good = work_item(&store, "j1", 0, &[("t1", "a", "100.00"), ("t2", "a", "-5"), ("t3", "b", "15.00")]).await;
+    let bad = work_item(&store, "j1", 1, &[("t4", "a", "1.00")]).await;
+    store.put(&chunk_key("j1", 1), Bytes::from_static(b"not zstd"), "application/zstd").await.unwrap();
+    work.send(&[good, bad]).await.unwrap();
+
+    let stop = CancellationToken::new();
+    let settings = processor::Settings { consumers: 2, receive_wait_secs: 1, retry_delay_secs: 0, drain_secs: 5, ..Default::default() };
+    let deps = processor::Deps { work: work.clone(), results: results.clone(), store: store.clone() as Arc<dyn BlobStore>, triggers: None };
+    let running = tokio::spawn(processor::run(settings, deps, stop.clone()));
+
+    wait_until("two results", || results.bodies().len() == 2).await;
+    wait_until("the corrupt item in the DLQ", || dlq.bodies().len() == 1).await;
+    assert!(work.bodies().is_empty(), "the good item was deleted, the bad one moved to the DLQ");
+    let mut outcomes: Vec<ResultMessage> = results.bodies().iter().map(|b| serde_json::from_str(b).unwrap()).collect();
+    outcomes.sort_by_key(|m| if let ResultMessage::Chunk(c) = m { c.chunk } else { u32::MAX });
+    let ResultMessage::Chunk(ok) = &outcomes[0] else { panic!("chunk result expected") };
+    let Outcome::Processed { payload: AccountsPayload::Inline { accounts } } = &ok.outcome else { panic!("inline result expected: {:?}", ok.outcome) };
+    let a = accounts.iter().find(|x| x.account_id == "a").unwrap();
+    assert_eq!((a.count, a.gross.to_string(), a.fees.to_string()), (2, "95.00".to_string(), "3.20".to_string()));
+    assert!(ok.requests.0.get("s3.GetObject") == Some(&1) && ok.requests.0.contains_key("sqs.ReceiveMessage"));
+    let ResultMessage::Chunk(failed) = &outcomes[1] else { panic!("chunk result expected") };
+    let Outcome::Failed { reason } = &failed.outcome else { panic!("failure expected") };
+    assert!(reason.contains("after 2 attempts"), "{reason}");
+    stop.cancel();
+    running.await.unwrap().unwrap();
+}
