@@ -324,7 +324,7 @@ async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, ctl: &m
         AccountsPayload::ZstdCsv { data } => accounts_from_zstd_csv(&base64_decode(&data)?, MAX_DOC_BYTES),
         AccountsPayload::Blob { blob } => {
             ctl.add("s3.GetObject", 1);
-            let data = store.get(&blob.key).await?.ok_or_else(|| Error::NotFound { service: shared::error::Service::S3, what: blob.key.clone() })?;
+            let data = store.get(&blob.key).await?.ok_or_else(|| Error::NotFound { service: shared::error::Service::S3, what: format!("result blob {} does not exist", blob.key) })?;
             if sha256_hex(&data) != blob.sha256 {
                 return Err(Error::Corrupt(format!("result blob {} checksum mismatch", blob.key)));
             }
@@ -346,7 +346,7 @@ async fn finalize(job: &mut Job, store: &dyn BlobStore) -> Result<JobStatus> {
     let job_id = job.cp.job_id.clone();
     let manifest: Manifest = match store.get(&manifest_key(&job_id)).await? {
         Some(b) => serde_json::from_slice(&b)?,
-        None => return Err(Error::NotFound { service: shared::error::Service::S3, what: format!("manifest of job {job_id}") }),
+        None => return Err(Error::NotFound { service: shared::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") }),
     };
     let mut requests = manifest.requests.clone();
     requests.merge(&job.cp.requests);

@@ -27,9 +27,17 @@ pub struct JobProgress {
     pub rejected: Option<u64>,
 }
 
+/// A job id from the command line, checked before it becomes part of a key.
+fn checked(job_id: &str) -> Result<(), CliError> {
+    check_job_id(job_id).map_err(|e| match e {
+        shared::Error::Corrupt(msg) => CliError::Input(msg),
+        other => CliError::Input(other.to_string()),
+    })
+}
+
 /// Reads the manifest and checkpoint of a job.
 pub async fn progress(store: &dyn BlobStore, job_id: &str) -> Result<JobProgress, CliError> {
-    check_job_id(job_id).map_err(|e| CliError::Input(e.to_string()))?;
+    checked(job_id)?;
     let manifest: Option<Manifest> = match store.get(&manifest_key(job_id)).await? {
         Some(b) => Some(serde_json::from_slice(&b).map_err(shared::Error::from)?),
         None => None,
@@ -79,7 +87,7 @@ impl std::fmt::Display for JobProgress {
 
 /// Reads the report of a finished job.
 pub async fn report(store: &dyn BlobStore, job_id: &str) -> Result<Report, CliError> {
-    check_job_id(job_id).map_err(|e| CliError::Input(e.to_string()))?;
+    checked(job_id)?;
     match store.get(&report_key(job_id)).await? {
         Some(b) => Ok(serde_json::from_slice(&b).map_err(shared::Error::from)?),
         None => {

@@ -111,7 +111,7 @@ impl<'a> Enqueue<'a> {
 
     async fn run(&self, stored: impl futures::Stream<Item = Result<Chunk, CliError>>) -> Result<Vec<Chunk>, CliError> {
         let sent: Vec<Vec<Chunk>> = stored.chunks(10).map(|batch| self.send(batch)).buffer_unordered(4).try_collect().await?;
-        self.bar.finish();
+        done(&self.bar);
         Ok(sent.into_iter().flatten().collect())
     }
 
@@ -154,6 +154,12 @@ impl<'a> Enqueue<'a> {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), h).await;
         }
     }
+}
+
+/// Finishes an open-ended counter where it stands (`finish` would jump to its length, 0).
+fn done(b: &ProgressBar) {
+    b.set_length(b.position());
+    b.finish();
 }
 
 fn bar(mp: &MultiProgress, len: u64, template: &str) -> ProgressBar {
@@ -242,7 +248,7 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
     let mut chunks = sent?;
     chunks.sort_by_key(|c| c.number);
     read_bar.finish_with_message(format!("{} rows: {} accepted, {} rejected", counts.submitted, counts.accepted, counts.rejected));
-    store_bar.finish();
+    done(&store_bar);
     tracing::info!(job = %job_id, rows = counts.submitted, chunks = chunks.len(), elapsed_ms = started.elapsed().as_millis() as u64, "read, stored and enqueued");
 
     // The manifest, then the seal: the controller finishes a job only once it is sealed, and reads the

@@ -35,7 +35,7 @@ impl S3Store {
         self.calls.bump("s3.HeadBucket");
         self.client.head_bucket().bucket(&self.bucket).send().await.map_err(|e| {
             if e.as_service_error().is_some_and(|s| s.is_not_found()) {
-                Error::NotFound { service: Service::S3, what: format!("bucket {:?}", self.bucket) }
+                Error::NotFound { service: Service::S3, what: format!("bucket {:?} does not exist at {}", self.bucket, self.endpoint) }
             } else {
                 sdk_error(Service::S3, "HeadBucket", &self.endpoint, e)
             }

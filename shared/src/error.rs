@@ -32,8 +32,8 @@ pub enum Error {
     /// The service answered with an error.
     #[error("{service} {operation} failed: {detail}")]
     Service { service: Service, operation: &'static str, detail: String, retryable: bool },
-    /// A named resource (queue, bucket, object) does not exist.
-    #[error("{service}: {what} does not exist")]
+    /// A named resource (queue, bucket, object) does not exist; `what` says which, in a full phrase.
+    #[error("{service}: {what}")]
     NotFound { service: Service, what: String },
     /// Data that failed an integrity or format check (checksum, size cap, schema). Never retryable.
     #[error("corrupt data: {0}")]

@@ -128,7 +128,7 @@ impl SqsQueue {
                 .send()
                 .await
                 .map_err(|e| match sdk_error(Service::Sqs, "GetQueueUrl", endpoint, e) {
-                    Error::NotFound { .. } => Error::NotFound { service: Service::Sqs, what: format!("queue {name_or_url:?}") },
+                    Error::NotFound { .. } => Error::NotFound { service: Service::Sqs, what: format!("queue {name_or_url:?} does not exist at {endpoint}") },
                     other => other,
                 })?;
             (name_or_url.to_string(), out.queue_url().unwrap_or_default().to_string())

@@ -175,6 +175,7 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     let aws = Aws::load().await;
     let work = aws.queue(&fleet.work_queue).await?;
     let store = aws.store(&fleet.bucket);
+    store.check().await?;
     let results = aws.queue(&fleet.results_queue).await?;
     let triggers: Option<Arc<dyn TriggerBus>> =
         (!fleet.amqp_url.is_empty()).then(|| Arc::new(RabbitTriggers::new(&fleet.amqp_url, &fleet.trigger_exchange)) as Arc<dyn TriggerBus>);
