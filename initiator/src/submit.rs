@@ -205,7 +205,7 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
             v.read(
                 f,
                 |t| {
-                    cur.push(&t);
+                    cur.push(t);
                     if cur.rows() >= chunk_size || cur.approx_bytes() >= chunk_bytes {
                         ship(std::mem::take(&mut cur), &mut next);
                     }

@@ -138,7 +138,9 @@ pub fn accounts_to_zstd_csv(rows: &[AccountTotals]) -> Vec<u8> {
     let (mut c, mut g, mut f) = (String::new(), String::new(), String::new());
     for r in rows {
         use std::fmt::Write as _;
-        (c.clear(), g.clear(), f.clear());
+        c.clear();
+        g.clear();
+        f.clear();
         let _ = (write!(c, "{}", r.count), write!(g, "{}", r.gross), write!(f, "{}", r.fees));
         let _ = w.write_record([r.account_id.as_str(), r.currency.as_str(), &c, &g, &f]);
     }
