@@ -1,0 +1,62 @@
+//! The whole pipeline on the in-memory backends (no LocalStack): initiator -> processor -> controller,
+//! with a chunk whose per-account totals are too large for a queue message, so the result travels as a
+//! blob reference and the controller reads it back.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{assert_consistent, expected_accounts, report_accounts};
+use initiator::submit::{Clients, SubmitOptions};
+use shared::blob::BlobStore;
+use shared::memory::{MemoryQueue, MemoryStore};
+use shared::model::JobStatus;
+use shared::queue::Queue;
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_results_travel_as_blobs() {
+    let store = MemoryStore::new();
+    let work_dlq = MemoryQueue::new("work-dlq", Duration::from_secs(30));
+    let work = MemoryQueue::with_dlq("work", Duration::from_secs(30), 3, work_dlq.clone());
+    let results = MemoryQueue::new("results", Duration::from_secs(30));
+
+    // 30,000 transactions, each for its own account with a long, poorly compressible id.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wide.csv");
+    let mut csv = String::from("txn_id,account_id,amount,currency,timestamp\n");
+    for i in 0..30_000u64 {
+        let id = format!("{:016x}{:016x}{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15), i.wrapping_mul(0xC2B2_AE3D_27D4_EB4F), i ^ 0x5555_5555);
+        csv.push_str(&format!("t{i},{id},{}.{:02},EUR,2026-11-21T10:00:00Z\n", i % 997 + 1, i % 100));
+    }
+    std::fs::write(&path, csv).unwrap();
+
+    let stop = CancellationToken::new();
+    let p = tokio::spawn(processor::run(
+        processor::Settings { consumers: 2, receive_wait_secs: 1, retry_delay_secs: 0, drain_secs: 5, ..Default::default() },
+        processor::Deps { work: work.clone(), results: results.clone(), store: store.clone() as Arc<dyn BlobStore>, triggers: None },
+        stop.clone(),
+    ));
+    let c = tokio::spawn(controller::run(
+        controller::Settings { receive_wait_secs: 1, drain_secs: 5 },
+        controller::Deps { results: results.clone(), work_dlq: work_dlq.clone(), store: store.clone() as Arc<dyn BlobStore> },
+        stop.clone(),
+    ));
+    let clients = Clients { work: work.clone() as Arc<dyn Queue>, results: results.clone() as Arc<dyn Queue>, store: store.clone() as Arc<dyn BlobStore>, triggers: None };
+    let s = initiator::submit::submit(SubmitOptions { chunk_size: 30_000, chunk_bytes: 64 << 20, ..SubmitOptions::new(vec![path.clone()]) }, &clients).await.unwrap();
+    assert_eq!(s.total_chunks, 1);
+    let r = initiator::follow::wait(store.as_ref(), &s.job_id, s.total_chunks, Duration::from_secs(60), false).await.unwrap();
+    assert_eq!(r.status, JobStatus::Complete);
+    assert_consistent(&r);
+    assert_eq!(r.accounts.len(), 30_000);
+    assert_eq!(report_accounts(&r), expected_accounts(&[path]));
+    assert!(store.keys().iter().any(|k| k.contains("/results/")), "the result went through a blob: {:?}", store.keys());
+    // chunk + result blob + manifest + report + accounts.csv + final checkpoint, and the reads of the
+    // chunk, the result blob, the manifest and the (absent) first checkpoint were all counted.
+    assert!(r.requests.s3["PutObject"] >= 6, "{:?}", r.requests);
+    assert!(r.requests.s3["GetObject"] >= 4, "{:?}", r.requests);
+    stop.cancel();
+    p.await.unwrap().unwrap();
+    c.await.unwrap().unwrap();
+}
