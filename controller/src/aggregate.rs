@@ -226,11 +226,6 @@ impl Aggregator {
             }
         }
     }
-
-    /// Jobs currently being aggregated (not finished).
-    pub fn open_jobs(&self) -> usize {
-        self.jobs.len()
-    }
 }
 
 /// DeleteMessageBatch calls needed for these receipts (per queue, ten at a time).

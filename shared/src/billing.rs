@@ -160,15 +160,6 @@ impl Totals {
         s.fees += fee;
     }
 
-    /// Bills a set of transactions.
-    pub fn bill<'a, 'b: 'a>(txns: impl IntoIterator<Item = &'a Transaction<'b>>, fees: &FeeCalculator) -> Totals {
-        let mut t = Totals::new();
-        for x in txns {
-            t.add_txn(x, fees);
-        }
-        t
-    }
-
     pub fn add(&mut self, a: &AccountTotals) {
         let s = self.slot(&a.account_id, &a.currency);
         s.count += a.count;

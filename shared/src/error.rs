@@ -53,11 +53,6 @@ impl Error {
         }
     }
 
-    /// Whether this is an infrastructure problem (as opposed to bad data).
-    pub fn is_infrastructure(&self) -> bool {
-        matches!(self, Error::Unreachable { .. } | Error::Service { .. } | Error::NotFound { .. })
-    }
-
     pub(crate) fn corrupt(msg: impl Into<String>) -> Self {
         Error::Corrupt(msg.into())
     }

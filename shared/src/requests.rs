@@ -3,7 +3,6 @@
 //! those per-job counts travel in work results and end up in the job's report.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -30,11 +29,6 @@ impl RequestCounts {
         self.0.values().sum()
     }
 
-    /// Total calls of one service (`"sqs"` or `"s3"`).
-    pub fn service_total(&self, service: &str) -> u64 {
-        self.by_service(service).values().sum()
-    }
-
     /// Calls of one service keyed by bare operation name.
     pub fn by_service(&self, service: &str) -> BTreeMap<String, u64> {
         let prefix = format!("{service}.");
@@ -49,18 +43,12 @@ impl RequestCounts {
 #[derive(Debug, Default)]
 pub struct CallCounter {
     calls: Mutex<BTreeMap<&'static str, u64>>,
-    total: AtomicU64,
 }
 
 impl CallCounter {
     pub fn bump(&self, op: &'static str) {
-        self.total.fetch_add(1, Ordering::Relaxed);
         let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
         *calls.entry(op).or_default() += 1;
-    }
-
-    pub fn total(&self) -> u64 {
-        self.total.load(Ordering::Relaxed)
     }
 
     pub fn snapshot(&self) -> RequestCounts {
@@ -83,7 +71,7 @@ mod tests {
         b.add("sqs.DeleteMessageBatch", 0);
         a.merge(&b);
         assert_eq!(a.total(), 6);
-        assert_eq!(a.service_total("sqs"), 3);
+        assert_eq!(a.by_service("sqs").values().sum::<u64>(), 3);
         assert_eq!(a.by_service("s3").get("GetObject"), Some(&3));
         assert!(!a.0.contains_key("sqs.DeleteMessageBatch"));
     }
