@@ -5,7 +5,7 @@
 //! With `--strict`, any rejected row refuses the whole submission and nothing is stored or enqueued.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::Cell;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -193,11 +193,11 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
         let mut rejected = Vec::new();
         let mut cur = ChunkWriter::new();
         let mut next = 0u32;
-        let closed = AtomicBool::new(false);
+        let closed = Cell::new(false);
         let mut done_bytes = 0;
         let ship = |w: ChunkWriter, next: &mut u32| {
-            if !closed.load(Ordering::Relaxed) && tx.blocking_send((*next, w)).is_err() {
-                closed.store(true, Ordering::Relaxed);
+            if !closed.get() && tx.blocking_send((*next, w)).is_err() {
+                closed.set(true);
             }
             *next += 1;
         };
@@ -224,7 +224,9 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
     let store = clients.store.clone();
     let n = opts.upload_concurrency.max(1);
     let enqueue = Enqueue::new(clients, &job_id, &opts.tariff, bar(&mp, 0, "enqueued  {pos} work items"));
-    let encoded = futures::stream::poll_fn(|cx| rx.poll_recv(cx)).map(|(number, w)| encode(number, w, &job_id, &store_bar)).buffer_unordered(n);
+    // The stream owns the receiver: when a failure ends the stream early, the channel closes and the
+    // reader stops handing over chunks instead of blocking on a full channel.
+    let encoded = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).map(|(number, w)| encode(number, w, &job_id, &store_bar)).buffer_unordered(n);
     let (read, sent) = if opts.strict {
         // Nothing may be stored or enqueued before every row has been validated.
         let (read, held) = tokio::join!(reader, encoded.try_collect::<Vec<_>>());

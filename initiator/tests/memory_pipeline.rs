@@ -60,3 +60,50 @@ async fn large_results_travel_as_blobs() {
     p.await.unwrap().unwrap();
     c.await.unwrap().unwrap();
 }
+
+/// A blob store whose uploads start failing after `ok` of them (the stack going away mid-submission).
+struct FailingStore {
+    inner: Arc<MemoryStore>,
+    ok: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl BlobStore for FailingStore {
+    fn bucket(&self) -> &str {
+        self.inner.bucket()
+    }
+    async fn put(&self, key: &str, body: bytes::Bytes, content_type: &str) -> shared::Result<()> {
+        if self.ok.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            self.ok.store(0, std::sync::atomic::Ordering::SeqCst);
+            return Err(shared::Error::Unreachable { service: shared::error::Service::S3, endpoint: "test".into(), detail: "gone".into() });
+        }
+        self.inner.put(key, body, content_type).await
+    }
+    async fn get(&self, key: &str) -> shared::Result<Option<bytes::Bytes>> {
+        self.inner.get(key).await
+    }
+    fn calls(&self) -> &shared::requests::CallCounter {
+        self.inner.calls()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_mid_submission_is_an_error_not_a_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("in.csv");
+    shared::generate::write_csv(&mut std::fs::File::create(&path).unwrap(), 5_000, 10, 1).unwrap();
+    let store = Arc::new(FailingStore { inner: MemoryStore::new(), ok: 3.into() });
+    let clients = Clients {
+        work: MemoryQueue::new("work", Duration::from_secs(30)) as Arc<dyn Queue>,
+        results: MemoryQueue::new("results", Duration::from_secs(30)) as Arc<dyn Queue>,
+        store: store as Arc<dyn BlobStore>,
+        triggers: None,
+    };
+    // 1,000 chunks of 5: far more than the reader's hand-over channel holds.
+    let opts = SubmitOptions { chunk_size: 5, ..SubmitOptions::new(vec![path]) };
+    let r = tokio::time::timeout(Duration::from_secs(20), initiator::submit::submit(opts, &clients)).await.expect("submit returned instead of hanging");
+    match r {
+        Err(initiator::CliError::Infra(e)) => assert!(e.to_string().contains("cannot reach S3"), "{e}"),
+        other => panic!("expected an infrastructure error, got {other:?}"),
+    }
+}
