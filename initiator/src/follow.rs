@@ -102,10 +102,17 @@ pub async fn report(store: &dyn BlobStore, job_id: &str) -> Result<Report, CliEr
 pub async fn wait(store: &dyn BlobStore, job_id: &str, total_chunks: u32, timeout: Duration, show: bool) -> Result<Report, CliError> {
     let bar = ProgressBar::with_draw_target(Some(u64::from(total_chunks)), if show { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
     bar.set_style(ProgressStyle::with_template("billing   [{bar:30}] {pos}/{len} chunks {msg} ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    /// The checkpoint's progress fields; the per-account totals in it are skipped, not built.
+    #[derive(serde::Deserialize)]
+    struct Progress {
+        status: JobStatus,
+        accounted: Vec<u32>,
+        failed_chunks: Vec<serde::de::IgnoredAny>,
+    }
     let start = Instant::now();
     loop {
         if let Some(b) = store.get(&checkpoint_key(job_id)).await? {
-            let cp: Checkpoint = from_zstd_json(&b, 1 << 30)?;
+            let cp: Progress = from_zstd_json(&b, 1 << 30)?;
             bar.set_position(cp.accounted.len() as u64);
             if !cp.failed_chunks.is_empty() {
                 bar.set_message(format!("{} failed", cp.failed_chunks.len()));

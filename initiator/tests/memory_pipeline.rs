@@ -34,7 +34,7 @@ async fn large_results_travel_as_blobs() {
 
     let stop = CancellationToken::new();
     let p = tokio::spawn(processor::run(
-        processor::Settings { consumers: 2, receive_wait_secs: 1, retry_delay_secs: 0, drain_secs: 5, ..Default::default() },
+        common::fast_processor(),
         processor::Deps { work: work.clone(), results: results.clone(), store: store.clone() as Arc<dyn BlobStore>, triggers: None },
         stop.clone(),
     ));

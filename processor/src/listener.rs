@@ -130,28 +130,28 @@ async fn handle_batch(s: &Shared, msgs: Vec<Message>) {
     }
     for (job, items) in by_job {
         let deletes: Vec<String> = items.iter().filter(|(_, delete, _)| *delete).map(|(i, _, _)| msgs[*i].receipt.clone()).collect();
-        let mut results: Vec<ChunkResult> = items.into_iter().map(|(_, _, r)| r).collect();
-        let mut bodies = match results.iter().map(|r| serde_json::to_string(&ResultMessage::Chunk(r.clone()))).collect::<Result<Vec<_>, _>>() {
+        let mut results = items.into_iter().map(|(_, _, r)| r);
+        let Some(mut first) = results.next() else { continue };
+        // The first result carries the batch's calls, which depend on the body sizes: size it before
+        // adding them (the slack covers the enum tag and the count digits), encode it once after.
+        let encoded = serde_json::to_vec(&first).map(|b| b.len() + 128).and_then(|first_size| {
+            let rest = results.map(|r| serde_json::to_string(&ResultMessage::Chunk(r))).collect::<Result<Vec<_>, _>>()?;
+            let sizes: Vec<usize> = std::iter::once(first_size).chain(rest.iter().map(String::len)).collect();
+            let mut batch_calls = RequestCounts::default();
+            batch_calls.add("sqs.ReceiveMessage", 1);
+            batch_calls.add("sqs.SendMessageBatch", plan_batches(&sizes).len() as u64);
+            batch_calls.add("sqs.DeleteMessageBatch", deletes.len().div_ceil(10) as u64);
+            first.requests.merge(&batch_calls);
+            let head = serde_json::to_string(&ResultMessage::Chunk(first))?;
+            Ok(std::iter::once(head).chain(rest).collect::<Vec<_>>())
+        });
+        let bodies = match encoded {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(%job, error = %e, "cannot encode results");
                 continue;
             }
         };
-        // The first result carries the batch calls; its count digits add a few bytes, hence the slack.
-        let sizes: Vec<usize> = bodies.iter().map(|b| b.len() + 128).collect();
-        let mut batch_calls = RequestCounts::default();
-        batch_calls.add("sqs.ReceiveMessage", 1);
-        batch_calls.add("sqs.SendMessageBatch", plan_batches(&sizes).len() as u64);
-        batch_calls.add("sqs.DeleteMessageBatch", deletes.len().div_ceil(10) as u64);
-        results[0].requests.merge(&batch_calls);
-        match serde_json::to_string(&ResultMessage::Chunk(results.swap_remove(0))) {
-            Ok(b) => bodies[0] = b,
-            Err(e) => {
-                tracing::error!(%job, error = %e, "cannot encode results");
-                continue;
-            }
-        }
         if let Err(e) = s.deps.results.send(&bodies).await {
             // Results not sent: do not delete; the work items come back and are processed again.
             tracing::warn!(%job, error = %e, "sending results failed; work items will be redelivered");
