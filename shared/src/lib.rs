@@ -10,6 +10,7 @@ pub mod error;
 pub mod generate;
 pub mod input;
 pub mod layout;
+pub mod listener;
 pub mod memory;
 pub mod model;
 pub mod provision;

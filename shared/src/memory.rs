@@ -13,12 +13,13 @@ use tokio::time::Instant;
 
 use crate::blob::BlobStore;
 use crate::error::Result;
-use crate::queue::{plan_batches, Message, Queue, QueueDepth};
+use crate::queue::{plan_batches, Attrs, Message, Outgoing, Queue, QueueDepth, QueueInfo};
 use crate::requests::CallCounter;
 
 struct Stored {
     id: String,
     body: String,
+    attrs: Attrs,
     receive_count: u32,
     visible_at: Instant,
     /// Receipt of the current receive; stale receipts are ignored.
@@ -38,6 +39,10 @@ pub struct MemoryQueue {
     state: Mutex<State>,
     arrived: Notify,
     calls: CallCounter,
+    /// Entries of batch calls (delete, visibility) still to fail, for tests of partial batch failures.
+    fail_entries: std::sync::atomic::AtomicUsize,
+    /// Simulated round-trip time of a receive call.
+    latency: Mutex<Duration>,
 }
 
 impl MemoryQueue {
@@ -58,6 +63,8 @@ impl MemoryQueue {
             state: Mutex::new(State { messages: VecDeque::new(), next_id: 0 }),
             arrived: Notify::new(),
             calls: CallCounter::default(),
+            fail_entries: Default::default(),
+            latency: Mutex::new(Duration::ZERO),
         })
     }
 
@@ -65,11 +72,32 @@ impl MemoryQueue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn push(&self, body: String, receive_count: u32) {
+    /// Makes every receive call take `d` before it looks at the queue (a network round trip).
+    pub fn set_latency(&self, d: Duration) {
+        *self.latency.lock().unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    /// Makes the next `n` entries of batch calls fail (as SQS reports failed entries).
+    pub fn fail_next_entries(&self, n: usize) {
+        self.fail_entries.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn entry_fails(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.fail_entries.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok()
+    }
+
+    /// Receipts of the messages currently received and not yet visible again (for assertions).
+    pub fn in_flight(&self) -> usize {
+        let now = Instant::now();
+        self.lock().messages.iter().filter(|m| m.visible_at > now).count()
+    }
+
+    fn push(&self, body: String, attrs: Attrs, receive_count: u32) {
         let mut s = self.lock();
         s.next_id += 1;
         let id = format!("m{}", s.next_id);
-        s.messages.push_back(Stored { id, body, receive_count, visible_at: Instant::now(), receipt: None });
+        s.messages.push_back(Stored { id, body, attrs, receive_count, visible_at: Instant::now(), receipt: None });
         drop(s);
         self.arrived.notify_waiters();
     }
@@ -84,10 +112,20 @@ impl MemoryQueue {
         let mut s = self.lock();
         let mut out = Vec::new();
         let mut dead = Vec::new();
+        let fifo = self.name.ends_with(".fifo");
+        // FIFO: a group with an earlier message in flight is blocked.
+        let mut blocked: Vec<Option<String>> = Vec::new();
         let mut i = 0;
         while i < s.messages.len() && out.len() < max as usize {
             let visible = s.messages[i].visible_at <= now;
+            if fifo && blocked.contains(&s.messages[i].attrs.group) {
+                i += 1;
+                continue;
+            }
             if !visible {
+                if fifo {
+                    blocked.push(s.messages[i].attrs.group.clone());
+                }
                 i += 1;
                 continue;
             }
@@ -105,13 +143,13 @@ impl MemoryQueue {
             m.receive_count += 1;
             m.visible_at = now + self.visibility;
             m.receipt = Some(receipt.clone());
-            out.push(Message { id: m.id.clone(), body: m.body.clone(), receipt, receive_count: m.receive_count });
+            out.push(Message { id: m.id.clone(), body: m.body.clone(), receipt, receive_count: m.receive_count, attrs: m.attrs.clone() });
             i += 1;
         }
         drop(s);
         if let Some((_, dlq)) = &self.redrive {
             for m in dead {
-                dlq.push(m.body, 0);
+                dlq.push(m.body, m.attrs, 0);
             }
         }
         out
@@ -128,20 +166,24 @@ impl Queue for MemoryQueue {
         &self.name
     }
 
-    async fn send(&self, bodies: &[String]) -> Result<u64> {
-        let sizes: Vec<usize> = bodies.iter().map(String::len).collect();
+    async fn send_messages(&self, msgs: &[Outgoing]) -> Result<u64> {
+        let sizes: Vec<usize> = msgs.iter().map(|m| m.body.len()).collect();
         let plan = plan_batches(&sizes);
         for _ in &plan {
             self.calls.bump("sqs.SendMessageBatch");
         }
-        for b in bodies {
-            self.push(b.clone(), 0);
+        for m in msgs {
+            self.push(m.body.clone(), m.attrs.clone(), 0);
         }
         Ok(plan.len() as u64)
     }
 
     async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Message>> {
         self.calls.bump("sqs.ReceiveMessage");
+        let latency = *self.latency.lock().unwrap_or_else(|e| e.into_inner());
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
         let deadline = Instant::now() + wait;
         loop {
             let arrived = self.arrived.notified();
@@ -167,6 +209,36 @@ impl Queue for MemoryQueue {
         Ok(calls)
     }
 
+    async fn delete_batch(&self, receipts: &[String]) -> Result<Vec<String>> {
+        if receipts.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.calls.bump("sqs.DeleteMessageBatch");
+        let (failed, ok): (Vec<String>, Vec<String>) = receipts.iter().cloned().partition(|_| self.entry_fails());
+        self.lock().messages.retain(|m| m.receipt.as_ref().is_none_or(|r| !ok.contains(r)));
+        Ok(failed)
+    }
+
+    async fn set_visibility_batch(&self, entries: &[(String, Duration)]) -> Result<Vec<String>> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.calls.bump("sqs.ChangeMessageVisibilityBatch");
+        let now = Instant::now();
+        let mut failed = Vec::new();
+        let mut s = self.lock();
+        for (receipt, timeout) in entries {
+            if self.entry_fails() {
+                failed.push(receipt.clone());
+            } else if let Some(m) = s.messages.iter_mut().find(|m| m.receipt.as_deref() == Some(receipt.as_str())) {
+                m.visible_at = now + *timeout;
+            }
+        }
+        drop(s);
+        self.arrived.notify_waiters();
+        Ok(failed)
+    }
+
     async fn set_visibility(&self, receipt: &str, timeout: Duration) -> Result<()> {
         self.calls.bump("sqs.ChangeMessageVisibility");
         let mut s = self.lock();
@@ -186,8 +258,12 @@ impl Queue for MemoryQueue {
         Ok(QueueDepth { visible, in_flight: s.messages.len() as u64 - visible })
     }
 
-    async fn max_receive_count(&self) -> Result<Option<u32>> {
-        Ok(self.redrive.as_ref().map(|(n, _)| *n))
+    async fn info(&self) -> Result<QueueInfo> {
+        Ok(QueueInfo {
+            max_receive_count: self.redrive.as_ref().map(|(n, _)| *n),
+            visibility_timeout: self.visibility,
+            fifo: self.name.ends_with(".fifo"),
+        })
     }
 
     fn calls(&self) -> &CallCounter {

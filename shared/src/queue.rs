@@ -1,5 +1,7 @@
 //! The queue service: a small trait over what the fleet needs from a message queue, and its SQS
-//! implementation. Sends and deletes are batched (10 entries, 256 KiB per call); every call is counted.
+//! implementation. Sends, deletes and visibility changes are batched (10 entries, 256 KiB per call);
+//! every call is counted. Engine metadata (priority, job deadline, dead-letter reason) travels as SQS
+//! message attributes and the FIFO group as MessageGroupId, so listeners never parse bodies for it.
 
 use std::ops::Range;
 use std::time::Duration;
@@ -8,9 +10,10 @@ use async_trait::async_trait;
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{
-    DeleteMessageBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
+    QueueAttributeName, SendMessageBatchRequestEntry,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, Service};
 use crate::requests::CallCounter;
@@ -20,8 +23,35 @@ pub const MAX_BATCH_ENTRIES: usize = 10;
 /// Most payload bytes in one SendMessageBatch call.
 pub const MAX_BATCH_BYTES: usize = 256 * 1024;
 
+/// Metadata a listener acts on without reading the body.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Attrs {
+    /// Processing priority, higher first (0 when not set).
+    pub priority: i32,
+    /// Unix time (ms) after which the job no longer wants the message: an expired message is then
+    /// dead-lettered instead of going back to the queue.
+    pub deadline_ms: Option<u64>,
+    /// FIFO message group: messages of one group are processed one at a time, in order.
+    pub group: Option<String>,
+    /// Why a listener moved the message to a dead-letter queue (e.g. `expired`).
+    pub reason: Option<String>,
+}
+
+/// A message to send.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outgoing {
+    pub body: String,
+    pub attrs: Attrs,
+}
+
+impl Outgoing {
+    pub fn plain(body: String) -> Outgoing {
+        Outgoing { body, attrs: Attrs::default() }
+    }
+}
+
 /// A received message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Message {
     pub id: String,
     pub body: String,
@@ -29,10 +59,22 @@ pub struct Message {
     pub receipt: String,
     /// How many times the message has been received, this time included.
     pub receive_count: u32,
+    pub attrs: Attrs,
+}
+
+/// What a listener needs to know about a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueInfo {
+    /// The dead-letter redrive's maxReceiveCount, if the queue has one.
+    pub max_receive_count: Option<u32>,
+    /// Default visibility timeout of a received message.
+    pub visibility_timeout: Duration,
+    /// A FIFO queue (per-group order).
+    pub fifo: bool,
 }
 
 /// Approximate message counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueDepth {
     /// Messages available to receive.
     pub visible: u64,
@@ -44,19 +86,33 @@ pub struct QueueDepth {
 pub trait Queue: Send + Sync + 'static {
     /// Queue name, for logs.
     fn name(&self) -> &str;
-    /// Sends the bodies with as few SendMessageBatch calls as the limits allow; failed entries are
+    /// Sends the messages with as few SendMessageBatch calls as the limits allow; failed entries are
     /// retried. Returns the number of calls made.
-    async fn send(&self, bodies: &[String]) -> Result<u64>;
+    async fn send_messages(&self, msgs: &[Outgoing]) -> Result<u64>;
+    /// Sends plain bodies (no attributes).
+    async fn send(&self, bodies: &[String]) -> Result<u64> {
+        let msgs: Vec<Outgoing> = bodies.iter().map(|b| Outgoing::plain(b.clone())).collect();
+        self.send_messages(&msgs).await
+    }
     /// Receives up to `max` (1..=10) messages, waiting up to `wait` (long poll, at most 20 s) for one.
     async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Message>>;
     /// Deletes by receipt handle with DeleteMessageBatch calls. Returns the number of calls made.
     async fn delete(&self, receipts: &[String]) -> Result<u64>;
+    /// One DeleteMessageBatch call for up to 10 receipts; returns the receipts whose entries failed.
+    async fn delete_batch(&self, receipts: &[String]) -> Result<Vec<String>>;
     /// Makes a received message visible again after `timeout` (zero: at once).
     async fn set_visibility(&self, receipt: &str, timeout: Duration) -> Result<()>;
+    /// One ChangeMessageVisibilityBatch call for up to 10 entries; returns the receipts whose entries
+    /// failed.
+    async fn set_visibility_batch(&self, entries: &[(String, Duration)]) -> Result<Vec<String>>;
     /// Approximate depth.
     async fn depth(&self) -> Result<QueueDepth>;
+    /// Redrive, visibility timeout and kind of the queue.
+    async fn info(&self) -> Result<QueueInfo>;
     /// The dead-letter redrive's maxReceiveCount, if the queue has one.
-    async fn max_receive_count(&self) -> Result<Option<u32>>;
+    async fn max_receive_count(&self) -> Result<Option<u32>> {
+        Ok(self.info().await?.max_receive_count)
+    }
     /// Calls made through this client.
     fn calls(&self) -> &CallCounter;
 }
@@ -147,10 +203,26 @@ impl SqsQueue {
         sdk_error(Service::Sqs, op, &self.endpoint, e)
     }
 
-    async fn send_once(&self, bodies: &[(usize, &String)]) -> Result<Vec<usize>> {
-        let entries = bodies
+    fn is_fifo(&self) -> bool {
+        self.name.ends_with(".fifo")
+    }
+
+    async fn send_once(&self, msgs: &[(usize, &Outgoing)]) -> Result<Vec<usize>> {
+        let fifo = self.is_fifo();
+        let entries = msgs
             .iter()
-            .map(|(i, b)| SendMessageBatchRequestEntry::builder().id(i.to_string()).message_body(b.as_str()).build())
+            .map(|(i, m)| {
+                let mut e = SendMessageBatchRequestEntry::builder().id(i.to_string()).message_body(m.body.as_str());
+                for (name, value) in attribute_values(&m.attrs) {
+                    e = e.message_attributes(name, value);
+                }
+                if fifo {
+                    // The body names the job and chunk, so its hash is a stable de-duplication id.
+                    let dedup = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(m.body.as_bytes()));
+                    e = e.message_group_id(m.attrs.group.as_deref().unwrap_or("default")).message_deduplication_id(dedup);
+                }
+                e.build()
+            })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::Config(e.to_string()))?;
         self.calls.bump("sqs.SendMessageBatch");
@@ -178,17 +250,34 @@ impl SqsQueue {
     }
 }
 
+/// The message attributes that carry `attrs` (none for defaults, to keep messages small).
+fn attribute_values(attrs: &Attrs) -> Vec<(&'static str, MessageAttributeValue)> {
+    let num = |v: String| MessageAttributeValue::builder().data_type("Number").string_value(v).build().ok();
+    let text = |v: &str| MessageAttributeValue::builder().data_type("String").string_value(v).build().ok();
+    let mut out = Vec::new();
+    if attrs.priority != 0 {
+        out.extend(num(attrs.priority.to_string()).map(|v| ("priority", v)));
+    }
+    if let Some(d) = attrs.deadline_ms {
+        out.extend(num(d.to_string()).map(|v| ("deadline", v)));
+    }
+    if let Some(r) = &attrs.reason {
+        out.extend(text(r).map(|v| ("reason", v)));
+    }
+    out
+}
+
 #[async_trait]
 impl Queue for SqsQueue {
     fn name(&self) -> &str {
         &self.name
     }
 
-    async fn send(&self, bodies: &[String]) -> Result<u64> {
-        let sizes: Vec<usize> = bodies.iter().map(String::len).collect();
+    async fn send_messages(&self, msgs: &[Outgoing]) -> Result<u64> {
+        let sizes: Vec<usize> = msgs.iter().map(|m| m.body.len() + 64).collect();
         let mut calls = 0;
         for range in plan_batches(&sizes) {
-            let mut pending: Vec<(usize, &String)> = range.map(|i| (i, &bodies[i])).collect();
+            let mut pending: Vec<(usize, &Outgoing)> = range.map(|i| (i, &msgs[i])).collect();
             for attempt in 0.. {
                 calls += 1;
                 let failed = self.send_once(&pending).await?;
@@ -209,7 +298,6 @@ impl Queue for SqsQueue {
         }
         Ok(calls)
     }
-
     async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Message>> {
         self.calls.bump("sqs.ReceiveMessage");
         let out = self
@@ -219,6 +307,8 @@ impl Queue for SqsQueue {
             .max_number_of_messages(max.clamp(1, 10) as i32)
             .wait_time_seconds(wait.as_secs().min(20) as i32)
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+            .message_attribute_names("All")
             .send()
             .await
             .map_err(|e| self.err("ReceiveMessage", e))?;
@@ -234,6 +324,15 @@ impl Queue for SqsQueue {
                     .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(1),
+                attrs: {
+                    let attr = |n: &str| m.message_attributes().and_then(|a| a.get(n)).and_then(|v| v.string_value());
+                    Attrs {
+                        priority: attr("priority").and_then(|v| v.parse().ok()).unwrap_or(0),
+                        deadline_ms: attr("deadline").and_then(|v| v.parse().ok()),
+                        group: m.attributes().and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId)).cloned(),
+                        reason: attr("reason").map(str::to_string),
+                    }
+                },
             })
             .collect())
     }
@@ -289,6 +388,57 @@ impl Queue for SqsQueue {
         Ok(())
     }
 
+    async fn delete_batch(&self, receipts: &[String]) -> Result<Vec<String>> {
+        if receipts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let entries = receipts
+            .iter()
+            .enumerate()
+            .map(|(i, r)| DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(r.as_str()).build())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        self.calls.bump("sqs.DeleteMessageBatch");
+        let out = self
+            .client
+            .delete_message_batch()
+            .queue_url(&self.url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(|e| self.err("DeleteMessageBatch", e))?;
+        Ok(failed_receipts(receipts, out.failed().iter().map(|f| (f.id(), f.code()))))
+    }
+
+    async fn set_visibility_batch(&self, entries: &[(String, Duration)]) -> Result<Vec<String>> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let built = entries
+            .iter()
+            .enumerate()
+            .map(|(i, (r, t))| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(r.as_str())
+                    .visibility_timeout(t.as_secs().min(43_200) as i32)
+                    .build()
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        self.calls.bump("sqs.ChangeMessageVisibilityBatch");
+        let out = self
+            .client
+            .change_message_visibility_batch()
+            .queue_url(&self.url)
+            .set_entries(Some(built))
+            .send()
+            .await
+            .map_err(|e| self.err("ChangeMessageVisibilityBatch", e))?;
+        let receipts: Vec<String> = entries.iter().map(|(r, _)| r.clone()).collect();
+        Ok(failed_receipts(&receipts, out.failed().iter().map(|f| (f.id(), f.code()))))
+    }
+
     async fn depth(&self) -> Result<QueueDepth> {
         self.calls.bump("sqs.GetQueueAttributes");
         let out = self
@@ -307,30 +457,48 @@ impl Queue for SqsQueue {
         })
     }
 
-    async fn max_receive_count(&self) -> Result<Option<u32>> {
+    async fn info(&self) -> Result<QueueInfo> {
         self.calls.bump("sqs.GetQueueAttributes");
         let out = self
             .client
             .get_queue_attributes()
             .queue_url(&self.url)
             .attribute_names(QueueAttributeName::RedrivePolicy)
+            .attribute_names(QueueAttributeName::VisibilityTimeout)
             .send()
             .await
             .map_err(|e| self.err("GetQueueAttributes", e))?;
-        let Some(policy) = out.attributes().and_then(|a| a.get(&QueueAttributeName::RedrivePolicy)) else {
-            return Ok(None);
+        let attrs = out.attributes();
+        let visibility = attrs
+            .and_then(|a| a.get(&QueueAttributeName::VisibilityTimeout))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(30);
+        let max_receive_count = match attrs.and_then(|a| a.get(&QueueAttributeName::RedrivePolicy)) {
+            None => None,
+            Some(policy) => {
+                let v: serde_json::Value = serde_json::from_str(policy)?;
+                match &v["maxReceiveCount"] {
+                    serde_json::Value::Number(n) => n.as_u64().map(|n| n as u32),
+                    serde_json::Value::String(s) => s.parse().ok(),
+                    _ => None,
+                }
+            }
         };
-        let v: serde_json::Value = serde_json::from_str(policy)?;
-        Ok(match &v["maxReceiveCount"] {
-            serde_json::Value::Number(n) => n.as_u64().map(|n| n as u32),
-            serde_json::Value::String(s) => s.parse().ok(),
-            _ => None,
-        })
+        Ok(QueueInfo { max_receive_count, visibility_timeout: Duration::from_secs(visibility), fifo: self.is_fifo() })
     }
 
     fn calls(&self) -> &CallCounter {
         &self.calls
     }
+}
+
+/// The receipts of the failed entries of a batch call (entry ids are indexes into `receipts`). An entry
+/// whose receipt is no longer valid will never succeed: it is dropped, not retried.
+fn failed_receipts<'a>(receipts: &[String], failed: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<String> {
+    failed
+        .filter(|(_, code)| !matches!(*code, "ReceiptHandleIsInvalid" | "InvalidParameterValue" | "MessageNotInflight"))
+        .filter_map(|(id, _)| id.parse::<usize>().ok().and_then(|i| receipts.get(i).cloned()))
+        .collect()
 }
 
 #[cfg(test)]

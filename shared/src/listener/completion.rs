@@ -1,0 +1,264 @@
+//! Batched completion (seed 001, MultiProducerConcurrentConsumer). Producers push items into numbered
+//! slots (one per queue, so a receipt handle is completed only on the queue it came from). A slot is
+//! flushed through the pump when `batch_size` items have gathered or `push_interval` has passed since
+//! the oldest one arrived; while a slot holds full batches it fans out up to `max_concurrency` pumps at
+//! once. Items leave in FIFO order. The pump returns the items that failed; they are retried (at the
+//! front) up to `max_attempts`. `complete(drain = true)` flushes everything and waits for the pumps;
+//! `complete(drain = false)` drops what is pending.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Batching parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSettings {
+    pub batch_size: usize,
+    pub push_interval: Duration,
+    /// Pumps running at once per slot.
+    pub max_concurrency: usize,
+    /// Attempts per item before it is given up (logged; the message then comes back by itself).
+    pub max_attempts: u32,
+}
+
+impl Default for BatchSettings {
+    fn default() -> Self {
+        BatchSettings { batch_size: 10, push_interval: Duration::from_millis(50), max_concurrency: 4, max_attempts: 5 }
+    }
+}
+
+/// The pump: takes the slot number and a batch, returns the items that failed.
+pub type Pump<T> = Arc<dyn Fn(usize, Vec<T>) -> BoxFuture<'static, Vec<T>> + Send + Sync>;
+
+struct Slot<T> {
+    items: Mutex<VecDeque<(T, u32)>>,
+    /// When the oldest pending item arrived.
+    oldest: Mutex<Option<Instant>>,
+    notify: Notify,
+    permits: Arc<Semaphore>,
+}
+
+/// Counters of a batcher.
+#[derive(Debug, Default)]
+pub struct BatchStats {
+    pub flushes: AtomicU64,
+    pub items: AtomicU64,
+    pub retried: AtomicU64,
+    pub given_up: AtomicU64,
+}
+
+/// The multi-producer concurrent consumer.
+pub struct Batcher<T> {
+    slots: Vec<Arc<Slot<T>>>,
+    settings: BatchSettings,
+    stop: CancellationToken,
+    drain: Arc<AtomicBool>,
+    tasks: TaskTracker,
+    pub stats: Arc<BatchStats>,
+}
+
+impl<T: Send + 'static> Batcher<T> {
+    /// Starts `slots` slot tasks that call `pump`.
+    pub fn start(slots: usize, settings: BatchSettings, pump: Pump<T>) -> Arc<Batcher<T>> {
+        let settings = BatchSettings {
+            batch_size: settings.batch_size.max(1),
+            max_concurrency: settings.max_concurrency.max(1),
+            max_attempts: settings.max_attempts.max(1),
+            ..settings
+        };
+        let b = Arc::new(Batcher {
+            slots: (0..slots.max(1))
+                .map(|_| {
+                    Arc::new(Slot {
+                        items: Mutex::new(VecDeque::new()),
+                        oldest: Mutex::new(None),
+                        notify: Notify::new(),
+                        permits: Arc::new(Semaphore::new(settings.max_concurrency)),
+                    })
+                })
+                .collect(),
+            settings,
+            stop: CancellationToken::new(),
+            drain: Arc::new(AtomicBool::new(true)),
+            tasks: TaskTracker::new(),
+            stats: Arc::new(BatchStats::default()),
+        });
+        for (i, slot) in b.slots.iter().enumerate() {
+            let run = SlotRun {
+                index: i,
+                slot: slot.clone(),
+                settings,
+                pump: pump.clone(),
+                stop: b.stop.clone(),
+                drain: b.drain.clone(),
+                tasks: b.tasks.clone(),
+                stats: b.stats.clone(),
+            };
+            b.tasks.spawn(run.run());
+        }
+        b
+    }
+
+    /// Adds an item to a slot (slot numbers wrap).
+    pub fn push(&self, slot: usize, item: T) {
+        let s = &self.slots[slot % self.slots.len()];
+        push_items(s, std::iter::once((item, 0)), self.settings.batch_size, false);
+    }
+
+    /// Items waiting in all slots.
+    pub fn pending(&self) -> usize {
+        self.slots.iter().map(|s| lock(&s.items).len()).sum()
+    }
+
+    /// Stops the batcher: with `drain`, flushes every slot and waits for all pumps; without, drops
+    /// what is pending (and waits only for pumps already running).
+    pub async fn complete(&self, drain: bool) {
+        self.drain.store(drain, Ordering::SeqCst);
+        self.stop.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn push_items<T>(s: &Slot<T>, items: impl IntoIterator<Item = (T, u32)>, batch_size: usize, front: bool) {
+    let mut q = lock(&s.items);
+    let was_empty = q.is_empty();
+    let mut v: Vec<(T, u32)> = items.into_iter().collect();
+    if front {
+        while let Some(it) = v.pop() {
+            q.push_front(it);
+        }
+    } else {
+        q.extend(v);
+    }
+    let full = q.len() >= batch_size;
+    drop(q);
+    if was_empty {
+        let mut o = lock(&s.oldest);
+        if o.is_none() {
+            *o = Some(Instant::now());
+        }
+    }
+    if was_empty || full {
+        s.notify.notify_one();
+    }
+}
+
+struct SlotRun<T> {
+    index: usize,
+    slot: Arc<Slot<T>>,
+    settings: BatchSettings,
+    pump: Pump<T>,
+    stop: CancellationToken,
+    drain: Arc<AtomicBool>,
+    tasks: TaskTracker,
+    stats: Arc<BatchStats>,
+}
+
+impl<T: Send + 'static> SlotRun<T> {
+    fn take(&self, all: bool) -> Vec<(T, u32)> {
+        let mut q = lock(&self.slot.items);
+        if !all && q.len() < self.settings.batch_size {
+            let due = lock(&self.slot.oldest).is_some_and(|t| t.elapsed() >= self.settings.push_interval);
+            if !due || q.is_empty() {
+                return Vec::new();
+            }
+        }
+        let n = q.len().min(self.settings.batch_size);
+        let batch: Vec<(T, u32)> = q.drain(..n).collect();
+        *lock(&self.slot.oldest) = if q.is_empty() { None } else { Some(Instant::now()) };
+        batch
+    }
+
+    async fn flush(&self, batch: Vec<(T, u32)>) {
+        let permit = match self.slot.permits.clone().acquire_owned().await {
+            Ok(p) => p,
+            Err(_) => return,
+        };
+        let (pump, index, slot, settings, stats) = (self.pump.clone(), self.index, self.slot.clone(), self.settings, self.stats.clone());
+        self.tasks.spawn(async move {
+            let attempts: Vec<u32> = batch.iter().map(|(_, a)| *a).collect();
+            stats.flushes.fetch_add(1, Ordering::Relaxed);
+            stats.items.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            // The pump hands back failed items by value; their attempt counts are the highest of the
+            // batch (items are not comparable), which errs towards giving up sooner, never later.
+            let attempt = attempts.iter().copied().max().unwrap_or(0) + 1;
+            let failed = pump(index, batch.into_iter().map(|(t, _)| t).collect()).await;
+            // The permit is held until failed items are back in the slot, so a drain that has all
+            // permits knows nothing is in flight.
+            let _permit = permit;
+            if failed.is_empty() {
+                return;
+            }
+            if attempt >= settings.max_attempts {
+                stats.given_up.fetch_add(failed.len() as u64, Ordering::Relaxed);
+                tracing::warn!(slot = index, items = failed.len(), attempts = attempt, "batch entries still failing; giving up");
+                return;
+            }
+            stats.retried.fetch_add(failed.len() as u64, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(20 << attempt.min(8))).await;
+            push_items(&slot, failed.into_iter().map(|t| (t, attempt)), settings.batch_size, true);
+        });
+    }
+
+    async fn run(self) {
+        loop {
+            loop {
+                let batch = self.take(false);
+                if batch.is_empty() {
+                    break;
+                }
+                self.flush(batch).await;
+            }
+            let deadline = lock(&self.slot.oldest).map(|t| t + self.settings.push_interval);
+            tokio::select! {
+                _ = self.stop.cancelled() => break,
+                _ = self.slot.notify.notified() => {}
+                _ = async {
+                    match deadline {
+                        Some(d) => tokio::time::sleep_until(d).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+            }
+        }
+        if !self.drain.load(Ordering::SeqCst) {
+            let dropped = lock(&self.slot.items).drain(..).count();
+            if dropped > 0 {
+                tracing::info!(slot = self.index, dropped, "stopping without drain: pending items dropped");
+            }
+            return;
+        }
+        // Drain: flush until empty, including items that failed and came back for another attempt.
+        loop {
+            let batch = self.take(true);
+            if !batch.is_empty() {
+                self.flush(batch).await;
+                continue;
+            }
+            // Wait for running pumps (they may hand back failed items), then look again.
+            let all = self.settings.max_concurrency as u32;
+            match self.slot.permits.acquire_many(all).await {
+                Ok(p) => drop(p),
+                Err(_) => return,
+            }
+            if lock(&self.slot.items).is_empty() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

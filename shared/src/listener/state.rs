@@ -1,0 +1,200 @@
+//! Instance state (seed 004's QueryState): queue depth and in-flight, active and total consumers,
+//! concurrency in use and its limit, buffer length and capacity, as JSON at `GET /state` and as
+//! Prometheus metrics at `GET /metrics`; `PUT /throttle` changes the throttle limits at runtime.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::throttle::{LimitsChange, ThrottleLimits};
+use super::{lock, Engine};
+use crate::queue::QueueDepth;
+
+/// A snapshot of one listener.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ListenerState {
+    pub queue: String,
+    /// Approximate depth (one GetQueueAttributes call; absent when not asked for or unavailable).
+    pub depth: Option<QueueDepth>,
+    pub consumers_active: usize,
+    pub consumers_total: usize,
+    pub consumers_parked: usize,
+    pub consumers_min: usize,
+    pub consumers_max: usize,
+    pub concurrency_in_use: usize,
+    pub concurrency_limit: usize,
+    pub buffer_len: usize,
+    pub buffer_capacity: usize,
+    pub ttl_ms: u64,
+    /// Messages received and not yet completed (buffered, processing, or waiting for a later completion).
+    pub in_hand: usize,
+    pub pending_deletes: usize,
+    pub pending_visibility_changes: usize,
+    pub receives: u64,
+    pub empty_receives: u64,
+    pub received: u64,
+    pub processed: u64,
+    pub failed: u64,
+    pub expired: u64,
+    pub evicted: u64,
+    pub extended: u64,
+}
+
+impl Engine {
+    /// The current state; with `depth`, the queue depth is fetched (one request).
+    pub async fn state(&self, depth: bool) -> ListenerState {
+        let inner = &self.inner;
+        let depth = if depth { inner.queue.depth().await.ok() } else { None };
+        let (active, total, parked) = {
+            let c = lock(&inner.consumers);
+            (c.active(), c.list.len(), c.list.values().filter(|s| s.parked).count())
+        };
+        let (running, len, limits) = {
+            let t = lock(&inner.throttle);
+            (t.running(), t.len(), t.limits())
+        };
+        let s = &inner.stats;
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        ListenerState {
+            queue: inner.queue.name().to_string(),
+            depth,
+            consumers_active: active,
+            consumers_total: total,
+            consumers_parked: parked,
+            consumers_min: inner.cfg.scaling.min_consumers,
+            consumers_max: inner.cfg.scaling.max_consumers,
+            concurrency_in_use: running,
+            concurrency_limit: limits.max_concurrency,
+            buffer_len: len,
+            buffer_capacity: limits.buffer,
+            ttl_ms: limits.ttl.map_or(0, |t| t.as_millis() as u64),
+            in_hand: lock(&inner.heartbeat).len(),
+            pending_deletes: inner.completions.deletes.pending(),
+            pending_visibility_changes: inner.completions.visibility.pending(),
+            receives: get(&s.receives),
+            empty_receives: get(&s.empty_receives),
+            received: get(&s.received),
+            processed: get(&s.processed),
+            failed: get(&s.failed),
+            expired: get(&s.expired),
+            evicted: get(&s.evicted),
+            extended: get(&s.extended),
+        }
+    }
+}
+
+/// Renders states in the Prometheus text format.
+pub fn render_metrics(states: &[ListenerState]) -> String {
+    let mut reg = Registry::with_prefix("listener");
+    let gauges: [(&str, &str, fn(&ListenerState) -> i64); 11] = [
+        ("queue_visible", "Approximate visible messages in the queue", |s| s.depth.map_or(-1, |d| d.visible as i64)),
+        ("queue_in_flight", "Approximate in-flight messages of the queue", |s| s.depth.map_or(-1, |d| d.in_flight as i64)),
+        ("consumers_active", "Consumers receiving now", |s| s.consumers_active as i64),
+        ("consumers_total", "Consumer tasks alive (active, parked or stopping)", |s| s.consumers_total as i64),
+        ("consumers_max", "Upper bound of consumers", |s| s.consumers_max as i64),
+        ("concurrency_in_use", "Messages being processed", |s| s.concurrency_in_use as i64),
+        ("concurrency_limit", "Maximum messages processed at once", |s| s.concurrency_limit as i64),
+        ("buffer_len", "Messages waiting in the priority buffer", |s| s.buffer_len as i64),
+        ("buffer_capacity", "Capacity of the priority buffer", |s| s.buffer_capacity as i64),
+        ("in_hand", "Messages received and not yet completed", |s| s.in_hand as i64),
+        ("pending_deletes", "Deletes waiting for a batch", |s| s.pending_deletes as i64),
+    ];
+    for (name, help, f) in gauges {
+        let fam = Family::<Vec<(String, String)>, Gauge>::default();
+        for s in states {
+            fam.get_or_create(&vec![("queue".to_string(), s.queue.clone())]).set(f(s));
+        }
+        reg.register(name, help, fam);
+    }
+    let counters: [(&str, &str, fn(&ListenerState) -> u64); 8] = [
+        ("receives", "Receive calls", |s| s.receives),
+        ("empty_receives", "Receive calls that returned nothing", |s| s.empty_receives),
+        ("received", "Messages received", |s| s.received),
+        ("processed", "Messages processed", |s| s.processed),
+        ("failed", "Messages that failed", |s| s.failed),
+        ("expired", "Messages expired in the buffer", |s| s.expired),
+        ("evicted", "Messages evicted from a full buffer", |s| s.evicted),
+        ("extended", "Visibility extensions", |s| s.extended),
+    ];
+    for (name, help, f) in counters {
+        let fam = Family::<Vec<(String, String)>, Counter>::default();
+        for s in states {
+            fam.get_or_create(&vec![("queue".to_string(), s.queue.clone())]).inc_by(f(s));
+        }
+        reg.register(name, help, fam);
+    }
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut out, &reg);
+    out
+}
+
+#[derive(Deserialize)]
+struct Which {
+    /// Only this queue (default: all).
+    queue: Option<String>,
+    /// Fetch queue depth (default true).
+    depth: Option<bool>,
+}
+
+async fn states(engines: &[Engine], which: &Which) -> Vec<ListenerState> {
+    let mut out = Vec::new();
+    for e in engines.iter().filter(|e| which.queue.as_deref().is_none_or(|q| q == e.queue_name())) {
+        out.push(e.state(which.depth.unwrap_or(true)).await);
+    }
+    out
+}
+
+/// The HTTP router for a set of engines.
+pub fn router(engines: Vec<Engine>) -> Router {
+    Router::new()
+        .route("/state", get(|State(e): State<Vec<Engine>>, Query(w): Query<Which>| async move { Json(states(&e, &w).await) }))
+        .route(
+            "/metrics",
+            get(|State(e): State<Vec<Engine>>, Query(w): Query<Which>| async move {
+                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render_metrics(&states(&e, &w).await))
+            }),
+        )
+        .route(
+            "/throttle",
+            put(|State(e): State<Vec<Engine>>, Query(w): Query<Which>, Json(change): Json<LimitsChange>| async move {
+                let changed: Vec<(String, ThrottleLimits)> = e
+                    .iter()
+                    .filter(|e| w.queue.as_deref().is_none_or(|q| q == e.queue_name()))
+                    .map(|e| (e.queue_name().to_string(), e.set_limits(&change)))
+                    .collect();
+                if changed.is_empty() {
+                    return (StatusCode::NOT_FOUND, "no listener on that queue").into_response();
+                }
+                Json(changed).into_response()
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(engines)
+}
+
+/// Serves the router on `addr` until `stop`. Returns the bound address (port 0 picks one).
+pub async fn serve(addr: SocketAddr, engines: Vec<Engine>, stop: CancellationToken) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tracing::info!(%bound, "state endpoint: GET /state, GET /metrics, PUT /throttle");
+    tokio::spawn(async move {
+        let app = router(engines);
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await {
+            tracing::warn!(error = %e, "state endpoint failed");
+        }
+    });
+    Ok(bound)
+}

@@ -1,0 +1,462 @@
+//! Deterministic tests of the engine's rules on the in-memory queue under tokio's paused time.
+
+use std::collections::HashMap;
+
+use super::*;
+use crate::memory::MemoryQueue;
+
+struct TestHandler {
+    t0: Instant,
+    work: Duration,
+    /// Extra time for these bodies.
+    slow: HashMap<String, Duration>,
+    /// Failures still to come per body (u32::MAX: always).
+    fail: Mutex<HashMap<String, u32>>,
+    /// (start, end, body) of every successful handling.
+    handled: Mutex<Vec<(Duration, Duration, String)>>,
+    attempts: Mutex<Vec<(Duration, String)>>,
+    poisoned: Mutex<Vec<String>>,
+    events: Mutex<Vec<String>>,
+}
+
+impl TestHandler {
+    fn new(work: Duration) -> TestHandler {
+        TestHandler {
+            t0: Instant::now(),
+            work,
+            slow: HashMap::new(),
+            fail: Mutex::default(),
+            handled: Mutex::default(),
+            attempts: Mutex::default(),
+            poisoned: Mutex::default(),
+            events: Mutex::default(),
+        }
+    }
+
+    fn handled_bodies(&self) -> Vec<String> {
+        lock(&self.handled).iter().map(|(_, _, b)| b.clone()).collect()
+    }
+}
+
+#[async_trait]
+impl Handler for TestHandler {
+    async fn handle(&self, msgs: &[Message], _done: &Completions) -> Vec<Outcome> {
+        let mut out = Vec::new();
+        for m in msgs {
+            let start = self.t0.elapsed();
+            lock(&self.attempts).push((start, m.body.clone()));
+            tokio::time::sleep(self.work + self.slow.get(&m.body).copied().unwrap_or_default()).await;
+            let fail = {
+                let mut f = lock(&self.fail);
+                match f.get_mut(&m.body) {
+                    Some(n) if *n > 0 => {
+                        *n = n.saturating_sub(if *n == u32::MAX { 0 } else { 1 });
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if fail {
+                out.push(Outcome::Failed("test failure".into()));
+            } else {
+                lock(&self.handled).push((start, self.t0.elapsed(), m.body.clone()));
+                out.push(Outcome::Done);
+            }
+        }
+        out
+    }
+
+    async fn on_poison(&self, msg: &Message, _reason: &str) {
+        lock(&self.poisoned).push(msg.body.clone());
+    }
+
+    fn on_error(&self, event: ErrorEvent<'_>) {
+        let e = match event {
+            ErrorEvent::Expired { msg, dead_lettered } => format!("expired {} dlq={dead_lettered}", msg.body),
+            ErrorEvent::Evicted { msg } => format!("evicted {}", msg.body),
+            ErrorEvent::Overdue { .. } => "overdue".to_string(),
+            ErrorEvent::Receive { .. } => "receive".to_string(),
+        };
+        lock(&self.events).push(e);
+    }
+}
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        scaling: ScalingPolicy { min_consumers: 1, max_consumers: 4, sample_rate: 1, idle_threshold: 3, busy_threshold: 1 },
+        backoff: IdleBackoff { min_idle: Duration::ZERO, max_idle: Duration::from_secs(1) },
+        receive_wait: Duration::ZERO,
+        receive_batch: 10,
+        work_rules: WorkRules::parse("*:1").unwrap(),
+        throttle: ThrottleLimits { max_concurrency: 16, buffer: 20, ttl: None },
+        completion: BatchSettings { batch_size: 10, push_interval: Duration::from_millis(50), max_concurrency: 4, max_attempts: 5 },
+        retry: RetryBackoff { base: Duration::from_secs(2), max: Duration::from_secs(60) },
+        heartbeat: true,
+        max_processing: Duration::from_secs(900),
+        triggers: false,
+        park_poll: None,
+    }
+}
+
+async fn send(q: &MemoryQueue, bodies: impl IntoIterator<Item = (String, Attrs)>) {
+    let msgs: Vec<Outgoing> = bodies.into_iter().map(|(body, attrs)| Outgoing { body, attrs }).collect();
+    q.send_messages(&msgs).await.unwrap();
+}
+
+fn plain(n: usize) -> Vec<(String, Attrs)> {
+    (0..n).map(|i| (format!("m{i:04}"), Attrs::default())).collect()
+}
+
+async fn start(q: &Arc<MemoryQueue>, h: &Arc<TestHandler>, cfg: EngineConfig) -> Engine {
+    Engine::start(q.clone(), None, h.clone(), cfg).await.unwrap()
+}
+
+/// Waits (in paused time) until `f` holds, checking every 10 ms, at most `limit`.
+async fn until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_raises_consumers_to_max_and_idleness_brings_them_back_to_min() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    // Receives take 20 ms and processing has room for 200 at once: receiving is the bottleneck.
+    q.set_latency(Duration::from_millis(20));
+    let h = Arc::new(TestHandler::new(Duration::from_millis(20)));
+    send(&q, plain(2000)).await;
+    let c = EngineConfig { throttle: ThrottleLimits { max_concurrency: 200, buffer: 200, ttl: None }, ..cfg() };
+    let e = start(&q, &h, c).await;
+    let mut peak = 0;
+    assert!(until(Duration::from_secs(60), || {
+        peak = peak.max(e.active_consumers());
+        lock(&h.handled).len() == 2000
+    })
+    .await);
+    assert_eq!(peak, 4, "scaled up to max and never above: {:?}", e.timeline());
+    assert!(until(Duration::from_secs(60), || e.active_consumers() == 1).await, "back to min when idle");
+    let tl = e.timeline();
+    assert_eq!(tl.first().map(|x| x.1), Some(1));
+    assert!(tl.windows(2).all(|w| w[1].1.abs_diff(w[0].1) == 1), "one consumer at a time: {tl:?}");
+    assert!(tl.iter().all(|&(_, n)| (1..=4).contains(&n)));
+    e.shutdown(Duration::from_secs(5)).await;
+    assert!(q.bodies().is_empty(), "every message deleted");
+    assert_eq!(h.handled_bodies().len(), 2000, "each handled once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_detected_raises_consumers_to_the_rule_count_at_once() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::from_millis(20)));
+    let c = EngineConfig { work_rules: WorkRules::parse("10:1,100:2,*:3").unwrap(), triggers: true, ..cfg() };
+    let e = start(&q, &h, c).await;
+    // Idle until the main consumer parks.
+    assert!(until(Duration::from_secs(30), || e.active_consumers() == 0).await);
+    let receives = e.stats().receives.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(e.stats().receives.load(Ordering::Relaxed), receives, "parked: no requests");
+    send(&q, plain(150)).await;
+    e.wake(Some(150)).await;
+    assert_eq!(e.active_consumers(), 3, "150 visible: the rule says 3");
+    assert!(until(Duration::from_secs(30), || lock(&h.handled).len() == 150).await);
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_consumer_that_finds_work_raises_the_others() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::from_millis(500)));
+    let c = EngineConfig { work_rules: WorkRules::parse("10:1,*:4").unwrap(), ..cfg() };
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(e.active_consumers(), 1);
+    send(&q, plain(100)).await;
+    assert!(until(Duration::from_secs(2), || e.active_consumers() == 4).await, "QueueWorkDetected on the first receive after idling");
+    e.shutdown(Duration::from_secs(30)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_back_off_then_park_makes_zero_requests() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::ZERO));
+    let c = EngineConfig { backoff: IdleBackoff { min_idle: Duration::ZERO, max_idle: Duration::from_secs(2) }, triggers: true, ..cfg() };
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    // Waits ~0.1, 0.3, 0.7, 1.5 s, then the cap (2 s): park on the 5th empty receive.
+    let n = e.stats().receives.load(Ordering::Relaxed);
+    assert_eq!(n, 5, "receives before parking");
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(e.stats().receives.load(Ordering::Relaxed), n, "zero requests while parked");
+    // A trigger wakes it within the same instant.
+    send(&q, plain(1)).await;
+    e.wake(None).await;
+    assert!(until(Duration::from_millis(100), || lock(&h.handled).len() == 1).await, "woken well under 100 ms");
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_triggers_the_main_consumer_polls_at_the_cap_and_long_polls_count_as_idle_time() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::ZERO));
+    let c = EngineConfig { backoff: IdleBackoff { min_idle: Duration::ZERO, max_idle: Duration::from_secs(2) }, ..cfg() };
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let n = e.stats().receives.load(Ordering::Relaxed);
+    // ~2.6 s to reach the cap, then one receive per 2 s: about 30 in a minute.
+    assert!((29..=33).contains(&n), "{n} receives");
+    e.shutdown(Duration::from_secs(5)).await;
+    // With a 20 s long poll the back-off (capped at 10 s) is absorbed by the wait: 3 receives a minute.
+    let h = Arc::new(TestHandler::new(Duration::ZERO));
+    let c = EngineConfig { receive_wait: Duration::from_secs(20), backoff: IdleBackoff { min_idle: Duration::ZERO, max_idle: Duration::from_secs(10) }, ..cfg() };
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_secs(121)).await;
+    assert_eq!(e.stats().receives.load(Ordering::Relaxed), 6, "receives at 0, 20, ..., 100 s");
+    let t = Instant::now();
+    e.shutdown(Duration::from_secs(5)).await;
+    assert!(t.elapsed() < Duration::from_millis(100), "shutdown cuts the long poll short");
+}
+
+#[tokio::test(start_paused = true)]
+async fn lowering_the_buffer_returns_the_lowest_priority_messages_to_the_queue() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::from_secs(10)));
+    let c = EngineConfig { throttle: ThrottleLimits { max_concurrency: 1, buffer: 4, ttl: None }, ..cfg() };
+    let prio = |p: i32| Attrs { priority: p, ..Attrs::default() };
+    send(&q, [("first".to_string(), prio(0))]).await;
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    send(&q, [("p1".into(), prio(1)), ("p5".into(), prio(5)), ("p3".into(), prio(3)), ("p0".into(), prio(0))]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(e.state(false).await.buffer_len, 4);
+    assert_eq!(q.in_flight(), 5);
+    let limits = e.set_limits(&LimitsChange { buffer: Some(2), ..Default::default() });
+    assert_eq!(limits.buffer, 2);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(q.in_flight(), 3, "two returned to the queue at once (visibility 0)");
+    // The two lowest (p1, p0) were returned; they come back behind p5 and p3.
+    assert!(until(Duration::from_secs(120), || lock(&h.handled).len() == 5).await);
+    assert_eq!(h.handled_bodies(), vec!["first", "p5", "p3", "p1", "p0"]);
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn priorities_order_processing_and_buffer_zero_receives_only_free_capacity() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::from_secs(1)));
+    let c = EngineConfig { throttle: ThrottleLimits { max_concurrency: 2, buffer: 0, ttl: None }, ..cfg() };
+    let prio = |p: i32| Attrs { priority: p, ..Attrs::default() };
+    send(&q, (0..6).map(|i| (format!("m{i}"), prio(i)))).await;
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(q.in_flight(), 2, "nothing received beyond the two free slots");
+    let s = e.state(false).await;
+    assert_eq!((s.concurrency_in_use, s.concurrency_limit, s.buffer_len), (2, 2, 0));
+    e.shutdown(Duration::from_secs(10)).await;
+    // With a buffer, the highest priority of what was received goes first.
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::from_secs(1)));
+    send(&q, (0..6).map(|i| (format!("m{i}"), prio(i)))).await;
+    let c = EngineConfig { throttle: ThrottleLimits { max_concurrency: 1, buffer: 10, ttl: None }, ..cfg() };
+    let e = start(&q, &h, c).await;
+    assert!(until(Duration::from_secs(30), || lock(&h.handled).len() == 6).await);
+    // m0 started before the others were buffered (one receive delivers all six here, so the first
+    // popped is the highest).
+    assert_eq!(h.handled_bodies(), vec!["m5", "m4", "m3", "m2", "m1", "m0"]);
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_messages_go_back_or_to_the_dead_letter_queue_past_their_deadline() {
+    let q = MemoryQueue::new("work", Duration::from_secs(60));
+    let dlq = MemoryQueue::new("work-dlq", Duration::from_secs(60));
+    let h = Arc::new(TestHandler::new(Duration::from_secs(5)));
+    let c = EngineConfig { throttle: ThrottleLimits { max_concurrency: 1, buffer: 5, ttl: Some(Duration::from_secs(1)) }, ..cfg() };
+    send(&q, [("busy".to_string(), Attrs { priority: 9, ..Attrs::default() })]).await;
+    send(&q, [("late".to_string(), Attrs { deadline_ms: Some(1), ..Attrs::default() }), ("keep".into(), Attrs::default())]).await;
+    let e = Engine::start(q.clone(), Some(dlq.clone()), h.clone(), c).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut events = lock(&h.events).clone();
+    events.sort();
+    assert_eq!(events, vec!["expired keep dlq=false", "expired late dlq=true"]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(dlq.bodies(), vec!["late"]);
+    let got = dlq.receive(1, Duration::ZERO).await.unwrap();
+    assert_eq!(got[0].attrs.reason.as_deref(), Some("expired"));
+    assert_eq!(e.stats().expired.load(Ordering::Relaxed), 2);
+    // "keep" went back to the queue and is received again; "late" is gone from the work queue.
+    assert!(!q.bodies().contains(&"late".to_string()));
+    // Raising the TTL lets "keep" wait its turn.
+    e.set_limits(&LimitsChange { ttl_ms: Some(60_000), ..Default::default() });
+    assert!(until(Duration::from_secs(30), || h.handled_bodies().contains(&"keep".to_string())).await);
+    e.shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeat_keeps_a_slow_message_invisible_until_done() {
+    let q = MemoryQueue::new("work", Duration::from_secs(10));
+    let mut th = TestHandler::new(Duration::from_millis(10));
+    th.slow.insert("slow".into(), Duration::from_secs(35));
+    let h = Arc::new(th);
+    let c = EngineConfig { scaling: ScalingPolicy { min_consumers: 2, ..cfg().scaling }, ..cfg() };
+    send(&q, [("slow".to_string(), Attrs::default())]).await;
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert_eq!(lock(&h.attempts).len(), 1, "never redelivered while in hand");
+    assert_eq!(h.handled_bodies(), vec!["slow"]);
+    // Extended at 5, 10, 15, 20, 25, 30 s (half of the 10 s timeout each time).
+    assert_eq!(e.stats().extended.load(Ordering::Relaxed), 7);
+    assert!(q.bodies().is_empty());
+    let calls = q.calls().snapshot().0;
+    assert!(calls.get("sqs.ChangeMessageVisibilityBatch").copied().unwrap_or(0) >= 7);
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeat_stops_at_the_maximum_processing_time() {
+    let q = MemoryQueue::new("work", Duration::from_secs(10));
+    let mut th = TestHandler::new(Duration::ZERO);
+    th.slow.insert("stuck".into(), Duration::from_secs(100));
+    let h = Arc::new(th);
+    let c = EngineConfig { max_processing: Duration::from_secs(20), ..cfg() };
+    send(&q, [("stuck".to_string(), Attrs::default())]).await;
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    assert_eq!(lock(&h.events).clone(), vec!["overdue"]);
+    assert_eq!(lock(&h.attempts).len(), 2, "let go after 20 s: redelivered after its timeout");
+    e.quiesce(Duration::ZERO).await;
+    e.finish(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_messages_back_off_by_receive_count_and_poison_reaches_the_dlq() {
+    let dlq = MemoryQueue::new("work-dlq", Duration::from_secs(30));
+    let q = MemoryQueue::with_dlq("work", Duration::from_secs(30), 3, dlq.clone());
+    let h = Arc::new(TestHandler::new(Duration::ZERO));
+    lock(&h.fail).insert("flaky".into(), 2);
+    lock(&h.fail).insert("poison".into(), u32::MAX);
+    send(&q, [("flaky".to_string(), Attrs::default()), ("poison".into(), Attrs::default())]).await;
+    let e = start(&q, &h, cfg()).await;
+    assert!(until(Duration::from_secs(30), || h.handled_bodies() == vec!["flaky"]).await);
+    let flaky: Vec<u64> = lock(&h.attempts).iter().filter(|(_, b)| b == "flaky").map(|(t, _)| t.as_millis() as u64 / 100).collect();
+    // Receives 1, 2, 3 at 0 s, +2 s, +4 s (retry delays 2 s then 4 s; +1 tick of the idle back-off).
+    assert_eq!(flaky.len(), 3);
+    // The idle consumer polls at least every max_idle (1 s), so each retry is seen within 1 s.
+    assert!((20..=31).contains(&(flaky[1] - flaky[0])) && (40..=51).contains(&(flaky[2] - flaky[1])), "{flaky:?}");
+    assert!(until(Duration::from_secs(30), || dlq.bodies() == vec!["poison"]).await);
+    assert_eq!(lock(&h.poisoned).clone(), vec!["poison"], "the hook ran on the last allowed receive only");
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn fifo_groups_are_processed_one_at_a_time_in_order() {
+    let q = MemoryQueue::new("work.fifo", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::from_millis(100)));
+    lock(&h.fail).insert("a2".into(), 1);
+    let g = |s: &str| Attrs { group: Some(s.to_string()), ..Attrs::default() };
+    let mut msgs = Vec::new();
+    for i in 1..=5 {
+        msgs.push((format!("a{i}"), g("a")));
+        msgs.push((format!("b{i}"), g("b")));
+        msgs.push((format!("c{i}"), g("c")));
+    }
+    send(&q, msgs).await;
+    let e = start(&q, &h, cfg()).await;
+    assert!(until(Duration::from_secs(60), || lock(&h.handled).len() == 15).await);
+    let handled = lock(&h.handled).clone();
+    for group in ["a", "b", "c"] {
+        let mine: Vec<&(Duration, Duration, String)> = handled.iter().filter(|(_, _, b)| b.starts_with(group)).collect();
+        let order: Vec<&str> = mine.iter().map(|(_, _, b)| b.as_str()).collect();
+        assert_eq!(order, (1..=5).map(|i| format!("{group}{i}")).collect::<Vec<_>>(), "group {group}");
+        assert!(mine.windows(2).all(|w| w[1].0 >= w[0].1), "group {group} overlapped: {mine:?}");
+    }
+    // Groups ran in parallel: b and c finished long before a's retry.
+    let end = |b: &str| handled.iter().find(|x| x.2 == b).map(|x| x.1).unwrap();
+    assert!(end("b5") < Duration::from_millis(700), "{:?}", end("b5"));
+    assert!(end("a5") > Duration::from_secs(2), "a waited for a2's retry");
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_returns_buffered_finishes_in_flight_and_flushes_deletes() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::from_secs(2)));
+    let c = EngineConfig { throttle: ThrottleLimits { max_concurrency: 1, buffer: 5, ttl: None }, receive_wait: Duration::from_secs(20), ..cfg() };
+    send(&q, plain(6)).await;
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(q.in_flight(), 6);
+    let t = Instant::now();
+    assert!(e.quiesce(Duration::from_secs(10)).await);
+    assert!(t.elapsed() >= Duration::from_millis(1900) && t.elapsed() < Duration::from_secs(3), "waited for the message in progress only");
+    e.finish(true).await;
+    assert_eq!(h.handled_bodies(), vec!["m0000"]);
+    assert_eq!(q.bodies().len(), 5, "the finished one was deleted");
+    assert_eq!(q.in_flight(), 0, "buffered ones are visible again at once");
+
+    // Without drain, the pending delete is dropped: the message comes back after its timeout.
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::from_secs(2)));
+    send(&q, plain(1)).await;
+    let c = EngineConfig { completion: BatchSettings { push_interval: Duration::from_secs(5), ..cfg().completion }, ..cfg() };
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(h.handled_bodies().len(), 1);
+    e.quiesce(Duration::from_secs(1)).await;
+    e.finish(false).await;
+    assert_eq!(q.bodies().len(), 1, "not deleted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn deletes_are_batched_by_ten() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::ZERO));
+    send(&q, plain(95)).await;
+    let e = start(&q, &h, cfg()).await;
+    assert!(until(Duration::from_secs(10), || q.bodies().is_empty()).await);
+    let calls = q.calls().snapshot().0;
+    assert_eq!(calls.get("sqs.DeleteMessageBatch").copied(), Some(10), "95 deletes in 10 calls: {calls:?}");
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_delete_entries_are_retried() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::ZERO));
+    q.fail_next_entries(3);
+    send(&q, plain(10)).await;
+    let e = start(&q, &h, cfg()).await;
+    assert!(until(Duration::from_secs(10), || q.bodies().is_empty()).await);
+    assert_eq!(h.handled_bodies().len(), 10, "deleted without redelivery");
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn state_reports_consumers_concurrency_and_buffer_and_metrics_render() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::from_secs(5)));
+    let c = EngineConfig {
+        throttle: ThrottleLimits { max_concurrency: 2, buffer: 3, ttl: Some(Duration::from_secs(60)) },
+        scaling: ScalingPolicy { max_consumers: 1, ..cfg().scaling },
+        ..cfg()
+    };
+    send(&q, plain(10)).await;
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let s = e.state(true).await;
+    assert_eq!(s.queue, "work");
+    assert_eq!(s.depth, Some(crate::queue::QueueDepth { visible: 5, in_flight: 5 }));
+    assert_eq!((s.concurrency_in_use, s.concurrency_limit, s.buffer_len, s.buffer_capacity, s.ttl_ms), (2, 2, 3, 3, 60_000));
+    assert_eq!((s.consumers_active, s.consumers_total, s.consumers_min, s.consumers_max), (1, 1, 1, 1));
+    assert_eq!(s.in_hand, 5);
+    let m = state::render_metrics(&[s]);
+    assert!(m.contains("listener_concurrency_in_use{queue=\"work\"} 2"), "{m}");
+    assert!(m.contains("listener_buffer_capacity{queue=\"work\"} 3"), "{m}");
+    assert!(m.contains("listener_received_total{queue=\"work\"} 5"), "{m}");
+    e.quiesce(Duration::ZERO).await;
+    e.finish(false).await;
+}

@@ -1,0 +1,327 @@
+//! Throttling (seed 002): a maximum concurrency of messages being processed and a bounded in-memory
+//! priority buffer between receiving and processing (higher priority first, FIFO within a priority).
+//! When the buffer is full, a message of higher priority evicts the lowest-priority one; the evicted
+//! message is handed back to the caller, which returns it to the queue (never dropped). A message that
+//! waits longer than the TTL expires. Limits change at runtime; lowering them hands back the surplus.
+//! Messages of one FIFO group are released one at a time, in order (seed 003's per-partition order).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+/// Throttle limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThrottleLimits {
+    /// Messages processed at once.
+    pub max_concurrency: usize,
+    /// Messages waiting beyond that; 0: nothing is received beyond free capacity.
+    pub buffer: usize,
+    /// How long a message may wait in the buffer (None: forever).
+    #[serde(with = "opt_ms", rename = "ttl_ms")]
+    pub ttl: Option<Duration>,
+}
+
+/// A runtime change; absent fields stay as they are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitsChange {
+    pub max_concurrency: Option<usize>,
+    pub buffer: Option<usize>,
+    /// Milliseconds; 0 turns the TTL off.
+    pub ttl_ms: Option<u64>,
+}
+
+impl ThrottleLimits {
+    pub fn apply(&self, c: &LimitsChange) -> ThrottleLimits {
+        ThrottleLimits {
+            max_concurrency: c.max_concurrency.unwrap_or(self.max_concurrency).max(1),
+            buffer: c.buffer.unwrap_or(self.buffer),
+            ttl: match c.ttl_ms {
+                None => self.ttl,
+                Some(0) => None,
+                Some(ms) => Some(Duration::from_millis(ms)),
+            },
+        }
+    }
+}
+
+mod opt_ms {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.map_or(0, |d| d.as_millis() as u64))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let ms = u64::deserialize(d)?;
+        Ok((ms > 0).then(|| Duration::from_millis(ms)))
+    }
+}
+
+struct Entry<M> {
+    msg: M,
+    group: Option<String>,
+    enqueued: Instant,
+}
+
+/// The throttle: buffer, running count, capacity reserved by receives in progress.
+pub struct Throttle<M> {
+    limits: ThrottleLimits,
+    /// Keyed by (higher priority first, arrival order).
+    entries: BTreeMap<(Reverse<i32>, u64), Entry<M>>,
+    running: usize,
+    reserved: usize,
+    active_groups: HashSet<String>,
+    seq: u64,
+}
+
+impl<M> Throttle<M> {
+    pub fn new(limits: ThrottleLimits) -> Throttle<M> {
+        Throttle { limits: ThrottleLimits { max_concurrency: limits.max_concurrency.max(1), ..limits }, entries: BTreeMap::new(), running: 0, reserved: 0, active_groups: HashSet::new(), seq: 0 }
+    }
+
+    pub fn limits(&self) -> ThrottleLimits {
+        self.limits
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn running(&self) -> usize {
+        self.running
+    }
+
+    /// Buffered messages beyond those that could start right now.
+    fn waiting_capacity(&self) -> usize {
+        self.limits.buffer + self.limits.max_concurrency.saturating_sub(self.running)
+    }
+
+    /// Room for more messages, counting receives in progress.
+    pub fn free(&self) -> usize {
+        self.waiting_capacity().saturating_sub(self.entries.len() + self.reserved)
+    }
+
+    /// Reserves room for a receive of up to `want` messages; returns how many (0: wait for room).
+    pub fn reserve(&mut self, want: usize) -> usize {
+        let n = self.free().min(want);
+        self.reserved += n;
+        n
+    }
+
+    pub fn unreserve(&mut self, n: usize) {
+        self.reserved = self.reserved.saturating_sub(n);
+    }
+
+    /// Buffers a message. Returns the messages that no longer fit (lowest priority first out; possibly
+    /// this one), to be returned to the queue.
+    pub fn push(&mut self, msg: M, priority: i32, group: Option<String>, now: Instant) -> Vec<M> {
+        self.seq += 1;
+        self.entries.insert((Reverse(priority), self.seq), Entry { msg, group, enqueued: now });
+        self.surplus()
+    }
+
+    fn surplus(&mut self) -> Vec<M> {
+        let mut out = Vec::new();
+        while self.entries.len() > self.waiting_capacity() {
+            // The last key is the lowest priority, newest within it.
+            match self.entries.pop_last() {
+                Some((_, e)) => out.push(e.msg),
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Takes the next message to process, if concurrency allows: the highest priority, oldest, whose
+    /// group has no message in progress. The caller must call [`Throttle::finish`] when it is done.
+    pub fn pop_ready(&mut self) -> Option<(M, Option<String>)> {
+        if self.running >= self.limits.max_concurrency {
+            return None;
+        }
+        let key = *self.entries.iter().find(|(_, e)| e.group.as_ref().is_none_or(|g| !self.active_groups.contains(g)))?.0;
+        let e = self.entries.remove(&key)?;
+        if let Some(g) = &e.group {
+            self.active_groups.insert(g.clone());
+        }
+        self.running += 1;
+        Some((e.msg, e.group))
+    }
+
+    /// A message taken with [`Throttle::pop_ready`] is done.
+    pub fn finish(&mut self, group: Option<&str>) {
+        self.running = self.running.saturating_sub(1);
+        if let Some(g) = group {
+            self.active_groups.remove(g);
+        }
+    }
+
+    /// Removes the messages that waited longer than the TTL.
+    pub fn expire(&mut self, now: Instant) -> Vec<M> {
+        let Some(ttl) = self.limits.ttl else { return Vec::new() };
+        let keys: Vec<_> = self.entries.iter().filter(|(_, e)| now.duration_since(e.enqueued) >= ttl).map(|(k, _)| *k).collect();
+        keys.into_iter().filter_map(|k| self.entries.remove(&k)).map(|e| e.msg).collect()
+    }
+
+    /// When the next buffered message expires.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        let ttl = self.limits.ttl?;
+        self.entries.values().map(|e| e.enqueued + ttl).min()
+    }
+
+    /// Changes the limits; returns the messages that no longer fit.
+    pub fn set_limits(&mut self, limits: ThrottleLimits) -> Vec<M> {
+        self.limits = ThrottleLimits { max_concurrency: limits.max_concurrency.max(1), ..limits };
+        self.surplus()
+    }
+
+    /// Removes the buffered messages of `group` (a failed message's successors go back with it, in order).
+    pub fn take_group(&mut self, group: &str) -> Vec<M> {
+        let keys: Vec<_> = self.entries.iter().filter(|(_, e)| e.group.as_deref() == Some(group)).map(|(k, _)| *k).collect();
+        keys.into_iter().filter_map(|k| self.entries.remove(&k)).map(|e| e.msg).collect()
+    }
+
+    /// Removes every buffered message.
+    pub fn take_all(&mut self) -> Vec<M> {
+        std::mem::take(&mut self.entries).into_values().map(|e| e.msg).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(c: usize, b: usize) -> ThrottleLimits {
+        ThrottleLimits { max_concurrency: c, buffer: b, ttl: None }
+    }
+
+    fn drain(t: &mut Throttle<&'static str>) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        while let Some((m, g)) = t.pop_ready() {
+            out.push(m);
+            t.finish(g.as_deref());
+        }
+        out
+    }
+
+    #[test]
+    fn higher_priority_first_fifo_within() {
+        let now = Instant::now();
+        let mut t = Throttle::new(limits(1, 10));
+        for (m, p) in [("a", 0), ("b", 5), ("c", 0), ("d", 5), ("e", 9)] {
+            assert!(t.push(m, p, None, now).is_empty());
+        }
+        assert_eq!(drain(&mut t), vec!["e", "b", "d", "a", "c"]);
+    }
+
+    #[test]
+    fn concurrency_limit_holds_messages_back() {
+        let now = Instant::now();
+        let mut t = Throttle::new(limits(2, 5));
+        for m in ["a", "b", "c"] {
+            t.push(m, 0, None, now);
+        }
+        assert_eq!(t.pop_ready().map(|x| x.0), Some("a"));
+        assert_eq!(t.pop_ready().map(|x| x.0), Some("b"));
+        assert!(t.pop_ready().is_none(), "two running: the third waits");
+        t.finish(None);
+        assert_eq!(t.pop_ready().map(|x| x.0), Some("c"));
+    }
+
+    #[test]
+    fn full_buffer_evicts_the_lowest_priority_newest_first() {
+        let now = Instant::now();
+        // Nothing can start (one running), two may wait.
+        let mut t = Throttle::new(limits(1, 2));
+        t.push("run", 0, None, now);
+        assert!(t.pop_ready().is_some());
+        assert!(t.push("low-old", 1, None, now).is_empty());
+        assert!(t.push("low-new", 1, None, now).is_empty());
+        // Higher priority arrives: the newest of the lowest priority is evicted.
+        assert_eq!(t.push("high", 7, None, now), vec!["low-new"]);
+        // A message of lower priority than everything buffered is itself returned.
+        assert_eq!(t.push("lowest", 0, None, now), vec!["lowest"]);
+        // Equal to the lowest: FIFO keeps the older one.
+        assert_eq!(t.push("low-newer", 1, None, now), vec!["low-newer"]);
+        t.finish(None);
+        assert_eq!(drain(&mut t), vec!["high", "low-old"]);
+    }
+
+    #[test]
+    fn zero_buffer_receives_only_free_capacity() {
+        let now = Instant::now();
+        let mut t: Throttle<&str> = Throttle::new(limits(3, 0));
+        assert_eq!(t.reserve(10), 3);
+        assert_eq!(t.reserve(10), 0, "everything reserved");
+        t.unreserve(3);
+        t.push("a", 0, None, now);
+        t.pop_ready();
+        assert_eq!(t.free(), 2);
+        assert_eq!(t.reserve(1), 1);
+        assert_eq!(t.free(), 1);
+    }
+
+    #[test]
+    fn ttl_expires_waiting_messages() {
+        let t0 = Instant::now();
+        let mut t = Throttle::new(ThrottleLimits { max_concurrency: 1, buffer: 10, ttl: Some(Duration::from_secs(5)) });
+        t.push("running", 0, None, t0);
+        t.pop_ready();
+        t.push("old", 0, None, t0);
+        t.push("new", 0, None, t0 + Duration::from_secs(3));
+        assert_eq!(t.next_expiry(), Some(t0 + Duration::from_secs(5)));
+        assert!(t.expire(t0 + Duration::from_millis(4999)).is_empty());
+        assert_eq!(t.expire(t0 + Duration::from_secs(5)), vec!["old"]);
+        assert_eq!(t.next_expiry(), Some(t0 + Duration::from_secs(8)));
+        // Lowering the TTL at runtime applies to messages already waiting.
+        t.set_limits(ThrottleLimits { ttl: Some(Duration::from_secs(1)), ..t.limits() });
+        assert_eq!(t.expire(t0 + Duration::from_secs(4)), vec!["new"]);
+    }
+
+    #[test]
+    fn lowering_limits_hands_back_the_surplus_lowest_first() {
+        let now = Instant::now();
+        let mut t = Throttle::new(limits(1, 4));
+        t.push("run", 9, None, now);
+        t.pop_ready();
+        for (m, p) in [("a", 3), ("b", 1), ("c", 2), ("d", 0)] {
+            t.push(m, p, None, now);
+        }
+        assert_eq!(t.set_limits(limits(1, 2)), vec!["d", "b"]);
+        assert_eq!(t.len(), 2);
+        // Raising concurrency lets more start at once.
+        assert!(t.set_limits(limits(3, 2)).is_empty());
+        assert_eq!(drain(&mut t).len(), 2);
+        let c = LimitsChange { buffer: Some(7), ttl_ms: Some(0), max_concurrency: None };
+        assert_eq!(limits(3, 2).apply(&c), limits(3, 7));
+    }
+
+    #[test]
+    fn one_message_per_group_at_a_time_in_order() {
+        let now = Instant::now();
+        let mut t = Throttle::new(limits(4, 10));
+        let g = |s: &str| Some(s.to_string());
+        t.push("a1", 0, g("a"), now);
+        t.push("a2", 0, g("a"), now);
+        t.push("b1", 0, g("b"), now);
+        t.push("a3", 0, g("a"), now);
+        let (m1, g1) = t.pop_ready().unwrap();
+        let (m2, g2) = t.pop_ready().unwrap();
+        assert_eq!((m1, m2), ("a1", "b1"));
+        assert!(t.pop_ready().is_none(), "a2 waits for a1 although concurrency allows more");
+        t.finish(g2.as_deref());
+        assert!(t.pop_ready().is_none());
+        t.finish(g1.as_deref());
+        assert_eq!(t.pop_ready().map(|x| x.0), Some("a2"));
+        // A failed message's successors go back to the queue with it.
+        assert_eq!(t.take_group("a"), vec!["a3"]);
+    }
+}
