@@ -48,7 +48,8 @@ pub struct Applied {
 
 enum Item {
     Result(ResultMessage),
-    Dead { item: WorkItem, receives: u32 },
+    /// `reason`: set when a listener dead-lettered it itself (e.g. `expired`).
+    Dead { item: WorkItem, receives: u32, reason: Option<String> },
 }
 
 impl Item {
@@ -238,7 +239,7 @@ fn delete_calls(receipts: &[(Source, String)]) -> u64 {
 fn parse(source: Source, m: &Message) -> Result<Item> {
     let item = match source {
         Source::Results => Item::Result(serde_json::from_str(&m.body)?),
-        Source::WorkDeadLetter => Item::Dead { item: serde_json::from_str(&m.body)?, receives: m.receive_count },
+        Source::WorkDeadLetter => Item::Dead { item: serde_json::from_str(&m.body)?, receives: m.receive_count, reason: m.attrs.reason.clone() },
     };
     check_job_id(item.job_id())?;
     Ok(item)
@@ -299,12 +300,12 @@ async fn apply_item(job: &mut Job, item: Item, store: &dyn BlobStore, ctl: &mut 
             }
             cp.requests.merge(&c.requests);
         }
-        Item::Dead { receives, .. } => {
-            tracing::warn!(job = %cp.job_id, chunk, receives, "work item dead-lettered; chunk recorded as failed");
+        Item::Dead { receives, reason, .. } => {
+            tracing::warn!(job = %cp.job_id, chunk, receives, ?reason, "work item dead-lettered; chunk recorded as failed");
             cp.failed_chunks.push(FailedChunk {
                 chunk,
                 transactions,
-                reason: DEAD_LETTER_REASON.to_string(),
+                reason: reason.unwrap_or_else(|| DEAD_LETTER_REASON.to_string()),
             });
         }
         Item::Result(ResultMessage::Sealed { .. }) => {}

@@ -1,14 +1,19 @@
-//! The controller service: consumes the results queue (and the work dead-letter queue), aggregates per
-//! job idempotently, checkpoints job state to S3 before deleting the messages it applied, and writes
-//! the report to the warehouse when every chunk of a job is accounted for.
+//! The controller service: the listener engine on the results queue and on the work dead-letter queue,
+//! with a handler that aggregates per job idempotently, checkpoints job state to S3 before the messages
+//! it applied are completed (deleted, batched), and writes the report to the warehouse when every chunk
+//! of a job is accounted for.
 
 pub mod aggregate;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use shared::blob::BlobStore;
-use shared::queue::Queue;
+use shared::listener::args::ListenerArgs;
+use shared::listener::dynamic_consumers::ScalingPolicy;
+use shared::listener::{state, Completions, Engine, Handler, Outcome};
+use shared::queue::{Message, Queue};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -18,9 +23,8 @@ pub use aggregate::{Aggregator, Source};
 /// Controller settings.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Settings {
-    /// Long-poll wait of a receive, seconds (0-20).
-    #[arg(long, env = "CONTROLLER_RECEIVE_WAIT_SECS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=20))]
-    pub receive_wait_secs: u64,
+    #[command(flatten)]
+    pub listener: ListenerArgs,
     /// Grace period to finish the batch in hand on shutdown, seconds.
     #[arg(long, env = "CONTROLLER_DRAIN_SECS", default_value_t = 30)]
     pub drain_secs: u64,
@@ -28,7 +32,7 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { receive_wait_secs: 20, drain_secs: 30 }
+        Settings { listener: ListenerArgs::default(), drain_secs: 30 }
     }
 }
 
@@ -45,37 +49,113 @@ const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
 /// ... or as soon as this many messages are pending.
 const FLUSH_MESSAGES: usize = 100;
 
-/// Runs until `shutdown`: one loop on the results queue, one on the work dead-letter queue, and a timer
+/// Completions of both listeners, by source (set once both have started).
+type Sinks = Arc<OnceLock<[Completions; 2]>>;
+
+fn sink(sinks: &Sinks, source: Source) -> Option<&Completions> {
+    sinks.get().map(|s| &s[source as usize])
+}
+
+/// Completes checkpointed messages on the queue they came from.
+fn complete(sinks: &Sinks, receipts: Vec<(Source, String)>) {
+    for (source, receipt) in receipts {
+        match sink(sinks, source) {
+            Some(c) => c.delete(receipt),
+            None => tracing::warn!("listener not started; a checkpointed message will be redelivered and ignored"),
+        }
+    }
+}
+
+struct ResultsHandler {
+    source: Source,
+    agg: Arc<Mutex<Aggregator>>,
+    sinks: Sinks,
+}
+
+#[async_trait]
+impl Handler for ResultsHandler {
+    fn batch_size(&self) -> usize {
+        10
+    }
+
+    async fn handle(&self, msgs: &[Message], _done: &Completions) -> Vec<Outcome> {
+        // Applied in memory, checkpointed, then deleted; a crash anywhere before the delete redelivers
+        // the messages and the checkpoint makes the replay a no-op.
+        let (mut deletable, park) = {
+            let mut agg = self.agg.lock().await;
+            let applied = agg.apply(self.source, msgs).await;
+            let mut deletable = applied.delete;
+            if agg.pending() >= FLUSH_MESSAGES {
+                deletable.extend(agg.flush().await);
+            }
+            (deletable, applied.park)
+        };
+        let out = msgs
+            .iter()
+            .map(|m| {
+                if let Some(i) = deletable.iter().position(|(s, r)| *s == self.source && *r == m.receipt) {
+                    deletable.swap_remove(i);
+                    Outcome::Done
+                } else if park.contains(&m.receipt) {
+                    Outcome::Release(Duration::from_secs(12 * 3600))
+                } else {
+                    // Waiting for the next checkpoint (or, when the job could not be saved, for
+                    // redelivery after the visibility timeout).
+                    Outcome::Deferred
+                }
+            })
+            .collect();
+        complete(&self.sinks, deletable);
+        out
+    }
+}
+
+/// Runs until `shutdown`: listeners on the results queue and the work dead-letter queue, and a timer
 /// that checkpoints pending work; on shutdown the last checkpoint is written and its messages deleted.
 pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> shared::Result<()> {
     let agg = Arc::new(Mutex::new(Aggregator::new(deps.store.clone())));
-    let tracker = TaskTracker::new();
-    let wait = Duration::from_secs(settings.receive_wait_secs.min(20));
-    for source in [Source::Results, Source::WorkDeadLetter] {
-        let (agg, deps, stop) = (agg.clone(), deps.clone(), shutdown.clone());
-        tracker.spawn(async move { consume(source, deps, agg, wait, stop).await });
+    let sinks: Sinks = Arc::default();
+    let cfg = settings.listener.engine(false).map_err(shared::Error::Config)?;
+    let handler = |source| Arc::new(ResultsHandler { source, agg: agg.clone(), sinks: sinks.clone() });
+    let results = Engine::start(deps.results.clone(), None, handler(Source::Results), cfg.clone()).await?;
+    // Dead letters are rare: one consumer is plenty.
+    let dlq_cfg = shared::listener::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg };
+    let dead = Engine::start(deps.work_dlq.clone(), None, handler(Source::WorkDeadLetter), dlq_cfg).await?;
+    let _ = sinks.set([results.completions(), dead.completions()]);
+    if let Some(addr) = settings.listener.http_addr {
+        state::serve(addr, vec![results.clone(), dead.clone()], shutdown.clone())
+            .await
+            .map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;
     }
+    let tracker = TaskTracker::new();
     {
-        let (agg, deps, stop) = (agg.clone(), deps.clone(), shutdown.clone());
+        let (agg, sinks, stop) = (agg.clone(), sinks.clone(), shutdown.clone());
         tracker.spawn(async move {
             let mut tick = tokio::time::interval(FLUSH_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tick.tick() => flush(&agg, &deps).await,
+                    _ = tick.tick() => flush(&agg, &sinks).await,
                 }
             }
         });
     }
     tracing::info!(results = deps.results.name(), dlq = deps.work_dlq.name(), bucket = deps.store.bucket(), "controller started");
     shutdown.cancelled().await;
-    shared::shutdown::drain(&tracker, Duration::from_secs(settings.drain_secs)).await;
-    flush(&agg, &deps).await;
+    let grace = Duration::from_secs(settings.drain_secs);
+    results.quiesce(grace).await;
+    dead.quiesce(grace).await;
+    tracker.close();
+    tracker.wait().await;
+    flush(&agg, &sinks).await;
+    results.finish(true).await;
+    dead.finish(true).await;
     tracing::info!("controller stopped");
     Ok(())
 }
 
-async fn flush(agg: &Mutex<Aggregator>, deps: &Deps) {
+async fn flush(agg: &Mutex<Aggregator>, sinks: &Sinks) {
     let done = {
         let mut agg = agg.lock().await;
         if agg.pending() == 0 {
@@ -83,67 +163,5 @@ async fn flush(agg: &Mutex<Aggregator>, deps: &Deps) {
         }
         agg.flush().await
     };
-    delete(deps, done).await;
-}
-
-fn queue_of(deps: &Deps, source: Source) -> &Arc<dyn Queue> {
-    match source {
-        Source::Results => &deps.results,
-        Source::WorkDeadLetter => &deps.work_dlq,
-    }
-}
-
-async fn delete(deps: &Deps, receipts: Vec<(Source, String)>) {
-    for source in [Source::Results, Source::WorkDeadLetter] {
-        let these: Vec<String> = receipts.iter().filter(|(s, _)| *s == source).map(|(_, r)| r.clone()).collect();
-        if these.is_empty() {
-            continue;
-        }
-        let queue = queue_of(deps, source);
-        if let Err(e) = queue.delete(&these).await {
-            tracing::warn!(queue = queue.name(), error = %e, "delete failed; the messages will be redelivered and ignored");
-        }
-    }
-}
-
-async fn consume(source: Source, deps: Deps, agg: Arc<Mutex<Aggregator>>, wait: Duration, stop: CancellationToken) {
-    let queue = queue_of(&deps, source).clone();
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        let msgs = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = queue.receive(10, wait) => r,
-        };
-        let msgs = match msgs {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(queue = queue.name(), error = %e, "receive failed");
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(10));
-                continue;
-            }
-        };
-        backoff = Duration::from_millis(100);
-        if msgs.is_empty() {
-            continue;
-        }
-        // Applied in memory, checkpointed, then deleted; a crash anywhere before the delete redelivers
-        // the messages and the checkpoint makes the replay a no-op.
-        let (mut done, park) = {
-            let mut agg = agg.lock().await;
-            let applied = agg.apply(source, &msgs).await;
-            let mut done = applied.delete;
-            if agg.pending() >= FLUSH_MESSAGES {
-                done.extend(agg.flush().await);
-            }
-            (done, applied.park)
-        };
-        delete(&deps, std::mem::take(&mut done)).await;
-        for receipt in &park {
-            let _ = queue.set_visibility(receipt, Duration::from_secs(12 * 3600)).await;
-        }
-    }
+    complete(sinks, done);
 }

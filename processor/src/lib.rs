@@ -1,7 +1,7 @@
-//! The processor service: consumer tasks that receive work items from the work queue in batches of
-//! ten, bill the chunks they reference, send the chunk results to the results queue and only then
-//! delete the work items. A failing work item is left for redelivery and reaches the dead-letter
-//! queue after maxReceiveCount.
+//! The processor service: the adaptive listener engine (`shared::listener`) on the work queue, with a
+//! handler that bills the chunks the work items reference, sends the chunk results to the results queue
+//! and only then completes (deletes, batched) the work items. A failing work item goes back with a
+//! growing back-off and reaches the dead-letter queue after maxReceiveCount.
 
 pub mod handle;
 pub mod listener;
@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shared::blob::BlobStore;
+use shared::listener::args::ListenerArgs;
+use shared::listener::{state, Engine};
 use shared::queue::Queue;
 use shared::trigger::WorkDetected;
 use tokio::sync::broadcast;
@@ -18,18 +20,11 @@ use tokio_util::sync::CancellationToken;
 /// Processor settings (the binary fills them from flags and env).
 #[derive(Debug, Clone, clap::Args)]
 pub struct Settings {
-    /// Concurrent consumer tasks, each receiving batches of 10 work items.
-    #[arg(long, env = "PROCESSOR_CONSUMERS", default_value_t = 4)]
-    pub consumers: usize,
-    /// Long-poll wait of a receive, seconds (0-20).
-    #[arg(long, env = "PROCESSOR_RECEIVE_WAIT_SECS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=20))]
-    pub receive_wait_secs: u64,
+    #[command(flatten)]
+    pub listener: ListenerArgs,
     /// Hard cap on a chunk's decompressed size, bytes (larger chunks are refused as corrupt).
     #[arg(long, env = "PROCESSOR_MAX_CHUNK_BYTES", default_value_t = 64 << 20)]
     pub max_chunk_bytes: u64,
-    /// How long a failed work item stays invisible before it is retried, seconds.
-    #[arg(long, env = "PROCESSOR_RETRY_DELAY_SECS", default_value_t = 2)]
-    pub retry_delay_secs: u64,
     /// Grace period for in-flight work on shutdown, seconds.
     #[arg(long, env = "PROCESSOR_DRAIN_SECS", default_value_t = 30)]
     pub drain_secs: u64,
@@ -37,13 +32,7 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { consumers: 4, receive_wait_secs: 20, max_chunk_bytes: 64 << 20, retry_delay_secs: 2, drain_secs: 30 }
-    }
-}
-
-impl Settings {
-    pub fn receive_wait(&self) -> Duration {
-        Duration::from_secs(self.receive_wait_secs.min(20))
+        Settings { listener: ListenerArgs::default(), max_chunk_bytes: 64 << 20, drain_secs: 30 }
     }
 }
 
@@ -51,13 +40,36 @@ impl Settings {
 #[derive(Clone)]
 pub struct Deps {
     pub work: Arc<dyn Queue>,
+    /// Where expired work items of jobs past their deadline go (reason `expired`).
+    pub work_dlq: Option<Arc<dyn Queue>>,
     pub results: Arc<dyn Queue>,
     pub store: Arc<dyn BlobStore>,
     /// Work-detected triggers (RabbitMQ subscription), when enabled.
     pub triggers: Option<broadcast::Sender<WorkDetected>>,
 }
 
-/// Runs the processor until `shutdown`, then drains in-flight work within the grace period.
+/// Starts the listener on the work queue (and the state endpoint when configured).
+pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken) -> shared::Result<Engine> {
+    let cfg = settings.listener.engine(deps.triggers.is_some()).map_err(shared::Error::Config)?;
+    let handler = Arc::new(listener::WorkHandler::new(deps.results.clone(), deps.store.clone(), settings.max_chunk_bytes));
+    let engine = Engine::start(deps.work.clone(), deps.work_dlq.clone(), handler, cfg).await?;
+    if let Some(tx) = &deps.triggers {
+        engine.follow_triggers(tx.subscribe(), shutdown.clone());
+    }
+    if let Some(addr) = settings.listener.http_addr {
+        state::serve(addr, vec![engine.clone()], shutdown.clone())
+            .await
+            .map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;
+    }
+    Ok(engine)
+}
+
+/// Runs the processor until `shutdown`, then drains: stops receiving, returns buffered work items,
+/// finishes in-flight ones within the grace period and flushes completions.
 pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> shared::Result<()> {
-    listener::run(settings, deps, shutdown).await
+    let engine = start(&settings, deps, &shutdown).await?;
+    shutdown.cancelled().await;
+    engine.shutdown(Duration::from_secs(settings.drain_secs)).await;
+    tracing::info!("processor stopped");
+    Ok(())
 }

@@ -58,8 +58,8 @@ async fn bills_good_items_and_dead_letters_corrupt_ones() {
     work.send(&[good, bad]).await.unwrap();
 
     let stop = CancellationToken::new();
-    let settings = processor::Settings { consumers: 2, receive_wait_secs: 1, retry_delay_secs: 0, drain_secs: 5, ..Default::default() };
-    let deps = processor::Deps { work: work.clone(), results: results.clone(), store: store.clone() as Arc<dyn BlobStore>, triggers: None };
+    let settings = processor::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() };
+    let deps = processor::Deps { work: work.clone(), work_dlq: None, results: results.clone(), store: store.clone() as Arc<dyn BlobStore>, triggers: None };
     let running = tokio::spawn(processor::run(settings, deps, stop.clone()));
 
     wait_until("two results", || results.bodies().len() == 2).await;

@@ -44,7 +44,7 @@ fn result(job: &str, chunk: u32, accounts: Vec<AccountTotals>) -> Message {
 }
 
 fn msg(body: String) -> Message {
-    Message { id: "m".into(), receipt: format!("r{}", body.len()), body, receive_count: 1 }
+    Message { id: "m".into(), receipt: format!("r{}", body.len()), body, receive_count: 1, ..Default::default() }
 }
 
 async fn put_manifest(store: &MemoryStore, m: &Manifest) {

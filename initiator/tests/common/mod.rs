@@ -80,7 +80,7 @@ impl Stack {
         let stop = CancellationToken::new();
         let (tx, _) = tokio::sync::broadcast::channel(64);
         shared::trigger::spawn_subscriber(self.names.amqp_url.clone(), self.names.trigger_exchange.clone(), tx.clone(), stop.clone());
-        let deps = processor::Deps { work: self.work.clone(), results: self.results.clone(), store: self.store.clone(), triggers: Some(tx) };
+        let deps = processor::Deps { work: self.work.clone(), work_dlq: Some(self.work_dlq.clone()), results: self.results.clone(), store: self.store.clone(), triggers: Some(tx) };
         let handle = tokio::spawn(processor::run(settings, deps, stop.clone()));
         Running { stop, handle }
     }
@@ -88,7 +88,7 @@ impl Stack {
     pub fn start_controller(&self) -> Running {
         let stop = CancellationToken::new();
         let deps = controller::Deps { results: self.results.clone(), work_dlq: self.work_dlq.clone(), store: self.store.clone() };
-        let settings = controller::Settings { receive_wait_secs: 1, drain_secs: 10 };
+        let settings = controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10 };
         let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
         Running { stop, handle }
     }
@@ -118,7 +118,7 @@ impl Stack {
 
 /// Fast processor settings for tests.
 pub fn fast_processor() -> processor::Settings {
-    processor::Settings { consumers: 3, receive_wait_secs: 1, retry_delay_secs: 0, drain_secs: 10, ..Default::default() }
+    processor::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() }
 }
 
 pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {

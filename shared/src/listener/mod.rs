@@ -5,6 +5,7 @@
 //! drain. Processor and controller run their queues through it; each seed concept lives in its own
 //! module.
 
+pub mod args;
 pub mod backoff;
 pub mod completion;
 pub mod dynamic_consumers;
