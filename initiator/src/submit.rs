@@ -37,11 +37,16 @@ pub struct SubmitOptions {
     pub upload_concurrency: usize,
     /// Draw progress bars on stderr.
     pub progress: bool,
+    /// Processing priority of the job's work items (higher first where listeners are throttled).
+    pub priority: i32,
+    /// The job's deadline: work items still waiting in a listener's buffer after it (and past the
+    /// buffer TTL) go to the dead-letter queue with reason `expired` instead of back to the queue.
+    pub deadline: Option<std::time::SystemTime>,
 }
 
 impl SubmitOptions {
     pub fn new(files: Vec<PathBuf>) -> SubmitOptions {
-        SubmitOptions { files, chunk_size: 5000, chunk_bytes: 4 << 20, strict: false, tariff: Tariff::default(), upload_concurrency: 16, progress: false }
+        SubmitOptions { files, chunk_size: 5000, chunk_bytes: 4 << 20, strict: false, tariff: Tariff::default(), upload_concurrency: 16, progress: false, priority: 0, deadline: None }
     }
 }
 
@@ -100,13 +105,14 @@ struct Enqueue<'a> {
     clients: &'a Clients,
     job_id: &'a str,
     tariff: &'a Tariff,
+    attrs: shared::queue::Attrs,
     bar: ProgressBar,
     trigger: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl<'a> Enqueue<'a> {
-    fn new(clients: &'a Clients, job_id: &'a str, tariff: &'a Tariff, bar: ProgressBar) -> Self {
-        Enqueue { clients, job_id, tariff, bar, trigger: std::sync::Mutex::new(None) }
+    fn new(clients: &'a Clients, job_id: &'a str, tariff: &'a Tariff, attrs: shared::queue::Attrs, bar: ProgressBar) -> Self {
+        Enqueue { clients, job_id, tariff, attrs, bar, trigger: std::sync::Mutex::new(None) }
     }
 
     async fn run(&self, stored: impl futures::Stream<Item = Result<Chunk, CliError>>) -> Result<Vec<Chunk>, CliError> {
@@ -128,10 +134,11 @@ impl<'a> Enqueue<'a> {
                     blob: c.blob.clone(),
                     tariff: self.tariff.clone(),
                 })
+                .map(|body| shared::queue::Outgoing { body, attrs: self.attrs.clone() })
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| CliError::Input(e.to_string()))?;
-        self.clients.work.send(&bodies).await?;
+        self.clients.work.send_messages(&bodies).await?;
         self.bar.inc(bodies.len() as u64);
         let mut trigger = self.trigger.lock().unwrap_or_else(|e| e.into_inner());
         if trigger.is_none() {
@@ -223,7 +230,12 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
 
     let store = clients.store.clone();
     let n = opts.upload_concurrency.max(1);
-    let enqueue = Enqueue::new(clients, &job_id, &opts.tariff, bar(&mp, 0, "enqueued  {pos} work items"));
+    let attrs = shared::queue::Attrs {
+        priority: opts.priority,
+        deadline_ms: opts.deadline.and_then(|d| d.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_millis() as u64),
+        ..Default::default()
+    };
+    let enqueue = Enqueue::new(clients, &job_id, &opts.tariff, attrs, bar(&mp, 0, "enqueued  {pos} work items"));
     // The stream owns the receiver: when a failure ends the stream early, the channel closes and the
     // reader stops handing over chunks instead of blocking on a full channel.
     let encoded = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).map(|(number, w)| encode(number, w, &job_id, &store_bar)).buffer_unordered(n);

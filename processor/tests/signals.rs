@@ -17,8 +17,9 @@ async fn sigterm_drains_and_exits_zero() {
     cmd.env("FLEET_BUCKET", &names.bucket)
         .env("FLEET_WORK_QUEUE", &names.work_queue)
         .env("FLEET_RESULTS_QUEUE", &names.results_queue)
+        .env("FLEET_WORK_DLQ", &names.work_dlq)
         .env("AMQP_URL", "")
-        .env("PROCESSOR_RECEIVE_WAIT_SECS", "20")
+        .env("LISTENER_RECEIVE_WAIT_SECS", "20")
         .stderr(Stdio::piped());
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
         cmd.env("AWS_ENDPOINT_URL", "http://127.0.0.1:4566").env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");

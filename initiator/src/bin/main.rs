@@ -90,6 +90,13 @@ struct SubmitArgs {
     /// Refuse the whole submission if any row is rejected.
     #[arg(long)]
     strict: bool,
+    /// Processing priority of this job's work items (higher first where processors are throttled).
+    #[arg(long, env = "INITIATOR_PRIORITY", default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// Deadline, seconds from now: work items that expire in a processor's buffer after it are
+    /// dead-lettered with reason `expired` (the job reports them as failed chunks).
+    #[arg(long, env = "INITIATOR_DEADLINE_SECS")]
+    deadline_secs: Option<u64>,
     /// Tariff JSON file overriding the default (0.30 + 2.9%, refunds free).
     #[arg(long)]
     tariff: Option<PathBuf>,
@@ -187,6 +194,8 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
         tariff,
         upload_concurrency: args.upload_concurrency,
         progress: show,
+        priority: args.priority,
+        deadline: args.deadline_secs.map(|s| std::time::SystemTime::now() + std::time::Duration::from_secs(s)),
         ..SubmitOptions::new(args.files)
     };
     let s = initiator::submit::submit(opts, &clients).await?;
