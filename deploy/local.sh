@@ -29,7 +29,10 @@ up() {
   (cd "$repo" && cargo build --release --quiet -p processor -p controller -p scaling-agent -p initiator)
   for s in "${services[@]}"; do
     if alive "$s"; then echo "$s: already running (pid $(cat "$run/$s.pid"))"; continue; fi
-    nohup "$repo/target/release/$s" >>"$run/$s.log" 2>&1 </dev/null &
+    # State endpoints: processor on :9101, controller on :9102 (GET /state, /metrics; PUT /throttle).
+    http=""
+    case "$s" in processor) http=${PROCESSOR_HTTP_ADDR:-127.0.0.1:9101} ;; controller) http=${CONTROLLER_HTTP_ADDR:-127.0.0.1:9102} ;; esac
+    LISTENER_HTTP_ADDR=$http nohup "$repo/target/release/$s" >>"$run/$s.log" 2>&1 </dev/null &
     echo $! >"$run/$s.pid"
     echo "$s: started (pid $!, log $run/$s.log)"
   done
