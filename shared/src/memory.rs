@@ -199,16 +199,6 @@ impl Queue for MemoryQueue {
         }
     }
 
-    async fn delete(&self, receipts: &[String]) -> Result<u64> {
-        let calls = receipts.chunks(10).count() as u64;
-        for _ in 0..calls {
-            self.calls.bump("sqs.DeleteMessageBatch");
-        }
-        let mut s = self.lock();
-        s.messages.retain(|m| m.receipt.as_ref().is_none_or(|r| !receipts.contains(r)));
-        Ok(calls)
-    }
-
     async fn delete_batch(&self, receipts: &[String]) -> Result<Vec<String>> {
         if receipts.is_empty() {
             return Ok(Vec::new());
@@ -237,17 +227,6 @@ impl Queue for MemoryQueue {
         drop(s);
         self.arrived.notify_waiters();
         Ok(failed)
-    }
-
-    async fn set_visibility(&self, receipt: &str, timeout: Duration) -> Result<()> {
-        self.calls.bump("sqs.ChangeMessageVisibility");
-        let mut s = self.lock();
-        if let Some(m) = s.messages.iter_mut().find(|m| m.receipt.as_deref() == Some(receipt)) {
-            m.visible_at = Instant::now() + timeout;
-        }
-        drop(s);
-        self.arrived.notify_waiters();
-        Ok(())
     }
 
     async fn depth(&self) -> Result<QueueDepth> {

@@ -96,12 +96,8 @@ pub trait Queue: Send + Sync + 'static {
     }
     /// Receives up to `max` (1..=10) messages, waiting up to `wait` (long poll, at most 20 s) for one.
     async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Message>>;
-    /// Deletes by receipt handle with DeleteMessageBatch calls. Returns the number of calls made.
-    async fn delete(&self, receipts: &[String]) -> Result<u64>;
     /// One DeleteMessageBatch call for up to 10 receipts; returns the receipts whose entries failed.
     async fn delete_batch(&self, receipts: &[String]) -> Result<Vec<String>>;
-    /// Makes a received message visible again after `timeout` (zero: at once).
-    async fn set_visibility(&self, receipt: &str, timeout: Duration) -> Result<()>;
     /// One ChangeMessageVisibilityBatch call for up to 10 entries; returns the receipts whose entries
     /// failed.
     async fn set_visibility_batch(&self, entries: &[(String, Duration)]) -> Result<Vec<String>>;
@@ -109,9 +105,28 @@ pub trait Queue: Send + Sync + 'static {
     async fn depth(&self) -> Result<QueueDepth>;
     /// Redrive, visibility timeout and kind of the queue.
     async fn info(&self) -> Result<QueueInfo>;
-    /// The dead-letter redrive's maxReceiveCount, if the queue has one.
-    async fn max_receive_count(&self) -> Result<Option<u32>> {
-        Ok(self.info().await?.max_receive_count)
+    /// Deletes any number of receipts in batches of 10; failed entries are retried twice, then left to
+    /// come back after their visibility timeout (and be handled again, idempotently). Returns the number
+    /// of calls made.
+    async fn delete(&self, receipts: &[String]) -> Result<u64> {
+        let mut calls = 0;
+        for batch in receipts.chunks(MAX_BATCH_ENTRIES) {
+            let mut pending = batch.to_vec();
+            for attempt in 0..3 {
+                calls += 1;
+                pending = self.delete_batch(&pending).await?;
+                if pending.is_empty() {
+                    break;
+                }
+                tracing::warn!(queue = self.name(), failed = pending.len(), attempt, "delete entries failed");
+                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            }
+        }
+        Ok(calls)
+    }
+    /// Makes a received message visible again after `timeout` (zero: at once).
+    async fn set_visibility(&self, receipt: &str, timeout: Duration) -> Result<()> {
+        self.set_visibility_batch(&[(receipt.to_string(), timeout)]).await.map(drop)
     }
     /// Calls made through this client.
     fn calls(&self) -> &CallCounter;
@@ -337,57 +352,6 @@ impl Queue for SqsQueue {
             .collect())
     }
 
-    async fn delete(&self, receipts: &[String]) -> Result<u64> {
-        let mut calls = 0;
-        for batch in receipts.chunks(MAX_BATCH_ENTRIES) {
-            let mut pending: Vec<(usize, &String)> = batch.iter().enumerate().collect();
-            for attempt in 0..3 {
-                let entries = pending
-                    .iter()
-                    .map(|(i, r)| DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(r.as_str()).build())
-                    .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(|e| Error::Config(e.to_string()))?;
-                calls += 1;
-                self.calls.bump("sqs.DeleteMessageBatch");
-                let out = self
-                    .client
-                    .delete_message_batch()
-                    .queue_url(&self.url)
-                    .set_entries(Some(entries))
-                    .send()
-                    .await
-                    .map_err(|e| self.err("DeleteMessageBatch", e))?;
-                if out.failed().is_empty() {
-                    break;
-                }
-                let failed: Vec<String> = out.failed().iter().map(|f| f.id().to_string()).collect();
-                tracing::warn!(queue = %self.name, failed = failed.len(), attempt, "delete entries failed; retrying");
-                pending.retain(|(i, _)| failed.contains(&i.to_string()));
-                if attempt < 2 {
-                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
-                } else {
-                    // Not deleted: the message comes back after its visibility timeout and is handled
-                    // again, idempotently.
-                    tracing::warn!(queue = %self.name, failed = pending.len(), "giving up deleting; messages will be redelivered");
-                }
-            }
-        }
-        Ok(calls)
-    }
-
-    async fn set_visibility(&self, receipt: &str, timeout: Duration) -> Result<()> {
-        self.calls.bump("sqs.ChangeMessageVisibility");
-        self.client
-            .change_message_visibility()
-            .queue_url(&self.url)
-            .receipt_handle(receipt)
-            .visibility_timeout(timeout.as_secs().min(43_200) as i32)
-            .send()
-            .await
-            .map_err(|e| self.err("ChangeMessageVisibility", e))?;
-        Ok(())
-    }
-
     async fn delete_batch(&self, receipts: &[String]) -> Result<Vec<String>> {
         if receipts.is_empty() {
             return Ok(Vec::new());
@@ -407,7 +371,7 @@ impl Queue for SqsQueue {
             .send()
             .await
             .map_err(|e| self.err("DeleteMessageBatch", e))?;
-        Ok(failed_receipts(receipts, out.failed().iter().map(|f| (f.id(), f.code()))))
+        Ok(failed_receipts(|i| receipts.get(i).map(String::as_str), out.failed().iter().map(|f| (f.id(), f.code()))))
     }
 
     async fn set_visibility_batch(&self, entries: &[(String, Duration)]) -> Result<Vec<String>> {
@@ -435,8 +399,7 @@ impl Queue for SqsQueue {
             .send()
             .await
             .map_err(|e| self.err("ChangeMessageVisibilityBatch", e))?;
-        let receipts: Vec<String> = entries.iter().map(|(r, _)| r.clone()).collect();
-        Ok(failed_receipts(&receipts, out.failed().iter().map(|f| (f.id(), f.code()))))
+        Ok(failed_receipts(|i| entries.get(i).map(|(r, _)| r.as_str()), out.failed().iter().map(|f| (f.id(), f.code()))))
     }
 
     async fn depth(&self) -> Result<QueueDepth> {
@@ -492,12 +455,12 @@ impl Queue for SqsQueue {
     }
 }
 
-/// The receipts of the failed entries of a batch call (entry ids are indexes into `receipts`). An entry
+/// The receipts of the failed entries of a batch call (entry ids are indexes: `receipt_at(i)`). An entry
 /// whose receipt is no longer valid will never succeed: it is dropped, not retried.
-fn failed_receipts<'a>(receipts: &[String], failed: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<String> {
+fn failed_receipts<'r, 'a>(receipt_at: impl Fn(usize) -> Option<&'r str>, failed: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<String> {
     failed
         .filter(|(_, code)| !matches!(*code, "ReceiptHandleIsInvalid" | "InvalidParameterValue" | "MessageNotInflight"))
-        .filter_map(|(id, _)| id.parse::<usize>().ok().and_then(|i| receipts.get(i).cloned()))
+        .filter_map(|(id, _)| id.parse::<usize>().ok().and_then(&receipt_at).map(str::to_string))
         .collect()
 }
 
