@@ -69,12 +69,12 @@ impl MemoryQueue {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.state)
     }
 
     /// Makes every receive call take `d` before it looks at the queue (a network round trip).
     pub fn set_latency(&self, d: Duration) {
-        *self.latency.lock().unwrap_or_else(|e| e.into_inner()) = d;
+        *crate::lock(&self.latency) = d;
     }
 
     /// Makes the next `n` entries of batch calls fail (as SQS reports failed entries).
@@ -180,7 +180,7 @@ impl Queue for MemoryQueue {
 
     async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Message>> {
         self.calls.bump("sqs.ReceiveMessage");
-        let latency = *self.latency.lock().unwrap_or_else(|e| e.into_inner());
+        let latency = *crate::lock(&self.latency);
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
@@ -263,7 +263,7 @@ impl MemoryStore {
     }
 
     pub fn keys(&self) -> Vec<String> {
-        let mut k: Vec<String> = self.objects.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect();
+        let mut k: Vec<String> = crate::lock(&self.objects).keys().cloned().collect();
         k.sort();
         k
     }
@@ -277,13 +277,13 @@ impl BlobStore for MemoryStore {
 
     async fn put(&self, key: &str, body: Bytes, _content_type: &str) -> Result<()> {
         self.calls.bump("s3.PutObject");
-        self.objects.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), body);
+        crate::lock(&self.objects).insert(key.to_string(), body);
         Ok(())
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
         self.calls.bump("s3.GetObject");
-        Ok(self.objects.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned())
+        Ok(crate::lock(&self.objects).get(key).cloned())
     }
 
     fn calls(&self) -> &CallCounter {

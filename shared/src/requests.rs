@@ -47,12 +47,12 @@ pub struct CallCounter {
 
 impl CallCounter {
     pub fn bump(&self, op: &'static str) {
-        let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let mut calls = crate::lock(&self.calls);
         *calls.entry(op).or_default() += 1;
     }
 
     pub fn snapshot(&self) -> RequestCounts {
-        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let calls = crate::lock(&self.calls);
         RequestCounts(calls.iter().map(|(k, v)| (k.to_string(), *v)).collect())
     }
 }

@@ -73,19 +73,14 @@ pub struct ListenerArgs {
 }
 
 impl Default for ListenerArgs {
+    /// The flags' defaults (environment fallbacks apply, as for the binaries).
     fn default() -> Self {
-        <ListenerArgs as clap::Parser>::parse_from(["listener"])
-    }
-}
-
-impl clap::Parser for ListenerArgs {}
-
-impl clap::CommandFactory for ListenerArgs {
-    fn command() -> clap::Command {
-        <ListenerArgs as clap::Args>::augment_args(clap::Command::new("listener"))
-    }
-    fn command_for_update() -> clap::Command {
-        Self::command()
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            args: ListenerArgs,
+        }
+        <Only as clap::Parser>::parse_from(["listener"]).args
     }
 }
 

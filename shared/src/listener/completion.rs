@@ -17,6 +17,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::sleep_until;
+use crate::lock;
+
 /// Batching parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchSettings {
@@ -37,10 +40,14 @@ impl Default for BatchSettings {
 /// The pump: takes the slot number and a batch, returns the items that failed.
 pub type Pump<T> = Arc<dyn Fn(usize, Vec<T>) -> BoxFuture<'static, Vec<T>> + Send + Sync>;
 
+/// Items waiting in a slot, with their attempt counts, and when the oldest of them arrived.
+struct Pending<T> {
+    items: VecDeque<(T, u32)>,
+    oldest: Option<Instant>,
+}
+
 struct Slot<T> {
-    items: Mutex<VecDeque<(T, u32)>>,
-    /// When the oldest pending item arrived.
-    oldest: Mutex<Option<Instant>>,
+    pending: Mutex<Pending<T>>,
     notify: Notify,
     permits: Arc<Semaphore>,
 }
@@ -48,8 +55,6 @@ struct Slot<T> {
 /// Counters of a batcher.
 #[derive(Debug, Default)]
 pub struct BatchStats {
-    pub flushes: AtomicU64,
-    pub items: AtomicU64,
     pub retried: AtomicU64,
     pub given_up: AtomicU64,
 }
@@ -77,8 +82,7 @@ impl<T: Send + 'static> Batcher<T> {
             slots: (0..slots.max(1))
                 .map(|_| {
                     Arc::new(Slot {
-                        items: Mutex::new(VecDeque::new()),
-                        oldest: Mutex::new(None),
+                        pending: Mutex::new(Pending { items: VecDeque::new(), oldest: None }),
                         notify: Notify::new(),
                         permits: Arc::new(Semaphore::new(settings.max_concurrency)),
                     })
@@ -114,7 +118,7 @@ impl<T: Send + 'static> Batcher<T> {
 
     /// Items waiting in all slots.
     pub fn pending(&self) -> usize {
-        self.slots.iter().map(|s| lock(&s.items).len()).sum()
+        self.slots.iter().map(|s| lock(&s.pending).items.len()).sum()
     }
 
     /// Stops the batcher: with `drain`, flushes every slot and waits for all pumps; without, drops
@@ -127,29 +131,22 @@ impl<T: Send + 'static> Batcher<T> {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn push_items<T>(s: &Slot<T>, items: impl IntoIterator<Item = (T, u32)>, batch_size: usize, front: bool) {
-    let mut q = lock(&s.items);
-    let was_empty = q.is_empty();
+    let mut p = lock(&s.pending);
+    let was_empty = p.items.is_empty();
     let mut v: Vec<(T, u32)> = items.into_iter().collect();
     if front {
         while let Some(it) = v.pop() {
-            q.push_front(it);
+            p.items.push_front(it);
         }
     } else {
-        q.extend(v);
+        p.items.extend(v);
     }
-    let full = q.len() >= batch_size;
-    drop(q);
     if was_empty {
-        let mut o = lock(&s.oldest);
-        if o.is_none() {
-            *o = Some(Instant::now());
-        }
+        p.oldest.get_or_insert_with(Instant::now);
     }
+    let full = p.items.len() >= batch_size;
+    drop(p);
     if was_empty || full {
         s.notify.notify_one();
     }
@@ -168,16 +165,16 @@ struct SlotRun<T> {
 
 impl<T: Send + 'static> SlotRun<T> {
     fn take(&self, all: bool) -> Vec<(T, u32)> {
-        let mut q = lock(&self.slot.items);
-        if !all && q.len() < self.settings.batch_size {
-            let due = lock(&self.slot.oldest).is_some_and(|t| t.elapsed() >= self.settings.push_interval);
-            if !due || q.is_empty() {
+        let mut p = lock(&self.slot.pending);
+        if !all && p.items.len() < self.settings.batch_size {
+            let due = p.oldest.is_some_and(|t| t.elapsed() >= self.settings.push_interval);
+            if !due || p.items.is_empty() {
                 return Vec::new();
             }
         }
-        let n = q.len().min(self.settings.batch_size);
-        let batch: Vec<(T, u32)> = q.drain(..n).collect();
-        *lock(&self.slot.oldest) = if q.is_empty() { None } else { Some(Instant::now()) };
+        let n = p.items.len().min(self.settings.batch_size);
+        let batch: Vec<(T, u32)> = p.items.drain(..n).collect();
+        p.oldest = if p.items.is_empty() { None } else { Some(Instant::now()) };
         batch
     }
 
@@ -189,8 +186,6 @@ impl<T: Send + 'static> SlotRun<T> {
         let (pump, index, slot, settings, stats) = (self.pump.clone(), self.index, self.slot.clone(), self.settings, self.stats.clone());
         self.tasks.spawn(async move {
             let attempts: Vec<u32> = batch.iter().map(|(_, a)| *a).collect();
-            stats.flushes.fetch_add(1, Ordering::Relaxed);
-            stats.items.fetch_add(batch.len() as u64, Ordering::Relaxed);
             // The pump hands back failed items by value; their attempt counts are the highest of the
             // batch (items are not comparable), which errs towards giving up sooner, never later.
             let attempt = attempts.iter().copied().max().unwrap_or(0) + 1;
@@ -221,20 +216,15 @@ impl<T: Send + 'static> SlotRun<T> {
                 }
                 self.flush(batch).await;
             }
-            let deadline = lock(&self.slot.oldest).map(|t| t + self.settings.push_interval);
+            let deadline = lock(&self.slot.pending).oldest.map(|t| t + self.settings.push_interval);
             tokio::select! {
                 _ = self.stop.cancelled() => break,
                 _ = self.slot.notify.notified() => {}
-                _ = async {
-                    match deadline {
-                        Some(d) => tokio::time::sleep_until(d).await,
-                        None => std::future::pending().await,
-                    }
-                } => {}
+                _ = sleep_until(deadline) => {}
             }
         }
         if !self.drain.load(Ordering::SeqCst) {
-            let dropped = lock(&self.slot.items).drain(..).count();
+            let dropped = lock(&self.slot.pending).items.drain(..).count();
             if dropped > 0 {
                 tracing::info!(slot = self.index, dropped, "stopping without drain: pending items dropped");
             }
@@ -253,7 +243,7 @@ impl<T: Send + 'static> SlotRun<T> {
                 Ok(p) => drop(p),
                 Err(_) => return,
             }
-            if lock(&self.slot.items).is_empty() {
+            if lock(&self.slot.pending).items.is_empty() {
                 return;
             }
         }

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::error::Result;
+use crate::lock;
 use crate::queue::{Attrs, Message, Outgoing, Queue, QueueInfo};
 use crate::trigger::WorkDetected;
 use backoff::{default_queue_empty, EmptyContext, EmptyDecision, IdleBackoff, RetryBackoff};
@@ -211,8 +212,12 @@ struct Inner {
     started: Instant,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// Sleeps until `t`, or forever when there is none (a `select!` arm that may have no deadline).
+pub(crate) async fn sleep_until(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A running listener on one queue.
@@ -238,13 +243,8 @@ impl Engine {
             Arc::new(move |_, batch: Vec<String>| {
                 let q = q.clone();
                 Box::pin(async move {
-                    match q.delete_batch(&batch).await {
-                        Ok(failed) => failed,
-                        Err(e) => {
-                            tracing::warn!(queue = q.name(), error = %e, entries = batch.len(), "DeleteMessageBatch failed");
-                            if e.is_retryable() { batch } else { Vec::new() }
-                        }
-                    }
+                    let r = q.delete_batch(&batch).await;
+                    to_retry(q.name(), "DeleteMessageBatch", batch, r, |r| r.as_str())
                 })
             }),
         );
@@ -255,13 +255,8 @@ impl Engine {
             Arc::new(move |_, batch: Vec<(String, Duration)>| {
                 let q = q.clone();
                 Box::pin(async move {
-                    match q.set_visibility_batch(&batch).await {
-                        Ok(failed) => batch.into_iter().filter(|(r, _)| failed.contains(r)).collect(),
-                        Err(e) => {
-                            tracing::warn!(queue = q.name(), error = %e, entries = batch.len(), "ChangeMessageVisibilityBatch failed");
-                            if e.is_retryable() { batch } else { Vec::new() }
-                        }
-                    }
+                    let r = q.set_visibility_batch(&batch).await;
+                    to_retry(q.name(), "ChangeMessageVisibilityBatch", batch, r, |(r, _)| r.as_str())
                 })
             }),
         );
@@ -428,6 +423,19 @@ impl Engine {
     }
 }
 
+/// What a batch call hands back to the batcher for another attempt: the entries that failed, or the
+/// whole batch when the call itself failed and may succeed later.
+fn to_retry<T>(queue: &str, op: &str, batch: Vec<T>, r: Result<Vec<String>>, receipt: impl Fn(&T) -> &str) -> Vec<T> {
+    match r {
+        Ok(failed) if failed.is_empty() => Vec::new(),
+        Ok(failed) => batch.into_iter().filter(|t| failed.iter().any(|f| f == receipt(t))).collect(),
+        Err(e) => {
+            tracing::warn!(queue, error = %e, entries = batch.len(), op, "batch call failed");
+            if e.is_retryable() { batch } else { Vec::new() }
+        }
+    }
+}
+
 fn spawn_consumer(inner: &Arc<Inner>) -> Option<usize> {
     if inner.stop_receiving.is_cancelled() {
         return None;
@@ -442,11 +450,6 @@ fn spawn_consumer(inner: &Arc<Inner>) -> Option<usize> {
     };
     inner.consumer_tasks.spawn(consume(inner.clone(), id));
     Some(id)
-}
-
-/// The main consumer is the oldest one alive.
-fn is_main(inner: &Inner, id: usize) -> bool {
-    lock(&inner.consumers).list.keys().next() == Some(&id)
 }
 
 async fn wait_for_room(inner: &Inner) -> Option<usize> {
@@ -467,16 +470,10 @@ async fn wait_for_room(inner: &Inner) -> Option<usize> {
 
 /// Sleeps `d` unless stopped (false) or woken by a trigger (true, early).
 async fn pause(inner: &Inner, d: Option<Duration>) -> Option<bool> {
-    let sleep = async {
-        match d {
-            Some(d) => tokio::time::sleep(d).await,
-            None => std::future::pending().await,
-        }
-    };
     tokio::select! {
         _ = inner.stop_receiving.cancelled() => None,
         _ = inner.wake.notified() => Some(true),
-        _ = sleep => Some(false),
+        _ = sleep_until(d.map(|d| Instant::now() + d)) => Some(false),
     }
 }
 
@@ -499,7 +496,14 @@ async fn consume(inner: Arc<Inner>, id: usize) {
         };
         iterations += 1;
         bump(&inner.stats.receives, 1);
-        let main = is_main(&inner, id);
+        // One look at the consumer set: record this iteration; the main consumer is the oldest alive.
+        let (main, active) = {
+            let mut c = lock(&inner.consumers);
+            if let (Ok(msgs), Some(slot)) = (&received, c.list.get_mut(&id)) {
+                slot.activity.record(!msgs.is_empty());
+            }
+            (c.list.keys().next() == Some(&id), c.active())
+        };
         match received {
             Err(e) => {
                 lock(&inner.throttle).unreserve(max);
@@ -513,11 +517,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
             }
             Ok(msgs) => {
                 error_backoff = Duration::from_millis(100);
-                let got = !msgs.is_empty();
-                if let Some(c) = lock(&inner.consumers).list.get_mut(&id) {
-                    c.activity.record(got);
-                }
-                if got {
+                if !msgs.is_empty() {
                     let was_idle = idle > 0;
                     idle = 0;
                     accept(&inner, msgs, max);
@@ -531,7 +531,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
                     let ctx = EmptyContext {
                         idle_count: idle,
                         main,
-                        active: lock(&inner.consumers).active(),
+                        active,
                         min_consumers: inner.cfg.scaling.min_consumers,
                         triggers: inner.cfg.triggers,
                     };
@@ -733,16 +733,10 @@ async fn dispatch_loop(inner: Arc<Inner>) {
             let running = Running { inner: inner.clone(), groups };
             inner.work_tasks.spawn(process(inner.clone(), msgs, running));
         }
-        let sleep = async {
-            match next {
-                Some(t) => tokio::time::sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             _ = inner.stop_all.cancelled() => return,
             _ = notified => {}
-            _ = sleep => {}
+            _ = sleep_until(next) => {}
         }
     }
 }
@@ -809,16 +803,10 @@ async fn heartbeat_loop(inner: Arc<Inner>) {
             inner.handler.on_error(ErrorEvent::Overdue { receipt: r });
             tracing::warn!(queue = inner.queue.name(), "message passed the maximum processing time; no longer extended");
         }
-        let sleep = async {
-            match next {
-                Some(t) => tokio::time::sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             _ = inner.stop_all.cancelled() => return,
             _ = notified => {}
-            _ = sleep => {}
+            _ = sleep_until(next) => {}
         }
     }
 }
