@@ -289,7 +289,7 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
     let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| CliError::Input(e.to_string()))?;
     clients.store.put(&manifest_key(&job_id), Bytes::from(manifest_bytes), "application/json").await?;
     let seal = serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: job_id.clone(), total_chunks }).map_err(|e| CliError::Input(e.to_string()))?;
-    clients.results.send(&[seal]).await?;
+    clients.results.send(vec![seal]).await?;
     enqueue.finish().await;
     Ok(Submitted { job_id, total_chunks, counts, rejected, requests })
 }

@@ -86,7 +86,7 @@ async fn duplicate_work_items_do_not_change_totals() {
         st.work.set_visibility(&m.receipt, Duration::ZERO).await.unwrap();
     }
     let bodies: Vec<String> = got.into_values().map(|m| m.body).collect();
-    st.work.send(&bodies).await.unwrap();
+    st.work.send(bodies).await.unwrap();
     st.wait_depth(st.work.as_ref(), 12, T).await;
     let p = st.start_processor(fast_processor());
     let c = st.start_controller();

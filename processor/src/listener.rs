@@ -49,8 +49,9 @@ impl WorkHandler {
         first.requests.merge(&batch_calls);
         let head = serde_json::to_string(&ResultMessage::Chunk(first))?;
         let bodies: Vec<String> = std::iter::once(head).chain(rest).collect();
-        self.results.send(&bodies).await?;
-        tracing::debug!(%job, chunks = bodies.len(), "results sent");
+        let chunks = bodies.len();
+        self.results.send(bodies).await?;
+        tracing::debug!(%job, chunks, "results sent");
         Ok(())
     }
 }
@@ -100,7 +101,7 @@ impl Handler for WorkHandler {
             Ok(b) => b,
             Err(e) => return tracing::error!(error = %e, "cannot encode a failed result"),
         };
-        if let Err(e) = self.results.send(&[body]).await {
+        if let Err(e) = self.results.send(vec![body]).await {
             tracing::warn!(job = %item.job_id, chunk = item.chunk, error = %e, "could not report a failed chunk; the dead letter will");
         }
     }

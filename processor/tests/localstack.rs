@@ -57,7 +57,7 @@ fn engine_cfg() -> EngineConfig {
 async fn a_burst_raises_consumers_to_max_and_idleness_brings_them_back_to_min() {
     let st = common::stack(QueueSettings::default()).await;
     let bodies: Vec<String> = (0..1500).map(|i| format!("m{i}")).collect();
-    st.work.send(&bodies).await.unwrap();
+    st.work.send(bodies).await.unwrap();
     let h = recorder(Duration::from_millis(2), None);
     let e = Engine::start(st.work.clone(), None, h.clone(), engine_cfg()).await.unwrap();
     let start = Instant::now();
@@ -85,7 +85,7 @@ async fn a_burst_raises_consumers_to_max_and_idleness_brings_them_back_to_min() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_message_is_kept_invisible_by_the_heartbeat_and_processed_once() {
     let st = common::stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(2) }).await;
-    st.work.send(&["slow".to_string()]).await.unwrap();
+    st.work.send(vec!["slow".to_string()]).await.unwrap();
     let slow = recorder(Duration::ZERO, Some(("slow", Duration::from_secs(7))));
     let a = Engine::start(st.work.clone(), None, slow.clone(), engine_cfg()).await.unwrap();
     // Wait until the first instance holds it, then start a second instance polling the same queue.

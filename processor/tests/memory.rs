@@ -55,7 +55,7 @@ async fn bills_good_items_and_dead_letters_corrupt_ones() {
     let good = work_item(&store, "j1", 0, &[("t1", "a", "100.00"), ("t2", "a", "-5"), ("t3", "b", "15.00")]).await;
     let bad = work_item(&store, "j1", 1, &[("t4", "a", "1.00")]).await;
     store.put(&chunk_key("j1", 1), Bytes::from_static(b"not zstd"), "application/zstd").await.unwrap();
-    work.send(&[good, bad]).await.unwrap();
+    work.send(vec![good, bad]).await.unwrap();
 
     let stop = CancellationToken::new();
     let settings = processor::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() };

@@ -83,7 +83,7 @@ mod tests {
         let agent = tokio::spawn(run(Settings { interval_secs: 1 }, watched, Some(bus.clone() as Arc<dyn TriggerBus>), stop.clone()));
         tokio::time::sleep(Duration::from_millis(2500)).await;
         assert!(rx.try_recv().is_err(), "no trigger while the queue is empty");
-        work.send(&["a".to_string(), "b".to_string()]).await.unwrap();
+        work.send(vec!["a".to_string(), "b".to_string()]).await.unwrap();
         tokio::time::sleep(Duration::from_secs(1)).await;
         let ev = rx.try_recv().expect("a trigger when work appears");
         assert_eq!((ev.queue.as_str(), ev.messages, ev.source.as_str()), ("billing-work", 2, "scaling-agent"));

@@ -299,7 +299,7 @@ mod tests {
     async fn visibility_redelivery_and_dead_letter() {
         let dlq = MemoryQueue::new("dlq", Duration::from_secs(30));
         let q = MemoryQueue::with_dlq("q", Duration::from_secs(30), 2, dlq.clone());
-        q.send(&["a".to_string()]).await.unwrap();
+        q.send(vec!["a".to_string()]).await.unwrap();
         let m = q.receive(10, Duration::ZERO).await.unwrap();
         assert_eq!(m.len(), 1);
         assert_eq!(m[0].receive_count, 1);
@@ -322,7 +322,7 @@ mod tests {
         let q2 = q.clone();
         let h = tokio::spawn(async move { q2.receive(10, Duration::from_secs(20)).await.unwrap() });
         tokio::time::sleep(Duration::from_secs(1)).await;
-        q.send(&["x".to_string()]).await.unwrap();
+        q.send(vec!["x".to_string()]).await.unwrap();
         let got = h.await.unwrap();
         assert_eq!(got.len(), 1);
     }

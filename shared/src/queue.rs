@@ -89,9 +89,9 @@ pub trait Queue: Send + Sync + 'static {
     /// Sends the messages with as few SendMessageBatch calls as the limits allow; failed entries are
     /// retried. Returns the number of calls made.
     async fn send_messages(&self, msgs: &[Outgoing]) -> Result<u64>;
-    /// Sends plain bodies (no attributes).
-    async fn send(&self, bodies: &[String]) -> Result<u64> {
-        let msgs: Vec<Outgoing> = bodies.iter().map(|b| Outgoing::plain(b.clone())).collect();
+    /// Sends plain bodies (no attributes); takes them by value so large results are not copied.
+    async fn send(&self, bodies: Vec<String>) -> Result<u64> {
+        let msgs: Vec<Outgoing> = bodies.into_iter().map(Outgoing::plain).collect();
         self.send_messages(&msgs).await
     }
     /// Receives up to `max` (1..=10) messages, waiting up to `wait` (long poll, at most 20 s) for one.
