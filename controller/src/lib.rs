@@ -115,7 +115,7 @@ impl Handler for ResultsHandler {
 pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> shared::Result<()> {
     let agg = Arc::new(Mutex::new(Aggregator::new(deps.store.clone())));
     let sinks: Sinks = Arc::default();
-    let cfg = settings.listener.engine(false).map_err(shared::Error::Config)?;
+    let cfg = settings.listener.engine(false);
     let handler = |source| Arc::new(ResultsHandler { source, agg: agg.clone(), sinks: sinks.clone() });
     let results = Engine::start(deps.results.clone(), None, handler(Source::Results), cfg.clone()).await?;
     // Dead letters are rare: one consumer is plenty.

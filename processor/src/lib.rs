@@ -50,7 +50,7 @@ pub struct Deps {
 
 /// Starts the listener on the work queue (and the state endpoint when configured).
 pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken) -> shared::Result<Engine> {
-    let cfg = settings.listener.engine(deps.triggers.is_some()).map_err(shared::Error::Config)?;
+    let cfg = settings.listener.engine(deps.triggers.is_some());
     let handler = Arc::new(listener::WorkHandler::new(deps.results.clone(), deps.store.clone(), settings.max_chunk_bytes));
     let engine = Engine::start(deps.work.clone(), deps.work_dlq.clone(), handler, cfg).await?;
     if let Some(tx) = &deps.triggers {

@@ -28,8 +28,8 @@ pub struct ListenerArgs {
     #[arg(long, env = "LISTENER_BUSY_THRESHOLD", default_value_t = 2)]
     pub busy_threshold: u32,
     /// Consumers wanted for a queue depth when work is detected: `below:count,...,*:count`.
-    #[arg(long, env = "LISTENER_WORK_RULES", default_value = "10:1,40:2,100:4,*:8")]
-    pub work_rules: String,
+    #[arg(long, env = "LISTENER_WORK_RULES", default_value = "10:1,40:2,100:4,*:8", value_parser = WorkRules::parse)]
+    pub work_rules: WorkRules,
     /// Shortest wait after an empty receive, milliseconds.
     #[arg(long, env = "LISTENER_MIN_IDLE_MS", default_value_t = 0)]
     pub min_idle_ms: u64,
@@ -92,8 +92,8 @@ impl ListenerArgs {
     }
 
     /// The engine configuration; `triggers`: work-detected triggers can wake parked consumers.
-    pub fn engine(&self, triggers: bool) -> Result<EngineConfig, String> {
-        Ok(EngineConfig {
+    pub fn engine(&self, triggers: bool) -> EngineConfig {
+        EngineConfig {
             scaling: ScalingPolicy {
                 min_consumers: self.min_consumers,
                 max_consumers: self.max_consumers,
@@ -104,7 +104,7 @@ impl ListenerArgs {
             backoff: IdleBackoff { min_idle: Duration::from_millis(self.min_idle_ms), max_idle: Duration::from_millis(self.max_idle_ms) },
             receive_wait: Duration::from_secs(self.receive_wait_secs.min(20)),
             receive_batch: 10,
-            work_rules: WorkRules::parse(&self.work_rules).map_err(|e| format!("--work-rules: {e}"))?,
+            work_rules: self.work_rules.clone(),
             throttle: ThrottleLimits {
                 max_concurrency: self.max_concurrency,
                 buffer: self.buffer,
@@ -121,6 +121,6 @@ impl ListenerArgs {
             max_processing: Duration::from_secs(self.max_processing_secs),
             triggers,
             park_poll: (self.park_poll_secs > 0).then(|| Duration::from_secs(self.park_poll_secs)),
-        })
+        }
     }
 }
