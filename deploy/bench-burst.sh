@@ -7,21 +7,17 @@
 #   deploy/bench-burst.sh [ROWS] [CHUNK_SIZE]     defaults: 1000000 transactions, chunks of 5000
 #   IDLE_SECS=120 (idle window measured after the burst)
 set -euo pipefail
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 rows=${1:-1000000}
 chunk=${2:-5000}
 idle=${IDLE_SECS:-120}
-run=${FLEET_RUN_DIR:-$repo/.run}
-export AWS_ENDPOINT_URL=${AWS_ENDPOINT_URL:-http://127.0.0.1:4566} AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-test}
-export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test} AWS_REGION=${AWS_REGION:-us-east-1}
-"$repo/deploy/local.sh" up >/dev/null
-bin="$repo/target/release/initiator"
-data="$run/bench-$rows-1000.csv"
-[ -s "$data" ] || "$bin" generate --rows "$rows" --accounts 1000 --seed 42 >"$data"
-echo "listener settings: $("$repo/target/release/processor" --help | grep -o 'LISTENER_[A-Z_]*=[^]]*' | tr '\n' ' ')"
-python3 - "$bin" "$data" "$chunk" "$idle" <<'PY'
-import json, subprocess, sys, threading, time, urllib.request
-bin_, data, chunk, idle = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+source "$(dirname "${BASH_SOURCE[0]}")/bench-setup.sh"
+python3 - "$bin" "$data" "$chunk" "$idle" "$repo/target/release/processor" <<'PY'
+import json, os, re, subprocess, sys, threading, time, urllib.request
+bin_, data, chunk, idle, processor = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+# The settings in effect: the environment where set, else each flag's default (from --help).
+helptext = subprocess.run([processor, "--help"], capture_output=True, text=True).stdout
+settings = {m[0]: os.environ.get(m[0], m[1]) for m in re.findall(r"\[env: (LISTENER_\w+)=[^\]]*\]\s*(?:\[default: ([^\]]*)\])?", helptext)}
+print("listener settings: " + " ".join(f"{k[9:].lower()}={v or '-'}" for k, v in settings.items()))
 def state(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/state?depth=false", timeout=2) as r:
         return json.load(r)

@@ -8,18 +8,9 @@
 #
 # Brings the fleet up with deploy/local.sh first (safe when it already runs).
 set -euo pipefail
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 rows=${1:-1000000}
 chunk=${2:-5000}
-accounts=${BENCH_ACCOUNTS:-1000}
-run=${FLEET_RUN_DIR:-$repo/.run}
-export AWS_ENDPOINT_URL=${AWS_ENDPOINT_URL:-http://127.0.0.1:4566} AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-test}
-export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test} AWS_REGION=${AWS_REGION:-us-east-1}
-
-"$repo/deploy/local.sh" up >/dev/null
-bin="$repo/target/release/initiator"
-data="$run/bench-$rows-$accounts.csv"
-[ -s "$data" ] || "$bin" generate --rows "$rows" --accounts "$accounts" --seed 42 >"$data"
+source "$(dirname "${BASH_SOURCE[0]}")/bench-setup.sh"
 
 echo "== one process, no queues: $rows transactions"
 t0=$(date +%s.%N)
