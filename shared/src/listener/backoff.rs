@@ -44,10 +44,12 @@ impl IdleBackoff {
 pub struct EmptyContext {
     /// Consecutive empty receives of this consumer.
     pub idle_count: u32,
+    /// Time the empty receive itself took (its long poll): part of the idle cycle.
+    pub waited: Duration,
     /// The main consumer never stops (it may park when triggers can wake it).
     pub main: bool,
-    /// Consumers currently active, this one included.
-    pub active: usize,
+    /// Consumers alive (a parked one included: it still counts towards the minimum), this one included.
+    pub alive: usize,
     pub min_consumers: usize,
     /// Work-detected triggers can wake a parked consumer.
     pub triggers: bool,
@@ -64,14 +66,15 @@ pub enum EmptyDecision {
     Park,
 }
 
-/// The default `QueueEmpty` rule: back off; once the back-off reaches its cap, stop a surplus consumer,
-/// and park the last one when triggers can wake it (zero requests while idle).
+/// The default `QueueEmpty` rule: back off; once the idle cycle (the back-off, or the long poll already
+/// spent when that is longer) reaches the cap, stop a surplus consumer, and park the last one when
+/// triggers can wake it (zero requests while idle).
 pub fn default_queue_empty(b: &IdleBackoff, ctx: EmptyContext) -> EmptyDecision {
     let delay = b.delay(ctx.idle_count);
-    if !b.at_cap(delay) {
+    if !b.at_cap(delay.max(ctx.waited)) {
         return EmptyDecision::Wait(delay);
     }
-    if !ctx.main && ctx.active > ctx.min_consumers {
+    if !ctx.main && ctx.alive > ctx.min_consumers {
         EmptyDecision::Stop
     } else if ctx.main && ctx.triggers {
         EmptyDecision::Park
@@ -128,15 +131,20 @@ mod tests {
 
     #[test]
     fn queue_empty_rule() {
-        let ctx = EmptyContext { idle_count: 1, main: false, active: 3, min_consumers: 1, triggers: true };
+        let ctx = EmptyContext { idle_count: 1, waited: Duration::ZERO, main: false, alive: 3, min_consumers: 1, triggers: true };
         assert!(matches!(default_queue_empty(&B, ctx), EmptyDecision::Wait(d) if d < B.max_idle));
         let capped = EmptyContext { idle_count: 20, ..ctx };
         assert_eq!(default_queue_empty(&B, capped), EmptyDecision::Stop);
         // Never below the minimum.
-        assert_eq!(default_queue_empty(&B, EmptyContext { active: 1, ..capped }), EmptyDecision::Wait(B.max_idle));
+        assert_eq!(default_queue_empty(&B, EmptyContext { alive: 1, ..capped }), EmptyDecision::Wait(B.max_idle));
         // The main consumer parks only when a trigger can wake it.
         assert_eq!(default_queue_empty(&B, EmptyContext { main: true, ..capped }), EmptyDecision::Park);
         assert_eq!(default_queue_empty(&B, EmptyContext { main: true, triggers: false, ..capped }), EmptyDecision::Wait(B.max_idle));
+        // A long poll that outlasted the cap is a full idle cycle: the first empty one is enough.
+        let polled = EmptyContext { waited: Duration::from_secs(20), ..ctx };
+        assert_eq!(default_queue_empty(&B, polled), EmptyDecision::Stop);
+        assert_eq!(default_queue_empty(&B, EmptyContext { main: true, ..polled }), EmptyDecision::Park);
+        assert!(matches!(default_queue_empty(&B, EmptyContext { waited: Duration::from_secs(1), ..ctx }), EmptyDecision::Wait(_)));
     }
 
     #[test]

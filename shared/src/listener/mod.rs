@@ -497,12 +497,12 @@ async fn consume(inner: Arc<Inner>, id: usize) {
         iterations += 1;
         bump(&inner.stats.receives, 1);
         // One look at the consumer set: record this iteration; the main consumer is the oldest alive.
-        let (main, active) = {
+        let (main, alive) = {
             let mut c = lock(&inner.consumers);
             if let (Ok(msgs), Some(slot)) = (&received, c.list.get_mut(&id)) {
                 slot.activity.record(!msgs.is_empty());
             }
-            (c.list.keys().next() == Some(&id), c.active())
+            (c.list.keys().next() == Some(&id), c.list.values().filter(|s| !s.retiring).count())
         };
         match received {
             Err(e) => {
@@ -530,8 +530,9 @@ async fn consume(inner: Arc<Inner>, id: usize) {
                     idle = idle.saturating_add(1);
                     let ctx = EmptyContext {
                         idle_count: idle,
+                        waited: started.elapsed(),
                         main,
-                        active,
+                        alive,
                         min_consumers: inner.cfg.scaling.min_consumers,
                         triggers: inner.cfg.triggers,
                     };

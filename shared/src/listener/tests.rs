@@ -460,3 +460,28 @@ async fn state_reports_consumers_concurrency_and_buffer_and_metrics_render() {
     e.quiesce(Duration::ZERO).await;
     e.finish(false).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn after_a_burst_one_empty_long_poll_stops_surplus_consumers_and_parks_the_main_one() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::from_millis(10)));
+    let c = EngineConfig {
+        receive_wait: Duration::from_secs(20),
+        backoff: IdleBackoff { min_idle: Duration::ZERO, max_idle: Duration::from_secs(10) },
+        work_rules: WorkRules::parse("*:4").unwrap(),
+        triggers: true,
+        ..cfg()
+    };
+    let e = start(&q, &h, c).await;
+    send(&q, plain(50)).await;
+    e.wake(Some(50)).await;
+    assert_eq!(e.active_consumers(), 4);
+    assert!(until(Duration::from_secs(5), || lock(&h.handled).len() == 50).await);
+    // Every consumer's next poll waits the full 20 s and comes back empty: that is a whole idle cycle.
+    assert!(until(Duration::from_secs(21), || e.active_consumers() == 0).await, "timeline {:?}", e.timeline());
+    assert_eq!(e.state(false).await.consumers_total, 1, "only the parked main consumer is left");
+    let n = e.stats().receives.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(e.stats().receives.load(Ordering::Relaxed), n, "zero requests while idle");
+    e.shutdown(Duration::from_secs(5)).await;
+}
