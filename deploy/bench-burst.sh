@@ -5,7 +5,7 @@
 # while the queues are empty (per minute, over IDLE_SECS), with the listener settings in use.
 #
 #   deploy/bench-burst.sh [ROWS] [CHUNK_SIZE]     defaults: 1000000 transactions, chunks of 5000
-#   IDLE_SECS=120 (idle window measured after the burst)
+#   IDLE_SECS=120 (idle window, measured after a settling period of one receive wait + 5 s)
 set -euo pipefail
 rows=${1:-1000000}
 chunk=${2:-5000}
@@ -55,11 +55,13 @@ at_peak = next((ts for ts, n, _ in samples if n == peak), None)
 if first_work and at_peak:
     print(f"peak {peak} consumers (max {p0['consumers_max']}); first work received {first_work - t0:.2f} s after submit; "
           f"peak reached {at_peak - first_work:.2f} s after that")
-time.sleep(5)
-before = {port: sum(s["receives"] for s in state(port)) for port in (9101, 9102)}
-time.sleep(idle)
-after = {port: sum(s["receives"] for s in state(port)) for port in (9101, 9102)}
+def receives():
+    return {port: sum(s["receives"] for s in state(port)) for port in (9101, 9102)}
+# Settling: the last long polls of the burst's consumers end (one receive wait + margin).
+settle = int(settings.get("LISTENER_RECEIVE_WAIT_SECS") or 20) + 5
+a = receives(); time.sleep(settle); b = receives(); time.sleep(idle); c = receives()
 for port, name in ((9101, "processor"), (9102, "controller")):
-    n = after[port] - before[port]
-    print(f"idle: {name} made {n} ReceiveMessage calls in {idle} s ({n * 60 / idle:.1f}/min); now {state(port)[0]['consumers_active']} active consumers")
+    n = c[port] - b[port]
+    print(f"idle: {name} made {b[port] - a[port]} ReceiveMessage calls in the {settle} s after the burst, then {n} in {idle} s "
+          f"({n * 60 / idle:.1f}/min); now {state(port)[0]['consumers_active']} active consumers")
 PY
