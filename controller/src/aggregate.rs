@@ -13,9 +13,7 @@ use shared::blob::BlobStore;
 use shared::codec::{accounts_from_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
 use shared::error::{Error, Result};
 use shared::layout::{accounts_key, check_job_id, checkpoint_key, manifest_key, report_key};
-use shared::model::{
-    now_rfc3339, AccountsPayload, Checkpoint, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, ResultMessage, WorkItem, WIRE_VERSION,
-};
+use shared::model::{now_rfc3339, AccountsPayload, Checkpoint, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, ResultMessage, WorkItem, WIRE_VERSION};
 use shared::queue::Message;
 use shared::report;
 use shared::requests::RequestCounts;
@@ -49,7 +47,11 @@ pub struct Applied {
 enum Item {
     Result(ResultMessage),
     /// `reason`: set when a listener dead-lettered it itself (e.g. `expired`).
-    Dead { item: WorkItem, receives: u32, reason: Option<String> },
+    Dead {
+        item: WorkItem,
+        receives: u32,
+        reason: Option<String>,
+    },
 }
 
 impl Item {
@@ -302,11 +304,7 @@ async fn apply_item(job: &mut Job, item: Item, store: &dyn BlobStore, ctl: &mut 
         }
         Item::Dead { receives, reason, .. } => {
             tracing::warn!(job = %cp.job_id, chunk, receives, ?reason, "work item dead-lettered; chunk recorded as failed");
-            cp.failed_chunks.push(FailedChunk {
-                chunk,
-                transactions,
-                reason: reason.unwrap_or_else(|| DEAD_LETTER_REASON.to_string()),
-            });
+            cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: reason.unwrap_or_else(|| DEAD_LETTER_REASON.to_string()) });
         }
         Item::Result(ResultMessage::Sealed { .. }) => {}
     }
@@ -320,7 +318,10 @@ async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, ctl: &m
         AccountsPayload::ZstdCsv { data } => accounts_from_zstd_csv(&base64_decode(&data)?, MAX_DOC_BYTES),
         AccountsPayload::Blob { blob } => {
             ctl.add("s3.GetObject", 1);
-            let data = store.get(&blob.key).await?.ok_or_else(|| Error::NotFound { service: shared::error::Service::S3, what: format!("result blob {} does not exist", blob.key) })?;
+            let data = store
+                .get(&blob.key)
+                .await?
+                .ok_or_else(|| Error::NotFound { service: shared::error::Service::S3, what: format!("result blob {} does not exist", blob.key) })?;
             if sha256_hex(&data) != blob.sha256 {
                 return Err(Error::Corrupt(format!("result blob {} checksum mismatch", blob.key)));
             }

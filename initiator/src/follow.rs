@@ -64,7 +64,11 @@ pub async fn progress(store: &dyn BlobStore, job_id: &str) -> Result<JobProgress
 impl std::fmt::Display for JobProgress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let Some(total) = self.total_chunks else {
-            return write!(f, "job {}: being submitted, {} chunks accounted for so far, {} transactions processed", self.job_id, self.accounted_chunks, self.processed);
+            return write!(
+                f,
+                "job {}: being submitted, {} chunks accounted for so far, {} transactions processed",
+                self.job_id, self.accounted_chunks, self.processed
+            );
         };
         let status = match self.status {
             JobStatus::Running => "running",

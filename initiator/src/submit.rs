@@ -4,8 +4,8 @@
 //! At the end it writes the job manifest and sends the job's `Sealed` message to the results queue.
 //! With `--strict`, any rejected row refuses the whole submission and nothing is stored or enqueued.
 
-use std::path::PathBuf;
 use std::cell::Cell;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -46,7 +46,17 @@ pub struct SubmitOptions {
 
 impl SubmitOptions {
     pub fn new(files: Vec<PathBuf>) -> SubmitOptions {
-        SubmitOptions { files, chunk_size: 5000, chunk_bytes: 4 << 20, strict: false, tariff: Tariff::default(), upload_concurrency: 16, progress: false, priority: 0, deadline: None }
+        SubmitOptions {
+            files,
+            chunk_size: 5000,
+            chunk_bytes: 4 << 20,
+            strict: false,
+            tariff: Tariff::default(),
+            upload_concurrency: 16,
+            progress: false,
+            priority: 0,
+            deadline: None,
+        }
     }
 }
 
@@ -288,7 +298,8 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
     };
     let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| CliError::Input(e.to_string()))?;
     clients.store.put(&manifest_key(&job_id), Bytes::from(manifest_bytes), "application/json").await?;
-    let seal = serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: job_id.clone(), total_chunks }).map_err(|e| CliError::Input(e.to_string()))?;
+    let seal =
+        serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: job_id.clone(), total_chunks }).map_err(|e| CliError::Input(e.to_string()))?;
     clients.results.send(vec![seal]).await?;
     enqueue.finish().await;
     Ok(Submitted { job_id, total_chunks, counts, rejected, requests })

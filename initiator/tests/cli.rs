@@ -36,7 +36,8 @@ async fn submit_wait_json_status_report_and_refusals() {
     let dir = tempfile::tempdir().unwrap();
     let good = generated(dir.path(), "good.csv", 4_000, 25, 9);
     let bad_header = write(dir.path(), "nocurrency.csv", "txn_id,account_id,amount,timestamp\nt1,a,1.00,2026-11-21T10:00:00Z\n");
-    let one_bad_row = write(dir.path(), "onebad.csv", "txn_id,account_id,amount,currency,timestamp\nt1,a,1.00,EUR,2026-11-21T10:00:00Z\nt2,a,0,EUR,2026-11-21T10:00:00Z\n");
+    let one_bad_row =
+        write(dir.path(), "onebad.csv", "txn_id,account_id,amount,currency,timestamp\nt1,a,1.00,EUR,2026-11-21T10:00:00Z\nt2,a,0,EUR,2026-11-21T10:00:00Z\n");
 
     // A file missing a column refuses the submission: exit 1, file and column named, nothing enqueued.
     let out = initiator(&st, &["submit", good.to_str().unwrap(), bad_header.to_str().unwrap()]);
@@ -97,7 +98,8 @@ fn unreachable_stack_exits_3_naming_the_endpoint() {
 
 #[test]
 fn generate_is_deterministic() {
-    let run = |seed: &str| Command::new(env!("CARGO_BIN_EXE_initiator")).args(["generate", "--rows", "100", "--accounts", "5", "--seed", seed]).output().unwrap();
+    let run =
+        |seed: &str| Command::new(env!("CARGO_BIN_EXE_initiator")).args(["generate", "--rows", "100", "--accounts", "5", "--seed", seed]).output().unwrap();
     let (a, b, c) = (run("1"), run("1"), run("2"));
     assert_eq!(a.stdout, b.stdout);
     assert_ne!(a.stdout, c.stdout);

@@ -43,8 +43,15 @@ async fn large_results_travel_as_blobs() {
         controller::Deps { results: results.clone(), work_dlq: work_dlq.clone(), store: store.clone() as Arc<dyn BlobStore> },
         stop.clone(),
     ));
-    let clients = Clients { work: work.clone() as Arc<dyn Queue>, results: results.clone() as Arc<dyn Queue>, store: store.clone() as Arc<dyn BlobStore>, triggers: None };
-    let s = initiator::submit::submit(SubmitOptions { chunk_size: 30_000, chunk_bytes: 64 << 20, ..SubmitOptions::new(vec![path.clone()]) }, &clients).await.unwrap();
+    let clients = Clients {
+        work: work.clone() as Arc<dyn Queue>,
+        results: results.clone() as Arc<dyn Queue>,
+        store: store.clone() as Arc<dyn BlobStore>,
+        triggers: None,
+    };
+    let s = initiator::submit::submit(SubmitOptions { chunk_size: 30_000, chunk_bytes: 64 << 20, ..SubmitOptions::new(vec![path.clone()]) }, &clients)
+        .await
+        .unwrap();
     assert_eq!(s.total_chunks, 1);
     let r = initiator::follow::wait(store.as_ref(), &s.job_id, s.total_chunks, Duration::from_secs(60), false).await.unwrap();
     assert_eq!(r.status, JobStatus::Complete);

@@ -31,10 +31,7 @@ pub fn parse_work_item(body: &str) -> Result<WorkItem> {
 pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u64) -> Result<ChunkResult> {
     let mut requests = RequestCounts::default();
     requests.add("s3.GetObject", 1);
-    let data = store
-        .get(&item.blob.key)
-        .await?
-        .ok_or_else(|| Error::Corrupt(format!("chunk blob {} does not exist", item.blob.key)))?;
+    let data = store.get(&item.blob.key).await?.ok_or_else(|| Error::Corrupt(format!("chunk blob {} does not exist", item.blob.key)))?;
     let (blob, rows, tariff) = (item.blob.clone(), item.transactions, item.tariff.clone());
     let (accounts, packed) = tokio::task::spawn_blocking(move || {
         let fees = tariff.calculator();

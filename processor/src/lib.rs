@@ -57,9 +57,7 @@ pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken
         engine.follow_triggers(tx.subscribe(), shutdown.clone());
     }
     if let Some(addr) = settings.listener.http_addr {
-        state::serve(addr, vec![engine.clone()], shutdown.clone())
-            .await
-            .map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;
+        state::serve(addr, vec![engine.clone()], shutdown.clone()).await.map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;
     }
     Ok(engine)
 }

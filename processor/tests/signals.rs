@@ -22,7 +22,10 @@ async fn sigterm_drains_and_exits_zero() {
         .env("LISTENER_RECEIVE_WAIT_SECS", "20")
         .stderr(Stdio::piped());
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        cmd.env("AWS_ENDPOINT_URL", "http://127.0.0.1:4566").env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
+        cmd.env("AWS_ENDPOINT_URL", "http://127.0.0.1:4566")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1");
     }
     let child = cmd.spawn().unwrap();
     // Let it start and park in a 20 s long poll.

@@ -44,8 +44,12 @@ pub async fn run(settings: Settings, watched: Watched, triggers: Option<Arc<dyn 
         match snapshot(&watched).await {
             Ok(s) => {
                 tracing::info!(
-                    work_visible = s.work.visible, work_in_flight = s.work.in_flight, work_dlq = s.work_dlq.visible,
-                    results_visible = s.results.visible, results_in_flight = s.results.in_flight, "queue depths"
+                    work_visible = s.work.visible,
+                    work_in_flight = s.work.in_flight,
+                    work_dlq = s.work_dlq.visible,
+                    results_visible = s.results.visible,
+                    results_in_flight = s.results.in_flight,
+                    "queue depths"
                 );
                 let empty = s.work.visible == 0;
                 if was_empty && !empty {
@@ -76,7 +80,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn triggers_once_when_work_appears() {
         let work = MemoryQueue::new("billing-work", Duration::from_secs(30));
-        let watched = Watched { work: work.clone(), work_dlq: MemoryQueue::new("dlq", Duration::from_secs(30)), results: MemoryQueue::new("r", Duration::from_secs(30)) };
+        let watched =
+            Watched { work: work.clone(), work_dlq: MemoryQueue::new("dlq", Duration::from_secs(30)), results: MemoryQueue::new("r", Duration::from_secs(30)) };
         let bus = MemoryTriggers::new();
         let mut rx = bus.tx.subscribe();
         let stop = CancellationToken::new();

@@ -35,10 +35,7 @@ pub struct Tariff {
 impl Default for Tariff {
     /// 0.30 + 2.9% per charge, nothing for refunds.
     fn default() -> Self {
-        Tariff {
-            default: Rates { fixed_fee: Decimal::new(30, 2), percent: Decimal::new(29, 1), refund_fee: Decimal::ZERO },
-            currencies: BTreeMap::new(),
-        }
+        Tariff { default: Rates { fixed_fee: Decimal::new(30, 2), percent: Decimal::new(29, 1), refund_fee: Decimal::ZERO }, currencies: BTreeMap::new() }
     }
 }
 
@@ -70,10 +67,7 @@ impl Tariff {
     /// A per-job calculator with the rates prepared.
     pub fn calculator(&self) -> FeeCalculator {
         let prep = |r: &Rates| Prepared { fixed: r.fixed_fee, rate: r.percent / Decimal::ONE_HUNDRED, refund: r.refund_fee };
-        FeeCalculator {
-            default: prep(&self.default),
-            overrides: self.currencies.iter().map(|(k, r)| (k.clone(), prep(r))).collect(),
-        }
+        FeeCalculator { default: prep(&self.default), overrides: self.currencies.iter().map(|(k, r)| (k.clone(), prep(r))).collect() }
     }
 }
 
@@ -250,10 +244,9 @@ mod tests {
 
     #[test]
     fn overrides_and_check() {
-        let t: Tariff = serde_json::from_str(
-            r#"{"fixed_fee":"0.25","percent":"1.4","refund_fee":"0.10","currencies":{"GBP":{"fixed_fee":"0.20","percent":"2.5"}}}"#,
-        )
-        .unwrap();
+        let t: Tariff =
+            serde_json::from_str(r#"{"fixed_fee":"0.25","percent":"1.4","refund_fee":"0.10","currencies":{"GBP":{"fixed_fee":"0.20","percent":"2.5"}}}"#)
+                .unwrap();
         t.check().unwrap();
         let c = t.calculator();
         assert_eq!(money(c.fee(Decimal::new(10000, 2), "EUR")), "1.65");

@@ -116,8 +116,7 @@ pub fn decode_chunk(data: &[u8], blob: &BlobRef, expected_rows: u64, max_raw_byt
             continue;
         }
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
-        let t = validate_row(rec.get(0), rec.get(1), rec.get(2), rec.get(3), rec.get(4))
-            .map_err(|e| Error::corrupt(format!("chunk line {line}: {e}")))?;
+        let t = validate_row(rec.get(0), rec.get(1), rec.get(2), rec.get(3), rec.get(4)).map_err(|e| Error::corrupt(format!("chunk line {line}: {e}")))?;
         if !seen.insert(t.txn_id, ()) {
             return Err(Error::corrupt(format!("chunk line {line}: duplicate txn_id")));
         }
@@ -220,7 +219,15 @@ mod tests {
         let (e, b) = encoded(100);
         let mut back = Vec::new();
         decode_chunk(&e.bytes, &b, 100, 1 << 20, |t| back.push((t.txn_id.to_string(), t.account_id.to_string(), t.amount.to_string()))).unwrap();
-        assert_eq!(back, (0..100).map(|i| { let (t, a) = ids(i); (t, a, "-12.50".to_string()) }).collect::<Vec<_>>());
+        assert_eq!(
+            back,
+            (0..100)
+                .map(|i| {
+                    let (t, a) = ids(i);
+                    (t, a, "-12.50".to_string())
+                })
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]
@@ -250,7 +257,13 @@ mod tests {
     fn account_totals_round_trip() {
         let rows = vec![
             AccountTotals { account_id: "a,\"b\"".into(), currency: "EUR".into(), count: 3, gross: "-12.50".parse().unwrap(), fees: "0.00".parse().unwrap() },
-            AccountTotals { account_id: "c".into(), currency: "USD".into(), count: 1, gross: "9999999999.99".parse().unwrap(), fees: "290000000.30".parse().unwrap() },
+            AccountTotals {
+                account_id: "c".into(),
+                currency: "USD".into(),
+                count: 1,
+                gross: "9999999999.99".parse().unwrap(),
+                fees: "290000000.30".parse().unwrap(),
+            },
         ];
         let z = accounts_to_zstd_csv(&rows);
         assert_eq!(accounts_from_zstd_csv(&z, 1 << 20).unwrap(), rows);

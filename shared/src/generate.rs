@@ -22,7 +22,17 @@ pub fn write_csv(out: &mut impl Write, rows: u64, accounts: u64, seed: u64) -> i
         let refund = rng.random_ratio(1, 10);
         let cents: u64 = if refund { rng.random_range(1..=50_000) } else { rng.random_range(1..=200_000) };
         let mut pick = rng.random_range(0..100);
-        let currency = CURRENCIES.iter().find(|(_, w)| if pick < *w { true } else { pick -= w; false }).map_or("EUR", |c| c.0);
+        let currency = CURRENCIES
+            .iter()
+            .find(|(_, w)| {
+                if pick < *w {
+                    true
+                } else {
+                    pick -= w;
+                    false
+                }
+            })
+            .map_or("EUR", |c| c.0);
         t += rng.random_range(0..4);
         let ts = time::OffsetDateTime::from_unix_timestamp(t).map_err(io::Error::other)?;
         writeln!(

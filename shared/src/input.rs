@@ -64,11 +64,7 @@ impl InputFile {
             .collect();
         let mut columns = [0usize; 5];
         for (slot, col) in columns.iter_mut().zip(REQUIRED_COLUMNS) {
-            *slot = names.iter().position(|n| n == col).ok_or_else(|| InputError::MissingColumn {
-                file: name.clone(),
-                column: col,
-                found: names.join(","),
-            })?;
+            *slot = names.iter().position(|n| n == col).ok_or_else(|| InputError::MissingColumn { file: name.clone(), column: col, found: names.join(",") })?;
         }
         Ok(InputFile { name, path: path.to_path_buf(), columns, bytes })
     }
@@ -188,12 +184,12 @@ impl Validator {
             if self.counts.submitted.is_multiple_of(65_536) {
                 progress(rec.position().map(|p| p.byte()).unwrap_or(0));
             }
-            let result = validate_row(rec.get(ti), rec.get(ai), rec.get(mi), rec.get(ci), rec.get(si))
-                .map_err(|e| e.to_string())
-                .and_then(|t| match self.seen.insert_new(t.txn_id, (file_idx, line)) {
+            let result = validate_row(rec.get(ti), rec.get(ai), rec.get(mi), rec.get(ci), rec.get(si)).map_err(|e| e.to_string()).and_then(|t| {
+                match self.seen.insert_new(t.txn_id, (file_idx, line)) {
                     Some(&(fi, fl)) => Err(format!("txn_id: duplicate of the accepted row at {}:{fl}", self.files[fi as usize])),
                     None => Ok(t),
-                });
+                }
+            });
             match result {
                 Ok(t) => {
                     self.counts.accepted += 1;

@@ -238,11 +238,7 @@ impl Queue for MemoryQueue {
     }
 
     async fn info(&self) -> Result<QueueInfo> {
-        Ok(QueueInfo {
-            max_receive_count: self.redrive.as_ref().map(|(n, _)| *n),
-            visibility_timeout: self.visibility,
-            fifo: self.name.ends_with(".fifo"),
-        })
+        Ok(QueueInfo { max_receive_count: self.redrive.as_ref().map(|(n, _)| *n), visibility_timeout: self.visibility, fifo: self.name.ends_with(".fifo") })
     }
 
     fn calls(&self) -> &CallCounter {

@@ -64,11 +64,17 @@ pub struct WorkItem {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "encoding", rename_all = "snake_case")]
 pub enum AccountsPayload {
-    Inline { accounts: Vec<AccountTotals> },
+    Inline {
+        accounts: Vec<AccountTotals>,
+    },
     /// Base64 of zstd-compressed CSV rows (`codec::accounts_to_zstd_csv`).
-    ZstdCsv { data: String },
+    ZstdCsv {
+        data: String,
+    },
     /// A blob holding zstd-compressed CSV rows.
-    Blob { blob: BlobRef },
+    Blob {
+        blob: BlobRef,
+    },
 }
 
 /// What happened to a chunk.
@@ -86,7 +92,11 @@ pub enum ResultMessage {
     Chunk(ChunkResult),
     /// Sent by the initiator once every work item of the job is out and the manifest is written: the job
     /// has `total_chunks` chunks (possibly none). The controller finishes a job only after this.
-    Sealed { v: u32, job_id: String, total_chunks: u32 },
+    Sealed {
+        v: u32,
+        job_id: String,
+        total_chunks: u32,
+    },
 }
 
 impl ResultMessage {
@@ -183,7 +193,5 @@ pub struct Checkpoint {
 
 /// Current UTC time in RFC 3339.
 pub fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_string())
+    time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_string())
 }

@@ -50,10 +50,7 @@ pub async fn ensure_queue_with_dlq(aws: &Aws, name: &str, dlq: &str, s: QueueSet
     let (url, _) = create_queue(
         aws,
         name,
-        vec![
-            (QueueAttributeName::VisibilityTimeout, s.visibility_timeout.as_secs().to_string()),
-            (QueueAttributeName::RedrivePolicy, redrive.clone()),
-        ],
+        vec![(QueueAttributeName::VisibilityTimeout, s.visibility_timeout.as_secs().to_string()), (QueueAttributeName::RedrivePolicy, redrive.clone())],
     )
     .await?;
     // CreateQueue on an existing queue with other attributes fails on AWS; keep settings current.

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{
-    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
-    QueueAttributeName, SendMessageBatchRequestEntry,
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
+    SendMessageBatchRequestEntry,
 };
 use serde::{Deserialize, Serialize};
 
@@ -166,10 +166,8 @@ where
             if matches!(code, "AWS.SimpleQueueService.NonExistentQueue" | "QueueDoesNotExist" | "NoSuchBucket" | "NoSuchKey") {
                 return Error::NotFound { service, what: detail };
             }
-            let retryable = matches!(
-                code,
-                "ThrottlingException" | "RequestThrottled" | "SlowDown" | "InternalError" | "ServiceUnavailable" | "KmsThrottled"
-            ) || se.raw().status().as_u16() >= 500;
+            let retryable = matches!(code, "ThrottlingException" | "RequestThrottled" | "SlowDown" | "InternalError" | "ServiceUnavailable" | "KmsThrottled")
+                || se.raw().status().as_u16() >= 500;
             Error::Service { service, operation, detail, retryable }
         }
         _ => Error::Service { service, operation, detail: format!("{}", DisplayErrorContext(&e)), retryable: true },
@@ -193,15 +191,10 @@ impl SqsQueue {
             (name_or_url.rsplit('/').next().unwrap_or(name_or_url).to_string(), name_or_url.to_string())
         } else {
             calls.bump("sqs.GetQueueUrl");
-            let out = client
-                .get_queue_url()
-                .queue_name(name_or_url)
-                .send()
-                .await
-                .map_err(|e| match sdk_error(Service::Sqs, "GetQueueUrl", endpoint, e) {
-                    Error::NotFound { .. } => Error::NotFound { service: Service::Sqs, what: format!("queue {name_or_url:?} does not exist at {endpoint}") },
-                    other => other,
-                })?;
+            let out = client.get_queue_url().queue_name(name_or_url).send().await.map_err(|e| match sdk_error(Service::Sqs, "GetQueueUrl", endpoint, e) {
+                Error::NotFound { .. } => Error::NotFound { service: Service::Sqs, what: format!("queue {name_or_url:?} does not exist at {endpoint}") },
+                other => other,
+            })?;
             (name_or_url.to_string(), out.queue_url().unwrap_or_default().to_string())
         };
         Ok(SqsQueue { client, name, url, endpoint: endpoint.to_string(), calls })
@@ -241,14 +234,7 @@ impl SqsQueue {
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::Config(e.to_string()))?;
         self.calls.bump("sqs.SendMessageBatch");
-        let out = self
-            .client
-            .send_message_batch()
-            .queue_url(&self.url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .map_err(|e| self.err("SendMessageBatch", e))?;
+        let out = self.client.send_message_batch().queue_url(&self.url).set_entries(Some(entries)).send().await.map_err(|e| self.err("SendMessageBatch", e))?;
         let mut failed = Vec::new();
         for f in out.failed() {
             if f.sender_fault() {
@@ -363,14 +349,8 @@ impl Queue for SqsQueue {
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::Config(e.to_string()))?;
         self.calls.bump("sqs.DeleteMessageBatch");
-        let out = self
-            .client
-            .delete_message_batch()
-            .queue_url(&self.url)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .map_err(|e| self.err("DeleteMessageBatch", e))?;
+        let out =
+            self.client.delete_message_batch().queue_url(&self.url).set_entries(Some(entries)).send().await.map_err(|e| self.err("DeleteMessageBatch", e))?;
         Ok(failed_receipts(|i| receipts.get(i).map(String::as_str), out.failed().iter().map(|f| (f.id(), f.code()))))
     }
 
@@ -432,10 +412,7 @@ impl Queue for SqsQueue {
             .await
             .map_err(|e| self.err("GetQueueAttributes", e))?;
         let attrs = out.attributes();
-        let visibility = attrs
-            .and_then(|a| a.get(&QueueAttributeName::VisibilityTimeout))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(30);
+        let visibility = attrs.and_then(|a| a.get(&QueueAttributeName::VisibilityTimeout)).and_then(|v| v.parse().ok()).unwrap_or(30);
         let max_receive_count = match attrs.and_then(|a| a.get(&QueueAttributeName::RedrivePolicy)) {
             None => None,
             Some(policy) => {

@@ -85,13 +85,7 @@ pub fn build(manifest: &Manifest, totals: &Totals, mut failed_chunks: Vec<Failed
         created_at: manifest.created_at.clone(),
         finished_at: crate::model::now_rfc3339(),
         files: manifest.files.clone(),
-        transactions: TxnCounts {
-            submitted: manifest.submitted,
-            accepted: manifest.accepted,
-            rejected: manifest.rejected.len() as u64,
-            processed,
-            failed,
-        },
+        transactions: TxnCounts { submitted: manifest.submitted, accepted: manifest.accepted, rejected: manifest.rejected.len() as u64, processed, failed },
         totals: totals
             .by_currency()
             .into_iter()
@@ -131,11 +125,16 @@ pub fn accounts_csv(r: &Report) -> Vec<u8> {
 pub fn summary(r: &Report) -> String {
     let mut s = String::new();
     let t = &r.transactions;
-    let _ = writeln!(s, "job {}: {}", r.job_id, match r.status {
-        JobStatus::Complete => "complete",
-        JobStatus::Partial => "PARTIAL (some chunks failed)",
-        JobStatus::Running => "running",
-    });
+    let _ = writeln!(
+        s,
+        "job {}: {}",
+        r.job_id,
+        match r.status {
+            JobStatus::Complete => "complete",
+            JobStatus::Partial => "PARTIAL (some chunks failed)",
+            JobStatus::Running => "running",
+        }
+    );
     let _ = writeln!(
         s,
         "transactions: {} submitted, {} accepted, {} rejected, {} processed, {} failed",

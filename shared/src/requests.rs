@@ -32,10 +32,7 @@ impl RequestCounts {
     /// Calls of one service keyed by bare operation name.
     pub fn by_service(&self, service: &str) -> BTreeMap<String, u64> {
         let prefix = format!("{service}.");
-        self.0
-            .iter()
-            .filter_map(|(k, v)| k.strip_prefix(&prefix).map(|op| (op.to_string(), *v)))
-            .collect()
+        self.0.iter().filter_map(|(k, v)| k.strip_prefix(&prefix).map(|op| (op.to_string(), *v))).collect()
     }
 }
 

@@ -54,14 +54,9 @@ fn amqp_err(url: &str, e: lapin::Error) -> Error {
 async fn open_channel(url: &str, exchange: &str) -> Result<(Connection, Channel)> {
     let conn = Connection::connect(url, ConnectionProperties::default()).await.map_err(|e| amqp_err(url, e))?;
     let ch = conn.create_channel().await.map_err(|e| amqp_err(url, e))?;
-    ch.exchange_declare(
-        exchange.into(),
-        ExchangeKind::Fanout,
-        ExchangeDeclareOptions { durable: true, ..Default::default() },
-        FieldTable::default(),
-    )
-    .await
-    .map_err(|e| amqp_err(url, e))?;
+    ch.exchange_declare(exchange.into(), ExchangeKind::Fanout, ExchangeDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
+        .await
+        .map_err(|e| amqp_err(url, e))?;
     Ok((conn, ch))
 }
 
@@ -87,9 +82,7 @@ impl TriggerBus for RabbitTriggers {
             *guard = Some(open_channel(&self.url, &self.exchange).await?);
         }
         let (_, ch) = guard.as_ref().expect("channel just opened");
-        let res = ch
-            .basic_publish(self.exchange.as_str().into(), "".into(), BasicPublishOptions::default(), &payload, BasicProperties::default())
-            .await;
+        let res = ch.basic_publish(self.exchange.as_str().into(), "".into(), BasicPublishOptions::default(), &payload, BasicProperties::default()).await;
         if let Err(e) = res {
             *guard = None;
             return Err(amqp_err(&self.url, e));

@@ -62,12 +62,7 @@ fn id<'a>(field: &'static str, raw: Option<&'a [u8]>) -> Result<&'a str, RowErro
 
 /// Parses `-?digits[.d|.dd]` (at most 10 integer digits), non-zero, into an exact decimal with scale 2.
 pub fn parse_amount(v: &str) -> Result<Decimal, RowError> {
-    let bad = || {
-        err(
-            "amount",
-            format!("{} is not -?digits[.d or .dd] with at most {MAX_INTEGER_DIGITS} integer digits", shown(v)),
-        )
-    };
+    let bad = || err("amount", format!("{} is not -?digits[.d or .dd] with at most {MAX_INTEGER_DIGITS} integer digits", shown(v)));
     let b = v.as_bytes();
     let (neg, rest) = match b.first() {
         Some(b'-') => (true, &b[1..]),
@@ -224,14 +219,7 @@ mod tests {
         for ok in ["2026-11-21T10:00:00Z", "2026-11-21T10:00:00.250+02:00", "2026-02-28T23:59:59-05:30"] {
             assert!(check_timestamp(ok).is_ok(), "{ok}");
         }
-        for bad in [
-            "2026-11-21 10:00:00Z",
-            "2026-11-21T10:00:00",
-            "2026-11-21",
-            "2026-13-01T00:00:00Z",
-            "2026-11-21t10:00:00Z",
-            "yesterday",
-        ] {
+        for bad in ["2026-11-21 10:00:00Z", "2026-11-21T10:00:00", "2026-11-21", "2026-13-01T00:00:00Z", "2026-11-21t10:00:00Z", "yesterday"] {
             assert!(check_timestamp(bad).is_err(), "{bad}");
         }
     }
@@ -249,9 +237,7 @@ mod tests {
     #[test]
     fn ids_and_missing_fields() {
         let long = "x".repeat(65);
-        let ok = |t: &str, a: &str| {
-            validate_row(Some(t.as_bytes()), Some(a.as_bytes()), Some(b"1"), Some(b"EUR"), Some(b"2026-11-21T10:00:00Z")).map(|_| ())
-        };
+        let ok = |t: &str, a: &str| validate_row(Some(t.as_bytes()), Some(a.as_bytes()), Some(b"1"), Some(b"EUR"), Some(b"2026-11-21T10:00:00Z")).map(|_| ());
         assert!(ok("t1", "a1").is_ok());
         assert!(ok(&"é".repeat(64), "a").is_ok(), "64 characters are allowed even when multi-byte");
         assert_eq!(ok("", "a1").unwrap_err().to_string(), "txn_id: empty");

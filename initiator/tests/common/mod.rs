@@ -80,7 +80,13 @@ impl Stack {
         let stop = CancellationToken::new();
         let (tx, _) = tokio::sync::broadcast::channel(64);
         shared::trigger::spawn_subscriber(self.names.amqp_url.clone(), self.names.trigger_exchange.clone(), tx.clone(), stop.clone());
-        let deps = processor::Deps { work: self.work.clone(), work_dlq: Some(self.work_dlq.clone()), results: self.results.clone(), store: self.store.clone(), triggers: Some(tx) };
+        let deps = processor::Deps {
+            work: self.work.clone(),
+            work_dlq: Some(self.work_dlq.clone()),
+            results: self.results.clone(),
+            store: self.store.clone(),
+            triggers: Some(tx),
+        };
         let handle = tokio::spawn(processor::run(settings, deps, stop.clone()));
         Running { stop, handle }
     }
@@ -142,11 +148,7 @@ pub fn expected_accounts(files: &[PathBuf]) -> Vec<(String, String, u64, String,
     for f in files {
         v.read(&InputFile::open(f).unwrap(), |t| totals.add_txn(t, &calc), |_| {}, |_| {}).unwrap();
     }
-    totals
-        .rows()
-        .into_iter()
-        .map(|r| (r.account_id.clone(), r.currency.clone(), r.count, money(r.gross), money(r.fees), money(r.net())))
-        .collect()
+    totals.rows().into_iter().map(|r| (r.account_id.clone(), r.currency.clone(), r.count, money(r.gross), money(r.fees), money(r.net()))).collect()
 }
 
 pub fn report_accounts(r: &Report) -> Vec<(String, String, u64, String, String, String)> {

@@ -41,8 +41,8 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
         println!("{}", serde_json::to_string_pretty(&scaling_agent::snapshot(&watched).await?)?);
         return Ok(());
     }
-    let triggers = (!cli.fleet.amqp_url.is_empty())
-        .then(|| Arc::new(RabbitTriggers::new(&cli.fleet.amqp_url, &cli.fleet.trigger_exchange)) as Arc<dyn TriggerBus>);
+    let triggers =
+        (!cli.fleet.amqp_url.is_empty()).then(|| Arc::new(RabbitTriggers::new(&cli.fleet.amqp_url, &cli.fleet.trigger_exchange)) as Arc<dyn TriggerBus>);
     scaling_agent::run(cli.settings, watched, triggers, shutdown).await?;
     Ok(())
 }

@@ -22,8 +22,7 @@ pub struct ScalingPolicy {
 
 impl ScalingPolicy {
     /// Defaults that scale up fast and down slowly.
-    pub const DEFAULT: ScalingPolicy =
-        ScalingPolicy { min_consumers: 1, max_consumers: 8, sample_rate: 2, idle_threshold: 20, busy_threshold: 2 };
+    pub const DEFAULT: ScalingPolicy = ScalingPolicy { min_consumers: 1, max_consumers: 8, sample_rate: 2, idle_threshold: 20, busy_threshold: 2 };
 
     pub fn clamp(&self, n: usize) -> usize {
         n.clamp(self.min_consumers.max(1), self.max_consumers.max(self.min_consumers).max(1))

@@ -235,7 +235,13 @@ impl Engine {
     }
 
     /// As [`Engine::start`], with the queue settings given.
-    pub fn start_with_info(queue: Arc<dyn Queue>, dead_letter: Option<Arc<dyn Queue>>, handler: Arc<dyn Handler>, cfg: EngineConfig, info: QueueInfo) -> Engine {
+    pub fn start_with_info(
+        queue: Arc<dyn Queue>,
+        dead_letter: Option<Arc<dyn Queue>>,
+        handler: Arc<dyn Handler>,
+        cfg: EngineConfig,
+        info: QueueInfo,
+    ) -> Engine {
         let q = queue.clone();
         let deletes = Batcher::start(
             1,
@@ -301,9 +307,14 @@ impl Engine {
             spawn_consumer(&inner);
         }
         tracing::info!(
-            queue = inner.queue.name(), min = inner.cfg.scaling.min_consumers, max = inner.cfg.scaling.max_consumers,
-            concurrency = inner.cfg.throttle.max_concurrency, buffer = inner.cfg.throttle.buffer,
-            visibility_s = info.visibility_timeout.as_secs(), fifo = info.fifo, "listener started"
+            queue = inner.queue.name(),
+            min = inner.cfg.scaling.min_consumers,
+            max = inner.cfg.scaling.max_consumers,
+            concurrency = inner.cfg.throttle.max_concurrency,
+            buffer = inner.cfg.throttle.buffer,
+            visibility_s = info.visibility_timeout.as_secs(),
+            fifo = info.fifo,
+            "listener started"
         );
         Engine { inner }
     }
@@ -431,7 +442,11 @@ fn to_retry<T>(queue: &str, op: &str, batch: Vec<T>, r: Result<Vec<String>>, rec
         Ok(failed) => batch.into_iter().filter(|t| failed.iter().any(|f| f == receipt(t))).collect(),
         Err(e) => {
             tracing::warn!(queue, error = %e, entries = batch.len(), op, "batch call failed");
-            if e.is_retryable() { batch } else { Vec::new() }
+            if e.is_retryable() {
+                batch
+            } else {
+                Vec::new()
+            }
         }
     }
 }
@@ -583,10 +598,7 @@ fn sample(inner: &Arc<Inner>) {
     let decision = {
         let c = lock(&inner.consumers);
         let main = c.list.keys().next().copied();
-        decide(
-            &inner.cfg.scaling,
-            c.list.iter().filter(|(_, s)| !s.retiring && !s.parked).map(|(id, s)| (*id, &s.activity, Some(*id) == main)),
-        )
+        decide(&inner.cfg.scaling, c.list.iter().filter(|(_, s)| !s.retiring && !s.parked).map(|(id, s)| (*id, &s.activity, Some(*id) == main)))
     };
     match decision {
         ScaleDecision::Up => {

@@ -133,11 +133,13 @@ async fn a_burst_raises_consumers_to_max_and_idleness_brings_them_back_to_min() 
     let c = EngineConfig { throttle: ThrottleLimits { max_concurrency: 200, buffer: 200, ttl: None }, ..cfg() };
     let e = start(&q, &h, c).await;
     let mut peak = 0;
-    assert!(until(Duration::from_secs(60), || {
-        peak = peak.max(e.active_consumers());
-        lock(&h.handled).len() == 2000
-    })
-    .await);
+    assert!(
+        until(Duration::from_secs(60), || {
+            peak = peak.max(e.active_consumers());
+            lock(&h.handled).len() == 2000
+        })
+        .await
+    );
     assert_eq!(peak, 4, "scaled up to max and never above: {:?}", e.timeline());
     assert!(until(Duration::from_secs(60), || e.active_consumers() == 1).await, "back to min when idle");
     let tl = e.timeline();
@@ -212,7 +214,8 @@ async fn without_triggers_the_main_consumer_polls_at_the_cap_and_long_polls_coun
     e.shutdown(Duration::from_secs(5)).await;
     // With a 20 s long poll the back-off (capped at 10 s) is absorbed by the wait: 3 receives a minute.
     let h = Arc::new(TestHandler::new(Duration::ZERO));
-    let c = EngineConfig { receive_wait: Duration::from_secs(20), backoff: IdleBackoff { min_idle: Duration::ZERO, max_idle: Duration::from_secs(10) }, ..cfg() };
+    let c =
+        EngineConfig { receive_wait: Duration::from_secs(20), backoff: IdleBackoff { min_idle: Duration::ZERO, max_idle: Duration::from_secs(10) }, ..cfg() };
     let e = start(&q, &h, c).await;
     tokio::time::sleep(Duration::from_secs(121)).await;
     assert_eq!(e.stats().receives.load(Ordering::Relaxed), 6, "receives at 0, 20, ..., 100 s");

@@ -81,7 +81,14 @@ pub struct Throttle<M> {
 
 impl<M> Throttle<M> {
     pub fn new(limits: ThrottleLimits) -> Throttle<M> {
-        Throttle { limits: ThrottleLimits { max_concurrency: limits.max_concurrency.max(1), ..limits }, entries: BTreeMap::new(), running: 0, reserved: 0, active_groups: HashSet::new(), seq: 0 }
+        Throttle {
+            limits: ThrottleLimits { max_concurrency: limits.max_concurrency.max(1), ..limits },
+            entries: BTreeMap::new(),
+            running: 0,
+            reserved: 0,
+            active_groups: HashSet::new(),
+            seq: 0,
+        }
     }
 
     pub fn limits(&self) -> ThrottleLimits {
