@@ -3,6 +3,7 @@
 //! its report. The `initiator` binary is a thin CLI over this library.
 
 pub mod follow;
+pub mod grouping;
 pub mod local;
 pub mod submit;
 

@@ -3,13 +3,16 @@
 //! sends its work item (SendMessageBatch, up to ten at a time; a work-detected trigger after the first).
 //! At the end it writes the job manifest and sends the job's `Sealed` message to the results queue.
 //! With `--strict`, any rejected row refuses the whole submission and nothing is stored or enqueued.
+//! On a FIFO work queue every work item carries a message group (see [`crate::grouping`]) and work
+//! items are sent in chunk order, one batch at a time, so that each group's order is the file order.
 
 use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
+use futures::stream::BoxStream;
+use futures::{Future, Stream, StreamExt, TryStreamExt};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use shared::billing::Tariff;
 use shared::blob::BlobStore;
@@ -21,6 +24,7 @@ use shared::queue::Queue;
 use shared::requests::RequestCounts;
 use shared::trigger::{TriggerBus, WorkDetected};
 
+use crate::grouping::Grouping;
 use crate::CliError;
 
 /// Submission options.
@@ -42,6 +46,8 @@ pub struct SubmitOptions {
     /// The job's deadline: work items still waiting in a listener's buffer after it (and past the
     /// buffer TTL) go to the dead-letter queue with reason `expired` instead of back to the queue.
     pub deadline: Option<std::time::SystemTime>,
+    /// Partitions and message groups (`--group-by account` needs a FIFO work queue).
+    pub grouping: Grouping,
 }
 
 impl SubmitOptions {
@@ -56,6 +62,7 @@ impl SubmitOptions {
             progress: false,
             priority: 0,
             deadline: None,
+            grouping: Grouping::None,
         }
     }
 }
@@ -83,17 +90,19 @@ pub struct Submitted {
 /// A compressed chunk, before and after it is stored.
 struct Chunk {
     number: u32,
+    /// The grouping partition its transactions belong to.
+    partition: usize,
     rows: u64,
     blob: BlobRef,
     /// The bytes, until stored.
     bytes: Option<Bytes>,
 }
 
-async fn encode(number: u32, w: ChunkWriter, job_id: &str, bar: &ProgressBar) -> Result<Chunk, CliError> {
+async fn encode(number: u32, partition: usize, w: ChunkWriter, job_id: &str, bar: &ProgressBar) -> Result<Chunk, CliError> {
     let enc: EncodedChunk = tokio::task::spawn_blocking(move || encode_chunk(w)).await.map_err(|e| CliError::Input(format!("compression task failed: {e}")))?;
     bar.inc(1);
     let blob = BlobRef { key: chunk_key(job_id, number), sha256: enc.sha256, compressed_bytes: enc.bytes.len() as u64, raw_bytes: enc.raw_bytes };
-    Ok(Chunk { number, rows: enc.rows, blob, bytes: Some(Bytes::from(enc.bytes)) })
+    Ok(Chunk { number, partition, rows: enc.rows, blob, bytes: Some(Bytes::from(enc.bytes)) })
 }
 
 async fn put(mut c: Chunk, store: &Arc<dyn BlobStore>) -> Result<Chunk, CliError> {
@@ -109,24 +118,42 @@ fn read_result(r: Result<Result<ReadOutcome, shared::input::InputError>, tokio::
     r.map_err(|e| CliError::Input(format!("reading task failed: {e}")))?.map_err(|e| CliError::Input(e.to_string()))
 }
 
+/// Runs a stream of futures `n` at a time; in input order when `ordered`.
+fn run_all<'a, F>(s: impl Stream<Item = F> + Send + 'a, n: usize, ordered: bool) -> BoxStream<'a, F::Output>
+where
+    F: Future + Send + 'a,
+    F::Output: Send + 'a,
+{
+    if ordered {
+        s.buffered(n).boxed()
+    } else {
+        s.buffer_unordered(n).boxed()
+    }
+}
+
 /// Sends work items for stored chunks in SendMessageBatch calls of up to ten, and publishes one
-/// work-detected trigger after the first call so that parked listeners wake at once.
+/// work-detected trigger after the first call so that parked listeners wake at once. On a FIFO queue
+/// the batches go one at a time, in chunk order (each group's order on the queue is the send order).
 struct Enqueue<'a> {
     clients: &'a Clients,
     job_id: &'a str,
     tariff: &'a Tariff,
     attrs: shared::queue::Attrs,
+    /// Message groups, on a FIFO queue.
+    groups: Option<Grouping>,
     bar: ProgressBar,
     trigger: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl<'a> Enqueue<'a> {
-    fn new(clients: &'a Clients, job_id: &'a str, tariff: &'a Tariff, attrs: shared::queue::Attrs, bar: ProgressBar) -> Self {
-        Enqueue { clients, job_id, tariff, attrs, bar, trigger: std::sync::Mutex::new(None) }
+    fn new(clients: &'a Clients, job_id: &'a str, tariff: &'a Tariff, attrs: shared::queue::Attrs, groups: Option<Grouping>, bar: ProgressBar) -> Self {
+        Enqueue { clients, job_id, tariff, attrs, groups, bar, trigger: std::sync::Mutex::new(None) }
     }
 
-    async fn run(&self, stored: impl futures::Stream<Item = Result<Chunk, CliError>>) -> Result<Vec<Chunk>, CliError> {
-        let sent: Vec<Vec<Chunk>> = stored.chunks(10).map(|batch| self.send(batch)).buffer_unordered(4).try_collect().await?;
+    async fn run(&self, stored: impl Stream<Item = Result<Chunk, CliError>> + Send) -> Result<Vec<Chunk>, CliError> {
+        let ordered = self.groups.is_some();
+        let batches = stored.chunks(10).map(|batch| self.send(batch));
+        let sent: Vec<Vec<Chunk>> = run_all(batches, if ordered { 1 } else { 4 }, ordered).try_collect().await?;
         done(&self.bar);
         Ok(sent.into_iter().flatten().collect())
     }
@@ -144,7 +171,10 @@ impl<'a> Enqueue<'a> {
                     blob: c.blob.clone(),
                     tariff: self.tariff.clone(),
                 })
-                .map(|body| shared::queue::Outgoing { body, attrs: self.attrs.clone() })
+                .map(|body| {
+                    let group = self.groups.map(|g| g.group_id(self.job_id, c.number, c.partition));
+                    shared::queue::Outgoing { body, attrs: shared::queue::Attrs { group, ..self.attrs.clone() } }
+                })
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| CliError::Input(e.to_string()))?;
@@ -192,6 +222,18 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
     if opts.chunk_size == 0 {
         return Err(CliError::Input("--chunk-size must be at least 1".into()));
     }
+    let fifo = shared::config::is_fifo(clients.work.name());
+    match opts.grouping {
+        Grouping::Account { groups: 0 } => return Err(CliError::Input("--groups must be at least 1".into())),
+        Grouping::Account { .. } if !fifo => {
+            return Err(CliError::Input(format!(
+                "--group-by account needs a FIFO work queue (a name ending in .fifo, e.g. --work-queue billing-work.fifo); {} is a standard queue, which keeps no order",
+                clients.work.name()
+            )))
+        }
+        _ => {}
+    }
+    let grouping = opts.grouping;
     // Every header is checked before any row is read or anything is stored.
     let files = opts.files.iter().map(|p| InputFile::open(p)).collect::<Result<Vec<_>, _>>().map_err(|e| CliError::Input(e.to_string()))?;
     let job_id = new_job_id();
@@ -202,18 +244,19 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
 
     // Reading and validation run on a blocking thread and hand finished chunks over a small channel;
     // compression and uploads overlap with reading.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, ChunkWriter)>(8);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, usize, ChunkWriter)>(8);
     let (chunk_size, chunk_bytes) = (opts.chunk_size, opts.chunk_bytes);
     let rb = read_bar.clone();
     let reader = tokio::task::spawn_blocking(move || {
         let mut v = Validator::new();
         let mut rejected = Vec::new();
-        let mut cur = ChunkWriter::new();
+        // One chunk writer per partition; chunks are numbered in the order they fill up.
+        let mut cur: Vec<ChunkWriter> = (0..grouping.partitions()).map(|_| ChunkWriter::new()).collect();
         let mut next = 0u32;
         let closed = Cell::new(false);
         let mut done_bytes = 0;
-        let ship = |w: ChunkWriter, next: &mut u32| {
-            if !closed.get() && tx.blocking_send((*next, w)).is_err() {
+        let ship = |w: ChunkWriter, partition: usize, next: &mut u32| {
+            if !closed.get() && tx.blocking_send((*next, partition, w)).is_err() {
                 closed.set(true);
             }
             *next += 1;
@@ -222,9 +265,11 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
             v.read(
                 f,
                 |t| {
-                    cur.push(t);
-                    if cur.rows() >= chunk_size || cur.approx_bytes() >= chunk_bytes {
-                        ship(std::mem::take(&mut cur), &mut next);
+                    let p = grouping.partition(t.account_id);
+                    let w = &mut cur[p];
+                    w.push(t);
+                    if w.rows() >= chunk_size || w.approx_bytes() >= chunk_bytes {
+                        ship(std::mem::take(w), p, &mut next);
                     }
                 },
                 |r| rejected.push(r),
@@ -232,8 +277,10 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
             )?;
             done_bytes += f.bytes;
         }
-        if cur.rows() > 0 {
-            ship(cur, &mut next);
+        for (p, w) in cur.into_iter().enumerate() {
+            if w.rows() > 0 {
+                ship(w, p, &mut next);
+            }
         }
         Ok::<_, shared::input::InputError>((v.counts, rejected))
     });
@@ -245,10 +292,11 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
         deadline_ms: opts.deadline.and_then(|d| d.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_millis() as u64),
         ..Default::default()
     };
-    let enqueue = Enqueue::new(clients, &job_id, &opts.tariff, attrs, bar(&mp, 0, "enqueued  {pos} work items"));
+    let enqueue = Enqueue::new(clients, &job_id, &opts.tariff, attrs, fifo.then_some(grouping), bar(&mp, 0, "enqueued  {pos} work items"));
     // The stream owns the receiver: when a failure ends the stream early, the channel closes and the
     // reader stops handing over chunks instead of blocking on a full channel.
-    let encoded = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).map(|(number, w)| encode(number, w, &job_id, &store_bar)).buffer_unordered(n);
+    let chunks = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).map(|(number, p, w)| encode(number, p, w, &job_id, &store_bar));
+    let encoded = run_all(chunks, n, fifo);
     let (read, sent) = if opts.strict {
         // Nothing may be stored or enqueued before every row has been validated.
         let (read, held) = tokio::join!(reader, encoded.try_collect::<Vec<_>>());
@@ -260,11 +308,11 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
             }
             return Err(CliError::Input(msg));
         }
-        let stored = futures::stream::iter(held?).map(|c| put(c, &store)).buffer_unordered(n);
+        let stored = run_all(futures::stream::iter(held?).map(|c| put(c, &store)), n, fifo);
         (Ok(read), enqueue.run(stored).await)
     } else {
         // Chunks are stored and their work items sent while reading goes on, so processing starts at once.
-        let stored = encoded.map(|r| async { put(r?, &store).await }).buffer_unordered(n);
+        let stored = run_all(encoded.map(|r| async { put(r?, &store).await }), n, fifo);
         let (read, sent) = tokio::join!(reader, enqueue.run(stored));
         (read_result(read), sent)
     };

@@ -110,7 +110,72 @@ async fn failure_mid_submission_is_an_error_not_a_hang() {
     let opts = SubmitOptions { chunk_size: 5, ..SubmitOptions::new(vec![path]) };
     let r = tokio::time::timeout(Duration::from_secs(20), initiator::submit::submit(opts, &clients)).await.expect("submit returned instead of hanging");
     match r {
-        Err(initiator::CliError::Infra(e)) => assert!(e.to_string().contains("cannot reach S3"), "{e}"),
+        Err(initiator::CliError::Infra(e)) => {
+            assert!(e.to_string().contains("cannot reach S3"), "{e}")
+        }
         other => panic!("expected an infrastructure error, got {other:?}"),
     }
+}
+
+/// A blob store whose uploads take 0-7 ms, varying by key (uploads finish out of order).
+struct JitterStore(Arc<MemoryStore>);
+
+#[async_trait::async_trait]
+impl BlobStore for JitterStore {
+    fn bucket(&self) -> &str {
+        self.0.bucket()
+    }
+    async fn put(&self, key: &str, body: bytes::Bytes, content_type: &str) -> shared::Result<()> {
+        let ms = xxhash_rust::xxh3::xxh3_64(key.as_bytes()) % 8;
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        self.0.put(key, body, content_type).await
+    }
+    async fn get(&self, key: &str) -> shared::Result<Option<bytes::Bytes>> {
+        self.0.get(key).await
+    }
+    fn calls(&self) -> &shared::requests::CallCounter {
+        self.0.calls()
+    }
+}
+
+/// `--group-by account` on a FIFO queue: each account's rows are in one group, in file order, and the
+/// groups' chunks arrive in order; on a standard queue it is refused before anything is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_by_account_keeps_each_accounts_order() {
+    use initiator::grouping::{GroupBy, Grouping};
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::generated(dir.path(), "in.csv", 6_000, 37, 5);
+    let store = MemoryStore::new();
+    let work = MemoryQueue::new("work.fifo", Duration::from_secs(30));
+    let clients = Clients {
+        work: work.clone() as Arc<dyn Queue>,
+        results: MemoryQueue::new("results", Duration::from_secs(30)) as Arc<dyn Queue>,
+        store: Arc::new(JitterStore(store.clone())) as Arc<dyn BlobStore>,
+        triggers: None,
+    };
+    let grouping = Grouping::new(Some(GroupBy::Account), 4);
+    let opts = SubmitOptions { chunk_size: 250, upload_concurrency: 8, grouping, ..SubmitOptions::new(vec![path.clone()]) };
+    let s = initiator::submit::submit(opts, &clients).await.unwrap();
+    assert!(s.total_chunks >= 24, "{} chunks", s.total_chunks);
+    let delivered = common::drain_fifo(work.as_ref(), store.as_ref()).await;
+    assert_eq!(delivered.len() as u32, s.total_chunks);
+    let groups: std::collections::BTreeSet<_> = delivered.iter().map(|d| d.group.as_str()).collect();
+    assert_eq!(groups.into_iter().collect::<Vec<_>>(), ["accounts-0-of-4", "accounts-1-of-4", "accounts-2-of-4", "accounts-3-of-4"]);
+    common::assert_accounts_in_order(&delivered, &[path.clone()]);
+
+    // Without --group-by, a FIFO queue still gets a group per chunk (no order, full parallelism).
+    let s = initiator::submit::submit(SubmitOptions { chunk_size: 1000, ..SubmitOptions::new(vec![path.clone()]) }, &clients).await.unwrap();
+    let delivered = common::drain_fifo(work.as_ref(), store.as_ref()).await;
+    assert_eq!(delivered.len(), 6);
+    assert!(delivered.iter().all(|d| d.group == format!("{}-{}", s.job_id, d.chunk)));
+
+    // A standard queue keeps no order: refused, nothing stored.
+    let standard = MemoryStore::new();
+    let clients =
+        Clients { work: MemoryQueue::new("work", Duration::from_secs(30)) as Arc<dyn Queue>, store: standard.clone() as Arc<dyn BlobStore>, ..clients };
+    match initiator::submit::submit(SubmitOptions { grouping, ..SubmitOptions::new(vec![path]) }, &clients).await {
+        Err(initiator::CliError::Input(e)) => assert!(e.contains("needs a FIFO work queue") && e.contains("work is a standard queue"), "{e}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(standard.keys().is_empty());
 }

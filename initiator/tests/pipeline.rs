@@ -68,6 +68,38 @@ async fn whole_pipeline_bills_exactly() {
     c.stop().await;
 }
 
+/// `--group-by account` on a real SQS FIFO work queue: the queue delivers each account's rows in one
+/// group, in file order; then a whole job on the FIFO fleet bills exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_by_account_on_a_fifo_queue_keeps_order_and_bills_exactly() {
+    use initiator::grouping::{GroupBy, Grouping};
+    use initiator::submit::SubmitOptions;
+    let st = fifo_stack(QueueSettings::default()).await;
+    assert!(st.names.work_queue.ends_with(".fifo") && st.names.work_dlq().ends_with("-dlq.fifo"), "{:?}", st.names);
+    let dir = tempfile::tempdir().unwrap();
+    let f = generated(dir.path(), "in.csv", 8_000, 60, 21);
+    let grouping = Grouping::new(Some(GroupBy::Account), 3);
+    let opts = |chunk_size| SubmitOptions { chunk_size, grouping, ..SubmitOptions::new(vec![f.clone()]) };
+
+    let s = st.submit_with(opts(400)).await;
+    let delivered = drain_fifo(st.work.as_ref(), st.store.as_ref()).await;
+    assert_eq!(delivered.len() as u32, s.total_chunks);
+    assert_eq!(delivered.iter().map(|d| d.group.as_str()).collect::<std::collections::BTreeSet<_>>().len(), 3);
+    assert_accounts_in_order(&delivered, std::slice::from_ref(&f));
+
+    let p = st.start_processor(fast_processor());
+    let c = st.start_controller();
+    let s = st.submit_with(opts(500)).await;
+    let r = st.wait_report(&s, T).await;
+    assert_eq!(r.status, JobStatus::Complete);
+    assert_consistent(&r);
+    assert_eq!(r.transactions.processed, 8_000);
+    assert_eq!(report_accounts(&r), expected_accounts(&[f]));
+    st.wait_depth(st.work.as_ref(), 0, T).await;
+    p.stop().await;
+    c.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicate_work_items_do_not_change_totals() {
     let st = stack(QueueSettings::default()).await;

@@ -105,6 +105,78 @@ async fn a_slow_message_is_kept_invisible_by_the_heartbeat_and_processed_once() 
     st.wait_depth(st.work.as_ref(), 0, Duration::from_secs(5)).await;
 }
 
+/// Records when each message was handled and by which instance; fails chosen bodies once.
+struct Timed {
+    instance: usize,
+    epoch: Instant,
+    fail_once: Arc<Mutex<Vec<String>>>,
+    log: Arc<Mutex<Vec<(Duration, Duration, String, usize, bool)>>>,
+}
+
+#[async_trait]
+impl Handler for Timed {
+    async fn handle(&self, msgs: &[Message], _done: &Completions) -> Vec<Outcome> {
+        let mut out = Vec::new();
+        for m in msgs {
+            let start = self.epoch.elapsed();
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let fail = {
+                let mut f = self.fail_once.lock().unwrap();
+                let hit = f.iter().position(|b| *b == m.body);
+                hit.map(|i| f.remove(i)).is_some()
+            };
+            self.log.lock().unwrap().push((start, self.epoch.elapsed(), m.body.clone(), self.instance, !fail));
+            out.push(if fail { Outcome::Failed("injected".into()) } else { Outcome::Done });
+        }
+        out
+    }
+}
+
+/// Seed 003's per-partition order on a real SQS FIFO queue, across two listener instances: each
+/// group's messages are handled one at a time, in order, also around a failed message's retry, and
+/// different groups in parallel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_groups_keep_their_order_across_instances_and_retries() {
+    let st = common::fifo_stack(QueueSettings::default()).await;
+    let mut out = Vec::new();
+    for i in 1..=8 {
+        for g in ["a", "b", "c"] {
+            out.push(shared::queue::Outgoing { body: format!("{g}{i}"), attrs: shared::queue::Attrs { group: Some(g.into()), ..Default::default() } });
+        }
+    }
+    st.work.send_messages(&out).await.unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let epoch = Instant::now();
+    let cfg = EngineConfig { retry: shared::listener::backoff::RetryBackoff { base: Duration::from_secs(2), max: Duration::from_secs(4) }, ..engine_cfg() };
+    let fail_once = Arc::new(Mutex::new(vec!["b3".to_string()]));
+    let engines = futures::future::join_all((0..2).map(|instance| {
+        let h = Arc::new(Timed { instance, epoch, fail_once: fail_once.clone(), log: log.clone() });
+        Engine::start(st.work.clone(), None, h, cfg.clone())
+    }))
+    .await;
+    let start = Instant::now();
+    while log.lock().unwrap().iter().filter(|x| x.4).count() < 24 {
+        assert!(start.elapsed() < Duration::from_secs(60), "not all handled: {:?}", log.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for e in engines {
+        e.unwrap().shutdown(Duration::from_secs(5)).await;
+    }
+    st.wait_depth(st.work.as_ref(), 0, Duration::from_secs(10)).await;
+    let log = log.lock().unwrap().clone();
+    for g in ["a", "b", "c"] {
+        let mine: Vec<_> = log.iter().filter(|x| x.2.starts_with(g)).collect();
+        let done: Vec<&str> = mine.iter().filter(|x| x.4).map(|x| x.2.as_str()).collect();
+        assert_eq!(done, (1..=8).map(|i| format!("{g}{i}")).collect::<Vec<_>>(), "group {g}: {mine:?}");
+        assert!(mine.windows(2).all(|w| w[1].0 >= w[0].1), "group {g} overlapped: {mine:?}");
+    }
+    let b3: Vec<_> = log.iter().filter(|x| x.2 == "b3").collect();
+    assert_eq!(b3.iter().map(|x| x.4).collect::<Vec<_>>(), [false, true], "one failure, retried in place: {log:?}");
+    assert!(b3[1].0 - b3[0].1 >= Duration::from_millis(1900), "retried after its 2 s back-off: {b3:?}");
+    let overlapping = log.iter().any(|x| log.iter().any(|y| x.2 < y.2 && x.0 < y.1 && y.0 < x.1));
+    assert!(overlapping, "different groups ran in parallel: {log:?}");
+}
+
 /// GET on the processor's state endpoint.
 async fn get_state(addr: &str) -> Option<serde_json::Value> {
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -125,7 +197,7 @@ async fn a_processor_killed_with_sigkill_mid_job_loses_nothing() {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_processor"));
     cmd.env("FLEET_BUCKET", &st.names.bucket)
         .env("FLEET_WORK_QUEUE", &st.names.work_queue)
-        .env("FLEET_WORK_DLQ", &st.names.work_dlq)
+        .env("FLEET_WORK_DLQ", &st.names.work_dlq())
         .env("FLEET_RESULTS_QUEUE", &st.names.results_queue)
         .env("AMQP_URL", "")
         .env("LISTENER_RECEIVE_WAIT_SECS", "1")

@@ -20,9 +20,10 @@ pub struct FleetArgs {
     /// Work queue (name or URL).
     #[arg(long, global = true, env = "FLEET_WORK_QUEUE", default_value = "billing-work")]
     pub work_queue: String,
-    /// Dead-letter queue of the work queue (name or URL).
-    #[arg(long, global = true, env = "FLEET_WORK_DLQ", default_value = "billing-work-dlq")]
-    pub work_dlq: String,
+    /// Dead-letter queue of the work queue (name or URL) [default: the work queue's name with `-dlq`,
+    /// before `.fifo` for a FIFO queue: billing-work-dlq, billing-work-dlq.fifo].
+    #[arg(long = "work-dlq", global = true, env = "FLEET_WORK_DLQ")]
+    pub work_dlq_override: Option<String>,
     /// Results queue (name or URL).
     #[arg(long, global = true, env = "FLEET_RESULTS_QUEUE", default_value = "billing-results")]
     pub results_queue: String,
@@ -40,23 +41,53 @@ impl FleetArgs {
         FleetArgs {
             bucket: "billing-fleet".into(),
             work_queue: "billing-work".into(),
-            work_dlq: "billing-work-dlq".into(),
+            work_dlq_override: None,
             results_queue: "billing-results".into(),
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             trigger_exchange: "billing.triggers".into(),
         }
     }
 
+    /// The work queue's dead-letter queue: `--work-dlq`, or derived from the work queue's name.
+    pub fn work_dlq(&self) -> String {
+        self.work_dlq_override.clone().unwrap_or_else(|| dlq_name(&self.work_queue))
+    }
+
+    /// The same fleet on a FIFO work queue (`{work_queue}.fifo`, its dead-letter queue derived).
+    pub fn fifo(&self) -> FleetArgs {
+        let work_queue = if is_fifo(&self.work_queue) { self.work_queue.clone() } else { format!("{}.fifo", self.work_queue) };
+        FleetArgs { work_queue, work_dlq_override: None, ..self.clone() }
+    }
+
     /// Same names with a suffix on every queue, bucket and exchange (isolated test fleets).
     pub fn with_suffix(&self, suffix: &str) -> FleetArgs {
         FleetArgs {
             bucket: format!("{}-{suffix}", self.bucket),
-            work_queue: format!("{}-{suffix}", self.work_queue),
-            work_dlq: format!("{}-{suffix}", self.work_dlq),
-            results_queue: format!("{}-{suffix}", self.results_queue),
+            work_queue: suffixed(&self.work_queue, suffix),
+            work_dlq_override: self.work_dlq_override.as_deref().map(|q| suffixed(q, suffix)),
+            results_queue: suffixed(&self.results_queue, suffix),
             amqp_url: self.amqp_url.clone(),
             trigger_exchange: format!("{}-{suffix}", self.trigger_exchange),
         }
+    }
+}
+
+/// Whether a queue name or URL names a FIFO queue (SQS requires the `.fifo` suffix).
+pub fn is_fifo(name_or_url: &str) -> bool {
+    name_or_url.ends_with(".fifo")
+}
+
+/// The dead-letter queue name for a queue: `-dlq` appended, before `.fifo` for a FIFO queue (a FIFO
+/// queue's dead-letter queue must be FIFO too). Works on names and URLs alike.
+pub fn dlq_name(queue: &str) -> String {
+    suffixed(queue, "dlq")
+}
+
+/// `name-suffix`, keeping `.fifo` last.
+fn suffixed(name: &str, suffix: &str) -> String {
+    match name.strip_suffix(".fifo") {
+        Some(base) => format!("{base}-{suffix}.fifo"),
+        None => format!("{name}-{suffix}"),
     }
 }
 
@@ -124,5 +155,28 @@ impl Aws {
 
     pub fn store(&self, bucket: &str) -> Arc<S3Store> {
         Arc::new(S3Store::new(self.s3(), &self.endpoint, bucket))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_letter_names_keep_fifo_last() {
+        assert_eq!(dlq_name("billing-work"), "billing-work-dlq");
+        assert_eq!(dlq_name("billing-work.fifo"), "billing-work-dlq.fifo");
+        assert_eq!(dlq_name("http://h:4566/000000000000/q.fifo"), "http://h:4566/000000000000/q-dlq.fifo");
+        let d = FleetArgs::defaults();
+        assert_eq!(d.work_dlq(), "billing-work-dlq");
+        let f = d.fifo();
+        assert_eq!((f.work_queue.as_str(), f.work_dlq().as_str()), ("billing-work.fifo", "billing-work-dlq.fifo"));
+        let s = f.with_suffix("t1");
+        assert_eq!(
+            (s.work_queue.as_str(), s.work_dlq().as_str(), s.results_queue.as_str()),
+            ("billing-work-t1.fifo", "billing-work-t1-dlq.fifo", "billing-results-t1")
+        );
+        let o = FleetArgs { work_dlq_override: Some("mine".into()), ..d };
+        assert_eq!(o.with_suffix("t1").work_dlq(), "mine-t1");
     }
 }

@@ -1,4 +1,6 @@
 //! Creates the fleet's queues (each with a dead-letter queue and redrive) and bucket, idempotently.
+//! A queue named `*.fifo` is created as a FIFO queue (with a FIFO dead-letter queue, as SQS requires);
+//! senders give every message a de-duplication id, so content-based de-duplication stays off.
 //! `localstack/init/ready.d/10-billing-fleet.py` does the same for deployments; tests use this to
 //! make their own uniquely named resources.
 
@@ -6,7 +8,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 
-use crate::config::{Aws, FleetArgs};
+use crate::config::{dlq_name, is_fifo, Aws, FleetArgs};
 use crate::error::{Error, Result, Service};
 use crate::queue::sdk_error;
 
@@ -23,8 +25,11 @@ impl Default for QueueSettings {
     }
 }
 
-async fn create_queue(aws: &Aws, name: &str, attrs: Vec<(QueueAttributeName, String)>) -> Result<(String, String)> {
+async fn create_queue(aws: &Aws, name: &str, mut attrs: Vec<(QueueAttributeName, String)>) -> Result<(String, String)> {
     let sqs = aws.sqs();
+    if is_fifo(name) {
+        attrs.push((QueueAttributeName::FifoQueue, "true".into()));
+    }
     let mut req = sqs.create_queue().queue_name(name);
     for (k, v) in attrs {
         req = req.attributes(k, v);
@@ -43,8 +48,11 @@ async fn create_queue(aws: &Aws, name: &str, attrs: Vec<(QueueAttributeName, Str
     Ok((url, arn))
 }
 
-/// Creates `name` and `{name}-dlq`-style dead-letter queue `dlq` with redrive after `max_receive_count`.
+/// Creates `name` and its dead-letter queue `dlq` with redrive after `max_receive_count`.
 pub async fn ensure_queue_with_dlq(aws: &Aws, name: &str, dlq: &str, s: QueueSettings) -> Result<String> {
+    if is_fifo(name) != is_fifo(dlq) {
+        return Err(Error::Config(format!("queue {name} and its dead-letter queue {dlq} must both be FIFO (.fifo) or both standard")));
+    }
     let (_, dlq_arn) = create_queue(aws, dlq, vec![(QueueAttributeName::MessageRetentionPeriod, "1209600".into())]).await?;
     let redrive = serde_json::json!({ "deadLetterTargetArn": dlq_arn, "maxReceiveCount": s.max_receive_count.to_string() }).to_string();
     let (url, _) = create_queue(
@@ -76,7 +84,7 @@ pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
 
 /// Creates every resource of a fleet: work queue + DLQ, results queue + DLQ, bucket.
 pub async fn ensure_fleet(aws: &Aws, names: &FleetArgs, s: QueueSettings) -> Result<()> {
-    ensure_queue_with_dlq(aws, &names.work_queue, &names.work_dlq, s).await?;
-    ensure_queue_with_dlq(aws, &names.results_queue, &format!("{}-dlq", names.results_queue), s).await?;
+    ensure_queue_with_dlq(aws, &names.work_queue, &names.work_dlq(), s).await?;
+    ensure_queue_with_dlq(aws, &names.results_queue, &dlq_name(&names.results_queue), s).await?;
     ensure_bucket(aws, &names.bucket).await
 }

@@ -365,7 +365,8 @@ impl Queue for SqsQueue {
                 ChangeMessageVisibilityBatchRequestEntry::builder()
                     .id(i.to_string())
                     .receipt_handle(r.as_str())
-                    .visibility_timeout(t.as_secs().min(43_200) as i32)
+                    // Whole seconds on SQS: a part second rounds up (a short retry delay must not become 0).
+                    .visibility_timeout((t.as_secs() + u64::from(t.subsec_nanos() > 0)).min(43_200) as i32)
                     .build()
             })
             .collect::<std::result::Result<Vec<_>, _>>()

@@ -27,7 +27,7 @@ async fn main() -> ExitCode {
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
     let aws = Aws::load().await;
     let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
-    let work_dlq = aws.queue(&cli.fleet.work_dlq).await.context("opening the work dead-letter queue")?;
+    let work_dlq = aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
     controller::run(cli.settings, controller::Deps { results, work_dlq, store }, shutdown).await?;
     Ok(())

@@ -97,6 +97,14 @@ struct SubmitArgs {
     /// dead-lettered with reason `expired` (the job reports them as failed chunks).
     #[arg(long, env = "INITIATOR_DEADLINE_SECS")]
     deadline_secs: Option<u64>,
+    /// Keep each account's transactions in order: accounts are hashed into --groups partitions, each
+    /// chunked on its own and sent as one FIFO message group (needs a FIFO work queue, e.g.
+    /// --work-queue billing-work.fifo). Processors bill a group's chunks one at a time, in file order.
+    #[arg(long, value_enum, env = "INITIATOR_GROUP_BY")]
+    group_by: Option<initiator::grouping::GroupBy>,
+    /// Number of partitions (message groups) for --group-by: the most chunks processed in parallel.
+    #[arg(long, env = "INITIATOR_GROUPS", default_value_t = 16, requires = "group_by")]
+    groups: u32,
     /// Tariff JSON file overriding the default (0.30 + 2.9%, refunds free).
     #[arg(long)]
     tariff: Option<PathBuf>,
@@ -196,6 +204,7 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
         progress: show,
         priority: args.priority,
         deadline: args.deadline_secs.map(|s| std::time::SystemTime::now() + std::time::Duration::from_secs(s)),
+        grouping: initiator::grouping::Grouping::new(args.group_by, args.groups),
         ..SubmitOptions::new(args.files)
     };
     let s = initiator::submit::submit(opts, &clients).await?;

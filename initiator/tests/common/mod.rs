@@ -35,9 +35,18 @@ pub struct Stack {
 
 /// Creates a fresh fleet with unique names.
 pub async fn stack(settings: QueueSettings) -> Stack {
+    stack_of(FleetArgs::defaults(), settings).await
+}
+
+/// Creates a fresh fleet with unique names on a FIFO work queue (and FIFO work dead-letter queue).
+pub async fn fifo_stack(settings: QueueSettings) -> Stack {
+    stack_of(FleetArgs::defaults().fifo(), settings).await
+}
+
+async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Stack {
     let aws = Aws::local_or_env(LOCALSTACK).await;
     let suffix = uuid::Uuid::now_v7().simple().to_string();
-    let mut names = FleetArgs::defaults().with_suffix(&suffix[suffix.len() - 12..]);
+    let mut names = base.with_suffix(&suffix[suffix.len() - 12..]);
     names.amqp_url = amqp_url();
     ensure_fleet(&aws, &names, settings)
         .await
@@ -45,7 +54,7 @@ pub async fn stack(settings: QueueSettings) -> Stack {
     let store = aws.store(&names.bucket);
     Stack {
         work: aws.queue(&names.work_queue).await.unwrap(),
-        work_dlq: aws.queue(&names.work_dlq).await.unwrap(),
+        work_dlq: aws.queue(&names.work_dlq()).await.unwrap(),
         results: aws.queue(&names.results_queue).await.unwrap(),
         store,
         names,
@@ -100,7 +109,10 @@ impl Stack {
     }
 
     pub async fn submit(&self, files: &[PathBuf], chunk_size: u64) -> Submitted {
-        let opts = SubmitOptions { chunk_size, ..SubmitOptions::new(files.to_vec()) };
+        self.submit_with(SubmitOptions { chunk_size, ..SubmitOptions::new(files.to_vec()) }).await
+    }
+
+    pub async fn submit_with(&self, opts: SubmitOptions) -> Submitted {
         initiator::submit::submit(opts, &self.clients()).await.expect("submit")
     }
 
@@ -163,4 +175,58 @@ pub fn assert_consistent(r: &Report) {
     assert_eq!(r.accounts.iter().map(|a| a.count).sum::<u64>(), t.processed);
     assert_eq!(r.totals.iter().map(|c| c.count).sum::<u64>(), t.processed);
     assert_eq!(t.failed, r.failed_chunks.iter().map(|f| f.transactions).sum::<u64>());
+}
+
+/// A work item as it came off a FIFO queue: its group, chunk number and `(account, txn_id)` rows.
+pub struct Delivered {
+    pub group: String,
+    pub chunk: u32,
+    pub rows: Vec<(String, String)>,
+}
+
+/// Receives and deletes every work item of a FIFO work queue, in delivery order, with its chunk's rows.
+pub async fn drain_fifo(work: &dyn Queue, store: &dyn shared::blob::BlobStore) -> Vec<Delivered> {
+    let mut out = Vec::new();
+    loop {
+        let msgs = work.receive(10, Duration::from_secs(1)).await.unwrap();
+        if msgs.is_empty() {
+            return out;
+        }
+        for m in &msgs {
+            let item: shared::model::WorkItem = serde_json::from_str(&m.body).unwrap();
+            let data = store.get(&item.blob.key).await.unwrap().expect("chunk blob");
+            let mut rows = Vec::new();
+            shared::codec::decode_chunk(&data, &item.blob, item.transactions, 1 << 30, |t| rows.push((t.account_id.to_string(), t.txn_id.to_string())))
+                .unwrap();
+            out.push(Delivered { group: m.attrs.group.clone().expect("a FIFO message has a group"), chunk: item.chunk, rows });
+        }
+        work.delete(&msgs.iter().map(|m| m.receipt.clone()).collect::<Vec<_>>()).await.unwrap();
+    }
+}
+
+/// Every account's transactions are in one message group, and that group delivers them in file order.
+pub fn assert_accounts_in_order(delivered: &[Delivered], files: &[PathBuf]) {
+    use std::collections::HashMap;
+    let mut want: HashMap<String, Vec<String>> = HashMap::new();
+    let mut v = Validator::new();
+    for f in files {
+        v.read(&InputFile::open(f).unwrap(), |t| want.entry(t.account_id.to_string()).or_default().push(t.txn_id.to_string()), |_| {}, |_| {}).unwrap();
+    }
+    let mut got: HashMap<String, Vec<String>> = HashMap::new();
+    let mut group_of: HashMap<String, String> = HashMap::new();
+    let mut last_chunk: HashMap<String, u32> = HashMap::new();
+    for d in delivered {
+        if let Some(prev) = last_chunk.insert(d.group.clone(), d.chunk) {
+            assert!(prev < d.chunk, "group {} delivered chunk {} after chunk {prev}", d.group, d.chunk);
+        }
+        for (account, txn) in &d.rows {
+            let g = group_of.entry(account.clone()).or_insert_with(|| d.group.clone());
+            assert_eq!(g, &d.group, "account {account} is in two groups");
+            got.entry(account.clone()).or_default().push(txn.clone());
+        }
+    }
+    assert_eq!(got.len(), want.len(), "every account delivered");
+    for (account, txns) in &want {
+        assert_eq!(got.get(account), Some(txns), "account {account}: transactions out of file order");
+    }
 }

@@ -29,7 +29,7 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     let aws = Aws::load().await;
     let work = aws.queue(&cli.fleet.work_queue).await.context("opening the work queue")?;
     let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
-    let work_dlq = aws.queue(&cli.fleet.work_dlq).await.context("opening the work dead-letter queue")?;
+    let work_dlq = aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
     let triggers = (!cli.fleet.amqp_url.is_empty()).then(|| {
         let (tx, _) = tokio::sync::broadcast::channel(64);

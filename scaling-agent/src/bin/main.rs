@@ -34,7 +34,7 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     let aws = Aws::load().await;
     let watched = scaling_agent::Watched {
         work: aws.queue(&cli.fleet.work_queue).await.context("opening the work queue")?,
-        work_dlq: aws.queue(&cli.fleet.work_dlq).await.context("opening the work dead-letter queue")?,
+        work_dlq: aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?,
         results: aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?,
     };
     if cli.once {

@@ -411,6 +411,11 @@ impl Engine {
         if !finished {
             tracing::warn!(queue = self.queue_name(), grace_s = grace.as_secs(), "messages still in progress after the grace period");
         }
+        // FIFO messages held for a group still in progress after the grace period.
+        let held = lock(&inner.throttle).take_held();
+        for m in held {
+            release(inner, &m.receipt, Duration::ZERO);
+        }
         finished
     }
 
@@ -500,7 +505,9 @@ async fn consume(inner: Arc<Inner>, id: usize) {
         if lock(&inner.consumers).list.get(&id).is_none_or(|c| c.retiring) {
             break;
         }
-        let Some(max) = wait_for_room(&inner).await else { break };
+        let Some(max) = wait_for_room(&inner).await else {
+            break;
+        };
         let started = Instant::now();
         let received = tokio::select! {
             _ = inner.stop_receiving.cancelled() => {
@@ -696,11 +703,17 @@ async fn expire(inner: Arc<Inner>, m: Message) {
                 inner.completions.delete(m.receipt);
                 return;
             }
-            Err(e) => tracing::warn!(queue = inner.queue.name(), error = %e, "could not dead-letter an expired message; returning it"),
+            Err(e) => {
+                tracing::warn!(queue = inner.queue.name(), error = %e, "could not dead-letter an expired message; returning it")
+            }
         }
     }
     inner.handler.on_error(ErrorEvent::Expired { msg: &m, dead_lettered: false });
-    release(&inner, &m.receipt, Duration::ZERO);
+    let group = if inner.info.fifo { m.attrs.group.clone() } else { None };
+    let back = lock(&inner.throttle).give_back(m, group);
+    if let Some(m) = back {
+        release(&inner, &m.receipt, Duration::ZERO);
+    }
 }
 
 /// Marks a batch's messages finished in the throttle even if the handler panics.
@@ -712,10 +725,11 @@ struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         let mut t = lock(&self.inner.throttle);
-        for g in &self.groups {
-            t.finish(g.as_deref());
-        }
+        let back: Vec<Message> = self.groups.iter().flat_map(|g| t.finish(g.as_deref())).collect();
         drop(t);
+        for m in back {
+            release(&self.inner, &m.receipt, Duration::ZERO);
+        }
         self.inner.dispatch.notify_one();
         self.inner.room.notify_waiters();
     }
@@ -783,13 +797,23 @@ async fn process(inner: Arc<Inner>, msgs: Vec<Message>, running: Running) {
                     queue = inner.queue.name(), message_id = %m.id, receive_count = m.receive_count, last_attempt = last,
                     retry_in_s = delay.as_secs(), %reason, "message failed"
                 );
-                inner.completions.release(m.receipt.clone(), delay);
-                // FIFO: the group's later messages must not overtake it; they go back too, in order.
-                if let Some(g) = running.groups.get(i).and_then(Option::as_deref) {
-                    let back = lock(&inner.throttle).take_group(g);
-                    for b in back {
-                        release(&inner, &b.receipt, Duration::ZERO);
-                    }
+                // FIFO: the group's later messages must not overtake it; they go back too, and become
+                // visible no later than it (a visible message behind an invisible one of its group
+                // could be received first): a second earlier on a delayed retry, right after it on
+                // the last attempt.
+                let successors = match running.groups.get(i).and_then(Option::as_deref) {
+                    Some(g) => lock(&inner.throttle).take_group(g),
+                    None => Vec::new(),
+                };
+                if delay.is_zero() {
+                    inner.completions.release(m.receipt.clone(), delay);
+                }
+                let ahead = if delay > Duration::from_secs(1) { delay - Duration::from_secs(1) } else { delay };
+                for b in &successors {
+                    release(&inner, &b.receipt, ahead);
+                }
+                if !delay.is_zero() {
+                    inner.completions.release(m.receipt.clone(), delay);
                 }
             }
         }

@@ -3,10 +3,14 @@
 //! When the buffer is full, a message of higher priority evicts the lowest-priority one; the evicted
 //! message is handed back to the caller, which returns it to the queue (never dropped). A message that
 //! waits longer than the TTL expires. Limits change at runtime; lowering them hands back the surplus.
-//! Messages of one FIFO group are released one at a time, in order (seed 003's per-partition order).
+//! Messages of one FIFO group are released one at a time, in arrival order (seed 003's per-partition
+//! order; a group's priority is its best message's). A FIFO message that must go back to the queue
+//! (evicted, surplus, expired, drained) while an earlier message of its group is still here is held
+//! until the group has nothing left here: a message made visible behind an invisible one of its group
+//! would let another consumer overtake it (LocalStack does; SQS itself blocks the group).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -76,6 +80,8 @@ pub struct Throttle<M> {
     running: usize,
     reserved: usize,
     active_groups: HashSet<String>,
+    /// FIFO messages on their way back to the queue, waiting for their group to leave.
+    held: HashMap<String, Vec<M>>,
     seq: u64,
 }
 
@@ -87,6 +93,7 @@ impl<M> Throttle<M> {
             running: 0,
             reserved: 0,
             active_groups: HashSet::new(),
+            held: HashMap::new(),
             seq: 0,
         }
     }
@@ -105,6 +112,27 @@ impl<M> Throttle<M> {
 
     pub fn running(&self) -> usize {
         self.running
+    }
+
+    /// Whether a message of group `g` is in progress or buffered.
+    fn holds_group(&self, g: &str) -> bool {
+        self.active_groups.contains(g) || self.entries.values().any(|e| e.group.as_deref() == Some(g))
+    }
+
+    /// A message leaving for the queue: handed back now, or held while its group is still here.
+    pub fn give_back(&mut self, msg: M, group: Option<String>) -> Option<M> {
+        match group {
+            Some(g) if self.holds_group(&g) => {
+                self.held.entry(g).or_default().push(msg);
+                None
+            }
+            _ => Some(msg),
+        }
+    }
+
+    /// Every held message (the end of a drain).
+    pub fn take_held(&mut self) -> Vec<M> {
+        std::mem::take(&mut self.held).into_values().flatten().collect()
     }
 
     /// Buffered messages beyond those that could start right now.
@@ -141,7 +169,7 @@ impl<M> Throttle<M> {
         while self.entries.len() > self.waiting_capacity() {
             // The last key is the lowest priority, newest within it.
             match self.entries.pop_last() {
-                Some((_, e)) => out.push(e.msg),
+                Some((_, e)) => out.extend(self.give_back(e.msg, e.group)),
                 None => break,
             }
         }
@@ -154,7 +182,12 @@ impl<M> Throttle<M> {
         if self.running >= self.limits.max_concurrency {
             return None;
         }
-        let key = *self.entries.iter().find(|(_, e)| e.group.as_ref().is_none_or(|g| !self.active_groups.contains(g)))?.0;
+        let (key, first) = self.entries.iter().find(|(_, e)| e.group.as_ref().is_none_or(|g| !self.active_groups.contains(g)))?;
+        // Within a group, arrival order wins over priority.
+        let key = match &first.group {
+            Some(g) => *self.entries.iter().filter(|(_, e)| e.group.as_ref() == Some(g)).min_by_key(|((_, seq), _)| *seq)?.0,
+            None => *key,
+        };
         let e = self.entries.remove(&key)?;
         if let Some(g) = &e.group {
             self.active_groups.insert(g.clone());
@@ -163,17 +196,28 @@ impl<M> Throttle<M> {
         Some((e.msg, e.group))
     }
 
-    /// A message taken with [`Throttle::pop_ready`] is done.
-    pub fn finish(&mut self, group: Option<&str>) {
+    /// A message taken with [`Throttle::pop_ready`] is done. Returns the group's held messages once
+    /// nothing of the group is left here, to be returned to the queue.
+    pub fn finish(&mut self, group: Option<&str>) -> Vec<M> {
         self.running = self.running.saturating_sub(1);
-        if let Some(g) = group {
-            self.active_groups.remove(g);
+        match group {
+            Some(g) => {
+                self.active_groups.remove(g);
+                if self.holds_group(g) {
+                    Vec::new()
+                } else {
+                    self.held.remove(g).unwrap_or_default()
+                }
+            }
+            None => Vec::new(),
         }
     }
 
     /// Removes the messages that waited longer than the TTL.
     pub fn expire(&mut self, now: Instant) -> Vec<M> {
-        let Some(ttl) = self.limits.ttl else { return Vec::new() };
+        let Some(ttl) = self.limits.ttl else {
+            return Vec::new();
+        };
         let keys: Vec<_> = self.entries.iter().filter(|(_, e)| now.duration_since(e.enqueued) >= ttl).map(|(k, _)| *k).collect();
         keys.into_iter().filter_map(|k| self.entries.remove(&k)).map(|e| e.msg).collect()
     }
@@ -190,15 +234,24 @@ impl<M> Throttle<M> {
         self.surplus()
     }
 
-    /// Removes the buffered messages of `group` (a failed message's successors go back with it, in order).
+    /// Removes the buffered and held messages of `group`, in arrival order (a failed message's
+    /// successors go back with it).
     pub fn take_group(&mut self, group: &str) -> Vec<M> {
-        let keys: Vec<_> = self.entries.iter().filter(|(_, e)| e.group.as_deref() == Some(group)).map(|(k, _)| *k).collect();
-        keys.into_iter().filter_map(|k| self.entries.remove(&k)).map(|e| e.msg).collect()
+        let mut keys: Vec<_> = self.entries.iter().filter(|(_, e)| e.group.as_deref() == Some(group)).map(|(k, _)| *k).collect();
+        keys.sort_by_key(|(_, seq)| *seq);
+        let mut out: Vec<M> = keys.into_iter().filter_map(|k| self.entries.remove(&k)).map(|e| e.msg).collect();
+        out.extend(self.held.remove(group).unwrap_or_default());
+        out
     }
 
-    /// Removes every buffered message.
+    /// Removes every buffered message; those of a group with a message in progress are held until it
+    /// finishes ([`Throttle::finish`]).
     pub fn take_all(&mut self) -> Vec<M> {
-        std::mem::take(&mut self.entries).into_values().map(|e| e.msg).collect()
+        let mut out = Vec::new();
+        for (_, e) in std::mem::take(&mut self.entries) {
+            out.extend(self.give_back(e.msg, e.group));
+        }
+        out
     }
 }
 
@@ -330,5 +383,55 @@ mod tests {
         assert_eq!(t.pop_ready().map(|x| x.0), Some("a2"));
         // A failed message's successors go back to the queue with it.
         assert_eq!(t.take_group("a"), vec!["a3"]);
+    }
+
+    #[test]
+    fn a_group_keeps_arrival_order_whatever_the_priorities() {
+        let now = Instant::now();
+        let mut t = Throttle::new(limits(4, 10));
+        let g = |s: &str| Some(s.to_string());
+        t.push("a1", 0, g("a"), now);
+        t.push("b1", 1, g("b"), now);
+        t.push("a2", 5, g("a"), now);
+        // a2's priority makes group a first, but a1 arrived before it.
+        let (m, ga) = t.pop_ready().unwrap();
+        assert_eq!(m, "a1");
+        assert_eq!(t.pop_ready().map(|x| x.0), Some("b1"));
+        assert!(t.pop_ready().is_none());
+        t.finish(ga.as_deref());
+        assert_eq!(t.pop_ready().map(|x| x.0), Some("a2"));
+    }
+
+    #[test]
+    fn fifo_messages_going_back_wait_for_their_group_to_leave() {
+        let now = Instant::now();
+        let mut t = Throttle::new(limits(1, 2));
+        let g = |s: &str| Some(s.to_string());
+        t.push("a1", 0, g("a"), now);
+        let (_, ga) = t.pop_ready().unwrap();
+        t.push("b1", 0, g("b"), now);
+        t.push("a2", 0, g("a"), now);
+        // Full; a higher-priority message evicts a2, which is held (a1 is in progress), not returned.
+        assert!(t.push("c1", 3, g("c"), now).is_empty());
+        // Lowering the buffer evicts b1: its group has nothing else here, so it goes back at once.
+        assert_eq!(t.set_limits(limits(1, 1)), vec!["b1"]);
+        // a1 done: group a has left, a2 goes back now.
+        assert_eq!(t.finish(ga.as_deref()), vec!["a2"]);
+        // Drain: a message of a group in progress is held until it finishes; others go back.
+        t.push("d1", 0, g("d"), now);
+        let (m, gc) = t.pop_ready().unwrap();
+        assert_eq!(m, "c1");
+        t.push("c2", 0, g("c"), now);
+        assert_eq!(t.take_all(), vec!["d1"]);
+        assert_eq!(t.finish(gc.as_deref()), vec!["c2"]);
+        // What is still held at the end of a drain can be taken.
+        let (_, gd) = {
+            t.push("e1", 0, g("e"), now);
+            t.pop_ready().unwrap()
+        };
+        t.push("e2", 0, g("e"), now);
+        assert!(t.take_all().is_empty());
+        assert_eq!(t.take_held(), vec!["e2"]);
+        assert!(t.finish(gd.as_deref()).is_empty());
     }
 }
