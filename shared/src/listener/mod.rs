@@ -583,7 +583,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
                 }
             }
         }
-        if main && iterations % u64::from(inner.cfg.scaling.sample_rate) == 0 {
+        if main && iterations.is_multiple_of(u64::from(inner.cfg.scaling.sample_rate)) {
             sample(&inner);
         }
     }

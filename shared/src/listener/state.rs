@@ -95,10 +95,13 @@ impl Engine {
     }
 }
 
+/// A metric: name, help text and how to read it from a state.
+type Metric<T> = (&'static str, &'static str, fn(&ListenerState) -> T);
+
 /// Renders states in the Prometheus text format.
 pub fn render_metrics(states: &[ListenerState]) -> String {
     let mut reg = Registry::with_prefix("listener");
-    let gauges: [(&str, &str, fn(&ListenerState) -> i64); 11] = [
+    let gauges: [Metric<i64>; 11] = [
         ("queue_visible", "Approximate visible messages in the queue", |s| s.depth.map_or(-1, |d| d.visible as i64)),
         ("queue_in_flight", "Approximate in-flight messages of the queue", |s| s.depth.map_or(-1, |d| d.in_flight as i64)),
         ("consumers_active", "Consumers receiving now", |s| s.consumers_active as i64),
@@ -118,7 +121,7 @@ pub fn render_metrics(states: &[ListenerState]) -> String {
         }
         reg.register(name, help, fam);
     }
-    let counters: [(&str, &str, fn(&ListenerState) -> u64); 8] = [
+    let counters: [Metric<u64>; 8] = [
         ("receives", "Receive calls", |s| s.receives),
         ("empty_receives", "Receive calls that returned nothing", |s| s.empty_receives),
         ("received", "Messages received", |s| s.received),

@@ -102,7 +102,8 @@ async fn gives_up_after_max_attempts() {
 
 #[tokio::test(start_paused = true)]
 async fn slots_are_kept_apart() {
-    let log: Arc<Mutex<Vec<(usize, Vec<u32>)>>> = Arc::default();
+    type Flushes = Vec<(usize, Vec<u32>)>;
+    let log: Arc<Mutex<Flushes>> = Arc::default();
     let l = log.clone();
     let b = Batcher::start(
         3,
