@@ -16,7 +16,7 @@ fn initiator(st: &Stack, args: &[&str]) -> Output {
     cmd.args(args)
         .env("FLEET_BUCKET", &n.bucket)
         .env("FLEET_WORK_QUEUE", &n.work_queue)
-        .env("FLEET_WORK_DLQ", &n.work_dlq())
+        .env("FLEET_WORK_DLQ", n.work_dlq())
         .env("FLEET_RESULTS_QUEUE", &n.results_queue)
         .env("FLEET_TRIGGER_EXCHANGE", &n.trigger_exchange)
         .env("AMQP_URL", &n.amqp_url);

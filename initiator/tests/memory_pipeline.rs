@@ -161,7 +161,7 @@ async fn group_by_account_keeps_each_accounts_order() {
     assert_eq!(delivered.len() as u32, s.total_chunks);
     let groups: std::collections::BTreeSet<_> = delivered.iter().map(|d| d.group.as_str()).collect();
     assert_eq!(groups.into_iter().collect::<Vec<_>>(), ["accounts-0-of-4", "accounts-1-of-4", "accounts-2-of-4", "accounts-3-of-4"]);
-    common::assert_accounts_in_order(&delivered, &[path.clone()]);
+    common::assert_accounts_in_order(&delivered, std::slice::from_ref(&path));
 
     // Without --group-by, a FIFO queue still gets a group per chunk (no order, full parallelism).
     let s = initiator::submit::submit(SubmitOptions { chunk_size: 1000, ..SubmitOptions::new(vec![path.clone()]) }, &clients).await.unwrap();

@@ -197,7 +197,7 @@ async fn a_processor_killed_with_sigkill_mid_job_loses_nothing() {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_processor"));
     cmd.env("FLEET_BUCKET", &st.names.bucket)
         .env("FLEET_WORK_QUEUE", &st.names.work_queue)
-        .env("FLEET_WORK_DLQ", &st.names.work_dlq())
+        .env("FLEET_WORK_DLQ", st.names.work_dlq())
         .env("FLEET_RESULTS_QUEUE", &st.names.results_queue)
         .env("AMQP_URL", "")
         .env("LISTENER_RECEIVE_WAIT_SECS", "1")

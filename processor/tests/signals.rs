@@ -17,7 +17,7 @@ async fn sigterm_drains_and_exits_zero() {
     cmd.env("FLEET_BUCKET", &names.bucket)
         .env("FLEET_WORK_QUEUE", &names.work_queue)
         .env("FLEET_RESULTS_QUEUE", &names.results_queue)
-        .env("FLEET_WORK_DLQ", &names.work_dlq())
+        .env("FLEET_WORK_DLQ", names.work_dlq())
         .env("AMQP_URL", "")
         .env("LISTENER_RECEIVE_WAIT_SECS", "20")
         .stderr(Stdio::piped());
