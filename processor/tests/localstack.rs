@@ -3,7 +3,6 @@
 //! processor killed with SIGKILL mid-job loses nothing. Needs the stack that deploy/test.sh starts.
 
 #[path = "../../initiator/tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::process::{Command, Stdio};
@@ -105,12 +104,15 @@ async fn a_slow_message_is_kept_invisible_by_the_heartbeat_and_processed_once() 
     st.wait_depth(st.work.as_ref(), 0, Duration::from_secs(5)).await;
 }
 
+/// One handling: start, end, body, instance, succeeded.
+type Handled = (Duration, Duration, String, usize, bool);
+
 /// Records when each message was handled and by which instance; fails chosen bodies once.
 struct Timed {
     instance: usize,
     epoch: Instant,
     fail_once: Arc<Mutex<Vec<String>>>,
-    log: Arc<Mutex<Vec<(Duration, Duration, String, usize, bool)>>>,
+    log: Arc<Mutex<Vec<Handled>>>,
 }
 
 #[async_trait]
