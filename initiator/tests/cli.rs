@@ -51,7 +51,14 @@ async fn submit_wait_json_status_report_and_refusals() {
     // --group-by on a standard work queue: exit 1, the flag and the queue named, nothing enqueued.
     let out = initiator(&st, &["submit", "--group-by", "account", good.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains(&format!("--group-by account needs a FIFO work queue (a name ending in .fifo, e.g. --work-queue billing-work.fifo); {} is a standard queue", st.names.work_queue)), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&format!(
+            "--group-by account needs a FIFO work queue (a name ending in .fifo, e.g. --work-queue billing-work.fifo); {} is a standard queue",
+            st.names.work_queue
+        )),
+        "{}",
+        text(&out.stderr)
+    );
     // --groups without --group-by is a usage error (clap: exit 2).
     let out = initiator(&st, &["submit", "--groups", "4", good.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));

@@ -141,6 +141,66 @@ pub fn spawn_subscriber(url: String, exchange: String, tx: broadcast::Sender<Wor
     })
 }
 
+/// Announces work put on one queue, for the services that put it there (the processor on the results
+/// queue): at most one trigger per `min_interval`, and a call within the interval after a publication
+/// is folded into one more publication at the interval's end, so the last work put is always
+/// announced. Never blocks the caller; a failed publication is logged (the listener's safety poll
+/// covers it).
+#[derive(Clone)]
+pub struct Notifier {
+    inner: Arc<NotifierInner>,
+}
+
+struct NotifierInner {
+    bus: Arc<dyn TriggerBus>,
+    queue: String,
+    source: String,
+    min_interval: Duration,
+    state: std::sync::Mutex<NotifierState>,
+}
+
+#[derive(Default)]
+struct NotifierState {
+    last: Option<tokio::time::Instant>,
+    pending: u64,
+    scheduled: bool,
+}
+
+impl Notifier {
+    pub fn new(bus: Arc<dyn TriggerBus>, queue: &str, source: &str, min_interval: Duration) -> Notifier {
+        Notifier {
+            inner: Arc::new(NotifierInner { bus, queue: queue.to_string(), source: source.to_string(), min_interval, state: std::sync::Mutex::default() }),
+        }
+    }
+
+    /// `messages` were put on the queue.
+    pub fn notify(&self, messages: u64) {
+        let wait = {
+            let mut s = crate::lock(&self.inner.state);
+            s.pending += messages;
+            if s.scheduled {
+                return;
+            }
+            s.scheduled = true;
+            s.last.map_or(Duration::ZERO, |l| (l + self.inner.min_interval).saturating_duration_since(tokio::time::Instant::now()))
+        };
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let messages = {
+                let mut s = crate::lock(&inner.state);
+                s.scheduled = false;
+                s.last = Some(tokio::time::Instant::now());
+                std::mem::take(&mut s.pending)
+            };
+            let ev = WorkDetected { queue: inner.queue.clone(), messages, source: inner.source.clone() };
+            if let Err(e) = inner.bus.publish(&ev).await {
+                tracing::warn!(queue = %inner.queue, error = %e, "could not publish a work-detected trigger; listeners find the work by polling");
+            }
+        });
+    }
+}
+
 /// In-memory trigger bus for tests: a broadcast channel.
 pub struct MemoryTriggers {
     pub tx: broadcast::Sender<WorkDetected>,
@@ -163,6 +223,31 @@ impl TriggerBus for MemoryTriggers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn notifier_coalesces_within_the_interval_and_announces_the_last() {
+        let bus = MemoryTriggers::new();
+        let mut rx = bus.tx.subscribe();
+        let n = Notifier::new(bus.clone(), "results", "processor", Duration::from_millis(100));
+        let t0 = tokio::time::Instant::now();
+        n.notify(2);
+        let first = rx.recv().await.unwrap();
+        assert_eq!((first.messages, first.queue.as_str(), t0.elapsed()), (2, "results", Duration::ZERO));
+        // Three calls within the interval: one publication at its end, with their sum.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        n.notify(1);
+        n.notify(4);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        n.notify(5);
+        let second = rx.recv().await.unwrap();
+        assert_eq!((second.messages, t0.elapsed()), (10, Duration::from_millis(100)));
+        // Nothing more is pending; a call long after publishes at once.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(rx.try_recv().is_err());
+        n.notify(1);
+        let third = rx.recv().await.unwrap();
+        assert_eq!((third.messages, t0.elapsed()), (1, Duration::from_millis(1100)));
+    }
 
     #[test]
     fn redacts_password() {

@@ -199,6 +199,8 @@ struct Inner {
     dispatch: Notify,
     room: Notify,
     wake: Notify,
+    /// Wakes so far: a consumer that was receiving when one came does not wait after an empty receive.
+    wakes: AtomicU64,
     consumers: Mutex<Consumers>,
     heartbeat: Mutex<Heartbeat>,
     heartbeat_changed: Notify,
@@ -289,6 +291,7 @@ impl Engine {
             dispatch: Notify::new(),
             room: Notify::new(),
             wake: Notify::new(),
+            wakes: AtomicU64::new(0),
             heartbeat_changed: Notify::new(),
             completions: Completions { deletes, visibility },
             stop_receiving: CancellationToken::new(),
@@ -366,6 +369,7 @@ impl Engine {
     /// Work was detected elsewhere (a trigger): wake waiting consumers and raise the consumer count
     /// for `depth` (queried when unknown).
     pub async fn wake(&self, depth: Option<u64>) {
+        self.inner.wakes.fetch_add(1, Ordering::SeqCst);
         self.inner.wake.notify_waiters();
         work_detected(&self.inner, depth).await;
     }
@@ -489,10 +493,18 @@ async fn wait_for_room(inner: &Inner) -> Option<usize> {
 }
 
 /// Sleeps `d` unless stopped (false) or woken by a trigger (true, early).
-async fn pause(inner: &Inner, d: Option<Duration>) -> Option<bool> {
+/// Waits `d` (None: until woken). `Some(true)`: woken, also by a wake since `wakes` was read (a trigger
+/// that arrived during the receive that came back empty); `Some(false)`: waited; `None`: stopping.
+async fn pause(inner: &Inner, d: Option<Duration>, wakes: u64) -> Option<bool> {
+    let notified = inner.wake.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    if inner.wakes.load(Ordering::SeqCst) != wakes {
+        return Some(true);
+    }
     tokio::select! {
         _ = inner.stop_receiving.cancelled() => None,
-        _ = inner.wake.notified() => Some(true),
+        _ = notified => Some(true),
         _ = sleep_until(d.map(|d| Instant::now() + d)) => Some(false),
     }
 }
@@ -509,6 +521,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
             break;
         };
         let started = Instant::now();
+        let wakes = inner.wakes.load(Ordering::SeqCst);
         let received = tokio::select! {
             _ = inner.stop_receiving.cancelled() => {
                 lock(&inner.throttle).unreserve(max);
@@ -531,7 +544,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
                 lock(&inner.throttle).unreserve(max);
                 inner.handler.on_error(ErrorEvent::Receive { error: &e });
                 tracing::warn!(queue = inner.queue.name(), consumer = id, error = %e, retry_in_ms = error_backoff.as_millis() as u64, "receive failed");
-                if pause(&inner, Some(error_backoff)).await.is_none() {
+                if pause(&inner, Some(error_backoff), wakes).await.is_none() {
                     break;
                 }
                 error_backoff = (error_backoff * 2).min(Duration::from_secs(10));
@@ -566,7 +579,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
                         EmptyDecision::Park | EmptyDecision::Stop => {
                             set_parked(&inner, id, true);
                             tracing::debug!(queue = inner.queue.name(), consumer = id, "parked until work is detected");
-                            let woke = pause(&inner, inner.cfg.park_poll).await;
+                            let woke = pause(&inner, inner.cfg.park_poll, wakes).await;
                             set_parked(&inner, id, false);
                             match woke {
                                 None => break,
@@ -574,7 +587,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
                                 Some(false) => {}
                             }
                         }
-                        EmptyDecision::Wait(d) => match pause(&inner, Some(d.saturating_sub(started.elapsed()))).await {
+                        EmptyDecision::Wait(d) => match pause(&inner, Some(d.saturating_sub(started.elapsed())), wakes).await {
                             None => break,
                             Some(true) => idle = 0,
                             Some(false) => {}
@@ -641,7 +654,9 @@ async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
         },
     };
     let target = inner.cfg.scaling.clamp(inner.cfg.work_rules.optimal(depth));
-    let active = lock(&inner.consumers).active();
+    // Parked consumers count: a wake has just woken them (counting them as idle spawned a second
+    // consumer on every trigger that woke a parked engine).
+    let active = lock(&inner.consumers).list.values().filter(|c| !c.retiring).count();
     if target > active {
         tracing::debug!(queue = inner.queue.name(), depth, from = active, to = target, "work detected: raising consumers");
     }

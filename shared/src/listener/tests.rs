@@ -164,7 +164,9 @@ async fn work_detected_raises_consumers_to_the_rule_count_at_once() {
     assert_eq!(e.stats().receives.load(Ordering::Relaxed), receives, "parked: no requests");
     send(&q, plain(150)).await;
     e.wake(Some(150)).await;
-    assert_eq!(e.active_consumers(), 3, "150 visible: the rule says 3");
+    // The woken main consumer and two more, at once (not a second one for the main).
+    assert!(until(Duration::from_millis(10), || e.active_consumers() == 3).await, "150 visible: the rule says 3");
+    assert_eq!(e.state(false).await.consumers_total, 3);
     assert!(until(Duration::from_secs(30), || lock(&h.handled).len() == 150).await);
     e.shutdown(Duration::from_secs(5)).await;
 }
@@ -180,6 +182,30 @@ async fn an_idle_consumer_that_finds_work_raises_the_others() {
     send(&q, plain(100)).await;
     assert!(until(Duration::from_secs(2), || e.active_consumers() == 4).await, "QueueWorkDetected on the first receive after idling");
     e.shutdown(Duration::from_secs(30)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_trigger_during_the_receive_that_comes_back_empty_is_not_lost() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::ZERO));
+    // A 5 s long poll reaches the 1 s cap: the main consumer parks after its first empty receive.
+    let c = EngineConfig { receive_wait: Duration::from_secs(5), triggers: true, ..cfg() };
+    let e = start(&q, &h, c).await;
+    assert!(until(Duration::from_secs(10), || e.stats().receives.load(Ordering::Relaxed) == 1 && e.active_consumers() == 0).await);
+    let parked = e.stats().receives.load(Ordering::Relaxed);
+    // Woken: it polls again (5 s, empty), alone (the woken consumer is not doubled). A trigger arrives while that receive is under way, about
+    // work that the receive did not return (in SQS, e.g., put on another server just as it answered).
+    e.wake(None).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    e.wake(None).await;
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    // The empty receive ended at 5 s: instead of parking, the consumer is polling again.
+    assert_eq!(e.stats().receives.load(Ordering::Relaxed), parked + 1, "one receive after the first wake, one under way");
+    assert_eq!(e.active_consumers(), 1, "receiving, not parked");
+    assert_eq!(e.state(false).await.consumers_total, 1, "the woken consumer was not doubled");
+    send(&q, plain(1)).await;
+    assert!(until(Duration::from_millis(100), || lock(&h.handled).len() == 1).await, "the new receive finds the work");
+    e.shutdown(Duration::from_secs(5)).await;
 }
 
 #[tokio::test(start_paused = true)]
