@@ -14,7 +14,8 @@ use shared::listener::args::ListenerArgs;
 use shared::listener::dynamic_consumers::ScalingPolicy;
 use shared::listener::{state, Completions, Engine, Handler, Outcome};
 use shared::queue::{Message, Queue};
-use tokio::sync::Mutex;
+use shared::trigger::WorkDetected;
+use tokio::sync::{broadcast, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -42,6 +43,9 @@ pub struct Deps {
     pub results: Arc<dyn Queue>,
     pub work_dlq: Arc<dyn Queue>,
     pub store: Arc<dyn BlobStore>,
+    /// Work-detected triggers (RabbitMQ subscription): with them, idle listeners park (no requests)
+    /// until processors or initiators announce results or dead letters.
+    pub triggers: Option<broadcast::Sender<WorkDetected>>,
 }
 
 /// Checkpoint at least this often while messages are pending.
@@ -115,13 +119,17 @@ impl Handler for ResultsHandler {
 pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> shared::Result<()> {
     let agg = Arc::new(Mutex::new(Aggregator::new(deps.store.clone())));
     let sinks: Sinks = Arc::default();
-    let cfg = settings.listener.engine(false);
+    let cfg = settings.listener.engine(deps.triggers.is_some());
     let handler = |source| Arc::new(ResultsHandler { source, agg: agg.clone(), sinks: sinks.clone() });
     let results = Engine::start(deps.results.clone(), None, handler(Source::Results), cfg.clone()).await?;
     // Dead letters are rare: one consumer is plenty.
     let dlq_cfg = shared::listener::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg };
     let dead = Engine::start(deps.work_dlq.clone(), None, handler(Source::WorkDeadLetter), dlq_cfg).await?;
     let _ = sinks.set([results.completions(), dead.completions()]);
+    if let Some(tx) = &deps.triggers {
+        results.follow_triggers(tx.subscribe(), shutdown.clone());
+        dead.follow_triggers(tx.subscribe(), shutdown.clone());
+    }
     if let Some(addr) = settings.listener.http_addr {
         state::serve(addr, vec![results.clone(), dead.clone()], shutdown.clone())
             .await

@@ -350,5 +350,15 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
         serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: job_id.clone(), total_chunks }).map_err(|e| CliError::Input(e.to_string()))?;
     clients.results.send(vec![seal]).await?;
     enqueue.finish().await;
+    // The seal may be the last message the controller gets for this job (or the only one, for a job
+    // with no chunks): wake it if it is parked.
+    if let Some(t) = &clients.triggers {
+        let ev = WorkDetected { queue: clients.results.name().to_string(), messages: 1, source: "initiator".into() };
+        match tokio::time::timeout(std::time::Duration::from_secs(5), t.publish(&ev)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not publish the results trigger; the controller will find the seal by polling"),
+            Err(_) => tracing::warn!("publishing the results trigger timed out; the controller will find the seal by polling"),
+        }
+    }
     Ok(Submitted { job_id, total_chunks, counts, rejected, requests })
 }

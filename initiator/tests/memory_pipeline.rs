@@ -35,12 +35,19 @@ async fn large_results_travel_as_blobs() {
     let stop = CancellationToken::new();
     let p = tokio::spawn(processor::run(
         common::fast_processor(),
-        processor::Deps { work: work.clone(), work_dlq: None, results: results.clone(), store: store.clone() as Arc<dyn BlobStore>, triggers: None },
+        processor::Deps {
+            work: work.clone(),
+            work_dlq: None,
+            results: results.clone(),
+            store: store.clone() as Arc<dyn BlobStore>,
+            triggers: None,
+            publish: None,
+        },
         stop.clone(),
     ));
     let c = tokio::spawn(controller::run(
         controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 5 },
-        controller::Deps { results: results.clone(), work_dlq: work_dlq.clone(), store: store.clone() as Arc<dyn BlobStore> },
+        controller::Deps { results: results.clone(), work_dlq: work_dlq.clone(), store: store.clone() as Arc<dyn BlobStore>, triggers: None },
         stop.clone(),
     ));
     let clients = Clients {

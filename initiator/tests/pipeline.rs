@@ -68,6 +68,40 @@ async fn whole_pipeline_bills_exactly() {
     c.stop().await;
 }
 
+/// Receive calls made on a queue so far (in these tests only the controller receives from the results
+/// queue and the work dead-letter queue).
+fn receives(q: &shared::queue::SqsQueue) -> u64 {
+    q.calls().snapshot().0.get("sqs.ReceiveMessage").copied().unwrap_or(0)
+}
+
+/// The controller idles at zero requests (its listeners park) and is woken by the triggers that
+/// processors and the initiator publish: jobs finish in seconds, not at the 10-minute safety poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_controller_makes_no_requests_and_wakes_on_triggers() {
+    let st = stack(QueueSettings::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = generated(dir.path(), "in.csv", 3_000, 30, 17);
+    let p = st.start_processor(fast_processor());
+    let c = st.start_controller();
+    // Quick listener settings: 1 s polls, 1 s cap: parked after the first empty poll.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let before = (receives(&st.results), receives(&st.work_dlq));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!((receives(&st.results), receives(&st.work_dlq)), before, "no receives while idle");
+    for round in 0..2 {
+        let started = std::time::Instant::now();
+        let s = st.submit(std::slice::from_ref(&f), 1_000).await;
+        let r = st.wait_report(&s, Duration::from_secs(30)).await;
+        assert_eq!(r.status, JobStatus::Complete);
+        assert_eq!(report_accounts(&r), expected_accounts(std::slice::from_ref(&f)));
+        assert!(started.elapsed() < Duration::from_secs(15), "round {round}: woken by triggers, took {:?}", started.elapsed());
+        // Parked again before the next round.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+    }
+    p.stop().await;
+    c.stop().await;
+}
+
 /// `--group-by account` on a real SQS FIFO work queue: the queue delivers each account's rows in one
 /// group, in file order; then a whole job on the FIFO fleet bills exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

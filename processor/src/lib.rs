@@ -13,7 +13,7 @@ use shared::blob::BlobStore;
 use shared::listener::args::ListenerArgs;
 use shared::listener::{state, Engine};
 use shared::queue::Queue;
-use shared::trigger::WorkDetected;
+use shared::trigger::{Notifier, TriggerBus, WorkDetected};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -46,12 +46,25 @@ pub struct Deps {
     pub store: Arc<dyn BlobStore>,
     /// Work-detected triggers (RabbitMQ subscription), when enabled.
     pub triggers: Option<broadcast::Sender<WorkDetected>>,
+    /// Where this processor announces the results (and dead letters) it puts on queues, when enabled.
+    pub publish: Option<Arc<dyn TriggerBus>>,
 }
+
+/// At most one results trigger per this interval (a controller parks only after a whole empty long
+/// poll, far longer).
+const ANNOUNCE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Starts the listener on the work queue (and the state endpoint when configured).
 pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken) -> shared::Result<Engine> {
     let cfg = settings.listener.engine(deps.triggers.is_some());
-    let handler = Arc::new(listener::WorkHandler::new(deps.results.clone(), deps.store.clone(), settings.max_chunk_bytes));
+    let announce = match &deps.publish {
+        Some(bus) => listener::Announce {
+            results: Some(Notifier::new(bus.clone(), deps.results.name(), "processor", ANNOUNCE_INTERVAL)),
+            dead_letters: deps.work_dlq.as_ref().map(|q| Notifier::new(bus.clone(), q.name(), "processor", ANNOUNCE_INTERVAL)),
+        },
+        None => listener::Announce::default(),
+    };
+    let handler = Arc::new(listener::WorkHandler::new(deps.results.clone(), deps.store.clone(), settings.max_chunk_bytes, announce));
     let engine = Engine::start(deps.work.clone(), deps.work_dlq.clone(), handler, cfg).await?;
     if let Some(tx) = &deps.triggers {
         engine.follow_triggers(tx.subscribe(), shutdown.clone());

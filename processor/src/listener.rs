@@ -8,22 +8,48 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use shared::blob::BlobStore;
 use shared::error::Error;
-use shared::listener::{Completions, Handler, Outcome};
+use shared::listener::{Completions, ErrorEvent, Handler, Outcome};
 use shared::model::{ChunkResult, ResultMessage};
 use shared::queue::{plan_batches, Message, Queue};
 use shared::requests::RequestCounts;
+use shared::trigger::Notifier;
 
 use crate::handle::{failed_result, parse_work_item, process};
+
+/// Work-detected triggers the processor publishes for the queues it puts work on, so that a parked
+/// controller wakes at once.
+#[derive(Clone, Default)]
+pub struct Announce {
+    /// Results sent.
+    pub results: Option<Notifier>,
+    /// A work item is on its way to the dead-letter queue (poison, or expired past its deadline).
+    pub dead_letters: Option<Notifier>,
+}
+
+impl Announce {
+    fn results(&self, n: u64) {
+        if let Some(x) = &self.results {
+            x.notify(n);
+        }
+    }
+
+    fn dead_letter(&self) {
+        if let Some(x) = &self.dead_letters {
+            x.notify(1);
+        }
+    }
+}
 
 pub struct WorkHandler {
     results: Arc<dyn Queue>,
     store: Arc<dyn BlobStore>,
     max_chunk_bytes: u64,
+    announce: Announce,
 }
 
 impl WorkHandler {
-    pub fn new(results: Arc<dyn Queue>, store: Arc<dyn BlobStore>, max_chunk_bytes: u64) -> WorkHandler {
-        WorkHandler { results, store, max_chunk_bytes }
+    pub fn new(results: Arc<dyn Queue>, store: Arc<dyn BlobStore>, max_chunk_bytes: u64, announce: Announce) -> WorkHandler {
+        WorkHandler { results, store, max_chunk_bytes, announce }
     }
 
     async fn handle_one(&self, m: &Message) -> Result<ChunkResult, String> {
@@ -83,12 +109,15 @@ impl Handler for WorkHandler {
         }
         for (job, items) in by_job {
             let (idx, results): (Vec<usize>, Vec<ChunkResult>) = items.into_iter().unzip();
+            let n = results.len() as u64;
             if let Err(e) = self.send_job(&job, results).await {
                 // Not sent: not deleted; the work items come back and are processed again.
                 tracing::warn!(%job, error = %e, "sending results failed; work items will be redelivered");
                 for i in idx {
                     out[i] = Outcome::Failed(format!("sending results: {e}"));
                 }
+            } else {
+                self.announce.results(n);
             }
         }
         out
@@ -101,8 +130,18 @@ impl Handler for WorkHandler {
             Ok(b) => b,
             Err(e) => return tracing::error!(error = %e, "cannot encode a failed result"),
         };
-        if let Err(e) = self.results.send(vec![body]).await {
-            tracing::warn!(job = %item.job_id, chunk = item.chunk, error = %e, "could not report a failed chunk; the dead letter will");
+        match self.results.send(vec![body]).await {
+            Ok(_) => self.announce.results(1),
+            Err(e) => tracing::warn!(job = %item.job_id, chunk = item.chunk, error = %e, "could not report a failed chunk; the dead letter will"),
+        }
+        // SQS moves it on its next receive.
+        self.announce.dead_letter();
+    }
+
+    fn on_error(&self, event: ErrorEvent<'_>) {
+        match event {
+            ErrorEvent::Expired { dead_lettered: true, .. } => self.announce.dead_letter(),
+            event => tracing::debug!(?event, "listener event"),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The scaling agent (minimal for now): watches the fleet's queues and reports their depth and
-//! in-flight counts, and publishes a work-detected trigger when the work queue turns non-empty, so
-//! parked listeners wake without waiting for their next poll. Scaling processor instances comes later.
+//! in-flight counts, and publishes a work-detected trigger when a queue turns non-empty (the work queue
+//! for processors; the results queue and the work dead-letter queue for the controller, covering what
+//! nobody announced, such as a dead letter moved by SQS redrive), so parked listeners wake without
+//! waiting for their next poll. Scaling processor instances comes later.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +41,7 @@ pub async fn snapshot(w: &Watched) -> shared::Result<Snapshot> {
 
 /// Looks at the queues every interval until `shutdown`; logs depths and triggers on empty -> non-empty.
 pub async fn run(settings: Settings, watched: Watched, triggers: Option<Arc<dyn TriggerBus>>, shutdown: CancellationToken) -> shared::Result<()> {
-    let mut was_empty = true;
+    let mut was_empty = [true; 3];
     loop {
         match snapshot(&watched).await {
             Ok(s) => {
@@ -51,16 +53,18 @@ pub async fn run(settings: Settings, watched: Watched, triggers: Option<Arc<dyn 
                     results_in_flight = s.results.in_flight,
                     "queue depths"
                 );
-                let empty = s.work.visible == 0;
-                if was_empty && !empty {
-                    if let Some(t) = &triggers {
-                        let ev = WorkDetected { queue: watched.work.name().to_string(), messages: s.work.visible, source: "scaling-agent".into() };
-                        if let Err(e) = t.publish(&ev).await {
-                            tracing::warn!(error = %e, "could not publish work-detected trigger");
+                let seen = [(&watched.work, s.work.visible), (&watched.results, s.results.visible), (&watched.work_dlq, s.work_dlq.visible)];
+                for ((queue, visible), was_empty) in seen.into_iter().zip(was_empty.iter_mut()) {
+                    if *was_empty && visible > 0 {
+                        if let Some(t) = &triggers {
+                            let ev = WorkDetected { queue: queue.name().to_string(), messages: visible, source: "scaling-agent".into() };
+                            if let Err(e) = t.publish(&ev).await {
+                                tracing::warn!(queue = queue.name(), error = %e, "could not publish work-detected trigger");
+                            }
                         }
                     }
+                    *was_empty = visible == 0;
                 }
-                was_empty = empty;
             }
             Err(e) => tracing::warn!(error = %e, "could not read queue depths"),
         }
@@ -80,8 +84,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn triggers_once_when_work_appears() {
         let work = MemoryQueue::new("billing-work", Duration::from_secs(30));
-        let watched =
-            Watched { work: work.clone(), work_dlq: MemoryQueue::new("dlq", Duration::from_secs(30)), results: MemoryQueue::new("r", Duration::from_secs(30)) };
+        let dlq = MemoryQueue::new("dlq", Duration::from_secs(30));
+        let watched = Watched { work: work.clone(), work_dlq: dlq.clone(), results: MemoryQueue::new("r", Duration::from_secs(30)) };
         let bus = MemoryTriggers::new();
         let mut rx = bus.tx.subscribe();
         let stop = CancellationToken::new();
@@ -94,6 +98,12 @@ mod tests {
         assert_eq!((ev.queue.as_str(), ev.messages, ev.source.as_str()), ("billing-work", 2, "scaling-agent"));
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(rx.try_recv().is_err(), "one trigger per empty -> non-empty transition");
+        // A dead letter nobody announced wakes the controller's dead-letter listener.
+        dlq.send(vec!["d".to_string()]).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let ev = rx.try_recv().expect("a trigger for the dead-letter queue");
+        assert_eq!((ev.queue.as_str(), ev.messages), ("dlq", 1));
+        assert!(rx.try_recv().is_err());
         stop.cancel();
         agent.await.unwrap().unwrap();
     }

@@ -95,14 +95,19 @@ impl Stack {
             results: self.results.clone(),
             store: self.store.clone(),
             triggers: Some(tx),
+            publish: Some(Arc::new(RabbitTriggers::new(&self.names.amqp_url, &self.names.trigger_exchange)) as Arc<dyn TriggerBus>),
         };
         let handle = tokio::spawn(processor::run(settings, deps, stop.clone()));
         Running { stop, handle }
     }
 
+    /// A controller that follows triggers: idle, its listeners park after one empty 1 s poll and wake
+    /// only on triggers (processors and the initiator announce what they put on its queues).
     pub fn start_controller(&self) -> Running {
         let stop = CancellationToken::new();
-        let deps = controller::Deps { results: self.results.clone(), work_dlq: self.work_dlq.clone(), store: self.store.clone() };
+        let (tx, _) = tokio::sync::broadcast::channel(64);
+        shared::trigger::spawn_subscriber(self.names.amqp_url.clone(), self.names.trigger_exchange.clone(), tx.clone(), stop.clone());
+        let deps = controller::Deps { results: self.results.clone(), work_dlq: self.work_dlq.clone(), store: self.store.clone(), triggers: Some(tx) };
         let settings = controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10 };
         let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
         Running { stop, handle }

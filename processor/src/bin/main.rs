@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use shared::config::{Aws, FleetArgs, LogArgs};
-use shared::trigger::{redact_url, spawn_subscriber};
+use shared::trigger::{redact_url, spawn_subscriber, RabbitTriggers, TriggerBus};
 
 /// Billing fleet processor: bills the chunks referenced by work items on the work queue.
 #[derive(Parser)]
@@ -37,6 +37,8 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
         spawn_subscriber(cli.fleet.amqp_url.clone(), cli.fleet.trigger_exchange.clone(), tx.clone(), shutdown.clone());
         tx
     });
-    processor::run(cli.settings, processor::Deps { work, work_dlq: Some(work_dlq), results, store, triggers }, shutdown).await?;
+    let publish = (!cli.fleet.amqp_url.is_empty())
+        .then(|| std::sync::Arc::new(RabbitTriggers::new(&cli.fleet.amqp_url, &cli.fleet.trigger_exchange)) as std::sync::Arc<dyn TriggerBus>);
+    processor::run(cli.settings, processor::Deps { work, work_dlq: Some(work_dlq), results, store, triggers, publish }, shutdown).await?;
     Ok(())
 }
