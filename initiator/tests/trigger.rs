@@ -19,20 +19,27 @@ async fn published_trigger_reaches_subscribers() {
     spawn_subscriber(amqp_url(), exchange.clone(), tx2, stop.clone());
     let bus = RabbitTriggers::new(&amqp_url(), &exchange);
     let ev = WorkDetected { queue: "billing-work".into(), messages: 3, source: "test".into() };
-    // Subscriptions bind asynchronously: publish until both have seen one (fanout is not durable).
-    let got = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
+    // Subscriptions bind asynchronously: publish until both have seen one (fanout is not durable, so
+    // one that binds later misses the earlier publications).
+    let (mut a, mut b) = (None, None);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while a.is_none() || b.is_none() {
             bus.publish(&ev).await.expect("publish to RabbitMQ");
-            tokio::select! {
-                r = rx.recv() => { let a = r.unwrap(); let b = rx2.recv().await.unwrap(); return (a, b); }
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            let pause = tokio::time::sleep(Duration::from_millis(100));
+            tokio::pin!(pause);
+            loop {
+                tokio::select! {
+                    r = rx.recv() => a = Some(r.unwrap()),
+                    r = rx2.recv() => b = Some(r.unwrap()),
+                    _ = &mut pause => break,
+                }
             }
         }
     })
     .await
-    .expect("trigger delivered within 20 s");
-    assert_eq!(got.0, ev);
-    assert_eq!(got.1, ev);
+    .expect("trigger delivered to both subscribers within 20 s");
+    assert_eq!(a, Some(ev.clone()));
+    assert_eq!(b, Some(ev));
     stop.cancel();
 }
 
