@@ -230,6 +230,9 @@ async fn a_processor_killed_with_sigkill_mid_job_loses_nothing() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(processed < 200, "killed after the job was done ({processed} processed); not a mid-job kill");
+    // The killed processor's work items come back after the visibility timeout, unannounced: the
+    // scaling agent sees them and wakes the (by then parked) processor.
+    let agent = st.start_agent();
     let p = st.start_processor(common::fast_processor());
     let report = st.wait_report(&submitted, Duration::from_secs(120)).await;
     assert_eq!(report.status, JobStatus::Complete);
@@ -237,4 +240,5 @@ async fn a_processor_killed_with_sigkill_mid_job_loses_nothing() {
     assert_eq!(common::report_accounts(&report), common::expected_accounts(&[file]));
     p.stop().await;
     controller.stop().await;
+    agent.stop().await;
 }

@@ -101,6 +101,16 @@ impl Stack {
         Running { stop, handle }
     }
 
+    /// The scaling agent, looking every second: it triggers when a queue turns non-empty, such as work
+    /// items coming back after a killed processor's visibility timeout (nobody announces those).
+    pub fn start_agent(&self) -> Running {
+        let stop = CancellationToken::new();
+        let watched = scaling_agent::Watched { work: self.work.clone(), work_dlq: self.work_dlq.clone(), results: self.results.clone() };
+        let bus = Arc::new(RabbitTriggers::new(&self.names.amqp_url, &self.names.trigger_exchange)) as Arc<dyn TriggerBus>;
+        let handle = tokio::spawn(scaling_agent::run(scaling_agent::Settings { interval_secs: 1 }, watched, Some(bus), stop.clone()));
+        Running { stop, handle }
+    }
+
     /// A controller that follows triggers: idle, its listeners park after one empty 1 s poll and wake
     /// only on triggers (processors and the initiator announce what they put on its queues).
     pub fn start_controller(&self) -> Running {
