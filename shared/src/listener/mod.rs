@@ -509,6 +509,9 @@ async fn pause(inner: &Inner, d: Option<Duration>, wakes: u64) -> Option<bool> {
     }
 }
 
+/// How long a receive may take beyond its long-poll wait before it is abandoned.
+const RECEIVE_GRACE: Duration = Duration::from_secs(10);
+
 async fn consume(inner: Arc<Inner>, id: usize) {
     let mut idle: u32 = 0;
     let mut iterations: u64 = 0;
@@ -527,7 +530,14 @@ async fn consume(inner: Arc<Inner>, id: usize) {
                 lock(&inner.throttle).unreserve(max);
                 break;
             }
-            r = inner.queue.receive(max as u32, inner.cfg.receive_wait) => r,
+            // A receive that outlives its long poll by far hangs on a dead connection: give up on it.
+            r = tokio::time::timeout(inner.cfg.receive_wait + RECEIVE_GRACE, inner.queue.receive(max as u32, inner.cfg.receive_wait)) => {
+                r.unwrap_or_else(|_| Err(crate::Error::Unreachable {
+                    service: crate::error::Service::Sqs,
+                    endpoint: inner.queue.name().to_string(),
+                    detail: format!("receive gave no answer within {} s", (inner.cfg.receive_wait + RECEIVE_GRACE).as_secs()),
+                }))
+            }
         };
         iterations += 1;
         bump(&inner.stats.receives, 1);

@@ -209,6 +209,23 @@ async fn a_trigger_during_the_receive_that_comes_back_empty_is_not_lost() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_receive_that_never_answers_is_abandoned() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::ZERO));
+    // Every receive hangs for an hour (a dead connection), until the network comes back.
+    q.set_latency(Duration::from_secs(3600));
+    let e = start(&q, &h, EngineConfig { receive_wait: Duration::from_secs(5), ..cfg() }).await;
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    assert!(lock(&h.events).is_empty(), "still within the long poll + 10 s");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(lock(&h.events).clone(), vec!["receive"], "abandoned after 15 s, reported as a receive error");
+    q.set_latency(Duration::ZERO);
+    send(&q, plain(1)).await;
+    assert!(until(Duration::from_secs(20), || lock(&h.handled).len() == 1).await, "the consumer receives again");
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn idle_back_off_then_park_makes_zero_requests() {
     let q = MemoryQueue::new("work", Duration::from_secs(30));
     let h = Arc::new(TestHandler::new(Duration::ZERO));
