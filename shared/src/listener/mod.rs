@@ -492,7 +492,13 @@ async fn wait_for_room(inner: &Inner) -> Option<usize> {
     }
 }
 
-/// Sleeps `d` unless stopped (false) or woken by a trigger (true, early).
+/// Gives back room reserved for a receive that brought nothing (or less): consumers waiting for room
+/// must hear of it (one waited forever behind a long poll that came back empty).
+fn unreserve(inner: &Inner, n: usize) {
+    lock(&inner.throttle).unreserve(n);
+    inner.room.notify_waiters();
+}
+
 /// Waits `d` (None: until woken). `Some(true)`: woken, also by a wake since `wakes` was read (a trigger
 /// that arrived during the receive that came back empty); `Some(false)`: waited; `None`: stopping.
 async fn pause(inner: &Inner, d: Option<Duration>, wakes: u64) -> Option<bool> {
@@ -527,7 +533,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
         let wakes = inner.wakes.load(Ordering::SeqCst);
         let received = tokio::select! {
             _ = inner.stop_receiving.cancelled() => {
-                lock(&inner.throttle).unreserve(max);
+                unreserve(&inner, max);
                 break;
             }
             // A receive that outlives its long poll by far hangs on a dead connection: give up on it.
@@ -551,7 +557,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
         };
         match received {
             Err(e) => {
-                lock(&inner.throttle).unreserve(max);
+                unreserve(&inner, max);
                 inner.handler.on_error(ErrorEvent::Receive { error: &e });
                 tracing::warn!(queue = inner.queue.name(), consumer = id, error = %e, retry_in_ms = error_backoff.as_millis() as u64, "receive failed");
                 if pause(&inner, Some(error_backoff), wakes).await.is_none() {
@@ -570,7 +576,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
                         work_detected(&inner, None).await;
                     }
                 } else {
-                    lock(&inner.throttle).unreserve(max);
+                    unreserve(&inner, max);
                     bump(&inner.stats.empty_receives, 1);
                     idle = idle.saturating_add(1);
                     let ctx = EmptyContext {
@@ -705,6 +711,8 @@ fn accept(inner: &Arc<Inner>, msgs: Vec<Message>, reserved: usize) {
         release(inner, &m.receipt, Duration::ZERO);
     }
     inner.dispatch.notify_one();
+    // Fewer messages than reserved leave room for another receive.
+    inner.room.notify_waiters();
 }
 
 fn release(inner: &Inner, receipt: &str, after: Duration) {

@@ -209,6 +209,31 @@ async fn a_trigger_during_the_receive_that_comes_back_empty_is_not_lost() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn room_given_back_by_an_empty_receive_reaches_a_waiting_consumer() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::ZERO));
+    // Room for one receive at a time; an idle main consumer parks after one empty 5 s poll.
+    let c = EngineConfig {
+        receive_wait: Duration::from_secs(5),
+        throttle: ThrottleLimits { max_concurrency: 1, buffer: 0, ttl: None },
+        work_rules: WorkRules::parse("*:2").unwrap(),
+        triggers: true,
+        ..cfg()
+    };
+    let e = start(&q, &h, c).await;
+    // Before the main consumer's first receive: a second consumer, which waits for room.
+    e.wake(Some(100)).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(e.active_consumers(), 2);
+    assert_eq!(e.stats().receives.load(Ordering::Relaxed), 0);
+    // At 5 s the main poll comes back empty and the main consumer parks, giving the room back: the
+    // waiting consumer takes it at once (it had waited forever) and its poll ends at 10 s.
+    tokio::time::sleep(Duration::from_millis(10_040)).await;
+    assert_eq!(e.stats().receives.load(Ordering::Relaxed), 2, "at 10.05 s: the main poll (5 s) and the second consumer's (10 s)");
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_receive_that_never_answers_is_abandoned() {
     let q = MemoryQueue::new("work", Duration::from_secs(30));
     let h = Arc::new(TestHandler::new(Duration::ZERO));
