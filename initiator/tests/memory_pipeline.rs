@@ -35,14 +35,7 @@ async fn large_results_travel_as_blobs() {
     let stop = CancellationToken::new();
     let p = tokio::spawn(processor::run(
         common::fast_processor(),
-        processor::Deps {
-            work: work.clone(),
-            work_dlq: None,
-            results: results.clone(),
-            store: store.clone() as Arc<dyn BlobStore>,
-            triggers: None,
-            publish: None,
-        },
+        processor::Deps::new(work.clone(), results.clone(), store.clone()),
         stop.clone(),
     ));
     let c = tokio::spawn(controller::run(

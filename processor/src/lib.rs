@@ -50,6 +50,13 @@ pub struct Deps {
     pub publish: Option<Arc<dyn TriggerBus>>,
 }
 
+impl Deps {
+    /// Work queue, results queue and store only: no dead-letter queue for expired work items, no triggers.
+    pub fn new(work: Arc<dyn Queue>, results: Arc<dyn Queue>, store: Arc<dyn BlobStore>) -> Deps {
+        Deps { work, work_dlq: None, results, store, triggers: None, publish: None }
+    }
+}
+
 /// At most one results trigger per this interval (a controller parks only after a whole empty long
 /// poll, far longer).
 const ANNOUNCE_INTERVAL: Duration = Duration::from_millis(100);

@@ -2,7 +2,6 @@
 //! sent and the item deleted; a corrupt one is never deleted, is reported failed on its last allowed
 //! attempt and ends in the dead-letter queue.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -59,14 +58,7 @@ async fn bills_good_items_and_dead_letters_corrupt_ones() {
 
     let stop = CancellationToken::new();
     let settings = processor::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() };
-    let deps = processor::Deps {
-        work: work.clone(),
-        work_dlq: None,
-        results: results.clone(),
-        store: store.clone() as Arc<dyn BlobStore>,
-        triggers: None,
-        publish: None,
-    };
+    let deps = processor::Deps::new(work.clone(), results.clone(), store.clone());
     let running = tokio::spawn(processor::run(settings, deps, stop.clone()));
 
     wait_until("two results", || results.bodies().len() == 2).await;
