@@ -22,7 +22,7 @@ use shared::layout::{chunk_key, manifest_key, new_job_id};
 use shared::model::{now_rfc3339, BlobRef, Manifest, Rejected, ResultMessage, WorkItem, WIRE_VERSION};
 use shared::queue::Queue;
 use shared::requests::RequestCounts;
-use shared::trigger::{TriggerBus, WorkDetected};
+use shared::trigger::{announce, TriggerBus, WorkDetected};
 
 use crate::grouping::Grouping;
 use crate::CliError;
@@ -184,21 +184,17 @@ impl<'a> Enqueue<'a> {
         if trigger.is_none() {
             if let Some(t) = self.clients.triggers.clone() {
                 let ev = WorkDetected { queue: self.clients.work.name().to_string(), messages: bodies.len() as u64, source: "initiator".into() };
-                *trigger = Some(tokio::spawn(async move {
-                    if let Err(e) = t.publish(&ev).await {
-                        tracing::warn!(error = %e, "could not publish the work-detected trigger; processors will find the work by polling");
-                    }
-                }));
+                *trigger = Some(tokio::spawn(async move { announce(t.as_ref(), &ev).await }));
             }
         }
         Ok(batch)
     }
 
-    /// Waits for the trigger publication (bounded: a trigger is only a hint).
+    /// Waits for the trigger publication (bounded by [`announce`]).
     async fn finish(&self) {
         let handle = self.trigger.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(h) = handle {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), h).await;
+            let _ = h.await;
         }
     }
 }
@@ -353,12 +349,7 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
     // The seal may be the last message the controller gets for this job (or the only one, for a job
     // with no chunks): wake it if it is parked.
     if let Some(t) = &clients.triggers {
-        let ev = WorkDetected { queue: clients.results.name().to_string(), messages: 1, source: "initiator".into() };
-        match tokio::time::timeout(std::time::Duration::from_secs(5), t.publish(&ev)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "could not publish the results trigger; the controller will find the seal by polling"),
-            Err(_) => tracing::warn!("publishing the results trigger timed out; the controller will find the seal by polling"),
-        }
+        announce(t.as_ref(), &WorkDetected { queue: clients.results.name().to_string(), messages: 1, source: "initiator".into() }).await;
     }
     Ok(Submitted { job_id, total_chunks, counts, rejected, requests })
 }

@@ -33,11 +33,7 @@ async fn large_results_travel_as_blobs() {
     std::fs::write(&path, csv).unwrap();
 
     let stop = CancellationToken::new();
-    let p = tokio::spawn(processor::run(
-        common::fast_processor(),
-        processor::Deps::new(work.clone(), results.clone(), store.clone()),
-        stop.clone(),
-    ));
+    let p = tokio::spawn(processor::run(common::fast_processor(), processor::Deps::new(work.clone(), results.clone(), store.clone()), stop.clone()));
     let c = tokio::spawn(controller::run(
         controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 5 },
         controller::Deps { results: results.clone(), work_dlq: work_dlq.clone(), store: store.clone() as Arc<dyn BlobStore>, triggers: None },

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use shared::queue::{Queue, QueueDepth};
-use shared::trigger::{TriggerBus, WorkDetected};
+use shared::trigger::{announce, TriggerBus, WorkDetected};
 use tokio_util::sync::CancellationToken;
 
 /// Agent settings.
@@ -57,10 +57,7 @@ pub async fn run(settings: Settings, watched: Watched, triggers: Option<Arc<dyn 
                 for ((queue, visible), was_empty) in seen.into_iter().zip(was_empty.iter_mut()) {
                     if *was_empty && visible > 0 {
                         if let Some(t) = &triggers {
-                            let ev = WorkDetected { queue: queue.name().to_string(), messages: visible, source: "scaling-agent".into() };
-                            if let Err(e) = t.publish(&ev).await {
-                                tracing::warn!(queue = queue.name(), error = %e, "could not publish work-detected trigger");
-                            }
+                            announce(t.as_ref(), &WorkDetected { queue: queue.name().to_string(), messages: visible, source: "scaling-agent".into() }).await;
                         }
                     }
                     *was_empty = visible == 0;

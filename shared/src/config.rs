@@ -10,6 +10,7 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use crate::blob::S3Store;
 use crate::error::Result;
 use crate::queue::SqsQueue;
+use crate::trigger::{redact_url, spawn_subscriber, RabbitTriggers, TriggerBus, WorkDetected};
 
 /// Names of the fleet's queues, bucket and trigger exchange.
 #[derive(Debug, Clone, clap::Args)]
@@ -46,6 +47,21 @@ impl FleetArgs {
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             trigger_exchange: "billing.triggers".into(),
         }
+    }
+
+    /// The trigger publisher, unless triggers are off (`--amqp-url ""`).
+    pub fn trigger_bus(&self) -> Option<Arc<dyn TriggerBus>> {
+        (!self.amqp_url.is_empty()).then(|| Arc::new(RabbitTriggers::new(&self.amqp_url, &self.trigger_exchange)) as Arc<dyn TriggerBus>)
+    }
+
+    /// Subscribes to the triggers until `shutdown` (reconnecting as needed), unless they are off.
+    pub fn subscribe_triggers(&self, shutdown: &tokio_util::sync::CancellationToken) -> Option<tokio::sync::broadcast::Sender<WorkDetected>> {
+        (!self.amqp_url.is_empty()).then(|| {
+            let (tx, _) = tokio::sync::broadcast::channel(64);
+            tracing::info!(url = %redact_url(&self.amqp_url), exchange = %self.trigger_exchange, "listening for work-detected triggers");
+            spawn_subscriber(self.amqp_url.clone(), self.trigger_exchange.clone(), tx.clone(), shutdown.clone());
+            tx
+        })
     }
 
     /// The work queue's dead-letter queue: `--work-dlq`, or derived from the work queue's name.

@@ -33,6 +33,16 @@ pub trait TriggerBus: Send + Sync + 'static {
     async fn publish(&self, event: &WorkDetected) -> Result<()>;
 }
 
+/// Publishes a trigger, waiting at most 5 s. A trigger is a hint (listeners find the work by polling),
+/// so a failure is logged, not returned.
+pub async fn announce(bus: &dyn TriggerBus, ev: &WorkDetected) {
+    match tokio::time::timeout(Duration::from_secs(5), bus.publish(ev)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(queue = %ev.queue, error = %e, "could not publish a work-detected trigger; listeners find the work by polling"),
+        Err(_) => tracing::warn!(queue = %ev.queue, "publishing a work-detected trigger timed out; listeners find the work by polling"),
+    }
+}
+
 /// Hides the password of an AMQP URL for logs.
 pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -193,10 +203,7 @@ impl Notifier {
                 s.last = Some(tokio::time::Instant::now());
                 std::mem::take(&mut s.pending)
             };
-            let ev = WorkDetected { queue: inner.queue.clone(), messages, source: inner.source.clone() };
-            if let Err(e) = inner.bus.publish(&ev).await {
-                tracing::warn!(queue = %inner.queue, error = %e, "could not publish a work-detected trigger; listeners find the work by polling");
-            }
+            announce(inner.bus.as_ref(), &WorkDetected { queue: inner.queue.clone(), messages, source: inner.source.clone() }).await;
         });
     }
 }

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use shared::config::{Aws, FleetArgs, LogArgs};
-use shared::trigger::{redact_url, spawn_subscriber};
 
 /// Billing fleet controller: aggregates chunk results per job into the S3 warehouse.
 #[derive(Parser)]
@@ -30,12 +29,7 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
     let work_dlq = aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
-    let triggers = (!cli.fleet.amqp_url.is_empty()).then(|| {
-        let (tx, _) = tokio::sync::broadcast::channel(64);
-        tracing::info!(url = %redact_url(&cli.fleet.amqp_url), "listening for work-detected triggers");
-        spawn_subscriber(cli.fleet.amqp_url.clone(), cli.fleet.trigger_exchange.clone(), tx.clone(), shutdown.clone());
-        tx
-    });
+    let triggers = cli.fleet.subscribe_triggers(&shutdown);
     controller::run(cli.settings, controller::Deps { results, work_dlq, store, triggers }, shutdown).await?;
     Ok(())
 }

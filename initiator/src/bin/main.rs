@@ -5,7 +5,6 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -13,7 +12,6 @@ use initiator::submit::{Clients, SubmitOptions};
 use initiator::{follow, job_exit_code, CliError};
 use shared::billing::Tariff;
 use shared::config::{Aws, FleetArgs, LogArgs};
-use shared::trigger::{RabbitTriggers, TriggerBus};
 
 /// Billing fleet initiator: submit transaction files as a job and read jobs back.
 #[derive(Parser)]
@@ -192,9 +190,7 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     let store = aws.store(&fleet.bucket);
     store.check().await?;
     let results = aws.queue(&fleet.results_queue).await?;
-    let triggers: Option<Arc<dyn TriggerBus>> =
-        (!fleet.amqp_url.is_empty()).then(|| Arc::new(RabbitTriggers::new(&fleet.amqp_url, &fleet.trigger_exchange)) as Arc<dyn TriggerBus>);
-    let clients = Clients { work, results, store: store.clone(), triggers };
+    let clients = Clients { work, results, store: store.clone(), triggers: fleet.trigger_bus() };
     let opts = SubmitOptions {
         chunk_size: args.chunk_size,
         chunk_bytes: args.chunk_bytes,

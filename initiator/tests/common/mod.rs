@@ -14,7 +14,6 @@ use shared::input::{InputFile, Validator};
 use shared::provision::{ensure_fleet, QueueSettings};
 use shared::queue::{Queue, SqsQueue};
 use shared::report::Report;
-use shared::trigger::{RabbitTriggers, TriggerBus};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -77,25 +76,18 @@ impl Running {
 
 impl Stack {
     pub fn clients(&self) -> Clients {
-        Clients {
-            work: self.work.clone(),
-            results: self.results.clone(),
-            store: self.store.clone(),
-            triggers: Some(Arc::new(RabbitTriggers::new(&self.names.amqp_url, &self.names.trigger_exchange)) as Arc<dyn TriggerBus>),
-        }
+        Clients { work: self.work.clone(), results: self.results.clone(), store: self.store.clone(), triggers: self.names.trigger_bus() }
     }
 
     pub fn start_processor(&self, settings: processor::Settings) -> Running {
         let stop = CancellationToken::new();
-        let (tx, _) = tokio::sync::broadcast::channel(64);
-        shared::trigger::spawn_subscriber(self.names.amqp_url.clone(), self.names.trigger_exchange.clone(), tx.clone(), stop.clone());
         let deps = processor::Deps {
             work: self.work.clone(),
             work_dlq: Some(self.work_dlq.clone()),
             results: self.results.clone(),
             store: self.store.clone(),
-            triggers: Some(tx),
-            publish: Some(Arc::new(RabbitTriggers::new(&self.names.amqp_url, &self.names.trigger_exchange)) as Arc<dyn TriggerBus>),
+            triggers: self.names.subscribe_triggers(&stop),
+            publish: self.names.trigger_bus(),
         };
         let handle = tokio::spawn(processor::run(settings, deps, stop.clone()));
         Running { stop, handle }
@@ -106,8 +98,7 @@ impl Stack {
     pub fn start_agent(&self) -> Running {
         let stop = CancellationToken::new();
         let watched = scaling_agent::Watched { work: self.work.clone(), work_dlq: self.work_dlq.clone(), results: self.results.clone() };
-        let bus = Arc::new(RabbitTriggers::new(&self.names.amqp_url, &self.names.trigger_exchange)) as Arc<dyn TriggerBus>;
-        let handle = tokio::spawn(scaling_agent::run(scaling_agent::Settings { interval_secs: 1 }, watched, Some(bus), stop.clone()));
+        let handle = tokio::spawn(scaling_agent::run(scaling_agent::Settings { interval_secs: 1 }, watched, self.names.trigger_bus(), stop.clone()));
         Running { stop, handle }
     }
 
@@ -115,9 +106,12 @@ impl Stack {
     /// only on triggers (processors and the initiator announce what they put on its queues).
     pub fn start_controller(&self) -> Running {
         let stop = CancellationToken::new();
-        let (tx, _) = tokio::sync::broadcast::channel(64);
-        shared::trigger::spawn_subscriber(self.names.amqp_url.clone(), self.names.trigger_exchange.clone(), tx.clone(), stop.clone());
-        let deps = controller::Deps { results: self.results.clone(), work_dlq: self.work_dlq.clone(), store: self.store.clone(), triggers: Some(tx) };
+        let deps = controller::Deps {
+            results: self.results.clone(),
+            work_dlq: self.work_dlq.clone(),
+            store: self.store.clone(),
+            triggers: self.names.subscribe_triggers(&stop),
+        };
         let settings = controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10 };
         let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
         Running { stop, handle }

@@ -2,12 +2,10 @@
 //! (or prints one snapshot as JSON with `--once`).
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
 use shared::config::{Aws, FleetArgs, LogArgs};
-use shared::trigger::{RabbitTriggers, TriggerBus};
 
 /// Billing fleet scaling agent: watches queue depths and publishes work-detected triggers.
 #[derive(Parser)]
@@ -41,8 +39,6 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
         println!("{}", serde_json::to_string_pretty(&scaling_agent::snapshot(&watched).await?)?);
         return Ok(());
     }
-    let triggers =
-        (!cli.fleet.amqp_url.is_empty()).then(|| Arc::new(RabbitTriggers::new(&cli.fleet.amqp_url, &cli.fleet.trigger_exchange)) as Arc<dyn TriggerBus>);
-    scaling_agent::run(cli.settings, watched, triggers, shutdown).await?;
+    scaling_agent::run(cli.settings, watched, cli.fleet.trigger_bus(), shutdown).await?;
     Ok(())
 }
