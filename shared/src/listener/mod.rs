@@ -538,10 +538,11 @@ async fn consume(inner: Arc<Inner>, id: usize) {
             }
             // A receive that outlives its long poll by far hangs on a dead connection: give up on it.
             r = tokio::time::timeout(inner.cfg.receive_wait + RECEIVE_GRACE, inner.queue.receive(max as u32, inner.cfg.receive_wait)) => {
-                r.unwrap_or_else(|_| Err(crate::Error::Unreachable {
+                r.unwrap_or_else(|_| Err(crate::Error::Service {
                     service: crate::error::Service::Sqs,
-                    endpoint: inner.queue.name().to_string(),
-                    detail: format!("receive gave no answer within {} s", (inner.cfg.receive_wait + RECEIVE_GRACE).as_secs()),
+                    operation: "ReceiveMessage",
+                    detail: format!("no answer on queue {} within {} s; abandoned", inner.queue.name(), (inner.cfg.receive_wait + RECEIVE_GRACE).as_secs()),
+                    retryable: true,
                 }))
             }
         };
@@ -700,7 +701,7 @@ fn accept(inner: &Arc<Inner>, msgs: Vec<Message>, reserved: usize) {
                 back.push(m);
                 continue;
             }
-            let group = if inner.info.fifo { m.attrs.group.clone() } else { None };
+            let group = fifo_group(inner, &m);
             let priority = m.attrs.priority;
             back.extend(t.push(m, priority, group, now));
         }
@@ -713,6 +714,15 @@ fn accept(inner: &Arc<Inner>, msgs: Vec<Message>, reserved: usize) {
     inner.dispatch.notify_one();
     // Fewer messages than reserved leave room for another receive.
     inner.room.notify_waiters();
+}
+
+/// The message group that orders a message: only on a FIFO queue.
+fn fifo_group(inner: &Inner, m: &Message) -> Option<String> {
+    if inner.info.fifo {
+        m.attrs.group.clone()
+    } else {
+        None
+    }
 }
 
 fn release(inner: &Inner, receipt: &str, after: Duration) {
@@ -742,7 +752,7 @@ async fn expire(inner: Arc<Inner>, m: Message) {
         }
     }
     inner.handler.on_error(ErrorEvent::Expired { msg: &m, dead_lettered: false });
-    let group = if inner.info.fifo { m.attrs.group.clone() } else { None };
+    let group = fifo_group(&inner, &m);
     let back = lock(&inner.throttle).give_back(m, group);
     if let Some(m) = back {
         release(&inner, &m.receipt, Duration::ZERO);
