@@ -219,15 +219,11 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
         return Err(CliError::Input("--chunk-size must be at least 1".into()));
     }
     let fifo = shared::config::is_fifo(clients.work.name());
-    match opts.grouping {
-        Grouping::Account { groups: 0 } => return Err(CliError::Input("--groups must be at least 1".into())),
-        Grouping::Account { .. } if !fifo => {
-            return Err(CliError::Input(format!(
-                "--group-by account needs a FIFO work queue (a name ending in .fifo, e.g. --work-queue billing-work.fifo); {} is a standard queue, which keeps no order",
-                clients.work.name()
-            )))
-        }
-        _ => {}
+    if matches!(opts.grouping, Grouping::Account { .. }) && !fifo {
+        return Err(CliError::Input(format!(
+            "--group-by account needs a FIFO work queue (a name ending in .fifo, e.g. --work-queue billing-work.fifo); {} is a standard queue, which keeps no order",
+            clients.work.name()
+        )));
     }
     let grouping = opts.grouping;
     // Every header is checked before any row is read or anything is stored.

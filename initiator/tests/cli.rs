@@ -59,6 +59,10 @@ async fn submit_wait_json_status_report_and_refusals() {
         "{}",
         text(&out.stderr)
     );
+    // --groups 0 is refused by name.
+    let out = initiator(&st, &["submit", "--group-by", "account", "--groups", "0", good.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("'0' for '--groups"), "{}", text(&out.stderr));
     // --groups without --group-by is a usage error (clap: exit 2).
     let out = initiator(&st, &["submit", "--groups", "4", good.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));

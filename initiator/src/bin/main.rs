@@ -101,7 +101,7 @@ struct SubmitArgs {
     #[arg(long, value_enum, env = "INITIATOR_GROUP_BY")]
     group_by: Option<initiator::grouping::GroupBy>,
     /// Number of partitions (message groups) for --group-by: the most chunks processed in parallel.
-    #[arg(long, env = "INITIATOR_GROUPS", default_value_t = 16, requires = "group_by")]
+    #[arg(long, env = "INITIATOR_GROUPS", default_value_t = 16, requires = "group_by", value_parser = clap::value_parser!(u32).range(1..))]
     groups: u32,
     /// Tariff JSON file overriding the default (0.30 + 2.9%, refunds free).
     #[arg(long)]
