@@ -145,6 +145,12 @@ impl Aws {
         if std::env::var_os("AWS_ENDPOINT_URL").is_some() {
             return Aws::load().await;
         }
+        Aws::local(endpoint).await
+    }
+
+    /// Configuration for a local stack at `endpoint` with static test credentials, whatever the
+    /// environment says (a test that started its own stack).
+    pub async fn local(endpoint: &str) -> Aws {
         let sdk = aws_config::defaults(BehaviorVersion::latest())
             .endpoint_url(endpoint)
             .region(aws_config::Region::new("us-east-1"))

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# The fleet on Docker Compose: LocalStack, RabbitMQ, processor(s), controller and scaling agent, each a
+# container (deploy/docker-compose.yml), the initiator a one-off container.
+#
+#   deploy/compose.sh up                    builds missing/outdated images (deploy/images.sh), starts the fleet,
+#                                           waits until it is healthy, prints where to look
+#   deploy/compose.sh submit FILE... [FLAGS] submits CSV files with the initiator (files mounted read-only;
+#                                           FLAGS as `initiator submit`, e.g. --wait --json); its exit code
+#   deploy/compose.sh initiator ARGS...     any other initiator command (status JOB, report JOB, generate ...)
+#   deploy/compose.sh scale N               N processor containers (scaling down drains: SIGTERM, then wait)
+#   deploy/compose.sh ps                    containers and their state endpoints
+#   deploy/compose.sh logs [ARGS...]        `docker compose logs` (e.g. -f processor)
+#   deploy/compose.sh down                  stops and removes the fleet's containers and network
+#   deploy/compose.sh demo [ROWS]           up, generate ROWS (100,000) transactions, submit --wait, report
+#   deploy/compose.sh images                deploy/images.sh
+#
+# Environment:
+#   COMPOSE_PROJECT_NAME     billing-fleet
+#   FLEET_IMAGE_SOURCE       local (default: images built here by deploy/images.sh, no registry needed) or
+#                            registry (official LocalStack and RabbitMQ images, fleet built from deploy/Dockerfile)
+#   FLEET_PROCESSORS         processors started by `up` (1); `scale` changes it
+#   FLEET_LOCALSTACK_PORT    LocalStack on 127.0.0.1 (4566; empty: a free port)
+#   FLEET_RABBITMQ_UI_PORT   RabbitMQ management on 127.0.0.1 (15672; empty: a free port)
+#   FLEET_IMAGE_PREFIX, FLEET_IMAGE, LOCALSTACK_IMAGE, RABBITMQ_IMAGE: see deploy/images.sh
+#   FLEET_WORK_QUEUE, FLEET_RESULTS_QUEUE, FLEET_BUCKET: resource names (the defaults otherwise)
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-billing-fleet}
+source_kind=${FLEET_IMAGE_SOURCE:-local}
+case "$source_kind" in
+  local)
+    export FLEET_IMAGE=${FLEET_IMAGE:-$fleet_image} LOCALSTACK_IMAGE=${LOCALSTACK_IMAGE:-$localstack_image}
+    export RABBITMQ_IMAGE=${RABBITMQ_IMAGE:-$rabbitmq_image}
+    build_flag=--no-build ;;
+  registry) build_flag=--build ;;
+  *) die "FLEET_IMAGE_SOURCE must be local or registry (is '$source_kind')" ;;
+esac
+fleet_services=(processor controller scaling-agent)
+
+# Container ids of a service (running or not).
+ids() { compose ps -q "$1" 2>/dev/null || true; }
+running() { local id; for id in $(ids "$1"); do [ "$(docker inspect -f '{{.State.Running}}' "$id")" = true ] && echo "$id"; done; }
+count() { running "$1" | grep -c . || true; }
+host_port() { docker port "$1" "$2/tcp" 2>/dev/null | grep -m1 -E '^127\.0\.0\.1:' || true; }
+name_of() { docker inspect -f '{{.Name}}' "$1" | sed 's#^/##'; }
+
+need_up() {
+  [ -n "$(running localstack)" ] || { echo "the fleet is not up (project $COMPOSE_PROJECT_NAME): run deploy/compose.sh up first" >&2; exit 3; }
+}
+
+# A host port asked for must be free, or already ours.
+check_port() {
+  local var=$1 default=$2 service=$3 target=$4 port
+  port=${!var-$default}
+  [ -n "$port" ] || return 0
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || return 0
+  local id; for id in $(running "$service"); do [ "$(host_port "$id" "$target")" = "127.0.0.1:$port" ] && return 0; done
+  die "127.0.0.1:$port is in use by another program (for $service; deploy/local.sh's? stop it with deploy/local.sh down), or set $var to another port, or empty for a free one"
+}
+
+show() {
+  local id port n=0
+  echo "fleet $COMPOSE_PROJECT_NAME:"
+  for id in $(running localstack); do echo "  LocalStack     http://$(host_port "$id" 4566)   (AWS_ENDPOINT_URL for aws and the initiator on this host)"; done
+  for id in $(running rabbitmq); do
+    port=$(host_port "$id" 15672); [ -z "$port" ] || echo "  RabbitMQ UI    http://$port   (guest/guest)"
+  done
+  for id in $(running processor); do n=$((n + 1)); echo "  processor      http://$(host_port "$id" 9101)/state  /metrics   ($(name_of "$id"))"; done
+  for id in $(running controller); do echo "  controller     http://$(host_port "$id" 9102)/state  /metrics   ($(name_of "$id"))"; done
+  [ -z "$(running scaling-agent)" ] || echo "  scaling-agent  running   (deploy/compose.sh logs -f scaling-agent)"
+  echo "  submit:  deploy/compose.sh submit FILE... --wait     logs: deploy/compose.sh logs -f [SERVICE]"
+}
+
+# Waits until every fleet service has its containers running and not restarting (a crash loop shows
+# as restarts; its log is printed).
+wait_running() {
+  local s id deadline=$(( $(date +%s) + 30 ))
+  sleep 2
+  for s in "${fleet_services[@]}"; do
+    for id in $(ids "$s"); do
+      while :; do
+        local st; st=$(docker inspect -f '{{.State.Status}} {{.RestartCount}}' "$id")
+        [ "$st" = "running 0" ] && break
+        if [ "${st#* }" != 0 ] || [ "${st% *}" = exited ] || [ "$(date +%s)" -gt "$deadline" ]; then
+          docker logs --tail 30 "$id" >&2 || true
+          die "$(name_of "$id"): not running ($st); its last log lines are above"
+        fi
+        sleep 1
+      done
+    done
+  done
+}
+
+up() {
+  need_docker; find_compose
+  [ "$source_kind" = registry ] || "$repo/deploy/images.sh"
+  check_port FLEET_LOCALSTACK_PORT 4566 localstack 4566
+  check_port FLEET_RABBITMQ_UI_PORT 15672 rabbitmq 15672
+  local n; n=$(count processor); [ "$n" -gt 0 ] || n=${FLEET_PROCESSORS:-1}
+  local t0; t0=$(date +%s)
+  echo "starting $COMPOSE_PROJECT_NAME (LocalStack and RabbitMQ first, until healthy; $n processor(s))"
+  if ! compose up -d $build_flag --remove-orphans --scale "processor=$n" localstack rabbitmq "${fleet_services[@]}"; then
+    for s in localstack rabbitmq; do for id in $(ids "$s"); do echo "--- $s:" >&2; docker logs --tail 30 "$id" >&2 || true; done; done
+    die "compose up failed (the last log lines of LocalStack and RabbitMQ are above)"
+  fi
+  wait_running
+  echo "up in $(( $(date +%s) - t0 )) s"
+  show
+}
+
+# submit FILE... [FLAGS]: the files (every argument before the first flag) and --tariff's file are
+# mounted read-only at their absolute paths, and the initiator runs in the current directory, so the
+# names in messages and the report are the ones given here.
+submit() {
+  local csv=() files=() args=() f
+  while [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; do csv+=("$1"); shift; done
+  [ ${#csv[@]} -gt 0 ] || die "usage: deploy/compose.sh submit FILE... [initiator submit flags]"
+  files=("${csv[@]}")
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --tariff) [ $# -ge 2 ] || die "--tariff needs a file"; files+=("$2"); args+=("$1" "$2"); shift 2 ;;
+      --tariff=*) files+=("${1#--tariff=}"); args+=("$1"); shift ;;
+      *) args+=("$1"); shift ;;
+    esac
+  done
+  run_opts=()
+  for f in "${files[@]}"; do
+    [ -e "$f" ] || die "$f: no such file (nothing was submitted)"
+    [ -f "$f" ] || die "$f: not a regular file (nothing was submitted)"
+    [ -r "$f" ] || die "$f: not readable (permission denied; nothing was submitted)"
+    run_opts+=(-v "$(readlink -f "$f"):$(cd "$(dirname "$f")" && pwd)/$(basename "$f"):ro")
+  done
+  initiator submit "${csv[@]}" "${args[@]}"
+}
+
+# initiator ARGS...: the initiator as a one-off container on the fleet's network, as the calling user,
+# in the current directory, with the extra `docker run` options in run_opts; returns its exit code.
+run_opts=()
+initiator() {
+  need_docker; find_compose; need_up
+  local tty=() code=0
+  [ -t 0 ] && [ -t 1 ] || tty=(-T)
+  compose run --rm --no-deps "${tty[@]}" -u "$(id -u):$(id -g)" -w "$PWD" "${run_opts[@]}" initiator "$@" || code=$?
+  return "$code"
+}
+
+scale() {
+  local n=${1:-}
+  [[ "$n" =~ ^[0-9]+$ ]] || die "usage: deploy/compose.sh scale N (processor containers)"
+  need_docker; find_compose; need_up
+  local before; before=$(count processor)
+  echo "processor: $before -> $n"
+  compose up -d --no-deps $build_flag --no-recreate --scale "processor=$n" processor
+  show
+}
+
+down() {
+  need_docker; find_compose
+  compose --profile cli down -v --remove-orphans --timeout 45
+}
+
+demo() {
+  local rows=${1:-100000}
+  up
+  mkdir -p "$repo/.run"
+  local data="$repo/.run/demo-$rows.csv"
+  echo "generating $rows transactions (1,000 accounts) into $data"
+  initiator generate --rows "$rows" --accounts 1000 --seed 1 >"$data"
+  echo "submitting $data"
+  submit "$data" --wait
+}
+
+cmd=${1:-}
+[ $# -eq 0 ] || shift
+case "$cmd" in
+  up) up ;;
+  submit) submit "$@" ;;
+  initiator) initiator "$@" ;;
+  scale) scale "$@" ;;
+  ps) need_docker; find_compose; compose ps; show ;;
+  logs) need_docker; find_compose; if [ $# -eq 0 ]; then compose logs --tail=100; else compose logs "$@"; fi ;;
+  down) down ;;
+  demo) demo "$@" ;;
+  images) exec "$repo/deploy/images.sh" "$@" ;;
+  *) die "usage: deploy/compose.sh up | submit FILE... [FLAGS] | initiator ARGS... | scale N | ps | logs [ARGS] | down | demo [ROWS] | images" ;;
+esac

@@ -1,0 +1,465 @@
+//! Container tests on the real Docker Engine: the fleet as a user runs it, through `deploy/compose.sh`
+//! and `deploy/docker-compose.yml` (LocalStack, RabbitMQ, processor, controller and scaling agent each a
+//! container, the initiator a one-off container), with images built by `deploy/images.sh` from nothing.
+//!
+//! Run by `deploy/test.sh` (README's test command, and so CI). A custom harness (libtest-mimic): the
+//! scenarios run one at a time (one fleet on two cores) and the images they built from nothing are
+//! removed at the end (`FLEET_TEST_KEEP_IMAGES=1` keeps them). Every scenario has its own compose
+//! project and free host ports, and ends with `down` leaving nothing of the project behind. Where no
+//! Docker Engine answers, every scenario fails and says so: none passes without running.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::Value;
+
+/// Images of these tests, apart from a user's (`billing-fleet/...`).
+const PREFIX: &str = "billing-fleet-test";
+const MILLION: u64 = 1_000_000;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn main() -> ExitCode {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    let trials = vec![
+        trial("images_from_nothing_compose_up_submit_errors_and_down", images_from_nothing),
+        trial("million_transactions_through_compose_match_initiator_local", million_matches_local),
+        trial("processor_container_killed_mid_job_totals_exact", processor_killed_mid_job),
+        trial("compose_stop_processor_drains_and_loses_nothing", stop_processor_drains),
+        trial("controller_container_restarted_mid_job_totals_exact", controller_restarted_mid_job),
+        trial("rabbitmq_container_stopped_mid_job_job_completes", rabbitmq_stopped_mid_job),
+    ];
+    let ran_any = trials.iter().any(|t| args.filter.as_deref().is_none_or(|f| t.name().contains(f))) && !args.list;
+    let conclusion = libtest_mimic::run(&args, trials);
+    if ran_any && std::env::var_os("FLEET_TEST_KEEP_IMAGES").is_none() && docker_ok().is_ok() {
+        let out = sh(Command::new(repo().join("deploy/images.sh")).arg("--remove").env("FLEET_IMAGE_PREFIX", PREFIX));
+        if !out.status.success() {
+            eprintln!("removing the test images failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    conclusion.exit_code()
+}
+
+fn trial(name: &'static str, f: fn()) -> Trial {
+    Trial::test(format!("compose::{name}"), move || {
+        docker_ok().map_err(Failed::from)?;
+        std::panic::catch_unwind(f).map_err(|p| {
+            Failed::from(p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default())
+        })
+    })
+}
+
+fn docker_ok() -> Result<(), String> {
+    match Command::new("docker").args(["info", "--format", "{{.ServerVersion}}"]).output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "no Docker Engine answers (`docker info`: {}): the container tests need one (CI has one); nothing was run",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("cannot run `docker` ({e}): the container tests need Docker Engine with Compose; nothing was run")),
+    }
+}
+
+fn sh(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn stdout_of(cmd: &mut Command) -> String {
+    let out = sh(cmd);
+    assert!(out.status.success(), "{cmd:?} failed: {}{}", text(&out.stdout), text(&out.stderr));
+    text(&out.stdout).trim().to_string()
+}
+
+/// `docker compose` or `docker-compose`, as deploy/lib.sh picks it.
+fn compose_cmd() -> Vec<String> {
+    static CMD: OnceLock<Vec<String>> = OnceLock::new();
+    CMD.get_or_init(|| {
+        let v2 = Command::new("docker").args(["compose", "version"]).output().is_ok_and(|o| o.status.success());
+        if v2 { vec!["docker".into(), "compose".into()] } else { vec!["docker-compose".into()] }
+    })
+    .clone()
+}
+
+/// Shared input: one million generated transactions, and what `initiator local` (one process, no
+/// queues) makes of them.
+struct Input {
+    _dir: tempfile::TempDir,
+    million: PathBuf,
+    local: Value,
+}
+
+fn input() -> &'static Input {
+    static INPUT: OnceLock<Input> = OnceLock::new();
+    INPUT.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let million = dir.path().join("million.csv");
+        let bin = env!("CARGO_BIN_EXE_initiator");
+        let file = std::fs::File::create(&million).unwrap();
+        let st = Command::new(bin).args(["generate", "--rows", &MILLION.to_string(), "--accounts", "1000", "--seed", "42"]).stdout(file).status().unwrap();
+        assert!(st.success(), "initiator generate failed");
+        let local: Value = serde_json::from_str(&stdout_of(Command::new(bin).arg("local").arg(&million).arg("--json"))).unwrap();
+        Input { _dir: dir, million, local }
+    })
+}
+
+/// One compose project of the fleet, brought down (and checked gone) at the end, also on failure.
+struct Fleet {
+    project: String,
+    down: bool,
+}
+
+impl Fleet {
+    /// `deploy/compose.sh up` with `processors` processor containers.
+    fn up(name: &str, processors: u32) -> Fleet {
+        let fleet = Fleet { project: format!("bft-{name}-{}", std::process::id()), down: false };
+        let t0 = Instant::now();
+        let out = fleet.sh(&["up"], &[("FLEET_PROCESSORS", &processors.to_string())]);
+        assert!(out.status.success(), "compose.sh up failed:\n{}{}", text(&out.stdout), text(&out.stderr));
+        println!("[{name}] compose.sh up: {:.1} s", t0.elapsed().as_secs_f64());
+        assert_eq!(fleet.running("processor").len(), processors as usize, "processor containers after up");
+        for s in ["controller", "scaling-agent"] {
+            assert_eq!(fleet.running(s).len(), 1, "{s} containers after up");
+        }
+        for s in ["localstack", "rabbitmq"] {
+            let id = &fleet.running(s)[0];
+            assert_eq!(inspect(id, "{{.State.Health.Status}}"), "healthy", "{s}");
+        }
+        fleet
+    }
+
+    fn command(&self, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.args(args).current_dir(repo()).env("COMPOSE_PROJECT_NAME", &self.project).env("FLEET_IMAGE_PREFIX", PREFIX);
+        // Free host ports (a LocalStack or RabbitMQ of the host may hold the default ones).
+        cmd.env("FLEET_LOCALSTACK_PORT", "").env("FLEET_RABBITMQ_UI_PORT", "");
+        for v in ["FLEET_IMAGE", "LOCALSTACK_IMAGE", "RABBITMQ_IMAGE", "FLEET_IMAGE_SOURCE", "FLEET_WORK_QUEUE", "FLEET_RESULTS_QUEUE", "FLEET_BUCKET", "RUST_LOG"] {
+            cmd.env_remove(v);
+        }
+        cmd.envs(env.iter().copied());
+        cmd
+    }
+
+    /// deploy/compose.sh ARGS.
+    fn sh(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        sh(&mut self.command(&repo().join("deploy/compose.sh"), args, env).stdin(Stdio::null()))
+    }
+
+    /// The compose tool itself on this project (what a user types for stop, restart, ...).
+    fn compose(&self, args: &[&str]) -> Output {
+        let images = stdout_of(Command::new(repo().join("deploy/images.sh")).arg("--print").env("FLEET_IMAGE_PREFIX", PREFIX));
+        let cmd = compose_cmd();
+        let mut c = self.command(Path::new(&cmd[0]), &cmd[1..].iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+        c.args(["-f", "deploy/docker-compose.yml"]).args(args);
+        for line in images.lines() {
+            if let Some((k, v)) = line.split_once('=') {
+                c.env(k, v);
+            }
+        }
+        sh(&mut c)
+    }
+
+    fn containers(&self, service: &str, all: bool) -> Vec<String> {
+        let mut c = Command::new("docker");
+        c.args(["ps", "-q", "--filter", &format!("label=com.docker.compose.project={}", self.project)]);
+        c.args(["--filter", &format!("label=com.docker.compose.service={service}")]);
+        if all {
+            c.arg("-a");
+        }
+        stdout_of(&mut c).lines().map(str::to_string).collect()
+    }
+
+    fn running(&self, service: &str) -> Vec<String> {
+        self.containers(service, false)
+    }
+
+    /// A container port's address on the host.
+    fn host_addr(&self, id: &str, port: u16) -> String {
+        stdout_of(Command::new("docker").args(["port", id, &format!("{port}/tcp")])).lines().next().unwrap_or_default().to_string()
+    }
+
+    /// `compose.sh submit FILE --wait --json` in the background (stdout to a file).
+    fn submit_bg(&self, file: &Path, out: &Path) -> Child {
+        let mut cmd = self.command(&repo().join("deploy/compose.sh"), &["submit", file.to_str().unwrap(), "--wait", "--json"], &[]);
+        cmd.stdin(Stdio::null()).stdout(std::fs::File::create(out).unwrap()).stderr(Stdio::piped());
+        cmd.spawn().unwrap()
+    }
+
+    /// Waits until some processor has billed a chunk of the job (its /state counts), then returns.
+    fn wait_mid_job(&self) -> SystemTime {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let processed: u64 = self
+                .running("processor")
+                .iter()
+                .filter_map(|id| {
+                    let addr = self.host_addr(id, 9101);
+                    let o = Command::new("curl").args(["-fsS", "--max-time", "2", &format!("http://{addr}/state?depth=false")]).output().ok()?;
+                    let v: Value = serde_json::from_slice(&o.stdout).ok()?;
+                    Some(v.as_array()?.iter().filter_map(|l| l["processed"].as_u64()).sum::<u64>())
+                })
+                .sum();
+            if processed > 0 {
+                return SystemTime::now();
+            }
+            assert!(Instant::now() < deadline, "no processor billed anything within 120 s of the submission");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Brings the project down and checks nothing of it is left: no container, no network.
+    fn down(&mut self) {
+        let out = self.sh(&["down"], &[]);
+        self.down = true;
+        assert!(out.status.success(), "compose.sh down failed: {}{}", text(&out.stdout), text(&out.stderr));
+        let label = format!("label=com.docker.compose.project={}", self.project);
+        let left = stdout_of(Command::new("docker").args(["ps", "-a", "-q", "--filter", &label]));
+        assert!(left.is_empty(), "containers left after down: {left}");
+        let nets = stdout_of(Command::new("docker").args(["network", "ls", "-q", "--filter", &label]));
+        assert!(nets.is_empty(), "networks left after down: {nets}");
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if self.down {
+            return;
+        }
+        if std::thread::panicking() {
+            let logs = self.sh(&["logs", "--tail=40"], &[]);
+            eprintln!("--- last log lines of {}:\n{}", self.project, text(&logs.stdout));
+        }
+        let _ = self.sh(&["down"], &[]);
+    }
+}
+
+fn inspect(id: &str, format: &str) -> String {
+    stdout_of(Command::new("docker").args(["inspect", "-f", format, id]))
+}
+
+/// Waits for a background submission (at most `limit`) and returns its report (`--json`).
+fn finish(mut child: Child, out: &Path, limit: Duration) -> Value {
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the job did not finish within {} s", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let body = std::fs::read_to_string(out).unwrap();
+    assert!(status.success(), "compose.sh submit exited with {status}: {err}\n{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("submit --json printed no report ({e}): {body}\n{err}"))
+}
+
+/// The job is complete and its per-account and per-currency totals equal `initiator local`'s.
+fn assert_matches_local(report: &Value) {
+    let local = &input().local;
+    assert_eq!(report["status"], "complete");
+    assert_eq!(report["transactions"]["processed"].as_u64(), Some(MILLION), "{}", report["transactions"]);
+    assert_eq!(report["transactions"]["failed"].as_u64(), Some(0));
+    assert_eq!(report["totals"], local["totals"], "totals differ from initiator local");
+    assert!(report["accounts"] == local["accounts"], "per-account totals differ from initiator local");
+}
+
+/// The report was written after `t` (the fault happened mid-job, not after it).
+fn assert_finished_after(report: &Value, t: SystemTime) {
+    let fin = time::OffsetDateTime::parse(report["finished_at"].as_str().unwrap(), &time::format_description::well_known::Rfc3339).unwrap();
+    let t = time::OffsetDateTime::from(t);
+    assert!(fin > t, "the job finished at {fin}, before the fault at {t}: the fault was not mid-job");
+}
+
+fn secs_since(t: SystemTime) -> f64 {
+    t.elapsed().unwrap_or_default().as_secs_f64()
+}
+
+// ---- scenarios -------------------------------------------------------------------------------------
+
+/// From no images: compose.sh up builds every image and starts a healthy fleet; a second up reuses
+/// them; submit refuses a missing file or a directory (exit 1, nothing enqueued) and bills a small job;
+/// down leaves nothing.
+fn images_from_nothing() {
+    let out = sh(Command::new(repo().join("deploy/images.sh")).arg("--remove").env("FLEET_IMAGE_PREFIX", PREFIX));
+    assert!(out.status.success(), "images.sh --remove: {}", text(&out.stderr));
+    let have = stdout_of(Command::new("docker").args(["image", "ls", "-q", "--filter", &format!("reference={PREFIX}/*")]));
+    assert!(have.is_empty(), "test images still there: {have}");
+
+    let cold = Instant::now();
+    let mut fleet = Fleet::up("cold", 1);
+    println!("[cold] images from nothing + up: {:.1} s", cold.elapsed().as_secs_f64());
+    for (image, size) in stdout_of(Command::new("docker").args(["image", "ls", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}", &format!("{PREFIX}/*")]))
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+    {
+        println!("[cold] image {image}: {size}");
+    }
+
+    let warm = Instant::now();
+    let out = fleet.sh(&["up"], &[]);
+    let log = text(&out.stdout);
+    assert!(out.status.success(), "second up: {log}{}", text(&out.stderr));
+    for what in ["localstack", "rabbitmq", "fleet"] {
+        assert!(log.contains(&format!("{what}: {PREFIX}/")) && log.contains("up to date"), "second up rebuilt {what}:\n{log}");
+    }
+    println!("[cold] second (warm) up: {:.1} s", warm.elapsed().as_secs_f64());
+
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such.csv");
+    let out = fleet.sh(&["submit", missing.to_str().unwrap(), "--wait"], &[]);
+    assert_eq!(out.status.code(), Some(1), "missing file: {}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("no-such.csv: no such file (nothing was submitted)"), "{}", text(&out.stderr));
+    let out = fleet.sh(&["submit", dir.path().to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(1), "a directory: {}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("not a regular file"), "{}", text(&out.stderr));
+    let endpoint = format!("http://{}", fleet.host_addr(&fleet.running("localstack")[0], 4566));
+    nothing_enqueued(&endpoint);
+
+    // A small job with one bad row: billed, the row rejected with file and line, exit 0.
+    let csv = dir.path().join("small.csv");
+    let mut body = String::from("txn_id,account_id,amount,currency,timestamp\n");
+    for i in 0..2000 {
+        body.push_str(&format!("t{i},A{},{}.25,EUR,2026-01-01T00:00:00Z\n", i % 7, i % 90 + 1));
+    }
+    body.push_str("bad,A1,12.3456,EUR,2026-01-01T00:00:00Z\n");
+    std::fs::write(&csv, body).unwrap();
+    let out = fleet.sh(&["submit", csv.to_str().unwrap(), "--wait", "--json"], &[]);
+    assert_eq!(out.status.code(), Some(0), "small job: {}", text(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((r["transactions"]["accepted"].as_u64(), r["transactions"]["processed"].as_u64(), r["transactions"]["rejected"].as_u64()), (Some(2000), Some(2000), Some(1)));
+    let rejected = &r["rejected"][0];
+    assert_eq!(rejected["line"].as_u64(), Some(2002), "{rejected}");
+    assert!(rejected["file"].as_str().is_some_and(|f| f.ends_with("small.csv")), "{rejected}");
+    fleet.down();
+}
+
+/// Neither a work item nor a blob on the fleet's LocalStack.
+fn nothing_enqueued(endpoint: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let aws = shared::config::Aws::local(endpoint).await;
+        let work = aws.queue("billing-work").await.unwrap();
+        let d = shared::queue::Queue::depth(work.as_ref()).await.unwrap();
+        assert_eq!((d.visible, d.in_flight), (0, 0), "work items were enqueued");
+        let listed = aws.s3().list_objects_v2().bucket("billing-fleet").prefix("jobs/").send().await.unwrap();
+        assert_eq!(listed.key_count(), Some(0), "blobs were stored: {:?}", listed.contents());
+    });
+}
+
+/// A million transactions through the initiator container: totals identical to `initiator local`.
+fn million_matches_local() {
+    let input = input();
+    let mut fleet = Fleet::up("million", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report.json");
+    let t0 = SystemTime::now();
+    let report = finish(fleet.submit_bg(&input.million, &out), &out, Duration::from_secs(600));
+    let secs = secs_since(t0);
+    assert_matches_local(&report);
+    let req = &report["requests"];
+    println!("[million] submit -> report {secs:.2} s through compose (1 processor), {} requests, {} per 1,000 transactions", req["total"], req["per_1000_transactions"]);
+    fleet.down();
+}
+
+/// Three processor containers, one killed (SIGKILL) mid-job: its work items come back after their
+/// visibility timeout and the totals stay exact.
+fn processor_killed_mid_job() {
+    let input = input();
+    let mut fleet = Fleet::up("kill", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report.json");
+    let t0 = SystemTime::now();
+    let child = fleet.submit_bg(&input.million, &out);
+    let fault = fleet.wait_mid_job();
+    let victim = fleet.running("processor")[1].clone();
+    stdout_of(Command::new("docker").args(["kill", &victim]));
+    let report = finish(child, &out, Duration::from_secs(600));
+    assert_matches_local(&report);
+    assert_finished_after(&report, fault);
+    assert_eq!(inspect(&victim, "{{.State.ExitCode}}"), "137", "the killed processor");
+    assert_eq!(fleet.running("processor").len(), 2, "the two other processors still run");
+    println!("[kill] submit -> report {:.1} s with one of three processors killed mid-job", secs_since(t0));
+    fleet.down();
+}
+
+/// `compose stop processor` mid-job: every processor drains and exits 0; started again, the fleet
+/// finishes the job with exact totals.
+fn stop_processor_drains() {
+    let input = input();
+    let mut fleet = Fleet::up("drain", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report.json");
+    let child = fleet.submit_bg(&input.million, &out);
+    let fault = fleet.wait_mid_job();
+    let ids = fleet.running("processor");
+    let t = Instant::now();
+    let stop = fleet.compose(&["stop", "processor"]);
+    assert!(stop.status.success(), "compose stop processor: {}", text(&stop.stderr));
+    println!("[drain] compose stop processor: {:.1} s", t.elapsed().as_secs_f64());
+    for id in &ids {
+        assert_eq!(inspect(id, "{{.State.Status}} {{.State.ExitCode}}"), "exited 0", "a stopped processor");
+        let logs = text(&sh(Command::new("docker").args(["logs", id])).stderr);
+        assert!(logs.contains("drained=true"), "processor did not report a full drain:\n{logs}");
+    }
+    let out_scale = fleet.sh(&["scale", "2"], &[]);
+    assert!(out_scale.status.success(), "scale 2: {}", text(&out_scale.stderr));
+    let report = finish(child, &out, Duration::from_secs(600));
+    assert_matches_local(&report);
+    assert_finished_after(&report, fault);
+    fleet.down();
+}
+
+/// `compose restart controller` mid-job: the new controller resumes from the checkpoint; exact totals.
+fn controller_restarted_mid_job() {
+    let input = input();
+    let mut fleet = Fleet::up("controller", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report.json");
+    let child = fleet.submit_bg(&input.million, &out);
+    let fault = fleet.wait_mid_job();
+    let id = fleet.running("controller")[0].clone();
+    let started = inspect(&id, "{{.State.StartedAt}}");
+    let r = fleet.compose(&["restart", "controller"]);
+    assert!(r.status.success(), "compose restart controller: {}", text(&r.stderr));
+    assert_ne!(inspect(&id, "{{.State.StartedAt}}"), started, "the controller was not restarted");
+    let report = finish(child, &out, Duration::from_secs(600));
+    assert_matches_local(&report);
+    assert_finished_after(&report, fault);
+    fleet.down();
+}
+
+/// `compose stop rabbitmq` mid-job: triggers are hints, so the job completes with exact totals and
+/// every fleet service stays up.
+fn rabbitmq_stopped_mid_job() {
+    let input = input();
+    let mut fleet = Fleet::up("rabbitmq", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report.json");
+    let child = fleet.submit_bg(&input.million, &out);
+    let fault = fleet.wait_mid_job();
+    let r = fleet.compose(&["stop", "rabbitmq"]);
+    assert!(r.status.success(), "compose stop rabbitmq: {}", text(&r.stderr));
+    assert!(fleet.running("rabbitmq").is_empty(), "rabbitmq still runs");
+    let report = finish(child, &out, Duration::from_secs(600));
+    assert_matches_local(&report);
+    assert_finished_after(&report, fault);
+    assert_eq!(fleet.running("processor").len(), 2, "processors after the broker went away");
+    for s in ["controller", "scaling-agent"] {
+        assert_eq!(fleet.running(s).len(), 1, "{s} after the broker went away");
+    }
+    fleet.down();
+}
