@@ -1,26 +1,44 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): submits generated transactions through the running local fleet and prints
-# wall time, transactions per second and SQS/S3 requests per 1,000 transactions, next to the time the
-# same rows take in one process with no queues (parse, validate, bill). Also checks both give the same
+# Benchmark (not a test): submits generated transactions through the running fleet and prints wall
+# time, transactions per second and SQS/S3 requests per 1,000 transactions, next to the time the same
+# rows take in one process with no queues (parse, validate, bill). Also checks both give the same
 # per-account totals.
 #
-#   deploy/bench.sh [ROWS] [CHUNK_SIZE]     defaults: 1000000 transactions, chunks of 5000
+#   deploy/bench.sh [--compose] [ROWS] [CHUNK_SIZE]     defaults: 1000000 transactions, chunks of 5000
 #
-# Brings the fleet up with deploy/local.sh first (safe when it already runs).
+# Host mode brings the fleet up with deploy/local.sh first; --compose with deploy/compose.sh up (the
+# initiator then runs as a one-off container: the time it takes to start one is measured and shown).
+# Either is safe when the fleet already runs.
 set -euo pipefail
+mode=host
+if [ "${1:-}" = --compose ]; then mode=compose; shift; fi
 rows=${1:-1000000}
 chunk=${2:-5000}
-source "$(dirname "${BASH_SOURCE[0]}")/bench-setup.sh"
+if [ "$mode" = host ]; then
+  source "$(dirname "${BASH_SOURCE[0]}")/bench-setup.sh"
+  fleet_submit=("$bin" submit)
+else
+  repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  run=${FLEET_RUN_DIR:-$repo/.run}
+  "$repo/deploy/compose.sh" up >/dev/null
+  bin="$repo/target/release/initiator"
+  data="$run/bench-$rows-${BENCH_ACCOUNTS:-1000}.csv"
+  mkdir -p "$run"
+  [ -s "$data" ] || "$bin" generate --rows "$rows" --accounts "${BENCH_ACCOUNTS:-1000}" --seed 42 >"$data"
+  fleet_submit=("$repo/deploy/compose.sh" submit)
+  s0=$(date +%s.%N); "$repo/deploy/compose.sh" initiator --version >/dev/null 2>&1; s1=$(date +%s.%N)
+  echo "== initiator container start: $(python3 -c "print(f'{$s1 - $s0:.2f}')") s (compose run of initiator --version)"
+fi
 
 echo "== one process, no queues: $rows transactions"
 t0=$(date +%s.%N)
 "$bin" local "$data" --json >"$run/bench-local.json"
 t1=$(date +%s.%N)
 
-echo "== fleet: submit -> report, chunks of $chunk"
+echo "== fleet ($mode): submit -> report, chunks of $chunk"
 t2=$(date +%s.%N)
 code=0
-"$bin" submit "$data" --chunk-size "$chunk" --wait --json >"$run/bench-fleet.json" 2>"$run/bench-submit.log" || code=$?
+"${fleet_submit[@]}" "$data" --chunk-size "$chunk" --wait --json >"$run/bench-fleet.json" 2>"$run/bench-submit.log" || code=$?
 t3=$(date +%s.%N)
 [ "$code" = 0 ] || { echo "submit failed (exit $code):"; cat "$run/bench-submit.log"; exit 1; }
 

@@ -50,9 +50,8 @@ fn main() -> ExitCode {
 fn trial(name: &'static str, f: fn()) -> Trial {
     Trial::test(format!("compose::{name}"), move || {
         docker_ok().map_err(Failed::from)?;
-        std::panic::catch_unwind(f).map_err(|p| {
-            Failed::from(p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default())
-        })
+        std::panic::catch_unwind(f)
+            .map_err(|p| Failed::from(p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()))
     })
 }
 
@@ -86,7 +85,11 @@ fn compose_cmd() -> Vec<String> {
     static CMD: OnceLock<Vec<String>> = OnceLock::new();
     CMD.get_or_init(|| {
         let v2 = Command::new("docker").args(["compose", "version"]).output().is_ok_and(|o| o.status.success());
-        if v2 { vec!["docker".into(), "compose".into()] } else { vec!["docker-compose".into()] }
+        if v2 {
+            vec!["docker".into(), "compose".into()]
+        } else {
+            vec!["docker-compose".into()]
+        }
     })
     .clone()
 }
@@ -143,7 +146,9 @@ impl Fleet {
         cmd.args(args).current_dir(repo()).env("COMPOSE_PROJECT_NAME", &self.project).env("FLEET_IMAGE_PREFIX", PREFIX);
         // Free host ports (a LocalStack or RabbitMQ of the host may hold the default ones).
         cmd.env("FLEET_LOCALSTACK_PORT", "").env("FLEET_RABBITMQ_UI_PORT", "");
-        for v in ["FLEET_IMAGE", "LOCALSTACK_IMAGE", "RABBITMQ_IMAGE", "FLEET_IMAGE_SOURCE", "FLEET_WORK_QUEUE", "FLEET_RESULTS_QUEUE", "FLEET_BUCKET", "RUST_LOG"] {
+        for v in
+            ["FLEET_IMAGE", "LOCALSTACK_IMAGE", "RABBITMQ_IMAGE", "FLEET_IMAGE_SOURCE", "FLEET_WORK_QUEUE", "FLEET_RESULTS_QUEUE", "FLEET_BUCKET", "RUST_LOG"]
+        {
             cmd.env_remove(v);
         }
         cmd.envs(env.iter().copied());
@@ -152,7 +157,7 @@ impl Fleet {
 
     /// deploy/compose.sh ARGS.
     fn sh(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
-        sh(&mut self.command(&repo().join("deploy/compose.sh"), args, env).stdin(Stdio::null()))
+        sh(self.command(&repo().join("deploy/compose.sh"), args, env).stdin(Stdio::null()))
     }
 
     /// The compose tool itself on this project (what a user types for stop, restart, ...).
@@ -340,7 +345,10 @@ fn images_from_nothing() {
     let out = fleet.sh(&["submit", csv.to_str().unwrap(), "--wait", "--json"], &[]);
     assert_eq!(out.status.code(), Some(0), "small job: {}", text(&out.stderr));
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((r["transactions"]["accepted"].as_u64(), r["transactions"]["processed"].as_u64(), r["transactions"]["rejected"].as_u64()), (Some(2000), Some(2000), Some(1)));
+    assert_eq!(
+        (r["transactions"]["accepted"].as_u64(), r["transactions"]["processed"].as_u64(), r["transactions"]["rejected"].as_u64()),
+        (Some(2000), Some(2000), Some(1))
+    );
     let rejected = &r["rejected"][0];
     assert_eq!(rejected["line"].as_u64(), Some(2002), "{rejected}");
     assert!(rejected["file"].as_str().is_some_and(|f| f.ends_with("small.csv")), "{rejected}");
@@ -371,7 +379,10 @@ fn million_matches_local() {
     let secs = secs_since(t0);
     assert_matches_local(&report);
     let req = &report["requests"];
-    println!("[million] submit -> report {secs:.2} s through compose (1 processor), {} requests, {} per 1,000 transactions", req["total"], req["per_1000_transactions"]);
+    println!(
+        "[million] submit -> report {secs:.2} s through compose (1 processor), {} requests, {} per 1,000 transactions",
+        req["total"], req["per_1000_transactions"]
+    );
     fleet.down();
 }
 
