@@ -368,106 +368,88 @@ fn nothing_enqueued(endpoint: &str) {
     });
 }
 
-/// A million transactions through the initiator container: totals identical to `initiator local`.
-fn million_matches_local() {
-    let input = input();
-    let mut fleet = Fleet::up("million", 1);
+/// Submits the million-transaction job through the initiator container, runs `fault` once a processor
+/// has billed part of it, and checks that the job then completes with totals identical to `initiator
+/// local`, its report written after the fault. Returns the seconds from submission to report.
+fn million_job(fleet: &Fleet, fault: impl FnOnce(&Fleet)) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("report.json");
     let t0 = SystemTime::now();
-    let report = finish(fleet.submit_bg(&input.million, &out), &out, Duration::from_secs(600));
+    let child = fleet.submit_bg(&input().million, &out);
+    let at = fleet.wait_mid_job();
+    fault(fleet);
+    let report = finish(child, &out, Duration::from_secs(600));
     let secs = secs_since(t0);
     assert_matches_local(&report);
+    assert_finished_after(&report, at);
     let req = &report["requests"];
-    println!(
-        "[million] submit -> report {secs:.2} s through compose (1 processor), {} requests, {} per 1,000 transactions",
-        req["total"], req["per_1000_transactions"]
-    );
+    println!("[{}] submit -> report {secs:.2} s, {} requests, {} per 1,000 transactions", fleet.project, req["total"], req["per_1000_transactions"]);
+    secs
+}
+
+/// A million transactions through the initiator container: totals identical to `initiator local`.
+fn million_matches_local() {
+    let mut fleet = Fleet::up("million", 1);
+    million_job(&fleet, |_| {});
     fleet.down();
 }
 
 /// Three processor containers, one killed (SIGKILL) mid-job: its work items come back after their
 /// visibility timeout and the totals stay exact.
 fn processor_killed_mid_job() {
-    let input = input();
     let mut fleet = Fleet::up("kill", 3);
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("report.json");
-    let t0 = SystemTime::now();
-    let child = fleet.submit_bg(&input.million, &out);
-    let fault = fleet.wait_mid_job();
     let victim = fleet.running("processor")[1].clone();
-    stdout_of(Command::new("docker").args(["kill", &victim]));
-    let report = finish(child, &out, Duration::from_secs(600));
-    assert_matches_local(&report);
-    assert_finished_after(&report, fault);
+    million_job(&fleet, |_| {
+        stdout_of(Command::new("docker").args(["kill", &victim]));
+    });
     assert_eq!(inspect(&victim, "{{.State.ExitCode}}"), "137", "the killed processor");
     assert_eq!(fleet.running("processor").len(), 2, "the two other processors still run");
-    println!("[kill] submit -> report {:.1} s with one of three processors killed mid-job", secs_since(t0));
     fleet.down();
 }
 
 /// `compose stop processor` mid-job: every processor drains and exits 0; started again, the fleet
 /// finishes the job with exact totals.
 fn stop_processor_drains() {
-    let input = input();
     let mut fleet = Fleet::up("drain", 2);
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("report.json");
-    let child = fleet.submit_bg(&input.million, &out);
-    let fault = fleet.wait_mid_job();
-    let ids = fleet.running("processor");
-    let t = Instant::now();
-    let stop = fleet.compose(&["stop", "processor"]);
-    assert!(stop.status.success(), "compose stop processor: {}", text(&stop.stderr));
-    println!("[drain] compose stop processor: {:.1} s", t.elapsed().as_secs_f64());
-    for id in &ids {
-        assert_eq!(inspect(id, "{{.State.Status}} {{.State.ExitCode}}"), "exited 0", "a stopped processor");
-        let logs = text(&sh(Command::new("docker").args(["logs", id])).stderr);
-        assert!(logs.contains("drained=true"), "processor did not report a full drain:\n{logs}");
-    }
-    let out_scale = fleet.sh(&["scale", "2"], &[]);
-    assert!(out_scale.status.success(), "scale 2: {}", text(&out_scale.stderr));
-    let report = finish(child, &out, Duration::from_secs(600));
-    assert_matches_local(&report);
-    assert_finished_after(&report, fault);
+    million_job(&fleet, |fleet| {
+        let ids = fleet.running("processor");
+        let t = Instant::now();
+        let stop = fleet.compose(&["stop", "processor"]);
+        assert!(stop.status.success(), "compose stop processor: {}", text(&stop.stderr));
+        println!("[drain] compose stop processor: {:.1} s", t.elapsed().as_secs_f64());
+        for id in &ids {
+            assert_eq!(inspect(id, "{{.State.Status}} {{.State.ExitCode}}"), "exited 0", "a stopped processor");
+            let logs = text(&sh(Command::new("docker").args(["logs", id])).stderr);
+            assert!(logs.contains("drained=true"), "processor did not report a full drain:\n{logs}");
+        }
+        let scale = fleet.sh(&["scale", "2"], &[]);
+        assert!(scale.status.success(), "scale 2: {}", text(&scale.stderr));
+    });
     fleet.down();
 }
 
 /// `compose restart controller` mid-job: the new controller resumes from the checkpoint; exact totals.
 fn controller_restarted_mid_job() {
-    let input = input();
     let mut fleet = Fleet::up("controller", 1);
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("report.json");
-    let child = fleet.submit_bg(&input.million, &out);
-    let fault = fleet.wait_mid_job();
-    let id = fleet.running("controller")[0].clone();
-    let started = inspect(&id, "{{.State.StartedAt}}");
-    let r = fleet.compose(&["restart", "controller"]);
-    assert!(r.status.success(), "compose restart controller: {}", text(&r.stderr));
-    assert_ne!(inspect(&id, "{{.State.StartedAt}}"), started, "the controller was not restarted");
-    let report = finish(child, &out, Duration::from_secs(600));
-    assert_matches_local(&report);
-    assert_finished_after(&report, fault);
+    million_job(&fleet, |fleet| {
+        let id = fleet.running("controller")[0].clone();
+        let started = inspect(&id, "{{.State.StartedAt}}");
+        let r = fleet.compose(&["restart", "controller"]);
+        assert!(r.status.success(), "compose restart controller: {}", text(&r.stderr));
+        assert_ne!(inspect(&id, "{{.State.StartedAt}}"), started, "the controller was not restarted");
+    });
     fleet.down();
 }
 
 /// `compose stop rabbitmq` mid-job: triggers are hints, so the job completes with exact totals and
 /// every fleet service stays up.
 fn rabbitmq_stopped_mid_job() {
-    let input = input();
     let mut fleet = Fleet::up("rabbitmq", 2);
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("report.json");
-    let child = fleet.submit_bg(&input.million, &out);
-    let fault = fleet.wait_mid_job();
-    let r = fleet.compose(&["stop", "rabbitmq"]);
-    assert!(r.status.success(), "compose stop rabbitmq: {}", text(&r.stderr));
-    assert!(fleet.running("rabbitmq").is_empty(), "rabbitmq still runs");
-    let report = finish(child, &out, Duration::from_secs(600));
-    assert_matches_local(&report);
-    assert_finished_after(&report, fault);
+    million_job(&fleet, |fleet| {
+        let r = fleet.compose(&["stop", "rabbitmq"]);
+        assert!(r.status.success(), "compose stop rabbitmq: {}", text(&r.stderr));
+        assert!(fleet.running("rabbitmq").is_empty(), "rabbitmq still runs");
+    });
     assert_eq!(fleet.running("processor").len(), 2, "processors after the broker went away");
     for s in ["controller", "scaling-agent"] {
         assert_eq!(fleet.running(s).len(), 1, "{s} after the broker went away");
