@@ -152,8 +152,8 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     tracing::info!(results = deps.results.name(), dlq = deps.work_dlq.name(), bucket = deps.store.bucket(), "controller started");
     shutdown.cancelled().await;
     let grace = Duration::from_secs(settings.drain_secs);
-    results.quiesce(grace).await;
-    dead.quiesce(grace).await;
+    // Both at once: each may wait for its long poll to end (up to 20 s).
+    tokio::join!(results.quiesce(grace), dead.quiesce(grace));
     tracker.close();
     tracker.wait().await;
     flush(&agg, &sinks).await;

@@ -1,11 +1,14 @@
-//! The processor binary on SIGTERM: it stops receiving (its parked long poll is cut short), drains and
-//! exits 0 well within the grace period. Needs the LocalStack that deploy/test.sh starts.
+//! The processor binary on SIGTERM: it stops receiving, lets its long poll end (SQS would still hand
+//! messages to a poll cut on the client side, to come back only after their visibility timeout), returns
+//! what that poll brings at once, drains and exits 0 within the grace period. Needs the LocalStack that
+//! deploy/test.sh starts.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use shared::config::{Aws, FleetArgs};
 use shared::provision::{ensure_fleet, QueueSettings};
+use shared::queue::Queue;
 
 #[tokio::test]
 async fn sigterm_drains_and_exits_zero() {
@@ -27,16 +30,26 @@ async fn sigterm_drains_and_exits_zero() {
             .env("AWS_SECRET_ACCESS_KEY", "test")
             .env("AWS_REGION", "us-east-1");
     }
+    let work = aws.queue(&names.work_queue).await.unwrap();
     let child = cmd.spawn().unwrap();
-    // Let it start and park in a 20 s long poll.
+    // Let it start and wait in a 20 s long poll.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let sent = Instant::now();
     let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(kill.success());
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output());
+    // A work item arriving during the stop goes to the poll still under way.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    work.send(vec!["arrived during the stop".into()]).await.unwrap();
+    let out = out.await.unwrap().unwrap();
     let took = sent.elapsed();
     let log = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{log}");
-    assert!(took < Duration::from_secs(5), "the long poll was not cut short: {took:?}");
+    assert!(took < Duration::from_secs(22), "the stop outlasted the long poll: {took:?}");
     assert!(log.contains("SIGTERM") && log.contains("processor stopped"), "{log}");
+    assert!(log.contains("returning what the last poll brought"), "the poll under way did not get the message:\n{log}");
+    // Visible again at once, not after the 30 s visibility timeout.
+    let back = work.receive(10, Duration::from_secs(2)).await.unwrap();
+    assert_eq!(back.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["arrived during the stop"], "{log}");
+    assert!(back[0].receive_count >= 2, "it had been received by the stopping processor");
 }

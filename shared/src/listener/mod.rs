@@ -395,14 +395,14 @@ impl Engine {
         });
     }
 
-    /// Stops receiving (cutting long polls short), returns buffered messages that have not started to
-    /// the queue, and waits up to `grace` for messages in progress. Returns whether all finished.
+    /// Stops receiving, returns buffered messages that have not started to the queue, lets receives
+    /// under way end with their long poll (what they bring goes back at once), and waits for messages
+    /// in progress; all of it within `grace`. Returns whether everything finished.
     pub async fn quiesce(&self, grace: Duration) -> bool {
         let inner = &self.inner;
+        let deadline = Instant::now() + grace;
         inner.stop_receiving.cancel();
         inner.wake.notify_waiters();
-        inner.consumer_tasks.close();
-        inner.consumer_tasks.wait().await;
         let back = lock(&inner.throttle).take_all();
         if !back.is_empty() {
             tracing::info!(queue = self.queue_name(), returned = back.len(), "returning buffered messages to the queue");
@@ -410,10 +410,12 @@ impl Engine {
         for m in back {
             release(inner, &m.receipt, Duration::ZERO);
         }
+        inner.consumer_tasks.close();
+        let polls_ended = tokio::time::timeout_at(deadline, inner.consumer_tasks.wait()).await.is_ok();
         inner.work_tasks.close();
-        let finished = tokio::time::timeout(grace, inner.work_tasks.wait()).await.is_ok();
+        let finished = polls_ended && tokio::time::timeout_at(deadline, inner.work_tasks.wait()).await.is_ok();
         if !finished {
-            tracing::warn!(queue = self.queue_name(), grace_s = grace.as_secs(), "messages still in progress after the grace period");
+            tracing::warn!(queue = self.queue_name(), grace_s = grace.as_secs(), polls_ended, "messages still in progress after the grace period");
         }
         // FIFO messages held for a group still in progress after the grace period.
         let held = lock(&inner.throttle).take_held();
@@ -517,13 +519,15 @@ async fn pause(inner: &Inner, d: Option<Duration>, wakes: u64) -> Option<bool> {
 
 /// How long a receive may take beyond its long-poll wait before it is abandoned.
 const RECEIVE_GRACE: Duration = Duration::from_secs(10);
+/// How long past its long-poll wait a receive in flight at a stop is waited for.
+const STOP_POLL_MARGIN: Duration = Duration::from_secs(1);
 
 async fn consume(inner: Arc<Inner>, id: usize) {
     let mut idle: u32 = 0;
     let mut iterations: u64 = 0;
     let mut error_backoff = Duration::from_millis(100);
     loop {
-        if lock(&inner.consumers).list.get(&id).is_none_or(|c| c.retiring) {
+        if inner.stop_receiving.is_cancelled() || lock(&inner.consumers).list.get(&id).is_none_or(|c| c.retiring) {
             break;
         }
         let Some(max) = wait_for_room(&inner).await else {
@@ -531,21 +535,29 @@ async fn consume(inner: Arc<Inner>, id: usize) {
         };
         let started = Instant::now();
         let wakes = inner.wakes.load(Ordering::SeqCst);
-        let received = tokio::select! {
+        // A stop does not cut the receive short: the queue would keep serving a poll cut on this side
+        // and could hand it messages nobody sees until their visibility timeout (a restart cost a job
+        // 30 s). The poll ends within its wait; what it brings goes straight back (see `accept`).
+        // A receive that outlives its long poll by far hangs on a dead connection: give up on it, and
+        // sooner when stopping (at the poll's end plus a second).
+        let limit = inner.cfg.receive_wait + RECEIVE_GRACE;
+        let receive = tokio::time::timeout(limit, inner.queue.receive(max as u32, inner.cfg.receive_wait));
+        tokio::pin!(receive);
+        let answer = tokio::select! {
+            r = &mut receive => r,
             _ = inner.stop_receiving.cancelled() => {
-                unreserve(&inner, max);
-                break;
-            }
-            // A receive that outlives its long poll by far hangs on a dead connection: give up on it.
-            r = tokio::time::timeout(inner.cfg.receive_wait + RECEIVE_GRACE, inner.queue.receive(max as u32, inner.cfg.receive_wait)) => {
-                r.unwrap_or_else(|_| Err(crate::Error::Service {
-                    service: crate::error::Service::Sqs,
-                    operation: "ReceiveMessage",
-                    detail: format!("no answer on queue {} within {} s; abandoned", inner.queue.name(), (inner.cfg.receive_wait + RECEIVE_GRACE).as_secs()),
-                    retryable: true,
-                }))
+                let end = started + inner.cfg.receive_wait + STOP_POLL_MARGIN;
+                tokio::time::timeout_at(end, receive).await.unwrap_or_else(Err)
             }
         };
+        let received = answer.unwrap_or_else(|_| {
+            Err(crate::Error::Service {
+                service: crate::error::Service::Sqs,
+                operation: "ReceiveMessage",
+                detail: format!("no answer on queue {} within {} s; abandoned", inner.queue.name(), started.elapsed().as_secs()),
+                retryable: true,
+            })
+        });
         iterations += 1;
         bump(&inner.stats.receives, 1);
         // One look at the consumer set: record this iteration; the main consumer is the oldest alive.
@@ -573,7 +585,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
                     let was_idle = idle > 0;
                     idle = 0;
                     accept(&inner, msgs, max);
-                    if was_idle {
+                    if was_idle && !inner.stop_receiving.is_cancelled() {
                         work_detected(&inner, None).await;
                     }
                 } else {
@@ -692,15 +704,21 @@ fn accept(inner: &Arc<Inner>, msgs: Vec<Message>, reserved: usize) {
         }
     }
     inner.heartbeat_changed.notify_one();
+    if inner.stop_receiving.is_cancelled() {
+        // A poll that was under way at the stop: none of it starts here, all of it goes straight back.
+        lock(&inner.throttle).unreserve(reserved);
+        tracing::info!(queue = inner.queue.name(), returned = msgs.len(), "stopping: returning what the last poll brought");
+        for m in msgs {
+            release(inner, &m.receipt, Duration::ZERO);
+        }
+        inner.room.notify_waiters();
+        return;
+    }
     let mut back = Vec::new();
     {
         let mut t = lock(&inner.throttle);
         t.unreserve(reserved);
         for m in msgs {
-            if inner.stop_receiving.is_cancelled() {
-                back.push(m);
-                continue;
-            }
             let group = fifo_group(inner, &m);
             let priority = m.attrs.priority;
             back.extend(t.push(m, priority, group, now));

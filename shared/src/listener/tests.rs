@@ -287,9 +287,43 @@ async fn without_triggers_the_main_consumer_polls_at_the_cap_and_long_polls_coun
     let e = start(&q, &h, c).await;
     tokio::time::sleep(Duration::from_secs(121)).await;
     assert_eq!(e.stats().receives.load(Ordering::Relaxed), 6, "receives at 0, 20, ..., 100 s");
+    e.shutdown(Duration::from_secs(25)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_lets_the_long_poll_end_and_returns_what_it_brings_at_once() {
+    // SQS keeps serving a poll cut on the client side: a message it hands to that dead poll stays
+    // invisible for its timeout (30 s). A stop therefore lets the poll end and returns its catch.
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::ZERO));
+    let c = EngineConfig { receive_wait: Duration::from_secs(20), ..cfg() };
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let t = Instant::now();
-    e.shutdown(Duration::from_secs(5)).await;
-    assert!(t.elapsed() < Duration::from_millis(100), "shutdown cuts the long poll short");
+    let stop = tokio::spawn({
+        let e = e.clone();
+        async move { e.shutdown(Duration::from_secs(30)).await }
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!stop.is_finished(), "the poll under way is not cut");
+    send(&q, plain(1)).await;
+    stop.await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(6), "the poll ended with the message: {:?}", t.elapsed());
+    assert!(h.handled_bodies().is_empty(), "nothing starts after a stop");
+    assert_eq!((q.bodies().len(), q.in_flight()), (1, 0), "the message is visible again at once");
+
+    // An empty poll ends with its wait; the whole stop stays within the grace period.
+    let e = start(&q, &h, EngineConfig { receive_wait: Duration::from_secs(20), ..cfg() }).await;
+    assert!(until(Duration::from_secs(5), || h.handled_bodies().len() == 1).await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t = Instant::now();
+    e.shutdown(Duration::from_secs(30)).await;
+    assert!(t.elapsed() <= Duration::from_secs(20), "{:?}", t.elapsed());
+    let e = start(&q, &h, EngineConfig { receive_wait: Duration::from_secs(20), ..cfg() }).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t = Instant::now();
+    e.shutdown(Duration::from_secs(3)).await;
+    assert!(t.elapsed() <= Duration::from_secs(3), "bounded by the grace: {:?}", t.elapsed());
 }
 
 #[tokio::test(start_paused = true)]
