@@ -483,6 +483,10 @@ async fn wait_for_room(inner: &Inner) -> Option<usize> {
         let notified = inner.room.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        // Room must not start a receive once stopping (a returned message was received again at once).
+        if inner.stop_receiving.is_cancelled() {
+            return None;
+        }
         let n = lock(&inner.throttle).reserve(inner.cfg.receive_batch);
         if n > 0 {
             return Some(n);
@@ -527,7 +531,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
     let mut iterations: u64 = 0;
     let mut error_backoff = Duration::from_millis(100);
     loop {
-        if inner.stop_receiving.is_cancelled() || lock(&inner.consumers).list.get(&id).is_none_or(|c| c.retiring) {
+        if lock(&inner.consumers).list.get(&id).is_none_or(|c| c.retiring) {
             break;
         }
         let Some(max) = wait_for_room(&inner).await else {
@@ -585,7 +589,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
                     let was_idle = idle > 0;
                     idle = 0;
                     accept(&inner, msgs, max);
-                    if was_idle && !inner.stop_receiving.is_cancelled() {
+                    if was_idle {
                         work_detected(&inner, None).await;
                     }
                 } else {
@@ -672,6 +676,9 @@ fn sample(inner: &Arc<Inner>) {
 
 /// QueueWorkDetected: raise the consumers at once to the optimal count for the queue depth.
 async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
+    if inner.stop_receiving.is_cancelled() {
+        return;
+    }
     let depth = match depth {
         Some(d) => d,
         None => match inner.queue.depth().await {
@@ -697,6 +704,15 @@ async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
 fn accept(inner: &Arc<Inner>, msgs: Vec<Message>, reserved: usize) {
     let now = Instant::now();
     bump(&inner.stats.received, msgs.len() as u64);
+    if inner.stop_receiving.is_cancelled() {
+        // A poll that was under way at the stop: none of it starts here, all of it goes straight back.
+        unreserve(inner, reserved);
+        tracing::info!(queue = inner.queue.name(), returned = msgs.len(), "stopping: returning what the last poll brought");
+        for m in msgs {
+            release(inner, &m.receipt, Duration::ZERO);
+        }
+        return;
+    }
     {
         let mut hb = lock(&inner.heartbeat);
         for m in &msgs {
@@ -704,16 +720,6 @@ fn accept(inner: &Arc<Inner>, msgs: Vec<Message>, reserved: usize) {
         }
     }
     inner.heartbeat_changed.notify_one();
-    if inner.stop_receiving.is_cancelled() {
-        // A poll that was under way at the stop: none of it starts here, all of it goes straight back.
-        lock(&inner.throttle).unreserve(reserved);
-        tracing::info!(queue = inner.queue.name(), returned = msgs.len(), "stopping: returning what the last poll brought");
-        for m in msgs {
-            release(inner, &m.receipt, Duration::ZERO);
-        }
-        inner.room.notify_waiters();
-        return;
-    }
     let mut back = Vec::new();
     {
         let mut t = lock(&inner.throttle);
