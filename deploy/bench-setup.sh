@@ -1,11 +1,13 @@
 # Sourced by the benchmarks: fleet up, local AWS environment, generated input.
-# In: ROWS (rows), BENCH_ACCOUNTS (1000). Out: repo, run, bin (initiator), data (CSV path).
+# In: rows, mode (host: deploy/local.sh, compose: deploy/compose.sh), BENCH_ACCOUNTS (1000).
+# Out: repo, run, bin (initiator), data (CSV path).
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 run=${FLEET_RUN_DIR:-$repo/.run}
 accounts=${BENCH_ACCOUNTS:-1000}
 export AWS_ENDPOINT_URL=${AWS_ENDPOINT_URL:-http://127.0.0.1:4566} AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-test}
 export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test} AWS_REGION=${AWS_REGION:-us-east-1}
-"$repo/deploy/local.sh" up >/dev/null
+if [ "${mode:-host}" = compose ]; then "$repo/deploy/compose.sh" up >/dev/null; else "$repo/deploy/local.sh" up >/dev/null; fi
+mkdir -p "$run"
 bin="$repo/target/release/initiator"
 data="$run/bench-$rows-$accounts.csv"
 [ -s "$data" ] || "$bin" generate --rows "$rows" --accounts "$accounts" --seed 42 >"$data"

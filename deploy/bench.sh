@@ -14,17 +14,10 @@ mode=host
 if [ "${1:-}" = --compose ]; then mode=compose; shift; fi
 rows=${1:-1000000}
 chunk=${2:-5000}
+source "$(dirname "${BASH_SOURCE[0]}")/bench-setup.sh"
 if [ "$mode" = host ]; then
-  source "$(dirname "${BASH_SOURCE[0]}")/bench-setup.sh"
   fleet_submit=("$bin" submit)
 else
-  repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-  run=${FLEET_RUN_DIR:-$repo/.run}
-  "$repo/deploy/compose.sh" up >/dev/null
-  bin="$repo/target/release/initiator"
-  data="$run/bench-$rows-${BENCH_ACCOUNTS:-1000}.csv"
-  mkdir -p "$run"
-  [ -s "$data" ] || "$bin" generate --rows "$rows" --accounts "${BENCH_ACCOUNTS:-1000}" --seed 42 >"$data"
   fleet_submit=("$repo/deploy/compose.sh" submit)
   s0=$(date +%s.%N); "$repo/deploy/compose.sh" initiator --version >/dev/null 2>&1; s1=$(date +%s.%N)
   echo "== initiator container start: $(python3 -c "print(f'{$s1 - $s0:.2f}')") s (compose run of initiator --version)"
