@@ -14,8 +14,8 @@ use shared::listener::args::ListenerArgs;
 use shared::listener::dynamic_consumers::ScalingPolicy;
 use shared::listener::{state, Completions, Engine, Handler, Outcome};
 use shared::queue::{Message, Queue};
-use shared::trigger::WorkDetected;
-use tokio::sync::{broadcast, Mutex};
+use shared::trigger::Subscription;
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -45,7 +45,7 @@ pub struct Deps {
     pub store: Arc<dyn BlobStore>,
     /// Work-detected triggers (RabbitMQ subscription): with them, idle listeners park (no requests)
     /// until processors or initiators announce results or dead letters.
-    pub triggers: Option<broadcast::Sender<WorkDetected>>,
+    pub triggers: Option<Subscription>,
 }
 
 /// Checkpoint at least this often while messages are pending.
@@ -126,9 +126,9 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     let dlq_cfg = shared::listener::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg };
     let dead = Engine::start(deps.work_dlq.clone(), None, handler(Source::WorkDeadLetter), dlq_cfg).await?;
     let _ = sinks.set([results.completions(), dead.completions()]);
-    if let Some(tx) = &deps.triggers {
-        results.follow_triggers(tx.subscribe(), shutdown.clone());
-        dead.follow_triggers(tx.subscribe(), shutdown.clone());
+    if let Some(sub) = &deps.triggers {
+        results.follow_triggers(sub, shutdown.clone());
+        dead.follow_triggers(sub, shutdown.clone());
     }
     if let Some(addr) = settings.listener.http_addr {
         state::serve(addr, vec![results.clone(), dead.clone()], shutdown.clone())

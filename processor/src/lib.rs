@@ -13,8 +13,7 @@ use shared::blob::BlobStore;
 use shared::listener::args::ListenerArgs;
 use shared::listener::{state, Engine};
 use shared::queue::Queue;
-use shared::trigger::{Notifier, TriggerBus, WorkDetected};
-use tokio::sync::broadcast;
+use shared::trigger::{Notifier, Subscription, TriggerBus};
 use tokio_util::sync::CancellationToken;
 
 /// Processor settings (the binary fills them from flags and env).
@@ -44,9 +43,10 @@ pub struct Deps {
     pub work_dlq: Option<Arc<dyn Queue>>,
     pub results: Arc<dyn Queue>,
     pub store: Arc<dyn BlobStore>,
-    /// Work-detected triggers (RabbitMQ subscription), when enabled.
-    pub triggers: Option<broadcast::Sender<WorkDetected>>,
-    /// Where this processor announces the results (and dead letters) it puts on queues, when enabled.
+    /// Work-detected triggers (bus subscription to the work queue's key), when enabled.
+    pub triggers: Option<Subscription>,
+    /// Where this processor announces the results (and dead letters) it puts on queues, and reports its
+    /// throughput and work in hand to the scaling agent while it has work, when enabled.
     pub publish: Option<Arc<dyn TriggerBus>>,
 }
 
@@ -60,6 +60,8 @@ impl Deps {
 /// At most one results trigger per this interval (a controller parks only after a whole empty long
 /// poll, far longer).
 const ANNOUNCE_INTERVAL: Duration = Duration::from_millis(100);
+/// An instance holding work reports to the scaling agent this often.
+pub const REPORT_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Starts the listener on the work queue (and the state endpoint when configured).
 pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken) -> shared::Result<Engine> {
@@ -73,8 +75,11 @@ pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken
     };
     let handler = Arc::new(listener::WorkHandler::new(deps.results.clone(), deps.store.clone(), settings.max_chunk_bytes, announce));
     let engine = Engine::start(deps.work.clone(), deps.work_dlq.clone(), handler, cfg).await?;
-    if let Some(tx) = &deps.triggers {
-        engine.follow_triggers(tx.subscribe(), shutdown.clone());
+    if let Some(sub) = &deps.triggers {
+        engine.follow_triggers(sub, shutdown.clone());
+    }
+    if let Some(bus) = &deps.publish {
+        shared::listener::report::spawn_reporter(engine.clone(), bus.clone(), shared::listener::report::instance_id(), REPORT_INTERVAL, shutdown.clone());
     }
     if let Some(addr) = settings.listener.http_addr {
         state::serve(addr, vec![engine.clone()], shutdown.clone()).await.map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;

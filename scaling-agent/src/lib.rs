@@ -1,23 +1,95 @@
-//! The scaling agent (minimal for now): watches the fleet's queues and reports their depth and
-//! in-flight counts, and publishes a work-detected trigger when a queue turns non-empty (the work queue
-//! for processors; the results queue and the work dead-letter queue for the controller, covering what
-//! nobody announced, such as a dead letter moved by SQS redrive), so parked listeners wake without
-//! waiting for their next poll. Scaling processor instances comes later.
+//! The scaling agent (seed 004's Dynamic Scaling Agent): watches the fleet's queues and the instance
+//! reports processors publish while they hold work, decides with [`policy`] how many processor
+//! instances the workload needs within the SLA, and has a [`backend`] start or stop them. It also
+//! publishes a work-detected trigger when a queue turns non-empty (work nobody announced, such as work
+//! items back after a killed processor's visibility timeout, or a dead letter moved by SQS redrive), so
+//! parked listeners wake without waiting for their next poll.
+//!
+//! Its own polling slows down (doubling up to `--idle-interval-secs`) while every queue is empty and no
+//! instance reports work, and quickens at once on a work-detected trigger.
 
-use std::sync::Arc;
+pub mod backend;
+pub mod http;
+pub mod policy;
+pub mod signals;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
 use shared::queue::{Queue, QueueDepth};
-use shared::trigger::{announce, TriggerBus, WorkDetected};
+use shared::trigger::{announce, Subscription, TriggerBus, WorkDetected};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::backend::Backend;
+use crate::policy::{Decision, Policy, PolicyConfig, Reason, Signals};
+use crate::signals::{InstanceView, Observed, Tracker};
+
+/// The agent's own source name on triggers it publishes.
+pub const SOURCE: &str = "scaling-agent";
 
 /// Agent settings.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Settings {
-    /// Seconds between two looks at the queues.
+    /// Seconds between two looks at the queues while there is work.
     #[arg(long, env = "AGENT_INTERVAL_SECS", default_value_t = 5)]
     pub interval_secs: u64,
+    /// Longest time between two looks while every queue is empty (the interval doubles up to it; a
+    /// work-detected trigger brings the agent back at once). Each look is 3 requests.
+    #[arg(long, env = "AGENT_IDLE_INTERVAL_SECS", default_value_t = 60)]
+    pub idle_interval_secs: u64,
+    /// Fewest processor instances (0: none while there is no work).
+    #[arg(long, env = "AGENT_MIN_INSTANCES", default_value_t = 1)]
+    pub min_instances: u32,
+    /// Most processor instances.
+    #[arg(long, env = "AGENT_MAX_INSTANCES", default_value_t = 10)]
+    pub max_instances: u32,
+    /// The SLA: the longest a work item may wait before it is processed, seconds.
+    #[arg(long, env = "AGENT_SLA_SECS", default_value_t = 60)]
+    pub sla_secs: u64,
+    /// Work items per second one instance processes, until instances report their own figure.
+    #[arg(long, env = "AGENT_INSTANCE_THROUGHPUT", default_value_t = 10.0)]
+    pub instance_throughput: f64,
+    /// Most instances added at once beyond doubling the fleet.
+    #[arg(long, env = "AGENT_STEP_UP", default_value_t = 4)]
+    pub step_up: u32,
+    /// A scale-down waits until fewer instances have been enough for this long, seconds.
+    #[arg(long, env = "AGENT_STABILIZATION_SECS", default_value_t = 120)]
+    pub stabilization_secs: u64,
+    /// State endpoint address (`GET /state`, `GET /metrics`); unset: none.
+    #[arg(long, env = "AGENT_HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
+}
+
+impl Settings {
+    pub fn policy(&self) -> PolicyConfig {
+        PolicyConfig {
+            min: self.min_instances,
+            max: self.max_instances,
+            sla: Duration::from_secs(self.sla_secs.max(1)),
+            default_throughput: self.instance_throughput,
+            step_up: self.step_up,
+            stabilization: Duration::from_secs(self.stabilization_secs),
+        }
+    }
+
+    /// Settings for tests: one look per second, no HTTP endpoint.
+    pub fn quick() -> Settings {
+        Settings {
+            interval_secs: 1,
+            idle_interval_secs: 1,
+            min_instances: 0,
+            max_instances: 10,
+            sla_secs: 60,
+            instance_throughput: 10.0,
+            step_up: 4,
+            stabilization_secs: 120,
+            http_addr: None,
+        }
+    }
 }
 
 /// The queues watched, by role.
@@ -28,80 +100,262 @@ pub struct Watched {
 }
 
 /// Depths of all watched queues.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Snapshot {
     pub work: QueueDepth,
     pub work_dlq: QueueDepth,
     pub results: QueueDepth,
 }
 
-pub async fn snapshot(w: &Watched) -> shared::Result<Snapshot> {
-    Ok(Snapshot { work: w.work.depth().await?, work_dlq: w.work_dlq.depth().await?, results: w.results.depth().await? })
+impl Snapshot {
+    fn all_empty(&self) -> bool {
+        [self.work, self.work_dlq, self.results].iter().all(|d| d.visible + d.in_flight + d.delayed == 0)
+    }
 }
 
-/// Looks at the queues every interval until `shutdown`; logs depths and triggers on empty -> non-empty.
-pub async fn run(settings: Settings, watched: Watched, triggers: Option<Arc<dyn TriggerBus>>, shutdown: CancellationToken) -> shared::Result<()> {
+pub async fn snapshot(w: &Watched) -> shared::Result<Snapshot> {
+    let (work, work_dlq, results) = tokio::try_join!(w.work.depth(), w.work_dlq.depth(), w.results.depth())?;
+    Ok(Snapshot { work, work_dlq, results })
+}
+
+/// What the agent talks to.
+pub struct Deps {
+    pub watched: Watched,
+    /// Where it publishes work-detected triggers.
+    pub publish: Option<Arc<dyn TriggerBus>>,
+    /// Its subscription to every trigger and to the work queue's instance reports.
+    pub subscription: Option<Subscription>,
+    pub backend: Arc<dyn Backend>,
+}
+
+/// What the agent knows, for `/state` and `/metrics`.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentState {
+    pub backend: &'static str,
+    pub policy: PolicyConfig,
+    pub depths: Option<Snapshot>,
+    pub observed: Observed,
+    pub instances: Vec<InstanceView>,
+    /// Instances of the backend draining now.
+    pub stopping: u32,
+    pub last_decision: Option<Decision>,
+    /// The last decision that changed the count, and when (seconds since the agent started).
+    pub last_change: Option<(f64, Decision)>,
+    pub decisions: u64,
+    pub scale_ups: u64,
+    pub scale_downs: u64,
+    /// Seconds until the next look.
+    pub interval_s: f64,
+    /// SQS requests the agent made.
+    pub requests: u64,
+    pub triggers_received: u64,
+    pub bus_live: bool,
+}
+
+/// Shared handle on the agent's state.
+pub type SharedState = Arc<Mutex<AgentState>>;
+
+fn lock(s: &SharedState) -> std::sync::MutexGuard<'_, AgentState> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs the agent until `shutdown`; then the backend stops what it started.
+pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> shared::Result<()> {
+    let state = new_state(&settings, deps.backend.name());
+    if let Some(addr) = settings.http_addr {
+        http::serve(addr, state.clone(), shutdown.clone()).await.map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;
+    }
+    run_with_state(settings, deps, state, shutdown).await
+}
+
+pub fn new_state(settings: &Settings, backend: &'static str) -> SharedState {
+    Arc::new(Mutex::new(AgentState {
+        backend,
+        policy: settings.policy(),
+        depths: None,
+        observed: Observed::default(),
+        instances: Vec::new(),
+        stopping: 0,
+        last_decision: None,
+        last_change: None,
+        decisions: 0,
+        scale_ups: 0,
+        scale_downs: 0,
+        interval_s: settings.interval_secs as f64,
+        requests: 0,
+        triggers_received: 0,
+        bus_live: false,
+    }))
+}
+
+/// [`run`] with a state handle the caller holds (tests read it).
+pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, shutdown: CancellationToken) -> shared::Result<()> {
+    let started = Instant::now();
+    let busy_interval = Duration::from_secs(settings.interval_secs.max(1));
+    let idle_cap = Duration::from_secs(settings.idle_interval_secs.max(settings.interval_secs).max(1));
+    let mut policy = Policy::new(settings.policy(), started);
+    let mut tracker = Tracker::new();
+    let w = &deps.watched;
     let mut was_empty = [true; 3];
+    let mut interval = busy_interval;
+    let mut work_detected = false;
+    let (mut events, mut reports) = match &deps.subscription {
+        Some(s) => (Some(s.events.subscribe()), Some(s.reports.subscribe())),
+        None => (None, None),
+    };
     loop {
-        match snapshot(&watched).await {
-            Ok(s) => {
-                tracing::info!(
-                    work_visible = s.work.visible,
-                    work_in_flight = s.work.in_flight,
-                    work_dlq = s.work_dlq.visible,
-                    results_visible = s.results.visible,
-                    results_in_flight = s.results.in_flight,
-                    "queue depths"
-                );
-                let seen = [(&watched.work, s.work.visible), (&watched.results, s.results.visible), (&watched.work_dlq, s.work_dlq.visible)];
-                for ((queue, visible), was_empty) in seen.into_iter().zip(was_empty.iter_mut()) {
-                    if *was_empty && visible > 0 {
-                        if let Some(t) = &triggers {
-                            announce(t.as_ref(), &WorkDetected { queue: queue.name().to_string(), messages: visible, source: "scaling-agent".into() }).await;
-                        }
-                    }
-                    *was_empty = visible == 0;
+        let now = Instant::now();
+        if let Some(rx) = reports.as_mut() {
+            loop {
+                match rx.try_recv() {
+                    Ok(r) if r.queue == w.work.name() => tracker.report(now, r),
+                    Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                    Err(_) => break,
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "could not read queue depths"),
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_secs(settings.interval_secs.max(1))) => {}
+        let snap = match snapshot(w).await {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read queue depths");
+                None
+            }
+        };
+        let requests: u64 = [&w.work, &w.work_dlq, &w.results].iter().map(|q| q.calls().snapshot().total()).sum();
+        let mut idle = false;
+        if let Some(s) = snap {
+            let observed = tracker.observe(now, s.work);
+            let signals = Signals {
+                backlog: s.work.visible + s.work.delayed,
+                in_flight: s.work.in_flight,
+                arrival_rate: observed.arrival_rate,
+                throughput: observed.throughput,
+                busy_instances: observed.busy_instances,
+                oldest_age: observed.oldest_age,
+                work_detected: std::mem::take(&mut work_detected),
+            };
+            let decision = match deps.backend.actual().await {
+                Ok(actual) => {
+                    let d = policy.decide(now, actual, &signals);
+                    log_decision(&d);
+                    if d.desired != actual {
+                        if let Err(e) = deps.backend.scale(d.desired).await {
+                            tracing::warn!(error = %e, desired = d.desired, "the backend could not scale");
+                        }
+                    }
+                    Some(d)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the backend could not count instances");
+                    None
+                }
+            };
+            let seen = [(&w.work, s.work.visible), (&w.results, s.results.visible), (&w.work_dlq, s.work_dlq.visible)];
+            for ((queue, visible), was_empty) in seen.into_iter().zip(was_empty.iter_mut()) {
+                if *was_empty && visible > 0 {
+                    if let Some(t) = &deps.publish {
+                        announce(t.as_ref(), &WorkDetected { queue: queue.name().to_string(), messages: visible, source: SOURCE.into() }).await;
+                    }
+                }
+                *was_empty = visible == 0;
+            }
+            idle = s.all_empty() && observed.reporting_instances == 0 && decision.is_none_or(|d| d.desired == d.actual);
+            let stopping = deps.backend.stopping().await;
+            let mut st = lock(&state);
+            st.depths = Some(s);
+            st.observed = observed;
+            st.instances = tracker.instances(now);
+            st.stopping = stopping;
+            if let Some(d) = decision {
+                st.decisions += 1;
+                if d.desired > d.actual {
+                    st.scale_ups += 1;
+                } else if d.desired < d.actual {
+                    st.scale_downs += 1;
+                }
+                if d.desired != d.actual {
+                    st.last_change = Some((now.duration_since(started).as_secs_f64(), d));
+                }
+                st.last_decision = Some(d);
+            }
         }
+        interval = if idle { (interval * 2).min(idle_cap) } else { busy_interval };
+        {
+            let mut st = lock(&state);
+            st.interval_s = interval.as_secs_f64();
+            st.requests = requests;
+            st.bus_live = deps.subscription.as_ref().is_some_and(|s| *s.live.borrow());
+        }
+        let wake_at = Instant::now() + interval;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    deps.backend.shutdown().await;
+                    return Ok(());
+                }
+                _ = tokio::time::sleep_until(wake_at) => break,
+                ev = recv_event(&mut events) => {
+                    match ev {
+                        Some(ev) if ev.source != SOURCE => {
+                            lock(&state).triggers_received += 1;
+                            if ev.queue == w.work.name() {
+                                work_detected = true;
+                            }
+                            // Look at once: work is coming.
+                            interval = busy_interval;
+                            break;
+                        }
+                        Some(_) => {}
+                        None => events = None,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The next trigger; `None` once the channel closed (and then never again: the caller drops it).
+async fn recv_event(events: &mut Option<broadcast::Receiver<WorkDetected>>) -> Option<WorkDetected> {
+    let Some(rx) = events.as_mut() else {
+        return std::future::pending().await;
+    };
+    loop {
+        match rx.recv().await {
+            Ok(ev) => return Some(ev),
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => return None,
+        }
+    }
+}
+
+fn log_decision(d: &Decision) {
+    let s = &d.signals;
+    macro_rules! decision {
+        ($level:ident, $msg:literal) => {
+            tracing::$level!(
+                actual = d.actual,
+                desired = d.desired,
+                recommended = d.recommended,
+                reason = ?d.reason,
+                backlog = s.backlog,
+                in_flight = s.in_flight,
+                arrival_rate = s.arrival_rate,
+                throughput = d.throughput,
+                busy_instances = s.busy_instances,
+                oldest_age_s = s.oldest_age.map(|a| a.as_secs_f64()),
+                work_detected = s.work_detected,
+                $msg
+            )
+        };
+    }
+    if d.desired != d.actual {
+        decision!(info, "scaling decision");
+    } else if d.reason == Reason::HoldStabilizing {
+        decision!(debug, "holding: fewer instances are needed, not yet for the whole stabilization window");
+    } else {
+        decision!(debug, "scaling decision");
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use shared::memory::MemoryQueue;
-    use shared::trigger::MemoryTriggers;
-
-    #[tokio::test(start_paused = true)]
-    async fn triggers_once_when_work_appears() {
-        let work = MemoryQueue::new("billing-work", Duration::from_secs(30));
-        let dlq = MemoryQueue::new("dlq", Duration::from_secs(30));
-        let watched = Watched { work: work.clone(), work_dlq: dlq.clone(), results: MemoryQueue::new("r", Duration::from_secs(30)) };
-        let bus = MemoryTriggers::new();
-        let mut rx = bus.tx.subscribe();
-        let stop = CancellationToken::new();
-        let agent = tokio::spawn(run(Settings { interval_secs: 1 }, watched, Some(bus.clone() as Arc<dyn TriggerBus>), stop.clone()));
-        tokio::time::sleep(Duration::from_millis(2500)).await;
-        assert!(rx.try_recv().is_err(), "no trigger while the queue is empty");
-        work.send(vec!["a".to_string(), "b".to_string()]).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let ev = rx.try_recv().expect("a trigger when work appears");
-        assert_eq!((ev.queue.as_str(), ev.messages, ev.source.as_str()), ("billing-work", 2, "scaling-agent"));
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(rx.try_recv().is_err(), "one trigger per empty -> non-empty transition");
-        // A dead letter nobody announced wakes the controller's dead-letter listener.
-        dlq.send(vec!["d".to_string()]).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let ev = rx.try_recv().expect("a trigger for the dead-letter queue");
-        assert_eq!((ev.queue.as_str(), ev.messages), ("dlq", 1));
-        assert!(rx.try_recv().is_err());
-        stop.cancel();
-        agent.await.unwrap().unwrap();
-    }
-}
+mod tests;

@@ -10,7 +10,7 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use crate::blob::S3Store;
 use crate::error::Result;
 use crate::queue::SqsQueue;
-use crate::trigger::{redact_url, spawn_subscriber, RabbitTriggers, TriggerBus, WorkDetected};
+use crate::trigger::{redact_url, spawn_subscription, RabbitTriggers, Subscription, TriggerBus};
 
 /// Names of the fleet's queues, bucket and trigger exchange.
 #[derive(Debug, Clone, clap::Args)]
@@ -31,8 +31,9 @@ pub struct FleetArgs {
     /// RabbitMQ URL for work-detected triggers; empty to disable triggers.
     #[arg(long, global = true, env = "AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f", hide_default_value = true)]
     pub amqp_url: String,
-    /// Fanout exchange the triggers are published on.
-    #[arg(long, global = true, env = "FLEET_TRIGGER_EXCHANGE", default_value = "billing.triggers")]
+    /// Topic exchange of the fleet bus: work-detected triggers (`work.{queue}`) and instance reports
+    /// (`report.{queue}`).
+    #[arg(long, global = true, env = "FLEET_TRIGGER_EXCHANGE", default_value = "billing.fleet")]
     pub trigger_exchange: String,
 }
 
@@ -45,7 +46,7 @@ impl FleetArgs {
             work_dlq_override: None,
             results_queue: "billing-results".into(),
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
-            trigger_exchange: "billing.triggers".into(),
+            trigger_exchange: "billing.fleet".into(),
         }
     }
 
@@ -54,13 +55,12 @@ impl FleetArgs {
         (!self.amqp_url.is_empty()).then(|| Arc::new(RabbitTriggers::new(&self.amqp_url, &self.trigger_exchange)) as Arc<dyn TriggerBus>)
     }
 
-    /// Subscribes to the triggers until `shutdown` (reconnecting as needed), unless they are off.
-    pub fn subscribe_triggers(&self, shutdown: &tokio_util::sync::CancellationToken) -> Option<tokio::sync::broadcast::Sender<WorkDetected>> {
+    /// Subscribes to the bus with these bindings (see [`crate::trigger::work_key`]) until `shutdown`
+    /// (reconnecting as needed), unless triggers are off.
+    pub fn subscribe(&self, keys: Vec<String>, shutdown: &tokio_util::sync::CancellationToken) -> Option<Subscription> {
         (!self.amqp_url.is_empty()).then(|| {
-            let (tx, _) = tokio::sync::broadcast::channel(64);
-            tracing::info!(url = %redact_url(&self.amqp_url), exchange = %self.trigger_exchange, "listening for work-detected triggers");
-            spawn_subscriber(self.amqp_url.clone(), self.trigger_exchange.clone(), tx.clone(), shutdown.clone());
-            tx
+            tracing::info!(url = %redact_url(&self.amqp_url), exchange = %self.trigger_exchange, ?keys, "listening for work-detected triggers");
+            spawn_subscription(self.amqp_url.clone(), self.trigger_exchange.clone(), keys, shutdown.clone())
         })
     }
 

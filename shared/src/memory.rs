@@ -234,7 +234,7 @@ impl Queue for MemoryQueue {
         let now = Instant::now();
         let s = self.lock();
         let visible = s.messages.iter().filter(|m| m.visible_at <= now).count() as u64;
-        Ok(QueueDepth { visible, in_flight: s.messages.len() as u64 - visible })
+        Ok(QueueDepth { visible, in_flight: s.messages.len() as u64 - visible, delayed: 0 })
     }
 
     async fn info(&self) -> Result<QueueInfo> {

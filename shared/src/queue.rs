@@ -80,6 +80,9 @@ pub struct QueueDepth {
     pub visible: u64,
     /// Messages received and not yet deleted.
     pub in_flight: u64,
+    /// Messages sent with a delay (or released with one) that are not visible yet.
+    #[serde(default)]
+    pub delayed: u64,
 }
 
 #[async_trait]
@@ -391,6 +394,7 @@ impl Queue for SqsQueue {
             .queue_url(&self.url)
             .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
             .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
             .send()
             .await
             .map_err(|e| self.err("GetQueueAttributes", e))?;
@@ -398,6 +402,7 @@ impl Queue for SqsQueue {
         Ok(QueueDepth {
             visible: get(QueueAttributeName::ApproximateNumberOfMessages),
             in_flight: get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+            delayed: get(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
         })
     }
 

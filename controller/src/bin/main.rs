@@ -29,7 +29,9 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
     let work_dlq = aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
-    let triggers = cli.fleet.subscribe_triggers(&shutdown);
+    use shared::queue::Queue;
+    let keys = vec![shared::trigger::work_key(results.name()), shared::trigger::work_key(work_dlq.name())];
+    let triggers = cli.fleet.subscribe(keys, &shutdown);
     controller::run(cli.settings, controller::Deps { results, work_dlq, store, triggers }, shutdown).await?;
     Ok(())
 }

@@ -86,7 +86,7 @@ impl Stack {
             work_dlq: Some(self.work_dlq.clone()),
             results: self.results.clone(),
             store: self.store.clone(),
-            triggers: self.names.subscribe_triggers(&stop),
+            triggers: self.names.subscribe(vec![shared::trigger::work_key(self.work.name())], &stop),
             publish: self.names.trigger_bus(),
         };
         let handle = tokio::spawn(processor::run(settings, deps, stop.clone()));
@@ -98,7 +98,13 @@ impl Stack {
     pub fn start_agent(&self) -> Running {
         let stop = CancellationToken::new();
         let watched = scaling_agent::Watched { work: self.work.clone(), work_dlq: self.work_dlq.clone(), results: self.results.clone() };
-        let handle = tokio::spawn(scaling_agent::run(scaling_agent::Settings { interval_secs: 1 }, watched, self.names.trigger_bus(), stop.clone()));
+        let deps = scaling_agent::Deps {
+            watched,
+            publish: self.names.trigger_bus(),
+            subscription: None,
+            backend: Arc::new(scaling_agent::backend::NoneBackend::new(0)),
+        };
+        let handle = tokio::spawn(scaling_agent::run(scaling_agent::Settings::quick(), deps, stop.clone()));
         Running { stop, handle }
     }
 
@@ -110,7 +116,7 @@ impl Stack {
             results: self.results.clone(),
             work_dlq: self.work_dlq.clone(),
             store: self.store.clone(),
-            triggers: self.names.subscribe_triggers(&stop),
+            triggers: self.names.subscribe(vec![shared::trigger::work_key(self.results.name()), shared::trigger::work_key(self.work_dlq.name())], &stop),
         };
         let settings = controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10 };
         let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));

@@ -30,7 +30,8 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
     let work_dlq = aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
-    let (triggers, publish) = (cli.fleet.subscribe_triggers(&shutdown), cli.fleet.trigger_bus());
+    let triggers = cli.fleet.subscribe(vec![shared::trigger::work_key(shared::queue::Queue::name(work.as_ref()))], &shutdown);
+    let publish = cli.fleet.trigger_bus();
     processor::run(cli.settings, processor::Deps { work, work_dlq: Some(work_dlq), results, store, triggers, publish }, shutdown).await?;
     Ok(())
 }

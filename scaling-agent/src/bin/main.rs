@@ -1,13 +1,28 @@
-//! `scaling-agent`: parses configuration, sets up tracing and clients, watches the queues until SIGTERM
-//! (or prints one snapshot as JSON with `--once`).
+//! `scaling-agent`: parses configuration, sets up tracing, clients and the scaling backend, runs the
+//! agent until SIGTERM (or prints one snapshot of the queue depths as JSON with `--once`).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use scaling_agent::backend::{Backend, NoneBackend, ProcessBackend, ProcessSpec};
 use shared::config::{Aws, FleetArgs, LogArgs};
+use shared::trigger::{report_key, ALL_WORK};
 
-/// Billing fleet scaling agent: watches queue depths and publishes work-detected triggers.
+/// Which backend starts and stops processor instances.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum BackendKind {
+    /// Decide and report only.
+    None,
+    /// Processors as child processes of the agent (`--processor-bin`).
+    Process,
+}
+
+/// Billing fleet scaling agent: watches queue depths and instance reports, scales processor instances
+/// to the SLA, and publishes work-detected triggers.
 #[derive(Parser)]
 #[command(version)]
 struct Cli {
@@ -15,6 +30,22 @@ struct Cli {
     fleet: FleetArgs,
     #[command(flatten)]
     settings: scaling_agent::Settings,
+    /// What starts and stops processors.
+    #[arg(long, env = "AGENT_BACKEND", value_enum, default_value = "none")]
+    backend: BackendKind,
+    /// Process backend: the processor binary [default: `processor` next to this binary].
+    #[arg(long, env = "AGENT_PROCESSOR_BIN")]
+    processor_bin: Option<PathBuf>,
+    /// Process backend: instance N serves its state endpoint on this port + N (unset: none).
+    #[arg(long, env = "AGENT_PROCESSOR_HTTP_BASE")]
+    processor_http_base: Option<u16>,
+    /// Process backend: instance N appends its output to `processor-N.log` in this directory.
+    #[arg(long, env = "AGENT_PROCESSOR_LOG_DIR")]
+    processor_log_dir: Option<PathBuf>,
+    /// A stopping processor gets this long to drain before it is killed, seconds (its own drain is
+    /// `PROCESSOR_DRAIN_SECS`, 30 by default).
+    #[arg(long, env = "AGENT_DRAIN_SECS", default_value_t = 35)]
+    drain_secs: u64,
     /// Print one snapshot of the queue depths as JSON and exit.
     #[arg(long)]
     once: bool,
@@ -28,6 +59,29 @@ async fn main() -> ExitCode {
     shared::shutdown::serve(cli.log.log_json, |shutdown| start(cli, shutdown)).await
 }
 
+fn backend(cli: &Cli) -> anyhow::Result<Arc<dyn Backend>> {
+    Ok(match cli.backend {
+        BackendKind::None => Arc::new(NoneBackend::new(cli.settings.min_instances)),
+        BackendKind::Process => {
+            let program = match &cli.processor_bin {
+                Some(p) => p.clone(),
+                None => std::env::current_exe().context("locating this binary")?.with_file_name("processor"),
+            };
+            anyhow::ensure!(program.is_file(), "process backend: no processor binary at {} (set --processor-bin)", program.display());
+            if let Some(dir) = &cli.processor_log_dir {
+                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            }
+            Arc::new(ProcessBackend::new(ProcessSpec {
+                program,
+                args: Vec::new(),
+                http_base: cli.processor_http_base,
+                log_dir: cli.processor_log_dir.clone(),
+                drain: Duration::from_secs(cli.drain_secs),
+            }))
+        }
+    })
+}
+
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
     let aws = Aws::load().await;
     let watched = scaling_agent::Watched {
@@ -39,6 +93,9 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
         println!("{}", serde_json::to_string_pretty(&scaling_agent::snapshot(&watched).await?)?);
         return Ok(());
     }
-    scaling_agent::run(cli.settings, watched, cli.fleet.trigger_bus(), shutdown).await?;
+    let backend = backend(&cli)?;
+    let subscription = cli.fleet.subscribe(vec![ALL_WORK.to_string(), report_key(watched.work.name())], &shutdown);
+    let deps = scaling_agent::Deps { watched, publish: cli.fleet.trigger_bus(), subscription, backend };
+    scaling_agent::run(cli.settings, deps, shutdown).await?;
     Ok(())
 }

@@ -10,11 +10,12 @@ pub mod backoff;
 pub mod completion;
 pub mod dynamic_consumers;
 pub mod heartbeat;
+pub mod report;
 pub mod state;
 pub mod throttle;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ use tokio_util::task::TaskTracker;
 use crate::error::Result;
 use crate::lock;
 use crate::queue::{Attrs, Message, Outgoing, Queue, QueueInfo};
-use crate::trigger::WorkDetected;
+use crate::trigger::Subscription;
 use backoff::{default_queue_empty, EmptyContext, EmptyDecision, IdleBackoff, RetryBackoff};
 use completion::{BatchSettings, Batcher};
 use dynamic_consumers::{decide, Activity, ScaleDecision, ScalingPolicy, WorkRules};
@@ -201,6 +202,9 @@ struct Inner {
     wake: Notify,
     /// Wakes so far: a consumer that was receiving when one came does not wait after an empty receive.
     wakes: AtomicU64,
+    /// A trigger can reach this engine now (triggers on and the bus subscription live): only then does
+    /// an idle main consumer park; otherwise it polls at its back-off cap.
+    triggers_live: AtomicBool,
     consumers: Mutex<Consumers>,
     heartbeat: Mutex<Heartbeat>,
     heartbeat_changed: Notify,
@@ -300,6 +304,7 @@ impl Engine {
             work_tasks: TaskTracker::new(),
             service_tasks: TaskTracker::new(),
             stats: Stats::default(),
+            triggers_live: AtomicBool::new(true),
             started: Instant::now(),
         });
         inner.service_tasks.spawn(dispatch_loop(inner.clone()));
@@ -374,14 +379,40 @@ impl Engine {
         work_detected(&self.inner, depth).await;
     }
 
-    /// Wakes the engine on every work-detected trigger for its queue until `stop`.
-    pub fn follow_triggers(&self, mut rx: broadcast::Receiver<WorkDetected>, stop: CancellationToken) {
+    /// Wakes the engine on every work-detected trigger for its queue until `stop`, and follows the
+    /// subscription's liveness: while the bus is down no consumer parks (a parked one is woken to poll at
+    /// its back-off cap), and when it comes back the engine polls once (a trigger published meanwhile was
+    /// lost) and may park again.
+    pub fn follow_triggers(&self, sub: &Subscription, stop: CancellationToken) {
         let engine = self.clone();
+        let mut rx = sub.events.subscribe();
+        let mut live = sub.live.clone();
         self.inner.service_tasks.spawn(async move {
+            let inner = &engine.inner;
+            let mut was_live = *live.borrow_and_update();
+            inner.triggers_live.store(was_live, Ordering::SeqCst);
+            if !was_live {
+                inner.wake.notify_waiters();
+            }
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = engine.inner.stop_receiving.cancelled() => return,
+                    _ = inner.stop_receiving.cancelled() => return,
+                    changed = live.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let now_live = *live.borrow_and_update();
+                        inner.triggers_live.store(now_live, Ordering::SeqCst);
+                        if now_live != was_live {
+                            tracing::info!(queue = engine.queue_name(), live = now_live, "work-detected triggers {}", if now_live { "reach this listener again" } else { "unreachable: polling instead of parking" });
+                            // Down: parked consumers go back to polling. Back: one poll for what a
+                            // lost trigger announced.
+                            inner.wakes.fetch_add(1, Ordering::SeqCst);
+                            inner.wake.notify_waiters();
+                        }
+                        was_live = now_live;
+                    }
                     ev = rx.recv() => match ev {
                         Ok(ev) if ev.queue == engine.queue_name() => {
                             tracing::debug!(source = %ev.source, messages = ev.messages, "work-detected trigger");
@@ -393,6 +424,11 @@ impl Engine {
                 }
             }
         });
+    }
+
+    /// Whether a trigger can reach this engine now (see [`Engine::follow_triggers`]).
+    pub fn triggers_live(&self) -> bool {
+        self.inner.cfg.triggers && self.inner.triggers_live.load(Ordering::SeqCst)
     }
 
     /// Stops receiving, returns buffered messages that have not started to the queue, lets receives
@@ -602,7 +638,7 @@ async fn consume(inner: Arc<Inner>, id: usize) {
                         main,
                         alive,
                         min_consumers: inner.cfg.scaling.min_consumers,
-                        triggers: inner.cfg.triggers,
+                        triggers: inner.cfg.triggers && inner.triggers_live.load(Ordering::SeqCst),
                     };
                     match inner.handler.queue_empty(&inner.cfg.backoff, ctx) {
                         EmptyDecision::Stop if !main => {

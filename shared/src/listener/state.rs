@@ -52,7 +52,27 @@ pub struct ListenerState {
     pub extended: u64,
 }
 
+/// The few figures an instance report needs, read without any request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub in_hand: usize,
+    pub processed: u64,
+    pub consumers_active: usize,
+    pub concurrency_limit: usize,
+}
+
 impl Engine {
+    /// Work in hand, messages completed, consumers and concurrency limit (no request).
+    pub fn counts(&self) -> Counts {
+        let inner = &self.inner;
+        Counts {
+            in_hand: lock(&inner.heartbeat).len(),
+            processed: inner.stats.processed.load(Ordering::Relaxed),
+            consumers_active: lock(&inner.consumers).active(),
+            concurrency_limit: lock(&inner.throttle).limits().max_concurrency,
+        }
+    }
+
     /// The current state; with `depth`, the queue depth is fetched (one request).
     pub async fn state(&self, depth: bool) -> ListenerState {
         let inner = &self.inner;

@@ -270,6 +270,41 @@ async fn idle_back_off_then_park_makes_zero_requests() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn while_the_bus_is_down_no_consumer_parks_and_it_parks_again_once_back() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::ZERO));
+    let c = EngineConfig { backoff: IdleBackoff { min_idle: Duration::ZERO, max_idle: Duration::from_secs(2) }, triggers: true, ..cfg() };
+    let e = start(&q, &h, c).await;
+    let bus = crate::trigger::MemoryTriggers::new();
+    let stop = CancellationToken::new();
+    e.follow_triggers(&bus.subscription(), stop.clone());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let parked = e.stats().receives.load(Ordering::Relaxed);
+    assert!(e.triggers_live());
+    assert_eq!(e.state(false).await.consumers_parked, 1, "parked while a trigger can reach it");
+    // The broker goes away: the parked consumer is woken and polls at its 2 s cap.
+    bus.live.send_replace(false);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let polled = e.stats().receives.load(Ordering::Relaxed) - parked;
+    assert!((25..=35).contains(&polled), "{polled} receives in 60 s at the 2 s cap");
+    assert_eq!(e.state(false).await.consumers_parked, 0);
+    assert!(!e.triggers_live());
+    // Work put meanwhile, with a trigger that is lost: the polling finds it.
+    send(&q, plain(1)).await;
+    assert!(until(Duration::from_secs(3), || lock(&h.handled).len() == 1).await, "found by polling within the cap");
+    // Back: one poll for what a lost trigger announced, then parked again, zero requests.
+    send(&q, plain(1)).await;
+    bus.live.send_replace(true);
+    assert!(until(Duration::from_millis(100), || lock(&h.handled).len() == 2).await, "a poll at once when the bus is back");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let n = e.stats().receives.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(e.stats().receives.load(Ordering::Relaxed), n, "parked again once the bus is back");
+    stop.cancel();
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn without_triggers_the_main_consumer_polls_at_the_cap_and_long_polls_count_as_idle_time() {
     let q = MemoryQueue::new("work", Duration::from_secs(30));
     let h = Arc::new(TestHandler::new(Duration::ZERO));
@@ -554,7 +589,7 @@ async fn state_reports_consumers_concurrency_and_buffer_and_metrics_render() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let s = e.state(true).await;
     assert_eq!(s.queue, "work");
-    assert_eq!(s.depth, Some(crate::queue::QueueDepth { visible: 5, in_flight: 5 }));
+    assert_eq!(s.depth, Some(crate::queue::QueueDepth { visible: 5, in_flight: 5, delayed: 0 }));
     assert_eq!((s.concurrency_in_use, s.concurrency_limit, s.buffer_len, s.buffer_capacity, s.ttl_ms), (2, 2, 3, 3, 60_000));
     assert_eq!((s.consumers_active, s.consumers_total, s.consumers_min, s.consumers_max), (1, 1, 1, 1));
     assert_eq!(s.in_hand, 5);

@@ -1,0 +1,88 @@
+//! The agent's state endpoint: `GET /state` (JSON: depths, signals, instances, the last decision with
+//! its inputs and reason) and `GET /metrics` (the same in the Prometheus text format).
+
+use std::net::SocketAddr;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::routing::get;
+use axum::{Json, Router};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::{lock, AgentState, SharedState};
+
+type Labels = Vec<(String, String)>;
+
+fn gauge(reg: &mut Registry, name: &str, help: &str, v: f64) {
+    let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    g.set(v);
+    reg.register(name, help, g);
+}
+
+fn counter(reg: &mut Registry, name: &str, help: &str, v: u64) {
+    let c = Counter::<u64>::default();
+    c.inc_by(v);
+    reg.register(name, help, c);
+}
+
+/// Renders the state in the Prometheus text format.
+pub fn render_metrics(s: &AgentState) -> String {
+    let mut reg = Registry::with_prefix("agent");
+    let d = s.last_decision;
+    gauge(&mut reg, "desired_instances", "Instances the last decision asked for", d.map_or(-1.0, |d| f64::from(d.desired)));
+    gauge(&mut reg, "actual_instances", "Instances running at the last decision", d.map_or(-1.0, |d| f64::from(d.actual)));
+    gauge(&mut reg, "recommended_instances", "Instances the workload needs now (before stabilization and step limits)", d.map_or(-1.0, |d| f64::from(d.recommended)));
+    gauge(&mut reg, "stopping_instances", "Instances draining", f64::from(s.stopping));
+    gauge(&mut reg, "reporting_instances", "Instances that reported work lately", f64::from(s.observed.reporting_instances));
+    gauge(&mut reg, "busy_instances", "Instances holding work", f64::from(s.observed.busy_instances));
+    gauge(&mut reg, "arrival_rate", "Work items arriving per second (smoothed)", s.observed.arrival_rate);
+    gauge(&mut reg, "instance_throughput", "Work items per second of one saturated instance (measured, else the default)", d.map_or(s.policy.default_throughput, |d| d.throughput));
+    gauge(&mut reg, "oldest_age_seconds", "Age of the oldest waiting work item (-1: none waiting)", s.observed.oldest_age.map_or(-1.0, |a| a.as_secs_f64()));
+    gauge(&mut reg, "sla_seconds", "The SLA's maximum delay", s.policy.sla.as_secs_f64());
+    gauge(&mut reg, "interval_seconds", "Time until the agent's next look", s.interval_s);
+    gauge(&mut reg, "bus_live", "1 while the agent's bus subscription is live", f64::from(u8::from(s.bus_live)));
+    let depth = Family::<Labels, Gauge>::default();
+    if let Some(q) = s.depths {
+        for (name, d) in [("work", q.work), ("work_dlq", q.work_dlq), ("results", q.results)] {
+            for (state, v) in [("visible", d.visible), ("in_flight", d.in_flight), ("delayed", d.delayed)] {
+                depth.get_or_create(&vec![("queue".into(), name.into()), ("state".into(), state.into())]).set(v as i64);
+            }
+        }
+    }
+    reg.register("queue_messages", "Approximate messages of the watched queues", depth);
+    counter(&mut reg, "decisions", "Scaling decisions taken", s.decisions);
+    counter(&mut reg, "scale_ups", "Decisions that added instances", s.scale_ups);
+    counter(&mut reg, "scale_downs", "Decisions that removed instances", s.scale_downs);
+    counter(&mut reg, "sqs_requests", "SQS requests the agent made", s.requests);
+    counter(&mut reg, "triggers_received", "Work-detected triggers received", s.triggers_received);
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut out, &reg);
+    out
+}
+
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        .route("/state", get(|State(s): State<SharedState>| async move { Json(lock(&s).clone()) }))
+        .route("/metrics", get(|State(s): State<SharedState>| async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render_metrics(&lock(&s))) }))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state)
+}
+
+/// Serves the router on `addr` until `stop`. Returns the bound address (port 0 picks one).
+pub async fn serve(addr: SocketAddr, state: SharedState, stop: CancellationToken) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tracing::info!(%bound, "agent state endpoint: GET /state, GET /metrics");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router(state)).with_graceful_shutdown(async move { stop.cancelled().await }).await {
+            tracing::warn!(error = %e, "agent state endpoint failed");
+        }
+    });
+    Ok(bound)
+}

@@ -1,0 +1,153 @@
+//! The agent loop on in-memory queues and bus, under paused time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shared::memory::MemoryQueue;
+use shared::queue::Queue;
+use shared::trigger::{InstanceReport, MemoryTriggers, TriggerBus, WorkDetected};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::backend::NoneBackend;
+
+struct Fixture {
+    work: Arc<MemoryQueue>,
+    dlq: Arc<MemoryQueue>,
+    bus: Arc<MemoryTriggers>,
+    backend: Arc<NoneBackend>,
+    state: SharedState,
+    stop: CancellationToken,
+    agent: tokio::task::JoinHandle<shared::Result<()>>,
+}
+
+fn start(settings: Settings) -> Fixture {
+    let work = MemoryQueue::new("billing-work", Duration::from_secs(30));
+    let dlq = MemoryQueue::new("dlq", Duration::from_secs(30));
+    let results = MemoryQueue::new("results", Duration::from_secs(30));
+    let bus = MemoryTriggers::new();
+    let backend = Arc::new(NoneBackend::new(settings.min_instances));
+    let deps = Deps {
+        watched: Watched { work: work.clone(), work_dlq: dlq.clone(), results },
+        publish: Some(bus.clone() as Arc<dyn TriggerBus>),
+        subscription: Some(bus.subscription()),
+        backend: backend.clone(),
+    };
+    let state = new_state(&settings, "none");
+    let stop = CancellationToken::new();
+    let agent = tokio::spawn(run_with_state(settings, deps, state.clone(), stop.clone()));
+    Fixture { work, dlq, bus, backend, state, stop, agent }
+}
+
+impl Fixture {
+    async fn stop(self) {
+        self.stop.cancel();
+        self.agent.await.unwrap().unwrap();
+    }
+
+    async fn actual(&self) -> u32 {
+        self.backend.actual().await.unwrap()
+    }
+
+    fn requests(&self) -> u64 {
+        lock(&self.state).requests
+    }
+}
+
+fn bodies(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("m{i}")).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn triggers_once_when_work_appears() {
+    let f = start(Settings { idle_interval_secs: 1, ..Settings::quick() });
+    let mut rx = f.bus.tx.subscribe();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(rx.try_recv().is_err(), "no trigger while the queue is empty");
+    f.work.send(bodies(2)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ev = rx.try_recv().expect("a trigger when work appears");
+    assert_eq!((ev.queue.as_str(), ev.messages, ev.source.as_str()), ("billing-work", 2, SOURCE));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(rx.try_recv().is_err(), "one trigger per empty -> non-empty transition");
+    // A dead letter nobody announced wakes the controller's dead-letter listener.
+    f.dlq.send(bodies(1)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ev = rx.try_recv().expect("a trigger for the dead-letter queue");
+    assert_eq!((ev.queue.as_str(), ev.messages), ("dlq", 1));
+    assert!(rx.try_recv().is_err());
+    f.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn scales_to_the_backlog_then_back_to_min_after_the_window() {
+    // 10 msg/s per instance x 10 s SLA: 100 messages per instance.
+    let settings = Settings { min_instances: 1, max_instances: 8, sla_secs: 10, stabilization_secs: 30, interval_secs: 1, idle_interval_secs: 1, ..Settings::quick() };
+    let f = start(settings);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(f.actual().await, 1);
+    f.work.send(bodies(450)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(f.actual().await, 5, "one step: 1 + 4");
+    let d = lock(&f.state).last_decision.unwrap();
+    assert_eq!((d.recommended, d.desired, d.reason), (5, 5, Reason::ScaleUp));
+    assert_eq!(d.signals.backlog, 450);
+    // The work is done (received and deleted).
+    loop {
+        let got = f.work.receive(10, Duration::ZERO).await.unwrap();
+        if got.is_empty() {
+            break;
+        }
+        f.work.delete(&got.into_iter().map(|m| m.receipt).collect::<Vec<_>>()).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(f.actual().await, 5, "held within the stabilization window");
+    assert_eq!(lock(&f.state).last_decision.unwrap().reason, Reason::HoldStabilizing);
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(f.actual().await, 1, "down to min after the window");
+    f.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_polling_slows_down_and_a_trigger_brings_the_agent_back_at_once() {
+    let f = start(Settings { min_instances: 0, interval_secs: 5, idle_interval_secs: 60, ..Settings::quick() });
+    // Let the interval reach its cap, then count an hour of idle looks.
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    let before = f.requests();
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    let per_min = (f.requests() - before) as f64 / 60.0;
+    assert!(per_min < 4.0, "{per_min} requests per minute while idle");
+    assert!(per_min >= 2.9, "still looking every minute: {per_min}");
+    assert_eq!(f.actual().await, 0);
+    // Work and its trigger: a look and a decision from zero within the same instant.
+    f.work.send(bodies(3)).await.unwrap();
+    f.bus.publish(&WorkDetected { queue: "billing-work".into(), messages: 3, source: "initiator".into() }).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(f.actual().await, 1, "from zero at once on a trigger");
+    let d = lock(&f.state).last_decision.unwrap();
+    assert_eq!(d.reason, Reason::FromZero);
+    assert!(d.signals.work_detected);
+    f.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn instance_reports_feed_throughput_and_the_in_flight_floor() {
+    let f = start(Settings { min_instances: 0, max_instances: 20, sla_secs: 10, interval_secs: 1, ..Settings::quick() });
+    f.work.send(bodies(400)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Default 10 msg/s: 400 / 100 = 4 instances.
+    assert_eq!(lock(&f.state).last_decision.unwrap().recommended, 4);
+    // Saturated instances report 40 msg/s each: one is enough for the backlog.
+    for i in 0..4 {
+        let r = InstanceReport { instance: format!("p{i}"), queue: "billing-work".into(), processed: 100, rate: 40.0, in_hand: 16, consumers: 4, saturated: true, leaving: false };
+        f.bus.report(&r).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let s = lock(&f.state).clone();
+    let d = s.last_decision.unwrap();
+    assert_eq!(d.throughput, 40.0);
+    assert_eq!(s.observed.busy_instances, 4);
+    assert_eq!(d.recommended, 4, "never below the instances holding work");
+    assert_eq!(s.instances.len(), 4);
+    f.stop().await;
+}
