@@ -76,6 +76,8 @@ pub struct ProcessSpec {
     /// The processor binary.
     pub program: PathBuf,
     pub args: Vec<String>,
+    /// Environment set on top of the agent's own (which the instances inherit).
+    pub envs: Vec<(String, String)>,
     /// Instance `slot` (0, 1, ...) serves its state endpoint on this port + slot.
     pub http_base: Option<u16>,
     /// Each instance appends its output to `processor-{slot}.log` here (default: the agent's output).
@@ -139,7 +141,7 @@ impl ProcessBackend {
     fn spawn(&self, slot: u32) -> Result<Running, BackendError> {
         let s = &self.spec;
         let mut cmd = Command::new(&s.program);
-        cmd.args(&s.args).stdin(Stdio::null()).kill_on_drop(true);
+        cmd.args(&s.args).envs(s.envs.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).kill_on_drop(true);
         match s.http_base {
             Some(base) => cmd.env("LISTENER_HTTP_ADDR", format!("127.0.0.1:{}", u32::from(base) + slot)),
             None => cmd.env_remove("LISTENER_HTTP_ADDR"),

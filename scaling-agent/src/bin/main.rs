@@ -71,9 +71,17 @@ fn backend(cli: &Cli) -> anyhow::Result<Arc<dyn Backend>> {
             if let Some(dir) = &cli.processor_log_dir {
                 std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             }
+            // The processors work on the agent's fleet (names as flags; the AMQP URL, which may hold
+            // a password, through the environment rather than the command line).
+            let f = &cli.fleet;
+            let args = [("--bucket", f.bucket.clone()), ("--work-queue", f.work_queue.clone()), ("--work-dlq", f.work_dlq()), ("--results-queue", f.results_queue.clone()), ("--trigger-exchange", f.trigger_exchange.clone())]
+                .into_iter()
+                .flat_map(|(k, v)| [k.to_string(), v])
+                .collect();
             Arc::new(ProcessBackend::new(ProcessSpec {
                 program,
-                args: Vec::new(),
+                args,
+                envs: vec![("AMQP_URL".into(), f.amqp_url.clone())],
                 http_base: cli.processor_http_base,
                 log_dir: cli.processor_log_dir.clone(),
                 drain: Duration::from_secs(cli.drain_secs),

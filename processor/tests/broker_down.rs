@@ -1,0 +1,127 @@
+//! RabbitMQ unreachable: listeners do not park (nothing could wake them) but poll at their back-off cap, a
+//! job submitted meanwhile completes with exact totals, and once the broker is back they park again.
+//! The broker is cut by a TCP proxy between the fleet and the RabbitMQ that deploy/test.sh starts
+//! (existing connections dropped, new ones refused), so the host's broker is left alone.
+
+#[path = "../../initiator/tests/common/mod.rs"]
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use shared::provision::QueueSettings;
+use shared::queue::Queue;
+use shared::trigger::work_key;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// A TCP proxy to RabbitMQ that can be cut and restored on the same port.
+struct Proxy {
+    port: u16,
+    tasks: Arc<Mutex<JoinSet<()>>>,
+}
+
+impl Proxy {
+    async fn start(port: u16) -> Proxy {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let tasks: Arc<Mutex<JoinSet<()>>> = Arc::default();
+        let conns = tasks.clone();
+        tasks.lock().unwrap().spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else { return };
+                conns.lock().unwrap().spawn(async move {
+                    if let Ok(mut broker) = TcpStream::connect("127.0.0.1:5672").await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut broker).await;
+                    }
+                });
+            }
+        });
+        Proxy { port, tasks }
+    }
+
+    fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// Drops every connection and stops listening.
+    fn cut(&self) {
+        let set = std::mem::take(&mut *self.tasks.lock().unwrap());
+        drop(set);
+    }
+}
+
+async fn until(timeout: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < timeout {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_broker_down_listeners_poll_and_the_job_completes() {
+    let mut s = common::stack(QueueSettings::default()).await;
+    let proxy = Proxy::start(0).await;
+    s.names.amqp_url = proxy.url();
+    let stop = CancellationToken::new();
+    let deps = processor::Deps {
+        work: s.work.clone(),
+        work_dlq: Some(s.work_dlq.clone()),
+        results: s.results.clone(),
+        store: s.store.clone(),
+        triggers: s.names.subscribe(vec![work_key(s.work.name())], &stop),
+        publish: s.names.trigger_bus(),
+    };
+    let engine = processor::start(&common::fast_processor(), deps, &stop).await.unwrap();
+    let controller = s.start_controller();
+    assert!(until(Duration::from_secs(15), async || engine.triggers_live() && engine.state(false).await.consumers_parked == 1).await, "parked while the bus is up");
+
+    proxy.cut();
+    assert!(until(Duration::from_secs(5), async || !engine.triggers_live()).await, "the listener noticed the broker is gone");
+    let cut_at = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let files = vec![common::generated(dir.path(), "during-outage.csv", 50_000, 300, 4)];
+    let job = s.submit(&files, 5_000).await;
+    // Sample the listener while the job runs: never parked.
+    let sampling = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let mut parked = 0;
+            for _ in 0..100 {
+                parked += engine.state(false).await.consumers_parked;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            parked
+        })
+    };
+    let report = s.wait_report(&job, Duration::from_secs(60)).await;
+    let took = cut_at.elapsed();
+    common::assert_consistent(&report);
+    assert_eq!(common::report_accounts(&report), common::expected_accounts(&files), "exact totals with the broker down");
+    assert_eq!(sampling.await.unwrap(), 0, "a listener parked while no trigger could reach it");
+    let receives_idle = {
+        let a = engine.stats().receives.load(std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        engine.stats().receives.load(std::sync::atomic::Ordering::Relaxed) - a
+    };
+    assert!(receives_idle >= 2, "still polling while the broker is down: {receives_idle} receives in 5 s");
+
+    // The broker is back (same port): subscribed again, parked again, no requests.
+    let _proxy = Proxy::start(proxy.port).await;
+    assert!(
+        until(Duration::from_secs(40), async || engine.triggers_live() && engine.state(false).await.consumers_parked == 1).await,
+        "parked again once the broker was back"
+    );
+    let n = engine.stats().receives.load(std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(engine.stats().receives.load(std::sync::atomic::Ordering::Relaxed), n, "zero requests once parked again");
+    eprintln!("job with the broker down: report {:.1} s after the cut; {receives_idle} receives per 5 s idle meanwhile", took.as_secs_f64());
+    stop.cancel();
+    engine.shutdown(Duration::from_secs(5)).await;
+    controller.stop().await;
+}
