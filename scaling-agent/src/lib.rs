@@ -6,12 +6,14 @@
 //! parked listeners wake without waiting for their next poll.
 //!
 //! Its own polling slows down (doubling up to `--idle-interval-secs`) while every queue is empty and no
-//! instance reports work, and quickens at once on a work-detected trigger.
+//! instance reports work, and quickens at once on a work-detected trigger (while busy it looks every
+//! `--interval-secs` anyway: a trigger then only marks work as detected).
 
 pub mod backend;
 pub mod http;
 pub mod policy;
 pub mod signals;
+pub mod simulate;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -39,7 +41,7 @@ pub struct Settings {
     pub interval_secs: u64,
     /// Longest time between two looks while every queue is empty (the interval doubles up to it; a
     /// work-detected trigger brings the agent back at once). Each look is 3 requests.
-    #[arg(long, env = "AGENT_IDLE_INTERVAL_SECS", default_value_t = 60)]
+    #[arg(long, env = "AGENT_IDLE_INTERVAL_SECS", default_value_t = 120)]
     pub idle_interval_secs: u64,
     /// Fewest processor instances (0: none while there is no work).
     #[arg(long, env = "AGENT_MIN_INSTANCES", default_value_t = 1)]
@@ -301,9 +303,11 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                             if ev.queue == w.work.name() {
                                 work_detected = true;
                             }
-                            // Look at once: work is coming.
-                            interval = busy_interval;
-                            break;
+                            // Idle: look at once, work is coming. Busy: the next look is near anyway.
+                            if interval > busy_interval {
+                                interval = busy_interval;
+                                break;
+                            }
                         }
                         Some(_) => {}
                         None => events = None,

@@ -110,14 +110,14 @@ async fn scales_to_the_backlog_then_back_to_min_after_the_window() {
 
 #[tokio::test(start_paused = true)]
 async fn idle_polling_slows_down_and_a_trigger_brings_the_agent_back_at_once() {
-    let f = start(Settings { min_instances: 0, interval_secs: 5, idle_interval_secs: 60, ..Settings::quick() });
+    let f = start(Settings { min_instances: 0, interval_secs: 5, idle_interval_secs: 120, ..Settings::quick() });
     // Let the interval reach its cap, then count an hour of idle looks.
     tokio::time::sleep(Duration::from_secs(300)).await;
     let before = f.requests();
     tokio::time::sleep(Duration::from_secs(3600)).await;
     let per_min = (f.requests() - before) as f64 / 60.0;
     assert!(per_min < 4.0, "{per_min} requests per minute while idle");
-    assert!(per_min >= 2.9, "still looking every minute: {per_min}");
+    assert!(per_min >= 1.4, "still looking every two minutes: {per_min}");
     assert_eq!(f.actual().await, 0);
     // Work and its trigger: a look and a decision from zero within the same instant.
     f.work.send(bodies(3)).await.unwrap();

@@ -51,11 +51,24 @@ struct Cli {
     once: bool,
     #[command(flatten)]
     log: LogArgs,
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+#[derive(clap::Subcommand)]
+enum Cmd {
+    /// Replay a simulated day of seed 004's workload at several volumes under this agent's policy, a
+    /// KEDA-like default and a fixed fleet; print SLA misses, instance-hours, requests and cost.
+    Simulate(scaling_agent::simulate::SimArgs),
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Cmd::Simulate(args)) = &cli.command {
+        print!("{}", scaling_agent::simulate::report_table(args));
+        return ExitCode::SUCCESS;
+    }
     shared::shutdown::serve(cli.log.log_json, |shutdown| start(cli, shutdown)).await
 }
 
