@@ -7,7 +7,9 @@
 #   deploy/compose.sh submit FILE... [FLAGS] submits CSV files with the initiator (files mounted read-only;
 #                                           FLAGS as `initiator submit`, e.g. --wait --json); its exit code
 #   deploy/compose.sh initiator ARGS...     any other initiator command (status JOB, report JOB, generate ...)
-#   deploy/compose.sh scale N               N processor containers (scaling down drains: SIGTERM, then wait)
+#   deploy/compose.sh scale N               N processor containers (scaling down drains: SIGTERM, then wait); with
+#                                           the agent's docker backend (the default) it scales them on its own
+#                                           afterwards: AGENT_BACKEND=none at `up` leaves the count to you
 #   deploy/compose.sh ps                    containers and their state endpoints
 #   deploy/compose.sh logs [ARGS...]        `docker compose logs` (e.g. -f processor)
 #   deploy/compose.sh down                  stops and removes the fleet's containers and network
@@ -18,7 +20,9 @@
 #   COMPOSE_PROJECT_NAME     billing-fleet
 #   FLEET_IMAGE_SOURCE       local (default: images built here by deploy/images.sh, no registry needed) or
 #                            registry (official LocalStack and RabbitMQ images, fleet built from deploy/Dockerfile)
-#   FLEET_PROCESSORS         processors started by `up` (1); `scale` changes it
+#   FLEET_PROCESSORS         processors started by `up` (1; a running fleet keeps its count); `scale` changes it
+#   AGENT_BACKEND            docker (the agent scales the processor containers) or none (it only decides)
+#   AGENT_MIN_INSTANCES, AGENT_MAX_INSTANCES, AGENT_SLA_SECS, ...: the agent's policy (scaling-agent --help)
 #   FLEET_LOCALSTACK_PORT    LocalStack on 127.0.0.1 (4566; empty: a free port)
 #   FLEET_RABBITMQ_UI_PORT   RabbitMQ management on 127.0.0.1 (15672; empty: a free port)
 #   FLEET_IMAGE_PREFIX, FLEET_IMAGE, LOCALSTACK_IMAGE, RABBITMQ_IMAGE: see deploy/images.sh
@@ -36,6 +40,8 @@ case "$source_kind" in
   *) die "FLEET_IMAGE_SOURCE must be local or registry (is '$source_kind')" ;;
 esac
 fleet_services=(processor controller scaling-agent)
+# The agent reaches the Docker Engine through its socket, with the socket's group (not as root).
+export DOCKER_GID=${DOCKER_GID:-$(stat -c %g /var/run/docker.sock 2>/dev/null || echo 0)}
 
 # Container ids of a service (running or not).
 ids() { compose ps -q "$1" 2>/dev/null || true; }
@@ -67,7 +73,7 @@ show() {
   done
   for id in $(running processor); do n=$((n + 1)); echo "  processor      http://$(host_port "$id" 9101)/state  /metrics   ($(name_of "$id"))"; done
   for id in $(running controller); do echo "  controller     http://$(host_port "$id" 9102)/state  /metrics   ($(name_of "$id"))"; done
-  [ -z "$(running scaling-agent)" ] || echo "  scaling-agent  running   (deploy/compose.sh logs -f scaling-agent)"
+  for id in $(running scaling-agent); do echo "  scaling-agent  http://$(host_port "$id" 9100)/state  /metrics   (scaling decisions: logs -f scaling-agent)"; done
   echo "  submit:  deploy/compose.sh submit FILE... --wait     logs: deploy/compose.sh logs -f [SERVICE]"
 }
 

@@ -35,6 +35,7 @@ fn main() -> ExitCode {
         trial("compose_stop_processor_drains_and_loses_nothing", stop_processor_drains),
         trial("controller_container_restarted_mid_job_totals_exact", controller_restarted_mid_job),
         trial("rabbitmq_container_stopped_mid_job_job_completes", rabbitmq_stopped_mid_job),
+        trial("agent_scales_processor_containers_up_and_back_totals_exact", agent_scales_containers),
     ];
     let ran_any = trials.iter().any(|t| args.filter.as_deref().is_none_or(|f| t.name().contains(f))) && !args.list;
     let conclusion = libtest_mimic::run(&args, trials);
@@ -120,12 +121,23 @@ fn input() -> &'static Input {
 struct Fleet {
     project: String,
     down: bool,
+    /// Environment of every compose.sh call (the agent's policy, listener tuning).
+    env: Vec<(String, String)>,
 }
+
+/// The fault scenarios count processor containers themselves: the agent only decides there.
+const AGENT_DECIDES_ONLY: &[(&str, &str)] = &[("AGENT_BACKEND", "none")];
 
 impl Fleet {
     /// `deploy/compose.sh up` with `processors` processor containers.
     fn up(name: &str, processors: u32) -> Fleet {
-        let fleet = Fleet { project: format!("bft-{name}-{}", std::process::id()), down: false };
+        Fleet::up_with(name, processors, &[])
+    }
+
+    /// [`Fleet::up`] with extra environment for every compose.sh call.
+    fn up_with(name: &str, processors: u32, env: &[(&str, &str)]) -> Fleet {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let fleet = Fleet { project: format!("bft-{name}-{}", std::process::id()), down: false, env };
         let t0 = Instant::now();
         let out = fleet.sh(&["up"], &[("FLEET_PROCESSORS", &processors.to_string())]);
         assert!(out.status.success(), "compose.sh up failed:\n{}{}", text(&out.stdout), text(&out.stderr));
@@ -151,6 +163,7 @@ impl Fleet {
         {
             cmd.env_remove(v);
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         cmd.envs(env.iter().copied());
         cmd
     }
@@ -195,7 +208,13 @@ impl Fleet {
 
     /// `compose.sh submit FILE --wait --json` in the background (stdout to a file).
     fn submit_bg(&self, file: &Path, out: &Path) -> Child {
-        let mut cmd = self.command(&repo().join("deploy/compose.sh"), &["submit", file.to_str().unwrap(), "--wait", "--json"], &[]);
+        self.submit_bg_with(file, out, &[])
+    }
+
+    fn submit_bg_with(&self, file: &Path, out: &Path, flags: &[&str]) -> Child {
+        let mut args = vec!["submit", file.to_str().unwrap(), "--wait", "--json"];
+        args.extend_from_slice(flags);
+        let mut cmd = self.command(&repo().join("deploy/compose.sh"), &args, &[]);
         cmd.stdin(Stdio::null()).stdout(std::fs::File::create(out).unwrap()).stderr(Stdio::piped());
         cmd.spawn().unwrap()
     }
@@ -399,7 +418,7 @@ fn million_matches_local() {
 /// Three processor containers, one killed (SIGKILL) mid-job: its work items come back after their
 /// visibility timeout and the totals stay exact.
 fn processor_killed_mid_job() {
-    let mut fleet = Fleet::up("kill", 3);
+    let mut fleet = Fleet::up_with("kill", 3, AGENT_DECIDES_ONLY);
     let victim = fleet.running("processor")[1].clone();
     million_job(&fleet, |_| {
         stdout_of(Command::new("docker").args(["kill", &victim]));
@@ -412,7 +431,7 @@ fn processor_killed_mid_job() {
 /// `compose stop processor` mid-job: every processor drains and exits 0; started again, the fleet
 /// finishes the job with exact totals.
 fn stop_processor_drains() {
-    let mut fleet = Fleet::up("drain", 2);
+    let mut fleet = Fleet::up_with("drain", 2, AGENT_DECIDES_ONLY);
     million_job(&fleet, |fleet| {
         let ids = fleet.running("processor");
         let t = Instant::now();
@@ -432,7 +451,7 @@ fn stop_processor_drains() {
 
 /// `compose restart controller` mid-job: the new controller resumes from the checkpoint; exact totals.
 fn controller_restarted_mid_job() {
-    let mut fleet = Fleet::up("controller", 1);
+    let mut fleet = Fleet::up_with("controller", 1, AGENT_DECIDES_ONLY);
     million_job(&fleet, |fleet| {
         let id = fleet.running("controller")[0].clone();
         let started = inspect(&id, "{{.State.StartedAt}}");
@@ -446,7 +465,7 @@ fn controller_restarted_mid_job() {
 /// `compose stop rabbitmq` mid-job: triggers are hints, so the job completes with exact totals and
 /// every fleet service stays up.
 fn rabbitmq_stopped_mid_job() {
-    let mut fleet = Fleet::up("rabbitmq", 2);
+    let mut fleet = Fleet::up_with("rabbitmq", 2, AGENT_DECIDES_ONLY);
     million_job(&fleet, |fleet| {
         let r = fleet.compose(&["stop", "rabbitmq"]);
         assert!(r.status.success(), "compose stop rabbitmq: {}", text(&r.stderr));
@@ -456,5 +475,90 @@ fn rabbitmq_stopped_mid_job() {
     for s in ["controller", "scaling-agent"] {
         assert_eq!(fleet.running(s).len(), 1, "{s} after the broker went away");
     }
+    fleet.down();
+}
+
+/// The agent's docker backend (compose.sh up's default) on a burst of 600 work items, the processors
+/// held to one work item at a time: it adds processor containers (1 -> 3) that `compose ps` lists as
+/// the service's own; one of them stopped mid-job (SIGTERM: it drains) is replaced; the job's totals
+/// equal `initiator local`'s; a later `compose up` at that scale keeps every container; after the
+/// stabilization window the agent stops the added ones (drained, removed) and the first one remains.
+fn agent_scales_containers() {
+    let env = [
+        ("AGENT_MIN_INSTANCES", "1"),
+        ("AGENT_MAX_INSTANCES", "3"),
+        ("AGENT_SLA_SECS", "5"),
+        ("AGENT_INSTANCE_THROUGHPUT", "2"),
+        ("AGENT_INTERVAL_SECS", "1"),
+        ("AGENT_STABILIZATION_SECS", "30"),
+        ("LISTENER_MAX_CONSUMERS", "1"),
+        ("LISTENER_MAX_CONCURRENCY", "1"),
+        ("LISTENER_BUFFER", "0"),
+        ("PROCESSOR_DRAIN_SECS", "10"),
+    ];
+    let mut fleet = Fleet::up_with("agent", 1, &env);
+    let first = fleet.running("processor")[0].clone();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("burst.csv");
+    let bin = env!("CARGO_BIN_EXE_initiator");
+    let st = Command::new(bin).args(["generate", "--rows", "300000", "--accounts", "500", "--seed", "7"]).stdout(std::fs::File::create(&file).unwrap()).status().unwrap();
+    assert!(st.success());
+    let local: Value = serde_json::from_str(&stdout_of(Command::new(bin).arg("local").arg(&file).arg("--json"))).unwrap();
+
+    let out = dir.path().join("report.json");
+    let t0 = Instant::now();
+    let child = fleet.submit_bg_with(&file, &out, &["--chunk-size", "500"]);
+    let scaled = loop {
+        let n = fleet.running("processor").len();
+        if n == 3 {
+            break t0.elapsed();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the agent did not reach 3 processor containers ({n})");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    println!("[agent] submit -> 3 processor containers running: {:.1} s", scaled.as_secs_f64());
+    let ps = fleet.compose(&["ps", "-q", "processor"]);
+    assert_eq!(text(&ps.stdout).lines().count(), 3, "compose ps does not list the agent's containers:\n{}", text(&ps.stdout));
+
+    // One of the added containers stopped mid-job: it drains; the agent replaces it.
+    let added: Vec<String> = fleet.running("processor").into_iter().filter(|id| *id != first).collect();
+    let victim = added[0].clone();
+    let stopped_at = SystemTime::now();
+    let stop = sh(Command::new("docker").args(["stop", &victim]));
+    assert!(stop.status.success(), "docker stop: {}", text(&stop.stderr));
+    assert_eq!(inspect(&victim, "{{.State.ExitCode}}"), "0", "the stopped processor did not drain cleanly");
+    let t = Instant::now();
+    while fleet.running("processor").len() < 3 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the stopped processor was not replaced");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let report = finish(child, &out, Duration::from_secs(300));
+    let took = t0.elapsed();
+    assert_eq!(report["status"], "complete");
+    assert_eq!(report["transactions"]["processed"].as_u64(), Some(300_000));
+    assert_eq!(report["totals"], local["totals"], "totals differ from initiator local");
+    assert!(report["accounts"] == local["accounts"], "per-account totals differ from initiator local");
+    assert_finished_after(&report, stopped_at);
+    println!("[agent] 600 work items: report {:.1} s after submit", took.as_secs_f64());
+
+    // compose up at the current scale keeps the agent's containers (none recreated).
+    let before = { let mut v = fleet.running("processor"); v.sort(); v };
+    let up = fleet.sh(&["up"], &[]);
+    assert!(up.status.success(), "compose.sh up again: {}{}", text(&up.stdout), text(&up.stderr));
+    let after = { let mut v = fleet.running("processor"); v.sort(); v };
+    assert_eq!(before, after, "a later compose up replaced the agent's containers");
+
+    // Back to the minimum after the stabilization window: the added containers drain and are removed.
+    let t = Instant::now();
+    while fleet.containers("processor", true).len() > 1 {
+        assert!(t.elapsed() < Duration::from_secs(120), "not back to 1 processor container: {:?}", fleet.containers("processor", true));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    println!("[agent] back to 1 processor container {:.1} s after the report", t.elapsed().as_secs_f64());
+    assert_eq!(fleet.running("processor"), vec![first], "the first processor is the one that remains");
+    let agent = &fleet.running("scaling-agent")[0];
+    let logs = text(&sh(Command::new("docker").args(["logs", agent])).stderr);
+    assert!(logs.contains("processor container stopped") && logs.contains("exit_code=Some(0)"), "the agent's stops did not end in a drain:\n{logs}");
     fleet.down();
 }

@@ -1,7 +1,8 @@
 //! Scaling backends: what starts and stops processor instances once the policy has decided. `none`
 //! decides and reports only (a dry run: it takes the desired count as done); `process` runs processors
 //! as child processes of the agent (the fleet of `deploy/local.sh`), stopping one with SIGTERM and
-//! letting it drain.
+//! letting it drain. The `docker` ([`crate::docker`]) and `keda` ([`crate::keda`]) backends live in
+//! their own modules.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -23,6 +24,10 @@ pub enum BackendError {
     Spawn { program: String, source: std::io::Error },
     #[error("could not signal process {pid}: {source}")]
     Signal { pid: u32, source: nix::Error },
+    #[error("docker: could not {what}: {message}")]
+    Docker { what: String, message: String },
+    #[error("{0}")]
+    Config(String),
 }
 
 /// Starts and stops processor instances.
@@ -40,6 +45,9 @@ pub trait Backend: Send + Sync + 'static {
     /// The agent is stopping: what the backend started stops too (process backend), or is left
     /// running (the others).
     async fn shutdown(&self) {}
+    /// A work-detected trigger for the work queue arrived (before the agent's next look decides): a
+    /// backend that can act at once does (`keda` pushes "active").
+    fn work_detected(&self) {}
 }
 
 /// Decides and reports only: the desired count is taken as done.

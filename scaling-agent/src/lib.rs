@@ -10,7 +10,9 @@
 //! `--interval-secs` anyway: a trigger then only marks work as detected).
 
 pub mod backend;
+pub mod docker;
 pub mod http;
+pub mod keda;
 pub mod policy;
 pub mod signals;
 pub mod simulate;
@@ -302,6 +304,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                             lock(&state).triggers_received += 1;
                             if ev.queue == w.work.name() {
                                 work_detected = true;
+                                deps.backend.work_detected();
                             }
                             // Idle: look at once, work is coming. Busy: the next look is near anyway.
                             if interval > busy_interval {

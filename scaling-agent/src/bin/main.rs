@@ -9,6 +9,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use scaling_agent::backend::{Backend, NoneBackend, ProcessBackend, ProcessSpec};
+use scaling_agent::docker::DockerBackend;
+use scaling_agent::keda::KedaBackend;
 use shared::config::{Aws, FleetArgs, LogArgs};
 use shared::trigger::{report_key, ALL_WORK};
 
@@ -19,6 +21,11 @@ enum BackendKind {
     None,
     /// Processors as child processes of the agent (`--processor-bin`).
     Process,
+    /// The compose service's containers, through the Docker Engine API (`DOCKER_HOST` or the local
+    /// socket).
+    Docker,
+    /// Serve KEDA's external scaler gRPC protocol (`--keda-addr`); KEDA scales the Deployment.
+    Keda,
 }
 
 /// Billing fleet scaling agent: watches queue depths and instance reports, scales processor instances
@@ -46,6 +53,15 @@ struct Cli {
     /// `PROCESSOR_DRAIN_SECS`, 30 by default).
     #[arg(long, env = "AGENT_DRAIN_SECS", default_value_t = 35)]
     drain_secs: u64,
+    /// Docker backend: the compose project [default: the one of the container the agent runs in].
+    #[arg(long, env = "AGENT_DOCKER_PROJECT")]
+    docker_project: Option<String>,
+    /// Docker backend: the compose service to scale.
+    #[arg(long, env = "AGENT_DOCKER_SERVICE", default_value = "processor")]
+    docker_service: String,
+    /// Keda backend: the external scaler's gRPC address.
+    #[arg(long, env = "AGENT_KEDA_ADDR", default_value = "0.0.0.0:9090")]
+    keda_addr: std::net::SocketAddr,
     /// Print one snapshot of the queue depths as JSON and exit.
     #[arg(long)]
     once: bool,
@@ -72,9 +88,17 @@ async fn main() -> ExitCode {
     shared::shutdown::serve(cli.log.log_json, |shutdown| start(cli, shutdown)).await
 }
 
-fn backend(cli: &Cli) -> anyhow::Result<Arc<dyn Backend>> {
+async fn backend(cli: &Cli, shutdown: &tokio_util::sync::CancellationToken) -> anyhow::Result<Arc<dyn Backend>> {
     Ok(match cli.backend {
         BackendKind::None => Arc::new(NoneBackend::new(cli.settings.min_instances)),
+        BackendKind::Docker => Arc::new(DockerBackend::connect(cli.docker_project.clone(), cli.docker_service.clone()).await?),
+        BackendKind::Keda => {
+            let s = &cli.settings;
+            let target = s.instance_throughput * s.sla_secs.max(1) as f64;
+            let keda = KedaBackend::new(s.min_instances, target, format!("{}-sla-backlog", cli.fleet.work_queue));
+            keda.serve(cli.keda_addr, shutdown.clone()).await.with_context(|| format!("serving the KEDA external scaler on {}", cli.keda_addr))?;
+            keda
+        }
         BackendKind::Process => {
             let program = match &cli.processor_bin {
                 Some(p) => p.clone(),
@@ -114,7 +138,7 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
         println!("{}", serde_json::to_string_pretty(&scaling_agent::snapshot(&watched).await?)?);
         return Ok(());
     }
-    let backend = backend(&cli)?;
+    let backend = backend(&cli, &shutdown).await?;
     let subscription = cli.fleet.subscribe(vec![ALL_WORK.to_string(), report_key(watched.work.name())], &shutdown);
     let deps = scaling_agent::Deps { watched, publish: cli.fleet.trigger_bus(), subscription, backend };
     scaling_agent::run(cli.settings, deps, shutdown).await?;

@@ -1,0 +1,128 @@
+//! The agent's `keda` backend against a real gRPC client and the real stack (LocalStack queues, a
+//! RabbitMQ trigger bus): all four calls of KEDA's external scaler protocol, a StreamIsActive push
+//! within 1 s of a work-detected trigger (with the agent idle, its next look minutes away), back to
+//! inactive once there is no work, and an SLA-derived metric that follows a real burst.
+
+#[path = "../../initiator/tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use scaling_agent::keda::proto::external_scaler_client::ExternalScalerClient;
+use scaling_agent::keda::proto::{GetMetricsRequest, ScaledObjectRef};
+use scaling_agent::keda::KedaBackend;
+use shared::provision::QueueSettings;
+use shared::queue::Queue;
+use shared::trigger::{announce, report_key, WorkDetected, ALL_WORK};
+use tokio_util::sync::CancellationToken;
+
+fn so() -> ScaledObjectRef {
+    ScaledObjectRef { name: "processor".into(), namespace: "billing-fleet".into(), scaler_metadata: Default::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keda_external_scaler_serves_the_policy_and_pushes_activity_on_a_trigger() {
+    let s = common::stack(QueueSettings::default()).await;
+    let stop = CancellationToken::new();
+    let settings = scaling_agent::Settings {
+        interval_secs: 1,
+        // Idle looks slow to 5 minutes: only the trigger can make the push arrive in time.
+        idle_interval_secs: 300,
+        min_instances: 0,
+        max_instances: 5,
+        sla_secs: 5,
+        instance_throughput: 2.0,
+        step_up: 4,
+        stabilization_secs: 2,
+        http_addr: None,
+    };
+    let target = settings.instance_throughput * settings.sla_secs as f64;
+    let metric = format!("{}-sla-backlog", s.work.name());
+    let keda = KedaBackend::new(0, target, metric.clone());
+    let addr = keda.serve("127.0.0.1:0".parse().unwrap(), stop.clone()).await.unwrap();
+    let deps = scaling_agent::Deps {
+        watched: scaling_agent::Watched { work: s.work.clone(), work_dlq: s.work_dlq.clone(), results: s.results.clone() },
+        publish: s.names.trigger_bus(),
+        subscription: s.names.subscribe(vec![ALL_WORK.into(), report_key(s.work.name())], &stop),
+        backend: keda.clone(),
+    };
+    let state = scaling_agent::new_state(&settings, "keda");
+    let agent = tokio::spawn(scaling_agent::run_with_state(settings, deps, state.clone(), stop.clone()));
+
+    let mut client = ExternalScalerClient::connect(format!("http://{addr}")).await.unwrap();
+    assert!(!client.is_active(so()).await.unwrap().into_inner().result, "active with nothing to do");
+    let spec = client.get_metric_spec(so()).await.unwrap().into_inner();
+    assert_eq!(spec.metric_specs.len(), 1);
+    assert_eq!(spec.metric_specs[0].metric_name, metric);
+    assert_eq!(spec.metric_specs[0].target_size_float, target, "the target is throughput x SLA");
+    assert_eq!(spec.metric_specs[0].target_size, target as i64);
+    let req = |name: &str| GetMetricsRequest { scaled_object_ref: Some(so()), metric_name: name.into() };
+    let m = client.get_metrics(req(&format!("s0-{metric}"))).await.unwrap().into_inner();
+    assert_eq!(m.metric_values[0].metric_value_float, 0.0);
+    assert_eq!(client.get_metrics(req("another")).await.unwrap_err().code(), tonic_code_not_found());
+
+    let mut stream = client.stream_is_active(so()).await.unwrap().into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(2), stream.message()).await.unwrap().unwrap().unwrap();
+    assert!(!first.result, "the stream starts with the current activity (inactive)");
+    // Let the agent slow down (idle), and the bus connect.
+    let t = Instant::now();
+    while !state.lock().unwrap().bus_live || state.lock().unwrap().interval_s < 4.0 {
+        assert!(t.elapsed() < Duration::from_secs(20), "the agent did not go idle: {:?}", state.lock().unwrap().interval_s);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A trigger (work announced by an initiator): "active" is pushed at once.
+    let bus = s.names.trigger_bus().unwrap();
+    let t0 = Instant::now();
+    announce(bus.as_ref(), &WorkDetected { queue: s.work.name().to_string(), messages: 1, source: "initiator".into() }).await;
+    let pushed = tokio::time::timeout(Duration::from_secs(1), stream.message()).await.expect("no push within 1 s of the trigger").unwrap().unwrap();
+    let latency = t0.elapsed();
+    assert!(pushed.result, "the push after a trigger says active");
+    assert!(client.is_active(so()).await.unwrap().into_inner().result);
+    eprintln!("trigger published -> StreamIsActive push: {:.1} ms", latency.as_secs_f64() * 1e3);
+
+    // Nothing came: inactive again once the stabilization window has passed.
+    let off = tokio::time::timeout(Duration::from_secs(15), stream.message()).await.expect("never inactive again").unwrap().unwrap();
+    assert!(!off.result);
+
+    // A real burst: 100 work items; the metric asks for as many replicas as the SLA needs (capped).
+    let dir = tempfile::tempdir().unwrap();
+    let files = vec![common::generated(dir.path(), "burst.csv", 20_000, 100, 3)];
+    let t1 = Instant::now();
+    let job = s.submit(&files, 200).await;
+    assert_eq!(job.total_chunks, 100);
+    let on = tokio::time::timeout(Duration::from_secs(1), stream.message()).await.expect("no push within 1 s of the submission's trigger").unwrap().unwrap();
+    assert!(on.result);
+    eprintln!("submission (upload + enqueue + trigger) -> push: {:.1} ms", t1.elapsed().as_secs_f64() * 1e3);
+    let t = Instant::now();
+    let value = loop {
+        let v = client.get_metrics(req(&metric)).await.unwrap().into_inner().metric_values[0].metric_value_float;
+        if v >= 5.0 * target {
+            break v;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "the metric did not rise to the cap: {v}; {:?}", state.lock().unwrap().last_decision);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // ceil(value / target) is the HPA's replica count: the policy's capped desire.
+    assert_eq!((value / target).ceil() as u32, 5, "100 items at 2/s within 5 s need 10 instances, capped at 5");
+    let d = state.lock().unwrap().last_decision.unwrap();
+    assert_eq!(d.desired, 5);
+
+    stop.cancel();
+    agent.await.unwrap().unwrap();
+    // The stream ends with the agent (KEDA then reconnects to the next one).
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                _ => break,
+            }
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the activity stream outlived the agent");
+}
+
+fn tonic_code_not_found() -> tonic::Code {
+    tonic::Code::NotFound
+}

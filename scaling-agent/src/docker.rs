@@ -1,0 +1,225 @@
+//! The `docker` backend: scales a compose service's containers (the processors of
+//! `deploy/docker-compose.yml`) through the Docker Engine API.
+//!
+//! A container it adds is a copy of a running one of the service (image, command, environment, labels
+//! with the next `com.docker.compose.container-number`, host config, networks with the service's alias),
+//! named as compose names them, so `docker compose ps` lists it and a later `compose up` with the same
+//! scale keeps it (the config hash is the template's). Scaling down stops the highest-numbered
+//! containers as compose does: `docker stop` sends SIGTERM and waits the container's own grace period
+//! (compose's `stop_grace_period`, above the processor's drain), then the container is removed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bollard::models::{ContainerCreateBody, ContainerInspectResponse, ContainerSummary, EndpointSettings, NetworkConnectRequest, NetworkingConfig};
+use bollard::query_parameters::{CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions};
+use bollard::Docker;
+use tokio_util::task::TaskTracker;
+
+use crate::backend::{Backend, BackendError};
+
+const PROJECT: &str = "com.docker.compose.project";
+const SERVICE: &str = "com.docker.compose.service";
+const NUMBER: &str = "com.docker.compose.container-number";
+const ONEOFF: &str = "com.docker.compose.oneoff";
+
+/// Scales the containers of one compose service.
+pub struct DockerBackend {
+    docker: Docker,
+    project: String,
+    service: String,
+    /// The last container of the service seen running: what a new one copies (kept for a scale from
+    /// zero).
+    template: Mutex<Option<ContainerInspectResponse>>,
+    /// Containers being stopped (draining), by id.
+    stopping: Arc<Mutex<HashSet<String>>>,
+    stops: TaskTracker,
+}
+
+fn docker_error(what: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> BackendError {
+    let what = what.into();
+    move |e| BackendError::Docker { what, message: e.to_string() }
+}
+
+impl DockerBackend {
+    /// Connects to the Docker Engine (`DOCKER_HOST` or the local socket), agreeing on an API version
+    /// the engine speaks. `project` unset: the compose project of the container the agent runs in.
+    pub async fn connect(project: Option<String>, service: String) -> Result<DockerBackend, BackendError> {
+        let docker = Docker::connect_with_local_defaults().map_err(docker_error("connect to the Docker Engine"))?;
+        let docker = docker.negotiate_version().await.map_err(docker_error("reach the Docker Engine"))?;
+        let project = match project {
+            Some(p) => p,
+            None => Self::own_project(&docker).await?,
+        };
+        let b = DockerBackend { docker, project, service, template: Mutex::new(None), stopping: Arc::default(), stops: TaskTracker::new() };
+        let running = b.list(false).await?;
+        tracing::info!(project = %b.project, service = %b.service, running = running.len(), "docker backend: scaling the compose service's containers");
+        Ok(b)
+    }
+
+    /// The compose project of the container this process runs in (its hostname is the container id).
+    async fn own_project(docker: &Docker) -> Result<String, BackendError> {
+        let host = std::env::var("HOSTNAME").ok().or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|s| s.trim().to_string()));
+        let missing = || BackendError::Config("the compose project is unknown: the agent runs outside a compose container; set --docker-project".into());
+        let host = host.filter(|h| !h.is_empty()).ok_or_else(missing)?;
+        let me = docker.inspect_container(&host, None::<InspectContainerOptions>).await.map_err(|_| missing())?;
+        me.config.and_then(|c| c.labels).and_then(|mut l| l.remove(PROJECT)).ok_or_else(missing)
+    }
+
+    pub fn project(&self) -> &str {
+        &self.project
+    }
+
+    /// The service's containers (`all`: also those not running), one-off ones (`compose run`) left out.
+    async fn list(&self, all: bool) -> Result<Vec<ContainerSummary>, BackendError> {
+        let filters = HashMap::from([(
+            "label".to_string(),
+            vec![format!("{PROJECT}={}", self.project), format!("{SERVICE}={}", self.service), format!("{ONEOFF}=False")],
+        )]);
+        let opts = ListContainersOptions { all, filters: Some(filters), ..Default::default() };
+        self.docker.list_containers(Some(opts)).await.map_err(docker_error(format!("list the {} containers", self.service)))
+    }
+
+    /// Running containers not being stopped, by container number.
+    async fn serving(&self) -> Result<Vec<(u32, String)>, BackendError> {
+        let stopping = self.stopping.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut v: Vec<(u32, String)> =
+            self.list(false).await?.into_iter().filter_map(|c| Some((number(&c), c.id?))).filter(|(_, id)| !stopping.contains(id)).collect();
+        v.sort();
+        Ok(v)
+    }
+
+    /// Adds one container numbered `n`, copied from `t`, and starts it.
+    async fn add(&self, t: &ContainerInspectResponse, n: u32) -> Result<String, BackendError> {
+        let config = t.config.clone().unwrap_or_default();
+        let template_name = t.name.as_deref().unwrap_or_default().trim_start_matches('/');
+        // compose v1 names containers project_service_N, v2 project-service-N.
+        let v1 = template_name.starts_with(&format!("{}_{}_", self.project, self.service));
+        let name = if v1 { format!("{}_{}_{n}", self.project, self.service) } else { format!("{}-{}-{n}", self.project, self.service) };
+        let mut labels = config.labels.clone().unwrap_or_default();
+        labels.insert(NUMBER.into(), n.to_string());
+        let host_config = t.host_config.clone();
+        // The service's networks, each with the service name as alias (as compose attaches them): the one
+        // the container is created on (its network mode) first.
+        let mut networks: Vec<String> = t.network_settings.as_ref().and_then(|s| s.networks.as_ref()).map(|m| m.keys().cloned().collect()).unwrap_or_default();
+        networks.sort();
+        if let Some(mode) = host_config.as_ref().and_then(|h| h.network_mode.clone()) {
+            if let Some(i) = networks.iter().position(|n| *n == mode) {
+                let first = networks.remove(i);
+                networks.insert(0, first);
+            }
+        }
+        let endpoint = || EndpointSettings { aliases: Some(vec![self.service.clone()]), ..Default::default() };
+        let body = ContainerCreateBody {
+            user: config.user,
+            exposed_ports: config.exposed_ports,
+            env: config.env,
+            cmd: config.cmd,
+            healthcheck: config.healthcheck,
+            image: config.image,
+            volumes: config.volumes,
+            working_dir: config.working_dir,
+            entrypoint: config.entrypoint,
+            labels: Some(labels),
+            stop_signal: config.stop_signal,
+            stop_timeout: config.stop_timeout,
+            host_config,
+            networking_config: networks.first().map(|n| NetworkingConfig { endpoints_config: Some(HashMap::from([(n.clone(), endpoint())])) }),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_container(Some(CreateContainerOptions { name: Some(name.clone()), ..Default::default() }), body)
+            .await
+            .map_err(docker_error(format!("create container {name}")))?;
+        for net in networks.iter().skip(1) {
+            let req = NetworkConnectRequest { container: created.id.clone(), endpoint_config: Some(endpoint()) };
+            self.docker.connect_network(net, req).await.map_err(docker_error(format!("connect {name} to network {net}")))?;
+        }
+        self.docker.start_container(&created.id, None).await.map_err(docker_error(format!("start container {name}")))?;
+        tracing::info!(container = %name, "started a processor container");
+        Ok(name)
+    }
+
+    /// Stops a container (SIGTERM, then its grace period) and removes it, in the background.
+    fn stop(&self, id: String) {
+        self.stopping.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone());
+        let docker = self.docker.clone();
+        let stopping = self.stopping.clone();
+        self.stops.spawn(async move {
+            let t = Instant::now();
+            match docker.stop_container(&id, None::<StopContainerOptions>).await {
+                Ok(()) => {
+                    let code = docker.inspect_container(&id, None::<InspectContainerOptions>).await.ok().and_then(|c| c.state?.exit_code);
+                    tracing::info!(container = %short(&id), exit_code = ?code, secs = t.elapsed().as_secs_f64(), "processor container stopped");
+                    let opts = RemoveContainerOptions { v: true, ..Default::default() };
+                    if let Err(e) = docker.remove_container(&id, Some(opts)).await {
+                        tracing::warn!(container = %short(&id), error = %e, "could not remove a stopped processor container");
+                    }
+                }
+                Err(e) => tracing::warn!(container = %short(&id), error = %e, "could not stop a processor container"),
+            }
+            stopping.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        });
+    }
+}
+
+fn number(c: &ContainerSummary) -> u32 {
+    c.labels.as_ref().and_then(|l| l.get(NUMBER)).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+#[async_trait]
+impl Backend for DockerBackend {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    async fn actual(&self) -> Result<u32, BackendError> {
+        Ok(self.serving().await?.len() as u32)
+    }
+
+    async fn stopping(&self) -> u32 {
+        self.stopping.lock().unwrap_or_else(|e| e.into_inner()).len() as u32
+    }
+
+    async fn scale(&self, desired: u32) -> Result<(), BackendError> {
+        let serving = self.serving().await?;
+        let n = serving.len() as u32;
+        if desired < n {
+            // The newest (highest-numbered) first, as compose scales down.
+            for (_, id) in serving.iter().rev().take((n - desired) as usize) {
+                tracing::info!(container = %short(id), "stopping a processor container (SIGTERM, then it drains)");
+                self.stop(id.clone());
+            }
+            return Ok(());
+        }
+        if desired == n {
+            return Ok(());
+        }
+        if let Some((_, id)) = serving.first() {
+            let t = self.docker.inspect_container(id, None::<InspectContainerOptions>).await.map_err(docker_error("inspect a processor container"))?;
+            *self.template.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+        }
+        let template = self.template.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or_else(|| {
+            BackendError::Config(format!("no running {} container of project {} to copy; start one (compose up)", self.service, self.project))
+        })?;
+        let mut next = self.list(true).await?.iter().map(number).max().unwrap_or(0) + 1;
+        for _ in n..desired {
+            self.add(&template, next).await?;
+            next += 1;
+        }
+        Ok(())
+    }
+
+    /// The containers stay (they are the compose project's); stops under way finish first.
+    async fn shutdown(&self) {
+        self.stops.close();
+        self.stops.wait().await;
+    }
+}
