@@ -21,14 +21,14 @@ print("listener settings: " + " ".join(f"{k[9:].lower()}={v or '-'}" for k, v in
 def state(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/state?depth=false", timeout=2) as r:
         return json.load(r)
-p0 = state(9101)[0]
+p0 = state(9110)[0]
 print(f"processor before the burst: {p0['consumers_active']} active / {p0['consumers_total']} consumers (max {p0['consumers_max']}), "
       f"concurrency {p0['concurrency_limit']}, buffer {p0['buffer_capacity']}")
 samples, stop = [], threading.Event()
 def sample():
     while not stop.is_set():
         try:
-            s = state(9101)[0]
+            s = state(9110)[0]
             samples.append((time.time(), s["consumers_active"], s["received"]))
         except Exception:
             pass
@@ -56,11 +56,11 @@ if first_work and at_peak:
     print(f"peak {peak} consumers (max {p0['consumers_max']}); first work received {first_work - t0:.2f} s after submit; "
           f"peak reached {at_peak - first_work:.2f} s after that")
 def receives():
-    return {port: sum(s["receives"] for s in state(port)) for port in (9101, 9102)}
+    return {port: sum(s["receives"] for s in state(port)) for port in (9110, 9102)}
 # Settling: the last long polls of the burst's consumers end (one receive wait + margin).
 settle = int(settings.get("LISTENER_RECEIVE_WAIT_SECS") or 20) + 5
 a = receives(); time.sleep(settle); b = receives(); time.sleep(idle); c = receives()
-for port, name in ((9101, "processor"), (9102, "controller")):
+for port, name in ((9110, "processor"), (9102, "controller")):
     n = c[port] - b[port]
     print(f"idle: {name} made {b[port] - a[port]} ReceiveMessage calls in the {settle} s after the burst, then {n} in {idle} s "
           f"({n * 60 / idle:.1f}/min); now {state(port)[0]['consumers_active']} active consumers")

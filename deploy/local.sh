@@ -4,7 +4,7 @@
 #   deploy/local.sh up      LocalStack + RabbitMQ (installed when missing), queues and bucket, release builds
 #                           of controller and scaling-agent started in the background; the agent runs the
 #                           processors (its `process` backend): AGENT_MIN_INSTANCES (1) to
-#                           AGENT_MAX_INSTANCES (4); instance N serves its state on port 9101 + N and
+#                           AGENT_MAX_INSTANCES (4); instance N serves its state on port 9110 + N and
 #                           logs to processor-N.log; the agent's own state is on :9100.
 #   deploy/local.sh down    stops what `up` started (by recorded pid): the services, then LocalStack.
 #                           RabbitMQ is left running unless FLEET_STOP_RABBITMQ=1.
@@ -32,12 +32,12 @@ up() {
   (cd "$repo" && cargo build --release --quiet -p processor -p controller -p scaling-agent -p initiator)
   for s in "${services[@]}"; do
     if alive "$s"; then echo "$s: already running (pid $(cat "$run/$s.pid"))"; continue; fi
-    # State endpoints: processors on :9101 + N, controller on :9102 (GET /state, /metrics; PUT /throttle),
+    # State endpoints: processors on :9110 + N, controller on :9102 (GET /state, /metrics; PUT /throttle),
     # scaling agent on :9100 (GET /state, /metrics).
     http=""
     case "$s" in controller) http=${CONTROLLER_HTTP_ADDR:-127.0.0.1:9102} ;; esac
     LISTENER_HTTP_ADDR=$http AGENT_HTTP_ADDR=${AGENT_HTTP_ADDR:-127.0.0.1:9100} AGENT_BACKEND=process \
-      AGENT_PROCESSOR_BIN="$repo/target/release/processor" AGENT_PROCESSOR_HTTP_BASE=${AGENT_PROCESSOR_HTTP_BASE:-9101} \
+      AGENT_PROCESSOR_BIN="$repo/target/release/processor" AGENT_PROCESSOR_HTTP_BASE=${AGENT_PROCESSOR_HTTP_BASE:-9110} \
       AGENT_PROCESSOR_LOG_DIR="$run" AGENT_MIN_INSTANCES=${AGENT_MIN_INSTANCES:-1} AGENT_MAX_INSTANCES=${AGENT_MAX_INSTANCES:-4} \
       nohup "$repo/target/release/$s" >>"$run/$s.log" 2>&1 </dev/null &
     echo $! >"$run/$s.pid"
@@ -49,10 +49,10 @@ up() {
   done
   # The agent starts the minimum of processors at its first look; wait for the first one's endpoint.
   if [ "${AGENT_MIN_INSTANCES:-1}" -gt 0 ]; then
-    for _ in $(seq 1 40); do curl -fsS --max-time 1 "http://127.0.0.1:${AGENT_PROCESSOR_HTTP_BASE:-9101}/healthz" >/dev/null 2>&1 && break; sleep 0.25; done
-    curl -fsS --max-time 1 "http://127.0.0.1:${AGENT_PROCESSOR_HTTP_BASE:-9101}/healthz" >/dev/null 2>&1 \
+    for _ in $(seq 1 40); do curl -fsS --max-time 1 "http://127.0.0.1:${AGENT_PROCESSOR_HTTP_BASE:-9110}/healthz" >/dev/null 2>&1 && break; sleep 0.25; done
+    curl -fsS --max-time 1 "http://127.0.0.1:${AGENT_PROCESSOR_HTTP_BASE:-9110}/healthz" >/dev/null 2>&1 \
       || { echo "the agent started no processor; last log lines:" >&2; tail -n 20 "$run/scaling-agent.log" >&2; exit 1; }
-    echo "processor: started by the scaling agent (state http://127.0.0.1:${AGENT_PROCESSOR_HTTP_BASE:-9101}/state)"
+    echo "processor: started by the scaling agent (state http://127.0.0.1:${AGENT_PROCESSOR_HTTP_BASE:-9110}/state)"
   fi
   echo "fleet up: AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL; submit with target/release/initiator submit FILE --wait"
 }

@@ -480,7 +480,7 @@ fn rabbitmq_stopped_mid_job() {
 
 /// The agent's docker backend (compose.sh up's default) on a burst of 600 work items, the processors
 /// held to one work item at a time: it adds processor containers (1 -> 3) that `compose ps` lists as
-/// the service's own; one of them stopped mid-job (SIGTERM: it drains) is replaced; the job's totals
+/// the service's own; one of them stopped mid-job (SIGTERM: it drains) is started again; the totals
 /// equal `initiator local`'s; a later `compose up` at that scale keeps every container; after the
 /// stabilization window the agent stops the added ones (drained, removed) and the first one remains.
 fn agent_scales_containers() {
@@ -529,7 +529,7 @@ fn agent_scales_containers() {
     assert_eq!(inspect(&victim, "{{.State.ExitCode}}"), "0", "the stopped processor did not drain cleanly");
     let t = Instant::now();
     while fleet.running("processor").len() < 3 {
-        assert!(t.elapsed() < Duration::from_secs(30), "the stopped processor was not replaced");
+        assert!(t.elapsed() < Duration::from_secs(30), "the stopped processor was not started again");
         std::thread::sleep(Duration::from_millis(100));
     }
 

@@ -111,15 +111,7 @@ async fn keda_external_scaler_serves_the_policy_and_pushes_activity_on_a_trigger
     stop.cancel();
     agent.await.unwrap().unwrap();
     // The stream ends with the agent (KEDA then reconnects to the next one).
-    let end = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            match stream.message().await {
-                Ok(Some(_)) => continue,
-                _ => break,
-            }
-        }
-    })
-    .await;
+    let end = tokio::time::timeout(Duration::from_secs(5), async { while let Ok(Some(_)) = stream.message().await {} }).await;
     assert!(end.is_ok(), "the activity stream outlived the agent");
 }
 

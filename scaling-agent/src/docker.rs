@@ -6,14 +6,15 @@
 //! named as compose names them, so `docker compose ps` lists it and a later `compose up` with the same
 //! scale keeps it (the config hash is the template's). Scaling down stops the highest-numbered
 //! containers as compose does: `docker stop` sends SIGTERM and waits the container's own grace period
-//! (compose's `stop_grace_period`, above the processor's drain), then the container is removed.
+//! (compose's `stop_grace_period`, above the processor's drain), then the container is removed. Scaling
+//! up starts the service's stopped containers first (one a user stopped, say), then adds new ones.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use bollard::models::{ContainerCreateBody, ContainerInspectResponse, ContainerSummary, EndpointSettings, NetworkConnectRequest, NetworkingConfig};
+use bollard::models::{ContainerCreateBody, ContainerInspectResponse, ContainerSummary, ContainerSummaryStateEnum, EndpointSettings, NetworkConnectRequest, NetworkingConfig};
 use bollard::query_parameters::{CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions};
 use bollard::Docker;
 use tokio_util::task::TaskTracker;
@@ -202,6 +203,27 @@ impl Backend for DockerBackend {
         if desired == n {
             return Ok(());
         }
+        // Stopped containers of the service first, lowest number first, as compose does (so a later
+        // `compose up` at this scale finds the same containers and changes nothing).
+        let mut missing = desired - n;
+        let stopping = self.stopping.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut stopped: Vec<(u32, String)> = self
+            .list(true)
+            .await?
+            .into_iter()
+            .filter(|c| matches!(c.state, Some(ContainerSummaryStateEnum::EXITED | ContainerSummaryStateEnum::CREATED)))
+            .filter_map(|c| Some((number(&c), c.id?)))
+            .filter(|(_, id)| !stopping.contains(id))
+            .collect();
+        stopped.sort();
+        for (_, id) in stopped.into_iter().take(missing as usize) {
+            self.docker.start_container(&id, None).await.map_err(docker_error(format!("start container {}", short(&id))))?;
+            tracing::info!(container = %short(&id), "started a stopped processor container again");
+            missing -= 1;
+        }
+        if missing == 0 {
+            return Ok(());
+        }
         if let Some((_, id)) = serving.first() {
             let t = self.docker.inspect_container(id, None::<InspectContainerOptions>).await.map_err(docker_error("inspect a processor container"))?;
             *self.template.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
@@ -210,7 +232,7 @@ impl Backend for DockerBackend {
             BackendError::Config(format!("no running {} container of project {} to copy; start one (compose up)", self.service, self.project))
         })?;
         let mut next = self.list(true).await?.iter().map(number).max().unwrap_or(0) + 1;
-        for _ in n..desired {
+        for _ in 0..missing {
             self.add(&template, next).await?;
             next += 1;
         }
