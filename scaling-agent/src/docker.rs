@@ -69,10 +69,6 @@ impl DockerBackend {
         me.config.and_then(|c| c.labels).and_then(|mut l| l.remove(PROJECT)).ok_or_else(missing)
     }
 
-    pub fn project(&self) -> &str {
-        &self.project
-    }
-
     /// The service's containers (`all`: also those not running), one-off ones (`compose run`) left out.
     async fn list(&self, all: bool) -> Result<Vec<ContainerSummary>, BackendError> {
         let filters = HashMap::from([(
@@ -83,13 +79,24 @@ impl DockerBackend {
         self.docker.list_containers(Some(opts)).await.map_err(docker_error(format!("list the {} containers", self.service)))
     }
 
-    /// Running containers not being stopped, by container number.
-    async fn serving(&self) -> Result<Vec<(u32, String)>, BackendError> {
+    /// One listing of the service's containers, split: running and not being stopped, stopped (exited
+    /// or never started) and not being stopped, each by container number; and the highest number used.
+    async fn containers(&self) -> Result<Containers, BackendError> {
         let stopping = self.stopping.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut v: Vec<(u32, String)> =
-            self.list(false).await?.into_iter().filter_map(|c| Some((number(&c), c.id?))).filter(|(_, id)| !stopping.contains(id)).collect();
-        v.sort();
-        Ok(v)
+        let mut c = Containers::default();
+        for s in self.list(true).await? {
+            let n = number(&s);
+            c.highest = c.highest.max(n);
+            let Some(id) = s.id.filter(|id| !stopping.contains(id)) else { continue };
+            match s.state {
+                Some(ContainerSummaryStateEnum::RUNNING) => c.serving.push((n, id)),
+                Some(ContainerSummaryStateEnum::EXITED | ContainerSummaryStateEnum::CREATED) => c.stopped.push((n, id)),
+                _ => {}
+            }
+        }
+        c.serving.sort();
+        c.stopped.sort();
+        Ok(c)
     }
 
     /// Adds one container numbered `n`, copied from `t`, and starts it.
@@ -167,6 +174,14 @@ impl DockerBackend {
     }
 }
 
+/// The service's containers, as [`DockerBackend::containers`] splits them.
+#[derive(Default)]
+struct Containers {
+    serving: Vec<(u32, String)>,
+    stopped: Vec<(u32, String)>,
+    highest: u32,
+}
+
 fn number(c: &ContainerSummary) -> u32 {
     c.labels.as_ref().and_then(|l| l.get(NUMBER)).and_then(|n| n.parse().ok()).unwrap_or(0)
 }
@@ -182,7 +197,7 @@ impl Backend for DockerBackend {
     }
 
     async fn actual(&self) -> Result<u32, BackendError> {
-        Ok(self.serving().await?.len() as u32)
+        Ok(self.containers().await?.serving.len() as u32)
     }
 
     async fn stopping(&self) -> u32 {
@@ -190,7 +205,7 @@ impl Backend for DockerBackend {
     }
 
     async fn scale(&self, desired: u32) -> Result<(), BackendError> {
-        let serving = self.serving().await?;
+        let Containers { serving, stopped, highest } = self.containers().await?;
         let n = serving.len() as u32;
         if desired < n {
             // The newest (highest-numbered) first, as compose scales down.
@@ -200,22 +215,9 @@ impl Backend for DockerBackend {
             }
             return Ok(());
         }
-        if desired == n {
-            return Ok(());
-        }
         // Stopped containers of the service first, lowest number first, as compose does (so a later
         // `compose up` at this scale finds the same containers and changes nothing).
         let mut missing = desired - n;
-        let stopping = self.stopping.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut stopped: Vec<(u32, String)> = self
-            .list(true)
-            .await?
-            .into_iter()
-            .filter(|c| matches!(c.state, Some(ContainerSummaryStateEnum::EXITED | ContainerSummaryStateEnum::CREATED)))
-            .filter_map(|c| Some((number(&c), c.id?)))
-            .filter(|(_, id)| !stopping.contains(id))
-            .collect();
-        stopped.sort();
         for (_, id) in stopped.into_iter().take(missing as usize) {
             self.docker.start_container(&id, None).await.map_err(docker_error(format!("start container {}", short(&id))))?;
             tracing::info!(container = %short(&id), "started a stopped processor container again");
@@ -231,10 +233,8 @@ impl Backend for DockerBackend {
         let template = self.template.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or_else(|| {
             BackendError::Config(format!("no running {} container of project {} to copy; start one (compose up)", self.service, self.project))
         })?;
-        let mut next = self.list(true).await?.iter().map(number).max().unwrap_or(0) + 1;
-        for _ in 0..missing {
+        for next in highest + 1..=highest + missing {
             self.add(&template, next).await?;
-            next += 1;
         }
         Ok(())
     }

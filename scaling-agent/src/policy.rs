@@ -35,6 +35,14 @@ pub struct PolicyConfig {
     pub stabilization: Duration,
 }
 
+impl PolicyConfig {
+    /// Work items one instance clears within the SLA at the configured throughput (KEDA's target
+    /// per replica).
+    pub fn per_instance_within_sla(&self) -> f64 {
+        self.default_throughput * self.sla.as_secs_f64()
+    }
+}
+
 impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig { min: 1, max: 10, sla: Duration::from_secs(60), default_throughput: 10.0, step_up: 4, stabilization: Duration::from_secs(120) }

@@ -93,9 +93,8 @@ async fn backend(cli: &Cli, shutdown: &tokio_util::sync::CancellationToken) -> a
         BackendKind::None => Arc::new(NoneBackend::new(cli.settings.min_instances)),
         BackendKind::Docker => Arc::new(DockerBackend::connect(cli.docker_project.clone(), cli.docker_service.clone()).await?),
         BackendKind::Keda => {
-            let s = &cli.settings;
-            let target = s.instance_throughput * s.sla_secs.max(1) as f64;
-            let keda = KedaBackend::new(s.min_instances, target, format!("{}-sla-backlog", cli.fleet.work_queue));
+            let policy = cli.settings.policy();
+            let keda = KedaBackend::new(policy.min, policy.per_instance_within_sla(), format!("{}-sla-backlog", cli.fleet.work_queue));
             keda.serve(cli.keda_addr, shutdown.clone()).await.with_context(|| format!("serving the KEDA external scaler on {}", cli.keda_addr))?;
             keda
         }
