@@ -3,20 +3,29 @@
 //! counts) is checkpointed to S3 by `flush`, and only the messages a checkpoint covers are handed back
 //! for deletion. A chunk already accounted for is a duplicate however often it arrives. When a sealed
 //! job has every chunk accounted for, its report is written at once.
+//!
+//! Nothing strands: results that reached the results dead-letter queue are applied like any other;
+//! a result whose payload can never be read (missing or corrupt blob) counts its chunk as failed; an
+//! unreadable message is quarantined in S3 and deleted; a job that never seals is finished as
+//! `abandoned` after `abandon_after` without news (or at once on an `Abandon` message), and a restarted
+//! controller finds such jobs again through their `open/{job}` markers.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use shared::billing::{AccountTotals, Totals};
 use shared::blob::BlobStore;
 use shared::codec::{accounts_from_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
 use shared::error::{Error, Result};
-use shared::layout::{accounts_key, check_job_id, checkpoint_key, manifest_key, report_key};
+use shared::billing::Tariff;
+use shared::layout::{accounts_key, check_job_id, checkpoint_key, manifest_key, open_key, report_key, OPEN_PREFIX};
 use shared::model::{now_rfc3339, AccountsPayload, Checkpoint, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, ResultMessage, WorkItem, WIRE_VERSION};
 use shared::queue::Message;
 use shared::report;
 use shared::requests::RequestCounts;
+use tokio::time::Instant;
 
 /// Largest decompressed checkpoint, result payload or manifest accepted.
 const MAX_DOC_BYTES: u64 = 1 << 30;
@@ -26,22 +35,38 @@ const FINISHED_MEMORY: usize = 10_000;
 /// Reason recorded for a chunk known only from its dead-lettered work item.
 pub const DEAD_LETTER_REASON: &str = "work item reached the dead-letter queue: processing failed on every allowed attempt";
 
+/// Most open-job markers read back at start.
+const MAX_OPEN_JOBS: usize = 100_000;
+
 /// Which queue a batch came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Source {
-    /// Chunk results from processors.
+    /// Chunk results from processors, seals and abandons from initiators.
     Results,
     /// Work items that exhausted their receives.
     WorkDeadLetter,
+    /// Results (or seals) that exhausted their receives on the results queue, e.g. while S3 was down:
+    /// applied like results.
+    ResultsDeadLetter,
+}
+
+impl Source {
+    pub const ALL: [Source; 3] = [Source::Results, Source::WorkDeadLetter, Source::ResultsDeadLetter];
+
+    fn default_queue(self) -> &'static str {
+        match self {
+            Source::Results => "billing-results",
+            Source::WorkDeadLetter => "billing-work-dlq",
+            Source::ResultsDeadLetter => "billing-results-dlq",
+        }
+    }
 }
 
 /// What to do with the messages of a batch once applied.
 #[derive(Debug, Default)]
 pub struct Applied {
-    /// Durably applied (or duplicates of finished jobs): delete.
+    /// Durably applied (or duplicates of finished jobs, or quarantined): delete.
     pub delete: Vec<(Source, String)>,
-    /// Unreadable dead letters: hide them for a long time rather than spin on them.
-    pub park: Vec<String>,
 }
 
 enum Item {
@@ -68,6 +93,12 @@ struct Job {
     totals: Totals,
     /// Applied in memory, not yet covered by a checkpoint: deleted after the next one.
     pending: Vec<(Source, String)>,
+    /// Last message of this job (or when it was resumed, less its checkpoint's age).
+    last_activity: Instant,
+    /// Its `open/{job}` marker is known to exist.
+    marked_open: bool,
+    /// Set by an `Abandon` message: finish now, with this reason.
+    abandon: Option<String>,
 }
 
 /// The controller's in-memory view of the jobs it is aggregating.
@@ -76,15 +107,23 @@ pub struct Aggregator {
     jobs: HashMap<String, Job>,
     finished: HashMap<String, JobStatus>,
     finished_order: VecDeque<String>,
+    queues: HashMap<Source, String>,
 }
 
 impl Aggregator {
     pub fn new(store: Arc<dyn BlobStore>) -> Aggregator {
-        Aggregator { store, jobs: HashMap::new(), finished: HashMap::new(), finished_order: VecDeque::new() }
+        let queues = Source::ALL.iter().map(|s| (*s, s.default_queue().to_string())).collect();
+        Aggregator { store, jobs: HashMap::new(), finished: HashMap::new(), finished_order: VecDeque::new(), queues }
+    }
+
+    /// Names the queue of a source (recorded with what is quarantined from it).
+    pub fn set_queue(&mut self, source: Source, name: &str) {
+        self.queues.insert(source, name.to_string());
     }
 
     /// Applies one received batch. Messages of a job whose state could not be saved are not deleted
-    /// (they come back), and that job is reloaded from its last checkpoint next time.
+    /// (they come back), and that job is reloaded from its last checkpoint next time. Unreadable
+    /// messages are quarantined, then deleted.
     pub async fn apply(&mut self, source: Source, msgs: &[Message]) -> Applied {
         let mut applied = Applied::default();
         let mut groups: BTreeMap<String, Vec<(usize, Item)>> = BTreeMap::new();
@@ -92,11 +131,10 @@ impl Aggregator {
             match parse(source, m) {
                 Ok(item) => groups.entry(item.job_id().to_string()).or_default().push((i, item)),
                 Err(e) => {
-                    tracing::error!(?source, message_id = %m.id, receive_count = m.receive_count, error = %e, "unreadable message");
-                    // An unreadable result is left to reach the results dead-letter queue; an unreadable
-                    // dead letter is parked where an operator can find it.
-                    if source == Source::WorkDeadLetter {
-                        applied.park.push(m.receipt.clone());
+                    let queue = self.queues.get(&source).map_or("unknown", String::as_str);
+                    match shared::quarantine::put(self.store.as_ref(), queue, m, &e.to_string()).await {
+                        Ok(_) => applied.delete.push((source, m.receipt.clone())),
+                        Err(qe) => tracing::warn!(queue, message_id = %m.id, error = %qe, "could not quarantine an unreadable message; it will be redelivered"),
                     }
                 }
             }
@@ -136,29 +174,96 @@ impl Aggregator {
         }
         let store = self.store.clone();
         let job = self.jobs.get_mut(job_id).expect("job loaded above");
+        job.last_activity = Instant::now();
         for item in items {
             apply_item(job, item, store.as_ref(), &mut ctl).await?;
         }
         job.pending.extend(receipts);
         job.cp.requests.merge(&ctl);
-        if job.cp.total_chunks != Some(job.cp.accounted.len() as u32) {
+        if job.abandon.is_none() && job.cp.total_chunks != Some(job.cp.accounted.len() as u32) {
             return Ok(Vec::new());
         }
-        let mut job = self.jobs.remove(job_id).expect("job loaded above");
+        self.finish(job_id).await
+    }
+
+    /// Writes the report of a job in memory (complete, or abandoned when it says so) and forgets it;
+    /// returns its messages for deletion.
+    async fn finish(&mut self, job_id: &str) -> Result<Vec<(Source, String)>> {
+        let mut job = self.jobs.remove(job_id).expect("the job is in memory");
         let mut done = RequestCounts::default();
         done.add("s3.GetObject", 1); // the manifest
         done.add("s3.PutObject", 3); // report, accounts.csv, checkpoint
+        done.add("s3.DeleteObject", 1); // the open marker
         done.add("sqs.DeleteMessageBatch", delete_calls(&job.pending));
         job.cp.requests.merge(&done);
-        let status = match finalize(&mut job, store.as_ref()).await {
+        let status = match finalize(&mut job, self.store.as_ref()).await {
             Ok(s) => s,
             Err(e) => {
+                job.cp.requests.sub(&done);
                 self.jobs.insert(job_id.to_string(), job);
                 return Err(e);
             }
         };
+        if let Err(e) = self.store.delete(&open_key(job_id)).await {
+            tracing::warn!(job = %job_id, error = %e, "could not remove the open-job marker; the next start removes it");
+        }
         self.remember_finished(job_id, status);
         Ok(job.pending)
+    }
+
+    /// Finishes as `abandoned` every unsealed job without news for `after`; returns the messages
+    /// the reports cover, for deletion.
+    pub async fn expire(&mut self, after: Duration) -> Vec<(Source, String)> {
+        let now = Instant::now();
+        let stale: Vec<String> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.cp.total_chunks.is_none() && now.saturating_duration_since(j.last_activity) >= after)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut out = Vec::new();
+        for job_id in stale {
+            let job = self.jobs.get_mut(&job_id).expect("listed above");
+            tracing::warn!(job = %job_id, accounted = job.cp.accounted.len(), idle_secs = now.saturating_duration_since(job.last_activity).as_secs(), "job never sealed; abandoning it");
+            job.abandon = Some(format!("not sealed within {} s of its last result: the submission did not finish", after.as_secs()));
+            match self.finish(&job_id).await {
+                Ok(done) => out.extend(done),
+                Err(e) => tracing::warn!(job = %job_id, error = %e, "could not write the abandoned job's report; trying again later"),
+            }
+        }
+        out
+    }
+
+    /// Loads the jobs a previous run left open (their `open/{job}` markers), so that jobs that never
+    /// seal are abandoned in time even when no message of theirs arrives again. Returns how many.
+    pub async fn resume_open(&mut self) -> Result<usize> {
+        let keys = self.store.list(OPEN_PREFIX, MAX_OPEN_JOBS).await?;
+        let mut n = 0;
+        for key in keys {
+            let job_id = &key[OPEN_PREFIX.len()..];
+            if check_job_id(job_id).is_err() || self.jobs.contains_key(job_id) {
+                continue;
+            }
+            let mut ctl = RequestCounts::default();
+            let mut job = self.load(job_id, &mut ctl).await?;
+            if job.cp.status.is_finished() {
+                self.store.delete(&key).await?;
+                continue;
+            }
+            job.marked_open = true;
+            let age = time::OffsetDateTime::parse(&job.cp.updated_at, &time::format_description::well_known::Rfc3339)
+                .map(|t| (time::OffsetDateTime::now_utc() - t).try_into().unwrap_or(Duration::ZERO))
+                .unwrap_or(Duration::ZERO);
+            job.last_activity = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
+            self.jobs.insert(job_id.to_string(), job);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Jobs held in memory (being aggregated).
+    pub fn open_jobs(&self) -> usize {
+        self.jobs.len()
     }
 
     /// Messages applied in memory and waiting for a checkpoint.
@@ -178,8 +283,18 @@ impl Aggregator {
             ctl.add("s3.PutObject", 1);
             ctl.add("sqs.DeleteMessageBatch", delete_calls(&job.pending));
             job.cp.requests.merge(&ctl);
-            match save_checkpoint(job, self.store.as_ref()).await {
-                Ok(()) => out.append(&mut job.pending),
+            let marked = if job.marked_open {
+                Ok(())
+            } else {
+                // Before the first checkpoint: a restarted controller finds the job through it.
+                job.cp.requests.add("s3.PutObject", 1);
+                self.store.put(&open_key(&job_id), Bytes::new(), "application/octet-stream").await
+            };
+            match marked.and(save_checkpoint(job, self.store.as_ref()).await) {
+                Ok(()) => {
+                    job.marked_open = true;
+                    out.append(&mut job.pending)
+                }
                 Err(e) => {
                     tracing::warn!(job = %job_id, error = %e, "checkpoint failed; its messages will be redelivered");
                     self.jobs.remove(&job_id);
@@ -198,7 +313,7 @@ impl Aggregator {
                 totals.add_all(cp.accounts.iter());
                 cp.accounts = Vec::new();
                 tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, "resumed job from checkpoint");
-                Ok(Job { cp, totals, pending: Vec::new() })
+                Ok(Job { cp, totals, pending: Vec::new(), last_activity: Instant::now(), marked_open: true, abandon: None })
             }
             None => Ok(Job {
                 cp: Checkpoint {
@@ -215,6 +330,9 @@ impl Aggregator {
                 },
                 totals: Totals::new(),
                 pending: Vec::new(),
+                last_activity: Instant::now(),
+                marked_open: false,
+                abandon: None,
             }),
         }
     }
@@ -233,14 +351,12 @@ impl Aggregator {
 
 /// DeleteMessageBatch calls needed for these receipts (per queue, ten at a time).
 fn delete_calls(receipts: &[(Source, String)]) -> u64 {
-    let results = receipts.iter().filter(|(s, _)| *s == Source::Results).count();
-    let dead = receipts.len() - results;
-    (results.div_ceil(10) + dead.div_ceil(10)) as u64
+    Source::ALL.iter().map(|s| receipts.iter().filter(|(r, _)| r == s).count().div_ceil(10) as u64).sum()
 }
 
 fn parse(source: Source, m: &Message) -> Result<Item> {
     let item = match source {
-        Source::Results => Item::Result(serde_json::from_str(&m.body)?),
+        Source::Results | Source::ResultsDeadLetter => Item::Result(serde_json::from_str(&m.body)?),
         Source::WorkDeadLetter => Item::Dead { item: serde_json::from_str(&m.body)?, receives: m.receive_count, reason: m.attrs.reason.clone() },
     };
     check_job_id(item.job_id())?;
@@ -261,6 +377,11 @@ async fn apply_item(job: &mut Job, item: Item, store: &dyn BlobStore, ctl: &mut 
                     cp.total_chunks = Some(total);
                 }
             }
+            return Ok(());
+        }
+        Item::Result(ResultMessage::Abandon { reason, .. }) => {
+            tracing::warn!(job = %cp.job_id, %reason, accounted = cp.accounted.len(), "job abandoned on request");
+            job.abandon = Some(reason.clone());
             return Ok(());
         }
         Item::Result(ResultMessage::Chunk(c)) => (c.chunk, c.transactions),
@@ -284,20 +405,29 @@ async fn apply_item(job: &mut Job, item: Item, store: &dyn BlobStore, ctl: &mut 
     match item {
         Item::Result(ResultMessage::Chunk(c)) => {
             match c.outcome {
-                Outcome::Processed { payload } => {
-                    let accounts = decode_payload(payload, store, ctl).await?;
-                    let counted: u64 = accounts.iter().map(|a| a.count).sum();
-                    if counted == c.transactions {
-                        job.totals.add_all(accounts.iter());
-                        cp.processed_transactions += counted;
-                    } else {
-                        cp.failed_chunks.push(FailedChunk {
+                Outcome::Processed { payload } => match decode_payload(payload, store, ctl).await {
+                    Ok(accounts) => match checked_count(&accounts) {
+                        Some(counted) if counted == c.transactions => match job.totals.try_add_all(accounts.iter()) {
+                            Ok(()) => cp.processed_transactions = cp.processed_transactions.saturating_add(counted),
+                            Err(e) => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result not added: {e}") }),
+                        },
+                        counted => cp.failed_chunks.push(FailedChunk {
                             chunk,
                             transactions,
-                            reason: format!("result counts {counted} transactions, the chunk has {}", c.transactions),
-                        });
+                            reason: match counted {
+                                Some(n) => format!("result counts {n} transactions, the chunk has {}", c.transactions),
+                                None => "result counts more transactions than a count can hold".to_string(),
+                            },
+                        }),
+                    },
+                    // S3 unreachable: leave the message; it comes back.
+                    Err(e) if e.is_retryable() => return Err(e),
+                    // Missing or corrupt payload: it never becomes readable; the chunk failed.
+                    Err(e) => {
+                        tracing::error!(job = %cp.job_id, chunk, error = %e, "result payload unreadable; chunk recorded as failed");
+                        cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result unreadable: {e}") })
                     }
-                }
+                },
                 Outcome::Failed { reason } => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason }),
             }
             cp.requests.merge(&c.requests);
@@ -306,7 +436,7 @@ async fn apply_item(job: &mut Job, item: Item, store: &dyn BlobStore, ctl: &mut 
             tracing::warn!(job = %cp.job_id, chunk, receives, ?reason, "work item dead-lettered; chunk recorded as failed");
             cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: reason.unwrap_or_else(|| DEAD_LETTER_REASON.to_string()) });
         }
-        Item::Result(ResultMessage::Sealed { .. }) => {}
+        Item::Result(ResultMessage::Sealed { .. } | ResultMessage::Abandon { .. }) => {}
     }
     cp.accounted.insert(chunk);
     Ok(())
@@ -338,16 +468,61 @@ async fn save_checkpoint(job: &mut Job, store: &dyn BlobStore) -> Result<()> {
     store.put(&checkpoint_key(&job.cp.job_id), Bytes::from(bytes?), "application/zstd").await
 }
 
-/// Writes the report and accounts.csv, then marks the job finished in its checkpoint.
+/// The sum of the rows' counts, unless it does not fit.
+fn checked_count(accounts: &[AccountTotals]) -> Option<u64> {
+    accounts.iter().try_fold(0u64, |n, a| n.checked_add(a.count))
+}
+
+/// Writes the report and accounts.csv, then marks the job finished in its checkpoint. An abandoned job
+/// lists the chunks its manifest names that have no result as failed; without a manifest (the
+/// submission never finished) the report holds what was processed.
 async fn finalize(job: &mut Job, store: &dyn BlobStore) -> Result<JobStatus> {
     let job_id = job.cp.job_id.clone();
-    let manifest: Manifest = match store.get(&manifest_key(&job_id)).await? {
-        Some(b) => serde_json::from_slice(&b)?,
-        None => return Err(Error::NotFound { service: shared::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") }),
+    let manifest: Option<Manifest> = match store.get(&manifest_key(&job_id)).await? {
+        Some(b) => Some(serde_json::from_slice(&b)?),
+        None => None,
+    };
+    let mut failed = job.cp.failed_chunks.clone();
+    let (manifest, note) = match (manifest, &job.abandon) {
+        (Some(m), None) => (m, None),
+        (None, None) => {
+            return Err(Error::NotFound { service: shared::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") });
+        }
+        (Some(m), Some(reason)) => {
+            for chunk in (0..m.total_chunks).filter(|c| !job.cp.accounted.contains(c)) {
+                let transactions = m.chunk_transactions.get(chunk as usize).copied().unwrap_or(0);
+                failed.push(FailedChunk { chunk, transactions, reason: format!("no result before the job was abandoned: {reason}") });
+            }
+            (m, Some(format!("abandoned: {reason}")))
+        }
+        (None, Some(reason)) => {
+            let known = job.cp.processed_transactions.saturating_add(failed.iter().fold(0u64, |n, f| n.saturating_add(f.transactions)));
+            let m = Manifest {
+                v: WIRE_VERSION,
+                job_id: job_id.clone(),
+                created_at: String::new(),
+                files: Vec::new(),
+                submitted: known,
+                accepted: known,
+                rejected: Vec::new(),
+                total_chunks: job.cp.accounted.len() as u32,
+                chunk_transactions: Vec::new(),
+                tariff: Tariff::default(),
+                requests: RequestCounts::default(),
+            };
+            let note = format!(
+                "abandoned: {reason}; the submission never finished (no manifest): submitted and accepted count only the transactions of chunks that reported; files, rejected rows and tariff are unknown"
+            );
+            (m, Some(note))
+        }
     };
     let mut requests = manifest.requests.clone();
     requests.merge(&job.cp.requests);
-    let r = report::build(&manifest, &job.totals, job.cp.failed_chunks.clone(), &requests);
+    let mut r = report::build(&manifest, &job.totals, failed, &requests);
+    if let Some(note) = note {
+        r.status = JobStatus::Abandoned;
+        r.note = Some(note);
+    }
     if r.transactions.accepted != r.transactions.processed + r.transactions.failed {
         tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
             "accepted != processed + failed: the results disagree with the manifest");

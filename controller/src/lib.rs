@@ -1,7 +1,7 @@
-//! The controller service: the listener engine on the results queue and on the work dead-letter queue,
-//! with a handler that aggregates per job idempotently, checkpoints job state to S3 before the messages
-//! it applied are completed (deleted, batched), and writes the report to the warehouse when every chunk
-//! of a job is accounted for.
+//! The controller service: the listener engine on the results queue, the work dead-letter queue and the
+//! results dead-letter queue, with a handler that aggregates per job idempotently, checkpoints job state
+//! to S3 before the messages it applied are completed (deleted, batched), and writes the report to the
+//! warehouse when every chunk of a job is accounted for. A timer abandons jobs that never seal.
 
 pub mod aggregate;
 
@@ -29,11 +29,15 @@ pub struct Settings {
     /// Grace period to finish the batch in hand on shutdown, seconds.
     #[arg(long, env = "CONTROLLER_DRAIN_SECS", default_value_t = 30)]
     pub drain_secs: u64,
+    /// A job that has not sealed (its initiator stopped mid-submission) is finished as `abandoned`,
+    /// with what was processed, after this many seconds without a result.
+    #[arg(long, env = "CONTROLLER_ABANDON_AFTER", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=30 * 86_400))]
+    pub abandon_after: u64,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { listener: ListenerArgs::default(), drain_secs: 30 }
+        Settings { listener: ListenerArgs::default(), drain_secs: 30, abandon_after: 3600 }
     }
 }
 
@@ -42,6 +46,8 @@ impl Default for Settings {
 pub struct Deps {
     pub results: Arc<dyn Queue>,
     pub work_dlq: Arc<dyn Queue>,
+    /// Where results go after maxReceiveCount failed attempts (S3 down for minutes): read too.
+    pub results_dlq: Arc<dyn Queue>,
     pub store: Arc<dyn BlobStore>,
     /// Work-detected triggers (RabbitMQ subscription): with them, idle listeners park (no requests)
     /// until processors or initiators announce results or dead letters.
@@ -53,8 +59,8 @@ const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
 /// ... or as soon as this many messages are pending.
 const FLUSH_MESSAGES: usize = 100;
 
-/// Completions of both listeners, by source (set once both have started).
-type Sinks = Arc<OnceLock<[Completions; 2]>>;
+/// Completions of the listeners, by source (set once all have started).
+type Sinks = Arc<OnceLock<[Completions; 3]>>;
 
 fn sink(sinks: &Sinks, source: Source) -> Option<&Completions> {
     sinks.get().map(|s| &s[source as usize])
@@ -85,14 +91,14 @@ impl Handler for ResultsHandler {
     async fn handle(&self, msgs: &[Message], _done: &Completions) -> Vec<Outcome> {
         // Applied in memory, checkpointed, then deleted; a crash anywhere before the delete redelivers
         // the messages and the checkpoint makes the replay a no-op.
-        let (mut deletable, park) = {
+        let mut deletable = {
             let mut agg = self.agg.lock().await;
             let applied = agg.apply(self.source, msgs).await;
             let mut deletable = applied.delete;
             if agg.pending() >= FLUSH_MESSAGES {
                 deletable.extend(agg.flush().await);
             }
-            (deletable, applied.park)
+            deletable
         };
         let out = msgs
             .iter()
@@ -100,8 +106,6 @@ impl Handler for ResultsHandler {
                 if let Some(i) = deletable.iter().position(|(s, r)| *s == self.source && *r == m.receipt) {
                     deletable.swap_remove(i);
                     Outcome::Done
-                } else if park.contains(&m.receipt) {
-                    Outcome::Release(Duration::from_secs(12 * 3600))
                 } else {
                     // Waiting for the next checkpoint (or, when the job could not be saved, for
                     // redelivery after the visibility timeout).
@@ -114,26 +118,38 @@ impl Handler for ResultsHandler {
     }
 }
 
-/// Runs until `shutdown`: listeners on the results queue and the work dead-letter queue, and a timer
-/// that checkpoints pending work; on shutdown the last checkpoint is written and its messages deleted.
+/// Runs until `shutdown`: listeners on the results queue and both dead-letter queues, a timer that
+/// checkpoints pending work and one that abandons jobs that never seal; on shutdown the last
+/// checkpoint is written and its messages deleted.
 pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> shared::Result<()> {
-    let agg = Arc::new(Mutex::new(Aggregator::new(deps.store.clone())));
+    let mut aggregator = Aggregator::new(deps.store.clone());
+    for (source, q) in [(Source::Results, &deps.results), (Source::WorkDeadLetter, &deps.work_dlq), (Source::ResultsDeadLetter, &deps.results_dlq)] {
+        aggregator.set_queue(source, q.name());
+    }
+    // Jobs a previous run left open: they are abandoned in time even if none of their messages comes
+    // back. A failure here is not fatal (their next message loads them).
+    match aggregator.resume_open().await {
+        Ok(n) => tracing::info!(jobs = n, "open jobs resumed"),
+        Err(e) => tracing::warn!(error = %e, "could not list open jobs; they are resumed when their next message arrives"),
+    }
+    let agg = Arc::new(Mutex::new(aggregator));
     let sinks: Sinks = Arc::default();
     let cfg = settings.listener.engine(deps.triggers.is_some());
     let handler = |source| Arc::new(ResultsHandler { source, agg: agg.clone(), sinks: sinks.clone() });
     let results = Engine::start(deps.results.clone(), None, handler(Source::Results), cfg.clone()).await?;
-    // Dead letters are rare: one consumer is plenty.
+    // Dead letters are rare: one consumer each is plenty.
     let dlq_cfg = shared::listener::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg };
-    let dead = Engine::start(deps.work_dlq.clone(), None, handler(Source::WorkDeadLetter), dlq_cfg).await?;
-    let _ = sinks.set([results.completions(), dead.completions()]);
+    let dead = Engine::start(deps.work_dlq.clone(), None, handler(Source::WorkDeadLetter), dlq_cfg.clone()).await?;
+    let stranded = Engine::start(deps.results_dlq.clone(), None, handler(Source::ResultsDeadLetter), dlq_cfg).await?;
+    let engines = [results, dead, stranded];
+    let _ = sinks.set([engines[0].completions(), engines[1].completions(), engines[2].completions()]);
     if let Some(sub) = &deps.triggers {
-        results.follow_triggers(sub, shutdown.clone());
-        dead.follow_triggers(sub, shutdown.clone());
+        for e in &engines {
+            e.follow_triggers(sub, shutdown.clone());
+        }
     }
     if let Some(addr) = settings.listener.http_addr {
-        state::serve(addr, vec![results.clone(), dead.clone()], shutdown.clone())
-            .await
-            .map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;
+        state::serve(addr, engines.to_vec(), shutdown.clone()).await.map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;
     }
     let tracker = TaskTracker::new();
     {
@@ -149,16 +165,41 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
             }
         });
     }
-    tracing::info!(results = deps.results.name(), dlq = deps.work_dlq.name(), bucket = deps.store.bucket(), "controller started");
+    {
+        let (agg, sinks, stop) = (agg.clone(), sinks.clone(), shutdown.clone());
+        let after = Duration::from_secs(settings.abandon_after);
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval((after / 10).clamp(Duration::from_millis(200), Duration::from_secs(60)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => {
+                        let done = agg.lock().await.expire(after).await;
+                        complete(&sinks, done);
+                    }
+                }
+            }
+        });
+    }
+    tracing::info!(
+        results = deps.results.name(),
+        work_dlq = deps.work_dlq.name(),
+        results_dlq = deps.results_dlq.name(),
+        bucket = deps.store.bucket(),
+        abandon_after_secs = settings.abandon_after,
+        "controller started"
+    );
     shutdown.cancelled().await;
     let grace = Duration::from_secs(settings.drain_secs);
-    // Both at once: each may wait for its long poll to end (up to 20 s).
-    tokio::join!(results.quiesce(grace), dead.quiesce(grace));
+    // All at once: each may wait for its long poll to end (up to 20 s).
+    futures::future::join_all(engines.iter().map(|e| e.quiesce(grace))).await;
     tracker.close();
     tracker.wait().await;
     flush(&agg, &sinks).await;
-    results.finish(true).await;
-    dead.finish(true).await;
+    for e in &engines {
+        e.finish(true).await;
+    }
     tracing::info!("controller stopped");
     Ok(())
 }

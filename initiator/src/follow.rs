@@ -74,6 +74,7 @@ impl std::fmt::Display for JobProgress {
             JobStatus::Running => "running",
             JobStatus::Complete => "complete",
             JobStatus::Partial => "partial",
+            JobStatus::Abandoned => "abandoned",
         };
         write!(
             f,

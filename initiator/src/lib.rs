@@ -5,6 +5,7 @@
 pub mod follow;
 pub mod grouping;
 pub mod local;
+pub mod ops;
 pub mod submit;
 
 use std::process::ExitCode;
@@ -29,7 +30,7 @@ impl CliError {
     }
 }
 
-/// Exit code of a finished job: 0 complete, 2 partial.
+/// Exit code of a finished job: 0 complete, 2 partial or abandoned.
 pub fn job_exit_code(status: shared::model::JobStatus) -> ExitCode {
     match status {
         shared::model::JobStatus::Complete => ExitCode::SUCCESS,

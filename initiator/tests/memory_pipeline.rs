@@ -35,8 +35,14 @@ async fn large_results_travel_as_blobs() {
     let stop = CancellationToken::new();
     let p = tokio::spawn(processor::run(common::fast_processor(), processor::Deps::new(work.clone(), results.clone(), store.clone()), stop.clone()));
     let c = tokio::spawn(controller::run(
-        controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 5 },
-        controller::Deps { results: results.clone(), work_dlq: work_dlq.clone(), store: store.clone() as Arc<dyn BlobStore>, triggers: None },
+        controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() },
+        controller::Deps {
+            results: results.clone(),
+            work_dlq: work_dlq.clone(),
+            results_dlq: MemoryQueue::new("results-dlq", Duration::from_secs(30)),
+            store: store.clone() as Arc<dyn BlobStore>,
+            triggers: None,
+        },
         stop.clone(),
     ));
     let clients = Clients {
@@ -85,6 +91,12 @@ impl BlobStore for FailingStore {
     async fn get(&self, key: &str) -> shared::Result<Option<bytes::Bytes>> {
         self.inner.get(key).await
     }
+    async fn list(&self, prefix: &str, limit: usize) -> shared::Result<Vec<String>> {
+        self.inner.list(prefix, limit).await
+    }
+    async fn delete(&self, key: &str) -> shared::Result<()> {
+        self.inner.delete(key).await
+    }
     fn calls(&self) -> &shared::requests::CallCounter {
         self.inner.calls()
     }
@@ -128,6 +140,12 @@ impl BlobStore for JitterStore {
     }
     async fn get(&self, key: &str) -> shared::Result<Option<bytes::Bytes>> {
         self.0.get(key).await
+    }
+    async fn list(&self, prefix: &str, limit: usize) -> shared::Result<Vec<String>> {
+        self.0.list(prefix, limit).await
+    }
+    async fn delete(&self, key: &str) -> shared::Result<()> {
+        self.0.delete(key).await
     }
     fn calls(&self) -> &shared::requests::CallCounter {
         self.0.calls()

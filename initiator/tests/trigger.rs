@@ -20,15 +20,15 @@ async fn live(sub: &Subscription) {
 async fn triggers_are_routed_by_queue_and_reports_reach_the_agent() {
     let exchange = format!("test.fleet.{}", uuid::Uuid::now_v7().simple());
     let stop = CancellationToken::new();
-    let work = spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-work")], stop.clone());
-    let results = spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-results"), work_key("billing-work-dlq")], stop.clone());
-    let agent = spawn_subscription(amqp_url(), exchange.clone(), vec![ALL_WORK.into(), ALL_REPORTS.into()], stop.clone());
+    let work = spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-work")], Default::default(), stop.clone());
+    let results = spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-results"), work_key("billing-work-dlq")], Default::default(), stop.clone());
+    let agent = spawn_subscription(amqp_url(), exchange.clone(), vec![ALL_WORK.into(), ALL_REPORTS.into()], Default::default(), stop.clone());
     let (mut w, mut r, mut a, mut ar) = (work.events.subscribe(), results.events.subscribe(), agent.events.subscribe(), agent.reports.subscribe());
     let mut wr = work.reports.subscribe();
     for s in [&work, &results, &agent] {
         live(s).await;
     }
-    let bus = RabbitTriggers::new(&amqp_url(), &exchange);
+    let bus = RabbitTriggers::new(&amqp_url(), &exchange, Default::default());
     let ev = |q: &str| WorkDetected { queue: q.into(), messages: 3, source: "test".into() };
     bus.publish(&ev("billing-work")).await.expect("confirmed publication");
     bus.publish(&ev("billing-results")).await.unwrap();
@@ -56,7 +56,7 @@ async fn triggers_are_routed_by_queue_and_reports_reach_the_agent() {
 
 #[tokio::test]
 async fn unreachable_broker_is_an_error_not_a_hang() {
-    let bus = RabbitTriggers::new("amqp://guest:guest@127.0.0.1:9/%2f", "x");
+    let bus = RabbitTriggers::new("amqp://guest:guest@127.0.0.1:9/%2f", "x", Default::default());
     let ev = WorkDetected { queue: "q".into(), messages: 1, source: "test".into() };
     let err = tokio::time::timeout(Duration::from_secs(10), bus.publish(&ev)).await.expect("fails fast").unwrap_err();
     let msg = err.to_string();

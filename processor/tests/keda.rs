@@ -41,7 +41,7 @@ async fn keda_external_scaler_serves_the_policy_and_pushes_activity_on_a_trigger
     let keda = KedaBackend::new(0, target, metric.clone());
     let addr = keda.serve("127.0.0.1:0".parse().unwrap(), stop.clone()).await.unwrap();
     let deps = scaling_agent::Deps {
-        watched: scaling_agent::Watched { work: s.work.clone(), work_dlq: s.work_dlq.clone(), results: s.results.clone() },
+        watched: scaling_agent::Watched { work: s.work.clone(), work_dlq: s.work_dlq.clone(), results: s.results.clone(), results_dlq: s.results_dlq.clone() },
         publish: s.names.trigger_bus(),
         subscription: s.names.subscribe(vec![ALL_WORK.into(), report_key(s.work.name())], &stop),
         backend: keda.clone(),

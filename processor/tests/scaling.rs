@@ -65,7 +65,7 @@ async fn a_burst_scales_processes_up_and_back_to_the_minimum_with_exact_totals()
         http_addr: None,
     };
     let deps = scaling_agent::Deps {
-        watched: scaling_agent::Watched { work: s.work.clone(), work_dlq: s.work_dlq.clone(), results: s.results.clone() },
+        watched: scaling_agent::Watched { work: s.work.clone(), work_dlq: s.work_dlq.clone(), results: s.results.clone(), results_dlq: s.results_dlq.clone() },
         publish: s.names.trigger_bus(),
         subscription: s.names.subscribe(vec![ALL_WORK.into(), report_key(s.work.name())], &stop),
         backend: backend.clone(),

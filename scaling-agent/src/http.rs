@@ -48,7 +48,7 @@ pub fn render_metrics(s: &AgentState) -> String {
     gauge(&mut reg, "bus_live", "1 while the agent's bus subscription is live", f64::from(u8::from(s.bus_live)));
     let depth = Family::<Labels, Gauge>::default();
     if let Some(q) = s.depths {
-        for (name, d) in [("work", q.work), ("work_dlq", q.work_dlq), ("results", q.results)] {
+        for (name, d) in [("work", q.work), ("work_dlq", q.work_dlq), ("results", q.results), ("results_dlq", q.results_dlq)] {
             for (state, v) in [("visible", d.visible), ("in_flight", d.in_flight), ("delayed", d.delayed)] {
                 depth.get_or_create(&vec![("queue".into(), name.into()), ("state".into(), state.into())]).set(v as i64);
             }

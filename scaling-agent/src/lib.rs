@@ -101,6 +101,9 @@ pub struct Watched {
     pub work: Arc<dyn Queue>,
     pub work_dlq: Arc<dyn Queue>,
     pub results: Arc<dyn Queue>,
+    /// Results that exhausted their receives (S3 down for minutes): SQS moves them without anyone
+    /// announcing it, so the agent's trigger is what wakes the controller's listener on it.
+    pub results_dlq: Arc<dyn Queue>,
 }
 
 /// Depths of all watched queues.
@@ -109,17 +112,18 @@ pub struct Snapshot {
     pub work: QueueDepth,
     pub work_dlq: QueueDepth,
     pub results: QueueDepth,
+    pub results_dlq: QueueDepth,
 }
 
 impl Snapshot {
     fn all_empty(&self) -> bool {
-        [self.work, self.work_dlq, self.results].iter().all(|d| d.visible + d.in_flight + d.delayed == 0)
+        [self.work, self.work_dlq, self.results, self.results_dlq].iter().all(|d| d.visible + d.in_flight + d.delayed == 0)
     }
 }
 
 pub async fn snapshot(w: &Watched) -> shared::Result<Snapshot> {
-    let (work, work_dlq, results) = tokio::try_join!(w.work.depth(), w.work_dlq.depth(), w.results.depth())?;
-    Ok(Snapshot { work, work_dlq, results })
+    let (work, work_dlq, results, results_dlq) = tokio::try_join!(w.work.depth(), w.work_dlq.depth(), w.results.depth(), w.results_dlq.depth())?;
+    Ok(Snapshot { work, work_dlq, results, results_dlq })
 }
 
 /// What the agent talks to.
@@ -200,7 +204,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
     let mut policy = Policy::new(settings.policy(), started);
     let mut tracker = Tracker::new();
     let w = &deps.watched;
-    let mut was_empty = [true; 3];
+    let mut was_empty = [true; 4];
     let mut interval = busy_interval;
     let mut work_detected = false;
     let (mut events, mut reports) = match &deps.subscription {
@@ -225,7 +229,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 None
             }
         };
-        let requests: u64 = [&w.work, &w.work_dlq, &w.results].iter().map(|q| q.calls().snapshot().total()).sum();
+        let requests: u64 = [&w.work, &w.work_dlq, &w.results, &w.results_dlq].iter().map(|q| q.calls().snapshot().total()).sum();
         let mut idle = false;
         if let Some(s) = snap {
             let observed = tracker.observe(now, s.work);
@@ -254,7 +258,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                     None
                 }
             };
-            let seen = [(&w.work, s.work.visible), (&w.results, s.results.visible), (&w.work_dlq, s.work_dlq.visible)];
+            let seen = [(&w.work, s.work.visible), (&w.results, s.results.visible), (&w.work_dlq, s.work_dlq.visible), (&w.results_dlq, s.results_dlq.visible)];
             for ((queue, visible), was_empty) in seen.into_iter().zip(was_empty.iter_mut()) {
                 if *was_empty && visible > 0 {
                     if let Some(t) = &deps.publish {

@@ -28,7 +28,7 @@ fn start(settings: Settings) -> Fixture {
     let bus = MemoryTriggers::new();
     let backend = Arc::new(NoneBackend::new(settings.min_instances));
     let deps = Deps {
-        watched: Watched { work: work.clone(), work_dlq: dlq.clone(), results },
+        watched: Watched { work: work.clone(), work_dlq: dlq.clone(), results, results_dlq: MemoryQueue::new("results-dlq", Duration::from_secs(30)) },
         publish: Some(bus.clone() as Arc<dyn TriggerBus>),
         subscription: Some(bus.subscription()),
         backend: backend.clone(),

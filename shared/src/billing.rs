@@ -117,12 +117,33 @@ struct Sums {
     fees: Decimal,
 }
 
+impl Sums {
+    /// `self + (count, gross, fees)`, unless a sum does not fit (u64 count, 96-bit decimal).
+    fn checked_plus(&self, count: u64, gross: Decimal, fees: Decimal) -> Option<Sums> {
+        let s = Sums { count: self.count.checked_add(count)?, gross: self.gross.checked_add(gross)?, fees: self.fees.checked_add(fees)? };
+        // Net is reported too: it must fit as well.
+        s.gross.checked_sub(s.fees)?;
+        Some(s)
+    }
+}
+
+/// Adding rows would take a sum past what it can hold (hostile or corrupt input): nothing was added.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} of account {account:?} ({currency}) would overflow")]
+pub struct Overflow {
+    pub account: String,
+    pub currency: String,
+    pub what: &'static str,
+}
+
 /// Running per (account, currency) totals; merging is commutative and associative, so chunks may be
 /// added in any order. Looked up by `&str` (accounts first, then their few currencies), so adding a
 /// transaction allocates only when a new (account, currency) appears.
 #[derive(Debug, Clone, Default)]
 pub struct Totals {
     by_account: foldhash::HashMap<Box<str>, Vec<(String, Sums)>>,
+    /// Running per-currency sums (few currencies: a short list).
+    by_currency: Vec<(String, Sums)>,
 }
 
 impl Totals {
@@ -145,26 +166,77 @@ impl Totals {
         &mut v[i].1
     }
 
-    /// Bills one transaction.
+    fn currency_slot(&mut self, currency: &str) -> &mut Sums {
+        let i = match self.by_currency.iter().position(|(c, _)| c == currency) {
+            Some(i) => i,
+            None => {
+                self.by_currency.push((currency.to_string(), Sums::default()));
+                self.by_currency.len() - 1
+            }
+        };
+        &mut self.by_currency[i].1
+    }
+
+    /// Bills one transaction (validated amounts: at most 10 integer digits, so sums cannot overflow
+    /// before 10^18 transactions).
     pub fn add_txn(&mut self, t: &Transaction<'_>, fees: &FeeCalculator) {
         let fee = fees.fee(t.amount, t.currency_str());
         let s = self.slot(t.account_id, t.currency_str());
         s.count += 1;
         s.gross += t.amount;
         s.fees += fee;
+        let c = self.currency_slot(t.currency_str());
+        c.count += 1;
+        c.gross += t.amount;
+        c.fees += fee;
     }
 
+    /// Adds one trusted row.
     pub fn add(&mut self, a: &AccountTotals) {
-        let s = self.slot(&a.account_id, &a.currency);
-        s.count += a.count;
-        s.gross += a.gross;
-        s.fees += a.fees;
+        self.add_all(std::iter::once(a));
     }
 
+    /// Adds trusted rows (this process's own, or a checkpoint it wrote); see [`Totals::try_add_all`]
+    /// for rows from a queue.
     pub fn add_all<'a>(&mut self, rows: impl IntoIterator<Item = &'a AccountTotals>) {
-        for r in rows {
-            self.add(r);
+        for a in rows {
+            let s = self.slot(&a.account_id, &a.currency);
+            s.count += a.count;
+            s.gross += a.gross;
+            s.fees += a.fees;
+            let c = self.currency_slot(&a.currency);
+            c.count += a.count;
+            c.gross += a.gross;
+            c.fees += a.fees;
         }
+    }
+
+    /// Adds rows from an untrusted source all or nothing: if any account or currency sum would
+    /// overflow, nothing is added and the first such row is named.
+    pub fn try_add_all<'a>(&mut self, rows: impl IntoIterator<Item = &'a AccountTotals> + Clone) -> Result<(), Overflow> {
+        let mut accounts: HashMap<(&str, &str), Sums> = HashMap::new();
+        let mut currencies: HashMap<&str, Sums> = HashMap::new();
+        for a in rows.clone() {
+            let over = |what| Overflow { account: a.account_id.clone(), currency: a.currency.clone(), what };
+            let cur = match accounts.get(&(a.account_id.as_str(), a.currency.as_str())) {
+                Some(s) => *s,
+                None => self.peek(&a.account_id, &a.currency),
+            };
+            let next = cur.checked_plus(a.count, a.gross, a.fees).ok_or_else(|| over("a sum"))?;
+            accounts.insert((&a.account_id, &a.currency), next);
+            let cur = match currencies.get(a.currency.as_str()) {
+                Some(s) => *s,
+                None => self.by_currency.iter().find(|(c, _)| *c == a.currency).map(|(_, s)| *s).unwrap_or_default(),
+            };
+            let next = cur.checked_plus(a.count, a.gross, a.fees).ok_or_else(|| over("the currency's sum"))?;
+            currencies.insert(&a.currency, next);
+        }
+        self.add_all(rows);
+        Ok(())
+    }
+
+    fn peek(&self, account: &str, currency: &str) -> Sums {
+        self.by_account.get(account).and_then(|v| v.iter().find(|(c, _)| c == currency)).map(|(_, s)| *s).unwrap_or_default()
     }
 
     /// Number of (account, currency) rows.
@@ -192,20 +264,15 @@ impl Totals {
 
     /// Per-currency sums, sorted by currency.
     pub fn by_currency(&self) -> Vec<AccountTotals> {
-        let mut cur: BTreeMap<&str, Sums> = BTreeMap::new();
-        for (_, c, s) in self.iter() {
-            let t = cur.entry(c).or_default();
-            t.count += s.count;
-            t.gross += s.gross;
-            t.fees += s.fees;
-        }
+        let cur: BTreeMap<&str, Sums> = self.by_currency.iter().map(|(c, s)| (c.as_str(), *s)).collect();
         cur.into_iter()
             .map(|(c, s)| AccountTotals { account_id: String::new(), currency: c.to_string(), count: s.count, gross: s.gross, fees: s.fees })
             .collect()
     }
 
+    /// Transactions counted (saturating: a count past u64::MAX is refused by `try_add_all` anyway).
     pub fn transactions(&self) -> u64 {
-        self.iter().map(|(_, _, s)| s.count).sum()
+        self.by_currency.iter().fold(0u64, |n, (_, s)| n.saturating_add(s.count))
     }
 }
 

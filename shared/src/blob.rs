@@ -4,6 +4,9 @@ use async_trait::async_trait;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 
+use std::time::Duration;
+
+use crate::call::CallPolicy;
 use crate::error::{Error, Result, Service};
 use crate::queue::sdk_error;
 use crate::requests::CallCounter;
@@ -14,32 +17,42 @@ pub trait BlobStore: Send + Sync + 'static {
     async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()>;
     /// `None` when the object does not exist.
     async fn get(&self, key: &str) -> Result<Option<Bytes>>;
+    /// Keys under `prefix`, in key order, at most `limit` of them.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>>;
+    /// Deletes an object (no error when it does not exist).
+    async fn delete(&self, key: &str) -> Result<()>;
     fn calls(&self) -> &CallCounter;
 }
 
-/// An S3 bucket.
+/// An S3 bucket. Every call is bounded by its [`CallPolicy`]; a GetObject's attempt covers reading the
+/// body too.
 pub struct S3Store {
     client: aws_sdk_s3::Client,
     bucket: String,
     endpoint: String,
     calls: CallCounter,
+    policy: CallPolicy,
 }
 
 impl S3Store {
-    pub fn new(client: aws_sdk_s3::Client, endpoint: &str, bucket: &str) -> S3Store {
-        S3Store { client, bucket: bucket.to_string(), endpoint: endpoint.to_string(), calls: CallCounter::default() }
+    pub fn new(client: aws_sdk_s3::Client, endpoint: &str, bucket: &str, policy: CallPolicy) -> S3Store {
+        S3Store { client, bucket: bucket.to_string(), endpoint: endpoint.to_string(), calls: CallCounter::default(), policy }
     }
 
     /// Checks that the bucket exists and is reachable (HeadBucket).
     pub async fn check(&self) -> Result<()> {
-        self.calls.bump("s3.HeadBucket");
-        self.client.head_bucket().bucket(&self.bucket).send().await.map_err(|e| {
-            if e.as_service_error().is_some_and(|s| s.is_not_found()) {
-                Error::NotFound { service: Service::S3, what: format!("bucket {:?} does not exist at {}", self.bucket, self.endpoint) }
-            } else {
-                sdk_error(Service::S3, "HeadBucket", &self.endpoint, e)
-            }
-        })?;
+        self.policy
+            .run(Service::S3, "HeadBucket", Duration::ZERO, || async {
+                self.calls.bump("s3.HeadBucket");
+                self.client.head_bucket().bucket(&self.bucket).send().await.map_err(|e| {
+                    if e.as_service_error().is_some_and(|s| s.is_not_found()) {
+                        Error::NotFound { service: Service::S3, what: format!("bucket {:?} does not exist at {}", self.bucket, self.endpoint) }
+                    } else {
+                        sdk_error(Service::S3, "HeadBucket", &self.endpoint, e)
+                    }
+                })
+            })
+            .await?;
         Ok(())
     }
 }
@@ -51,34 +64,81 @@ impl BlobStore for S3Store {
     }
 
     async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
-        self.calls.bump("s3.PutObject");
-        self.client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .content_type(content_type)
-            .body(ByteStream::from(body))
-            .send()
-            .await
-            .map_err(|e| sdk_error(Service::S3, "PutObject", &self.endpoint, e))?;
+        self.policy
+            .run(Service::S3, "PutObject", Duration::ZERO, || async {
+                self.calls.bump("s3.PutObject");
+                self.client
+                    .put_object()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .content_type(content_type)
+                    .body(ByteStream::from(body.clone()))
+                    .send()
+                    .await
+                    .map_err(|e| sdk_error(Service::S3, "PutObject", &self.endpoint, e))
+            })
+            .await?;
         Ok(())
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
-        self.calls.bump("s3.GetObject");
-        match self.client.get_object().bucket(&self.bucket).key(key).send().await {
-            Ok(out) => {
-                let data = out.body.collect().await.map_err(|e| Error::Service {
-                    service: Service::S3,
-                    operation: "GetObject",
-                    detail: format!("reading body of {key}: {e}"),
-                    retryable: true,
-                })?;
-                Ok(Some(data.into_bytes()))
+        self.policy
+            .run(Service::S3, "GetObject", Duration::ZERO, || async {
+                self.calls.bump("s3.GetObject");
+                match self.client.get_object().bucket(&self.bucket).key(key).send().await {
+                    Ok(out) => {
+                        let data = out.body.collect().await.map_err(|e| Error::Service {
+                            service: Service::S3,
+                            operation: "GetObject",
+                            detail: format!("reading body of {key}: {e}"),
+                            retryable: true,
+                        })?;
+                        Ok(Some(data.into_bytes()))
+                    }
+                    Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
+                    Err(e) => Err(sdk_error(Service::S3, "GetObject", &self.endpoint, e)),
+                }
+            })
+            .await
+    }
+
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        let mut keys = Vec::new();
+        let mut token: Option<String> = None;
+        while keys.len() < limit {
+            let page = self
+                .policy
+                .run(Service::S3, "ListObjectsV2", Duration::ZERO, || async {
+                    self.calls.bump("s3.ListObjectsV2");
+                    self.client
+                        .list_objects_v2()
+                        .bucket(&self.bucket)
+                        .prefix(prefix)
+                        .max_keys((limit - keys.len()).min(1000) as i32)
+                        .set_continuation_token(token.clone())
+                        .send()
+                        .await
+                        .map_err(|e| sdk_error(Service::S3, "ListObjectsV2", &self.endpoint, e))
+                })
+                .await?;
+            keys.extend(page.contents().iter().filter_map(|o| o.key().map(str::to_string)));
+            match page.next_continuation_token() {
+                Some(t) if page.is_truncated() == Some(true) => token = Some(t.to_string()),
+                _ => break,
             }
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
-            Err(e) => Err(sdk_error(Service::S3, "GetObject", &self.endpoint, e)),
         }
+        keys.truncate(limit);
+        Ok(keys)
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.policy
+            .run(Service::S3, "DeleteObject", Duration::ZERO, || async {
+                self.calls.bump("s3.DeleteObject");
+                self.client.delete_object().bucket(&self.bucket).key(key).send().await.map_err(|e| sdk_error(Service::S3, "DeleteObject", &self.endpoint, e))
+            })
+            .await?;
+        Ok(())
     }
 
     fn calls(&self) -> &CallCounter {

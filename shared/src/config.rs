@@ -4,16 +4,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 
 use crate::blob::S3Store;
+use crate::call::{CallArgs, CallPolicy};
 use crate::error::Result;
 use crate::queue::SqsQueue;
 use crate::trigger::{redact_url, spawn_subscription, RabbitTriggers, Subscription, TriggerBus};
 
 /// Names of the fleet's queues, bucket and trigger exchange.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Clone, clap::Args)]
 pub struct FleetArgs {
     /// S3 bucket for chunk blobs (jobs/ prefix) and reports (warehouse/ prefix).
     #[arg(long, global = true, env = "FLEET_BUCKET", default_value = "billing-fleet")]
@@ -29,12 +31,29 @@ pub struct FleetArgs {
     #[arg(long, global = true, env = "FLEET_RESULTS_QUEUE", default_value = "billing-results")]
     pub results_queue: String,
     /// RabbitMQ URL for work-detected triggers; empty to disable triggers.
-    #[arg(long, global = true, env = "AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f", hide_default_value = true)]
+    #[arg(long, global = true, env = "AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f", hide_default_value = true, hide_env_values = true)]
     pub amqp_url: String,
     /// Topic exchange of the fleet bus: work-detected triggers (`work.{queue}`) and instance reports
     /// (`report.{queue}`).
     #[arg(long, global = true, env = "FLEET_TRIGGER_EXCHANGE", default_value = "billing.fleet")]
     pub trigger_exchange: String,
+    #[command(flatten)]
+    pub calls: CallArgs,
+}
+
+/// Debug output hides the AMQP password (the struct may end up in a log line).
+impl std::fmt::Debug for FleetArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetArgs")
+            .field("bucket", &self.bucket)
+            .field("work_queue", &self.work_queue)
+            .field("work_dlq", &self.work_dlq())
+            .field("results_queue", &self.results_queue)
+            .field("amqp_url", &redact_url(&self.amqp_url))
+            .field("trigger_exchange", &self.trigger_exchange)
+            .field("calls", &self.calls)
+            .finish()
+    }
 }
 
 impl FleetArgs {
@@ -47,12 +66,18 @@ impl FleetArgs {
             results_queue: "billing-results".into(),
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             trigger_exchange: "billing.fleet".into(),
+            calls: CallArgs::default(),
         }
+    }
+
+    /// The bound on every SQS, S3 and RabbitMQ call.
+    pub fn call_policy(&self) -> CallPolicy {
+        self.calls.policy()
     }
 
     /// The trigger publisher, unless triggers are off (`--amqp-url ""`).
     pub fn trigger_bus(&self) -> Option<Arc<dyn TriggerBus>> {
-        (!self.amqp_url.is_empty()).then(|| Arc::new(RabbitTriggers::new(&self.amqp_url, &self.trigger_exchange)) as Arc<dyn TriggerBus>)
+        (!self.amqp_url.is_empty()).then(|| Arc::new(RabbitTriggers::new(&self.amqp_url, &self.trigger_exchange, self.call_policy())) as Arc<dyn TriggerBus>)
     }
 
     /// Subscribes to the bus with these bindings (see [`crate::trigger::work_key`]) until `shutdown`
@@ -60,13 +85,18 @@ impl FleetArgs {
     pub fn subscribe(&self, keys: Vec<String>, shutdown: &tokio_util::sync::CancellationToken) -> Option<Subscription> {
         (!self.amqp_url.is_empty()).then(|| {
             tracing::info!(url = %redact_url(&self.amqp_url), exchange = %self.trigger_exchange, ?keys, "listening for work-detected triggers");
-            spawn_subscription(self.amqp_url.clone(), self.trigger_exchange.clone(), keys, shutdown.clone())
+            spawn_subscription(self.amqp_url.clone(), self.trigger_exchange.clone(), keys, self.call_policy(), shutdown.clone())
         })
     }
 
     /// The work queue's dead-letter queue: `--work-dlq`, or derived from the work queue's name.
     pub fn work_dlq(&self) -> String {
         self.work_dlq_override.clone().unwrap_or_else(|| dlq_name(&self.work_queue))
+    }
+
+    /// The results queue's dead-letter queue (derived from its name, as provisioning creates it).
+    pub fn results_dlq(&self) -> String {
+        dlq_name(&self.results_queue)
     }
 
     /// The same fleet on a FIFO work queue (`{work_queue}.fifo`, its dead-letter queue derived).
@@ -84,6 +114,7 @@ impl FleetArgs {
             results_queue: suffixed(&self.results_queue, suffix),
             amqp_url: self.amqp_url.clone(),
             trigger_exchange: format!("{}-{suffix}", self.trigger_exchange),
+            calls: self.calls,
         }
     }
 }
@@ -122,6 +153,8 @@ pub struct Aws {
     /// AWS_ENDPOINT_URL, or a description of the AWS default endpoint.
     pub endpoint: String,
     custom_endpoint: bool,
+    /// Bounds every call of the queues and stores made here (the SDK's own retries are off).
+    pub policy: CallPolicy,
 }
 
 impl Aws {
@@ -129,6 +162,7 @@ impl Aws {
     pub async fn load() -> Aws {
         let sdk = aws_config::defaults(BehaviorVersion::latest())
             .timeout_config(TimeoutConfig::builder().connect_timeout(Duration::from_secs(3)).build())
+            .retry_config(RetryConfig::disabled())
             .load()
             .await;
         let custom_endpoint = sdk.endpoint_url().is_some();
@@ -136,7 +170,12 @@ impl Aws {
             Some(u) => u.to_string(),
             None => format!("the AWS endpoint for region {}", sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "(none set)".into())),
         };
-        Aws { sdk, endpoint, custom_endpoint }
+        Aws { sdk, endpoint, custom_endpoint, policy: CallPolicy::default() }
+    }
+
+    /// The same configuration with every call bounded by `policy`.
+    pub fn with_policy(self, policy: CallPolicy) -> Aws {
+        Aws { policy, ..self }
     }
 
     /// Configuration for a local stack at `endpoint` with static test credentials, unless the standard
@@ -156,9 +195,10 @@ impl Aws {
             .region(aws_config::Region::new("us-east-1"))
             .credentials_provider(aws_sdk_sqs::config::Credentials::new("test", "test", None, None, "static"))
             .timeout_config(TimeoutConfig::builder().connect_timeout(Duration::from_secs(3)).build())
+            .retry_config(RetryConfig::disabled())
             .load()
             .await;
-        Aws { sdk, endpoint: endpoint.to_string(), custom_endpoint: true }
+        Aws { sdk, endpoint: endpoint.to_string(), custom_endpoint: true, policy: CallPolicy::default() }
     }
 
     pub fn sqs(&self) -> aws_sdk_sqs::Client {
@@ -172,11 +212,11 @@ impl Aws {
     }
 
     pub async fn queue(&self, name_or_url: &str) -> Result<Arc<SqsQueue>> {
-        Ok(Arc::new(SqsQueue::open(self.sqs(), &self.endpoint, name_or_url).await?))
+        Ok(Arc::new(SqsQueue::open(self.sqs(), &self.endpoint, name_or_url, self.policy).await?))
     }
 
     pub fn store(&self, bucket: &str) -> Arc<S3Store> {
-        Arc::new(S3Store::new(self.s3(), &self.endpoint, bucket))
+        Arc::new(S3Store::new(self.s3(), &self.endpoint, bucket, self.policy))
     }
 }
 
@@ -200,5 +240,13 @@ mod tests {
         );
         let o = FleetArgs { work_dlq_override: Some("mine".into()), ..d };
         assert_eq!(o.with_suffix("t1").work_dlq(), "mine-t1");
+    }
+
+    #[test]
+    fn debug_output_hides_the_amqp_password() {
+        let f = FleetArgs { amqp_url: "amqp://fleet:s3cret-pw@rabbit:5672/%2f".into(), ..FleetArgs::defaults() };
+        let shown = format!("{f:?}");
+        assert!(!shown.contains("s3cret-pw"), "{shown}");
+        assert!(shown.contains("amqp://fleet:***@rabbit:5672/%2f"), "{shown}");
     }
 }

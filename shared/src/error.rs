@@ -32,6 +32,9 @@ pub enum Error {
     /// The service answered with an error.
     #[error("{service} {operation} failed: {detail}")]
     Service { service: Service, operation: &'static str, detail: String, retryable: bool },
+    /// The service did not answer in time (attempt timeout or the call's deadline).
+    #[error("{service} {operation}: no answer within {after:?} ({attempts} attempt(s))")]
+    Timeout { service: Service, operation: &'static str, after: std::time::Duration, attempts: u32 },
     /// A named resource (queue, bucket, object) does not exist; `what` says which, in a full phrase.
     #[error("{service}: {what}")]
     NotFound { service: Service, what: String },
@@ -47,7 +50,7 @@ impl Error {
     /// Whether retrying the same operation later may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Unreachable { .. } => true,
+            Error::Unreachable { .. } | Error::Timeout { .. } => true,
             Error::Service { retryable, .. } => *retryable,
             Error::NotFound { .. } | Error::Corrupt(_) | Error::Config(_) => false,
         }

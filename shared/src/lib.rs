@@ -4,6 +4,7 @@
 
 pub mod billing;
 pub mod blob;
+pub mod call;
 pub mod codec;
 pub mod config;
 pub mod error;
@@ -14,6 +15,7 @@ pub mod listener;
 pub mod memory;
 pub mod model;
 pub mod provision;
+pub mod quarantine;
 pub mod queue;
 pub mod report;
 pub mod requests;

@@ -282,6 +282,20 @@ impl BlobStore for MemoryStore {
         Ok(crate::lock(&self.objects).get(key).cloned())
     }
 
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.calls.bump("s3.ListObjectsV2");
+        let mut k: Vec<String> = crate::lock(&self.objects).keys().filter(|k| k.starts_with(prefix)).cloned().collect();
+        k.sort();
+        k.truncate(limit);
+        Ok(k)
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.calls.bump("s3.DeleteObject");
+        crate::lock(&self.objects).remove(key);
+        Ok(())
+    }
+
     fn calls(&self) -> &CallCounter {
         &self.calls
     }

@@ -97,13 +97,19 @@ pub enum ResultMessage {
         job_id: String,
         total_chunks: u32,
     },
+    /// Sent by `initiator abandon`: finish the job now as `abandoned` with what was processed.
+    Abandon {
+        v: u32,
+        job_id: String,
+        reason: String,
+    },
 }
 
 impl ResultMessage {
     pub fn job_id(&self) -> &str {
         match self {
             ResultMessage::Chunk(c) => &c.job_id,
-            ResultMessage::Sealed { job_id, .. } => job_id,
+            ResultMessage::Sealed { job_id, .. } | ResultMessage::Abandon { job_id, .. } => job_id,
         }
     }
 }
@@ -157,6 +163,9 @@ pub enum JobStatus {
     Complete,
     /// Finished, but some chunks failed (dead-lettered).
     Partial,
+    /// Never sealed within the controller's limit, or abandoned by `initiator abandon`: the report
+    /// holds what was processed; chunks without a result are listed as failed when the manifest names them.
+    Abandoned,
 }
 
 impl JobStatus {

@@ -15,6 +15,7 @@ use aws_sdk_sqs::types::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::call::CallPolicy;
 use crate::error::{Error, Result, Service};
 use crate::requests::CallCounter;
 
@@ -177,30 +178,36 @@ where
     }
 }
 
-/// An SQS queue.
+/// An SQS queue. Every call is bounded by its [`CallPolicy`] (attempt timeout, deadline, jittered
+/// back-off).
 pub struct SqsQueue {
     client: aws_sdk_sqs::Client,
     name: String,
     url: String,
     endpoint: String,
     calls: CallCounter,
+    policy: CallPolicy,
 }
 
 impl SqsQueue {
     /// Resolves the queue by name (GetQueueUrl) or takes a full queue URL as is.
-    pub async fn open(client: aws_sdk_sqs::Client, endpoint: &str, name_or_url: &str) -> Result<SqsQueue> {
+    pub async fn open(client: aws_sdk_sqs::Client, endpoint: &str, name_or_url: &str, policy: CallPolicy) -> Result<SqsQueue> {
         let calls = CallCounter::default();
         let (name, url) = if name_or_url.starts_with("http://") || name_or_url.starts_with("https://") {
             (name_or_url.rsplit('/').next().unwrap_or(name_or_url).to_string(), name_or_url.to_string())
         } else {
-            calls.bump("sqs.GetQueueUrl");
-            let out = client.get_queue_url().queue_name(name_or_url).send().await.map_err(|e| match sdk_error(Service::Sqs, "GetQueueUrl", endpoint, e) {
-                Error::NotFound { .. } => Error::NotFound { service: Service::Sqs, what: format!("queue {name_or_url:?} does not exist at {endpoint}") },
-                other => other,
-            })?;
+            let out = policy
+                .run(Service::Sqs, "GetQueueUrl", Duration::ZERO, || async {
+                    calls.bump("sqs.GetQueueUrl");
+                    client.get_queue_url().queue_name(name_or_url).send().await.map_err(|e| match sdk_error(Service::Sqs, "GetQueueUrl", endpoint, e) {
+                        Error::NotFound { .. } => Error::NotFound { service: Service::Sqs, what: format!("queue {name_or_url:?} does not exist at {endpoint}") },
+                        other => other,
+                    })
+                })
+                .await?;
             (name_or_url.to_string(), out.queue_url().unwrap_or_default().to_string())
         };
-        Ok(SqsQueue { client, name, url, endpoint: endpoint.to_string(), calls })
+        Ok(SqsQueue { client, name, url, endpoint: endpoint.to_string(), calls, policy })
     }
 
     pub fn url(&self) -> &str {
@@ -216,6 +223,21 @@ impl SqsQueue {
 
     fn is_fifo(&self) -> bool {
         self.name.ends_with(".fifo")
+    }
+
+    async fn attributes(&self, names: &[QueueAttributeName]) -> Result<aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesOutput> {
+        self.policy
+            .run(Service::Sqs, "GetQueueAttributes", Duration::ZERO, || async {
+                self.calls.bump("sqs.GetQueueAttributes");
+                self.client
+                    .get_queue_attributes()
+                    .queue_url(&self.url)
+                    .set_attribute_names(Some(names.to_vec()))
+                    .send()
+                    .await
+                    .map_err(|e| self.err("GetQueueAttributes", e))
+            })
+            .await
     }
 
     async fn send_once(&self, msgs: &[(usize, &Outgoing)]) -> Result<Vec<usize>> {
@@ -236,8 +258,13 @@ impl SqsQueue {
             })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::Config(e.to_string()))?;
-        self.calls.bump("sqs.SendMessageBatch");
-        let out = self.client.send_message_batch().queue_url(&self.url).set_entries(Some(entries)).send().await.map_err(|e| self.err("SendMessageBatch", e))?;
+        let out = self
+            .policy
+            .run(Service::Sqs, "SendMessageBatch", Duration::ZERO, || async {
+                self.calls.bump("sqs.SendMessageBatch");
+                self.client.send_message_batch().queue_url(&self.url).set_entries(Some(entries.clone())).send().await.map_err(|e| self.err("SendMessageBatch", e))
+            })
+            .await?;
         let mut failed = Vec::new();
         for f in out.failed() {
             if f.sender_fault() {
@@ -303,19 +330,26 @@ impl Queue for SqsQueue {
         Ok(calls)
     }
     async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Message>> {
-        self.calls.bump("sqs.ReceiveMessage");
+        let wait = wait.min(Duration::from_secs(20));
+        // One attempt: the listener has its own back-off for a failed receive, and messages a timed-out
+        // receive took come back after their visibility timeout.
         let out = self
-            .client
-            .receive_message()
-            .queue_url(&self.url)
-            .max_number_of_messages(max.clamp(1, 10) as i32)
-            .wait_time_seconds(wait.as_secs().min(20) as i32)
-            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
-            .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .map_err(|e| self.err("ReceiveMessage", e))?;
+            .policy
+            .once(Service::Sqs, "ReceiveMessage", wait, async {
+                self.calls.bump("sqs.ReceiveMessage");
+                self.client
+                    .receive_message()
+                    .queue_url(&self.url)
+                    .max_number_of_messages(max.clamp(1, 10) as i32)
+                    .wait_time_seconds(wait.as_secs() as i32)
+                    .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+                    .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+                    .message_attribute_names("All")
+                    .send()
+                    .await
+                    .map_err(|e| self.err("ReceiveMessage", e))
+            })
+            .await?;
         Ok(out
             .messages()
             .iter()
@@ -351,9 +385,13 @@ impl Queue for SqsQueue {
             .map(|(i, r)| DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(r.as_str()).build())
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::Config(e.to_string()))?;
-        self.calls.bump("sqs.DeleteMessageBatch");
-        let out =
-            self.client.delete_message_batch().queue_url(&self.url).set_entries(Some(entries)).send().await.map_err(|e| self.err("DeleteMessageBatch", e))?;
+        let out = self
+            .policy
+            .run(Service::Sqs, "DeleteMessageBatch", Duration::ZERO, || async {
+                self.calls.bump("sqs.DeleteMessageBatch");
+                self.client.delete_message_batch().queue_url(&self.url).set_entries(Some(entries.clone())).send().await.map_err(|e| self.err("DeleteMessageBatch", e))
+            })
+            .await?;
         Ok(failed_receipts(|i| receipts.get(i).map(String::as_str), out.failed().iter().map(|f| (f.id(), f.code()))))
     }
 
@@ -374,30 +412,30 @@ impl Queue for SqsQueue {
             })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::Config(e.to_string()))?;
-        self.calls.bump("sqs.ChangeMessageVisibilityBatch");
         let out = self
-            .client
-            .change_message_visibility_batch()
-            .queue_url(&self.url)
-            .set_entries(Some(built))
-            .send()
-            .await
-            .map_err(|e| self.err("ChangeMessageVisibilityBatch", e))?;
+            .policy
+            .run(Service::Sqs, "ChangeMessageVisibilityBatch", Duration::ZERO, || async {
+                self.calls.bump("sqs.ChangeMessageVisibilityBatch");
+                self.client
+                    .change_message_visibility_batch()
+                    .queue_url(&self.url)
+                    .set_entries(Some(built.clone()))
+                    .send()
+                    .await
+                    .map_err(|e| self.err("ChangeMessageVisibilityBatch", e))
+            })
+            .await?;
         Ok(failed_receipts(|i| entries.get(i).map(|(r, _)| r.as_str()), out.failed().iter().map(|f| (f.id(), f.code()))))
     }
 
     async fn depth(&self) -> Result<QueueDepth> {
-        self.calls.bump("sqs.GetQueueAttributes");
         let out = self
-            .client
-            .get_queue_attributes()
-            .queue_url(&self.url)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
-            .send()
-            .await
-            .map_err(|e| self.err("GetQueueAttributes", e))?;
+            .attributes(&[
+                QueueAttributeName::ApproximateNumberOfMessages,
+                QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+                QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+            ])
+            .await?;
         let get = |n: QueueAttributeName| out.attributes().and_then(|a| a.get(&n)).and_then(|v| v.parse().ok()).unwrap_or(0);
         Ok(QueueDepth {
             visible: get(QueueAttributeName::ApproximateNumberOfMessages),
@@ -407,16 +445,7 @@ impl Queue for SqsQueue {
     }
 
     async fn info(&self) -> Result<QueueInfo> {
-        self.calls.bump("sqs.GetQueueAttributes");
-        let out = self
-            .client
-            .get_queue_attributes()
-            .queue_url(&self.url)
-            .attribute_names(QueueAttributeName::RedrivePolicy)
-            .attribute_names(QueueAttributeName::VisibilityTimeout)
-            .send()
-            .await
-            .map_err(|e| self.err("GetQueueAttributes", e))?;
+        let out = self.attributes(&[QueueAttributeName::RedrivePolicy, QueueAttributeName::VisibilityTimeout]).await?;
         let attrs = out.attributes();
         let visibility = attrs.and_then(|a| a.get(&QueueAttributeName::VisibilityTimeout)).and_then(|v| v.parse().ok()).unwrap_or(30);
         let max_receive_count = match attrs.and_then(|a| a.get(&QueueAttributeName::RedrivePolicy)) {

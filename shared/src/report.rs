@@ -69,6 +69,9 @@ pub struct Report {
     pub failed_chunks: Vec<FailedChunk>,
     pub requests: RequestsReport,
     pub tariff: Tariff,
+    /// Why the job ended as it did, when that is not plain (abandoned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Builds the report of a finished job.
@@ -107,6 +110,7 @@ pub fn build(manifest: &Manifest, totals: &Totals, mut failed_chunks: Vec<Failed
         failed_chunks,
         requests: RequestsReport::from_counts(requests, manifest.submitted),
         tariff: manifest.tariff.clone(),
+        note: None,
     }
 }
 
@@ -133,8 +137,12 @@ pub fn summary(r: &Report) -> String {
             JobStatus::Complete => "complete",
             JobStatus::Partial => "PARTIAL (some chunks failed)",
             JobStatus::Running => "running",
+            JobStatus::Abandoned => "ABANDONED (finished with what was processed)",
         }
     );
+    if let Some(note) = &r.note {
+        let _ = writeln!(s, "note: {note}");
+    }
     let _ = writeln!(
         s,
         "transactions: {} submitted, {} accepted, {} rejected, {} processed, {} failed",

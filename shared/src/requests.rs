@@ -13,9 +13,11 @@ use serde::{Deserialize, Serialize};
 pub struct RequestCounts(pub BTreeMap<String, u64>);
 
 impl RequestCounts {
+    /// Adds `n` calls (saturating: counts come from queue messages and must never wrap).
     pub fn add(&mut self, op: &str, n: u64) {
         if n > 0 {
-            *self.0.entry(op.to_string()).or_default() += n;
+            let c = self.0.entry(op.to_string()).or_default();
+            *c = c.saturating_add(n);
         }
     }
 
@@ -25,8 +27,17 @@ impl RequestCounts {
         }
     }
 
+    /// Takes back counts merged before (an operation that did not happen after all).
+    pub fn sub(&mut self, other: &RequestCounts) {
+        for (k, v) in &other.0 {
+            if let Some(c) = self.0.get_mut(k) {
+                *c = c.saturating_sub(*v);
+            }
+        }
+    }
+
     pub fn total(&self) -> u64 {
-        self.0.values().sum()
+        self.0.values().fold(0u64, |n, v| n.saturating_add(*v))
     }
 
     /// Calls of one service keyed by bare operation name.

@@ -21,6 +21,7 @@ use tokio::sync::{broadcast, watch, Mutex};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::call::CallPolicy;
 use crate::error::{Error, Result, Service};
 
 /// "Work was put on this queue."
@@ -107,7 +108,12 @@ fn amqp_err(url: &str, e: lapin::Error) -> Error {
     Error::Unreachable { service: Service::RabbitMq, endpoint: redact_url(url), detail: e.to_string() }
 }
 
-async fn open_channel(url: &str, exchange: &str) -> Result<(Connection, Channel)> {
+/// Connects, opens a channel and declares the exchange, all within one attempt of `policy`.
+async fn open_channel(url: &str, exchange: &str, policy: &CallPolicy) -> Result<(Connection, Channel)> {
+    policy.once(Service::RabbitMq, "connect", Duration::ZERO, open_channel_unbounded(url, exchange)).await
+}
+
+async fn open_channel_unbounded(url: &str, exchange: &str) -> Result<(Connection, Channel)> {
     let conn = Connection::connect(url, ConnectionProperties::default()).await.map_err(|e| amqp_err(url, e))?;
     let ch = conn.create_channel().await.map_err(|e| amqp_err(url, e))?;
     ch.exchange_declare(exchange.into(), ExchangeKind::Topic, ExchangeDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
@@ -155,12 +161,19 @@ struct Publisher {
 pub struct RabbitTriggers {
     url: String,
     exchange: String,
+    policy: CallPolicy,
     state: Mutex<Publisher>,
 }
 
 impl RabbitTriggers {
-    pub fn new(url: &str, exchange: &str) -> RabbitTriggers {
-        RabbitTriggers { url: url.to_string(), exchange: exchange.to_string(), state: Mutex::new(Publisher { link: None, backoff: Reconnect::new(), retry_at: None }) }
+    /// Connecting and each publication's confirm are bounded by one attempt of `policy`.
+    pub fn new(url: &str, exchange: &str, policy: CallPolicy) -> RabbitTriggers {
+        RabbitTriggers {
+            url: url.to_string(),
+            exchange: exchange.to_string(),
+            policy,
+            state: Mutex::new(Publisher { link: None, backoff: Reconnect::new(), retry_at: None }),
+        }
     }
 
     async fn send(&self, key: &str, payload: &[u8]) -> Result<()> {
@@ -177,7 +190,7 @@ impl RabbitTriggers {
                 }
             }
             let opened = async {
-                let (conn, ch) = open_channel(&self.url, &self.exchange).await?;
+                let (conn, ch) = open_channel(&self.url, &self.exchange, &self.policy).await?;
                 ch.confirm_select(ConfirmSelectOptions::default()).await.map_err(|e| amqp_err(&self.url, e))?;
                 Ok::<_, Error>((conn, ch))
             }
@@ -195,7 +208,7 @@ impl RabbitTriggers {
             }
         }
         let (_, ch) = st.link.as_ref().expect("link just opened");
-        let confirmed = async {
+        let confirmed = self.policy.once(Service::RabbitMq, "basic.publish", Duration::ZERO, async {
             let confirm = ch
                 .basic_publish(self.exchange.as_str().into(), key.into(), BasicPublishOptions::default(), payload, BasicProperties::default())
                 .await
@@ -204,7 +217,7 @@ impl RabbitTriggers {
                 Confirmation::Nack(_) => Err(Error::Unreachable { service: Service::RabbitMq, endpoint: redact_url(&self.url), detail: "the broker refused the publication (nack)".into() }),
                 Confirmation::Ack(_) | Confirmation::NotRequested => Ok(()),
             }
-        }
+        })
         .await;
         if confirmed.is_err() {
             st.link = None;
@@ -236,7 +249,7 @@ pub struct Subscription {
 /// Subscribes to the exchange with an exclusive, auto-deleted queue bound to `keys` (`work.{queue}`,
 /// `report.#`, ...) and forwards what arrives until `shutdown`; reconnects with back-off when the
 /// broker goes away, saying meanwhile that it is not live.
-pub fn spawn_subscription(url: String, exchange: String, keys: Vec<String>, shutdown: CancellationToken) -> Subscription {
+pub fn spawn_subscription(url: String, exchange: String, keys: Vec<String>, policy: CallPolicy, shutdown: CancellationToken) -> Subscription {
     let (events, _) = broadcast::channel(256);
     let (reports, _) = broadcast::channel(1024);
     let (live_tx, live) = watch::channel(false);
@@ -245,7 +258,7 @@ pub fn spawn_subscription(url: String, exchange: String, keys: Vec<String>, shut
         let mut backoff = Reconnect::new();
         loop {
             let run = async {
-                let (conn, ch) = open_channel(&url, &exchange).await?;
+                let (conn, ch) = open_channel(&url, &exchange, &policy).await?;
                 let q = ch
                     .queue_declare("".into(), QueueDeclareOptions { exclusive: true, auto_delete: true, ..Default::default() }, FieldTable::default())
                     .await

@@ -31,7 +31,8 @@ fn sealed(job: &str, total: u32) -> Message {
 }
 
 fn result(job: &str, chunk: u32, accounts: Vec<AccountTotals>) -> Message {
-    let n = accounts.iter().map(|a| a.count).sum();
+    // Wrapping, as a hostile sender's would.
+    let n = accounts.iter().fold(0u64, |n, a| n.wrapping_add(a.count));
     let r = ResultMessage::Chunk(ChunkResult {
         v: 1,
         job_id: job.into(),
@@ -44,7 +45,9 @@ fn result(job: &str, chunk: u32, accounts: Vec<AccountTotals>) -> Message {
 }
 
 fn msg(body: String) -> Message {
-    Message { id: "m".into(), receipt: format!("r{}", body.len()), body, receive_count: 1, ..Default::default() }
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Message { id: format!("m{n}"), receipt: format!("r{n}"), body, receive_count: 1, ..Default::default() }
 }
 
 async fn put_manifest(store: &MemoryStore, m: &Manifest) {
@@ -149,7 +152,7 @@ async fn chunks_beyond_the_sealed_size_are_ignored() {
 }
 
 #[tokio::test]
-async fn inconsistent_result_is_a_failed_chunk_and_garbage_is_not_deleted() {
+async fn inconsistent_result_is_a_failed_chunk_and_garbage_is_quarantined() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("j5", &[3])).await;
     let mut agg = Aggregator::new(store.clone());
@@ -157,9 +160,130 @@ async fn inconsistent_result_is_a_failed_chunk_and_garbage_is_not_deleted() {
     if let ResultMessage::Chunk(c) = &mut bad {
         c.transactions = 3;
     }
-    let applied = agg.apply(Source::Results, &[msg(serde_json::to_string(&bad).unwrap()), msg("{not json".into()), sealed("j5", 1)]).await;
-    assert_eq!(applied.delete.len(), 2, "the garbage message is left to reach the dead-letter queue");
+    let garbage = Message { id: "g1".into(), body: "{not json".into(), receipt: "rg".into(), receive_count: 2, ..Default::default() };
+    let applied = agg.apply(Source::Results, &[msg(serde_json::to_string(&bad).unwrap()), garbage, sealed("j5", 1)]).await;
+    assert_eq!(applied.delete.len(), 3, "the garbage message is quarantined, then deleted");
+    let q = shared::quarantine::read(store.as_ref(), "quarantine/billing-results/g1.json").await.unwrap().expect("quarantined");
+    assert_eq!((q.body.as_str(), q.receive_count, q.queue.as_str()), ("{not json", 2, "billing-results"));
+    assert!(q.reason.contains("invalid JSON"), "{}", q.reason);
     let r = report_of(&store, "j5").await.unwrap();
     assert_eq!(r.status, JobStatus::Partial);
     assert!(r.failed_chunks[0].reason.contains("counts 2"));
+}
+
+#[tokio::test]
+async fn hostile_values_fail_their_chunk_and_leave_other_jobs_alone() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("h1", &[1, 1, 2])).await;
+    put_manifest(&store, &manifest("ok", &[1])).await;
+    let mut agg = Aggregator::new(store.clone());
+    let huge = Decimal::MAX - Decimal::ONE;
+    // Another currency: the EUR total is near its limit after chunk 0.
+    let usd = |a: &str| AccountTotals { currency: "USD".into(), ..acct(a, 1, 100, 1) };
+    let mut big_requests = result("h1", 2, vec![usd("c"), usd("c2")]);
+    big_requests.body = big_requests.body.replace("\"requests\":{}", "\"requests\":{\"sqs.ReceiveMessage\":18446744073709551615}");
+    assert!(big_requests.body.contains("18446744073709551615"), "{}", big_requests.body);
+    let batch = [
+        sealed("h1", 3),
+        // Each fits alone; their sum does not.
+        result("h1", 0, vec![AccountTotals { gross: huge, ..acct("a", 1, 0, 0) }]),
+        result("h1", 1, vec![AccountTotals { gross: huge, ..acct("a", 1, 0, 0) }]),
+        big_requests,
+        result("ok", 0, vec![acct("z", 1, 500, 5)]),
+        sealed("ok", 1),
+    ];
+    let applied = agg.apply(Source::Results, &batch).await;
+    assert_eq!(applied.delete.len(), batch.len());
+    let r = report_of(&store, "h1").await.unwrap();
+    assert_eq!(r.status, JobStatus::Partial);
+    assert_eq!((r.transactions.processed, r.transactions.failed), (3, 1));
+    assert!(r.failed_chunks[0].reason.contains("would overflow"), "{:?}", r.failed_chunks);
+    assert_eq!(r.requests.total, u64::MAX, "request counts saturate instead of wrapping");
+    // A count that cannot be summed.
+    let mut agg = Aggregator::new(store.clone());
+    put_manifest(&store, &manifest("h2", &[1])).await;
+    let rows = vec![acct("a", u64::MAX, 100, 1), acct("b", 2, 100, 1)];
+    let m = result("h2", 0, rows);
+    assert!(m.body.contains("\"transactions\":1,"), "the wrapped count: {}", m.body);
+    agg.apply(Source::Results, &[m, sealed("h2", 1)]).await;
+    let r = report_of(&store, "h2").await.unwrap();
+    assert_eq!(r.status, JobStatus::Partial);
+    assert!(r.failed_chunks[0].reason.contains("more transactions than a count can hold"), "{:?}", r.failed_chunks);
+    let ok = report_of(&store, "ok").await.unwrap();
+    assert_eq!((ok.status, ok.transactions.processed, ok.accounts[0].gross.as_str()), (JobStatus::Complete, 1, "5.00"));
+}
+
+#[tokio::test]
+async fn a_result_whose_blob_is_gone_fails_its_chunk_and_stranded_results_count() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("s1", &[1, 1])).await;
+    let mut agg = Aggregator::new(store.clone());
+    let lost = ResultMessage::Chunk(ChunkResult {
+        v: 1,
+        job_id: "s1".into(),
+        chunk: 1,
+        transactions: 1,
+        outcome: Outcome::Processed {
+            payload: AccountsPayload::Blob { blob: BlobRef { key: shared::layout::result_key("s1", 1), sha256: "0".repeat(64), compressed_bytes: 9, raw_bytes: 9 } },
+        },
+        requests: RequestCounts::default(),
+    });
+    // From the results dead-letter queue (S3 was down for minutes): applied like any result.
+    let applied = agg.apply(Source::ResultsDeadLetter, &[sealed("s1", 2), result("s1", 0, vec![acct("a", 1, 100, 1)])]).await;
+    assert!(applied.delete.is_empty());
+    let applied = agg.apply(Source::ResultsDeadLetter, &[msg(serde_json::to_string(&lost).unwrap())]).await;
+    assert_eq!(applied.delete.len(), 3);
+    assert!(applied.delete.iter().all(|(s, _)| *s == Source::ResultsDeadLetter));
+    let r = report_of(&store, "s1").await.unwrap();
+    assert_eq!((r.status, r.transactions.processed, r.transactions.failed), (JobStatus::Partial, 1, 1));
+    assert!(r.failed_chunks[0].reason.contains("result unreadable"), "{:?}", r.failed_chunks);
+}
+
+fn abandon(job: &str) -> Message {
+    msg(serde_json::to_string(&ResultMessage::Abandon { v: 1, job_id: job.into(), reason: "operator".into() }).unwrap())
+}
+
+#[tokio::test]
+async fn abandon_finishes_a_job_with_what_was_processed() {
+    let store = MemoryStore::new();
+    // Sealed and manifest written, one chunk never came back: its chunk is listed as failed.
+    put_manifest(&store, &manifest("a1", &[2, 3])).await;
+    let mut agg = Aggregator::new(store.clone());
+    agg.apply(Source::Results, &[sealed("a1", 2), result("a1", 0, vec![acct("a", 2, 200, 2)])]).await;
+    agg.apply(Source::Results, &[abandon("a1")]).await;
+    let r = report_of(&store, "a1").await.unwrap();
+    assert_eq!((r.status, r.transactions.processed, r.transactions.failed, r.transactions.accepted), (JobStatus::Abandoned, 2, 3, 5));
+    assert!(r.failed_chunks[0].reason.contains("abandoned: operator"), "{:?}", r.failed_chunks);
+    assert_eq!(agg.open_jobs(), 0, "memory freed");
+    // Never sealed, no manifest: the report holds what was processed.
+    agg.apply(Source::Results, &[result("a2", 4, vec![acct("b", 7, 700, 7)]), abandon("a2")]).await;
+    let r = report_of(&store, "a2").await.unwrap();
+    assert_eq!((r.status, r.transactions.processed, r.transactions.accepted), (JobStatus::Abandoned, 7, 7));
+    assert!(r.note.as_deref().unwrap().contains("no manifest"), "{:?}", r.note);
+    // Late results of an abandoned job are duplicates.
+    let applied = agg.apply(Source::Results, &[result("a1", 1, vec![acct("a", 3, 300, 3)])]).await;
+    assert_eq!(applied.delete.len(), 1);
+    assert_eq!(report_of(&store, "a1").await.unwrap().transactions.processed, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unsealed_jobs_expire_also_after_a_restart() {
+    let store = MemoryStore::new();
+    let mut agg = Aggregator::new(store.clone());
+    agg.apply(Source::Results, &[result("e1", 0, vec![acct("a", 1, 100, 1)])]).await;
+    put_manifest(&store, &manifest("e2", &[1, 1])).await;
+    agg.apply(Source::Results, &[sealed("e2", 2), result("e2", 0, vec![acct("a", 1, 100, 1)])]).await;
+    assert_eq!(agg.flush().await.len(), 3);
+    assert_eq!(store.keys().iter().filter(|k| k.starts_with("open/")).count(), 2, "open markers");
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert!(agg.expire(Duration::from_secs(60)).await.is_empty(), "not yet");
+    drop(agg); // restart
+    let mut agg = Aggregator::new(store.clone());
+    assert_eq!(agg.resume_open().await.unwrap(), 2);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    agg.expire(Duration::from_secs(60)).await;
+    let r = report_of(&store, "e1").await.expect("the unsealed job was abandoned");
+    assert_eq!((r.status, r.transactions.processed), (JobStatus::Abandoned, 1));
+    assert!(report_of(&store, "e2").await.is_none(), "a sealed job waits for its chunks");
+    assert_eq!(store.keys().iter().filter(|k| k.starts_with("open/")).cloned().collect::<Vec<_>>(), vec!["open/e2".to_string()]);
 }

@@ -25,13 +25,14 @@ async fn main() -> ExitCode {
 }
 
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
-    let aws = Aws::load().await;
+    let aws = Aws::load().await.with_policy(cli.fleet.call_policy());
     let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
     let work_dlq = aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?;
+    let results_dlq = aws.queue(&cli.fleet.results_dlq()).await.context("opening the results dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
     use shared::queue::Queue;
-    let keys = vec![shared::trigger::work_key(results.name()), shared::trigger::work_key(work_dlq.name())];
+    let keys = [results.name(), work_dlq.name(), results_dlq.name()].map(shared::trigger::work_key).to_vec();
     let triggers = cli.fleet.subscribe(keys, &shutdown);
-    controller::run(cli.settings, controller::Deps { results, work_dlq, store, triggers }, shutdown).await?;
+    controller::run(cli.settings, controller::Deps { results, work_dlq, results_dlq, store, triggers }, shutdown).await?;
     Ok(())
 }

@@ -36,7 +36,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print a finished job's report (exit 0 complete, 2 partial).
+    /// Finish a job that will never seal (its submission died) now, as `abandoned`, with what was
+    /// processed; waits for the report unless --no-wait.
+    Abandon {
+        job: String,
+        /// Why (recorded in the report).
+        #[arg(long, default_value = "abandoned by an operator")]
+        reason: String,
+        /// Return once the request is queued instead of waiting for the report.
+        #[arg(long)]
+        no_wait: bool,
+        /// Print the report JSON instead of the summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The dead-letter queues (work, results) and the quarantine of unreadable messages.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Print a finished job's report (exit 0 complete, 2 partial or abandoned).
     Report {
         job: String,
         /// Print the report JSON instead of the summary.
@@ -66,6 +85,38 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// List what is in both dead-letter queues and the quarantine (messages are looked at, not taken).
+    List {
+        /// Most entries per place.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one entry in full: an SQS message id, or a quarantine key (`quarantine/...`).
+    Show { id: String },
+    /// Send entries back to be processed again: work dead letters to the work queue, results dead
+    /// letters to the results queue, quarantined messages to the queue that reads them.
+    Redrive {
+        /// Which place to redrive.
+        #[arg(long, value_enum, default_value = "all")]
+        from: RedriveFrom,
+        /// Most messages moved per place.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RedriveFrom {
+    WorkDlq,
+    ResultsDlq,
+    Quarantine,
+    All,
 }
 
 #[derive(clap::Args)]
@@ -136,7 +187,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { job, json } => {
-            let aws = Aws::load().await;
+            let aws = Aws::load().await.with_policy(fleet.call_policy());
             let p = follow::progress(aws.store(&fleet.bucket).as_ref(), &job).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&p).map_err(shared::Error::from)?);
@@ -146,7 +197,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Report { job, json } => {
-            let aws = Aws::load().await;
+            let aws = Aws::load().await.with_policy(fleet.call_policy());
             let r = follow::report(aws.store(&fleet.bucket).as_ref(), &job).await?;
             print_report(&r, json)?;
             Ok(job_exit_code(r.status))
@@ -163,7 +214,85 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Submit(args) => submit(args, &fleet).await,
+        Command::Abandon { job, reason, no_wait, json } => {
+            let aws = Aws::load().await.with_policy(fleet.call_policy());
+            let store = aws.store(&fleet.bucket);
+            // Refuses an unknown job (a typo must not create an empty abandoned job).
+            let p = follow::progress(store.as_ref(), &job).await?;
+            if p.status.is_finished() {
+                eprintln!("job {job} already finished ({:?}); nothing abandoned", p.status);
+                let r = follow::report(store.as_ref(), &job).await?;
+                print_report(&r, json)?;
+                return Ok(job_exit_code(r.status));
+            }
+            let results = aws.queue(&fleet.results_queue).await?;
+            let bus = fleet.trigger_bus();
+            initiator::ops::abandon(results.as_ref(), bus.as_deref(), &job, &reason).await?;
+            if no_wait {
+                eprintln!("job {job}: abandon requested");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let r = follow::wait(store.as_ref(), &job, 0, Duration::from_secs(600), false).await?;
+            print_report(&r, json)?;
+            Ok(job_exit_code(r.status))
+        }
+        Command::Dlq { command } => dlq(command, &fleet).await,
     }
+}
+
+async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliError> {
+    use shared::queue::Queue;
+    let aws = Aws::load().await.with_policy(fleet.call_policy());
+    let store = aws.store(&fleet.bucket);
+    let work_dlq = aws.queue(&fleet.work_dlq()).await?;
+    let results_dlq = aws.queue(&fleet.results_dlq()).await?;
+    let dlqs: [&dyn Queue; 2] = [work_dlq.as_ref(), results_dlq.as_ref()];
+    match command {
+        DlqCommand::List { limit, json } => {
+            let entries = initiator::ops::list(&dlqs, store.as_ref(), limit, false).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&entries).map_err(shared::Error::from)?);
+            } else {
+                println!("{:<22} {:<40} {:>8} {:<38} {:>6}  reason", "place", "id", "receives", "job", "chunk");
+                for e in &entries {
+                    let job = e.job_id.as_deref().unwrap_or("-");
+                    let chunk = e.chunk.map_or("-".to_string(), |c| c.to_string());
+                    println!("{:<22} {:<40} {:>8} {:<38} {:>6}  {}", e.place, e.id, e.receive_count, job, chunk, e.reason.as_deref().unwrap_or("-"));
+                }
+                eprintln!("{} entries", entries.len());
+            }
+        }
+        DlqCommand::Show { id } => {
+            let e = initiator::ops::show(&dlqs, store.as_ref(), &id).await?;
+            println!("{}", serde_json::to_string_pretty(&e).map_err(shared::Error::from)?);
+        }
+        DlqCommand::Redrive { from, limit } => {
+            let work = aws.queue(&fleet.work_queue).await?;
+            let results = aws.queue(&fleet.results_queue).await?;
+            let all = from == RedriveFrom::All;
+            if all || from == RedriveFrom::WorkDlq {
+                let n = initiator::ops::redrive_queue(work_dlq.as_ref(), work.as_ref(), limit).await?;
+                eprintln!("{n} messages moved from {} to {}", work_dlq.name(), work.name());
+            }
+            if all || from == RedriveFrom::ResultsDlq {
+                let n = initiator::ops::redrive_queue(results_dlq.as_ref(), results.as_ref(), limit).await?;
+                eprintln!("{n} messages moved from {} to {}", results_dlq.name(), results.name());
+            }
+            if all || from == RedriveFrom::Quarantine {
+                // Quarantined from a queue: back to the queue whose consumer reads it (a dead letter
+                // goes to its source queue).
+                let targets: [(&str, &dyn Queue); 4] = [
+                    (work.name(), work.as_ref()),
+                    (work_dlq.name(), work.as_ref()),
+                    (results.name(), results.as_ref()),
+                    (results_dlq.name(), results.as_ref()),
+                ];
+                let n = initiator::ops::redrive_quarantine(store.as_ref(), &targets, limit).await?;
+                eprintln!("{n} quarantined messages sent back");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn load_tariff(path: Option<&PathBuf>) -> Result<Tariff, CliError> {
@@ -185,7 +314,7 @@ fn print_report(r: &shared::report::Report, json: bool) -> Result<(), CliError> 
 async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliError> {
     let tariff = load_tariff(args.tariff.as_ref())?;
     let show = std::io::stderr().is_terminal();
-    let aws = Aws::load().await;
+    let aws = Aws::load().await.with_policy(fleet.call_policy());
     let work = aws.queue(&fleet.work_queue).await?;
     let store = aws.store(&fleet.bucket);
     store.check().await?;

@@ -29,6 +29,7 @@ pub struct Stack {
     pub work: Arc<SqsQueue>,
     pub work_dlq: Arc<SqsQueue>,
     pub results: Arc<SqsQueue>,
+    pub results_dlq: Arc<SqsQueue>,
     pub store: Arc<shared::blob::S3Store>,
 }
 
@@ -55,6 +56,7 @@ async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Stack {
         work: aws.queue(&names.work_queue).await.unwrap(),
         work_dlq: aws.queue(&names.work_dlq()).await.unwrap(),
         results: aws.queue(&names.results_queue).await.unwrap(),
+        results_dlq: aws.queue(&names.results_dlq()).await.unwrap(),
         store,
         names,
         aws,
@@ -97,7 +99,7 @@ impl Stack {
     /// items coming back after a killed processor's visibility timeout (nobody announces those).
     pub fn start_agent(&self) -> Running {
         let stop = CancellationToken::new();
-        let watched = scaling_agent::Watched { work: self.work.clone(), work_dlq: self.work_dlq.clone(), results: self.results.clone() };
+        let watched = scaling_agent::Watched { work: self.work.clone(), work_dlq: self.work_dlq.clone(), results: self.results.clone(), results_dlq: self.results_dlq.clone() };
         let deps = scaling_agent::Deps {
             watched,
             publish: self.names.trigger_bus(),
@@ -115,10 +117,11 @@ impl Stack {
         let deps = controller::Deps {
             results: self.results.clone(),
             work_dlq: self.work_dlq.clone(),
+            results_dlq: self.results_dlq.clone(),
             store: self.store.clone(),
-            triggers: self.names.subscribe(vec![shared::trigger::work_key(self.results.name()), shared::trigger::work_key(self.work_dlq.name())], &stop),
+            triggers: self.names.subscribe([self.results.name(), self.work_dlq.name(), self.results_dlq.name()].map(shared::trigger::work_key).to_vec(), &stop),
         };
-        let settings = controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10 };
+        let settings = controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() };
         let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
         Running { stop, handle }
     }

@@ -25,7 +25,7 @@ async fn main() -> ExitCode {
 }
 
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
-    let aws = Aws::load().await;
+    let aws = Aws::load().await.with_policy(cli.fleet.call_policy());
     let work = aws.queue(&cli.fleet.work_queue).await.context("opening the work queue")?;
     let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
     let work_dlq = aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?;

@@ -127,11 +127,12 @@ async fn backend(cli: &Cli, shutdown: &tokio_util::sync::CancellationToken) -> a
 }
 
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
-    let aws = Aws::load().await;
+    let aws = Aws::load().await.with_policy(cli.fleet.call_policy());
     let watched = scaling_agent::Watched {
         work: aws.queue(&cli.fleet.work_queue).await.context("opening the work queue")?,
         work_dlq: aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?,
         results: aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?,
+        results_dlq: aws.queue(&cli.fleet.results_dlq()).await.context("opening the results dead-letter queue")?,
     };
     if cli.once {
         println!("{}", serde_json::to_string_pretty(&scaling_agent::snapshot(&watched).await?)?);

@@ -1,0 +1,177 @@
+//! Operator commands: `abandon` (finish a job that will never seal, now, with what was processed) and
+//! `dlq` (list, show and redrive what sits in the work and results dead-letter queues and in the
+//! quarantine of unreadable messages).
+
+use std::time::Duration;
+
+use serde::Serialize;
+use shared::blob::BlobStore;
+use shared::layout::check_job_id;
+use shared::model::{ResultMessage, WIRE_VERSION};
+use shared::quarantine::{self, Quarantined};
+use shared::queue::{Message, Outgoing, Queue};
+use shared::trigger::{announce, TriggerBus, WorkDetected};
+
+use crate::CliError;
+
+/// Sends the job's `Abandon` message: the controller finishes it as `abandoned` when it reads it.
+pub async fn abandon(results: &dyn Queue, triggers: Option<&dyn TriggerBus>, job_id: &str, reason: &str) -> Result<(), CliError> {
+    check_job_id(job_id).map_err(|e| CliError::Input(e.to_string()))?;
+    let body = serde_json::to_string(&ResultMessage::Abandon { v: WIRE_VERSION, job_id: job_id.to_string(), reason: reason.to_string() }).map_err(shared::Error::from)?;
+    results.send(vec![body]).await?;
+    if let Some(bus) = triggers {
+        announce(bus, &WorkDetected { queue: results.name().to_string(), messages: 1, source: "initiator".into() }).await;
+    }
+    Ok(())
+}
+
+/// A dead letter or quarantined message, as listed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Entry {
+    /// `billing-work-dlq`, `billing-results-dlq` or `quarantine`.
+    pub place: String,
+    /// SQS message id, or the quarantine key.
+    pub id: String,
+    pub receive_count: u32,
+    /// Why it is there (the listener's reason attribute, or the quarantine reason), when known.
+    pub reason: Option<String>,
+    /// Job and chunk, when the body names them.
+    pub job_id: Option<String>,
+    pub chunk: Option<u32>,
+    pub body_bytes: usize,
+    /// The whole body (`show`) or its first 200 characters (`list`).
+    pub body: String,
+}
+
+fn describe(body: &str) -> (Option<String>, Option<u32>) {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    (v.get("job_id").and_then(|j| j.as_str()).map(str::to_string), v.get("chunk").and_then(|c| c.as_u64()).and_then(|c| u32::try_from(c).ok()))
+}
+
+fn preview(body: &str, full: bool) -> String {
+    if full {
+        body.to_string()
+    } else {
+        body.chars().take(200).collect()
+    }
+}
+
+fn entry_of_message(place: &str, m: &Message, full: bool) -> Entry {
+    let (job_id, chunk) = describe(&m.body);
+    Entry {
+        place: place.to_string(),
+        id: m.id.clone(),
+        receive_count: m.receive_count,
+        reason: m.attrs.reason.clone(),
+        job_id,
+        chunk,
+        body_bytes: m.body.len(),
+        body: preview(&m.body, full),
+    }
+}
+
+fn entry_of_quarantined(key: &str, q: &Quarantined, full: bool) -> Entry {
+    let (job_id, chunk) = describe(&q.body);
+    Entry {
+        place: "quarantine".into(),
+        id: key.to_string(),
+        receive_count: q.receive_count,
+        reason: Some(format!("{} (from {})", q.reason, q.queue)),
+        job_id,
+        chunk,
+        body_bytes: q.body.len(),
+        body: preview(&q.body, full),
+    }
+}
+
+/// Looks at up to `limit` messages of a queue without consuming them: each received message is made
+/// visible again at once (its receive count grows by one).
+async fn peek(q: &dyn Queue, limit: usize) -> Result<Vec<Message>, CliError> {
+    let mut out: Vec<Message> = Vec::new();
+    while out.len() < limit {
+        let got = q.receive((limit - out.len()).min(10) as u32, Duration::ZERO).await?;
+        if got.is_empty() {
+            break;
+        }
+        // Released after the whole look, so one look does not see a message twice.
+        let fresh: Vec<Message> = got.into_iter().filter(|m| !out.iter().any(|o| o.id == m.id)).collect();
+        if fresh.is_empty() {
+            break;
+        }
+        out.extend(fresh);
+    }
+    let receipts: Vec<(String, Duration)> = out.iter().map(|m| (m.receipt.clone(), Duration::ZERO)).collect();
+    for batch in receipts.chunks(10) {
+        q.set_visibility_batch(batch).await?;
+    }
+    Ok(out)
+}
+
+/// Dead-letter queues and the quarantine, listed (`full`: whole bodies).
+pub async fn list(dlqs: &[&dyn Queue], store: &dyn BlobStore, limit: usize, full: bool) -> Result<Vec<Entry>, CliError> {
+    let mut out = Vec::new();
+    for q in dlqs {
+        out.extend(peek(*q, limit).await?.iter().map(|m| entry_of_message(q.name(), m, full)));
+    }
+    for key in quarantine::list(store, limit).await? {
+        if let Some(q) = quarantine::read(store, &key).await? {
+            out.push(entry_of_quarantined(&key, &q, full));
+        }
+    }
+    Ok(out)
+}
+
+/// One entry by SQS message id or quarantine key.
+pub async fn show(dlqs: &[&dyn Queue], store: &dyn BlobStore, id: &str) -> Result<Entry, CliError> {
+    if id.starts_with(shared::layout::QUARANTINE_PREFIX) {
+        return match quarantine::read(store, id).await? {
+            Some(q) => Ok(entry_of_quarantined(id, &q, true)),
+            None => Err(CliError::Input(format!("nothing quarantined under {id}"))),
+        };
+    }
+    for q in dlqs {
+        if let Some(m) = peek(*q, 1000).await?.iter().find(|m| m.id == id) {
+            return Ok(entry_of_message(q.name(), m, true));
+        }
+    }
+    Err(CliError::Input(format!("no message {id} in {} (nor a quarantine key)", dlqs.iter().map(|q| q.name()).collect::<Vec<_>>().join(", "))))
+}
+
+/// Moves up to `limit` messages from `from` back to `to` (sent first, then deleted: a crash between
+/// the two leaves a duplicate, which every consumer ignores). Returns how many moved.
+pub async fn redrive_queue(from: &dyn Queue, to: &dyn Queue, limit: usize) -> Result<usize, CliError> {
+    let mut moved = 0;
+    while moved < limit {
+        let got = from.receive((limit - moved).min(10) as u32, Duration::ZERO).await?;
+        if got.is_empty() {
+            break;
+        }
+        let out: Vec<Outgoing> = got
+            .iter()
+            .map(|m| Outgoing { body: m.body.clone(), attrs: shared::queue::Attrs { reason: None, ..m.attrs.clone() } })
+            .collect();
+        to.send_messages(&out).await?;
+        from.delete(&got.iter().map(|m| m.receipt.clone()).collect::<Vec<_>>()).await?;
+        moved += got.len();
+    }
+    Ok(moved)
+}
+
+/// Sends quarantined messages back to where they are read: a message quarantined from a dead-letter
+/// queue goes to that queue's source (`targets` maps queue names to the queue to send to). Returns how
+/// many moved; those whose queue is unknown stay.
+pub async fn redrive_quarantine(store: &dyn BlobStore, targets: &[(&str, &dyn Queue)], limit: usize) -> Result<usize, CliError> {
+    let mut moved = 0;
+    for key in quarantine::list(store, limit).await? {
+        let Some(q) = quarantine::read(store, &key).await? else { continue };
+        match targets.iter().find(|(name, _)| *name == q.queue) {
+            Some((_, to)) => {
+                if quarantine::redrive(store, &key, *to).await? {
+                    moved += 1;
+                }
+            }
+            None => tracing::warn!(%key, queue = %q.queue, "no queue of this fleet to redrive it to; left in quarantine"),
+        }
+    }
+    Ok(moved)
+}

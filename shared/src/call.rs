@@ -1,0 +1,224 @@
+//! One bound on every call to SQS, S3 and RabbitMQ: each attempt has a timeout, the whole call an
+//! overall deadline, and retryable failures are tried again after a jittered exponential back-off
+//! ("full jitter": a uniform wait between zero and the doubling cap). Every client takes its
+//! [`CallPolicy`] from the same flags, so a service that hangs (answers nothing, keeps the connection
+//! open) can hold a consumer, a completion slot or a shutdown for at most the deadline.
+//!
+//! The AWS SDK's own retries are switched off where the clients are built (`config::Aws`): this policy is
+//! the only place that decides how often and how long a call is tried.
+
+use std::future::Future;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::error::{Error, Result, Service};
+
+/// How every external call is bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallPolicy {
+    /// Longest wait for one attempt's answer (a long poll adds its wait time to this).
+    pub attempt_timeout: Duration,
+    /// Longest time for the call, attempts and back-off included: no attempt starts after it.
+    pub deadline: Duration,
+    /// Back-off cap before the first retry; it doubles per retry up to `max_backoff`.
+    pub first_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for CallPolicy {
+    fn default() -> Self {
+        CallPolicy {
+            attempt_timeout: Duration::from_secs(10),
+            deadline: Duration::from_secs(30),
+            first_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Flags of the call policy (flattened into every binary's fleet flags).
+#[derive(Debug, Clone, Copy, PartialEq, clap::Args)]
+pub struct CallArgs {
+    /// Longest wait for one attempt of an SQS, S3 or RabbitMQ call, seconds (a long poll adds its wait).
+    #[arg(long, global = true, env = "FLEET_CALL_ATTEMPT_TIMEOUT", default_value_t = 10.0, value_parser = positive_secs)]
+    pub call_attempt_timeout: f64,
+    /// Longest time for one SQS, S3 or RabbitMQ call with its retries, seconds.
+    #[arg(long, global = true, env = "FLEET_CALL_DEADLINE", default_value_t = 30.0, value_parser = positive_secs)]
+    pub call_deadline: f64,
+}
+
+impl Default for CallArgs {
+    fn default() -> Self {
+        let p = CallPolicy::default();
+        CallArgs { call_attempt_timeout: p.attempt_timeout.as_secs_f64(), call_deadline: p.deadline.as_secs_f64() }
+    }
+}
+
+impl CallArgs {
+    pub fn policy(&self) -> CallPolicy {
+        CallPolicy {
+            attempt_timeout: Duration::from_secs_f64(self.call_attempt_timeout),
+            deadline: Duration::from_secs_f64(self.call_deadline.max(self.call_attempt_timeout)),
+            ..CallPolicy::default()
+        }
+    }
+}
+
+/// A number of seconds in (0, 1 day].
+fn positive_secs(s: &str) -> std::result::Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if v.is_finite() && v > 0.0 && v <= 86_400.0 {
+        Ok(v)
+    } else {
+        Err(format!("{s} s is out of range: expected more than 0 and at most 86400"))
+    }
+}
+
+impl CallPolicy {
+    /// Runs `attempt` until it succeeds, fails with a non-retryable error, or the deadline has passed
+    /// (then the last error, or a timeout, is returned: retryable, so the caller leaves its messages for
+    /// redelivery). `extra` lengthens each attempt's timeout (a long poll's wait).
+    pub async fn run<T, F, Fut>(&self, service: Service, operation: &'static str, extra: Duration, mut attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let start = Instant::now();
+        let end = start + self.deadline + extra;
+        let mut cap = self.first_backoff;
+        for n in 1u32.. {
+            let per_attempt = (self.attempt_timeout + extra).min(end.saturating_duration_since(Instant::now()));
+            let err = match tokio::time::timeout(per_attempt, attempt()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if !e.is_retryable() => return Err(e),
+                Ok(Err(e)) => e,
+                Err(_) => Error::Timeout { service, operation, after: per_attempt, attempts: n },
+            };
+            let wait = jitter(cap);
+            cap = (cap * 2).min(self.max_backoff);
+            if Instant::now() + wait >= end {
+                tracing::warn!(%service, operation, attempts = n, elapsed_ms = start.elapsed().as_millis() as u64, error = %err, "call failed; deadline reached");
+                return Err(match err {
+                    Error::Timeout { after, .. } => Error::Timeout { service, operation, after, attempts: n },
+                    other => other,
+                });
+            }
+            tracing::debug!(%service, operation, attempt = n, wait_ms = wait.as_millis() as u64, error = %err, "call failed; retrying");
+            tokio::time::sleep(wait).await;
+        }
+        unreachable!("the attempt loop returns")
+    }
+
+    /// One attempt under the attempt timeout (plus `extra`), no retry: for calls whose caller retries on
+    /// its own terms (a listener's receive, a trigger publication).
+    pub async fn once<T>(&self, service: Service, operation: &'static str, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        let limit = self.attempt_timeout + extra;
+        match tokio::time::timeout(limit, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout { service, operation, after: limit, attempts: 1 }),
+        }
+    }
+}
+
+/// A uniform wait in [0, cap].
+fn jitter(cap: Duration) -> Duration {
+    if cap.is_zero() {
+        return cap;
+    }
+    Duration::from_nanos(rand::rng().random_range(0..=cap.as_nanos() as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    fn policy() -> CallPolicy {
+        CallPolicy { attempt_timeout: Duration::from_secs(2), deadline: Duration::from_secs(7), ..CallPolicy::default() }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_never_answers_ends_at_the_deadline() {
+        let tries = AtomicU32::new(0);
+        let start = Instant::now();
+        let r: Result<()> = policy()
+            .run(Service::S3, "GetObject", Duration::ZERO, || {
+                tries.fetch_add(1, Ordering::Relaxed);
+                std::future::pending()
+            })
+            .await;
+        let took = start.elapsed();
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::Timeout { service: Service::S3, operation: "GetObject", .. }), "{e}");
+        assert!(e.is_retryable());
+        assert!(took <= Duration::from_secs(7), "took {took:?}");
+        assert!(took >= Duration::from_secs(5), "gave up early: {took:?}");
+        let n = tries.load(Ordering::Relaxed);
+        assert!((3..=4).contains(&n), "{n} attempts of 2 s in 7 s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retryable_errors_are_retried_with_back_off_and_success_returns() {
+        let tries = AtomicU32::new(0);
+        let start = Instant::now();
+        let r = policy()
+            .run(Service::Sqs, "DeleteMessageBatch", Duration::ZERO, || async {
+                if tries.fetch_add(1, Ordering::Relaxed) < 3 {
+                    Err(Error::Service { service: Service::Sqs, operation: "DeleteMessageBatch", detail: "503".into(), retryable: true })
+                } else {
+                    Ok(7)
+                }
+            })
+            .await;
+        assert_eq!(r.unwrap(), 7);
+        assert_eq!(tries.load(Ordering::Relaxed), 4);
+        // Full jitter: at most 100 + 200 + 400 ms of back-off.
+        assert!(start.elapsed() <= Duration::from_millis(700), "{:?}", start.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_permanent_error_is_returned_at_once() {
+        let tries = AtomicU32::new(0);
+        let r: Result<()> = policy()
+            .run(Service::S3, "GetObject", Duration::ZERO, || async {
+                tries.fetch_add(1, Ordering::Relaxed);
+                Err(Error::Corrupt("bad".into()))
+            })
+            .await;
+        assert!(matches!(r, Err(Error::Corrupt(_))));
+        assert_eq!(tries.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_poll_gets_its_wait_on_top_of_the_attempt_timeout() {
+        let r = policy()
+            .run(Service::Sqs, "ReceiveMessage", Duration::from_secs(20), || async {
+                tokio::time::sleep(Duration::from_secs(21)).await;
+                Ok(())
+            })
+            .await;
+        assert!(r.is_ok(), "a 21 s long poll fits 20 s + 2 s");
+    }
+
+    #[test]
+    fn jitter_stays_within_the_cap() {
+        for _ in 0..1000 {
+            assert!(jitter(Duration::from_millis(300)) <= Duration::from_millis(300));
+        }
+        assert_eq!(jitter(Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn flags_reject_absurd_values() {
+        assert!(positive_secs("0").is_err());
+        assert!(positive_secs("-1").is_err());
+        assert!(positive_secs("NaN").is_err());
+        assert!(positive_secs("1e300").is_err());
+        assert_eq!(positive_secs("2.5"), Ok(2.5));
+        let p = CallArgs { call_attempt_timeout: 5.0, call_deadline: 1.0 }.policy();
+        assert_eq!(p.deadline, Duration::from_secs(5), "the deadline is never shorter than one attempt");
+    }
+}
