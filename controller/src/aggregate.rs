@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use shared::billing::Tariff;
 use shared::billing::{AccountTotals, Totals};
 use shared::blob::BlobStore;
 use shared::codec::{accounts_from_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
 use shared::error::{Error, Result};
-use shared::billing::Tariff;
 use shared::layout::{accounts_key, check_job_id, checkpoint_key, manifest_key, open_key, report_key, OPEN_PREFIX};
 use shared::model::{now_rfc3339, AccountsPayload, Checkpoint, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, ResultMessage, WorkItem, WIRE_VERSION};
 use shared::queue::Message;

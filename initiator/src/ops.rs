@@ -17,7 +17,8 @@ use crate::CliError;
 /// Sends the job's `Abandon` message: the controller finishes it as `abandoned` when it reads it.
 pub async fn abandon(results: &dyn Queue, triggers: Option<&dyn TriggerBus>, job_id: &str, reason: &str) -> Result<(), CliError> {
     check_job_id(job_id).map_err(|e| CliError::Input(e.to_string()))?;
-    let body = serde_json::to_string(&ResultMessage::Abandon { v: WIRE_VERSION, job_id: job_id.to_string(), reason: reason.to_string() }).map_err(shared::Error::from)?;
+    let body = serde_json::to_string(&ResultMessage::Abandon { v: WIRE_VERSION, job_id: job_id.to_string(), reason: reason.to_string() })
+        .map_err(shared::Error::from)?;
     results.send(vec![body]).await?;
     if let Some(bus) = triggers {
         announce(bus, &WorkDetected { queue: results.name().to_string(), messages: 1, source: "initiator".into() }).await;
@@ -146,10 +147,8 @@ pub async fn redrive_queue(from: &dyn Queue, to: &dyn Queue, limit: usize) -> Re
         if got.is_empty() {
             break;
         }
-        let out: Vec<Outgoing> = got
-            .iter()
-            .map(|m| Outgoing { body: m.body.clone(), attrs: shared::queue::Attrs { reason: None, ..m.attrs.clone() } })
-            .collect();
+        let out: Vec<Outgoing> =
+            got.iter().map(|m| Outgoing { body: m.body.clone(), attrs: shared::queue::Attrs { reason: None, ..m.attrs.clone() } }).collect();
         to.send_messages(&out).await?;
         from.delete(&got.iter().map(|m| m.receipt.clone()).collect::<Vec<_>>()).await?;
         moved += got.len();

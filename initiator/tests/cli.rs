@@ -125,3 +125,132 @@ fn generate_is_deterministic() {
     assert_eq!(text(&a.stdout).lines().count(), 101);
     let _ = Duration::ZERO;
 }
+
+fn initiator_env(st: &Stack, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let n = &st.names;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_initiator"));
+    cmd.args(args)
+        .env("FLEET_BUCKET", &n.bucket)
+        .env("FLEET_WORK_QUEUE", &n.work_queue)
+        .env("FLEET_WORK_DLQ", n.work_dlq())
+        .env("FLEET_RESULTS_QUEUE", &n.results_queue)
+        .env("FLEET_TRIGGER_EXCHANGE", &n.trigger_exchange)
+        .env("AMQP_URL", &n.amqp_url);
+    if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
+        cmd.env("AWS_ENDPOINT_URL", LOCALSTACK).env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run initiator")
+}
+
+async fn until(timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let t = std::time::Instant::now();
+    while !f().await {
+        assert!(t.elapsed() < timeout, "condition not met within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `initiator abandon` on a job whose submission died (results, no seal), unreadable messages on the
+/// results queue and the work dead-letter queue quarantined (not hidden), and `initiator dlq list |
+/// show | redrive` over both dead-letter queues and the quarantine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn abandon_quarantine_and_dlq_commands() {
+    use shared::blob::BlobStore;
+    use shared::model::{AccountsPayload, ChunkResult, Outcome, ResultMessage};
+    let st = stack(QueueSettings::default()).await;
+    let c = st.start_controller();
+    let job = format!("unsealed-{}", &st.names.bucket[st.names.bucket.len() - 12..]);
+    let acct = |a: &str, n: u64| shared::billing::AccountTotals {
+        account_id: a.into(),
+        currency: "EUR".into(),
+        count: n,
+        gross: rust_decimal::Decimal::new(100 * n as i64, 2),
+        fees: rust_decimal::Decimal::new(n as i64, 2),
+    };
+    let result = ResultMessage::Chunk(ChunkResult {
+        v: 1,
+        job_id: job.clone(),
+        chunk: 3,
+        transactions: 5,
+        outcome: Outcome::Processed { payload: AccountsPayload::Inline { accounts: vec![acct("a", 2), acct("b", 3)] } },
+        requests: Default::default(),
+    });
+    st.results.send(vec![serde_json::to_string(&result).unwrap()]).await.unwrap();
+    until(Duration::from_secs(30), async || initiator::follow::progress(st.store.as_ref(), &job).await.is_ok_and(|p| p.accounted_chunks == 1)).await;
+    let out = initiator(&st, &["abandon", &job, "--reason", "the submitting host died", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "abandoned is not complete: {}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["status"], "abandoned");
+    assert_eq!(r["transactions"]["processed"], 5);
+    assert!(r["note"].as_str().unwrap().contains("the submitting host died"), "{r}");
+    let out = initiator(&st, &["abandon", "no-such-job"]);
+    assert_eq!(out.status.code(), Some(1), "an unknown job is refused: {}", text(&out.stderr));
+
+    // Garbage on the results queue and on the work dead-letter queue: quarantined, then deleted.
+    st.results.send(vec!["garbage on results".into()]).await.unwrap();
+    st.work_dlq.send(vec!["{\"v\":1,\"job_id\":\"x\"}".into()]).await.unwrap();
+    until(Duration::from_secs(30), async || st.store.list("quarantine/", 10).await.unwrap().len() == 2).await;
+    st.wait_depth(st.results.as_ref(), 0, Duration::from_secs(20)).await;
+    st.wait_depth(st.work_dlq.as_ref(), 0, Duration::from_secs(20)).await;
+    c.stop().await;
+
+    // With the controller stopped, a dead letter waits in the results dead-letter queue.
+    let sealed = serde_json::to_string(&ResultMessage::Sealed { v: 1, job_id: "stranded-job".into(), total_chunks: 1 }).unwrap();
+    st.results_dlq.send(vec![sealed.clone()]).await.unwrap();
+    let out = initiator(&st, &["dlq", "list", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let entries = list.as_array().unwrap();
+    assert_eq!(entries.len(), 3, "{list:#}");
+    let stranded = entries.iter().find(|e| e["place"] == st.results_dlq.name()).expect("the results dead letter is listed");
+    assert_eq!(stranded["job_id"], "stranded-job");
+    let quarantined: Vec<&serde_json::Value> = entries.iter().filter(|e| e["place"] == "quarantine").collect();
+    assert_eq!(quarantined.len(), 2);
+    assert!(quarantined.iter().any(|e| e["reason"].as_str().unwrap().contains(&format!("from {}", st.results.name()))), "{list:#}");
+    assert!(quarantined.iter().any(|e| e["job_id"] == "x" && e["reason"].as_str().unwrap().contains(&format!("from {}", st.work_dlq.name()))), "{list:#}");
+    // Looking did not take anything.
+    assert_eq!(st.results_dlq.depth().await.unwrap().visible + st.results_dlq.depth().await.unwrap().in_flight, 1);
+    let key = quarantined.iter().find(|e| e["job_id"] == "x").unwrap()["id"].as_str().unwrap().to_string();
+    let out = initiator(&st, &["dlq", "show", &key]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("\\\"job_id\\\":\\\"x\\\""), "{}", text(&out.stdout));
+    let out = initiator(&st, &["dlq", "show", stranded["id"].as_str().unwrap()]);
+    assert!(text(&out.stdout).contains("stranded-job"), "{}", text(&out.stdout));
+
+    // Redrive: the results dead letter back to the results queue; the quarantined messages back to
+    // the queues that read them (the work dead letter's to the work queue).
+    let out = initiator(&st, &["dlq", "redrive"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("2 quarantined messages sent back"), "{}", text(&out.stderr));
+    st.wait_depth(st.results_dlq.as_ref(), 0, Duration::from_secs(10)).await;
+    st.wait_depth(st.results.as_ref(), 2, Duration::from_secs(10)).await;
+    st.wait_depth(st.work.as_ref(), 1, Duration::from_secs(10)).await;
+    assert!(st.store.list("quarantine/", 10).await.unwrap().is_empty());
+    let bodies: Vec<String> = st.results.receive(10, Duration::from_secs(1)).await.unwrap().into_iter().map(|m| m.body).collect();
+    assert!(bodies.contains(&sealed) && bodies.contains(&"garbage on results".to_string()), "{bodies:?}");
+}
+
+/// The AMQP password never shows: not in `--help` (which shows env values), not in logs at debug.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_stay_out_of_help_and_logs() {
+    let st = stack(QueueSettings::default()).await;
+    let secret_url = "amqp://fleet:pw-s3cret-42@127.0.0.1:9/%2f";
+    for args in [&["--help"][..], &["submit", "--help"], &["dlq", "list", "--help"]] {
+        let out = initiator_env(&st, args, &[("AMQP_URL", secret_url)]);
+        assert_eq!(out.status.code(), Some(0));
+        assert!(!text(&out.stdout).contains("pw-s3cret-42"), "{args:?}: {}", text(&out.stdout));
+        assert!(text(&out.stdout).contains("AMQP_URL"), "the flag is documented");
+    }
+    // A submission whose trigger cannot be published (the broker URL is dead) logs the failure,
+    // redacted.
+    let dir = tempfile::tempdir().unwrap();
+    let f = generated(dir.path(), "small.csv", 100, 5, 3);
+    let out = initiator_env(&st, &["submit", f.to_str().unwrap()], &[("AMQP_URL", secret_url), ("RUST_LOG", "debug")]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("fleet:***@127.0.0.1:9"), "the failure is logged: {err}");
+    assert!(!err.contains("pw-s3cret-42"), "{err}");
+}

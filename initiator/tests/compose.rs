@@ -501,7 +501,11 @@ fn agent_scales_containers() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("burst.csv");
     let bin = env!("CARGO_BIN_EXE_initiator");
-    let st = Command::new(bin).args(["generate", "--rows", "300000", "--accounts", "500", "--seed", "7"]).stdout(std::fs::File::create(&file).unwrap()).status().unwrap();
+    let st = Command::new(bin)
+        .args(["generate", "--rows", "300000", "--accounts", "500", "--seed", "7"])
+        .stdout(std::fs::File::create(&file).unwrap())
+        .status()
+        .unwrap();
     assert!(st.success());
     let local: Value = serde_json::from_str(&stdout_of(Command::new(bin).arg("local").arg(&file).arg("--json"))).unwrap();
 
@@ -543,10 +547,18 @@ fn agent_scales_containers() {
     println!("[agent] 600 work items: report {:.1} s after submit", took.as_secs_f64());
 
     // compose up at the current scale keeps the agent's containers (none recreated).
-    let before = { let mut v = fleet.running("processor"); v.sort(); v };
+    let before = {
+        let mut v = fleet.running("processor");
+        v.sort();
+        v
+    };
     let up = fleet.sh(&["up"], &[]);
     assert!(up.status.success(), "compose.sh up again: {}{}", text(&up.stdout), text(&up.stderr));
-    let after = { let mut v = fleet.running("processor"); v.sort(); v };
+    let after = {
+        let mut v = fleet.running("processor");
+        v.sort();
+        v
+    };
     assert_eq!(before, after, "a later compose up replaced the agent's containers");
 
     // Back to the minimum after the stabilization window: the added containers drain and are removed.

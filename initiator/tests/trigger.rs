@@ -21,7 +21,8 @@ async fn triggers_are_routed_by_queue_and_reports_reach_the_agent() {
     let exchange = format!("test.fleet.{}", uuid::Uuid::now_v7().simple());
     let stop = CancellationToken::new();
     let work = spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-work")], Default::default(), stop.clone());
-    let results = spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-results"), work_key("billing-work-dlq")], Default::default(), stop.clone());
+    let results =
+        spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-results"), work_key("billing-work-dlq")], Default::default(), stop.clone());
     let agent = spawn_subscription(amqp_url(), exchange.clone(), vec![ALL_WORK.into(), ALL_REPORTS.into()], Default::default(), stop.clone());
     let (mut w, mut r, mut a, mut ar) = (work.events.subscribe(), results.events.subscribe(), agent.events.subscribe(), agent.reports.subscribe());
     let mut wr = work.reports.subscribe();
@@ -33,7 +34,16 @@ async fn triggers_are_routed_by_queue_and_reports_reach_the_agent() {
     bus.publish(&ev("billing-work")).await.expect("confirmed publication");
     bus.publish(&ev("billing-results")).await.unwrap();
     bus.publish(&ev("billing-work.fifo")).await.unwrap();
-    let report = InstanceReport { instance: "p-1".into(), queue: "billing-work".into(), processed: 7, rate: 3.5, in_hand: 2, consumers: 1, saturated: false, leaving: false };
+    let report = InstanceReport {
+        instance: "p-1".into(),
+        queue: "billing-work".into(),
+        processed: 7,
+        rate: 3.5,
+        in_hand: 2,
+        consumers: 1,
+        saturated: false,
+        leaving: false,
+    };
     bus.report(&report).await.unwrap();
     let got_w = tokio::time::timeout(Duration::from_secs(5), w.recv()).await.expect("delivered").unwrap();
     assert_eq!(got_w, ev("billing-work"));

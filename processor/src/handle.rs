@@ -7,7 +7,7 @@ use shared::billing::Totals;
 use shared::blob::BlobStore;
 use shared::codec::{accounts_to_zstd_csv, base64_encode, decode_chunk, sha256_hex};
 use shared::error::{Error, Result};
-use shared::layout::{check_chunk_key, result_key};
+use shared::layout::result_key;
 use shared::model::{AccountsPayload, BlobRef, ChunkResult, Outcome, WorkItem, WIRE_VERSION};
 use shared::requests::RequestCounts;
 
@@ -16,16 +16,7 @@ pub const INLINE_ROWS: usize = 100;
 /// Compressed results up to this size (base64) travel inside the message; larger ones as a blob.
 pub const COMPRESSED_INLINE_LIMIT: usize = 160 * 1024;
 
-/// Parses and checks a work item body.
-pub fn parse_work_item(body: &str) -> Result<WorkItem> {
-    let w: WorkItem = serde_json::from_str(body)?;
-    if w.v != WIRE_VERSION {
-        return Err(Error::Corrupt(format!("work item version {} (this processor reads {WIRE_VERSION})", w.v)));
-    }
-    check_chunk_key(&w.job_id, w.chunk, &w.blob.key)?;
-    w.tariff.check().map_err(|e| Error::Corrupt(format!("tariff: {e}")))?;
-    Ok(w)
-}
+pub use shared::model::parse_work_item;
 
 /// Processes one work item. Returns the chunk result (requests: the S3 calls made for it).
 pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u64) -> Result<ChunkResult> {

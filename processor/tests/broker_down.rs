@@ -6,50 +6,17 @@
 #[path = "../../initiator/tests/common/mod.rs"]
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use common::proxy::Proxy;
 
 use shared::provision::QueueSettings;
 use shared::queue::Queue;
 use shared::trigger::work_key;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-/// A TCP proxy to RabbitMQ that can be cut and restored on the same port.
-struct Proxy {
-    port: u16,
-    tasks: Arc<Mutex<JoinSet<()>>>,
-}
-
-impl Proxy {
-    async fn start(port: u16) -> Proxy {
-        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let tasks: Arc<Mutex<JoinSet<()>>> = Arc::default();
-        let conns = tasks.clone();
-        tasks.lock().unwrap().spawn(async move {
-            loop {
-                let Ok((mut client, _)) = listener.accept().await else { return };
-                conns.lock().unwrap().spawn(async move {
-                    if let Ok(mut broker) = TcpStream::connect("127.0.0.1:5672").await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut broker).await;
-                    }
-                });
-            }
-        });
-        Proxy { port, tasks }
-    }
-
-    fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
-    }
-
-    /// Drops every connection and stops listening.
-    fn cut(&self) {
-        let set = std::mem::take(&mut *self.tasks.lock().unwrap());
-        drop(set);
-    }
+fn amqp_via(proxy: &Proxy) -> String {
+    format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port)
 }
 
 async fn until(timeout: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
@@ -66,8 +33,8 @@ async fn until(timeout: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_broker_down_listeners_poll_and_the_job_completes() {
     let mut s = common::stack(QueueSettings::default()).await;
-    let proxy = Proxy::start(0).await;
-    s.names.amqp_url = proxy.url();
+    let proxy = Proxy::start(0, "127.0.0.1:5672").await;
+    s.names.amqp_url = amqp_via(&proxy);
     let stop = CancellationToken::new();
     let deps = processor::Deps {
         work: s.work.clone(),
@@ -79,7 +46,10 @@ async fn with_the_broker_down_listeners_poll_and_the_job_completes() {
     };
     let engine = processor::start(&common::fast_processor(), deps, &stop).await.unwrap();
     let controller = s.start_controller();
-    assert!(until(Duration::from_secs(15), async || engine.triggers_live() && engine.state(false).await.consumers_parked == 1).await, "parked while the bus is up");
+    assert!(
+        until(Duration::from_secs(15), async || engine.triggers_live() && engine.state(false).await.consumers_parked == 1).await,
+        "parked while the bus is up"
+    );
 
     proxy.cut();
     assert!(until(Duration::from_secs(5), async || !engine.triggers_live()).await, "the listener noticed the broker is gone");
@@ -112,7 +82,7 @@ async fn with_the_broker_down_listeners_poll_and_the_job_completes() {
     assert!(receives_idle >= 2, "still polling while the broker is down: {receives_idle} receives in 5 s");
 
     // The broker is back (same port): subscribed again, parked again, no requests.
-    let _proxy = Proxy::start(proxy.port).await;
+    let _proxy = Proxy::start(proxy.port, "127.0.0.1:5672").await;
     assert!(
         until(Duration::from_secs(40), async || engine.triggers_live() && engine.state(false).await.consumers_parked == 1).await,
         "parked again once the broker was back"

@@ -35,7 +35,8 @@ fn spec(s: &common::Stack) -> ProcessSpec {
     .collect();
     let mut envs = vec![("AMQP_URL".to_string(), n.amqp_url.clone()), ("RUST_LOG".to_string(), "warn".to_string())];
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        for (k, v) in [("AWS_ENDPOINT_URL", common::LOCALSTACK), ("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_REGION", "us-east-1")] {
+        for (k, v) in [("AWS_ENDPOINT_URL", common::LOCALSTACK), ("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_REGION", "us-east-1")]
+        {
             envs.push((k.into(), v.into()));
         }
     }
@@ -126,7 +127,12 @@ async fn a_burst_scales_processes_up_and_back_to_the_minimum_with_exact_totals()
     let back = done.elapsed();
     let st = state.lock().unwrap().clone();
     assert!(st.scale_ups >= 1 && st.scale_downs >= 1, "{st:?}");
-    eprintln!("burst of 400 work items: 3 instances {:.1} s after submit; report after {:.1} s; back to 1 instance {:.1} s later", reached.unwrap().as_secs_f64(), took.as_secs_f64(), back.as_secs_f64());
+    eprintln!(
+        "burst of 400 work items: 3 instances {:.1} s after submit; report after {:.1} s; back to 1 instance {:.1} s later",
+        reached.unwrap().as_secs_f64(),
+        took.as_secs_f64(),
+        back.as_secs_f64()
+    );
     // Stopping the agent stops its processors.
     let pids: Vec<u32> = backend.children().await.iter().map(|c| c.pid).collect();
     stop.cancel();

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use bollard::models::{ContainerCreateBody, ContainerInspectResponse, ContainerSummary, ContainerSummaryStateEnum, EndpointSettings, NetworkConnectRequest, NetworkingConfig};
+use bollard::models::{
+    ContainerCreateBody, ContainerInspectResponse, ContainerSummary, ContainerSummaryStateEnum, EndpointSettings, NetworkConnectRequest, NetworkingConfig,
+};
 use bollard::query_parameters::{CreateContainerOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions, StopContainerOptions};
 use bollard::Docker;
 use tokio_util::task::TaskTracker;

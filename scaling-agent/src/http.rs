@@ -36,12 +36,22 @@ pub fn render_metrics(s: &AgentState) -> String {
     let d = s.last_decision;
     gauge(&mut reg, "desired_instances", "Instances the last decision asked for", d.map_or(-1.0, |d| f64::from(d.desired)));
     gauge(&mut reg, "actual_instances", "Instances running at the last decision", d.map_or(-1.0, |d| f64::from(d.actual)));
-    gauge(&mut reg, "recommended_instances", "Instances the workload needs now (before stabilization and step limits)", d.map_or(-1.0, |d| f64::from(d.recommended)));
+    gauge(
+        &mut reg,
+        "recommended_instances",
+        "Instances the workload needs now (before stabilization and step limits)",
+        d.map_or(-1.0, |d| f64::from(d.recommended)),
+    );
     gauge(&mut reg, "stopping_instances", "Instances draining", f64::from(s.stopping));
     gauge(&mut reg, "reporting_instances", "Instances that reported work lately", f64::from(s.observed.reporting_instances));
     gauge(&mut reg, "busy_instances", "Instances holding work", f64::from(s.observed.busy_instances));
     gauge(&mut reg, "arrival_rate", "Work items arriving per second (smoothed)", s.observed.arrival_rate);
-    gauge(&mut reg, "instance_throughput", "Work items per second of one saturated instance (measured, else the default)", d.map_or(s.policy.default_throughput, |d| d.throughput));
+    gauge(
+        &mut reg,
+        "instance_throughput",
+        "Work items per second of one saturated instance (measured, else the default)",
+        d.map_or(s.policy.default_throughput, |d| d.throughput),
+    );
     gauge(&mut reg, "oldest_age_seconds", "Age of the oldest waiting work item (-1: none waiting)", s.observed.oldest_age.map_or(-1.0, |a| a.as_secs_f64()));
     gauge(&mut reg, "sla_seconds", "The SLA's maximum delay", s.policy.sla.as_secs_f64());
     gauge(&mut reg, "interval_seconds", "Time until the agent's next look", s.interval_s);
@@ -69,7 +79,10 @@ pub fn render_metrics(s: &AgentState) -> String {
 pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/state", get(|State(s): State<SharedState>| async move { Json(lock(&s).clone()) }))
-        .route("/metrics", get(|State(s): State<SharedState>| async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render_metrics(&lock(&s))) }))
+        .route(
+            "/metrics",
+            get(|State(s): State<SharedState>| async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render_metrics(&lock(&s))) }),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state)
 }

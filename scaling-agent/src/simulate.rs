@@ -235,7 +235,18 @@ impl<'a> Sim<'a> {
 
     fn scale_to(&mut self, t: u64, n: u32, startup: u64) {
         while (self.instances.len() as u32) < n {
-            self.instances.push(Instance { asked: t, ready: t + startup, credit: 0.0, processed: 0, reported: 0, took_last: 0, saturated: false, id: self.next_id, idle: true, idle_run: 0 });
+            self.instances.push(Instance {
+                asked: t,
+                ready: t + startup,
+                credit: 0.0,
+                processed: 0,
+                reported: 0,
+                took_last: 0,
+                saturated: false,
+                id: self.next_id,
+                idle: true,
+                idle_run: 0,
+            });
             self.next_id += 1;
         }
         while (self.instances.len() as u32) > n {

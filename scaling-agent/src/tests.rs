@@ -82,7 +82,8 @@ async fn triggers_once_when_work_appears() {
 #[tokio::test(start_paused = true)]
 async fn scales_to_the_backlog_then_back_to_min_after_the_window() {
     // 10 msg/s per instance x 10 s SLA: 100 messages per instance.
-    let settings = Settings { min_instances: 1, max_instances: 8, sla_secs: 10, stabilization_secs: 30, interval_secs: 1, idle_interval_secs: 1, ..Settings::quick() };
+    let settings =
+        Settings { min_instances: 1, max_instances: 8, sla_secs: 10, stabilization_secs: 30, interval_secs: 1, idle_interval_secs: 1, ..Settings::quick() };
     let f = start(settings);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(f.actual().await, 1);
@@ -139,7 +140,16 @@ async fn instance_reports_feed_throughput_and_the_in_flight_floor() {
     assert_eq!(lock(&f.state).last_decision.unwrap().recommended, 4);
     // Saturated instances report 40 msg/s each: one is enough for the backlog.
     for i in 0..4 {
-        let r = InstanceReport { instance: format!("p{i}"), queue: "billing-work".into(), processed: 100, rate: 40.0, in_hand: 16, consumers: 4, saturated: true, leaving: false };
+        let r = InstanceReport {
+            instance: format!("p{i}"),
+            queue: "billing-work".into(),
+            processed: 100,
+            rate: 40.0,
+            in_hand: 16,
+            consumers: 4,
+            saturated: true,
+            leaving: false,
+        };
         f.bus.report(&r).await.unwrap();
     }
     tokio::time::sleep(Duration::from_secs(1)).await;

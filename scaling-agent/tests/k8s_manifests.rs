@@ -35,7 +35,9 @@ fn env<'a>(c: &'a Yaml, name: &str) -> Option<&'a str> {
 }
 
 fn port(c: &Yaml, name: &str) -> i64 {
-    c["ports"].as_vec().unwrap().iter().find(|p| p["name"].as_str() == Some(name)).unwrap_or_else(|| panic!("no port {name}"))["containerPort"].as_i64().unwrap()
+    c["ports"].as_vec().unwrap().iter().find(|p| p["name"].as_str() == Some(name)).unwrap_or_else(|| panic!("no port {name}"))["containerPort"]
+        .as_i64()
+        .unwrap()
 }
 
 #[test]

@@ -54,6 +54,11 @@ impl Tariff {
             if r.fixed_fee.is_sign_negative() || r.refund_fee.is_sign_negative() {
                 return Err(format!("{name}: fees must not be negative"));
             }
+            // As large as an amount may be: sums of fees then fit as sums of amounts do.
+            let max_fee = Decimal::from(10_000_000_000u64);
+            if r.fixed_fee > max_fee || r.refund_fee > max_fee {
+                return Err(format!("{name}: fees must be at most {max_fee}"));
+            }
             if r.percent.is_sign_negative() || r.percent > Decimal::ONE_HUNDRED {
                 return Err(format!("{name}: percent must be within 0..=100"));
             }

@@ -8,6 +8,7 @@ pub mod call;
 pub mod codec;
 pub mod config;
 pub mod error;
+pub mod fuzz;
 pub mod generate;
 pub mod input;
 pub mod layout;

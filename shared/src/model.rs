@@ -204,3 +204,14 @@ pub struct Checkpoint {
 pub fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_string())
 }
+
+/// Parses and checks a work item body (version, chunk key, tariff): what a processor accepts.
+pub fn parse_work_item(body: &str) -> crate::Result<WorkItem> {
+    let w: WorkItem = serde_json::from_str(body)?;
+    if w.v != WIRE_VERSION {
+        return Err(crate::Error::Corrupt(format!("work item version {} (this processor reads {WIRE_VERSION})", w.v)));
+    }
+    crate::layout::check_chunk_key(&w.job_id, w.chunk, &w.blob.key)?;
+    w.tariff.check().map_err(|e| crate::Error::Corrupt(format!("tariff: {e}")))?;
+    Ok(w)
+}

@@ -200,7 +200,9 @@ impl SqsQueue {
                 .run(Service::Sqs, "GetQueueUrl", Duration::ZERO, || async {
                     calls.bump("sqs.GetQueueUrl");
                     client.get_queue_url().queue_name(name_or_url).send().await.map_err(|e| match sdk_error(Service::Sqs, "GetQueueUrl", endpoint, e) {
-                        Error::NotFound { .. } => Error::NotFound { service: Service::Sqs, what: format!("queue {name_or_url:?} does not exist at {endpoint}") },
+                        Error::NotFound { .. } => {
+                            Error::NotFound { service: Service::Sqs, what: format!("queue {name_or_url:?} does not exist at {endpoint}") }
+                        }
                         other => other,
                     })
                 })
@@ -262,7 +264,13 @@ impl SqsQueue {
             .policy
             .run(Service::Sqs, "SendMessageBatch", Duration::ZERO, || async {
                 self.calls.bump("sqs.SendMessageBatch");
-                self.client.send_message_batch().queue_url(&self.url).set_entries(Some(entries.clone())).send().await.map_err(|e| self.err("SendMessageBatch", e))
+                self.client
+                    .send_message_batch()
+                    .queue_url(&self.url)
+                    .set_entries(Some(entries.clone()))
+                    .send()
+                    .await
+                    .map_err(|e| self.err("SendMessageBatch", e))
             })
             .await?;
         let mut failed = Vec::new();
@@ -389,7 +397,13 @@ impl Queue for SqsQueue {
             .policy
             .run(Service::Sqs, "DeleteMessageBatch", Duration::ZERO, || async {
                 self.calls.bump("sqs.DeleteMessageBatch");
-                self.client.delete_message_batch().queue_url(&self.url).set_entries(Some(entries.clone())).send().await.map_err(|e| self.err("DeleteMessageBatch", e))
+                self.client
+                    .delete_message_batch()
+                    .queue_url(&self.url)
+                    .set_entries(Some(entries.clone()))
+                    .send()
+                    .await
+                    .map_err(|e| self.err("DeleteMessageBatch", e))
             })
             .await?;
         Ok(failed_receipts(|i| receipts.get(i).map(String::as_str), out.failed().iter().map(|f| (f.id(), f.code()))))

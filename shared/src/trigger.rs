@@ -13,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::Confirmation;
 use lapin::types::FieldTable;
+use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch, Mutex};
@@ -208,17 +208,23 @@ impl RabbitTriggers {
             }
         }
         let (_, ch) = st.link.as_ref().expect("link just opened");
-        let confirmed = self.policy.once(Service::RabbitMq, "basic.publish", Duration::ZERO, async {
-            let confirm = ch
-                .basic_publish(self.exchange.as_str().into(), key.into(), BasicPublishOptions::default(), payload, BasicProperties::default())
-                .await
-                .map_err(|e| amqp_err(&self.url, e))?;
-            match confirm.await.map_err(|e| amqp_err(&self.url, e))? {
-                Confirmation::Nack(_) => Err(Error::Unreachable { service: Service::RabbitMq, endpoint: redact_url(&self.url), detail: "the broker refused the publication (nack)".into() }),
-                Confirmation::Ack(_) | Confirmation::NotRequested => Ok(()),
-            }
-        })
-        .await;
+        let confirmed = self
+            .policy
+            .once(Service::RabbitMq, "basic.publish", Duration::ZERO, async {
+                let confirm = ch
+                    .basic_publish(self.exchange.as_str().into(), key.into(), BasicPublishOptions::default(), payload, BasicProperties::default())
+                    .await
+                    .map_err(|e| amqp_err(&self.url, e))?;
+                match confirm.await.map_err(|e| amqp_err(&self.url, e))? {
+                    Confirmation::Nack(_) => Err(Error::Unreachable {
+                        service: Service::RabbitMq,
+                        endpoint: redact_url(&self.url),
+                        detail: "the broker refused the publication (nack)".into(),
+                    }),
+                    Confirmation::Ack(_) | Confirmation::NotRequested => Ok(()),
+                }
+            })
+            .await;
         if confirmed.is_err() {
             st.link = None;
         }

@@ -224,7 +224,9 @@ async fn a_result_whose_blob_is_gone_fails_its_chunk_and_stranded_results_count(
         chunk: 1,
         transactions: 1,
         outcome: Outcome::Processed {
-            payload: AccountsPayload::Blob { blob: BlobRef { key: shared::layout::result_key("s1", 1), sha256: "0".repeat(64), compressed_bytes: 9, raw_bytes: 9 } },
+            payload: AccountsPayload::Blob {
+                blob: BlobRef { key: shared::layout::result_key("s1", 1), sha256: "0".repeat(64), compressed_bytes: 9, raw_bytes: 9 },
+            },
         },
         requests: RequestCounts::default(),
     });

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,7 +101,12 @@ impl Stack {
     /// items coming back after a killed processor's visibility timeout (nobody announces those).
     pub fn start_agent(&self) -> Running {
         let stop = CancellationToken::new();
-        let watched = scaling_agent::Watched { work: self.work.clone(), work_dlq: self.work_dlq.clone(), results: self.results.clone(), results_dlq: self.results_dlq.clone() };
+        let watched = scaling_agent::Watched {
+            work: self.work.clone(),
+            work_dlq: self.work_dlq.clone(),
+            results: self.results.clone(),
+            results_dlq: self.results_dlq.clone(),
+        };
         let deps = scaling_agent::Deps {
             watched,
             publish: self.names.trigger_bus(),

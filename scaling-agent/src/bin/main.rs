@@ -110,10 +110,16 @@ async fn backend(cli: &Cli, shutdown: &tokio_util::sync::CancellationToken) -> a
             // The processors work on the agent's fleet (names as flags; the AMQP URL, which may hold
             // a password, through the environment rather than the command line).
             let f = &cli.fleet;
-            let args = [("--bucket", f.bucket.clone()), ("--work-queue", f.work_queue.clone()), ("--work-dlq", f.work_dlq()), ("--results-queue", f.results_queue.clone()), ("--trigger-exchange", f.trigger_exchange.clone())]
-                .into_iter()
-                .flat_map(|(k, v)| [k.to_string(), v])
-                .collect();
+            let args = [
+                ("--bucket", f.bucket.clone()),
+                ("--work-queue", f.work_queue.clone()),
+                ("--work-dlq", f.work_dlq()),
+                ("--results-queue", f.results_queue.clone()),
+                ("--trigger-exchange", f.trigger_exchange.clone()),
+            ]
+            .into_iter()
+            .flat_map(|(k, v)| [k.to_string(), v])
+            .collect();
             Arc::new(ProcessBackend::new(ProcessSpec {
                 program,
                 args,

@@ -41,13 +41,13 @@ pub struct ListenerArgs {
     #[arg(long, env = "LISTENER_RECEIVE_WAIT_SECS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=20))]
     pub receive_wait_secs: u64,
     /// Messages processed at once.
-    #[arg(long, env = "LISTENER_MAX_CONCURRENCY", default_value_t = 16)]
+    #[arg(long, env = "LISTENER_MAX_CONCURRENCY", default_value_t = 16, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=super::throttle::MAX_CONCURRENCY as u64))]
     pub max_concurrency: usize,
     /// Priority buffer length between receiving and processing (0: receive only free capacity).
-    #[arg(long, env = "LISTENER_BUFFER", default_value_t = 20)]
+    #[arg(long, env = "LISTENER_BUFFER", default_value_t = 20, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=super::throttle::MAX_BUFFER as u64))]
     pub buffer: usize,
     /// How long a message may wait in the buffer, milliseconds (0: no limit).
-    #[arg(long, env = "LISTENER_TTL_MS", default_value_t = 0)]
+    #[arg(long, env = "LISTENER_TTL_MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=super::throttle::MAX_TTL_MS))]
     pub ttl_ms: u64,
     /// Deletes and visibility changes are batched by 10 or flushed after this long, milliseconds.
     #[arg(long, env = "LISTENER_PUSH_INTERVAL_MS", default_value_t = 50)]

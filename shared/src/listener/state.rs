@@ -193,6 +193,9 @@ pub fn router(engines: Vec<Engine>) -> Router {
         .route(
             "/throttle",
             put(|State(e): State<Vec<Engine>>, Query(w): Query<Which>, Json(change): Json<LimitsChange>| async move {
+                if let Err(why) = change.check() {
+                    return (StatusCode::BAD_REQUEST, why).into_response();
+                }
                 let changed: Vec<(String, ThrottleLimits)> = e
                     .iter()
                     .filter(|e| w.queue.as_deref().is_none_or(|q| q == e.queue_name()))

@@ -625,3 +625,38 @@ async fn after_a_burst_one_empty_long_poll_stops_surplus_consumers_and_parks_the
     assert_eq!(e.stats().receives.load(Ordering::Relaxed), n, "zero requests while idle");
     e.shutdown(Duration::from_secs(5)).await;
 }
+
+/// PUT /throttle over HTTP: absurd limits are a 400 naming the field, and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_throttle_limits_are_refused_with_400() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let q = MemoryQueue::new("q", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::ZERO));
+    let e = start(&q, &h, cfg()).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let addr = state::serve("127.0.0.1:0".parse().unwrap(), vec![e.clone()], stop.clone()).await.unwrap();
+    let put = |body: &'static str| async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!("PUT /throttle HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.unwrap();
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    let before = e.limits();
+    for (body, field) in [
+        (r#"{"max_concurrency":18446744073709551615}"#, "max_concurrency"),
+        (r#"{"max_concurrency":0}"#, "max_concurrency"),
+        (r#"{"buffer":1000000000000}"#, "buffer"),
+        (r#"{"ttl_ms":18446744073709551615}"#, "ttl_ms"),
+    ] {
+        let r = put(body).await;
+        assert!(r.starts_with("HTTP/1.0 400") || r.starts_with("HTTP/1.1 400"), "{body}: {r}");
+        assert!(r.contains(field), "{body}: {r}");
+    }
+    assert_eq!(e.limits(), before, "nothing changed");
+    let r = put(r#"{"max_concurrency":3,"ttl_ms":5000}"#).await;
+    assert!(r.contains(" 200 "), "{r}");
+    assert_eq!(e.limits().max_concurrency, 3);
+    stop.cancel();
+}

@@ -37,6 +37,36 @@ pub struct LimitsChange {
     pub ttl_ms: Option<u64>,
 }
 
+/// Most messages processed at once by one listener.
+pub const MAX_CONCURRENCY: usize = 10_000;
+/// Longest buffer.
+pub const MAX_BUFFER: usize = 100_000;
+/// Longest buffer TTL, ms (a day).
+pub const MAX_TTL_MS: u64 = 86_400_000;
+
+impl LimitsChange {
+    /// Refuses limits no listener can honour (a semaphore past its size, a buffer that exhausts
+    /// memory, a deadline past the clock's range), naming the field.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(c) = self.max_concurrency {
+            if !(1..=MAX_CONCURRENCY).contains(&c) {
+                return Err(format!("max_concurrency: {c} is out of range 1..={MAX_CONCURRENCY}"));
+            }
+        }
+        if let Some(b) = self.buffer {
+            if b > MAX_BUFFER {
+                return Err(format!("buffer: {b} is out of range 0..={MAX_BUFFER}"));
+            }
+        }
+        if let Some(t) = self.ttl_ms {
+            if t > MAX_TTL_MS {
+                return Err(format!("ttl_ms: {t} is out of range 0..={MAX_TTL_MS}"));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl ThrottleLimits {
     pub fn apply(&self, c: &LimitsChange) -> ThrottleLimits {
         ThrottleLimits {
