@@ -465,7 +465,8 @@ async fn save_checkpoint(job: &mut Job, store: &dyn BlobStore) -> Result<()> {
     job.cp.accounts = job.totals.rows();
     let bytes = to_zstd_json(&job.cp);
     job.cp.accounts = Vec::new();
-    store.put(&checkpoint_key(&job.cp.job_id), Bytes::from(bytes?), "application/zstd").await
+    let meta = shared::model::Progress::of(&job.cp).to_meta();
+    store.put_with_meta(&checkpoint_key(&job.cp.job_id), Bytes::from(bytes?), "application/zstd", &meta).await
 }
 
 /// The sum of the rows' counts, unless it does not fit.

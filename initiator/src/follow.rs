@@ -8,7 +8,7 @@ use serde::Serialize;
 use shared::blob::BlobStore;
 use shared::codec::from_zstd_json;
 use shared::layout::{check_job_id, checkpoint_key, manifest_key, report_key};
-use shared::model::{Checkpoint, JobStatus, Manifest};
+use shared::model::{Checkpoint, JobStatus, Manifest, Progress};
 use shared::report::Report;
 
 use crate::CliError;
@@ -35,28 +35,39 @@ fn checked(job_id: &str) -> Result<(), CliError> {
     })
 }
 
-/// Reads the manifest and checkpoint of a job.
+/// The progress in a job's checkpoint: from its metadata (a HEAD request), or from its body when it has
+/// none (written by an older controller).
+pub async fn checkpoint_progress(store: &dyn BlobStore, job_id: &str) -> Result<Option<Progress>, CliError> {
+    let key = checkpoint_key(job_id);
+    let Some(meta) = store.head(&key).await? else { return Ok(None) };
+    if let Some(p) = Progress::from_meta(&meta) {
+        return Ok(Some(p));
+    }
+    Ok(match store.get(&key).await? {
+        Some(b) => Some(Progress::of(&from_zstd_json::<Checkpoint>(&b, 1 << 30)?)),
+        None => None,
+    })
+}
+
+/// Reads the manifest and checkpoint progress of a job.
 pub async fn progress(store: &dyn BlobStore, job_id: &str) -> Result<JobProgress, CliError> {
     checked(job_id)?;
     let manifest: Option<Manifest> = match store.get(&manifest_key(job_id)).await? {
         Some(b) => Some(serde_json::from_slice(&b).map_err(shared::Error::from)?),
         None => None,
     };
-    let cp: Option<Checkpoint> = match store.get(&checkpoint_key(job_id)).await? {
-        Some(b) => Some(from_zstd_json(&b, 1 << 30)?),
-        None => None,
-    };
+    let cp = checkpoint_progress(store, job_id).await?;
     if manifest.is_none() && cp.is_none() {
         return Err(CliError::Input(format!("no job {job_id} in bucket {}", store.bucket())));
     }
     Ok(JobProgress {
         job_id: job_id.to_string(),
-        status: cp.as_ref().map_or(JobStatus::Running, |c| c.status),
+        status: cp.map_or(JobStatus::Running, |c| c.status),
         total_chunks: manifest.as_ref().map(|m| m.total_chunks),
-        accounted_chunks: cp.as_ref().map_or(0, |c| c.accounted.len() as u32),
-        failed_chunks: cp.as_ref().map_or(0, |c| c.failed_chunks.len() as u32),
+        accounted_chunks: cp.map_or(0, |c| c.accounted),
+        failed_chunks: cp.map_or(0, |c| c.failed),
         accepted: manifest.as_ref().map(|m| m.accepted),
-        processed: cp.as_ref().map_or(0, |c| c.processed_transactions),
+        processed: cp.map_or(0, |c| c.processed),
         rejected: manifest.as_ref().map(|m| m.rejected.len() as u64),
     })
 }
@@ -107,20 +118,13 @@ pub async fn report(store: &dyn BlobStore, job_id: &str) -> Result<Report, CliEr
 pub async fn wait(store: &dyn BlobStore, job_id: &str, total_chunks: u32, timeout: Duration, show: bool) -> Result<Report, CliError> {
     let bar = ProgressBar::with_draw_target(Some(u64::from(total_chunks)), if show { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
     bar.set_style(ProgressStyle::with_template("billing   [{bar:30}] {pos}/{len} chunks {msg} ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_bar()));
-    /// The checkpoint's progress fields; the per-account totals in it are skipped, not built.
-    #[derive(serde::Deserialize)]
-    struct Progress {
-        status: JobStatus,
-        accounted: Vec<u32>,
-        failed_chunks: Vec<serde::de::IgnoredAny>,
-    }
     let start = Instant::now();
     loop {
-        if let Some(b) = store.get(&checkpoint_key(job_id)).await? {
-            let cp: Progress = from_zstd_json(&b, 1 << 30)?;
-            bar.set_position(cp.accounted.len() as u64);
-            if !cp.failed_chunks.is_empty() {
-                bar.set_message(format!("{} failed", cp.failed_chunks.len()));
+        // A HEAD request: the progress is in the checkpoint's metadata, not its (large) body.
+        if let Some(cp) = checkpoint_progress(store, job_id).await? {
+            bar.set_position(u64::from(cp.accounted));
+            if cp.failed > 0 {
+                bar.set_message(format!("{} failed", cp.failed));
             }
             if cp.status.is_finished() {
                 bar.finish();

@@ -83,6 +83,10 @@ async fn submit_wait_json_status_report_and_refusals() {
     assert!(report["totals"][0]["gross"].as_str().unwrap().split('.').nth(1).unwrap().len() == 2);
     let job = report["job_id"].as_str().unwrap().to_string();
 
+    // The progress travels as the checkpoint's metadata: a follower reads it with HEAD.
+    let meta = shared::blob::BlobStore::head(st.store.as_ref(), &shared::layout::checkpoint_key(&job)).await.unwrap().expect("checkpoint");
+    let progress = shared::model::Progress::from_meta(&meta).unwrap_or_else(|| panic!("no progress in the checkpoint's metadata: {meta:?}"));
+    assert_eq!((progress.status, progress.accounted, progress.failed, progress.processed), (shared::model::JobStatus::Complete, 6, 0, 4_001));
     let out = initiator(&st, &["status", &job]);
     assert_eq!(out.status.code(), Some(0));
     assert!(text(&out.stdout).contains("complete, 6/6 chunks"), "{}", text(&out.stdout));

@@ -1,5 +1,7 @@
 //! The blob store: what the fleet needs from object storage (put, get), and its S3 implementation.
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
@@ -17,6 +19,15 @@ pub trait BlobStore: Send + Sync + 'static {
     async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()>;
     /// `None` when the object does not exist.
     async fn get(&self, key: &str) -> Result<Option<Bytes>>;
+    /// Stores an object with user metadata (small string fields a reader gets from `head` without
+    /// downloading the body). A store without metadata keeps the body only.
+    async fn put_with_meta(&self, key: &str, body: Bytes, content_type: &str, _meta: &BTreeMap<String, String>) -> Result<()> {
+        self.put(key, body, content_type).await
+    }
+    /// The user metadata of an object, without its body; `None` when the object does not exist.
+    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+        Ok(self.get(key).await?.map(|_| BTreeMap::new()))
+    }
     /// Keys under `prefix`, in key order, at most `limit` of them.
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>>;
     /// Deletes an object (no error when it does not exist).
@@ -64,6 +75,10 @@ impl BlobStore for S3Store {
     }
 
     async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
+        self.put_with_meta(key, body, content_type, &BTreeMap::new()).await
+    }
+
+    async fn put_with_meta(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>) -> Result<()> {
         self.policy
             .run(Service::S3, "PutObject", Duration::ZERO, || async {
                 self.calls.bump("s3.PutObject");
@@ -72,6 +87,7 @@ impl BlobStore for S3Store {
                     .bucket(&self.bucket)
                     .key(key)
                     .content_type(content_type)
+                    .set_metadata((!meta.is_empty()).then(|| meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect()))
                     .body(ByteStream::from(body.clone()))
                     .send()
                     .await
@@ -79,6 +95,19 @@ impl BlobStore for S3Store {
             })
             .await?;
         Ok(())
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+        self.policy
+            .run(Service::S3, "HeadObject", Duration::ZERO, || async {
+                self.calls.bump("s3.HeadObject");
+                match self.client.head_object().bucket(&self.bucket).key(key).send().await {
+                    Ok(out) => Ok(Some(out.metadata().map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default())),
+                    Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(None),
+                    Err(e) => Err(sdk_error(Service::S3, "HeadObject", &self.endpoint, e)),
+                }
+            })
+            .await
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {

@@ -250,6 +250,7 @@ impl Queue for MemoryQueue {
 #[derive(Default)]
 pub struct MemoryStore {
     objects: Mutex<HashMap<String, Bytes>>,
+    meta: Mutex<HashMap<String, std::collections::BTreeMap<String, String>>>,
     calls: CallCounter,
 }
 
@@ -271,10 +272,20 @@ impl BlobStore for MemoryStore {
         "memory"
     }
 
-    async fn put(&self, key: &str, body: Bytes, _content_type: &str) -> Result<()> {
+    async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
+        self.put_with_meta(key, body, content_type, &Default::default()).await
+    }
+
+    async fn put_with_meta(&self, key: &str, body: Bytes, _content_type: &str, meta: &std::collections::BTreeMap<String, String>) -> Result<()> {
         self.calls.bump("s3.PutObject");
         crate::lock(&self.objects).insert(key.to_string(), body);
+        crate::lock(&self.meta).insert(key.to_string(), meta.clone());
         Ok(())
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<std::collections::BTreeMap<String, String>>> {
+        self.calls.bump("s3.HeadObject");
+        Ok(crate::lock(&self.objects).contains_key(key).then(|| crate::lock(&self.meta).get(key).cloned().unwrap_or_default()))
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
@@ -293,6 +304,7 @@ impl BlobStore for MemoryStore {
     async fn delete(&self, key: &str) -> Result<()> {
         self.calls.bump("s3.DeleteObject");
         crate::lock(&self.objects).remove(key);
+        crate::lock(&self.meta).remove(key);
         Ok(())
     }
 

@@ -200,6 +200,40 @@ pub struct Checkpoint {
     pub updated_at: String,
 }
 
+/// A checkpoint's progress, also stored as the checkpoint object's user metadata, so a follower
+/// (`initiator --wait`, `status`) reads it with a HEAD request instead of downloading every account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub status: JobStatus,
+    pub accounted: u32,
+    pub failed: u32,
+    pub processed: u64,
+}
+
+impl Progress {
+    pub fn of(cp: &Checkpoint) -> Progress {
+        Progress { status: cp.status, accounted: cp.accounted.len() as u32, failed: cp.failed_chunks.len() as u32, processed: cp.processed_transactions }
+    }
+
+    pub fn to_meta(self) -> std::collections::BTreeMap<String, String> {
+        let status = serde_json::to_value(self.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+        [("status", status), ("accounted", self.accounted.to_string()), ("failed", self.failed.to_string()), ("processed", self.processed.to_string())]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+
+    /// `None` when the metadata is missing or not this format (an older checkpoint: read the body).
+    pub fn from_meta(m: &std::collections::BTreeMap<String, String>) -> Option<Progress> {
+        Some(Progress {
+            status: serde_json::from_value(serde_json::Value::String(m.get("status")?.clone())).ok()?,
+            accounted: m.get("accounted")?.parse().ok()?,
+            failed: m.get("failed")?.parse().ok()?,
+            processed: m.get("processed")?.parse().ok()?,
+        })
+    }
+}
+
 /// Current UTC time in RFC 3339.
 pub fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_string())

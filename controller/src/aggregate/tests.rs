@@ -68,7 +68,9 @@ async fn duplicates_count_once_and_report_is_exact() {
     assert!(applied.delete.is_empty(), "nothing is deleted before a checkpoint covers it");
     assert_eq!(agg.pending(), 2);
     assert_eq!(agg.flush().await.len(), 2, "duplicates are deleted too, after the checkpoint");
-    assert!(store.get(&checkpoint_key("j1")).await.unwrap().is_some());
+    let meta = store.head(&checkpoint_key("j1")).await.unwrap().expect("checkpoint written");
+    let p = shared::model::Progress::from_meta(&meta).expect("progress in the metadata");
+    assert_eq!((p.status, p.accounted, p.failed, p.processed), (JobStatus::Running, 1, 0, 2));
     assert!(report_of(&store, "j1").await.is_none());
     agg.apply(Source::Results, std::slice::from_ref(&r0)).await;
     agg.apply(Source::Results, &[result("j1", 1, vec![acct("a", 1, -500, 0)])]).await;
