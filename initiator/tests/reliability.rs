@@ -1,0 +1,223 @@
+//! The reliability suite (part of `cargo test`, so CI runs it), on the LocalStack and RabbitMQ that
+//! deploy/test.sh starts:
+//! - the whole AWS stack frozen for 10 s mid-job under processor, controller and agent (every SQS and
+//!   S3 connection of the fleet through a TCP proxy the test freezes, as SIGSTOP on LocalStack would):
+//!   exact totals afterwards, every service still running;
+//! - poison work items in one run: a chunk whose blob is missing, a zstd bomb, a duplicated work item,
+//!   garbage bodies: the jobs end partial naming exactly the failed chunks, the duplicate changes
+//!   nothing, the garbage is quarantined, every other transaction is billed exactly, every service
+//!   keeps running.
+//! Processor SIGKILL (`processor/tests/localstack.rs`), controller restart and crash
+//! (`pipeline.rs`, the container scenarios), RabbitMQ down (`processor/tests/broker_down.rs`, container
+//! scenario) and S3 frozen for 3 minutes (`faults.rs`) complete the suite.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::proxy::Proxy;
+use common::*;
+use rust_decimal::Decimal;
+use shared::blob::BlobStore;
+use shared::call::CallPolicy;
+use shared::config::Aws;
+use shared::layout::chunk_key;
+use shared::model::{BlobRef, JobStatus, WorkItem};
+use shared::provision::QueueSettings;
+use shared::queue::Queue;
+
+const T: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_whole_stack_frozen_for_10_s_mid_job_totals_exact_services_alive() {
+    let s = stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(10) }).await;
+    let proxy = Proxy::start(0, "127.0.0.1:4566").await;
+    let via = Aws::local(&proxy.endpoint()).await.with_policy(CallPolicy {
+        attempt_timeout: Duration::from_secs(3),
+        deadline: Duration::from_secs(8),
+        ..CallPolicy::default()
+    });
+    let n = &s.names;
+    let (work, work_dlq, results, results_dlq) = (
+        via.queue(&n.work_queue).await.unwrap(),
+        via.queue(&n.work_dlq()).await.unwrap(),
+        via.queue(&n.results_queue).await.unwrap(),
+        via.queue(&n.results_dlq()).await.unwrap(),
+    );
+    let store = via.store(&n.bucket);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let processor = tokio::spawn(processor::run(
+        fast_processor(),
+        processor::Deps {
+            work: work.clone(),
+            work_dlq: Some(work_dlq.clone()),
+            results: results.clone(),
+            store: store.clone(),
+            triggers: n.subscribe(vec![shared::trigger::work_key(work.name())], &stop),
+            publish: n.trigger_bus(),
+        },
+        stop.clone(),
+    ));
+    let controller = tokio::spawn(controller::run(
+        controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() },
+        controller::Deps {
+            results: results.clone(),
+            work_dlq: work_dlq.clone(),
+            results_dlq: results_dlq.clone(),
+            store: store.clone(),
+            triggers: n.subscribe([results.name(), work_dlq.name(), results_dlq.name()].map(shared::trigger::work_key).to_vec(), &stop),
+        },
+        stop.clone(),
+    ));
+    let agent = tokio::spawn(scaling_agent::run(
+        scaling_agent::Settings::quick(),
+        scaling_agent::Deps {
+            watched: scaling_agent::Watched { work: work.clone(), work_dlq: work_dlq.clone(), results: results.clone(), results_dlq: results_dlq.clone() },
+            publish: n.trigger_bus(),
+            subscription: None,
+            backend: std::sync::Arc::new(scaling_agent::backend::NoneBackend::new(0)),
+        },
+        stop.clone(),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let files = vec![generated(dir.path(), "frozen.csv", 200_000, 800, 21)];
+    let job = s.submit(&files, 2_000).await;
+    let t = Instant::now();
+    loop {
+        let p = initiator::follow::progress(s.store.as_ref(), &job.job_id).await;
+        if p.is_ok_and(|p| p.accounted_chunks > 5) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "the job did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = initiator::follow::progress(s.store.as_ref(), &job.job_id).await.unwrap();
+    assert!(before.accounted_chunks < job.total_chunks, "frozen mid-job");
+    proxy.freeze();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    proxy.thaw();
+    let thawed = Instant::now();
+    let report = s.wait_report(&job, T).await;
+    eprintln!("stack frozen 10 s at {}/{} chunks; report {:.1} s after the thaw", before.accounted_chunks, job.total_chunks, thawed.elapsed().as_secs_f64());
+    assert_consistent(&report);
+    assert_eq!(report.status, JobStatus::Complete, "{:?}", report.failed_chunks);
+    assert_eq!(report_accounts(&report), expected_accounts(&files), "exact totals after the freeze");
+    for (name, h) in [("processor", &processor), ("controller", &controller), ("agent", &agent)] {
+        assert!(!h.is_finished(), "the {name} is still running");
+    }
+    stop.cancel();
+    processor.await.unwrap().unwrap();
+    controller.await.unwrap().unwrap();
+    agent.await.unwrap().unwrap();
+}
+
+/// Per-account (count, gross) of the rows of one stored chunk.
+async fn chunk_rows(store: &dyn BlobStore, job: &str, chunk: u32, item: &WorkItem) -> BTreeMap<String, (u64, Decimal)> {
+    let data = store.get(&chunk_key(job, chunk)).await.unwrap().unwrap();
+    let mut out: BTreeMap<String, (u64, Decimal)> = BTreeMap::new();
+    shared::codec::decode_chunk(&data, &item.blob, item.transactions, 1 << 30, |t| {
+        let e = out.entry(t.account_id.to_string()).or_default();
+        e.0 += 1;
+        e.1 += t.amount;
+    })
+    .unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn poison_work_items_fail_their_chunks_and_nothing_else() {
+    let s = stack(QueueSettings { max_receive_count: 2, visibility_timeout: Duration::from_secs(2) }).await;
+    let dir = tempfile::tempdir().unwrap();
+    let files = vec![generated(dir.path(), "poison.csv", 20_000, 60, 5)];
+    // Submitted with no processor running; then the queue is tampered with.
+    let job = s.submit(&files, 2_000).await;
+    assert_eq!(job.total_chunks, 10);
+    let mut items: Vec<(WorkItem, String)> = Vec::new();
+    loop {
+        let got = s.work.receive(10, Duration::from_secs(1)).await.unwrap();
+        if got.is_empty() {
+            break;
+        }
+        for m in got {
+            items.push((serde_json::from_str(&m.body).unwrap(), m.receipt));
+        }
+    }
+    assert_eq!(items.len(), 10);
+    let item = |c: u32| items.iter().find(|(w, _)| w.chunk == c).unwrap().0.clone();
+    // Chunk 3's blob disappears (its rows are remembered first, to check the totals without them).
+    let missing = chunk_rows(s.store.as_ref(), &job.job_id, 3, &item(3)).await;
+    s.store.delete(&chunk_key(&job.job_id, 3)).await.unwrap();
+    // Chunk 7 becomes a zstd bomb: a valid frame that expands to 256 MiB, with a matching checksum and
+    // a work item claiming a small raw size.
+    let bomb = zstd::encode_all(std::io::Read::take(std::io::repeat(b'0'), 256 << 20), 19).unwrap();
+    let bombed = chunk_rows(s.store.as_ref(), &job.job_id, 7, &item(7)).await;
+    s.store.put(&chunk_key(&job.job_id, 7), Bytes::from(bomb.clone()), "application/zstd").await.unwrap();
+    let mut bomb_item = item(7);
+    bomb_item.blob = BlobRef { key: chunk_key(&job.job_id, 7), sha256: shared::codec::sha256_hex(&bomb), compressed_bytes: bomb.len() as u64, raw_bytes: 4096 };
+    // Back on the queue: every item (chunk 7 as the bomb), chunk 5 twice, and two garbage bodies.
+    let mut bodies: Vec<String> = (0..10u32).filter(|c| *c != 7).map(|c| serde_json::to_string(&item(c)).unwrap()).collect();
+    bodies.push(serde_json::to_string(&bomb_item).unwrap());
+    bodies.push(serde_json::to_string(&item(5)).unwrap());
+    bodies.push("garbage, not JSON".into());
+    bodies.push("{\"v\":1,\"job_id\":\"../../etc\"}".into());
+    s.work.send(bodies).await.unwrap();
+    s.work.delete(&items.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>()).await.unwrap();
+
+    let p = s.start_processor(fast_processor());
+    let c = s.start_controller();
+    let agent = s.start_agent();
+    let report = s.wait_report(&job, T).await;
+    assert_consistent(&report);
+    assert_eq!(report.status, JobStatus::Partial);
+    let failed: Vec<u32> = report.failed_chunks.iter().map(|f| f.chunk).collect();
+    assert_eq!(failed, vec![3, 7], "exactly the poisoned chunks fail: {:?}", report.failed_chunks);
+    let by_chunk = |c: u32| report.failed_chunks.iter().find(|f| f.chunk == c).unwrap().reason.clone();
+    eprintln!("chunk 3: {}\nchunk 7: {}", by_chunk(3), by_chunk(7));
+    assert!(by_chunk(3).contains("does not exist") || by_chunk(3) == controller::aggregate::DEAD_LETTER_REASON, "{}", by_chunk(3));
+    assert!(by_chunk(7).contains("decompress") || by_chunk(7).contains("cap") || by_chunk(7) == controller::aggregate::DEAD_LETTER_REASON, "{}", by_chunk(7));
+    assert_eq!(report.transactions.processed, 16_000, "the duplicate of chunk 5 counted once");
+    // Every other transaction billed exactly: the report plus the two failed chunks' rows is the file.
+    let mut got: BTreeMap<String, (u64, Decimal)> = BTreeMap::new();
+    for a in &report.accounts {
+        let e = got.entry(a.account_id.clone()).or_default();
+        e.0 += a.count;
+        e.1 += a.gross.parse::<Decimal>().unwrap();
+    }
+    for lost in [&missing, &bombed] {
+        for (a, (n, g)) in lost {
+            let e = got.entry(a.clone()).or_default();
+            e.0 += n;
+            e.1 += g;
+        }
+    }
+    // Per account over its currencies (the chunk rows above are summed the same way).
+    let mut want: BTreeMap<String, (u64, Decimal)> = BTreeMap::new();
+    for (a, _, n, g, _, _) in expected_accounts(&files) {
+        let e = want.entry(a).or_default();
+        e.0 += n;
+        e.1 += g.parse::<Decimal>().unwrap();
+    }
+    assert_eq!(got, want, "exact totals for every chunk that could be billed");
+    // The garbage bodies went work queue -> dead-letter queue -> quarantine, and nothing is left.
+    let t = Instant::now();
+    while s.store.list("quarantine/", 10).await.unwrap().len() < 2 {
+        assert!(t.elapsed() < T, "garbage quarantined");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for q in [s.work.as_ref(), s.work_dlq.as_ref(), s.results.as_ref(), s.results_dlq.as_ref()] {
+        s.wait_depth(q, 0, Duration::from_secs(60)).await;
+    }
+    for (name, r) in [("processor", &p), ("controller", &c), ("agent", &agent)] {
+        assert!(!r.handle.is_finished(), "the {name} is still running");
+    }
+    // A job submitted now still runs to an exact report: nothing is stuck.
+    let more = vec![generated(dir.path(), "after.csv", 3_000, 10, 6)];
+    let next = s.submit(&more, 1_000).await;
+    let r = s.wait_report(&next, T).await;
+    assert_eq!((r.status, report_accounts(&r)), (JobStatus::Complete, expected_accounts(&more)));
+    p.stop().await;
+    c.stop().await;
+    agent.stop().await;
+}
