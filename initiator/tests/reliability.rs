@@ -7,6 +7,7 @@
 //!   garbage bodies: the jobs end partial naming exactly the failed chunks, the duplicate changes
 //!   nothing, the garbage is quarantined, every other transaction is billed exactly, every service
 //!   keeps running.
+//!
 //! Processor SIGKILL (`processor/tests/localstack.rs`), controller restart and crash
 //! (`pipeline.rs`, the container scenarios), RabbitMQ down (`processor/tests/broker_down.rs`, container
 //! scenario) and S3 frozen for 3 minutes (`faults.rs`) complete the suite.
