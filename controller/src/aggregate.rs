@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use shared::billing::Tariff;
 use shared::billing::{AccountTotals, Totals};
-use shared::blob::BlobStore;
+use shared::blob::{BlobStore, Cond};
 use shared::codec::{accounts_from_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
 use shared::error::{Error, Result};
 use shared::layout::{accounts_key, check_job_id, checkpoint_key, manifest_key, open_key, report_key, OPEN_PREFIX};
@@ -26,6 +26,8 @@ use shared::queue::Message;
 use shared::report;
 use shared::requests::RequestCounts;
 use tokio::time::Instant;
+
+use crate::lease::{Acquired, Held, Leases};
 
 /// Largest decompressed checkpoint, result payload or manifest accepted.
 const MAX_DOC_BYTES: u64 = 1 << 30;
@@ -67,6 +69,16 @@ impl Source {
 pub struct Applied {
     /// Durably applied (or duplicates of finished jobs, or quarantined): delete.
     pub delete: Vec<(Source, String)>,
+    /// Messages of jobs another controller owns: hand them back to the queue for their owner.
+    pub release: Vec<(Source, String)>,
+}
+
+/// What became of a job's messages.
+enum Step {
+    /// Applied (deletable now, or after the next checkpoint when empty).
+    Delete(Vec<(Source, String)>),
+    /// The job is another controller's.
+    NotMine,
 }
 
 enum Item {
@@ -99,6 +111,11 @@ struct Job {
     marked_open: bool,
     /// Set by an `Abandon` message: finish now, with this reason.
     abandon: Option<String>,
+    /// This controller's lease on the job.
+    lease: Held,
+    /// ETag of the checkpoint as last read or written (`None`: there is none yet): checkpoints are
+    /// written only if it still matches (fencing).
+    cp_etag: Option<String>,
 }
 
 /// The controller's in-memory view of the jobs it is aggregating.
@@ -108,12 +125,23 @@ pub struct Aggregator {
     finished: HashMap<String, JobStatus>,
     finished_order: VecDeque<String>,
     queues: HashMap<Source, String>,
+    leases: Leases,
 }
 
+/// Default lease time of a job (`--lease-secs`).
+pub const LEASE: Duration = Duration::from_secs(30);
+
 impl Aggregator {
+    /// An aggregator with a random owner name and the default lease time.
     pub fn new(store: Arc<dyn BlobStore>) -> Aggregator {
+        Self::with_owner(store, format!("controller-{}", uuid::Uuid::now_v7().simple()), LEASE)
+    }
+
+    /// An aggregator that holds job leases as `owner` for `lease` at a time.
+    pub fn with_owner(store: Arc<dyn BlobStore>, owner: String, lease: Duration) -> Aggregator {
         let queues = Source::ALL.iter().map(|s| (*s, s.default_queue().to_string())).collect();
-        Aggregator { store, jobs: HashMap::new(), finished: HashMap::new(), finished_order: VecDeque::new(), queues }
+        let leases = Leases::new(store.clone(), owner, lease);
+        Aggregator { store, jobs: HashMap::new(), finished: HashMap::new(), finished_order: VecDeque::new(), queues, leases }
     }
 
     /// Names the queue of a source (recorded with what is quarantined from it).
@@ -142,8 +170,9 @@ impl Aggregator {
         for (job_id, items) in groups {
             let receipts: Vec<(Source, String)> = items.iter().map(|(i, _)| (source, msgs[*i].receipt.clone())).collect();
             let items: Vec<Item> = items.into_iter().map(|(_, it)| it).collect();
-            match self.apply_job(&job_id, items, receipts).await {
-                Ok(deletable) => applied.delete.extend(deletable),
+            match self.apply_job(&job_id, items, receipts.clone()).await {
+                Ok(Step::Delete(deletable)) => applied.delete.extend(deletable),
+                Ok(Step::NotMine) => applied.release.extend(receipts),
                 Err(e) => {
                     // Everything applied since the last checkpoint is dropped with the job; those
                     // messages were not deleted and come back.
@@ -157,18 +186,32 @@ impl Aggregator {
 
     /// Applies a job's items; returns the receipts that may be deleted now (the job finished, or the
     /// messages belong to a job finished before).
-    async fn apply_job(&mut self, job_id: &str, items: Vec<Item>, receipts: Vec<(Source, String)>) -> Result<Vec<(Source, String)>> {
+    async fn apply_job(&mut self, job_id: &str, items: Vec<Item>, receipts: Vec<(Source, String)>) -> Result<Step> {
         if self.finished.contains_key(job_id) {
             tracing::debug!(job = %job_id, n = items.len(), "late duplicates of a finished job");
-            return Ok(receipts);
+            return Ok(Step::Delete(receipts));
         }
         let mut ctl = RequestCounts::default();
         ctl.add("sqs.ReceiveMessage", 1);
+        // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
+        if self.jobs.get(job_id).is_some_and(|j| !self.leases.fresh(&j.lease)) && !self.renew(job_id).await {
+            self.jobs.remove(job_id);
+        }
         if !self.jobs.contains_key(job_id) {
-            let job = self.load(job_id, &mut ctl).await?;
+            ctl.add("s3.GetObject", 1);
+            ctl.add("s3.PutObject", 1);
+            let lease = match self.leases.acquire(job_id).await? {
+                Acquired::Held(h) => h,
+                Acquired::Busy { owner } => {
+                    tracing::debug!(job = %job_id, %owner, n = receipts.len(), "job owned by another controller; messages handed back");
+                    return Ok(Step::NotMine);
+                }
+            };
+            let job = self.load(job_id, lease, &mut ctl).await?;
             if job.cp.status.is_finished() {
                 self.remember_finished(job_id, job.cp.status);
-                return Ok(receipts);
+                let _ = self.leases.release(job_id, &job.lease).await;
+                return Ok(Step::Delete(receipts));
             }
             self.jobs.insert(job_id.to_string(), job);
         }
@@ -181,14 +224,62 @@ impl Aggregator {
         job.pending.extend(receipts);
         job.cp.requests.merge(&ctl);
         if job.abandon.is_none() && job.cp.total_chunks != Some(job.cp.accounted.len() as u32) {
-            return Ok(Vec::new());
+            return Ok(Step::Delete(Vec::new()));
         }
-        self.finish(job_id).await
+        self.finish(job_id).await.map(Step::Delete)
+    }
+
+    /// Renews the lease of a job in memory; `false` when it is lost (the job is then dropped).
+    async fn renew(&mut self, job_id: &str) -> bool {
+        let Some(job) = self.jobs.get_mut(job_id) else { return false };
+        match self.leases.renew(job_id, &mut job.lease).await {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::warn!(job = %job_id, pending = job.pending.len(), "lease lost to another controller; its messages go to the new owner");
+                self.jobs.remove(job_id);
+                false
+            }
+            Err(e) => {
+                tracing::warn!(job = %job_id, error = %e, "could not renew a lease");
+                false
+            }
+        }
+    }
+
+    /// Renews the leases that are due; jobs whose lease is lost are dropped (their messages were not
+    /// deleted and go to the new owner).
+    pub async fn renew_leases(&mut self) {
+        let due: Vec<String> = self.jobs.iter().filter(|(_, j)| self.leases.due(&j.lease)).map(|(k, _)| k.clone()).collect();
+        for job_id in due {
+            if !self.renew(&job_id).await && self.jobs.get(&job_id).is_some_and(|j| !self.leases.fresh(&j.lease)) {
+                // Not renewed in time (S3 unreachable): act no longer as the owner.
+                self.jobs.remove(&job_id);
+            }
+        }
+    }
+
+    /// Gives back every lease held (on shutdown, after the last checkpoint), so other controllers take
+    /// the jobs over at once.
+    pub async fn release_leases(&mut self) {
+        for (job_id, job) in self.jobs.drain() {
+            if let Err(e) = self.leases.release(&job_id, &job.lease).await {
+                tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
+            }
+        }
     }
 
     /// Writes the report of a job in memory (complete, or abandoned when it says so) and forgets it;
     /// returns its messages for deletion.
     async fn finish(&mut self, job_id: &str) -> Result<Vec<(Source, String)>> {
+        // Still the owner? (A paused owner whose lease lapsed must not write a report.)
+        {
+            let job = self.jobs.get_mut(job_id).expect("the job is in memory");
+            if !self.leases.renew(job_id, &mut job.lease).await? {
+                tracing::warn!(job = %job_id, "lease lost before the report; the new owner writes it");
+                self.jobs.remove(job_id);
+                return Ok(Vec::new());
+            }
+        }
         let mut job = self.jobs.remove(job_id).expect("the job is in memory");
         let mut done = RequestCounts::default();
         done.add("s3.GetObject", 1); // the manifest
@@ -198,6 +289,10 @@ impl Aggregator {
         job.cp.requests.merge(&done);
         let status = match finalize(&mut job, self.store.as_ref()).await {
             Ok(s) => s,
+            Err(Error::Conflict(why)) => {
+                tracing::warn!(job = %job_id, %why, "fenced while finishing: another controller owns the job now");
+                return Ok(Vec::new());
+            }
             Err(e) => {
                 job.cp.requests.sub(&done);
                 self.jobs.insert(job_id.to_string(), job);
@@ -207,6 +302,7 @@ impl Aggregator {
         if let Err(e) = self.store.delete(&open_key(job_id)).await {
             tracing::warn!(job = %job_id, error = %e, "could not remove the open-job marker; the next start removes it");
         }
+        let _ = self.leases.release(job_id, &job.lease).await;
         self.remember_finished(job_id, status);
         Ok(job.pending)
     }
@@ -245,9 +341,14 @@ impl Aggregator {
                 continue;
             }
             let mut ctl = RequestCounts::default();
-            let mut job = self.load(job_id, &mut ctl).await?;
+            let lease = match self.leases.acquire(job_id).await? {
+                Acquired::Held(h) => h,
+                Acquired::Busy { .. } => continue,
+            };
+            let mut job = self.load(job_id, lease, &mut ctl).await?;
             if job.cp.status.is_finished() {
                 self.store.delete(&key).await?;
+                let _ = self.leases.release(job_id, &job.lease).await;
                 continue;
             }
             job.marked_open = true;
@@ -290,10 +391,18 @@ impl Aggregator {
                 job.cp.requests.add("s3.PutObject", 1);
                 self.store.put(&open_key(&job_id), Bytes::new(), "application/octet-stream").await
             };
-            match marked.and(save_checkpoint(job, self.store.as_ref()).await) {
+            let saved = match marked {
+                Ok(()) => save_checkpoint(job, self.store.as_ref()).await,
+                Err(e) => Err(e),
+            };
+            match saved {
                 Ok(()) => {
                     job.marked_open = true;
                     out.append(&mut job.pending)
+                }
+                Err(Error::Conflict(why)) => {
+                    tracing::warn!(job = %job_id, %why, pending = job.pending.len(), "fenced: another controller owns the job now; its messages go there");
+                    self.jobs.remove(&job_id);
                 }
                 Err(e) => {
                     tracing::warn!(job = %job_id, error = %e, "checkpoint failed; its messages will be redelivered");
@@ -304,16 +413,16 @@ impl Aggregator {
         out
     }
 
-    async fn load(&self, job_id: &str, ctl: &mut RequestCounts) -> Result<Job> {
+    async fn load(&self, job_id: &str, lease: Held, ctl: &mut RequestCounts) -> Result<Job> {
         ctl.add("s3.GetObject", 1);
-        match self.store.get(&checkpoint_key(job_id)).await? {
-            Some(data) => {
+        match self.store.get_tagged(&checkpoint_key(job_id)).await? {
+            Some((data, etag)) => {
                 let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES)?;
                 let mut totals = Totals::new();
                 totals.add_all(cp.accounts.iter());
                 cp.accounts = Vec::new();
                 tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, "resumed job from checkpoint");
-                Ok(Job { cp, totals, pending: Vec::new(), last_activity: Instant::now(), marked_open: true, abandon: None })
+                Ok(Job { cp, totals, pending: Vec::new(), last_activity: Instant::now(), marked_open: true, abandon: None, lease, cp_etag: Some(etag) })
             }
             None => Ok(Job {
                 cp: Checkpoint {
@@ -333,6 +442,8 @@ impl Aggregator {
                 last_activity: Instant::now(),
                 marked_open: false,
                 abandon: None,
+                lease,
+                cp_etag: None,
             }),
         }
     }
@@ -466,7 +577,17 @@ async fn save_checkpoint(job: &mut Job, store: &dyn BlobStore) -> Result<()> {
     let bytes = to_zstd_json(&job.cp);
     job.cp.accounts = Vec::new();
     let meta = shared::model::Progress::of(&job.cp).to_meta();
-    store.put_with_meta(&checkpoint_key(&job.cp.job_id), Bytes::from(bytes?), "application/zstd", &meta).await
+    let cond = match &job.cp_etag {
+        Some(e) => Cond::Matches(e.clone()),
+        None => Cond::Absent,
+    };
+    match store.put_if(&checkpoint_key(&job.cp.job_id), Bytes::from(bytes?), "application/zstd", &meta, &cond).await? {
+        Some(etag) => {
+            job.cp_etag = Some(etag);
+            Ok(())
+        }
+        None => Err(Error::Conflict(format!("the checkpoint of job {} was written by another controller", job.cp.job_id))),
+    }
 }
 
 /// The sum of the rows' counts, unless it does not fit.

@@ -4,7 +4,9 @@
 //! warehouse when every chunk of a job is accounted for. A timer abandons jobs that never seal.
 
 pub mod aggregate;
+pub mod lease;
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ use shared::listener::args::ListenerArgs;
 use shared::listener::dynamic_consumers::ScalingPolicy;
 use shared::listener::{state, Completions, Engine, Handler, Outcome};
 use shared::queue::{Message, Queue};
-use shared::trigger::Subscription;
+use shared::trigger::{Notifier, Subscription, TriggerBus};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -33,11 +35,19 @@ pub struct Settings {
     /// with what was processed, after this many seconds without a result.
     #[arg(long, env = "CONTROLLER_ABANDON_AFTER", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=30 * 86_400))]
     pub abandon_after: u64,
+    /// Job lease time, seconds: several controllers may share the results queue, each job has one
+    /// owner, and a dead owner's jobs are taken over this long after its last renewal.
+    #[arg(long, env = "CONTROLLER_LEASE_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=3600))]
+    pub lease_secs: u64,
+    /// Name of this controller in job leases; unique per controller, stable across its restarts
+    /// [default: $HOSTNAME, else controller-PID].
+    #[arg(long, env = "CONTROLLER_ID")]
+    pub id: Option<String>,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { listener: ListenerArgs::default(), drain_secs: 30, abandon_after: 3600 }
+        Settings { listener: ListenerArgs::default(), drain_secs: 30, abandon_after: 3600, lease_secs: 30, id: None }
     }
 }
 
@@ -52,6 +62,9 @@ pub struct Deps {
     /// Work-detected triggers (RabbitMQ subscription): with them, idle listeners park (no requests)
     /// until processors or initiators announce results or dead letters.
     pub triggers: Option<Subscription>,
+    /// Where to announce messages handed back to the queue for another controller (the job's owner),
+    /// so that its parked listener wakes.
+    pub publish: Option<Arc<dyn TriggerBus>>,
 }
 
 /// Checkpoint at least this often while messages are pending.
@@ -80,7 +93,12 @@ struct ResultsHandler {
     source: Source,
     agg: Arc<Mutex<Aggregator>>,
     sinks: Sinks,
+    /// Announces messages handed back for another controller.
+    handed_back: Option<Notifier>,
 }
+
+/// A message of a job another controller owns goes back to the queue after this long.
+const HAND_BACK: Duration = Duration::from_secs(1);
 
 #[async_trait]
 impl Handler for ResultsHandler {
@@ -91,21 +109,26 @@ impl Handler for ResultsHandler {
     async fn handle(&self, msgs: &[Message], _done: &Completions) -> Vec<Outcome> {
         // Applied in memory, checkpointed, then deleted; a crash anywhere before the delete redelivers
         // the messages and the checkpoint makes the replay a no-op.
-        let mut deletable = {
+        let (mut deletable, release) = {
             let mut agg = self.agg.lock().await;
             let applied = agg.apply(self.source, msgs).await;
             let mut deletable = applied.delete;
             if agg.pending() >= FLUSH_MESSAGES {
                 deletable.extend(agg.flush().await);
             }
-            deletable
+            (deletable, applied.release)
         };
+        if let (Some(n), false) = (&self.handed_back, release.is_empty()) {
+            n.notify(release.len() as u64);
+        }
         let out = msgs
             .iter()
             .map(|m| {
                 if let Some(i) = deletable.iter().position(|(s, r)| *s == self.source && *r == m.receipt) {
                     deletable.swap_remove(i);
                     Outcome::Done
+                } else if release.iter().any(|(_, r)| *r == m.receipt) {
+                    Outcome::Release(HAND_BACK)
                 } else {
                     // Waiting for the next checkpoint (or, when the job could not be saved, for
                     // redelivery after the visibility timeout).
@@ -122,7 +145,13 @@ impl Handler for ResultsHandler {
 /// checkpoints pending work and one that abandons jobs that never seal; on shutdown the last
 /// checkpoint is written and its messages deleted.
 pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> shared::Result<()> {
-    let mut aggregator = Aggregator::new(deps.store.clone());
+    // Stable across restarts of one container (its hostname), so a restarted controller takes its own
+    // leases back at once; a host process is told apart by its pid (its jobs wait for lease expiry).
+    let owner = settings.id.clone().unwrap_or_else(|| match std::env::var("HOSTNAME") {
+        Ok(h) if !h.is_empty() => h,
+        _ => format!("controller-{}", std::process::id()),
+    });
+    let mut aggregator = Aggregator::with_owner(deps.store.clone(), owner.clone(), Duration::from_secs(settings.lease_secs));
     for (source, q) in [(Source::Results, &deps.results), (Source::WorkDeadLetter, &deps.work_dlq), (Source::ResultsDeadLetter, &deps.results_dlq)] {
         aggregator.set_queue(source, q.name());
     }
@@ -135,7 +164,16 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     let agg = Arc::new(Mutex::new(aggregator));
     let sinks: Sinks = Arc::default();
     let cfg = settings.listener.engine(deps.triggers.is_some());
-    let handler = |source| Arc::new(ResultsHandler { source, agg: agg.clone(), sinks: sinks.clone() });
+    let notifier = |q: &Arc<dyn Queue>| deps.publish.clone().map(|bus| Notifier::new(bus, q.name(), "controller", Duration::from_millis(100)));
+    let notifiers: HashMap<Source, Option<Notifier>> = [
+        (Source::Results, notifier(&deps.results)),
+        (Source::WorkDeadLetter, notifier(&deps.work_dlq)),
+        (Source::ResultsDeadLetter, notifier(&deps.results_dlq)),
+    ]
+    .into_iter()
+    .collect();
+    let handler =
+        |source| Arc::new(ResultsHandler { source, agg: agg.clone(), sinks: sinks.clone(), handed_back: notifiers.get(&source).cloned().flatten() });
     let results = Engine::start(deps.results.clone(), None, handler(Source::Results), cfg.clone()).await?;
     // Dead letters are rare: one consumer each is plenty.
     let dlq_cfg = shared::listener::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg };
@@ -160,7 +198,10 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tick.tick() => flush(&agg, &sinks).await,
+                    _ = tick.tick() => {
+                        flush(&agg, &sinks).await;
+                        agg.lock().await.renew_leases().await;
+                    }
                 }
             }
         });
@@ -188,6 +229,8 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         results_dlq = deps.results_dlq.name(),
         bucket = deps.store.bucket(),
         abandon_after_secs = settings.abandon_after,
+        %owner,
+        lease_secs = settings.lease_secs,
         "controller started"
     );
     shutdown.cancelled().await;
@@ -200,6 +243,8 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     for e in &engines {
         e.finish(true).await;
     }
+    // Other controllers may take this one's jobs over at once.
+    agg.lock().await.release_leases().await;
     tracing::info!("controller stopped");
     Ok(())
 }

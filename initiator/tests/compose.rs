@@ -34,6 +34,7 @@ fn main() -> ExitCode {
         trial("processor_container_killed_mid_job_totals_exact", processor_killed_mid_job),
         trial("compose_stop_processor_drains_and_loses_nothing", stop_processor_drains),
         trial("controller_container_restarted_mid_job_totals_exact", controller_restarted_mid_job),
+        trial("two_controller_replicas_rolling_restart_mid_job_totals_exact", controllers_rolling_restart),
         trial("rabbitmq_container_stopped_mid_job_job_completes", rabbitmq_stopped_mid_job),
         trial("agent_scales_processor_containers_up_and_back_totals_exact", agent_scales_containers),
     ];
@@ -459,6 +460,27 @@ fn controller_restarted_mid_job() {
         assert!(r.status.success(), "compose restart controller: {}", text(&r.stderr));
         assert_ne!(inspect(&id, "{{.State.StartedAt}}"), started, "the controller was not restarted");
     });
+    fleet.down();
+}
+
+/// Two controller replicas on one results queue (job leases decide which one aggregates the job); a
+/// rolling restart mid-job, one replica at a time (SIGTERM: it gives its leases back), each running
+/// again before the next: the totals equal `initiator local`'s and both replicas run at the end.
+fn controllers_rolling_restart() {
+    let mut fleet = Fleet::up_with("controllers", 2, AGENT_DECIDES_ONLY);
+    let r = fleet.compose(&["up", "-d", "--no-deps", "--no-recreate", "--scale", "controller=2", "controller"]);
+    assert!(r.status.success(), "compose up --scale controller=2: {}", text(&r.stderr));
+    assert_eq!(fleet.running("controller").len(), 2, "two controller replicas");
+    million_job(&fleet, |fleet| {
+        for id in fleet.running("controller") {
+            let started = inspect(&id, "{{.State.StartedAt}}");
+            let out = sh(Command::new("docker").args(["restart", &id]));
+            assert!(out.status.success(), "docker restart {id}: {}", text(&out.stderr));
+            assert_ne!(inspect(&id, "{{.State.StartedAt}}"), started, "controller {id} was not restarted");
+            assert_eq!(inspect(&id, "{{.State.Running}}"), "true", "controller {id} runs again before the next one restarts");
+        }
+    });
+    assert_eq!(fleet.running("controller").len(), 2, "both replicas run after the job");
     fleet.down();
 }
 

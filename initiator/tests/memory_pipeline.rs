@@ -42,6 +42,7 @@ async fn large_results_travel_as_blobs() {
             results_dlq: MemoryQueue::new("results-dlq", Duration::from_secs(30)),
             store: store.clone() as Arc<dyn BlobStore>,
             triggers: None,
+            publish: None,
         },
         stop.clone(),
     ));
@@ -97,6 +98,19 @@ impl BlobStore for FailingStore {
     async fn delete(&self, key: &str) -> shared::Result<()> {
         self.inner.delete(key).await
     }
+    async fn get_tagged(&self, key: &str) -> shared::Result<Option<(bytes::Bytes, String)>> {
+        self.inner.get_tagged(key).await
+    }
+    async fn put_if(
+        &self,
+        key: &str,
+        body: bytes::Bytes,
+        content_type: &str,
+        meta: &std::collections::BTreeMap<String, String>,
+        cond: &shared::blob::Cond,
+    ) -> shared::Result<Option<String>> {
+        self.inner.put_if(key, body, content_type, meta, cond).await
+    }
     fn calls(&self) -> &shared::requests::CallCounter {
         self.inner.calls()
     }
@@ -146,6 +160,19 @@ impl BlobStore for JitterStore {
     }
     async fn delete(&self, key: &str) -> shared::Result<()> {
         self.0.delete(key).await
+    }
+    async fn get_tagged(&self, key: &str) -> shared::Result<Option<(bytes::Bytes, String)>> {
+        self.0.get_tagged(key).await
+    }
+    async fn put_if(
+        &self,
+        key: &str,
+        body: bytes::Bytes,
+        content_type: &str,
+        meta: &std::collections::BTreeMap<String, String>,
+        cond: &shared::blob::Cond,
+    ) -> shared::Result<Option<String>> {
+        self.0.put_if(key, body, content_type, meta, cond).await
     }
     fn calls(&self) -> &shared::requests::CallCounter {
         self.0.calls()

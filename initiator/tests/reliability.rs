@@ -69,6 +69,7 @@ async fn the_whole_stack_frozen_for_10_s_mid_job_totals_exact_services_alive() {
             results_dlq: results_dlq.clone(),
             store: store.clone(),
             triggers: n.subscribe([results.name(), work_dlq.name(), results_dlq.name()].map(shared::trigger::work_key).to_vec(), &stop),
+            publish: n.trigger_bus(),
         },
         stop.clone(),
     ));

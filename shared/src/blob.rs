@@ -13,6 +13,15 @@ use crate::error::{Error, Result, Service};
 use crate::queue::sdk_error;
 use crate::requests::CallCounter;
 
+/// The condition of a conditional write (S3 `If-None-Match: *` / `If-Match: etag`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cond {
+    /// Only if the object does not exist.
+    Absent,
+    /// Only if the object's current ETag is this one.
+    Matches(String),
+}
+
 #[async_trait]
 pub trait BlobStore: Send + Sync + 'static {
     fn bucket(&self) -> &str;
@@ -28,6 +37,11 @@ pub trait BlobStore: Send + Sync + 'static {
     async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
         Ok(self.get(key).await?.map(|_| BTreeMap::new()))
     }
+    /// An object's body and ETag; `None` when it does not exist.
+    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>>;
+    /// Writes only if `cond` holds: `Some(new etag)`, or `None` when it did not (another writer came
+    /// first). The fencing primitive of leases and checkpoints.
+    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>>;
     /// Keys under `prefix`, in key order, at most `limit` of them.
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>>;
     /// Deletes an object (no error when it does not exist).
@@ -95,6 +109,54 @@ impl BlobStore for S3Store {
             })
             .await?;
         Ok(())
+    }
+
+    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+        self.policy
+            .run(Service::S3, "GetObject", Duration::ZERO, || async {
+                self.calls.bump("s3.GetObject");
+                match self.client.get_object().bucket(&self.bucket).key(key).send().await {
+                    Ok(out) => {
+                        let etag = out.e_tag().unwrap_or_default().to_string();
+                        let data = out.body.collect().await.map_err(|e| Error::Service {
+                            service: Service::S3,
+                            operation: "GetObject",
+                            detail: format!("reading body of {key}: {e}"),
+                            retryable: true,
+                        })?;
+                        Ok(Some((data.into_bytes(), etag)))
+                    }
+                    Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
+                    Err(e) => Err(sdk_error(Service::S3, "GetObject", &self.endpoint, e)),
+                }
+            })
+            .await
+    }
+
+    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+        self.policy
+            .run(Service::S3, "PutObject", Duration::ZERO, || async {
+                self.calls.bump("s3.PutObject");
+                let req = self
+                    .client
+                    .put_object()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .content_type(content_type)
+                    .set_metadata((!meta.is_empty()).then(|| meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect()))
+                    .body(ByteStream::from(body.clone()));
+                let req = match cond {
+                    Cond::Absent => req.if_none_match("*"),
+                    Cond::Matches(etag) => req.if_match(etag),
+                };
+                match req.send().await {
+                    Ok(out) => Ok(Some(out.e_tag().unwrap_or_default().to_string())),
+                    // 412: the condition failed; 409: a concurrent conditional write won.
+                    Err(e) if e.raw_response().is_some_and(|r| matches!(r.status().as_u16(), 409 | 412)) => Ok(None),
+                    Err(e) => Err(sdk_error(Service::S3, "PutObject", &self.endpoint, e)),
+                }
+            })
+            .await
     }
 
     async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {

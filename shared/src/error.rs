@@ -41,6 +41,10 @@ pub enum Error {
     /// Data that failed an integrity or format check (checksum, size cap, schema). Never retryable.
     #[error("corrupt data: {0}")]
     Corrupt(String),
+    /// A conditional write lost: another writer changed the object first (a lease or checkpoint now
+    /// held by someone else). Never retryable: the caller has lost ownership.
+    #[error("conflict: {0}")]
+    Conflict(String),
     /// Bad configuration or arguments.
     #[error("configuration: {0}")]
     Config(String),
@@ -52,7 +56,7 @@ impl Error {
         match self {
             Error::Unreachable { .. } | Error::Timeout { .. } => true,
             Error::Service { retryable, .. } => *retryable,
-            Error::NotFound { .. } | Error::Corrupt(_) | Error::Config(_) => false,
+            Error::NotFound { .. } | Error::Corrupt(_) | Error::Config(_) | Error::Conflict(_) => false,
         }
     }
 

@@ -35,6 +35,11 @@ pub fn accounts_key(job: &str) -> String {
     format!("{WAREHOUSE_PREFIX}{job}/accounts.csv")
 }
 
+/// Which controller owns a job now, until when (seed 003's leases, per job).
+pub fn lease_key(job: &str) -> String {
+    format!("leases/{job}.json")
+}
+
 pub fn open_key(job: &str) -> String {
     format!("{OPEN_PREFIX}{job}")
 }

@@ -251,6 +251,9 @@ impl Queue for MemoryQueue {
 pub struct MemoryStore {
     objects: Mutex<HashMap<String, Bytes>>,
     meta: Mutex<HashMap<String, std::collections::BTreeMap<String, String>>>,
+    /// ETag of each object: a write counter.
+    etags: Mutex<HashMap<String, u64>>,
+    writes: std::sync::atomic::AtomicU64,
     calls: CallCounter,
 }
 
@@ -278,9 +281,42 @@ impl BlobStore for MemoryStore {
 
     async fn put_with_meta(&self, key: &str, body: Bytes, _content_type: &str, meta: &std::collections::BTreeMap<String, String>) -> Result<()> {
         self.calls.bump("s3.PutObject");
-        crate::lock(&self.objects).insert(key.to_string(), body);
+        let mut objects = crate::lock(&self.objects);
+        objects.insert(key.to_string(), body);
         crate::lock(&self.meta).insert(key.to_string(), meta.clone());
+        crate::lock(&self.etags).insert(key.to_string(), self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
         Ok(())
+    }
+
+    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+        self.calls.bump("s3.GetObject");
+        let objects = crate::lock(&self.objects);
+        Ok(objects.get(key).map(|b| (b.clone(), format!("\"{}\"", crate::lock(&self.etags).get(key).copied().unwrap_or(0)))))
+    }
+
+    async fn put_if(
+        &self,
+        key: &str,
+        body: Bytes,
+        _content_type: &str,
+        meta: &std::collections::BTreeMap<String, String>,
+        cond: &crate::blob::Cond,
+    ) -> Result<Option<String>> {
+        self.calls.bump("s3.PutObject");
+        let mut objects = crate::lock(&self.objects);
+        let current = objects.contains_key(key).then(|| format!("\"{}\"", crate::lock(&self.etags).get(key).copied().unwrap_or(0)));
+        let holds = match cond {
+            crate::blob::Cond::Absent => current.is_none(),
+            crate::blob::Cond::Matches(e) => current.as_deref() == Some(e.as_str()),
+        };
+        if !holds {
+            return Ok(None);
+        }
+        let n = self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        objects.insert(key.to_string(), body);
+        crate::lock(&self.meta).insert(key.to_string(), meta.clone());
+        crate::lock(&self.etags).insert(key.to_string(), n);
+        Ok(Some(format!("\"{n}\"")))
     }
 
     async fn head(&self, key: &str) -> Result<Option<std::collections::BTreeMap<String, String>>> {

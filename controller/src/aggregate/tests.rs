@@ -273,7 +273,8 @@ async fn abandon_finishes_a_job_with_what_was_processed() {
 #[tokio::test(start_paused = true)]
 async fn unsealed_jobs_expire_also_after_a_restart() {
     let store = MemoryStore::new();
-    let mut agg = Aggregator::new(store.clone());
+    // The same controller before and after its restart (a stable id: it takes its leases back at once).
+    let mut agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
     agg.apply(Source::Results, &[result("e1", 0, vec![acct("a", 1, 100, 1)])]).await;
     put_manifest(&store, &manifest("e2", &[1, 1])).await;
     agg.apply(Source::Results, &[sealed("e2", 2), result("e2", 0, vec![acct("a", 1, 100, 1)])]).await;
@@ -281,8 +282,8 @@ async fn unsealed_jobs_expire_also_after_a_restart() {
     assert_eq!(store.keys().iter().filter(|k| k.starts_with("open/")).count(), 2, "open markers");
     tokio::time::advance(Duration::from_secs(30)).await;
     assert!(agg.expire(Duration::from_secs(60)).await.is_empty(), "not yet");
-    drop(agg); // restart
-    let mut agg = Aggregator::new(store.clone());
+    drop(agg); // crash and restart
+    let mut agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
     assert_eq!(agg.resume_open().await.unwrap(), 2);
     tokio::time::advance(Duration::from_secs(61)).await;
     agg.expire(Duration::from_secs(60)).await;
@@ -290,4 +291,39 @@ async fn unsealed_jobs_expire_also_after_a_restart() {
     assert_eq!((r.status, r.transactions.processed), (JobStatus::Abandoned, 1));
     assert!(report_of(&store, "e2").await.is_none(), "a sealed job waits for its chunks");
     assert_eq!(store.keys().iter().filter(|k| k.starts_with("open/")).cloned().collect::<Vec<_>>(), vec!["open/e2".to_string()]);
+}
+
+/// Two controllers, one job: a stale owner (its lease lapsed while it held unsaved state) cannot
+/// overwrite the new owner's checkpoint; a job another controller holds is handed back; the totals end
+/// exact once the stale owner's messages come back to the new owner.
+#[tokio::test]
+async fn a_stale_owner_is_fenced_and_messages_of_anothers_job_are_handed_back() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("f", &[1, 1, 1])).await;
+    let ttl = Duration::from_millis(600);
+    let mut a = Aggregator::with_owner(store.clone(), "a".into(), ttl);
+    let mut b = Aggregator::with_owner(store.clone(), "b".into(), ttl);
+    let r0 = result("f", 0, vec![acct("x", 1, 100, 1)]);
+    let r1 = result("f", 1, vec![acct("x", 1, 200, 1)]);
+    let r2 = result("f", 2, vec![acct("y", 1, 300, 1)]);
+    // a owns the job and holds chunk 0 unsaved; b is turned away meanwhile.
+    assert!(a.apply(Source::Results, std::slice::from_ref(&r0)).await.delete.is_empty());
+    let turned = b.apply(Source::Results, std::slice::from_ref(&r1)).await;
+    assert_eq!((turned.delete.len(), turned.release.len()), (0, 1), "b hands the message back to a");
+    // a pauses past its lease; b takes the job over and checkpoints chunk 1.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    b.apply(Source::Results, &[r1.clone(), sealed("f", 3)]).await;
+    assert_eq!(b.flush().await.len(), 2);
+    // a wakes and tries to save chunk 0: fenced, nothing deleted, b's checkpoint intact.
+    assert!(a.flush().await.is_empty(), "a stale owner's messages are not deleted");
+    assert_eq!(a.open_jobs(), 0, "a dropped the job");
+    let cp: Checkpoint = from_zstd_json(&store.get(&checkpoint_key("f")).await.unwrap().unwrap(), 1 << 20).unwrap();
+    assert_eq!(cp.accounted.iter().copied().collect::<Vec<_>>(), vec![1], "b's checkpoint was not overwritten");
+    // a receives chunk 2: b holds the job, so it is handed back.
+    assert_eq!(a.apply(Source::Results, std::slice::from_ref(&r2)).await.release.len(), 1);
+    // Chunk 0 (redelivered: a never deleted it) and chunk 2 reach b: exact.
+    b.apply(Source::Results, &[r0, r2]).await;
+    let r = report_of(&store, "f").await.expect("b finished the job");
+    assert_eq!(r.transactions.processed, 3);
+    assert_eq!(r.accounts.iter().map(|a| (a.account_id.as_str(), a.count, a.gross.as_str())).collect::<Vec<_>>(), [("x", 2, "3.00"), ("y", 1, "3.00")]);
 }

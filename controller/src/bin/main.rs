@@ -33,6 +33,6 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     use shared::queue::Queue;
     let keys = [results.name(), work_dlq.name(), results_dlq.name()].map(shared::trigger::work_key).to_vec();
     let triggers = cli.fleet.subscribe(keys, &shutdown);
-    controller::run(cli.settings, controller::Deps { results, work_dlq, results_dlq, store, triggers }, shutdown).await?;
+    controller::run(cli.settings, controller::Deps { results, work_dlq, results_dlq, store, triggers, publish: cli.fleet.trigger_bus() }, shutdown).await?;
     Ok(())
 }

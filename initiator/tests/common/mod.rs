@@ -127,6 +127,7 @@ impl Stack {
             results_dlq: self.results_dlq.clone(),
             store: self.store.clone(),
             triggers: self.names.subscribe([self.results.name(), self.work_dlq.name(), self.results_dlq.name()].map(shared::trigger::work_key).to_vec(), &stop),
+            publish: self.names.trigger_bus(),
         };
         let settings = controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() };
         let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));

@@ -1,0 +1,147 @@
+//! Job leases and fencing (seed 003's partition leases, one per job): several controllers may read one
+//! results queue, and each job has one owner at a time. The lease (`leases/{job}.json`: owner, expiry,
+//! epoch) is taken and renewed with conditional S3 writes (If-None-Match / If-Match on its ETag), so
+//! two controllers never both believe they hold it; a dead owner's lease expires and the next
+//! controller that receives a message of the job takes it over. Checkpoints are fenced the same way
+//! (`aggregate`): written If-Match the ETag the owner last read or wrote, so an owner that lost its
+//! lease (paused, partitioned) cannot overwrite what the new owner wrote.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use shared::blob::{BlobStore, Cond};
+use shared::error::Result;
+use shared::layout::lease_key;
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct LeaseDoc {
+    owner: String,
+    /// Unix time, ms, after which another controller may take the job.
+    expires_ms: u64,
+    /// Grows with every change of owner.
+    epoch: u64,
+}
+
+/// A lease this controller holds.
+#[derive(Debug, Clone)]
+pub struct Held {
+    etag: String,
+    epoch: u64,
+    /// When it was last written (taken or renewed).
+    written: Instant,
+}
+
+/// The answer to a request for a job's lease.
+#[derive(Debug)]
+pub enum Acquired {
+    Held(Held),
+    /// Another controller holds it.
+    Busy { owner: String },
+}
+
+/// Takes, renews and gives back job leases for one controller.
+pub struct Leases {
+    store: Arc<dyn BlobStore>,
+    owner: String,
+    ttl: Duration,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Leases {
+    pub fn new(store: Arc<dyn BlobStore>, owner: String, ttl: Duration) -> Leases {
+        Leases { store, owner, ttl }
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    async fn write(&self, job: &str, doc: &LeaseDoc, cond: Cond) -> Result<Option<String>> {
+        let body = Bytes::from(serde_json::to_vec(doc)?);
+        self.store.put_if(&lease_key(job), body, "application/json", &BTreeMap::new(), &cond).await
+    }
+
+    /// Takes the job's lease if it is free, expired or already ours.
+    pub async fn acquire(&self, job: &str) -> Result<Acquired> {
+        let (cond, epoch) = match self.store.get_tagged(&lease_key(job)).await? {
+            None => (Cond::Absent, 1),
+            Some((body, etag)) => match serde_json::from_slice::<LeaseDoc>(&body) {
+                Ok(doc) if doc.owner != self.owner && doc.expires_ms > now_ms() => return Ok(Acquired::Busy { owner: doc.owner }),
+                Ok(doc) => (Cond::Matches(etag), doc.epoch + u64::from(doc.owner != self.owner)),
+                // Unreadable: nobody can hold it.
+                Err(_) => (Cond::Matches(etag), 1),
+            },
+        };
+        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: now_ms() + self.ttl.as_millis() as u64, epoch };
+        let written = Instant::now();
+        Ok(match self.write(job, &doc, cond).await? {
+            Some(etag) => {
+                tracing::debug!(job, epoch, owner = %self.owner, "lease taken");
+                Acquired::Held(Held { etag, epoch, written })
+            }
+            // Another controller wrote it between our read and write.
+            None => Acquired::Busy { owner: "(another controller, just now)".into() },
+        })
+    }
+
+    /// Whether a held lease is young enough to act on (a third of its life is kept as margin for
+    /// clock skew and slow calls).
+    pub fn fresh(&self, held: &Held) -> bool {
+        held.written.elapsed() < self.ttl * 2 / 3
+    }
+
+    /// Whether it is time to renew (a third of its life has passed).
+    pub fn due(&self, held: &Held) -> bool {
+        held.written.elapsed() >= self.ttl / 3
+    }
+
+    /// Extends a held lease; `false` when it was lost (someone else wrote it).
+    pub async fn renew(&self, job: &str, held: &mut Held) -> Result<bool> {
+        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: now_ms() + self.ttl.as_millis() as u64, epoch: held.epoch };
+        let written = Instant::now();
+        match self.write(job, &doc, Cond::Matches(held.etag.clone())).await? {
+            Some(etag) => {
+                *held = Held { etag, epoch: held.epoch, written };
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Gives a lease back (expired at once), so another controller can take the job without waiting.
+    pub async fn release(&self, job: &str, held: &Held) -> Result<()> {
+        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: 0, epoch: held.epoch };
+        self.write(job, &doc, Cond::Matches(held.etag.clone())).await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shared::memory::MemoryStore;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn one_owner_at_a_time_and_takeover_after_expiry() {
+        let store = MemoryStore::new();
+        let a = Leases::new(store.clone(), "a".into(), Duration::from_millis(200));
+        let b = Leases::new(store.clone(), "b".into(), Duration::from_millis(200));
+        let Acquired::Held(mut ha) = a.acquire("j").await.unwrap() else { panic!("free lease") };
+        assert!(matches!(b.acquire("j").await.unwrap(), Acquired::Busy { owner } if owner == "a"));
+        assert!(a.renew("j", &mut ha).await.unwrap());
+        assert!(matches!(a.acquire("j").await.unwrap(), Acquired::Held(_)), "ours: taken again");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let Acquired::Held(hb) = b.acquire("j").await.unwrap() else { panic!("expired: b takes it") };
+        assert_eq!(hb.epoch, 2);
+        assert!(!a.renew("j", &mut ha).await.unwrap(), "a lost it");
+        b.release("j", &hb).await.unwrap();
+        assert!(matches!(a.acquire("j").await.unwrap(), Acquired::Held(h) if h.epoch == 3), "released: free at once");
+    }
+}
