@@ -58,7 +58,9 @@ async fn every_call_to_a_hung_service_ends_at_the_deadline() {
     let hung_open = hung.queue(&s.names.work_queue);
     bounded("GetQueueUrl", async { hung_open.await.map(|_| ()) }).await;
     proxy.thaw();
-    assert_eq!(q.depth().await.unwrap().visible, 1, "the same client works once the service answers again");
+    // (The requests held in the proxy reach LocalStack now, so the counts may have moved.)
+    let d = q.depth().await.expect("the same client works once the service answers again");
+    assert!(d.visible + d.in_flight >= 1, "{d:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
