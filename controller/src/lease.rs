@@ -40,7 +40,9 @@ pub struct Held {
 pub enum Acquired {
     Held(Held),
     /// Another controller holds it.
-    Busy { owner: String },
+    Busy {
+        owner: String,
+    },
 }
 
 /// Takes, renews and gives back job leases for one controller.

@@ -172,8 +172,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     ]
     .into_iter()
     .collect();
-    let handler =
-        |source| Arc::new(ResultsHandler { source, agg: agg.clone(), sinks: sinks.clone(), handed_back: notifiers.get(&source).cloned().flatten() });
+    let handler = |source| Arc::new(ResultsHandler { source, agg: agg.clone(), sinks: sinks.clone(), handed_back: notifiers.get(&source).cloned().flatten() });
     let results = Engine::start(deps.results.clone(), None, handler(Source::Results), cfg.clone()).await?;
     // Dead letters are rare: one consumer each is plenty.
     let dlq_cfg = shared::listener::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg };

@@ -71,7 +71,8 @@ async fn a_controller_whose_store_hangs_still_stops_in_time() {
     let store = hung.store(&s.names.bucket);
     proxy.freeze();
     let stop = tokio_util::sync::CancellationToken::new();
-    let deps = controller::Deps { results: s.results.clone(), work_dlq: s.work_dlq.clone(), results_dlq: s.results_dlq.clone(), store, triggers: None, publish: None };
+    let deps =
+        controller::Deps { results: s.results.clone(), work_dlq: s.work_dlq.clone(), results_dlq: s.results_dlq.clone(), store, triggers: None, publish: None };
     let settings = controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 2, ..Default::default() };
     let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
     let body = serde_json::to_string(&shared::model::ResultMessage::Sealed { v: 1, job_id: "hung-store".into(), total_chunks: 3 }).unwrap();

@@ -210,7 +210,8 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
     p.stop().await;
 
     // First controller: applies and checkpoints two batches, then "crashes" before deleting them.
-    let mut agg = controller::Aggregator::new(st.store.clone());
+    // (The same controller as the ones started below: a crash and restart, not a second replica.)
+    let mut agg = controller::Aggregator::with_owner(st.store.clone(), TEST_CONTROLLER.into(), controller::aggregate::LEASE);
     for _ in 0..2 {
         let msgs = st.results.receive(10, Duration::from_secs(1)).await.unwrap();
         assert!(!msgs.is_empty());

@@ -21,6 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 pub const LOCALSTACK: &str = "http://127.0.0.1:4566";
 
+/// The lease owner name of the controllers `Stack::start_controller` starts: one controller restarted
+/// (its leases are its own again at once).
+pub const TEST_CONTROLLER: &str = "test-controller";
+
 pub fn amqp_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
@@ -129,7 +133,12 @@ impl Stack {
             triggers: self.names.subscribe([self.results.name(), self.work_dlq.name(), self.results_dlq.name()].map(shared::trigger::work_key).to_vec(), &stop),
             publish: self.names.trigger_bus(),
         };
-        let settings = controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() };
+        let settings = controller::Settings {
+            listener: shared::listener::args::ListenerArgs::quick(),
+            drain_secs: 10,
+            id: Some(TEST_CONTROLLER.into()),
+            ..Default::default()
+        };
         let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
         Running { stop, handle }
     }
