@@ -11,19 +11,7 @@ use shared::provision::QueueSettings;
 use shared::queue::Queue;
 
 fn initiator(st: &Stack, args: &[&str]) -> Output {
-    let n = &st.names;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_initiator"));
-    cmd.args(args)
-        .env("FLEET_BUCKET", &n.bucket)
-        .env("FLEET_WORK_QUEUE", &n.work_queue)
-        .env("FLEET_WORK_DLQ", n.work_dlq())
-        .env("FLEET_RESULTS_QUEUE", &n.results_queue)
-        .env("FLEET_TRIGGER_EXCHANGE", &n.trigger_exchange)
-        .env("AMQP_URL", &n.amqp_url);
-    if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        cmd.env("AWS_ENDPOINT_URL", LOCALSTACK).env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
-    }
-    cmd.output().expect("run initiator")
+    initiator_env(st, args, &[])
 }
 
 fn text(b: &[u8]) -> String {

@@ -64,6 +64,22 @@ impl S3Store {
         S3Store { client, bucket: bucket.to_string(), endpoint: endpoint.to_string(), calls: CallCounter::default(), policy }
     }
 
+    fn put_request(
+        &self,
+        key: &str,
+        body: Bytes,
+        content_type: &str,
+        meta: &BTreeMap<String, String>,
+    ) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .content_type(content_type)
+            .set_metadata((!meta.is_empty()).then(|| meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect()))
+            .body(ByteStream::from(body))
+    }
+
     /// Checks that the bucket exists and is reachable (HeadBucket).
     pub async fn check(&self) -> Result<()> {
         self.policy
@@ -96,16 +112,7 @@ impl BlobStore for S3Store {
         self.policy
             .run(Service::S3, "PutObject", Duration::ZERO, || async {
                 self.calls.bump("s3.PutObject");
-                self.client
-                    .put_object()
-                    .bucket(&self.bucket)
-                    .key(key)
-                    .content_type(content_type)
-                    .set_metadata((!meta.is_empty()).then(|| meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect()))
-                    .body(ByteStream::from(body.clone()))
-                    .send()
-                    .await
-                    .map_err(|e| sdk_error(Service::S3, "PutObject", &self.endpoint, e))
+                self.put_request(key, body.clone(), content_type, meta).send().await.map_err(|e| sdk_error(Service::S3, "PutObject", &self.endpoint, e))
             })
             .await?;
         Ok(())
@@ -137,14 +144,7 @@ impl BlobStore for S3Store {
         self.policy
             .run(Service::S3, "PutObject", Duration::ZERO, || async {
                 self.calls.bump("s3.PutObject");
-                let req = self
-                    .client
-                    .put_object()
-                    .bucket(&self.bucket)
-                    .key(key)
-                    .content_type(content_type)
-                    .set_metadata((!meta.is_empty()).then(|| meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect()))
-                    .body(ByteStream::from(body.clone()));
+                let req = self.put_request(key, body.clone(), content_type, meta);
                 let req = match cond {
                     Cond::Absent => req.if_none_match("*"),
                     Cond::Matches(etag) => req.if_match(etag),
@@ -173,24 +173,7 @@ impl BlobStore for S3Store {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
-        self.policy
-            .run(Service::S3, "GetObject", Duration::ZERO, || async {
-                self.calls.bump("s3.GetObject");
-                match self.client.get_object().bucket(&self.bucket).key(key).send().await {
-                    Ok(out) => {
-                        let data = out.body.collect().await.map_err(|e| Error::Service {
-                            service: Service::S3,
-                            operation: "GetObject",
-                            detail: format!("reading body of {key}: {e}"),
-                            retryable: true,
-                        })?;
-                        Ok(Some(data.into_bytes()))
-                    }
-                    Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
-                    Err(e) => Err(sdk_error(Service::S3, "GetObject", &self.endpoint, e)),
-                }
-            })
-            .await
+        Ok(self.get_tagged(key).await?.map(|(body, _)| body))
     }
 
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
