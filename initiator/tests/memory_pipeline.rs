@@ -71,35 +71,18 @@ async fn large_results_travel_as_blobs() {
     c.await.unwrap().unwrap();
 }
 
-/// A blob store whose uploads start failing after `ok` of them (the stack going away mid-submission).
-struct FailingStore {
+/// The in-memory store with uploads that misbehave: they start failing after `ok` of them (the stack
+/// going away mid-submission) and/or take 0-7 ms, varying by key (uploads finish out of order).
+struct UploadStore {
     inner: Arc<MemoryStore>,
-    ok: std::sync::atomic::AtomicUsize,
+    ok: Option<std::sync::atomic::AtomicUsize>,
+    jitter: bool,
 }
 
 #[async_trait::async_trait]
-impl BlobStore for FailingStore {
+impl BlobStore for UploadStore {
     fn bucket(&self) -> &str {
         self.inner.bucket()
-    }
-    async fn put(&self, key: &str, body: bytes::Bytes, content_type: &str) -> shared::Result<()> {
-        if self.ok.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-            self.ok.store(0, std::sync::atomic::Ordering::SeqCst);
-            return Err(shared::Error::Unreachable { service: shared::error::Service::S3, endpoint: "test".into(), detail: "gone".into() });
-        }
-        self.inner.put(key, body, content_type).await
-    }
-    async fn get(&self, key: &str) -> shared::Result<Option<bytes::Bytes>> {
-        self.inner.get(key).await
-    }
-    async fn list(&self, prefix: &str, limit: usize) -> shared::Result<Vec<String>> {
-        self.inner.list(prefix, limit).await
-    }
-    async fn delete(&self, key: &str) -> shared::Result<()> {
-        self.inner.delete(key).await
-    }
-    async fn get_tagged(&self, key: &str) -> shared::Result<Option<(bytes::Bytes, String)>> {
-        self.inner.get_tagged(key).await
     }
     async fn put_if(
         &self,
@@ -109,7 +92,28 @@ impl BlobStore for FailingStore {
         meta: &std::collections::BTreeMap<String, String>,
         cond: &shared::blob::Cond,
     ) -> shared::Result<Option<String>> {
+        if self.jitter {
+            tokio::time::sleep(Duration::from_millis(xxhash_rust::xxh3::xxh3_64(key.as_bytes()) % 8)).await;
+        }
+        if let Some(ok) = &self.ok {
+            if ok.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                ok.store(0, std::sync::atomic::Ordering::SeqCst);
+                return Err(shared::Error::Unreachable { service: shared::error::Service::S3, endpoint: "test".into(), detail: "gone".into() });
+            }
+        }
         self.inner.put_if(key, body, content_type, meta, cond).await
+    }
+    async fn get_tagged(&self, key: &str) -> shared::Result<Option<(bytes::Bytes, String)>> {
+        self.inner.get_tagged(key).await
+    }
+    async fn head(&self, key: &str) -> shared::Result<Option<std::collections::BTreeMap<String, String>>> {
+        self.inner.head(key).await
+    }
+    async fn list(&self, prefix: &str, limit: usize) -> shared::Result<Vec<String>> {
+        self.inner.list(prefix, limit).await
+    }
+    async fn delete(&self, key: &str) -> shared::Result<()> {
+        self.inner.delete(key).await
     }
     fn calls(&self) -> &shared::requests::CallCounter {
         self.inner.calls()
@@ -121,7 +125,7 @@ async fn failure_mid_submission_is_an_error_not_a_hang() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("in.csv");
     shared::generate::write_csv(&mut std::fs::File::create(&path).unwrap(), 5_000, 10, 1).unwrap();
-    let store = Arc::new(FailingStore { inner: MemoryStore::new(), ok: 3.into() });
+    let store = Arc::new(UploadStore { inner: MemoryStore::new(), ok: Some(3.into()), jitter: false });
     let clients = Clients {
         work: MemoryQueue::new("work", Duration::from_secs(30)) as Arc<dyn Queue>,
         results: MemoryQueue::new("results", Duration::from_secs(30)) as Arc<dyn Queue>,
@@ -139,46 +143,6 @@ async fn failure_mid_submission_is_an_error_not_a_hang() {
     }
 }
 
-/// A blob store whose uploads take 0-7 ms, varying by key (uploads finish out of order).
-struct JitterStore(Arc<MemoryStore>);
-
-#[async_trait::async_trait]
-impl BlobStore for JitterStore {
-    fn bucket(&self) -> &str {
-        self.0.bucket()
-    }
-    async fn put(&self, key: &str, body: bytes::Bytes, content_type: &str) -> shared::Result<()> {
-        let ms = xxhash_rust::xxh3::xxh3_64(key.as_bytes()) % 8;
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-        self.0.put(key, body, content_type).await
-    }
-    async fn get(&self, key: &str) -> shared::Result<Option<bytes::Bytes>> {
-        self.0.get(key).await
-    }
-    async fn list(&self, prefix: &str, limit: usize) -> shared::Result<Vec<String>> {
-        self.0.list(prefix, limit).await
-    }
-    async fn delete(&self, key: &str) -> shared::Result<()> {
-        self.0.delete(key).await
-    }
-    async fn get_tagged(&self, key: &str) -> shared::Result<Option<(bytes::Bytes, String)>> {
-        self.0.get_tagged(key).await
-    }
-    async fn put_if(
-        &self,
-        key: &str,
-        body: bytes::Bytes,
-        content_type: &str,
-        meta: &std::collections::BTreeMap<String, String>,
-        cond: &shared::blob::Cond,
-    ) -> shared::Result<Option<String>> {
-        self.0.put_if(key, body, content_type, meta, cond).await
-    }
-    fn calls(&self) -> &shared::requests::CallCounter {
-        self.0.calls()
-    }
-}
-
 /// `--group-by account` on a FIFO queue: each account's rows are in one group, in file order, and the
 /// groups' chunks arrive in order; on a standard queue it is refused before anything is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,7 +155,7 @@ async fn group_by_account_keeps_each_accounts_order() {
     let clients = Clients {
         work: work.clone() as Arc<dyn Queue>,
         results: MemoryQueue::new("results", Duration::from_secs(30)) as Arc<dyn Queue>,
-        store: Arc::new(JitterStore(store.clone())) as Arc<dyn BlobStore>,
+        store: Arc::new(UploadStore { inner: store.clone(), ok: None, jitter: true }) as Arc<dyn BlobStore>,
         triggers: None,
     };
     let grouping = Grouping::new(Some(GroupBy::Account), 4);

@@ -1,47 +1,49 @@
-//! The blob store: what the fleet needs from object storage (put, get), and its S3 implementation.
+//! The blob store: what the fleet needs from object storage (conditional puts with metadata, gets with
+//! the ETag, heads, listing, deletes), and its S3 implementation.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-
-use std::time::Duration;
 
 use crate::call::CallPolicy;
 use crate::error::{Error, Result, Service};
 use crate::queue::sdk_error;
 use crate::requests::CallCounter;
 
-/// The condition of a conditional write (S3 `If-None-Match: *` / `If-Match: etag`).
+/// The condition of a write (S3 `If-None-Match: *` / `If-Match: etag`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cond {
+    /// Whatever is there (a plain put).
+    Any,
     /// Only if the object does not exist.
     Absent,
     /// Only if the object's current ETag is this one.
     Matches(String),
 }
 
+/// What the fleet needs from object storage. An implementation provides the required methods; plain
+/// puts and gets are built on them.
 #[async_trait]
 pub trait BlobStore: Send + Sync + 'static {
     fn bucket(&self) -> &str;
-    async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()>;
-    /// `None` when the object does not exist.
-    async fn get(&self, key: &str) -> Result<Option<Bytes>>;
-    /// Stores an object with user metadata (small string fields a reader gets from `head` without
-    /// downloading the body). A store without metadata keeps the body only.
-    async fn put_with_meta(&self, key: &str, body: Bytes, content_type: &str, _meta: &BTreeMap<String, String>) -> Result<()> {
-        self.put(key, body, content_type).await
-    }
-    /// The user metadata of an object, without its body; `None` when the object does not exist.
-    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
-        Ok(self.get(key).await?.map(|_| BTreeMap::new()))
-    }
+    /// Writes an object with user metadata (small string fields `head` returns without the body) if
+    /// `cond` holds: `Some(new etag)`, or `None` when it did not (another writer came first: the
+    /// fencing primitive of leases and checkpoints).
+    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>>;
     /// An object's body and ETag; `None` when it does not exist.
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>>;
-    /// Writes only if `cond` holds: `Some(new etag)`, or `None` when it did not (another writer came
-    /// first). The fencing primitive of leases and checkpoints.
-    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>>;
+    /// The user metadata of an object, without its body; `None` when the object does not exist.
+    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>>;
+    async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
+        self.put_if(key, body, content_type, &BTreeMap::new(), &Cond::Any).await.map(drop)
+    }
+    /// `None` when the object does not exist.
+    async fn get(&self, key: &str) -> Result<Option<Bytes>> {
+        Ok(self.get_tagged(key).await?.map(|(body, _)| body))
+    }
     /// Keys under `prefix`, in key order, at most `limit` of them.
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>>;
     /// Deletes an object (no error when it does not exist).
@@ -62,22 +64,6 @@ pub struct S3Store {
 impl S3Store {
     pub fn new(client: aws_sdk_s3::Client, endpoint: &str, bucket: &str, policy: CallPolicy) -> S3Store {
         S3Store { client, bucket: bucket.to_string(), endpoint: endpoint.to_string(), calls: CallCounter::default(), policy }
-    }
-
-    fn put_request(
-        &self,
-        key: &str,
-        body: Bytes,
-        content_type: &str,
-        meta: &BTreeMap<String, String>,
-    ) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
-        self.client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .content_type(content_type)
-            .set_metadata((!meta.is_empty()).then(|| meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect()))
-            .body(ByteStream::from(body))
     }
 
     /// Checks that the bucket exists and is reachable (HeadBucket).
@@ -102,20 +88,6 @@ impl S3Store {
 impl BlobStore for S3Store {
     fn bucket(&self) -> &str {
         &self.bucket
-    }
-
-    async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
-        self.put_with_meta(key, body, content_type, &BTreeMap::new()).await
-    }
-
-    async fn put_with_meta(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>) -> Result<()> {
-        self.policy
-            .run(Service::S3, "PutObject", Duration::ZERO, || async {
-                self.calls.bump("s3.PutObject");
-                self.put_request(key, body.clone(), content_type, meta).send().await.map_err(|e| sdk_error(Service::S3, "PutObject", &self.endpoint, e))
-            })
-            .await?;
-        Ok(())
     }
 
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
@@ -144,8 +116,16 @@ impl BlobStore for S3Store {
         self.policy
             .run(Service::S3, "PutObject", Duration::ZERO, || async {
                 self.calls.bump("s3.PutObject");
-                let req = self.put_request(key, body.clone(), content_type, meta);
+                let req = self
+                    .client
+                    .put_object()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .content_type(content_type)
+                    .set_metadata((!meta.is_empty()).then(|| meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect()))
+                    .body(ByteStream::from(body.clone()));
                 let req = match cond {
+                    Cond::Any => req,
                     Cond::Absent => req.if_none_match("*"),
                     Cond::Matches(etag) => req.if_match(etag),
                 };
@@ -170,10 +150,6 @@ impl BlobStore for S3Store {
                 }
             })
             .await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Bytes>> {
-        Ok(self.get_tagged(key).await?.map(|(body, _)| body))
     }
 
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {

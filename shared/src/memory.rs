@@ -2,7 +2,7 @@
 //! dead-letter redrive, long polls), for fast deterministic tests. They use tokio's clock, so tests
 //! can run them under paused time. Never a substitute for the real services in integration tests.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::blob::BlobStore;
+use crate::blob::{BlobStore, Cond};
 use crate::error::Result;
 use crate::queue::{plan_batches, Attrs, Message, Outgoing, Queue, QueueDepth, QueueInfo};
 use crate::requests::CallCounter;
@@ -246,15 +246,18 @@ impl Queue for MemoryQueue {
     }
 }
 
-/// An in-memory blob store.
+/// An in-memory blob store. ETags are write numbers.
 #[derive(Default)]
 pub struct MemoryStore {
-    objects: Mutex<HashMap<String, Bytes>>,
-    meta: Mutex<HashMap<String, std::collections::BTreeMap<String, String>>>,
-    /// ETag of each object: a write counter.
-    etags: Mutex<HashMap<String, u64>>,
+    objects: Mutex<HashMap<String, StoredBlob>>,
     writes: std::sync::atomic::AtomicU64,
     calls: CallCounter,
+}
+
+struct StoredBlob {
+    body: Bytes,
+    meta: BTreeMap<String, String>,
+    etag: String,
 }
 
 impl MemoryStore {
@@ -275,58 +278,31 @@ impl BlobStore for MemoryStore {
         "memory"
     }
 
-    async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
-        self.put_with_meta(key, body, content_type, &Default::default()).await
-    }
-
-    async fn put_with_meta(&self, key: &str, body: Bytes, _content_type: &str, meta: &std::collections::BTreeMap<String, String>) -> Result<()> {
+    async fn put_if(&self, key: &str, body: Bytes, _content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
         self.calls.bump("s3.PutObject");
         let mut objects = crate::lock(&self.objects);
-        objects.insert(key.to_string(), body);
-        crate::lock(&self.meta).insert(key.to_string(), meta.clone());
-        crate::lock(&self.etags).insert(key.to_string(), self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
-        Ok(())
-    }
-
-    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
-        self.calls.bump("s3.GetObject");
-        let objects = crate::lock(&self.objects);
-        Ok(objects.get(key).map(|b| (b.clone(), format!("\"{}\"", crate::lock(&self.etags).get(key).copied().unwrap_or(0)))))
-    }
-
-    async fn put_if(
-        &self,
-        key: &str,
-        body: Bytes,
-        _content_type: &str,
-        meta: &std::collections::BTreeMap<String, String>,
-        cond: &crate::blob::Cond,
-    ) -> Result<Option<String>> {
-        self.calls.bump("s3.PutObject");
-        let mut objects = crate::lock(&self.objects);
-        let current = objects.contains_key(key).then(|| format!("\"{}\"", crate::lock(&self.etags).get(key).copied().unwrap_or(0)));
+        let current = objects.get(key).map(|o| o.etag.as_str());
         let holds = match cond {
-            crate::blob::Cond::Absent => current.is_none(),
-            crate::blob::Cond::Matches(e) => current.as_deref() == Some(e.as_str()),
+            Cond::Any => true,
+            Cond::Absent => current.is_none(),
+            Cond::Matches(e) => current == Some(e.as_str()),
         };
         if !holds {
             return Ok(None);
         }
-        let n = self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        objects.insert(key.to_string(), body);
-        crate::lock(&self.meta).insert(key.to_string(), meta.clone());
-        crate::lock(&self.etags).insert(key.to_string(), n);
-        Ok(Some(format!("\"{n}\"")))
+        let etag = format!("\"{}\"", self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+        objects.insert(key.to_string(), StoredBlob { body, meta: meta.clone(), etag: etag.clone() });
+        Ok(Some(etag))
     }
 
-    async fn head(&self, key: &str) -> Result<Option<std::collections::BTreeMap<String, String>>> {
-        self.calls.bump("s3.HeadObject");
-        Ok(crate::lock(&self.objects).contains_key(key).then(|| crate::lock(&self.meta).get(key).cloned().unwrap_or_default()))
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Bytes>> {
+    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
         self.calls.bump("s3.GetObject");
-        Ok(crate::lock(&self.objects).get(key).cloned())
+        Ok(crate::lock(&self.objects).get(key).map(|o| (o.body.clone(), o.etag.clone())))
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+        self.calls.bump("s3.HeadObject");
+        Ok(crate::lock(&self.objects).get(key).map(|o| o.meta.clone()))
     }
 
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
@@ -340,7 +316,6 @@ impl BlobStore for MemoryStore {
     async fn delete(&self, key: &str) -> Result<()> {
         self.calls.bump("s3.DeleteObject");
         crate::lock(&self.objects).remove(key);
-        crate::lock(&self.meta).remove(key);
         Ok(())
     }
 
