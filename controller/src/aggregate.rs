@@ -7,8 +7,10 @@
 //! Nothing strands: results that reached the results dead-letter queue are applied like any other;
 //! a result whose payload can never be read (missing or corrupt blob) counts its chunk as failed; an
 //! unreadable message is quarantined in S3 and deleted; a job that never seals is finished as
-//! `abandoned` after `abandon_after` without news (or at once on an `Abandon` message), and a restarted
-//! controller finds such jobs again through their `open/{job}` markers.
+//! `abandoned` after `abandon_after` without news (or at once on an `Abandon` message). Every job has an
+//! `open/{job}` marker until it finishes: a controller scans them at start and every `abandon_after`,
+//! remembering unsealed jobs by their checkpoint's time only (a HEAD request), so that one whose owner
+//! died and whose messages never come back is still abandoned in time.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -21,7 +23,9 @@ use shared::blob::{BlobStore, Cond};
 use shared::codec::{accounts_from_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
 use shared::error::{Error, Result};
 use shared::layout::{accounts_key, check_job_id, checkpoint_key, manifest_key, open_key, report_key, OPEN_PREFIX};
-use shared::model::{now_rfc3339, AccountsPayload, Checkpoint, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, ResultMessage, WorkItem, WIRE_VERSION};
+use shared::model::{
+    now_rfc3339, AccountsPayload, Checkpoint, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, Progress, ResultMessage, WorkItem, WIRE_VERSION,
+};
 use shared::queue::Message;
 use shared::report;
 use shared::requests::RequestCounts;
@@ -71,6 +75,16 @@ pub struct Applied {
     pub delete: Vec<(Source, String)>,
     /// Messages of jobs another controller owns: hand them back to the queue for their owner.
     pub release: Vec<(Source, String)>,
+}
+
+/// What taking a job's lease found.
+enum Taken {
+    /// In memory now, this controller's.
+    Open,
+    /// Finished before (remembered; its lease given back).
+    Finished,
+    /// Another controller holds it.
+    Busy,
 }
 
 /// What became of a job's messages.
@@ -126,6 +140,11 @@ pub struct Aggregator {
     finished_order: VecDeque<String>,
     queues: HashMap<Source, String>,
     leases: Leases,
+    /// Unsealed jobs known only by their open marker, with their last checkpoint's time: loaded when
+    /// they are due to be abandoned, or when a message of theirs arrives.
+    dormant: HashMap<String, Instant>,
+    /// When the open markers were last scanned.
+    scanned: Option<Instant>,
 }
 
 /// Default lease time of a job (`--lease-secs`).
@@ -141,7 +160,16 @@ impl Aggregator {
     pub fn with_owner(store: Arc<dyn BlobStore>, owner: String, lease: Duration) -> Aggregator {
         let queues = Source::ALL.iter().map(|s| (*s, s.default_queue().to_string())).collect();
         let leases = Leases::new(store.clone(), owner, lease);
-        Aggregator { store, jobs: HashMap::new(), finished: HashMap::new(), finished_order: VecDeque::new(), queues, leases }
+        Aggregator {
+            store,
+            jobs: HashMap::new(),
+            finished: HashMap::new(),
+            finished_order: VecDeque::new(),
+            queues,
+            leases,
+            dormant: HashMap::new(),
+            scanned: None,
+        }
     }
 
     /// Names the queue of a source (recorded with what is quarantined from it).
@@ -194,26 +222,18 @@ impl Aggregator {
         let mut ctl = RequestCounts::default();
         ctl.add("sqs.ReceiveMessage", 1);
         // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
-        if self.jobs.get(job_id).is_some_and(|j| !self.leases.fresh(&j.lease)) && !self.renew(job_id).await {
-            self.jobs.remove(job_id);
+        if self.jobs.get(job_id).is_some_and(|j| !self.leases.fresh(&j.lease)) {
+            self.keep_lease(job_id).await;
         }
         if !self.jobs.contains_key(job_id) {
-            ctl.add("s3.GetObject", 1);
-            ctl.add("s3.PutObject", 1);
-            let lease = match self.leases.acquire(job_id).await? {
-                Acquired::Held(h) => h,
-                Acquired::Busy { owner } => {
-                    tracing::debug!(job = %job_id, %owner, n = receipts.len(), "job owned by another controller; messages handed back");
+            match self.take(job_id, &mut ctl).await? {
+                Taken::Open => {}
+                Taken::Finished => return Ok(Step::Delete(receipts)),
+                Taken::Busy => {
+                    tracing::debug!(job = %job_id, n = receipts.len(), "job owned by another controller; messages handed back");
                     return Ok(Step::NotMine);
                 }
-            };
-            let job = self.load(job_id, lease, &mut ctl).await?;
-            if job.cp.status.is_finished() {
-                self.remember_finished(job_id, job.cp.status);
-                let _ = self.leases.release(job_id, &job.lease).await;
-                return Ok(Step::Delete(receipts));
             }
-            self.jobs.insert(job_id.to_string(), job);
         }
         let store = self.store.clone();
         let job = self.jobs.get_mut(job_id).expect("job loaded above");
@@ -229,32 +249,48 @@ impl Aggregator {
         self.finish(job_id).await.map(Step::Delete)
     }
 
-    /// Renews the lease of a job in memory; `false` when it is lost (the job is then dropped).
-    async fn renew(&mut self, job_id: &str) -> bool {
-        let Some(job) = self.jobs.get_mut(job_id) else { return false };
-        match self.leases.renew(job_id, &mut job.lease).await {
-            Ok(true) => true,
-            Ok(false) => {
-                tracing::warn!(job = %job_id, pending = job.pending.len(), "lease lost to another controller; its messages go to the new owner");
-                self.jobs.remove(job_id);
-                false
-            }
-            Err(e) => {
-                tracing::warn!(job = %job_id, error = %e, "could not renew a lease");
-                false
-            }
+    /// Takes a job's lease and loads it from its checkpoint (a new job when there is none).
+    async fn take(&mut self, job_id: &str, ctl: &mut RequestCounts) -> Result<Taken> {
+        self.dormant.remove(job_id);
+        ctl.add("s3.GetObject", 1);
+        ctl.add("s3.PutObject", 1);
+        let lease = match self.leases.acquire(job_id).await? {
+            Acquired::Held(h) => h,
+            Acquired::Busy { .. } => return Ok(Taken::Busy),
+        };
+        let job = self.load(job_id, lease, ctl).await?;
+        if job.cp.status.is_finished() {
+            self.remember_finished(job_id, job.cp.status);
+            let _ = self.leases.release(job_id, &job.lease).await;
+            return Ok(Taken::Finished);
         }
+        self.jobs.insert(job_id.to_string(), job);
+        Ok(Taken::Open)
     }
 
-    /// Renews the leases that are due; jobs whose lease is lost are dropped (their messages were not
-    /// deleted and go to the new owner).
+    /// Renews the lease of a job in memory. The job is dropped (its messages were not deleted and go
+    /// to the new owner) when the lease is lost, or could not be renewed and is no longer fresh.
+    async fn keep_lease(&mut self, job_id: &str) -> bool {
+        let Some(job) = self.jobs.get_mut(job_id) else { return false };
+        let kept = match self.leases.renew(job_id, &mut job.lease).await {
+            Ok(renewed) => renewed,
+            Err(e) => {
+                tracing::warn!(job = %job_id, error = %e, "could not renew a lease");
+                self.leases.fresh(&job.lease)
+            }
+        };
+        if !kept {
+            tracing::warn!(job = %job_id, pending = job.pending.len(), "lease lost; the job's messages go to its next owner");
+            self.jobs.remove(job_id);
+        }
+        kept
+    }
+
+    /// Renews the leases that are due.
     pub async fn renew_leases(&mut self) {
         let due: Vec<String> = self.jobs.iter().filter(|(_, j)| self.leases.due(&j.lease)).map(|(k, _)| k.clone()).collect();
         for job_id in due {
-            if !self.renew(&job_id).await && self.jobs.get(&job_id).is_some_and(|j| !self.leases.fresh(&j.lease)) {
-                // Not renewed in time (S3 unreachable): act no longer as the owner.
-                self.jobs.remove(&job_id);
-            }
+            self.keep_lease(&job_id).await;
         }
     }
 
@@ -307,10 +343,39 @@ impl Aggregator {
         Ok(job.pending)
     }
 
-    /// Finishes as `abandoned` every unsealed job without news for `after`; returns the messages
-    /// the reports cover, for deletion.
+    /// Finishes as `abandoned` every unsealed job without news for `after` (in memory, or dormant:
+    /// known from its open marker only); returns the messages the reports cover, for deletion. Scans
+    /// the open markers again when the last scan is `after` old.
     pub async fn expire(&mut self, after: Duration) -> Vec<(Source, String)> {
+        // At start (the first tick) and every `after`: jobs whose owner died and whose messages never
+        // come back are found here.
+        if self.scanned.is_none_or(|t| t.elapsed() >= after) {
+            match self.scan_open().await {
+                Ok(n) => tracing::info!(open = n, dormant = self.dormant.len(), "open jobs scanned"),
+                Err(e) => tracing::warn!(error = %e, "could not scan the open jobs; trying again later"),
+            }
+        }
         let now = Instant::now();
+        let due: Vec<(String, Instant)> = self.dormant.iter().filter(|(_, t)| now.saturating_duration_since(**t) >= after).map(|(k, t)| (k.clone(), *t)).collect();
+        for (job_id, since) in due {
+            let mut ctl = RequestCounts::default();
+            match self.take(&job_id, &mut ctl).await {
+                Ok(Taken::Open) => {
+                    if let Some(job) = self.jobs.get_mut(&job_id) {
+                        job.last_activity = since;
+                    }
+                }
+                Ok(Taken::Finished) => {
+                    let _ = self.store.delete(&open_key(&job_id)).await;
+                }
+                // Its owner abandons it.
+                Ok(Taken::Busy) => {}
+                Err(e) => {
+                    tracing::warn!(job = %job_id, error = %e, "could not load a job due to be abandoned; trying again later");
+                    self.dormant.insert(job_id, since);
+                }
+            }
+        }
         let stale: Vec<String> = self
             .jobs
             .iter()
@@ -330,36 +395,37 @@ impl Aggregator {
         out
     }
 
-    /// Loads the jobs a previous run left open (their `open/{job}` markers), so that jobs that never
-    /// seal are abandoned in time even when no message of theirs arrives again. Returns how many.
-    pub async fn resume_open(&mut self) -> Result<usize> {
+    /// Reads the open-job markers: finished jobs lose theirs, unsealed jobs not in memory are
+    /// remembered as dormant with their checkpoint's age (one HEAD request each: no lease is taken and
+    /// no checkpoint loaded until one is due). Returns how many unfinished jobs it found.
+    pub async fn scan_open(&mut self) -> Result<usize> {
+        self.scanned = Some(Instant::now());
         let keys = self.store.list(OPEN_PREFIX, MAX_OPEN_JOBS).await?;
-        let mut n = 0;
+        let mut open = 0;
         for key in keys {
             let job_id = &key[OPEN_PREFIX.len()..];
-            if check_job_id(job_id).is_err() || self.jobs.contains_key(job_id) {
+            if check_job_id(job_id).is_err() || self.finished.contains_key(job_id) {
                 continue;
             }
-            let mut ctl = RequestCounts::default();
-            let lease = match self.leases.acquire(job_id).await? {
-                Acquired::Held(h) => h,
-                Acquired::Busy { .. } => continue,
-            };
-            let mut job = self.load(job_id, lease, &mut ctl).await?;
-            if job.cp.status.is_finished() {
+            if self.jobs.contains_key(job_id) {
+                open += 1;
+                continue;
+            }
+            // No checkpoint yet (the marker is written just before the first): as good as new.
+            let progress = self.store.head(&checkpoint_key(job_id)).await?.and_then(|m| Progress::from_meta(&m));
+            if progress.is_some_and(|p| p.status.is_finished()) {
                 self.store.delete(&key).await?;
-                let _ = self.leases.release(job_id, &job.lease).await;
                 continue;
             }
-            job.marked_open = true;
-            let age = time::OffsetDateTime::parse(&job.cp.updated_at, &time::format_description::well_known::Rfc3339)
-                .map(|t| (time::OffsetDateTime::now_utc() - t).try_into().unwrap_or(Duration::ZERO))
-                .unwrap_or(Duration::ZERO);
-            job.last_activity = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
-            self.jobs.insert(job_id.to_string(), job);
-            n += 1;
+            open += 1;
+            if progress.is_some_and(|p| p.sealed) {
+                // Its results are on their way; a message brings it back.
+                continue;
+            }
+            let age = progress.map_or(Duration::ZERO, |p| p.age());
+            self.dormant.entry(job_id.to_string()).or_insert_with(|| Instant::now().checked_sub(age).unwrap_or_else(Instant::now));
         }
-        Ok(n)
+        Ok(open)
     }
 
     /// Jobs held in memory (being aggregated).
@@ -576,7 +642,7 @@ async fn save_checkpoint(job: &mut Job, store: &dyn BlobStore) -> Result<()> {
     job.cp.accounts = job.totals.rows();
     let bytes = to_zstd_json(&job.cp);
     job.cp.accounts = Vec::new();
-    let meta = shared::model::Progress::of(&job.cp).to_meta();
+    let meta = Progress::of(&job.cp).to_meta();
     let cond = match &job.cp_etag {
         Some(e) => Cond::Matches(e.clone()),
         None => Cond::Absent,

@@ -6,7 +6,6 @@
 pub mod aggregate;
 pub mod lease;
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -152,33 +151,23 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         _ => format!("controller-{}", std::process::id()),
     });
     let mut aggregator = Aggregator::with_owner(deps.store.clone(), owner.clone(), Duration::from_secs(settings.lease_secs));
-    for (source, q) in [(Source::Results, &deps.results), (Source::WorkDeadLetter, &deps.work_dlq), (Source::ResultsDeadLetter, &deps.results_dlq)] {
+    // In `Source` order: the completions are found by `source as usize`.
+    let queues = [(Source::Results, &deps.results), (Source::WorkDeadLetter, &deps.work_dlq), (Source::ResultsDeadLetter, &deps.results_dlq)];
+    for (source, q) in queues {
         aggregator.set_queue(source, q.name());
-    }
-    // Jobs a previous run left open: they are abandoned in time even if none of their messages comes
-    // back. A failure here is not fatal (their next message loads them).
-    match aggregator.resume_open().await {
-        Ok(n) => tracing::info!(jobs = n, "open jobs resumed"),
-        Err(e) => tracing::warn!(error = %e, "could not list open jobs; they are resumed when their next message arrives"),
     }
     let agg = Arc::new(Mutex::new(aggregator));
     let sinks: Sinks = Arc::default();
     let cfg = settings.listener.engine(deps.triggers.is_some());
-    let notifier = |q: &Arc<dyn Queue>| deps.publish.clone().map(|bus| Notifier::new(bus, q.name(), "controller", Duration::from_millis(100)));
-    let notifiers: HashMap<Source, Option<Notifier>> = [
-        (Source::Results, notifier(&deps.results)),
-        (Source::WorkDeadLetter, notifier(&deps.work_dlq)),
-        (Source::ResultsDeadLetter, notifier(&deps.results_dlq)),
-    ]
-    .into_iter()
-    .collect();
-    let handler = |source| Arc::new(ResultsHandler { source, agg: agg.clone(), sinks: sinks.clone(), handed_back: notifiers.get(&source).cloned().flatten() });
-    let results = Engine::start(deps.results.clone(), None, handler(Source::Results), cfg.clone()).await?;
     // Dead letters are rare: one consumer each is plenty.
-    let dlq_cfg = shared::listener::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg };
-    let dead = Engine::start(deps.work_dlq.clone(), None, handler(Source::WorkDeadLetter), dlq_cfg.clone()).await?;
-    let stranded = Engine::start(deps.results_dlq.clone(), None, handler(Source::ResultsDeadLetter), dlq_cfg).await?;
-    let engines = [results, dead, stranded];
+    let dlq_cfg = shared::listener::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg.clone() };
+    let mut engines = Vec::with_capacity(queues.len());
+    for (source, q) in queues {
+        let handed_back = deps.publish.clone().map(|bus| Notifier::new(bus, q.name(), "controller", Duration::from_millis(100)));
+        let handler = Arc::new(ResultsHandler { source, agg: agg.clone(), sinks: sinks.clone(), handed_back });
+        let cfg = if source == Source::Results { cfg.clone() } else { dlq_cfg.clone() };
+        engines.push(Engine::start(q.clone(), None, handler, cfg).await?);
+    }
     let _ = sinks.set([engines[0].completions(), engines[1].completions(), engines[2].completions()]);
     if let Some(sub) = &deps.triggers {
         for e in &engines {
@@ -186,7 +175,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         }
     }
     if let Some(addr) = settings.listener.http_addr {
-        state::serve(addr, engines.to_vec(), shutdown.clone()).await.map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;
+        state::serve(addr, engines.clone(), shutdown.clone()).await.map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;
     }
     let tracker = TaskTracker::new();
     {

@@ -205,31 +205,58 @@ pub struct Checkpoint {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
     pub status: JobStatus,
+    /// Its `Sealed` message has arrived (the number of chunks is known).
+    pub sealed: bool,
     pub accounted: u32,
     pub failed: u32,
     pub processed: u64,
+    /// When the checkpoint was written, Unix seconds.
+    pub updated_unix: i64,
 }
 
 impl Progress {
     pub fn of(cp: &Checkpoint) -> Progress {
-        Progress { status: cp.status, accounted: cp.accounted.len() as u32, failed: cp.failed_chunks.len() as u32, processed: cp.processed_transactions }
+        let updated = time::OffsetDateTime::parse(&cp.updated_at, &time::format_description::well_known::Rfc3339);
+        Progress {
+            status: cp.status,
+            sealed: cp.total_chunks.is_some(),
+            accounted: cp.accounted.len() as u32,
+            failed: cp.failed_chunks.len() as u32,
+            processed: cp.processed_transactions,
+            updated_unix: updated.map_or(0, |t| t.unix_timestamp()),
+        }
     }
 
     pub fn to_meta(self) -> std::collections::BTreeMap<String, String> {
         let status = serde_json::to_value(self.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
-        [("status", status), ("accounted", self.accounted.to_string()), ("failed", self.failed.to_string()), ("processed", self.processed.to_string())]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect()
+        [
+            ("status", status),
+            ("sealed", self.sealed.to_string()),
+            ("accounted", self.accounted.to_string()),
+            ("failed", self.failed.to_string()),
+            ("processed", self.processed.to_string()),
+            ("updated", self.updated_unix.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// How long ago the checkpoint was written (zero when unknown or in the future).
+    pub fn age(&self) -> std::time::Duration {
+        let secs = time::OffsetDateTime::now_utc().unix_timestamp().saturating_sub(self.updated_unix);
+        std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0))
     }
 
     /// `None` when the metadata is missing or not this format (an older checkpoint: read the body).
     pub fn from_meta(m: &std::collections::BTreeMap<String, String>) -> Option<Progress> {
         Some(Progress {
             status: serde_json::from_value(serde_json::Value::String(m.get("status")?.clone())).ok()?,
+            sealed: m.get("sealed")?.parse().ok()?,
             accounted: m.get("accounted")?.parse().ok()?,
             failed: m.get("failed")?.parse().ok()?,
             processed: m.get("processed")?.parse().ok()?,
+            updated_unix: m.get("updated")?.parse().ok()?,
         })
     }
 }

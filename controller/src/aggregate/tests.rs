@@ -284,7 +284,7 @@ async fn unsealed_jobs_expire_also_after_a_restart() {
     assert!(agg.expire(Duration::from_secs(60)).await.is_empty(), "not yet");
     drop(agg); // crash and restart
     let mut agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
-    assert_eq!(agg.resume_open().await.unwrap(), 2);
+    assert_eq!(agg.scan_open().await.unwrap(), 2);
     tokio::time::advance(Duration::from_secs(61)).await;
     agg.expire(Duration::from_secs(60)).await;
     let r = report_of(&store, "e1").await.expect("the unsealed job was abandoned");
