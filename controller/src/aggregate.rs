@@ -356,7 +356,8 @@ impl Aggregator {
             }
         }
         let now = Instant::now();
-        let due: Vec<(String, Instant)> = self.dormant.iter().filter(|(_, t)| now.saturating_duration_since(**t) >= after).map(|(k, t)| (k.clone(), *t)).collect();
+        let due: Vec<(String, Instant)> =
+            self.dormant.iter().filter(|(_, t)| now.saturating_duration_since(**t) >= after).map(|(k, t)| (k.clone(), *t)).collect();
         for (job_id, since) in due {
             let mut ctl = RequestCounts::default();
             match self.take(&job_id, &mut ctl).await {

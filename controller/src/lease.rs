@@ -61,10 +61,6 @@ impl Leases {
         Leases { store, owner, ttl }
     }
 
-    pub fn owner(&self) -> &str {
-        &self.owner
-    }
-
     async fn write(&self, job: &str, doc: &LeaseDoc, cond: Cond) -> Result<Option<String>> {
         let body = Bytes::from(serde_json::to_vec(doc)?);
         self.store.put_if(&lease_key(job), body, "application/json", &BTreeMap::new(), &cond).await

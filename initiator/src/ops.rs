@@ -108,15 +108,15 @@ async fn peek(q: &dyn Queue, limit: usize) -> Result<Vec<Message>, CliError> {
     Ok(out)
 }
 
-/// Dead-letter queues and the quarantine, listed (`full`: whole bodies).
-pub async fn list(dlqs: &[&dyn Queue], store: &dyn BlobStore, limit: usize, full: bool) -> Result<Vec<Entry>, CliError> {
+/// Dead-letter queues and the quarantine, listed (bodies cut to 200 characters).
+pub async fn list(dlqs: &[&dyn Queue], store: &dyn BlobStore, limit: usize) -> Result<Vec<Entry>, CliError> {
     let mut out = Vec::new();
     for q in dlqs {
-        out.extend(peek(*q, limit).await?.iter().map(|m| entry_of_message(q.name(), m, full)));
+        out.extend(peek(*q, limit).await?.iter().map(|m| entry_of_message(q.name(), m, false)));
     }
     for key in quarantine::list(store, limit).await? {
         if let Some(q) = quarantine::read(store, &key).await? {
-            out.push(entry_of_quarantined(&key, &q, full));
+            out.push(entry_of_quarantined(&key, &q, false));
         }
     }
     Ok(out)
@@ -165,9 +165,8 @@ pub async fn redrive_quarantine(store: &dyn BlobStore, targets: &[(&str, &dyn Qu
         let Some(q) = quarantine::read(store, &key).await? else { continue };
         match targets.iter().find(|(name, _)| *name == q.queue) {
             Some((_, to)) => {
-                if quarantine::redrive(store, &key, *to).await? {
-                    moved += 1;
-                }
+                quarantine::send_back(store, &key, &q, *to).await?;
+                moved += 1;
             }
             None => tracing::warn!(%key, queue = %q.queue, "no queue of this fleet to redrive it to; left in quarantine"),
         }

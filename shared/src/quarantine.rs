@@ -86,12 +86,18 @@ pub async fn read(store: &dyn BlobStore, key: &str) -> Result<Option<Quarantined
     }
 }
 
-/// Sends a quarantined message back to `queue`, then removes it from the quarantine.
+/// Sends the quarantined message stored under `key` back to `queue`, then removes it from the
+/// quarantine; `false` when there is none.
 pub async fn redrive(store: &dyn BlobStore, key: &str, queue: &dyn Queue) -> Result<bool> {
     let Some(q) = read(store, key).await? else { return Ok(false) };
-    queue.send_messages(&[q.outgoing()]).await?;
-    store.delete(key).await?;
+    send_back(store, key, &q, queue).await?;
     Ok(true)
+}
+
+/// Sends `q`, read from `key`, back to `queue`, then removes it from the quarantine.
+pub async fn send_back(store: &dyn BlobStore, key: &str, q: &Quarantined, queue: &dyn Queue) -> Result<()> {
+    queue.send_messages(&[q.outgoing()]).await?;
+    store.delete(key).await
 }
 
 #[cfg(test)]

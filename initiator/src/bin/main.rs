@@ -249,7 +249,7 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     let dlqs: [&dyn Queue; 2] = [work_dlq.as_ref(), results_dlq.as_ref()];
     match command {
         DlqCommand::List { limit, json } => {
-            let entries = initiator::ops::list(&dlqs, store.as_ref(), limit, false).await?;
+            let entries = initiator::ops::list(&dlqs, store.as_ref(), limit).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&entries).map_err(shared::Error::from)?);
             } else {
