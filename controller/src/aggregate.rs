@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use shared::billing::Tariff;
-use shared::billing::{AccountTotals, Totals};
+use shared::billing::{AccountTotals, CheckedTotals};
 use shared::blob::{BlobStore, Cond};
 use shared::codec::{accounts_from_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
 use shared::error::{Error, Result};
@@ -116,7 +116,7 @@ impl Item {
 
 struct Job {
     cp: Checkpoint,
-    totals: Totals,
+    totals: CheckedTotals,
     /// Applied in memory, not yet covered by a checkpoint: deleted after the next one.
     pending: Vec<(Source, String)>,
     /// Last message of this job (or when it was resumed, less its checkpoint's age).
@@ -485,8 +485,8 @@ impl Aggregator {
         match self.store.get_tagged(&checkpoint_key(job_id)).await? {
             Some((data, etag)) => {
                 let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES)?;
-                let mut totals = Totals::new();
-                totals.add_all(cp.accounts.iter());
+                let mut totals = CheckedTotals::new();
+                totals.try_add_all(cp.accounts.iter()).map_err(|e| Error::Corrupt(format!("checkpoint of job {job_id}: {e}")))?;
                 cp.accounts = Vec::new();
                 tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, "resumed job from checkpoint");
                 Ok(Job { cp, totals, pending: Vec::new(), last_activity: Instant::now(), marked_open: true, abandon: None, lease, cp_etag: Some(etag) })
@@ -504,7 +504,7 @@ impl Aggregator {
                     requests: RequestCounts::default(),
                     updated_at: now_rfc3339(),
                 },
-                totals: Totals::new(),
+                totals: CheckedTotals::new(),
                 pending: Vec::new(),
                 last_activity: Instant::now(),
                 marked_open: false,

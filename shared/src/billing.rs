@@ -147,8 +147,6 @@ pub struct Overflow {
 #[derive(Debug, Clone, Default)]
 pub struct Totals {
     by_account: foldhash::HashMap<Box<str>, Vec<(String, Sums)>>,
-    /// Running per-currency sums (few currencies: a short list).
-    by_currency: Vec<(String, Sums)>,
 }
 
 impl Totals {
@@ -171,17 +169,6 @@ impl Totals {
         &mut v[i].1
     }
 
-    fn currency_slot(&mut self, currency: &str) -> &mut Sums {
-        let i = match self.by_currency.iter().position(|(c, _)| c == currency) {
-            Some(i) => i,
-            None => {
-                self.by_currency.push((currency.to_string(), Sums::default()));
-                self.by_currency.len() - 1
-            }
-        };
-        &mut self.by_currency[i].1
-    }
-
     /// Bills one transaction (validated amounts: at most 10 integer digits, so sums cannot overflow
     /// before 10^18 transactions).
     pub fn add_txn(&mut self, t: &Transaction<'_>, fees: &FeeCalculator) {
@@ -190,54 +177,20 @@ impl Totals {
         s.count += 1;
         s.gross += t.amount;
         s.fees += fee;
-        let c = self.currency_slot(t.currency_str());
-        c.count += 1;
-        c.gross += t.amount;
-        c.fees += fee;
     }
 
-    /// Adds one trusted row.
+    /// Adds one row this process made; rows from a queue go through [`CheckedTotals`].
     pub fn add(&mut self, a: &AccountTotals) {
-        self.add_all(std::iter::once(a));
+        let s = self.slot(&a.account_id, &a.currency);
+        s.count += a.count;
+        s.gross += a.gross;
+        s.fees += a.fees;
     }
 
-    /// Adds trusted rows (this process's own, or a checkpoint it wrote); see [`Totals::try_add_all`]
-    /// for rows from a queue.
     pub fn add_all<'a>(&mut self, rows: impl IntoIterator<Item = &'a AccountTotals>) {
-        for a in rows {
-            let s = self.slot(&a.account_id, &a.currency);
-            s.count += a.count;
-            s.gross += a.gross;
-            s.fees += a.fees;
-            let c = self.currency_slot(&a.currency);
-            c.count += a.count;
-            c.gross += a.gross;
-            c.fees += a.fees;
+        for r in rows {
+            self.add(r);
         }
-    }
-
-    /// Adds rows from an untrusted source all or nothing: if any account or currency sum would
-    /// overflow, nothing is added and the first such row is named.
-    pub fn try_add_all<'a>(&mut self, rows: impl IntoIterator<Item = &'a AccountTotals> + Clone) -> Result<(), Overflow> {
-        let mut accounts: HashMap<(&str, &str), Sums> = HashMap::new();
-        let mut currencies: HashMap<&str, Sums> = HashMap::new();
-        for a in rows.clone() {
-            let over = |what| Overflow { account: a.account_id.clone(), currency: a.currency.clone(), what };
-            let cur = match accounts.get(&(a.account_id.as_str(), a.currency.as_str())) {
-                Some(s) => *s,
-                None => self.peek(&a.account_id, &a.currency),
-            };
-            let next = cur.checked_plus(a.count, a.gross, a.fees).ok_or_else(|| over("a sum"))?;
-            accounts.insert((&a.account_id, &a.currency), next);
-            let cur = match currencies.get(a.currency.as_str()) {
-                Some(s) => *s,
-                None => self.by_currency.iter().find(|(c, _)| *c == a.currency).map(|(_, s)| *s).unwrap_or_default(),
-            };
-            let next = cur.checked_plus(a.count, a.gross, a.fees).ok_or_else(|| over("the currency's sum"))?;
-            currencies.insert(&a.currency, next);
-        }
-        self.add_all(rows);
-        Ok(())
     }
 
     fn peek(&self, account: &str, currency: &str) -> Sums {
@@ -269,15 +222,70 @@ impl Totals {
 
     /// Per-currency sums, sorted by currency.
     pub fn by_currency(&self) -> Vec<AccountTotals> {
-        let cur: BTreeMap<&str, Sums> = self.by_currency.iter().map(|(c, s)| (c.as_str(), *s)).collect();
+        let mut cur: BTreeMap<&str, Sums> = BTreeMap::new();
+        for (_, c, s) in self.iter() {
+            let t = cur.entry(c).or_default();
+            t.count += s.count;
+            t.gross += s.gross;
+            t.fees += s.fees;
+        }
         cur.into_iter()
             .map(|(c, s)| AccountTotals { account_id: String::new(), currency: c.to_string(), count: s.count, gross: s.gross, fees: s.fees })
             .collect()
     }
 
-    /// Transactions counted (saturating: a count past u64::MAX is refused by `try_add_all` anyway).
+    /// Transactions counted (saturating: each currency's count fits, their sum need not).
     pub fn transactions(&self) -> u64 {
-        self.by_currency.iter().fold(0u64, |n, (_, s)| n.saturating_add(s.count))
+        self.iter().fold(0u64, |n, (_, _, s)| n.saturating_add(s.count))
+    }
+}
+
+/// Totals fed with rows from queues (the controller's): every addition is checked, all or nothing,
+/// against the account's and the currency's running sums, so that no sum a report shows (an account,
+/// a currency over its accounts, their net) can overflow. The per-currency sums are kept here, off
+/// the per-transaction path of [`Totals::add_txn`].
+#[derive(Debug, Clone, Default)]
+pub struct CheckedTotals {
+    totals: Totals,
+    by_currency: Vec<(String, Sums)>,
+}
+
+impl CheckedTotals {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds the rows, or nothing when a sum would overflow (the first such row is named).
+    pub fn try_add_all<'a>(&mut self, rows: impl IntoIterator<Item = &'a AccountTotals> + Clone) -> Result<(), Overflow> {
+        let mut accounts: HashMap<(&str, &str), Sums> = HashMap::new();
+        let mut currencies: HashMap<&str, Sums> = HashMap::new();
+        for a in rows.clone() {
+            let over = |what| Overflow { account: a.account_id.clone(), currency: a.currency.clone(), what };
+            let cur = accounts.get(&(a.account_id.as_str(), a.currency.as_str())).copied().unwrap_or_else(|| self.totals.peek(&a.account_id, &a.currency));
+            accounts.insert((&a.account_id, &a.currency), cur.checked_plus(a.count, a.gross, a.fees).ok_or_else(|| over("a sum"))?);
+            let cur = currencies.get(a.currency.as_str()).copied().unwrap_or_else(|| self.currency(&a.currency));
+            currencies.insert(&a.currency, cur.checked_plus(a.count, a.gross, a.fees).ok_or_else(|| over("the currency's sum"))?);
+        }
+        self.totals.add_all(rows);
+        for (c, s) in currencies {
+            match self.by_currency.iter_mut().find(|(k, _)| k == c) {
+                Some((_, t)) => *t = s,
+                None => self.by_currency.push((c.to_string(), s)),
+            }
+        }
+        Ok(())
+    }
+
+    fn currency(&self, currency: &str) -> Sums {
+        self.by_currency.iter().find(|(c, _)| c == currency).map(|(_, s)| *s).unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for CheckedTotals {
+    type Target = Totals;
+
+    fn deref(&self) -> &Totals {
+        &self.totals
     }
 }
 
