@@ -6,6 +6,7 @@
 pub mod aggregate;
 pub mod lease;
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -16,7 +17,6 @@ use shared::listener::dynamic_consumers::ScalingPolicy;
 use shared::listener::{state, Completions, Engine, Handler, Outcome};
 use shared::queue::{Message, Queue};
 use shared::trigger::{Notifier, Subscription, TriggerBus};
-use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -66,10 +66,9 @@ pub struct Deps {
     pub publish: Option<Arc<dyn TriggerBus>>,
 }
 
-/// Checkpoint at least this often while messages are pending.
+/// Checkpoint at least this often while messages are pending (and a job at once when it has
+/// `aggregate::FLUSH_MESSAGES` pending).
 const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
-/// ... or as soon as this many messages are pending.
-const FLUSH_MESSAGES: usize = 100;
 
 /// Completions of the listeners, by source (set once all have started).
 type Sinks = Arc<OnceLock<[Completions; 3]>>;
@@ -90,7 +89,7 @@ fn complete(sinks: &Sinks, receipts: Vec<(Source, String)>) {
 
 struct ResultsHandler {
     source: Source,
-    agg: Arc<Mutex<Aggregator>>,
+    agg: Arc<Aggregator>,
     sinks: Sinks,
     /// Announces messages handed back for another controller.
     handed_back: Option<Notifier>,
@@ -107,16 +106,9 @@ impl Handler for ResultsHandler {
 
     async fn handle(&self, msgs: &[Message], _done: &Completions) -> Vec<Outcome> {
         // Applied in memory, checkpointed, then deleted; a crash anywhere before the delete redelivers
-        // the messages and the checkpoint makes the replay a no-op.
-        let (mut deletable, release) = {
-            let mut agg = self.agg.lock().await;
-            let applied = agg.apply(self.source, msgs).await;
-            let mut deletable = applied.delete;
-            if agg.pending() >= FLUSH_MESSAGES {
-                deletable.extend(agg.flush().await);
-            }
-            (deletable, applied.release)
-        };
+        // the messages and the checkpoint makes the replay a no-op. Only this batch's jobs are locked.
+        let applied = self.agg.apply(self.source, msgs).await;
+        let (mut deletable, release) = (applied.delete, applied.release);
         if let (Some(n), false) = (&self.handed_back, release.is_empty()) {
             n.notify(release.len() as u64);
         }
@@ -156,7 +148,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     for (source, q) in queues {
         aggregator.set_queue(source, q.name());
     }
-    let agg = Arc::new(Mutex::new(aggregator));
+    let agg = Arc::new(aggregator);
     let sinks: Sinks = Arc::default();
     let cfg = settings.listener.engine(deps.triggers.is_some());
     // Dead letters are rare: one consumer each is plenty.
@@ -187,8 +179,8 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tick.tick() => {
-                        flush(&agg, &sinks).await;
-                        agg.lock().await.renew_leases().await;
+                        complete(&sinks, agg.flush_idle().await);
+                        agg.renew_leases().await;
                     }
                 }
             }
@@ -204,8 +196,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tick.tick() => {
-                        let done = agg.lock().await.expire(after).await;
-                        complete(&sinks, done);
+                        complete(&sinks, agg.expire(after).await);
                     }
                 }
             }
@@ -227,23 +218,19 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     futures::future::join_all(engines.iter().map(|e| e.quiesce(grace))).await;
     tracker.close();
     tracker.wait().await;
-    flush(&agg, &sinks).await;
+    complete(&sinks, agg.flush().await);
     for e in &engines {
         e.finish(true).await;
     }
     // Other controllers may take this one's jobs over at once.
-    agg.lock().await.release_leases().await;
-    tracing::info!("controller stopped");
+    agg.release_leases().await;
+    let stats = agg.stats();
+    tracing::info!(
+        checkpoint_writes = stats.writes.load(Ordering::Relaxed),
+        checkpoint_bytes = stats.bytes.load(Ordering::Relaxed),
+        full_parts = stats.full_parts.load(Ordering::Relaxed),
+        delta_parts = stats.delta_parts.load(Ordering::Relaxed),
+        "controller stopped"
+    );
     Ok(())
-}
-
-async fn flush(agg: &Mutex<Aggregator>, sinks: &Sinks) {
-    let done = {
-        let mut agg = agg.lock().await;
-        if agg.pending() == 0 {
-            return;
-        }
-        agg.flush().await
-    };
-    complete(sinks, done);
 }

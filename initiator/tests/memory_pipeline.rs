@@ -124,7 +124,7 @@ impl BlobStore for UploadStore {
 async fn failure_mid_submission_is_an_error_not_a_hang() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("in.csv");
-    shared::generate::write_csv(&mut std::fs::File::create(&path).unwrap(), 5_000, 10, 1).unwrap();
+    shared::generate::write_csv(&mut std::fs::File::create(&path).unwrap(), 5_000, 10, 1, false).unwrap();
     let store = Arc::new(UploadStore { inner: MemoryStore::new(), ok: Some(3.into()), jitter: false });
     let clients = Clients {
         work: MemoryQueue::new("work", Duration::from_secs(30)) as Arc<dyn Queue>,

@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -211,7 +212,7 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
 
     // First controller: applies and checkpoints two batches, then "crashes" before deleting them.
     // (The same controller as the ones started below: a crash and restart, not a second replica.)
-    let mut agg = controller::Aggregator::with_owner(st.store.clone(), TEST_CONTROLLER.into(), controller::aggregate::LEASE);
+    let agg = controller::Aggregator::with_owner(st.store.clone(), TEST_CONTROLLER.into(), controller::aggregate::LEASE);
     for _ in 0..2 {
         let msgs = st.results.receive(10, Duration::from_secs(1)).await.unwrap();
         assert!(!msgs.is_empty());
@@ -247,4 +248,44 @@ async fn job_with_nothing_accepted_still_finishes() {
     assert_eq!((r.transactions.submitted, r.transactions.accepted, r.transactions.rejected), (2, 0, 2));
     assert!(r.accounts.is_empty() && r.totals.is_empty());
     c.stop().await;
+}
+
+/// A job with more accounts than a checkpoint keeps inline: its checkpoints on S3 are a base part and
+/// parts with only the changed rows; a controller that crashes after writing some is succeeded by one
+/// that restores them, finishes with exact totals and leaves no part behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn large_job_checkpoints_in_parts_and_a_restart_restores_them() {
+    use shared::codec::from_zstd_json;
+    use shared::layout::{checkpoint_key, checkpoint_parts_prefix};
+    let st = stack(QueueSettings { max_receive_count: 5, visibility_timeout: std::time::Duration::from_secs(2) }).await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = generated(dir.path(), "in.csv", 30_000, 20_000, 11);
+    let s = st.submit(std::slice::from_ref(&f), 1_000).await;
+    assert_eq!(s.total_chunks, 30);
+    let p = st.start_processor(fast_processor());
+    st.wait_depth(st.results.as_ref(), 31, T).await;
+    p.stop().await;
+
+    let agg = controller::Aggregator::with_owner(st.store.clone(), TEST_CONTROLLER.into(), controller::aggregate::LEASE);
+    for _ in 0..4 {
+        let msgs = st.results.receive(10, Duration::from_secs(1)).await.unwrap();
+        agg.apply(controller::Source::Results, &msgs).await;
+        agg.flush().await;
+    }
+    let stats = agg.stats();
+    let (bases, changes) = (stats.full_parts.load(Ordering::Relaxed), stats.delta_parts.load(Ordering::Relaxed));
+    assert!(bases >= 1 && bases + changes >= 2, "bases {bases}, change parts {changes}");
+    drop(agg);
+    let cp: shared::model::Checkpoint = from_zstd_json(&st.store.get(&checkpoint_key(&s.job_id)).await.unwrap().unwrap(), 1 << 30).unwrap();
+    assert!(cp.accounts.is_empty() && !cp.parts.is_empty() && cp.parts[0].full, "parts: {:?}", cp.parts);
+    assert!(!cp.accounted.is_empty());
+
+    let c = st.start_controller();
+    let r = st.wait_report(&s, T).await;
+    assert_eq!(r.status, JobStatus::Complete);
+    assert_consistent(&r);
+    assert_eq!(r.transactions.processed, 30_000);
+    assert_eq!(report_accounts(&r), expected_accounts(&[f]));
+    c.stop().await;
+    assert!(st.store.list(&checkpoint_parts_prefix(&s.job_id), 100).await.unwrap().is_empty(), "no part outlives the job");
 }

@@ -193,6 +193,22 @@ impl Totals {
         }
     }
 
+    /// Replaces the sums of the row's (account, currency) with the row's.
+    fn set(&mut self, a: &AccountTotals) {
+        *self.slot(&a.account_id, &a.currency) = Sums { count: a.count, gross: a.gross, fees: a.fees };
+    }
+
+    /// The rows of one account (one per currency), empty when it has none.
+    pub fn account_rows<'a>(&'a self, account: &'a str) -> impl Iterator<Item = AccountTotals> + 'a {
+        self.by_account.get(account).into_iter().flatten().map(move |(c, s)| AccountTotals {
+            account_id: account.to_string(),
+            currency: c.clone(),
+            count: s.count,
+            gross: s.gross,
+            fees: s.fees,
+        })
+    }
+
     fn peek(&self, account: &str, currency: &str) -> Sums {
         self.by_account.get(account).and_then(|v| v.iter().find(|(c, _)| c == currency)).map(|(_, s)| *s).unwrap_or_default()
     }
@@ -274,6 +290,35 @@ impl CheckedTotals {
             }
         }
         Ok(())
+    }
+
+    /// Totals restored from snapshots of rows (a checkpoint and the parts written after it): each row
+    /// replaces what an earlier batch held for its (account, currency). Fails when a per-currency sum
+    /// (or a row's net) would overflow, which only a corrupt or hostile snapshot can cause.
+    pub fn restore<'a, B>(batches: impl IntoIterator<Item = B>) -> Result<CheckedTotals, Overflow>
+    where
+        B: IntoIterator<Item = &'a AccountTotals>,
+    {
+        let mut totals = Totals::new();
+        for batch in batches {
+            for row in batch {
+                totals.set(row);
+            }
+        }
+        let mut by_currency: Vec<(String, Sums)> = Vec::new();
+        for (a, c, s) in totals.iter() {
+            let over = |what| Overflow { account: a.to_string(), currency: c.to_string(), what };
+            Sums::default().checked_plus(s.count, s.gross, s.fees).ok_or_else(|| over("a sum"))?;
+            let i = match by_currency.iter().position(|(k, _)| k == c) {
+                Some(i) => i,
+                None => {
+                    by_currency.push((c.to_string(), Sums::default()));
+                    by_currency.len() - 1
+                }
+            };
+            by_currency[i].1 = by_currency[i].1.checked_plus(s.count, s.gross, s.fees).ok_or_else(|| over("the currency's sum"))?;
+        }
+        Ok(CheckedTotals { totals, by_currency })
     }
 
     fn currency(&self, currency: &str) -> Sums {
@@ -362,6 +407,35 @@ mod tests {
         assert_eq!(cur[0].currency, "EUR");
         assert_eq!(cur[0].count, 5);
         assert_eq!(fwd.transactions(), 7);
+    }
+
+    #[test]
+    fn restore_lets_later_rows_replace_earlier_ones_and_checks_currency_sums() {
+        let row = |a: &str, c: &str, n, g: i64| AccountTotals { account_id: a.into(), currency: c.into(), count: n, gross: Decimal::new(g, 2), fees: Decimal::ZERO };
+        let mut live = CheckedTotals::new();
+        let first = [row("a", "EUR", 1, 100), row("b", "EUR", 2, 200)];
+        live.try_add_all(first.iter()).unwrap();
+        let base = live.rows();
+        let second = [row("a", "EUR", 4, 400), row("c", "USD", 1, 5)];
+        live.try_add_all(second.iter()).unwrap();
+        // What changed since the base: the rows of the accounts touched, as they now stand.
+        let changed: Vec<AccountTotals> = ["a", "c"].iter().flat_map(|a| live.account_rows(a)).collect();
+        assert_eq!(changed.len(), 2);
+        let restored = CheckedTotals::restore([base.iter(), changed.iter()]).unwrap();
+        assert_eq!(restored.rows(), live.rows());
+        assert_eq!(restored.by_currency(), live.by_currency());
+        // The restored currency sums are the ones later additions are checked against.
+        let mut restored = restored;
+        let huge = [row("z", "EUR", 1, 0)];
+        let mut near = huge.clone();
+        near[0].gross = Decimal::MAX - Decimal::new(100, 2);
+        assert!(restored.try_add_all(near.iter()).is_err(), "EUR already sums 7.00: MAX - 1.00 more would overflow");
+        let bad = [row("x", "EUR", 1, 0), row("y", "EUR", 1, 0)].map(|mut r| {
+            r.gross = Decimal::MAX;
+            r
+        });
+        let e = CheckedTotals::restore([bad.iter()]).unwrap_err();
+        assert_eq!(e.what, "the currency's sum");
     }
 
     #[test]

@@ -8,8 +8,9 @@ use rand_chacha::ChaCha8Rng;
 
 const CURRENCIES: [(&str, u32); 4] = [("EUR", 50), ("USD", 30), ("GBP", 15), ("CHF", 5)];
 
-/// Writes a CSV with a header and `rows` transactions over `accounts` accounts.
-pub fn write_csv(out: &mut impl Write, rows: u64, accounts: u64, seed: u64) -> io::Result<()> {
+/// Writes a CSV with a header and `rows` transactions over `accounts` accounts, drawn at random, or
+/// taken in turn when `every_account` (so that each account appears once `rows >= accounts`).
+pub fn write_csv(out: &mut impl Write, rows: u64, accounts: u64, seed: u64, every_account: bool) -> io::Result<()> {
     let accounts = accounts.max(1);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut w = io::BufWriter::with_capacity(1 << 20, out);
@@ -18,7 +19,8 @@ pub fn write_csv(out: &mut impl Write, rows: u64, accounts: u64, seed: u64) -> i
     let base: i64 = 1_793_491_200;
     let mut t = base;
     for i in 0..rows {
-        let account = rng.random_range(0..accounts);
+        let drawn = rng.random_range(0..accounts);
+        let account = if every_account { i % accounts } else { drawn };
         let refund = rng.random_ratio(1, 10);
         let cents: u64 = if refund { rng.random_range(1..=50_000) } else { rng.random_range(1..=200_000) };
         let mut pick = rng.random_range(0..100);
@@ -60,11 +62,15 @@ mod tests {
     fn deterministic_and_valid() {
         let mut a = Vec::new();
         let mut b = Vec::new();
-        write_csv(&mut a, 500, 7, 42).unwrap();
-        write_csv(&mut b, 500, 7, 42).unwrap();
+        write_csv(&mut a, 500, 7, 42, false).unwrap();
+        write_csv(&mut b, 500, 7, 42, false).unwrap();
         assert_eq!(a, b);
         let mut c = Vec::new();
-        write_csv(&mut c, 500, 7, 43).unwrap();
+        write_csv(&mut c, 500, 7, 43, false).unwrap();
+        let mut d = Vec::new();
+        write_csv(&mut d, 500, 500, 42, true).unwrap();
+        let distinct: std::collections::HashSet<&str> = std::str::from_utf8(&d).unwrap().lines().skip(1).map(|l| l.split(',').nth(1).unwrap()).collect();
+        assert_eq!(distinct.len(), 500, "every account once");
         assert_ne!(a, c);
         let text = String::from_utf8(a).unwrap();
         let mut n = 0;

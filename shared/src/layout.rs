@@ -27,6 +27,11 @@ pub fn checkpoint_key(job: &str) -> String {
     format!("{JOBS_PREFIX}{job}/checkpoint.json.zst")
 }
 
+/// Where the parts of a job's checkpoint live (large jobs): see `model::CheckpointPart`.
+pub fn checkpoint_parts_prefix(job: &str) -> String {
+    format!("{JOBS_PREFIX}{job}/checkpoint/")
+}
+
 pub fn report_key(job: &str) -> String {
     format!("{WAREHOUSE_PREFIX}{job}/report.json")
 }

@@ -194,10 +194,28 @@ pub struct Checkpoint {
     pub accounted: BTreeSet<u32>,
     pub processed_transactions: u64,
     pub failed_chunks: Vec<FailedChunk>,
+    /// The per-account totals, inline (small jobs); empty when they are kept in `parts`.
     pub accounts: Vec<AccountTotals>,
+    /// Large jobs: the totals as a base snapshot and the rows changed since, each a separate object
+    /// written once; restored in order, a later row replacing an earlier one of its (account,
+    /// currency). A checkpoint rewrites only what changed since the last one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<CheckpointPart>,
     /// Calls counted so far for this job by processors and the controller.
     pub requests: RequestCounts,
     pub updated_at: String,
+}
+
+/// One object of a checkpoint's totals (`jobs/{job}/checkpoint/...`): zstd CSV rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointPart {
+    pub key: String,
+    pub rows: u64,
+    /// Compressed size.
+    pub bytes: u64,
+    pub sha256: String,
+    /// Every row of the job (a base), or only the rows changed since the part before.
+    pub full: bool,
 }
 
 /// A checkpoint's progress, also stored as the checkpoint object's user metadata, so a follower

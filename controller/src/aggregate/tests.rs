@@ -62,7 +62,7 @@ async fn report_of(store: &MemoryStore, job: &str) -> Option<report::Report> {
 async fn duplicates_count_once_and_report_is_exact() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("j1", &[2, 1])).await;
-    let mut agg = Aggregator::new(store.clone());
+    let agg = Aggregator::new(store.clone());
     let r0 = result("j1", 0, vec![acct("a", 2, 1000, 100)]);
     let applied = agg.apply(Source::Results, &[r0.clone(), r0.clone()]).await;
     assert!(applied.delete.is_empty(), "nothing is deleted before a checkpoint covers it");
@@ -91,13 +91,13 @@ async fn duplicates_count_once_and_report_is_exact() {
 async fn restart_resumes_from_checkpoint() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("j2", &[1, 1, 1])).await;
-    let mut first = Aggregator::new(store.clone());
+    let first = Aggregator::new(store.clone());
     first.apply(Source::Results, &[result("j2", 0, vec![acct("a", 1, 100, 33)]), sealed("j2", 3)]).await;
     first.apply(Source::Results, &[result("j2", 1, vec![acct("b", 1, 200, 36)])]).await;
     first.flush().await; // checkpointed; then "crash" before the deletes
     first.apply(Source::Results, &[result("j2", 2, vec![acct("a", 1, 300, 39)])]).await;
     drop(first); // chunk 2 was applied in memory only: lost with the crash, and not deleted
-    let mut second = Aggregator::new(store.clone());
+    let second = Aggregator::new(store.clone());
     // chunk 1 is redelivered (its delete was lost), then chunk 2 arrives
     second.apply(Source::Results, &[result("j2", 1, vec![acct("b", 1, 200, 36)]), result("j2", 2, vec![acct("a", 1, 300, 39)])]).await;
     let r = report_of(&store, "j2").await.unwrap();
@@ -109,7 +109,7 @@ async fn restart_resumes_from_checkpoint() {
 async fn dead_letter_makes_job_partial_and_failed_result_wins_once() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("j3", &[4, 5])).await;
-    let mut agg = Aggregator::new(store.clone());
+    let agg = Aggregator::new(store.clone());
     agg.apply(Source::Results, &[sealed("j3", 2), result("j3", 0, vec![acct("a", 4, 400, 10)])]).await;
     let item = WorkItem {
         v: 1,
@@ -130,7 +130,7 @@ async fn dead_letter_makes_job_partial_and_failed_result_wins_once() {
 #[tokio::test]
 async fn missing_manifest_keeps_messages_for_redelivery() {
     let store = MemoryStore::new();
-    let mut agg = Aggregator::new(store.clone());
+    let agg = Aggregator::new(store.clone());
     let batch = [result("j4", 0, vec![acct("a", 1, 100, 1)]), sealed("j4", 1)];
     let applied = agg.apply(Source::Results, &batch).await;
     assert!(applied.delete.is_empty(), "not deleted: the job cannot be finished yet");
@@ -144,7 +144,7 @@ async fn missing_manifest_keeps_messages_for_redelivery() {
 async fn chunks_beyond_the_sealed_size_are_ignored() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("j6", &[1])).await;
-    let mut agg = Aggregator::new(store.clone());
+    let agg = Aggregator::new(store.clone());
     agg.apply(Source::Results, &[sealed("j6", 1), result("j6", 5, vec![acct("x", 9, 900, 9)])]).await;
     assert!(report_of(&store, "j6").await.is_none());
     agg.apply(Source::Results, &[result("j6", 0, vec![acct("a", 1, 100, 1)])]).await;
@@ -157,7 +157,7 @@ async fn chunks_beyond_the_sealed_size_are_ignored() {
 async fn inconsistent_result_is_a_failed_chunk_and_garbage_is_quarantined() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("j5", &[3])).await;
-    let mut agg = Aggregator::new(store.clone());
+    let agg = Aggregator::new(store.clone());
     let mut bad: ResultMessage = serde_json::from_str(&result("j5", 0, vec![acct("a", 2, 100, 1)]).body).unwrap();
     if let ResultMessage::Chunk(c) = &mut bad {
         c.transactions = 3;
@@ -178,7 +178,7 @@ async fn hostile_values_fail_their_chunk_and_leave_other_jobs_alone() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("h1", &[1, 1, 2])).await;
     put_manifest(&store, &manifest("ok", &[1])).await;
-    let mut agg = Aggregator::new(store.clone());
+    let agg = Aggregator::new(store.clone());
     let huge = Decimal::MAX - Decimal::ONE;
     // Another currency: the EUR total is near its limit after chunk 0.
     let usd = |a: &str| AccountTotals { currency: "USD".into(), ..acct(a, 1, 100, 1) };
@@ -202,7 +202,7 @@ async fn hostile_values_fail_their_chunk_and_leave_other_jobs_alone() {
     assert!(r.failed_chunks[0].reason.contains("would overflow"), "{:?}", r.failed_chunks);
     assert_eq!(r.requests.total, u64::MAX, "request counts saturate instead of wrapping");
     // A count that cannot be summed.
-    let mut agg = Aggregator::new(store.clone());
+    let agg = Aggregator::new(store.clone());
     put_manifest(&store, &manifest("h2", &[1])).await;
     let rows = vec![acct("a", u64::MAX, 100, 1), acct("b", 2, 100, 1)];
     let m = result("h2", 0, rows);
@@ -219,7 +219,7 @@ async fn hostile_values_fail_their_chunk_and_leave_other_jobs_alone() {
 async fn a_result_whose_blob_is_gone_fails_its_chunk_and_stranded_results_count() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("s1", &[1, 1])).await;
-    let mut agg = Aggregator::new(store.clone());
+    let agg = Aggregator::new(store.clone());
     let lost = ResultMessage::Chunk(ChunkResult {
         v: 1,
         job_id: "s1".into(),
@@ -252,7 +252,7 @@ async fn abandon_finishes_a_job_with_what_was_processed() {
     let store = MemoryStore::new();
     // Sealed and manifest written, one chunk never came back: its chunk is listed as failed.
     put_manifest(&store, &manifest("a1", &[2, 3])).await;
-    let mut agg = Aggregator::new(store.clone());
+    let agg = Aggregator::new(store.clone());
     agg.apply(Source::Results, &[sealed("a1", 2), result("a1", 0, vec![acct("a", 2, 200, 2)])]).await;
     agg.apply(Source::Results, &[abandon("a1")]).await;
     let r = report_of(&store, "a1").await.unwrap();
@@ -274,7 +274,7 @@ async fn abandon_finishes_a_job_with_what_was_processed() {
 async fn unsealed_jobs_expire_also_after_a_restart() {
     let store = MemoryStore::new();
     // The same controller before and after its restart (a stable id: it takes its leases back at once).
-    let mut agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
+    let agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
     agg.apply(Source::Results, &[result("e1", 0, vec![acct("a", 1, 100, 1)])]).await;
     put_manifest(&store, &manifest("e2", &[1, 1])).await;
     agg.apply(Source::Results, &[sealed("e2", 2), result("e2", 0, vec![acct("a", 1, 100, 1)])]).await;
@@ -283,7 +283,7 @@ async fn unsealed_jobs_expire_also_after_a_restart() {
     tokio::time::advance(Duration::from_secs(30)).await;
     assert!(agg.expire(Duration::from_secs(60)).await.is_empty(), "not yet");
     drop(agg); // crash and restart
-    let mut agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
+    let agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
     assert_eq!(agg.scan_open().await.unwrap(), 2);
     tokio::time::advance(Duration::from_secs(61)).await;
     agg.expire(Duration::from_secs(60)).await;
@@ -301,8 +301,8 @@ async fn a_stale_owner_is_fenced_and_messages_of_anothers_job_are_handed_back() 
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("f", &[1, 1, 1])).await;
     let ttl = Duration::from_millis(600);
-    let mut a = Aggregator::with_owner(store.clone(), "a".into(), ttl);
-    let mut b = Aggregator::with_owner(store.clone(), "b".into(), ttl);
+    let a = Aggregator::with_owner(store.clone(), "a".into(), ttl);
+    let b = Aggregator::with_owner(store.clone(), "b".into(), ttl);
     let r0 = result("f", 0, vec![acct("x", 1, 100, 1)]);
     let r1 = result("f", 1, vec![acct("x", 1, 200, 1)]);
     let r2 = result("f", 2, vec![acct("y", 1, 300, 1)]);
@@ -326,4 +326,140 @@ async fn a_stale_owner_is_fenced_and_messages_of_anothers_job_are_handed_back() 
     let r = report_of(&store, "f").await.expect("b finished the job");
     assert_eq!(r.transactions.processed, 3);
     assert_eq!(r.accounts.iter().map(|a| (a.account_id.as_str(), a.count, a.gross.as_str())).collect::<Vec<_>>(), [("x", 2, "3.00"), ("y", 1, "3.00")]);
+}
+
+/// A store whose calls on one job's objects wait at a gate (an S3 prefix that hangs).
+struct GatedStore {
+    inner: Arc<MemoryStore>,
+    job: &'static str,
+    open: tokio::sync::watch::Receiver<bool>,
+}
+
+impl GatedStore {
+    async fn gate(&self, key: &str) {
+        if key.contains(self.job) {
+            let mut open = self.open.clone();
+            let _ = open.wait_for(|o| *o).await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl BlobStore for GatedStore {
+    fn bucket(&self) -> &str {
+        self.inner.bucket()
+    }
+    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+        self.gate(key).await;
+        self.inner.put_if(key, body, content_type, meta, cond).await
+    }
+    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+        self.gate(key).await;
+        self.inner.get_tagged(key).await
+    }
+    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+        self.gate(key).await;
+        self.inner.head(key).await
+    }
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.inner.list(prefix, limit).await
+    }
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.gate(key).await;
+        self.inner.delete(key).await
+    }
+    fn calls(&self) -> &shared::requests::CallCounter {
+        self.inner.calls()
+    }
+}
+
+/// Jobs progress in parallel: while every S3 call about one job hangs, another job is applied,
+/// checkpointed and finished, and the slow one completes once its calls return.
+#[tokio::test]
+async fn a_job_whose_s3_calls_hang_does_not_hold_up_another() {
+    let inner = MemoryStore::new();
+    put_manifest(&inner, &manifest("slow", &[1])).await;
+    put_manifest(&inner, &manifest("fast", &[1, 1])).await;
+    let (gate, open) = tokio::sync::watch::channel(false);
+    let agg = Arc::new(Aggregator::new(Arc::new(GatedStore { inner: inner.clone(), job: "slow", open })));
+    let slow = {
+        let agg = agg.clone();
+        tokio::spawn(async move { agg.apply(Source::Results, &[sealed("slow", 1), result("slow", 0, vec![acct("s", 1, 100, 1)])]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!slow.is_finished(), "the slow job's calls hang");
+    let fast = tokio::time::timeout(Duration::from_secs(5), async {
+        agg.apply(Source::Results, &[sealed("fast", 2), result("fast", 0, vec![acct("a", 1, 100, 1)])]).await;
+        assert_eq!(agg.flush_idle().await.len(), 2, "the fast job is checkpointed; the hung one is skipped");
+        agg.apply(Source::Results, &[result("fast", 1, vec![acct("a", 2, 200, 2)])]).await
+    })
+    .await
+    .expect("the other job is not held up by the hung one");
+    assert_eq!(fast.delete.len(), 1, "the report covers the last message");
+    let r = report_of(&inner, "fast").await.expect("the fast job finished");
+    assert_eq!(r.transactions.processed, 3);
+    assert!(report_of(&inner, "slow").await.is_none());
+    gate.send(true).unwrap();
+    let applied = tokio::time::timeout(Duration::from_secs(5), slow).await.unwrap().unwrap();
+    assert_eq!(applied.delete.len(), 2);
+    assert_eq!(report_of(&inner, "slow").await.unwrap().transactions.processed, 1);
+}
+
+fn many(prefix: &str, n: usize, cents: i64) -> Vec<AccountTotals> {
+    // Amounts that differ from row to row, as real ones do (identical rows compress to nothing).
+    (0..n).map(|i| acct(&format!("{prefix}{i:06}"), 1 + (i as u64 * 7) % 13, cents + (i as i64 * 7919) % 1_000_003, (i as i64 * 31) % 997)).collect()
+}
+
+/// A large job's checkpoints write what changed: a base once, then only the rows of the accounts a
+/// result touched; a new base when the parts pile up; a restarted controller restores the base and
+/// the parts in order and finishes with exact totals; the finished job leaves no part behind.
+#[tokio::test]
+async fn large_jobs_checkpoint_only_what_changed_and_restore_exactly() {
+    let store = MemoryStore::new();
+    let chunks = 2 + MAX_PARTS as u32;
+    let mut sizes = vec![10_000u64];
+    sizes.extend(std::iter::repeat_n(3, chunks as usize - 2));
+    sizes.push(1);
+    put_manifest(&store, &manifest("big", &sizes)).await;
+    let mut expected = shared::billing::Totals::new();
+    let first = many("acc", 10_000, 100);
+    expected.add_all(first.iter());
+    let agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
+    agg.apply(Source::Results, &[result("big", 0, first)]).await;
+    assert_eq!(agg.flush().await.len(), 1);
+    let base_bytes = agg.stats().bytes.load(Ordering::Relaxed);
+    assert_eq!(agg.stats().full_parts.load(Ordering::Relaxed), 1, "more rows than fit inline: a base part");
+    let mut deltas = Vec::new();
+    for chunk in 1..chunks - 1 {
+        // Three accounts, one of them new.
+        let rows = vec![acct("acc000001", 1, 5, 0), acct(&format!("acc{:06}", chunk * 7), 1, 7, 0), acct(&format!("new{chunk}"), 1, 9, 1)];
+        expected.add_all(rows.iter());
+        let before = agg.stats().bytes.load(Ordering::Relaxed);
+        agg.apply(Source::Results, &[result("big", chunk, rows)]).await;
+        assert_eq!(agg.flush().await.len(), 1);
+        deltas.push(agg.stats().bytes.load(Ordering::Relaxed) - before);
+    }
+    let stats = agg.stats();
+    assert_eq!(stats.full_parts.load(Ordering::Relaxed), 2, "a new base after {MAX_PARTS} parts");
+    assert_eq!(stats.delta_parts.load(Ordering::Relaxed), u64::from(chunks) - 3);
+    let small = deltas[1];
+    assert!(small * 20 < base_bytes, "a checkpoint after a 3-account result writes {small} bytes, the base {base_bytes}");
+    let cp: Checkpoint = from_zstd_json(&store.get(&checkpoint_key("big")).await.unwrap().unwrap(), 1 << 30).unwrap();
+    assert!(cp.accounts.is_empty() && cp.parts[0].full && cp.parts.len() < MAX_PARTS, "{:?}", cp.parts.len());
+    let listed = store.list(&checkpoint_parts_prefix("big"), 1000).await.unwrap();
+    assert_eq!(listed.len(), cp.parts.len(), "replaced parts are deleted");
+    // A restart (the same owner name takes its lease back): restored from the base and the parts.
+    drop(agg);
+    let agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
+    let last = vec![acct("acc009999", 1, 1, 0)];
+    expected.add_all(last.iter());
+    let applied = agg.apply(Source::Results, &[result("big", chunks - 1, last), sealed("big", chunks)]).await;
+    assert_eq!(applied.delete.len(), 2);
+    let r = report_of(&store, "big").await.expect("finished");
+    let want: Vec<(String, u64, String)> = expected.rows().iter().map(|a| (a.account_id.clone(), a.count, shared::billing::money(a.gross))).collect();
+    let got: Vec<(String, u64, String)> = r.accounts.iter().map(|a| (a.account_id.clone(), a.count, a.gross.clone())).collect();
+    assert_eq!(got, want);
+    assert!(store.list(&checkpoint_parts_prefix("big"), 1000).await.unwrap().is_empty(), "no part outlives the job");
+    let cp: Checkpoint = from_zstd_json(&store.get(&checkpoint_key("big")).await.unwrap().unwrap(), 1 << 30).unwrap();
+    assert_eq!((cp.status, cp.parts.len(), cp.accounts.len()), (JobStatus::Complete, 0, 0));
 }

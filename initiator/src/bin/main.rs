@@ -84,6 +84,10 @@ enum Command {
         /// Random seed; the same seed gives the same file.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Take the accounts in turn instead of at random: every account appears once there are at
+        /// least as many rows as accounts.
+        #[arg(long)]
+        every_account: bool,
     },
 }
 
@@ -181,9 +185,9 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let fleet = cli.fleet;
     match cli.command {
-        Command::Generate { rows, accounts, seed } => {
+        Command::Generate { rows, accounts, seed, every_account } => {
             let mut out = std::io::stdout().lock();
-            shared::generate::write_csv(&mut out, rows, accounts, seed).map_err(|e| CliError::Input(format!("writing stdout: {e}")))?;
+            shared::generate::write_csv(&mut out, rows, accounts, seed, every_account).map_err(|e| CliError::Input(format!("writing stdout: {e}")))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { job, json } => {

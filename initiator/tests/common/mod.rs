@@ -183,7 +183,7 @@ pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
 pub fn generated(dir: &Path, name: &str, rows: u64, accounts: u64, seed: u64) -> PathBuf {
     let p = dir.join(name);
     let mut f = std::fs::File::create(&p).unwrap();
-    shared::generate::write_csv(&mut f, rows, accounts, seed).unwrap();
+    shared::generate::write_csv(&mut f, rows, accounts, seed, false).unwrap();
     p
 }
 

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Benchmark (not a test) of the controller at scale: one large job through the host fleet
+# (deploy/local.sh), with a freshly started controller so that its peak memory and counters are the
+# job's own. Prints wall time (submit -> report), the controller's peak RSS (VmHWM), checkpoint
+# objects and bytes it wrote (its "controller stopped" log line), SQS+S3 requests per 1,000
+# transactions, and whether the totals equal those of `initiator local` over the same files.
+#
+#   deploy/bench-scale.sh [big|accounts|both] [CHUNK_SIZE]     defaults: both, chunks of 5000
+#
+#   big       10 files of 1,000,000 transactions (10,000,000, over 1,000 accounts), one job
+#   accounts  1,000,000 transactions over 1,000,000 distinct accounts (each account once), one job
+#
+# Input files are generated once into the run directory ($FLEET_RUN_DIR, default .run/; about 0.7 GB
+# for both); `rm .run/scale-*` removes them.
+set -euo pipefail
+what=${1:-both}
+chunk=${2:-5000}
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+run=${FLEET_RUN_DIR:-$repo/.run}
+export AWS_ENDPOINT_URL=${AWS_ENDPOINT_URL:-http://127.0.0.1:4566} AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-test}
+export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test} AWS_REGION=${AWS_REGION:-us-east-1}
+"$repo/deploy/local.sh" up >/dev/null
+bin="$repo/target/release/initiator"
+mkdir -p "$run"
+
+restart_controller() {
+  local p
+  if p=$(cat "$run/controller.pid" 2>/dev/null) && kill -0 "$p" 2>/dev/null; then
+    kill -TERM "$p"
+    for _ in $(seq 1 90); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
+  fi
+  rm -f "$run/controller.pid"
+  "$repo/deploy/local.sh" up >/dev/null
+}
+
+scenario() {
+  local name=$1; shift
+  local files=("$@")
+  echo "== $name: ${#files[@]} file(s), chunks of $chunk"
+  restart_controller
+  local pid; pid=$(cat "$run/controller.pid")
+  local log_from; log_from=$(wc -l <"$run/controller.log")
+  local t0 t1 t2 t3 code=0
+  t0=$(date +%s.%N)
+  "$bin" local "${files[@]}" --json >"$run/scale-$name-local.json"
+  t1=$(date +%s.%N)
+  "$bin" submit "${files[@]}" --chunk-size "$chunk" --wait --json >"$run/scale-$name-fleet.json" 2>"$run/scale-$name-submit.log" || code=$?
+  t3=$(date +%s.%N)
+  [ "$code" = 0 ] || { echo "submit failed (exit $code):"; tail -n 20 "$run/scale-$name-submit.log"; exit 1; }
+  local hwm; hwm=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
+  kill -TERM "$pid"
+  for _ in $(seq 1 90); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  rm -f "$run/controller.pid"
+  local stopped; stopped=$(tail -n +"$((log_from + 1))" "$run/controller.log" | grep "controller stopped" | tail -n 1)
+  python3 - "$run/scale-$name-local.json" "$run/scale-$name-fleet.json" "$t0" "$t1" "$t1" "$t3" "$hwm" "$stopped" <<'PY'
+import json, re, sys
+local, fleet = (json.load(open(p)) for p in sys.argv[1:3])
+t0, t1, t2, t3 = map(float, sys.argv[3:7])
+hwm_kib, stopped = int(sys.argv[7]), sys.argv[8]
+field = lambda k: int(re.search(k + r"=(\d+)", stopped).group(1)) if re.search(k + r"=(\d+)", stopped) else -1
+n = fleet["transactions"]["processed"]
+req = fleet["requests"]
+total = sum(req["sqs"].values()) + sum(req["s3"].values())
+same = local["accounts"] == fleet["accounts"] and local["totals"] == fleet["totals"]
+print(f"transactions            {n:,} over {len(fleet['accounts']):,} (account, currency) rows, status {fleet['status']}")
+print(f"one process (local)     {t1 - t0:8.2f} s")
+print(f"fleet submit -> report  {t3 - t2:8.2f} s   {n / (t3 - t2):12,.0f} txn/s")
+print(f"controller peak RSS     {hwm_kib / 1024:8.1f} MiB")
+print(f"checkpoint writes       {field('checkpoint_writes'):8d}     ({field('full_parts')} base parts, {field('delta_parts')} change parts)")
+print(f"checkpoint bytes        {field('checkpoint_bytes') / 1e6:8.2f} MB")
+print(f"SQS+S3 requests         {total:8d}     {total * 1000 / n:8.3f} per 1,000 transactions")
+print(f"totals identical        {'yes' if same else 'NO'}")
+sys.exit(0 if same else 1)
+PY
+}
+
+if [ "$what" = big ] || [ "$what" = both ]; then
+  files=()
+  for i in $(seq 1 10); do
+    f="$run/scale-big-$i.csv"
+    [ -s "$f" ] || "$bin" generate --rows 1000000 --accounts 1000 --seed "$i" >"$f"
+    files+=("$f")
+  done
+  scenario big "${files[@]}"
+fi
+if [ "$what" = accounts ] || [ "$what" = both ]; then
+  f="$run/scale-accounts.csv"
+  [ -s "$f" ] || "$bin" generate --rows 1000000 --accounts 1000000 --every-account --seed 7 >"$f"
+  scenario accounts "$f"
+fi
+"$repo/deploy/local.sh" up >/dev/null
