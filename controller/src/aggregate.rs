@@ -122,6 +122,8 @@ struct Job {
     changed: HashSet<String>,
     /// Applied in memory, not yet covered by a checkpoint: deleted after the next one.
     pending: Pending,
+    /// When it was last checkpointed (or loaded).
+    saved: Instant,
     /// Last message of this job (or when it was resumed, less its checkpoint's age).
     last_activity: Instant,
     /// Its `open/{job}` marker is known to exist.
@@ -215,8 +217,10 @@ pub struct Aggregator {
     stats: CheckpointStats,
 }
 
-/// A job is checkpointed as soon as this many of its messages are pending (otherwise by the
-/// controller's timer).
+/// A job with pending messages is checkpointed at least this often (by the controller's timer while
+/// it is idle, by its own next batch while busy) ...
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
+/// ... and as soon as this many of its messages are pending.
 pub const FLUSH_MESSAGES: usize = 100;
 
 /// Default lease time of a job (`--lease-secs`).
@@ -379,7 +383,8 @@ impl Aggregator {
         if job.abandon.is_some() || job.cp.total_chunks == Some(job.cp.accounted.len() as u32) {
             return self.finish(job_id, held).await.map(Step::Delete);
         }
-        if job.pending.len() >= FLUSH_MESSAGES {
+        // Under a steady stream the job is rarely idle when the timer looks: its own batches save it.
+        if job.pending.len() >= FLUSH_MESSAGES || job.saved.elapsed() >= FLUSH_INTERVAL {
             return Ok(Step::Delete(self.flush_job(job_id, held).await));
         }
         Ok(Step::Delete(Vec::new()))
@@ -665,6 +670,7 @@ impl Aggregator {
         match saved {
             Ok(()) => {
                 job.marked_open = true;
+                job.saved = Instant::now();
                 job.pending.take()
             }
             Err(Error::Conflict(why)) => {
@@ -688,6 +694,7 @@ impl Aggregator {
             totals,
             changed: HashSet::new(),
             pending: Pending::new(self.pending.clone()),
+            saved: Instant::now(),
             last_activity: Instant::now(),
             abandon: None,
             lease,

@@ -20,7 +20,7 @@ use shared::trigger::{Notifier, Subscription, TriggerBus};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use aggregate::{Aggregator, Source};
+pub use aggregate::{Aggregator, Source, FLUSH_INTERVAL};
 
 /// Controller settings.
 #[derive(Debug, Clone, clap::Args)]
@@ -66,9 +66,6 @@ pub struct Deps {
     pub publish: Option<Arc<dyn TriggerBus>>,
 }
 
-/// Checkpoint at least this often while messages are pending (and a job at once when it has
-/// `aggregate::FLUSH_MESSAGES` pending).
-const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Completions of the listeners, by source (set once all have started).
 type Sinks = Arc<OnceLock<[Completions; 3]>>;
