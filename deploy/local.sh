@@ -28,8 +28,11 @@ up() {
   "$repo/deploy/rabbitmq.sh"
   LOCALSTACK_DIR=${LOCALSTACK_DIR:-$run/localstack} "$repo/localstack/start.sh"
   "$repo/localstack/init-resources.sh"
-  echo "building release binaries (first time: a few minutes)"
-  (cd "$repo" && cargo build --release --quiet -p processor -p controller -p scaling-agent -p initiator)
+  # FLEET_SKIP_BUILD=1: run the binaries already in target/release (e.g. another version's, to compare).
+  if [ "${FLEET_SKIP_BUILD:-0}" != 1 ]; then
+    echo "building release binaries (first time: a few minutes)"
+    (cd "$repo" && cargo build --release --quiet -p processor -p controller -p scaling-agent -p initiator)
+  fi
   for s in "${services[@]}"; do
     if alive "$s"; then echo "$s: already running (pid $(cat "$run/$s.pid"))"; continue; fi
     # State endpoints: processors on :9110 + N, controller on :9102 (GET /state, /metrics; PUT /throttle),

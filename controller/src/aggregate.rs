@@ -25,7 +25,8 @@ use shared::codec::{accounts_from_zstd_csv, accounts_to_zstd_csv, base64_decode,
 use shared::error::{Error, Result};
 use shared::layout::{accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, OPEN_PREFIX};
 use shared::model::{
-    now_rfc3339, AccountsPayload, Checkpoint, CheckpointPart, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, Progress, ResultMessage, WorkItem, WIRE_VERSION,
+    now_rfc3339, AccountsPayload, Checkpoint, CheckpointPart, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, Progress, ResultMessage, WorkItem,
+    WIRE_VERSION,
 };
 use shared::queue::Message;
 use shared::report;
@@ -885,10 +886,7 @@ async fn restore_totals(cp: &mut Checkpoint, store: &dyn BlobStore, ctl: &mut Re
     ctl.add("s3.GetObject", cp.parts.len() as u64);
     let job_id = cp.job_id.as_str();
     let parts = futures::future::try_join_all(cp.parts.iter().map(|p| async move {
-        let data = store
-            .get(&p.key)
-            .await?
-            .ok_or_else(|| Error::Corrupt(format!("checkpoint part {} of job {job_id} does not exist", p.key)))?;
+        let data = store.get(&p.key).await?.ok_or_else(|| Error::Corrupt(format!("checkpoint part {} of job {job_id} does not exist", p.key)))?;
         if sha256_hex(&data) != p.sha256 {
             return Err(Error::Corrupt(format!("checkpoint part {} of job {job_id}: checksum mismatch", p.key)));
         }

@@ -66,7 +66,6 @@ pub struct Deps {
     pub publish: Option<Arc<dyn TriggerBus>>,
 }
 
-
 /// Completions of the listeners, by source (set once all have started).
 type Sinks = Arc<OnceLock<[Completions; 3]>>;
 

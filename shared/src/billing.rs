@@ -411,7 +411,8 @@ mod tests {
 
     #[test]
     fn restore_lets_later_rows_replace_earlier_ones_and_checks_currency_sums() {
-        let row = |a: &str, c: &str, n, g: i64| AccountTotals { account_id: a.into(), currency: c.into(), count: n, gross: Decimal::new(g, 2), fees: Decimal::ZERO };
+        let row =
+            |a: &str, c: &str, n, g: i64| AccountTotals { account_id: a.into(), currency: c.into(), count: n, gross: Decimal::new(g, 2), fees: Decimal::ZERO };
         let mut live = CheckedTotals::new();
         let first = [row("a", "EUR", 1, 100), row("b", "EUR", 2, 200)];
         live.try_add_all(first.iter()).unwrap();
