@@ -216,7 +216,13 @@ pub struct Aggregator {
     scanned: Mutex<Option<Instant>>,
     pending: Arc<AtomicUsize>,
     stats: CheckpointStats,
+    /// Jobs whose S3 calls just failed (store unreachable or hung), until when: their messages are
+    /// left for redelivery at once instead of each batch waiting out another call deadline.
+    failing: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long a job's messages are turned back without a try after its S3 calls failed.
+const FAILING_FOR: Duration = Duration::from_secs(2);
 
 /// A job with pending messages is checkpointed at least this often (by the controller's timer while
 /// it is idle, by its own next batch while busy) ...
@@ -259,6 +265,7 @@ impl Aggregator {
             scanned: Mutex::default(),
             pending: Arc::default(),
             stats: CheckpointStats::default(),
+            failing: Mutex::default(),
         }
     }
 
@@ -346,9 +353,22 @@ impl Aggregator {
         let slot = self.slot(job_id);
         let step = {
             let mut held = slot.lock().await;
-            let step = self.apply_locked(job_id, &mut held, items, receipts).await;
-            if step.is_err() {
-                *held = None;
+            let failing = lock(&self.failing).get(job_id).is_some_and(|until| Instant::now() < *until);
+            let step = if held.is_none() && failing {
+                Err(Error::Timeout { service: shared::error::Service::S3, operation: "(job state, failed just before)", after: FAILING_FOR, attempts: 0 })
+            } else {
+                self.apply_locked(job_id, &mut held, items, receipts).await
+            };
+            match &step {
+                Err(e) => {
+                    if e.is_retryable() && !failing {
+                        lock(&self.failing).insert(job_id.to_string(), Instant::now() + FAILING_FOR);
+                    }
+                    *held = None;
+                }
+                Ok(_) => {
+                    lock(&self.failing).remove(job_id);
+                }
             }
             step
         };
@@ -681,6 +701,9 @@ impl Aggregator {
             }
             Err(e) => {
                 tracing::warn!(job = %job_id, error = %e, "checkpoint failed; its messages will be redelivered");
+                if e.is_retryable() {
+                    lock(&self.failing).insert(job_id.to_string(), Instant::now() + FAILING_FOR);
+                }
                 *held = None;
                 Vec::new()
             }

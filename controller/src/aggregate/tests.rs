@@ -344,6 +344,72 @@ impl GatedStore {
     }
 }
 
+/// A store whose calls on one job's objects fail at once, as after a call deadline; counts them.
+struct BrokenStore {
+    inner: Arc<MemoryStore>,
+    job: &'static str,
+    failed: AtomicUsize,
+}
+
+impl BrokenStore {
+    fn check(&self, key: &str) -> Result<()> {
+        if key.contains(self.job) {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Timeout { service: shared::error::Service::S3, operation: "GetObject", after: Duration::from_secs(30), attempts: 3 });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl BlobStore for BrokenStore {
+    fn bucket(&self) -> &str {
+        self.inner.bucket()
+    }
+    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+        self.check(key)?;
+        self.inner.put_if(key, body, content_type, meta, cond).await
+    }
+    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+        self.check(key)?;
+        self.inner.get_tagged(key).await
+    }
+    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+        self.check(key)?;
+        self.inner.head(key).await
+    }
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.inner.list(prefix, limit).await
+    }
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.check(key)?;
+        self.inner.delete(key).await
+    }
+    fn calls(&self) -> &shared::requests::CallCounter {
+        self.inner.calls()
+    }
+}
+
+/// After a job's S3 calls failed, its next batches are turned back at once (left for redelivery)
+/// instead of each waiting out another call deadline; after a short pause it is tried again.
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_store_fails_turns_its_batches_back_without_waiting() {
+    let store = Arc::new(BrokenStore { inner: MemoryStore::new(), job: "down", failed: AtomicUsize::new(0) });
+    let agg = Aggregator::new(store.clone());
+    let first = agg.apply(Source::Results, &[result("down", 0, vec![acct("a", 1, 100, 1)])]).await;
+    assert!(first.delete.is_empty() && first.release.is_empty(), "left for redelivery");
+    let tried = store.failed.load(Ordering::Relaxed);
+    assert!(tried >= 1);
+    for chunk in 1..4 {
+        let next = agg.apply(Source::Results, &[result("down", chunk, vec![acct("a", 1, 100, 1)])]).await;
+        assert!(next.delete.is_empty() && next.release.is_empty());
+    }
+    assert_eq!(store.failed.load(Ordering::Relaxed), tried, "no call made for the job while it is failing");
+    tokio::time::sleep(FAILING_FOR).await;
+    agg.apply(Source::Results, &[result("down", 4, vec![acct("a", 1, 100, 1)])]).await;
+    assert!(store.failed.load(Ordering::Relaxed) > tried, "tried again after the pause");
+}
+
 #[async_trait::async_trait]
 impl BlobStore for GatedStore {
     fn bucket(&self) -> &str {
