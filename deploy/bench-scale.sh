@@ -23,24 +23,25 @@ export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test} AWS_REGION=${AWS_REG
 bin="$repo/target/release/initiator"
 mkdir -p "$run"
 
-restart_controller() {
+# SIGTERM, then wait for its drain (its last log line carries the checkpoint counters).
+stop_controller() {
   local p
   if p=$(cat "$run/controller.pid" 2>/dev/null) && kill -0 "$p" 2>/dev/null; then
     kill -TERM "$p"
     for _ in $(seq 1 90); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
   fi
   rm -f "$run/controller.pid"
-  "$repo/deploy/local.sh" up >/dev/null
 }
 
 scenario() {
   local name=$1; shift
   local files=("$@")
   echo "== $name: ${#files[@]} file(s), chunks of $chunk"
-  restart_controller
+  stop_controller
+  "$repo/deploy/local.sh" up >/dev/null
   local pid; pid=$(cat "$run/controller.pid")
   local log_from; log_from=$(wc -l <"$run/controller.log")
-  local t0 t1 t2 t3 code=0
+  local t0 t1 t3 code=0
   t0=$(date +%s.%N)
   "$bin" local "${files[@]}" --json >"$run/scale-$name-local.json"
   t1=$(date +%s.%N)
@@ -48,15 +49,13 @@ scenario() {
   t3=$(date +%s.%N)
   [ "$code" = 0 ] || { echo "submit failed (exit $code):"; tail -n 20 "$run/scale-$name-submit.log"; exit 1; }
   local hwm; hwm=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
-  kill -TERM "$pid"
-  for _ in $(seq 1 90); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-  rm -f "$run/controller.pid"
+  stop_controller
   local stopped; stopped=$(tail -n +"$((log_from + 1))" "$run/controller.log" | grep "controller stopped" | tail -n 1)
-  python3 - "$run/scale-$name-local.json" "$run/scale-$name-fleet.json" "$t0" "$t1" "$t1" "$t3" "$hwm" "$stopped" <<'PY'
+  python3 - "$run/scale-$name-local.json" "$run/scale-$name-fleet.json" "$t0" "$t1" "$t3" "$hwm" "$stopped" <<'PY'
 import json, re, sys
 local, fleet = (json.load(open(p)) for p in sys.argv[1:3])
-t0, t1, t2, t3 = map(float, sys.argv[3:7])
-hwm_kib, stopped = int(sys.argv[7]), sys.argv[8]
+t0, t1, t3 = map(float, sys.argv[3:6])
+hwm_kib, stopped = int(sys.argv[6]), sys.argv[7]
 field = lambda k: int(re.search(k + r"=(\d+)", stopped).group(1)) if re.search(k + r"=(\d+)", stopped) else -1
 n = fleet["transactions"]["processed"]
 req = fleet["requests"]
@@ -64,7 +63,7 @@ total = sum(req["sqs"].values()) + sum(req["s3"].values())
 same = local["accounts"] == fleet["accounts"] and local["totals"] == fleet["totals"]
 print(f"transactions            {n:,} over {len(fleet['accounts']):,} (account, currency) rows, status {fleet['status']}")
 print(f"one process (local)     {t1 - t0:8.2f} s")
-print(f"fleet submit -> report  {t3 - t2:8.2f} s   {n / (t3 - t2):12,.0f} txn/s")
+print(f"fleet submit -> report  {t3 - t1:8.2f} s   {n / (t3 - t1):12,.0f} txn/s")
 print(f"controller peak RSS     {hwm_kib / 1024:8.1f} MiB")
 print(f"checkpoint writes       {field('checkpoint_writes'):8d}     ({field('full_parts')} base parts, {field('delta_parts')} change parts)")
 print(f"checkpoint bytes        {field('checkpoint_bytes') / 1e6:8.2f} MB")

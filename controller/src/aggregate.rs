@@ -24,6 +24,7 @@ use shared::blob::{BlobStore, Cond};
 use shared::codec::{accounts_from_zstd_csv, accounts_to_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
 use shared::error::{Error, Result};
 use shared::layout::{accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, OPEN_PREFIX};
+use shared::lock;
 use shared::model::{
     now_rfc3339, AccountsPayload, Checkpoint, CheckpointPart, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, Progress, ResultMessage, WorkItem,
     WIRE_VERSION,
@@ -240,11 +241,6 @@ pub const INLINE_ROWS: usize = 4096;
 /// restoring reads at most about twice the job's rows), or when there are this many parts.
 const MAX_PARTS: usize = 64;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding one of these short locks leaves consistent data (single-step updates).
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl Aggregator {
     /// An aggregator with a random owner name and the default lease time.
     pub fn new(store: Arc<dyn BlobStore>) -> Aggregator {
@@ -353,7 +349,8 @@ impl Aggregator {
         let slot = self.slot(job_id);
         let step = {
             let mut held = slot.lock().await;
-            let failing = lock(&self.failing).get(job_id).is_some_and(|until| Instant::now() < *until);
+            let marked = lock(&self.failing).get(job_id).copied();
+            let failing = marked.is_some_and(|until| Instant::now() < until);
             let step = if held.is_none() && failing {
                 Err(Error::Timeout { service: shared::error::Service::S3, operation: "(job state, failed just before)", after: FAILING_FOR, attempts: 0 })
             } else {
@@ -366,9 +363,10 @@ impl Aggregator {
                     }
                     *held = None;
                 }
-                Ok(_) => {
+                Ok(_) if marked.is_some() => {
                     lock(&self.failing).remove(job_id);
                 }
+                Ok(_) => {}
             }
             step
         };
@@ -852,7 +850,10 @@ fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -> Result<()
                         Some(counted) if counted == c.transactions => match job.totals.try_add_all(accounts.iter()) {
                             Ok(()) => {
                                 cp.processed_transactions = cp.processed_transactions.saturating_add(counted);
-                                job.changed.extend(accounts.into_iter().map(|a| a.account_id));
+                                // Until a job has parts its next part is a base with every row: nothing to track.
+                                if !cp.parts.is_empty() {
+                                    job.changed.extend(accounts.into_iter().map(|a| a.account_id));
+                                }
                             }
                             Err(e) => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result not added: {e}") }),
                         },

@@ -29,6 +29,6 @@ pub use error::{Error, Result};
 
 /// Locks a mutex, also after a panic in another holder (the data stays usable: every holder leaves it
 /// consistent between statements).
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
