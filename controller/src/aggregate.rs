@@ -969,17 +969,19 @@ async fn write_checkpoint(job: &mut Job, store: &dyn BlobStore, stats: &Checkpoi
         Rows::Keep => {
             let since_base: usize = job.cp.parts.iter().skip(1).map(|p| p.rows as usize).sum();
             let full = job.cp.parts.is_empty() || job.cp.parts.len() >= MAX_PARTS || since_base + job.changed.len() > n;
+            // Borrowed from the totals: a base of a million rows is not copied before it is encoded.
             let part_rows = if full {
-                job.totals.rows()
+                job.totals.sorted_rows()
             } else {
                 let mut changed: Vec<&String> = job.changed.iter().collect();
                 changed.sort_unstable();
                 changed.into_iter().flat_map(|a| job.totals.account_rows(a)).collect()
             };
-            let data = accounts_to_zstd_csv(&part_rows);
+            let rows = part_rows.len() as u64;
+            let data = accounts_to_zstd_csv(part_rows.into_iter());
             let part = CheckpointPart {
                 key: format!("{}{}.csv.zst", checkpoint_parts_prefix(&job.cp.job_id), uuid::Uuid::now_v7().simple()),
-                rows: part_rows.len() as u64,
+                rows,
                 bytes: data.len() as u64,
                 sha256: sha256_hex(&data),
                 full,
@@ -1063,7 +1065,7 @@ async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats)
     };
     let mut requests = manifest.requests.clone();
     requests.merge(&job.cp.requests);
-    let mut r = report::build(&manifest, &job.totals, failed, &requests);
+    let mut r = report::build_borrowed(&manifest, &job.totals, failed, &requests);
     if let Some(note) = note {
         r.status = JobStatus::Abandoned;
         r.note = Some(note);
@@ -1074,6 +1076,8 @@ async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats)
     }
     store.put(&report_key(&job_id), Bytes::from(serde_json::to_vec_pretty(&r)?), "application/json").await?;
     store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
+    // Written: the rows borrowed from the job's totals are let go before the job is changed.
+    let r = r.map_accounts(|_| ());
     job.cp.status = r.status;
     let had_parts = !job.cp.parts.is_empty();
     save_checkpoint(job, store, stats, Rows::Drop).await?;

@@ -28,9 +28,12 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
         let fees = tariff.calculator();
         let mut totals = Totals::new();
         decode_chunk(&data, &blob, rows, max_chunk_bytes, |t| totals.add_txn(t, &fees))?;
-        let accounts = totals.rows();
-        let packed = (accounts.len() > INLINE_ROWS).then(|| accounts_to_zstd_csv(&accounts));
-        Ok::<_, Error>((accounts, packed))
+        // Many rows are packed straight from the totals; a few travel inline.
+        Ok::<_, Error>(if totals.len() > INLINE_ROWS {
+            (Vec::new(), Some(accounts_to_zstd_csv(totals.sorted_rows().into_iter())))
+        } else {
+            (totals.rows(), None)
+        })
     })
     .await
     .map_err(|e| Error::Corrupt(format!("billing task failed: {e}")))??;

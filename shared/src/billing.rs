@@ -113,6 +113,31 @@ impl AccountTotals {
     pub fn net(&self) -> Decimal {
         self.gross - self.fees
     }
+
+    pub fn borrowed(&self) -> RowRef<'_> {
+        RowRef { account_id: &self.account_id, currency: &self.currency, count: self.count, gross: self.gross, fees: self.fees }
+    }
+}
+
+/// One (account, currency) row borrowed from where it is kept ([`Totals`], an [`AccountTotals`]):
+/// what a report or a checkpoint part of a million rows is written from without an owned copy of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowRef<'a> {
+    pub account_id: &'a str,
+    pub currency: &'a str,
+    pub count: u64,
+    pub gross: Decimal,
+    pub fees: Decimal,
+}
+
+impl RowRef<'_> {
+    pub fn net(&self) -> Decimal {
+        self.gross - self.fees
+    }
+
+    pub fn to_owned(&self) -> AccountTotals {
+        AccountTotals { account_id: self.account_id.to_string(), currency: self.currency.to_string(), count: self.count, gross: self.gross, fees: self.fees }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -120,6 +145,12 @@ struct Sums {
     count: u64,
     gross: Decimal,
     fees: Decimal,
+}
+
+impl<'a> RowRef<'a> {
+    fn of(account_id: &'a str, currency: &'a str, s: &Sums) -> RowRef<'a> {
+        RowRef { account_id, currency, count: s.count, gross: s.gross, fees: s.fees }
+    }
 }
 
 impl Sums {
@@ -199,14 +230,8 @@ impl Totals {
     }
 
     /// The rows of one account (one per currency), empty when it has none.
-    pub fn account_rows<'a>(&'a self, account: &'a str) -> impl Iterator<Item = AccountTotals> + 'a {
-        self.by_account.get(account).into_iter().flatten().map(move |(c, s)| AccountTotals {
-            account_id: account.to_string(),
-            currency: c.clone(),
-            count: s.count,
-            gross: s.gross,
-            fees: s.fees,
-        })
+    pub fn account_rows<'a>(&'a self, account: &'a str) -> impl Iterator<Item = RowRef<'a>> + 'a {
+        self.by_account.get(account).into_iter().flatten().map(move |(c, s)| RowRef::of(account, c, s))
     }
 
     fn peek(&self, account: &str, currency: &str) -> Sums {
@@ -226,14 +251,16 @@ impl Totals {
         self.by_account.iter().flat_map(|(a, v)| v.iter().map(move |(c, s)| (a.as_ref(), c.as_str(), s)))
     }
 
-    /// Rows sorted by account_id then currency (byte order).
-    pub fn rows(&self) -> Vec<AccountTotals> {
-        let mut rows: Vec<AccountTotals> = self
-            .iter()
-            .map(|(a, c, s)| AccountTotals { account_id: a.to_string(), currency: c.to_string(), count: s.count, gross: s.gross, fees: s.fees })
-            .collect();
+    /// Rows sorted by account_id then currency (byte order), borrowed.
+    pub fn sorted_rows(&self) -> Vec<RowRef<'_>> {
+        let mut rows: Vec<RowRef<'_>> = self.iter().map(|(a, c, s)| RowRef::of(a, c, s)).collect();
         rows.sort_unstable_by(|x, y| (x.account_id.as_bytes(), x.currency.as_bytes()).cmp(&(y.account_id.as_bytes(), y.currency.as_bytes())));
         rows
+    }
+
+    /// Rows sorted by account_id then currency (byte order).
+    pub fn rows(&self) -> Vec<AccountTotals> {
+        self.sorted_rows().iter().map(RowRef::to_owned).collect()
     }
 
     /// Per-currency sums, sorted by currency.
@@ -420,7 +447,7 @@ mod tests {
         let second = [row("a", "EUR", 4, 400), row("c", "USD", 1, 5)];
         live.try_add_all(second.iter()).unwrap();
         // What changed since the base: the rows of the accounts touched, as they now stand.
-        let changed: Vec<AccountTotals> = ["a", "c"].iter().flat_map(|a| live.account_rows(a)).collect();
+        let changed: Vec<AccountTotals> = ["a", "c"].iter().flat_map(|a| live.account_rows(a)).map(|r| r.to_owned()).collect();
         assert_eq!(changed.len(), 2);
         let restored = CheckedTotals::restore([base.iter(), changed.iter()]).unwrap();
         assert_eq!(restored.rows(), live.rows());

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::billing::{money, Tariff, Totals};
+use crate::billing::{money, RowRef, Tariff, Totals};
 use crate::model::{FailedChunk, JobStatus, Manifest, Rejected};
 use crate::requests::RequestCounts;
 
@@ -55,8 +55,11 @@ impl RequestsReport {
     }
 }
 
+/// A job's report. `A` holds its account rows: owned [`AccountRow`]s when read back, or [`Accounts`]
+/// borrowed from the totals when the controller writes it (a job of a million accounts is not copied
+/// into a million owned rows first).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Report {
+pub struct Report<A = Vec<AccountRow>> {
     pub job_id: String,
     pub status: JobStatus,
     pub created_at: String,
@@ -64,7 +67,7 @@ pub struct Report {
     pub files: Vec<String>,
     pub transactions: TxnCounts,
     pub totals: Vec<CurrencyRow>,
-    pub accounts: Vec<AccountRow>,
+    pub accounts: A,
     pub rejected: Vec<Rejected>,
     pub failed_chunks: Vec<FailedChunk>,
     pub requests: RequestsReport,
@@ -74,8 +77,99 @@ pub struct Report {
     pub note: Option<String>,
 }
 
+/// The account rows of a report as it is written: borrowed from the job's totals and sorted, each
+/// row's money formatted only as it is serialized (JSON) or written (CSV).
+#[derive(Debug)]
+pub struct Accounts<'a>(Vec<RowRef<'a>>);
+
+/// One account row as the report shows it (serialized exactly as an [`AccountRow`]).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RowText<'r> {
+    pub account_id: &'r str,
+    pub currency: &'r str,
+    pub count: u64,
+    pub gross: &'r str,
+    pub fees: &'r str,
+    pub net: &'r str,
+}
+
+/// The account rows of a report, owned or borrowed: what `accounts.csv` and the summary are made from.
+pub trait AccountRows {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Calls `f` with each row, in order.
+    fn each(&self, f: &mut dyn FnMut(RowText<'_>));
+}
+
+impl AccountRows for Vec<AccountRow> {
+    fn len(&self) -> usize {
+        <[AccountRow]>::len(self)
+    }
+
+    fn each(&self, f: &mut dyn FnMut(RowText<'_>)) {
+        for a in self {
+            f(RowText { account_id: &a.account_id, currency: &a.currency, count: a.count, gross: &a.gross, fees: &a.fees, net: &a.net });
+        }
+    }
+}
+
+impl AccountRows for Accounts<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn each(&self, f: &mut dyn FnMut(RowText<'_>)) {
+        for r in &self.0 {
+            let (gross, fees, net) = (money(r.gross), money(r.fees), money(r.net()));
+            f(RowText { account_id: r.account_id, currency: r.currency, count: r.count, gross: &gross, fees: &fees, net: &net });
+        }
+    }
+}
+
+impl Accounts<'_> {
+    pub fn to_rows(&self) -> Vec<AccountRow> {
+        let mut out = Vec::with_capacity(self.0.len());
+        self.each(&mut |r| {
+            out.push(AccountRow {
+                account_id: r.account_id.to_string(),
+                currency: r.currency.to_string(),
+                count: r.count,
+                gross: r.gross.to_string(),
+                fees: r.fees.to_string(),
+                net: r.net.to_string(),
+            })
+        });
+        out
+    }
+}
+
+/// Serialized exactly as a `Vec<AccountRow>` is.
+impl Serialize for Accounts<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq as _;
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        let mut failed = None;
+        self.each(&mut |r| {
+            if failed.is_none() {
+                failed = seq.serialize_element(&r).err();
+            }
+        });
+        match failed {
+            Some(e) => Err(e),
+            None => seq.end(),
+        }
+    }
+}
+
 /// Builds the report of a finished job.
-pub fn build(manifest: &Manifest, totals: &Totals, mut failed_chunks: Vec<FailedChunk>, requests: &RequestCounts) -> Report {
+pub fn build(manifest: &Manifest, totals: &Totals, failed_chunks: Vec<FailedChunk>, requests: &RequestCounts) -> Report {
+    build_borrowed(manifest, totals, failed_chunks, requests).map_accounts(|a| a.to_rows())
+}
+
+/// Builds the report of a finished job with its account rows borrowed from `totals`.
+pub fn build_borrowed<'a>(manifest: &Manifest, totals: &'a Totals, mut failed_chunks: Vec<FailedChunk>, requests: &RequestCounts) -> Report<Accounts<'a>> {
     failed_chunks.sort_by_key(|f| f.chunk);
     let failed: u64 = failed_chunks.iter().map(|f| f.transactions).sum();
     let processed = totals.transactions();
@@ -94,18 +188,7 @@ pub fn build(manifest: &Manifest, totals: &Totals, mut failed_chunks: Vec<Failed
             .into_iter()
             .map(|t| CurrencyRow { currency: t.currency.clone(), count: t.count, gross: money(t.gross), fees: money(t.fees), net: money(t.net()) })
             .collect(),
-        accounts: totals
-            .rows()
-            .into_iter()
-            .map(|t| AccountRow {
-                net: money(t.net()),
-                gross: money(t.gross),
-                fees: money(t.fees),
-                account_id: t.account_id,
-                currency: t.currency,
-                count: t.count,
-            })
-            .collect(),
+        accounts: Accounts(totals.sorted_rows()),
         rejected,
         failed_chunks,
         requests: RequestsReport::from_counts(requests, manifest.submitted),
@@ -114,19 +197,43 @@ pub fn build(manifest: &Manifest, totals: &Totals, mut failed_chunks: Vec<Failed
     }
 }
 
-/// `accounts.csv`: the per-account rows of the report.
-pub fn accounts_csv(r: &Report) -> Vec<u8> {
-    let mut w = csv::WriterBuilder::new().terminator(csv::Terminator::Any(b'\n')).from_writer(Vec::new());
-    let _ = w.write_record(["account_id", "currency", "count", "gross", "fees", "net"]);
-    for a in &r.accounts {
-        let count = a.count.to_string();
-        let _ = w.write_record([&a.account_id, &a.currency, &count, &a.gross, &a.fees, &a.net]);
+impl<A> Report<A> {
+    /// The same report with its account rows turned into `f(rows)`.
+    pub fn map_accounts<B>(self, f: impl FnOnce(A) -> B) -> Report<B> {
+        Report {
+            job_id: self.job_id,
+            status: self.status,
+            created_at: self.created_at,
+            finished_at: self.finished_at,
+            files: self.files,
+            transactions: self.transactions,
+            totals: self.totals,
+            accounts: f(self.accounts),
+            rejected: self.rejected,
+            failed_chunks: self.failed_chunks,
+            requests: self.requests,
+            tariff: self.tariff,
+            note: self.note,
+        }
     }
+}
+
+/// `accounts.csv`: the per-account rows of the report.
+pub fn accounts_csv<A: AccountRows>(r: &Report<A>) -> Vec<u8> {
+    let mut w = csv::WriterBuilder::new().terminator(csv::Terminator::Any(b'\n')).from_writer(Vec::with_capacity(r.accounts.len() * 48));
+    let _ = w.write_record(["account_id", "currency", "count", "gross", "fees", "net"]);
+    let mut count = String::new();
+    r.accounts.each(&mut |a| {
+        use std::fmt::Write as _;
+        count.clear();
+        let _ = write!(count, "{}", a.count);
+        let _ = w.write_record([a.account_id, a.currency, &count, a.gross, a.fees, a.net]);
+    });
     w.into_inner().unwrap_or_default()
 }
 
 /// A short human summary.
-pub fn summary(r: &Report) -> String {
+pub fn summary<A: AccountRows>(r: &Report<A>) -> String {
     let mut s = String::new();
     let t = &r.transactions;
     let _ = writeln!(
@@ -219,5 +326,40 @@ mod tests {
         assert_eq!(json["status"], "partial");
         assert_eq!(json["accounts"][0]["gross"], "10.00");
         assert!(summary(&r).contains("failed chunk 1"));
+    }
+
+    #[test]
+    fn a_report_written_from_borrowed_rows_reads_back_as_the_owned_one() {
+        let manifest = Manifest {
+            v: 1,
+            job_id: "j".into(),
+            created_at: "2026-11-21T10:00:00Z".into(),
+            files: vec!["a.csv".into()],
+            submitted: 9,
+            accepted: 9,
+            rejected: Vec::new(),
+            total_chunks: 1,
+            chunk_transactions: vec![9],
+            tariff: Tariff::default(),
+            requests: RequestCounts::default(),
+        };
+        let mut totals = Totals::new();
+        for (a, c, n, g, f) in [("b", "USD", 2, 1999, 7), ("a,\"x", "EUR", 3, -500, 0), ("b", "EUR", 1, 1, 1), ("a", "USD", 3, 123_456_789, 12_345)] {
+            totals.add(&AccountTotals { account_id: a.into(), currency: c.into(), count: n, gross: Decimal::new(g, 2), fees: Decimal::new(f, 2) });
+        }
+        let borrowed = build_borrowed(&manifest, &totals, Vec::new(), &RequestCounts::default());
+        let json = serde_json::to_vec_pretty(&borrowed).unwrap();
+        let csv = accounts_csv(&borrowed);
+        let text = summary(&borrowed);
+        let owned = borrowed.map_accounts(|a| a.to_rows());
+        assert_eq!(json, serde_json::to_vec_pretty(&owned).unwrap(), "the same document, byte for byte");
+        assert_eq!(csv, accounts_csv(&owned));
+        assert_eq!(text, summary(&owned));
+        let read: Report = serde_json::from_slice(&json).unwrap();
+        assert_eq!(read, owned);
+        let ids: Vec<(&str, &str, &str)> = read.accounts.iter().map(|a| (a.account_id.as_str(), a.currency.as_str(), a.net.as_str())).collect();
+        assert_eq!(ids, vec![("a", "USD", "1234444.44"), ("a,\"x", "EUR", "-5.00"), ("b", "EUR", "0.00"), ("b", "USD", "19.92")]);
+        let csv = String::from_utf8(csv).unwrap();
+        assert_eq!(csv.lines().nth(2), Some("\"a,\"\"x\",EUR,3,-5.00,0.00,-5.00"));
     }
 }
