@@ -1074,7 +1074,7 @@ async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats)
         tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
             "accepted != processed + failed: the results disagree with the manifest");
     }
-    store.put(&report_key(&job_id), Bytes::from(serde_json::to_vec_pretty(&r)?), "application/json").await?;
+    store.put(&report_key(&job_id), Bytes::from(report::to_json(&r)?), "application/json").await?;
     store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
     // Written: the rows borrowed from the job's totals are let go before the job is changed.
     let r = r.map_accounts(|_| ());

@@ -24,16 +24,13 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
     requests.add("s3.GetObject", 1);
     let data = store.get(&item.blob.key).await?.ok_or_else(|| Error::Corrupt(format!("chunk blob {} does not exist", item.blob.key)))?;
     let (blob, rows, tariff) = (item.blob.clone(), item.transactions, item.tariff.clone());
-    let (accounts, packed) = tokio::task::spawn_blocking(move || {
+    let (accounts, packed, n_rows) = tokio::task::spawn_blocking(move || {
         let fees = tariff.calculator();
         let mut totals = Totals::new();
         decode_chunk(&data, &blob, rows, max_chunk_bytes, |t| totals.add_txn(t, &fees))?;
         // Many rows are packed straight from the totals; a few travel inline.
-        Ok::<_, Error>(if totals.len() > INLINE_ROWS {
-            (Vec::new(), Some(accounts_to_zstd_csv(totals.sorted_rows().into_iter())))
-        } else {
-            (totals.rows(), None)
-        })
+        let n = totals.len();
+        Ok::<_, Error>(if n > INLINE_ROWS { (Vec::new(), Some(accounts_to_zstd_csv(totals.sorted_rows().into_iter())), n) } else { (totals.rows(), None, n) })
     })
     .await
     .map_err(|e| Error::Corrupt(format!("billing task failed: {e}")))??;
@@ -47,7 +44,7 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
                 sha256: sha256_hex(&z),
                 compressed_bytes: z.len() as u64,
                 // A cap for the reader: each row is well under 256 bytes.
-                raw_bytes: accounts.len() as u64 * 256,
+                raw_bytes: n_rows as u64 * 256,
             };
             requests.add("s3.PutObject", 1);
             store.put(&blob.key, Bytes::from(z), "application/zstd").await?;
