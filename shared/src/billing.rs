@@ -114,6 +114,7 @@ impl AccountTotals {
         self.gross - self.fees
     }
 
+    /// The row, borrowed (to write it with rows borrowed from [`Totals`]).
     pub fn borrowed(&self) -> RowRef<'_> {
         RowRef { account_id: &self.account_id, currency: &self.currency, count: self.count, gross: self.gross, fees: self.fees }
     }
@@ -130,12 +131,17 @@ pub struct RowRef<'a> {
     pub fees: Decimal,
 }
 
-impl RowRef<'_> {
+impl<'a> RowRef<'a> {
+    fn of(account_id: &'a str, currency: &'a str, s: &Sums) -> RowRef<'a> {
+        RowRef { account_id, currency, count: s.count, gross: s.gross, fees: s.fees }
+    }
+
     pub fn net(&self) -> Decimal {
         self.gross - self.fees
     }
 
-    pub fn to_owned(&self) -> AccountTotals {
+    /// An owned copy of the row.
+    pub fn to_totals(&self) -> AccountTotals {
         AccountTotals { account_id: self.account_id.to_string(), currency: self.currency.to_string(), count: self.count, gross: self.gross, fees: self.fees }
     }
 }
@@ -145,12 +151,6 @@ struct Sums {
     count: u64,
     gross: Decimal,
     fees: Decimal,
-}
-
-impl<'a> RowRef<'a> {
-    fn of(account_id: &'a str, currency: &'a str, s: &Sums) -> RowRef<'a> {
-        RowRef { account_id, currency, count: s.count, gross: s.gross, fees: s.fees }
-    }
 }
 
 impl Sums {
@@ -260,7 +260,7 @@ impl Totals {
 
     /// Rows sorted by account_id then currency (byte order).
     pub fn rows(&self) -> Vec<AccountTotals> {
-        self.sorted_rows().iter().map(RowRef::to_owned).collect()
+        self.sorted_rows().iter().map(RowRef::to_totals).collect()
     }
 
     /// Per-currency sums, sorted by currency.
@@ -447,7 +447,7 @@ mod tests {
         let second = [row("a", "EUR", 4, 400), row("c", "USD", 1, 5)];
         live.try_add_all(second.iter()).unwrap();
         // What changed since the base: the rows of the accounts touched, as they now stand.
-        let changed: Vec<AccountTotals> = ["a", "c"].iter().flat_map(|a| live.account_rows(a)).map(|r| r.to_owned()).collect();
+        let changed: Vec<AccountTotals> = ["a", "c"].iter().flat_map(|a| live.account_rows(a)).map(|r| r.to_totals()).collect();
         assert_eq!(changed.len(), 2);
         let restored = CheckedTotals::restore([base.iter(), changed.iter()]).unwrap();
         assert_eq!(restored.rows(), live.rows());
