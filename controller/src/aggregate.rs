@@ -18,20 +18,20 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use shared::billing::Tariff;
-use shared::billing::{AccountTotals, CheckedTotals};
-use shared::blob::{BlobStore, Cond};
-use shared::codec::{accounts_from_zstd_csv, accounts_to_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
-use shared::error::{Error, Result};
-use shared::layout::{accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, OPEN_PREFIX};
-use shared::lock;
-use shared::model::{
+use fleet_domain::billing::Tariff;
+use fleet_domain::billing::{AccountTotals, CheckedTotals};
+use fleet_domain::codec::{accounts_from_zstd_csv, accounts_to_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
+use fleet_domain::layout::{accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, OPEN_PREFIX};
+use fleet_domain::model::{
     now_rfc3339, AccountsPayload, Checkpoint, CheckpointPart, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, Progress, ResultMessage, WorkItem,
     WIRE_VERSION,
 };
-use shared::queue::Message;
-use shared::report;
-use shared::requests::RequestCounts;
+use fleet_domain::report;
+use fleet_domain::requests::RequestCounts;
+use fleet_io::blob::{BlobStore, Cond};
+use fleet_io::error::{Error, Result};
+use fleet_io::lock;
+use fleet_io::queue::Message;
 use tokio::time::Instant;
 
 use crate::lease::{Acquired, Held, Leases};
@@ -309,7 +309,7 @@ impl Aggregator {
                 Ok(item) => groups.entry(item.job_id().to_string()).or_default().push((i, item)),
                 Err(e) => {
                     let queue = self.queues.get(&source).map_or("unknown", String::as_str);
-                    match shared::quarantine::put(self.store.as_ref(), queue, m, &e.to_string()).await {
+                    match fleet_io::quarantine::put(self.store.as_ref(), queue, m, &e.to_string()).await {
                         Ok(_) => applied.delete.push((source, m.receipt.clone())),
                         Err(qe) => tracing::warn!(queue, message_id = %m.id, error = %qe, "could not quarantine an unreadable message; it will be redelivered"),
                     }
@@ -352,7 +352,7 @@ impl Aggregator {
             let marked = lock(&self.failing).get(job_id).copied();
             let failing = marked.is_some_and(|until| Instant::now() < until);
             let step = if held.is_none() && failing {
-                Err(Error::Timeout { service: shared::error::Service::S3, operation: "(job state, failed just before)", after: FAILING_FOR, attempts: 0 })
+                Err(Error::Timeout { service: fleet_io::error::Service::S3, operation: "(job state, failed just before)", after: FAILING_FOR, attempts: 0 })
             } else {
                 self.apply_locked(job_id, &mut held, items, receipts).await
             };
@@ -891,16 +891,16 @@ fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -> Result<()
 async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore) -> Result<Vec<AccountTotals>> {
     match payload {
         AccountsPayload::Inline { accounts } => Ok(accounts),
-        AccountsPayload::ZstdCsv { data } => accounts_from_zstd_csv(&base64_decode(&data)?, MAX_DOC_BYTES),
+        AccountsPayload::ZstdCsv { data } => Ok(accounts_from_zstd_csv(&base64_decode(&data)?, MAX_DOC_BYTES)?),
         AccountsPayload::Blob { blob } => {
             let data = store
                 .get(&blob.key)
                 .await?
-                .ok_or_else(|| Error::NotFound { service: shared::error::Service::S3, what: format!("result blob {} does not exist", blob.key) })?;
+                .ok_or_else(|| Error::NotFound { service: fleet_io::error::Service::S3, what: format!("result blob {} does not exist", blob.key) })?;
             if sha256_hex(&data) != blob.sha256 {
                 return Err(Error::Corrupt(format!("result blob {} checksum mismatch", blob.key)));
             }
-            accounts_from_zstd_csv(&data, blob.raw_bytes.min(MAX_DOC_BYTES))
+            Ok(accounts_from_zstd_csv(&data, blob.raw_bytes.min(MAX_DOC_BYTES))?)
         }
     }
 }
@@ -914,7 +914,7 @@ async fn restore_totals(cp: &mut Checkpoint, store: &dyn BlobStore, ctl: &mut Re
         if sha256_hex(&data) != p.sha256 {
             return Err(Error::Corrupt(format!("checkpoint part {} of job {job_id}: checksum mismatch", p.key)));
         }
-        accounts_from_zstd_csv(&data, MAX_DOC_BYTES)
+        Ok(accounts_from_zstd_csv(&data, MAX_DOC_BYTES)?)
     }))
     .await?;
     let inline = std::mem::take(&mut cp.accounts);
@@ -1033,7 +1033,7 @@ async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats)
     let (manifest, note) = match (manifest, &job.abandon) {
         (Some(m), None) => (m, None),
         (None, None) => {
-            return Err(Error::NotFound { service: shared::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") });
+            return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") });
         }
         (Some(m), Some(reason)) => {
             for chunk in (0..m.total_chunks).filter(|c| !job.cp.accounted.contains(c)) {

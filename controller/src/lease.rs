@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use fleet_domain::layout::lease_key;
+use fleet_io::blob::{BlobStore, Cond};
+use fleet_io::error::Result;
 use serde::{Deserialize, Serialize};
-use shared::blob::{BlobStore, Cond};
-use shared::error::Result;
-use shared::layout::lease_key;
 use tokio::time::Instant;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,7 +122,7 @@ impl Leases {
 
 #[cfg(test)]
 mod tests {
-    use shared::memory::MemoryStore;
+    use fleet_io::memory::MemoryStore;
 
     use super::*;
 

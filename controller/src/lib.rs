@@ -11,12 +11,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shared::blob::BlobStore;
-use shared::listener::args::ListenerArgs;
-use shared::listener::dynamic_consumers::ScalingPolicy;
-use shared::listener::{state, Completions, Engine, Handler, Outcome};
-use shared::queue::{Message, Queue};
-use shared::trigger::{Notifier, Subscription, TriggerBus};
+use fleet_engine::args::ListenerArgs;
+use fleet_engine::dynamic_consumers::ScalingPolicy;
+use fleet_engine::{http, Completions, Engine, Handler, Outcome};
+use fleet_io::blob::BlobStore;
+use fleet_io::queue::{Message, Queue};
+use fleet_io::trigger::{Notifier, Subscription, TriggerBus};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -131,7 +131,7 @@ impl Handler for ResultsHandler {
 /// Runs until `shutdown`: listeners on the results queue and both dead-letter queues, a timer that
 /// checkpoints pending work and one that abandons jobs that never seal; on shutdown the last
 /// checkpoint is written and its messages deleted.
-pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> shared::Result<()> {
+pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> fleet_io::Result<()> {
     // Stable across restarts of one container (its hostname), so a restarted controller takes its own
     // leases back at once; a host process is told apart by its pid (its jobs wait for lease expiry).
     let owner = settings.id.clone().unwrap_or_else(|| match std::env::var("HOSTNAME") {
@@ -148,7 +148,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     let sinks: Sinks = Arc::default();
     let cfg = settings.listener.engine(deps.triggers.is_some());
     // Dead letters are rare: one consumer each is plenty.
-    let dlq_cfg = shared::listener::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg.clone() };
+    let dlq_cfg = fleet_engine::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg.clone() };
     let mut engines = Vec::with_capacity(queues.len());
     for (source, q) in queues {
         let handed_back = deps.publish.clone().map(|bus| Notifier::new(bus, q.name(), "controller", Duration::from_millis(100)));
@@ -163,7 +163,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         }
     }
     if let Some(addr) = settings.listener.http_addr {
-        state::serve(addr, engines.clone(), shutdown.clone()).await.map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;
+        http::serve(addr, engines.clone(), shutdown.clone()).await.map_err(|e| fleet_io::Error::Config(format!("state endpoint on {addr}: {e}")))?;
     }
     let tracker = TaskTracker::new();
     {

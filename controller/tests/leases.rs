@@ -10,8 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use shared::blob::{BlobStore, Cond};
-use shared::provision::QueueSettings;
+use fleet_io::blob::{BlobStore, Cond};
+use fleet_io::provision::QueueSettings;
 
 fn controller(st: &common::Stack, id: &str) -> Child {
     let n = &st.names;
@@ -61,7 +61,7 @@ async fn two_controllers_one_killed_mid_job_the_other_takes_over_exact() {
     // Mid-job: the owner has checkpointed part of it.
     let t = Instant::now();
     let owner = loop {
-        let lease = st.store.get(&shared::layout::lease_key(&job.job_id)).await.unwrap();
+        let lease = st.store.get(&fleet_domain::layout::lease_key(&job.job_id)).await.unwrap();
         let progress = initiator::follow::progress(st.store.as_ref(), &job.job_id).await;
         if let (Some(l), Ok(p)) = (lease, progress) {
             if p.accounted_chunks >= 10 && p.accounted_chunks < job.total_chunks {
@@ -79,10 +79,10 @@ async fn two_controllers_one_killed_mid_job_the_other_takes_over_exact() {
     let report = st.wait_report(&job, Duration::from_secs(120)).await;
     eprintln!("owner {owner} SIGKILLed mid-job; report {:.1} s later", killed_at.elapsed().as_secs_f64());
     common::assert_consistent(&report);
-    assert_eq!(report.status, shared::model::JobStatus::Complete, "{:?}", report.failed_chunks);
+    assert_eq!(report.status, fleet_domain::model::JobStatus::Complete, "{:?}", report.failed_chunks);
     assert_eq!(common::report_accounts(&report), common::expected_accounts(&files), "exact totals after the takeover");
     // The survivor finished it (the lease records the last owner).
-    let lease: serde_json::Value = serde_json::from_slice(&st.store.get(&shared::layout::lease_key(&job.job_id)).await.unwrap().unwrap()).unwrap();
+    let lease: serde_json::Value = serde_json::from_slice(&st.store.get(&fleet_domain::layout::lease_key(&job.job_id)).await.unwrap().unwrap()).unwrap();
     assert_eq!(lease["owner"], survivor);
     // A second job with both... one controller left: completes too.
     let more = vec![common::generated(dir.path(), "more.csv", 20_000, 100, 18)];

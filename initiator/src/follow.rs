@@ -3,13 +3,13 @@
 
 use std::time::{Duration, Instant};
 
+use fleet_domain::codec::from_zstd_json;
+use fleet_domain::layout::{check_job_id, checkpoint_key, manifest_key, report_key};
+use fleet_domain::model::{Checkpoint, JobStatus, Manifest, Progress};
+use fleet_domain::report::Report;
+use fleet_io::blob::BlobStore;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
-use shared::blob::BlobStore;
-use shared::codec::from_zstd_json;
-use shared::layout::{check_job_id, checkpoint_key, manifest_key, report_key};
-use shared::model::{Checkpoint, JobStatus, Manifest, Progress};
-use shared::report::Report;
 
 use crate::CliError;
 
@@ -29,10 +29,7 @@ pub struct JobProgress {
 
 /// A job id from the command line, checked before it becomes part of a key.
 fn checked(job_id: &str) -> Result<(), CliError> {
-    check_job_id(job_id).map_err(|e| match e {
-        shared::Error::Corrupt(msg) => CliError::Input(msg),
-        other => CliError::Input(other.to_string()),
-    })
+    check_job_id(job_id).map_err(|fleet_domain::Error::Corrupt(msg)| CliError::Input(msg))
 }
 
 /// The progress in a job's checkpoint: from its metadata (a HEAD request), or from its body when it has
@@ -53,7 +50,7 @@ pub async fn checkpoint_progress(store: &dyn BlobStore, job_id: &str) -> Result<
 pub async fn progress(store: &dyn BlobStore, job_id: &str) -> Result<JobProgress, CliError> {
     checked(job_id)?;
     let manifest: Option<Manifest> = match store.get(&manifest_key(job_id)).await? {
-        Some(b) => Some(serde_json::from_slice(&b).map_err(shared::Error::from)?),
+        Some(b) => Some(serde_json::from_slice(&b).map_err(fleet_io::Error::from)?),
         None => None,
     };
     let cp = checkpoint_progress(store, job_id).await?;
@@ -105,7 +102,7 @@ impl std::fmt::Display for JobProgress {
 pub async fn report(store: &dyn BlobStore, job_id: &str) -> Result<Report, CliError> {
     checked(job_id)?;
     match store.get(&report_key(job_id)).await? {
-        Some(b) => Ok(serde_json::from_slice(&b).map_err(shared::Error::from)?),
+        Some(b) => Ok(serde_json::from_slice(&b).map_err(fleet_io::Error::from)?),
         None => {
             let p = progress(store, job_id).await?;
             Err(CliError::Input(format!("job {job_id} has no report yet: {p}")))
@@ -133,8 +130,8 @@ pub async fn wait(store: &dyn BlobStore, job_id: &str, total_chunks: u32, timeou
         }
         if start.elapsed() > timeout {
             bar.abandon();
-            return Err(CliError::Infra(shared::Error::Service {
-                service: shared::error::Service::S3,
+            return Err(CliError::Infra(fleet_io::Error::Service {
+                service: fleet_io::error::Service::S3,
                 operation: "wait",
                 detail: format!("job {job_id} not finished after {} s; is the controller running? (`initiator status {job_id}`)", timeout.as_secs()),
                 retryable: true,

@@ -18,7 +18,15 @@ pub enum CliError {
     Input(String),
     /// The stack could not be used (unreachable, missing queue or bucket). Exit 3.
     #[error(transparent)]
-    Infra(#[from] shared::Error),
+    Infra(#[from] fleet_io::Error),
+}
+
+/// Corrupt data read from the stack (a checkpoint, a report) is the stack's problem, as before the
+/// domain had an error of its own.
+impl From<fleet_domain::Error> for CliError {
+    fn from(e: fleet_domain::Error) -> Self {
+        CliError::Infra(e.into())
+    }
 }
 
 impl CliError {
@@ -31,9 +39,9 @@ impl CliError {
 }
 
 /// Exit code of a finished job: 0 complete, 2 partial or abandoned.
-pub fn job_exit_code(status: shared::model::JobStatus) -> ExitCode {
+pub fn job_exit_code(status: fleet_domain::model::JobStatus) -> ExitCode {
     match status {
-        shared::model::JobStatus::Complete => ExitCode::SUCCESS,
+        fleet_domain::model::JobStatus::Complete => ExitCode::SUCCESS,
         _ => ExitCode::from(2),
     }
 }

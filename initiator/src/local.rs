@@ -3,11 +3,11 @@
 
 use std::path::PathBuf;
 
-use shared::billing::{Tariff, Totals};
-use shared::input::{InputFile, Validator};
-use shared::model::{now_rfc3339, Manifest, WIRE_VERSION};
-use shared::report::{self, Report};
-use shared::requests::RequestCounts;
+use fleet_domain::billing::{Tariff, Totals};
+use fleet_domain::input::{InputFile, Validator};
+use fleet_domain::model::{now_rfc3339, Manifest, WIRE_VERSION};
+use fleet_domain::report::{self, Report};
+use fleet_domain::requests::RequestCounts;
 
 use crate::CliError;
 

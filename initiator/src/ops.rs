@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
+use fleet_domain::layout::check_job_id;
+use fleet_domain::model::{ResultMessage, WIRE_VERSION};
+use fleet_io::blob::BlobStore;
+use fleet_io::quarantine::{self, Quarantined};
+use fleet_io::queue::{Message, Outgoing, Queue};
+use fleet_io::trigger::{announce, TriggerBus, WorkDetected};
 use serde::Serialize;
-use shared::blob::BlobStore;
-use shared::layout::check_job_id;
-use shared::model::{ResultMessage, WIRE_VERSION};
-use shared::quarantine::{self, Quarantined};
-use shared::queue::{Message, Outgoing, Queue};
-use shared::trigger::{announce, TriggerBus, WorkDetected};
 
 use crate::CliError;
 
@@ -18,7 +18,7 @@ use crate::CliError;
 pub async fn abandon(results: &dyn Queue, triggers: Option<&dyn TriggerBus>, job_id: &str, reason: &str) -> Result<(), CliError> {
     check_job_id(job_id).map_err(|e| CliError::Input(e.to_string()))?;
     let body = serde_json::to_string(&ResultMessage::Abandon { v: WIRE_VERSION, job_id: job_id.to_string(), reason: reason.to_string() })
-        .map_err(shared::Error::from)?;
+        .map_err(fleet_io::Error::from)?;
     results.send(vec![body]).await?;
     if let Some(bus) = triggers {
         announce(bus, &WorkDetected { queue: results.name().to_string(), messages: 1, source: "initiator".into() }).await;
@@ -124,7 +124,7 @@ pub async fn list(dlqs: &[&dyn Queue], store: &dyn BlobStore, limit: usize) -> R
 
 /// One entry by SQS message id or quarantine key.
 pub async fn show(dlqs: &[&dyn Queue], store: &dyn BlobStore, id: &str) -> Result<Entry, CliError> {
-    if id.starts_with(shared::layout::QUARANTINE_PREFIX) {
+    if id.starts_with(fleet_domain::layout::QUARANTINE_PREFIX) {
         return match quarantine::read(store, id).await? {
             Some(q) => Ok(entry_of_quarantined(id, &q, true)),
             None => Err(CliError::Input(format!("nothing quarantined under {id}"))),
@@ -148,7 +148,7 @@ pub async fn redrive_queue(from: &dyn Queue, to: &dyn Queue, limit: usize) -> Re
             break;
         }
         let out: Vec<Outgoing> =
-            got.iter().map(|m| Outgoing { body: m.body.clone(), attrs: shared::queue::Attrs { reason: None, ..m.attrs.clone() } }).collect();
+            got.iter().map(|m| Outgoing { body: m.body.clone(), attrs: fleet_io::queue::Attrs { reason: None, ..m.attrs.clone() } }).collect();
         to.send_messages(&out).await?;
         from.delete(&got.iter().map(|m| m.receipt.clone()).collect::<Vec<_>>()).await?;
         moved += got.len();

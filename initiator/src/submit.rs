@@ -11,18 +11,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use fleet_domain::billing::Tariff;
+use fleet_domain::codec::{encode_chunk, ChunkWriter, EncodedChunk};
+use fleet_domain::input::{Counts, InputFile, Validator};
+use fleet_domain::layout::{chunk_key, manifest_key, new_job_id};
+use fleet_domain::model::{now_rfc3339, BlobRef, Manifest, Rejected, ResultMessage, WorkItem, WIRE_VERSION};
+use fleet_domain::requests::RequestCounts;
+use fleet_io::blob::BlobStore;
+use fleet_io::queue::Queue;
+use fleet_io::trigger::{announce, TriggerBus, WorkDetected};
 use futures::stream::BoxStream;
 use futures::{Future, Stream, StreamExt, TryStreamExt};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use shared::billing::Tariff;
-use shared::blob::BlobStore;
-use shared::codec::{encode_chunk, ChunkWriter, EncodedChunk};
-use shared::input::{Counts, InputFile, Validator};
-use shared::layout::{chunk_key, manifest_key, new_job_id};
-use shared::model::{now_rfc3339, BlobRef, Manifest, Rejected, ResultMessage, WorkItem, WIRE_VERSION};
-use shared::queue::Queue;
-use shared::requests::RequestCounts;
-use shared::trigger::{announce, TriggerBus, WorkDetected};
 
 use crate::grouping::Grouping;
 use crate::CliError;
@@ -114,7 +114,7 @@ async fn put(mut c: Chunk, store: &Arc<dyn BlobStore>) -> Result<Chunk, CliError
 
 type ReadOutcome = (Counts, Vec<Rejected>);
 
-fn read_result(r: Result<Result<ReadOutcome, shared::input::InputError>, tokio::task::JoinError>) -> Result<ReadOutcome, CliError> {
+fn read_result(r: Result<Result<ReadOutcome, fleet_domain::input::InputError>, tokio::task::JoinError>) -> Result<ReadOutcome, CliError> {
     r.map_err(|e| CliError::Input(format!("reading task failed: {e}")))?.map_err(|e| CliError::Input(e.to_string()))
 }
 
@@ -138,7 +138,7 @@ struct Enqueue<'a> {
     clients: &'a Clients,
     job_id: &'a str,
     tariff: &'a Tariff,
-    attrs: shared::queue::Attrs,
+    attrs: fleet_io::queue::Attrs,
     /// Message groups, on a FIFO queue.
     groups: Option<Grouping>,
     bar: ProgressBar,
@@ -146,7 +146,7 @@ struct Enqueue<'a> {
 }
 
 impl<'a> Enqueue<'a> {
-    fn new(clients: &'a Clients, job_id: &'a str, tariff: &'a Tariff, attrs: shared::queue::Attrs, groups: Option<Grouping>, bar: ProgressBar) -> Self {
+    fn new(clients: &'a Clients, job_id: &'a str, tariff: &'a Tariff, attrs: fleet_io::queue::Attrs, groups: Option<Grouping>, bar: ProgressBar) -> Self {
         Enqueue { clients, job_id, tariff, attrs, groups, bar, trigger: std::sync::Mutex::new(None) }
     }
 
@@ -173,7 +173,7 @@ impl<'a> Enqueue<'a> {
                 })
                 .map(|body| {
                     let group = self.groups.map(|g| g.group_id(self.job_id, c.number, c.partition));
-                    shared::queue::Outgoing { body, attrs: shared::queue::Attrs { group, ..self.attrs.clone() } }
+                    fleet_io::queue::Outgoing { body, attrs: fleet_io::queue::Attrs { group, ..self.attrs.clone() } }
                 })
             })
             .collect::<Result<Vec<_>, _>>()
@@ -218,7 +218,7 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
     if opts.chunk_size == 0 {
         return Err(CliError::Input("--chunk-size must be at least 1".into()));
     }
-    let fifo = shared::config::is_fifo(clients.work.name());
+    let fifo = fleet_io::config::is_fifo(clients.work.name());
     if matches!(opts.grouping, Grouping::Account { .. }) && !fifo {
         return Err(CliError::Input(format!(
             "--group-by account needs a FIFO work queue (a name ending in .fifo, e.g. --work-queue billing-work.fifo); {} is a standard queue, which keeps no order",
@@ -274,12 +274,12 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
                 ship(w, p, &mut next);
             }
         }
-        Ok::<_, shared::input::InputError>((v.counts, rejected))
+        Ok::<_, fleet_domain::input::InputError>((v.counts, rejected))
     });
 
     let store = clients.store.clone();
     let n = opts.upload_concurrency.max(1);
-    let attrs = shared::queue::Attrs {
+    let attrs = fleet_io::queue::Attrs {
         priority: opts.priority,
         deadline_ms: opts.deadline.and_then(|d| d.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_millis() as u64),
         ..Default::default()

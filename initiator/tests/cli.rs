@@ -7,8 +7,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::*;
-use shared::provision::QueueSettings;
-use shared::queue::Queue;
+use fleet_io::provision::QueueSettings;
+use fleet_io::queue::Queue;
 
 fn initiator(st: &Stack, args: &[&str]) -> Output {
     initiator_env(st, args, &[])
@@ -72,9 +72,9 @@ async fn submit_wait_json_status_report_and_refusals() {
     let job = report["job_id"].as_str().unwrap().to_string();
 
     // The progress travels as the checkpoint's metadata: a follower reads it with HEAD.
-    let meta = shared::blob::BlobStore::head(st.store.as_ref(), &shared::layout::checkpoint_key(&job)).await.unwrap().expect("checkpoint");
-    let progress = shared::model::Progress::from_meta(&meta).unwrap_or_else(|| panic!("no progress in the checkpoint's metadata: {meta:?}"));
-    assert_eq!((progress.status, progress.accounted, progress.failed, progress.processed), (shared::model::JobStatus::Complete, 6, 0, 4_001));
+    let meta = fleet_io::blob::BlobStore::head(st.store.as_ref(), &fleet_domain::layout::checkpoint_key(&job)).await.unwrap().expect("checkpoint");
+    let progress = fleet_domain::model::Progress::from_meta(&meta).unwrap_or_else(|| panic!("no progress in the checkpoint's metadata: {meta:?}"));
+    assert_eq!((progress.status, progress.accounted, progress.failed, progress.processed), (fleet_domain::model::JobStatus::Complete, 6, 0, 4_001));
     let out = initiator(&st, &["status", &job]);
     assert_eq!(out.status.code(), Some(0));
     assert!(text(&out.stdout).contains("complete, 6/6 chunks"), "{}", text(&out.stdout));
@@ -150,12 +150,12 @@ async fn until(timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
 /// show | redrive` over both dead-letter queues and the quarantine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn abandon_quarantine_and_dlq_commands() {
-    use shared::blob::BlobStore;
-    use shared::model::{AccountsPayload, ChunkResult, Outcome, ResultMessage};
+    use fleet_domain::model::{AccountsPayload, ChunkResult, Outcome, ResultMessage};
+    use fleet_io::blob::BlobStore;
     let st = stack(QueueSettings::default()).await;
     let c = st.start_controller();
     let job = format!("unsealed-{}", &st.names.bucket[st.names.bucket.len() - 12..]);
-    let acct = |a: &str, n: u64| shared::billing::AccountTotals {
+    let acct = |a: &str, n: u64| fleet_domain::billing::AccountTotals {
         account_id: a.into(),
         currency: "EUR".into(),
         count: n,

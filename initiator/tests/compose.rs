@@ -379,9 +379,9 @@ fn images_from_nothing() {
 fn nothing_enqueued(endpoint: &str) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let aws = shared::config::Aws::local(endpoint).await;
+        let aws = fleet_io::config::Aws::local(endpoint).await;
         let work = aws.queue("billing-work").await.unwrap();
-        let d = shared::queue::Queue::depth(work.as_ref()).await.unwrap();
+        let d = fleet_io::queue::Queue::depth(work.as_ref()).await.unwrap();
         assert_eq!((d.visible, d.in_flight), (0, 0), "work items were enqueued");
         let listed = aws.s3().list_objects_v2().bucket("billing-fleet").prefix("jobs/").send().await.unwrap();
         assert_eq!(listed.key_count(), Some(0), "blobs were stored: {:?}", listed.contents());

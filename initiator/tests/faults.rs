@@ -12,18 +12,18 @@ use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
 use common::*;
-use shared::call::CallPolicy;
-use shared::config::Aws;
-use shared::error::Error;
-use shared::provision::QueueSettings;
-use shared::queue::{Queue, SqsQueue};
+use fleet_io::call::CallPolicy;
+use fleet_io::config::Aws;
+use fleet_io::error::Error;
+use fleet_io::provision::QueueSettings;
+use fleet_io::queue::{Queue, SqsQueue};
 
 fn short() -> CallPolicy {
     CallPolicy { attempt_timeout: Duration::from_secs(1), deadline: Duration::from_secs(3), ..CallPolicy::default() }
 }
 
 /// Runs `f`, which must fail with a timeout within the deadline (plus slack).
-async fn bounded<T: std::fmt::Debug>(what: &str, f: impl std::future::Future<Output = shared::Result<T>>) {
+async fn bounded<T: std::fmt::Debug>(what: &str, f: impl std::future::Future<Output = fleet_io::Result<T>>) {
     let t = Instant::now();
     let r = tokio::time::timeout(Duration::from_secs(20), f).await.unwrap_or_else(|_| panic!("{what} hung"));
     let took = t.elapsed();
@@ -51,9 +51,9 @@ async fn every_call_to_a_hung_service_ends_at_the_deadline() {
     bounded("DeleteMessageBatch", q.delete_batch(&["r".into()])).await;
     bounded("ChangeMessageVisibilityBatch", q.set_visibility_batch(&[("r".into(), Duration::ZERO)])).await;
     bounded("SendMessageBatch", q.send(vec!["y".into()])).await;
-    bounded("GetObject", shared::blob::BlobStore::get(store.as_ref(), "k")).await;
-    bounded("PutObject", shared::blob::BlobStore::put(store.as_ref(), "k", bytes::Bytes::from_static(b"v"), "text/plain")).await;
-    bounded("ListObjectsV2", shared::blob::BlobStore::list(store.as_ref(), "jobs/", 10)).await;
+    bounded("GetObject", fleet_io::blob::BlobStore::get(store.as_ref(), "k")).await;
+    bounded("PutObject", fleet_io::blob::BlobStore::put(store.as_ref(), "k", bytes::Bytes::from_static(b"v"), "text/plain")).await;
+    bounded("ListObjectsV2", fleet_io::blob::BlobStore::list(store.as_ref(), "jobs/", 10)).await;
     bounded("HeadBucket", store.check()).await;
     let hung_open = hung.queue(&s.names.work_queue);
     bounded("GetQueueUrl", async { hung_open.await.map(|_| ()) }).await;
@@ -73,9 +73,9 @@ async fn a_controller_whose_store_hangs_still_stops_in_time() {
     let stop = tokio_util::sync::CancellationToken::new();
     let deps =
         controller::Deps { results: s.results.clone(), work_dlq: s.work_dlq.clone(), results_dlq: s.results_dlq.clone(), store, triggers: None, publish: None };
-    let settings = controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 2, ..Default::default() };
+    let settings = controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 2, ..Default::default() };
     let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
-    let body = serde_json::to_string(&shared::model::ResultMessage::Sealed { v: 1, job_id: "hung-store".into(), total_chunks: 3 }).unwrap();
+    let body = serde_json::to_string(&fleet_domain::model::ResultMessage::Sealed { v: 1, job_id: "hung-store".into(), total_chunks: 3 }).unwrap();
     s.results.send(vec![body]).await.unwrap();
     // Received and being applied (its checkpoint read hangs).
     let t = Instant::now();
@@ -105,7 +105,7 @@ async fn s3_frozen_for_three_minutes_under_the_controller_the_job_completes_exac
         ..CallPolicy::default()
     });
     let stop = tokio_util::sync::CancellationToken::new();
-    let keys = [s.results.name(), s.work_dlq.name(), s.results_dlq.name()].map(shared::trigger::work_key).to_vec();
+    let keys = [s.results.name(), s.work_dlq.name(), s.results_dlq.name()].map(fleet_io::trigger::work_key).to_vec();
     let deps = controller::Deps {
         results: s.results.clone(),
         work_dlq: s.work_dlq.clone(),
@@ -114,7 +114,7 @@ async fn s3_frozen_for_three_minutes_under_the_controller_the_job_completes_exac
         triggers: s.names.subscribe(keys, &stop),
         publish: s.names.trigger_bus(),
     };
-    let settings = controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() };
+    let settings = controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() };
     let controller = tokio::spawn(controller::run(settings, deps, stop.clone()));
     let agent = s.start_agent();
     let processor = s.start_processor(fast_processor());
@@ -147,7 +147,7 @@ async fn s3_frozen_for_three_minutes_under_the_controller_the_job_completes_exac
     let report = s.wait_report(&job, Duration::from_secs(180)).await;
     eprintln!("report {:.1} s after the thaw", frozen_at.elapsed().as_secs_f64() - 180.0);
     assert_consistent(&report);
-    assert_eq!(report.status, shared::model::JobStatus::Complete, "{:?}", report.failed_chunks);
+    assert_eq!(report.status, fleet_domain::model::JobStatus::Complete, "{:?}", report.failed_chunks);
     assert_eq!(report_accounts(&report), expected_accounts(&files), "exact totals after the freeze");
     let d = s.results_dlq.depth().await.unwrap();
     assert_eq!(d.visible + d.in_flight, 0, "nothing left stranded");

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{assert_consistent, expected_accounts, report_accounts};
+use fleet_domain::model::JobStatus;
+use fleet_io::blob::BlobStore;
+use fleet_io::memory::{MemoryQueue, MemoryStore};
+use fleet_io::queue::Queue;
 use initiator::submit::{Clients, SubmitOptions};
-use shared::blob::BlobStore;
-use shared::memory::{MemoryQueue, MemoryStore};
-use shared::model::JobStatus;
-use shared::queue::Queue;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,7 +35,7 @@ async fn large_results_travel_as_blobs() {
     let stop = CancellationToken::new();
     let p = tokio::spawn(processor::run(common::fast_processor(), processor::Deps::new(work.clone(), results.clone(), store.clone()), stop.clone()));
     let c = tokio::spawn(controller::run(
-        controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() },
+        controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() },
         controller::Deps {
             results: results.clone(),
             work_dlq: work_dlq.clone(),
@@ -90,32 +90,32 @@ impl BlobStore for UploadStore {
         body: bytes::Bytes,
         content_type: &str,
         meta: &std::collections::BTreeMap<String, String>,
-        cond: &shared::blob::Cond,
-    ) -> shared::Result<Option<String>> {
+        cond: &fleet_io::blob::Cond,
+    ) -> fleet_io::Result<Option<String>> {
         if self.jitter {
             tokio::time::sleep(Duration::from_millis(xxhash_rust::xxh3::xxh3_64(key.as_bytes()) % 8)).await;
         }
         if let Some(ok) = &self.ok {
             if ok.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 0 {
                 ok.store(0, std::sync::atomic::Ordering::SeqCst);
-                return Err(shared::Error::Unreachable { service: shared::error::Service::S3, endpoint: "test".into(), detail: "gone".into() });
+                return Err(fleet_io::Error::Unreachable { service: fleet_io::error::Service::S3, endpoint: "test".into(), detail: "gone".into() });
             }
         }
         self.inner.put_if(key, body, content_type, meta, cond).await
     }
-    async fn get_tagged(&self, key: &str) -> shared::Result<Option<(bytes::Bytes, String)>> {
+    async fn get_tagged(&self, key: &str) -> fleet_io::Result<Option<(bytes::Bytes, String)>> {
         self.inner.get_tagged(key).await
     }
-    async fn head(&self, key: &str) -> shared::Result<Option<std::collections::BTreeMap<String, String>>> {
+    async fn head(&self, key: &str) -> fleet_io::Result<Option<std::collections::BTreeMap<String, String>>> {
         self.inner.head(key).await
     }
-    async fn list(&self, prefix: &str, limit: usize) -> shared::Result<Vec<String>> {
+    async fn list(&self, prefix: &str, limit: usize) -> fleet_io::Result<Vec<String>> {
         self.inner.list(prefix, limit).await
     }
-    async fn delete(&self, key: &str) -> shared::Result<()> {
+    async fn delete(&self, key: &str) -> fleet_io::Result<()> {
         self.inner.delete(key).await
     }
-    fn calls(&self) -> &shared::requests::CallCounter {
+    fn calls(&self) -> &fleet_domain::requests::CallCounter {
         self.inner.calls()
     }
 }
@@ -124,7 +124,7 @@ impl BlobStore for UploadStore {
 async fn failure_mid_submission_is_an_error_not_a_hang() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("in.csv");
-    shared::generate::write_csv(&mut std::fs::File::create(&path).unwrap(), 5_000, 10, 1, false).unwrap();
+    fleet_domain::generate::write_csv(&mut std::fs::File::create(&path).unwrap(), 5_000, 10, 1, false).unwrap();
     let store = Arc::new(UploadStore { inner: MemoryStore::new(), ok: Some(3.into()), jitter: false });
     let clients = Clients {
         work: MemoryQueue::new("work", Duration::from_secs(30)) as Arc<dyn Queue>,

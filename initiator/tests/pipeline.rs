@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use shared::blob::BlobStore;
-use shared::layout::{accounts_key, chunk_key, report_key};
-use shared::model::JobStatus;
-use shared::provision::QueueSettings;
-use shared::queue::Queue;
+use fleet_domain::layout::{accounts_key, chunk_key, report_key};
+use fleet_domain::model::JobStatus;
+use fleet_io::blob::BlobStore;
+use fleet_io::provision::QueueSettings;
+use fleet_io::queue::Queue;
 
 const T: Duration = Duration::from_secs(90);
 
@@ -71,7 +71,7 @@ async fn whole_pipeline_bills_exactly() {
 
 /// Receive calls made on a queue so far (in these tests only the controller receives from the results
 /// queue and the work dead-letter queue).
-fn receives(q: &shared::queue::SqsQueue) -> u64 {
+fn receives(q: &fleet_io::queue::SqsQueue) -> u64 {
     q.calls().snapshot().0.get("sqs.ReceiveMessage").copied().unwrap_or(0)
 }
 
@@ -255,8 +255,8 @@ async fn job_with_nothing_accepted_still_finishes() {
 /// that restores them, finishes with exact totals and leaves no part behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn large_job_checkpoints_in_parts_and_a_restart_restores_them() {
-    use shared::codec::from_zstd_json;
-    use shared::layout::{checkpoint_key, checkpoint_parts_prefix};
+    use fleet_domain::codec::from_zstd_json;
+    use fleet_domain::layout::{checkpoint_key, checkpoint_parts_prefix};
     let st = stack(QueueSettings { max_receive_count: 5, visibility_timeout: std::time::Duration::from_secs(2) }).await;
     let dir = tempfile::tempdir().unwrap();
     let f = generated(dir.path(), "in.csv", 30_000, 20_000, 11);
@@ -277,7 +277,7 @@ async fn large_job_checkpoints_in_parts_and_a_restart_restores_them() {
     let (bases, changes) = (stats.full_parts.load(Ordering::Relaxed), stats.delta_parts.load(Ordering::Relaxed));
     assert!(bases >= 1 && bases + changes >= 2, "bases {bases}, change parts {changes}");
     drop(agg);
-    let cp: shared::model::Checkpoint = from_zstd_json(&st.store.get(&checkpoint_key(&s.job_id)).await.unwrap().unwrap(), 1 << 30).unwrap();
+    let cp: fleet_domain::model::Checkpoint = from_zstd_json(&st.store.get(&checkpoint_key(&s.job_id)).await.unwrap().unwrap(), 1 << 30).unwrap();
     assert!(cp.accounts.is_empty() && !cp.parts.is_empty() && cp.parts[0].full, "parts: {:?}", cp.parts);
     assert!(!cp.accounted.is_empty());
 

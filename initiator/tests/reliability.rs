@@ -20,14 +20,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::proxy::Proxy;
 use common::*;
+use fleet_domain::layout::chunk_key;
+use fleet_domain::model::{BlobRef, JobStatus, WorkItem};
+use fleet_io::blob::BlobStore;
+use fleet_io::call::CallPolicy;
+use fleet_io::config::Aws;
+use fleet_io::provision::QueueSettings;
+use fleet_io::queue::Queue;
 use rust_decimal::Decimal;
-use shared::blob::BlobStore;
-use shared::call::CallPolicy;
-use shared::config::Aws;
-use shared::layout::chunk_key;
-use shared::model::{BlobRef, JobStatus, WorkItem};
-use shared::provision::QueueSettings;
-use shared::queue::Queue;
 
 const T: Duration = Duration::from_secs(120);
 
@@ -56,19 +56,19 @@ async fn the_whole_stack_frozen_for_10_s_mid_job_totals_exact_services_alive() {
             work_dlq: Some(work_dlq.clone()),
             results: results.clone(),
             store: store.clone(),
-            triggers: n.subscribe(vec![shared::trigger::work_key(work.name())], &stop),
+            triggers: n.subscribe(vec![fleet_io::trigger::work_key(work.name())], &stop),
             publish: n.trigger_bus(),
         },
         stop.clone(),
     ));
     let controller = tokio::spawn(controller::run(
-        controller::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() },
+        controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() },
         controller::Deps {
             results: results.clone(),
             work_dlq: work_dlq.clone(),
             results_dlq: results_dlq.clone(),
             store: store.clone(),
-            triggers: n.subscribe([results.name(), work_dlq.name(), results_dlq.name()].map(shared::trigger::work_key).to_vec(), &stop),
+            triggers: n.subscribe([results.name(), work_dlq.name(), results_dlq.name()].map(fleet_io::trigger::work_key).to_vec(), &stop),
             publish: n.trigger_bus(),
         },
         stop.clone(),
@@ -119,7 +119,7 @@ async fn the_whole_stack_frozen_for_10_s_mid_job_totals_exact_services_alive() {
 async fn chunk_rows(store: &dyn BlobStore, job: &str, chunk: u32, item: &WorkItem) -> BTreeMap<String, (u64, Decimal)> {
     let data = store.get(&chunk_key(job, chunk)).await.unwrap().unwrap();
     let mut out: BTreeMap<String, (u64, Decimal)> = BTreeMap::new();
-    shared::codec::decode_chunk(&data, &item.blob, item.transactions, 1 << 30, |t| {
+    fleet_domain::codec::decode_chunk(&data, &item.blob, item.transactions, 1 << 30, |t| {
         let e = out.entry(t.account_id.to_string()).or_default();
         e.0 += 1;
         e.1 += t.amount;
@@ -157,7 +157,8 @@ async fn poison_work_items_fail_their_chunks_and_nothing_else() {
     let bombed = chunk_rows(s.store.as_ref(), &job.job_id, 7, &item(7)).await;
     s.store.put(&chunk_key(&job.job_id, 7), Bytes::from(bomb.clone()), "application/zstd").await.unwrap();
     let mut bomb_item = item(7);
-    bomb_item.blob = BlobRef { key: chunk_key(&job.job_id, 7), sha256: shared::codec::sha256_hex(&bomb), compressed_bytes: bomb.len() as u64, raw_bytes: 4096 };
+    bomb_item.blob =
+        BlobRef { key: chunk_key(&job.job_id, 7), sha256: fleet_domain::codec::sha256_hex(&bomb), compressed_bytes: bomb.len() as u64, raw_bytes: 4096 };
     // Back on the queue: every item (chunk 7 as the bomb), chunk 5 twice, and two garbage bodies.
     let mut bodies: Vec<String> = (0..10u32).filter(|c| *c != 7).map(|c| serde_json::to_string(&item(c)).unwrap()).collect();
     bodies.push(serde_json::to_string(&bomb_item).unwrap());

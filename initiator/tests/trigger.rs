@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::amqp_url;
-use shared::trigger::{spawn_subscription, work_key, InstanceReport, RabbitTriggers, Subscription, TriggerBus, WorkDetected, ALL_REPORTS, ALL_WORK};
+use fleet_io::trigger::{spawn_subscription, work_key, InstanceReport, RabbitTriggers, Subscription, TriggerBus, WorkDetected, ALL_REPORTS, ALL_WORK};
 use tokio_util::sync::CancellationToken;
 
 async fn live(sub: &Subscription) {

@@ -3,20 +3,20 @@
 //! for the results queue (inline, compressed inline, or as a blob when large).
 
 use bytes::Bytes;
-use shared::billing::Totals;
-use shared::blob::BlobStore;
-use shared::codec::{accounts_to_zstd_csv, base64_encode, decode_chunk, sha256_hex};
-use shared::error::{Error, Result};
-use shared::layout::result_key;
-use shared::model::{AccountsPayload, BlobRef, ChunkResult, Outcome, WorkItem, WIRE_VERSION};
-use shared::requests::RequestCounts;
+use fleet_domain::billing::Totals;
+use fleet_domain::codec::{accounts_to_zstd_csv, base64_encode, decode_chunk, sha256_hex};
+use fleet_domain::layout::result_key;
+use fleet_domain::model::{AccountsPayload, BlobRef, ChunkResult, Outcome, WorkItem, WIRE_VERSION};
+use fleet_domain::requests::RequestCounts;
+use fleet_io::blob::BlobStore;
+use fleet_io::error::{Error, Result};
 
 /// Results with up to this many (account, currency) rows travel as plain JSON inside the message.
 pub const INLINE_ROWS: usize = 100;
 /// Compressed results up to this size (base64) travel inside the message; larger ones as a blob.
 pub const COMPRESSED_INLINE_LIMIT: usize = 160 * 1024;
 
-pub use shared::model::parse_work_item;
+pub use fleet_domain::model::parse_work_item;
 
 /// Processes one work item. Returns the chunk result (requests: the S3 calls made for it).
 pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u64) -> Result<ChunkResult> {

@@ -1,4 +1,4 @@
-//! The processor service: the adaptive listener engine (`shared::listener`) on the work queue, with a
+//! The processor service: the adaptive listener engine (`fleet_engine`) on the work queue, with a
 //! handler that bills the chunks the work items reference, sends the chunk results to the results queue
 //! and only then completes (deletes, batched) the work items. A failing work item goes back with a
 //! growing back-off and reaches the dead-letter queue after maxReceiveCount.
@@ -9,11 +9,11 @@ pub mod listener;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shared::blob::BlobStore;
-use shared::listener::args::ListenerArgs;
-use shared::listener::{state, Engine};
-use shared::queue::Queue;
-use shared::trigger::{Notifier, Subscription, TriggerBus};
+use fleet_engine::args::ListenerArgs;
+use fleet_engine::{http, Engine};
+use fleet_io::blob::BlobStore;
+use fleet_io::queue::Queue;
+use fleet_io::trigger::{Notifier, Subscription, TriggerBus};
 use tokio_util::sync::CancellationToken;
 
 /// Processor settings (the binary fills them from flags and env).
@@ -64,7 +64,7 @@ const ANNOUNCE_INTERVAL: Duration = Duration::from_millis(100);
 pub const REPORT_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Starts the listener on the work queue (and the state endpoint when configured).
-pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken) -> shared::Result<Engine> {
+pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken) -> fleet_io::Result<Engine> {
     let cfg = settings.listener.engine(deps.triggers.is_some());
     let announce = match &deps.publish {
         Some(bus) => listener::Announce {
@@ -79,17 +79,17 @@ pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken
         engine.follow_triggers(sub, shutdown.clone());
     }
     if let Some(bus) = &deps.publish {
-        shared::listener::report::spawn_reporter(engine.clone(), bus.clone(), shared::listener::report::instance_id(), REPORT_INTERVAL, shutdown.clone());
+        fleet_engine::report::spawn_reporter(engine.clone(), bus.clone(), fleet_engine::report::instance_id(), REPORT_INTERVAL, shutdown.clone());
     }
     if let Some(addr) = settings.listener.http_addr {
-        state::serve(addr, vec![engine.clone()], shutdown.clone()).await.map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;
+        http::serve(addr, vec![engine.clone()], shutdown.clone()).await.map_err(|e| fleet_io::Error::Config(format!("state endpoint on {addr}: {e}")))?;
     }
     Ok(engine)
 }
 
 /// Runs the processor until `shutdown`, then drains: stops receiving, returns buffered work items,
 /// finishes in-flight ones within the grace period and flushes completions.
-pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> shared::Result<()> {
+pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> fleet_io::Result<()> {
     let engine = start(&settings, deps, &shutdown).await?;
     shutdown.cancelled().await;
     engine.shutdown(Duration::from_secs(settings.drain_secs)).await;

@@ -5,14 +5,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use fleet_domain::model::{ChunkResult, ResultMessage};
+use fleet_domain::requests::RequestCounts;
+use fleet_engine::{Completions, ErrorEvent, Handler, Outcome};
+use fleet_io::blob::BlobStore;
+use fleet_io::error::Error;
+use fleet_io::queue::{plan_batches, Message, Queue};
+use fleet_io::trigger::Notifier;
 use futures::future::join_all;
-use shared::blob::BlobStore;
-use shared::error::Error;
-use shared::listener::{Completions, ErrorEvent, Handler, Outcome};
-use shared::model::{ChunkResult, ResultMessage};
-use shared::queue::{plan_batches, Message, Queue};
-use shared::requests::RequestCounts;
-use shared::trigger::Notifier;
 
 use crate::handle::{failed_result, parse_work_item, process};
 
@@ -61,7 +61,7 @@ impl WorkHandler {
     }
 
     /// Sends one job's results; the first carries the batch's calls (receive, sends, deletes).
-    async fn send_job(&self, job: &str, mut results: Vec<ChunkResult>) -> shared::Result<()> {
+    async fn send_job(&self, job: &str, mut results: Vec<ChunkResult>) -> fleet_io::Result<()> {
         let rest: Vec<String> = results.drain(1..).map(|r| serde_json::to_string(&ResultMessage::Chunk(r))).collect::<Result<_, _>>()?;
         let Some(mut first) = results.pop() else { return Ok(()) };
         // Size the first before adding the counts (the slack covers the enum tag and the digits).

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
 
-use shared::provision::QueueSettings;
-use shared::queue::Queue;
-use shared::trigger::work_key;
+use fleet_io::provision::QueueSettings;
+use fleet_io::queue::Queue;
+use fleet_io::trigger::work_key;
 use tokio_util::sync::CancellationToken;
 
 fn amqp_via(proxy: &Proxy) -> String {

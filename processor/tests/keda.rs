@@ -8,12 +8,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use fleet_io::provision::QueueSettings;
+use fleet_io::queue::Queue;
+use fleet_io::trigger::{announce, report_key, WorkDetected, ALL_WORK};
 use scaling_agent::keda::proto::external_scaler_client::ExternalScalerClient;
 use scaling_agent::keda::proto::{GetMetricsRequest, ScaledObjectRef};
 use scaling_agent::keda::KedaBackend;
-use shared::provision::QueueSettings;
-use shared::queue::Queue;
-use shared::trigger::{announce, report_key, WorkDetected, ALL_WORK};
 use tokio_util::sync::CancellationToken;
 
 fn so() -> ScaledObjectRef {

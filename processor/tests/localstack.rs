@@ -10,13 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use shared::listener::backoff::IdleBackoff;
-use shared::listener::dynamic_consumers::{ScalingPolicy, WorkRules};
-use shared::listener::throttle::ThrottleLimits;
-use shared::listener::{Completions, Engine, EngineConfig, Handler, Outcome};
-use shared::model::JobStatus;
-use shared::provision::QueueSettings;
-use shared::queue::{Message, Queue};
+use fleet_domain::model::JobStatus;
+use fleet_engine::backoff::IdleBackoff;
+use fleet_engine::dynamic_consumers::{ScalingPolicy, WorkRules};
+use fleet_engine::throttle::ThrottleLimits;
+use fleet_engine::{Completions, Engine, EngineConfig, Handler, Outcome};
+use fleet_io::provision::QueueSettings;
+use fleet_io::queue::{Message, Queue};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Recorder {
@@ -143,13 +143,13 @@ async fn fifo_groups_keep_their_order_across_instances_and_retries() {
     let mut out = Vec::new();
     for i in 1..=8 {
         for g in ["a", "b", "c"] {
-            out.push(shared::queue::Outgoing { body: format!("{g}{i}"), attrs: shared::queue::Attrs { group: Some(g.into()), ..Default::default() } });
+            out.push(fleet_io::queue::Outgoing { body: format!("{g}{i}"), attrs: fleet_io::queue::Attrs { group: Some(g.into()), ..Default::default() } });
         }
     }
     st.work.send_messages(&out).await.unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let epoch = Instant::now();
-    let cfg = EngineConfig { retry: shared::listener::backoff::RetryBackoff { base: Duration::from_secs(2), max: Duration::from_secs(4) }, ..engine_cfg() };
+    let cfg = EngineConfig { retry: fleet_engine::backoff::RetryBackoff { base: Duration::from_secs(2), max: Duration::from_secs(4) }, ..engine_cfg() };
     let fail_once = Arc::new(Mutex::new(vec!["b3".to_string()]));
     let engines = futures::future::join_all((0..2).map(|instance| {
         let h = Arc::new(Timed { instance, epoch, fail_once: fail_once.clone(), log: log.clone() });

@@ -5,14 +5,14 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use shared::billing::Tariff;
-use shared::blob::BlobStore;
-use shared::codec::{encode_chunk, ChunkWriter};
-use shared::layout::chunk_key;
-use shared::memory::{MemoryQueue, MemoryStore};
-use shared::model::{AccountsPayload, BlobRef, Outcome, ResultMessage, WorkItem};
-use shared::queue::Queue;
-use shared::validate::validate_row;
+use fleet_domain::billing::Tariff;
+use fleet_domain::codec::{encode_chunk, ChunkWriter};
+use fleet_domain::layout::chunk_key;
+use fleet_domain::model::{AccountsPayload, BlobRef, Outcome, ResultMessage, WorkItem};
+use fleet_domain::validate::validate_row;
+use fleet_io::blob::BlobStore;
+use fleet_io::memory::{MemoryQueue, MemoryStore};
+use fleet_io::queue::Queue;
 use tokio_util::sync::CancellationToken;
 
 async fn work_item(store: &MemoryStore, job: &str, chunk: u32, rows: &[(&str, &str, &str)]) -> String {
@@ -57,7 +57,7 @@ async fn bills_good_items_and_dead_letters_corrupt_ones() {
     work.send(vec![good, bad]).await.unwrap();
 
     let stop = CancellationToken::new();
-    let settings = processor::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() };
+    let settings = processor::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() };
     let deps = processor::Deps::new(work.clone(), results.clone(), store.clone());
     let running = tokio::spawn(processor::run(settings, deps, stop.clone()));
 

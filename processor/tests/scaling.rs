@@ -9,10 +9,10 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fleet_io::provision::QueueSettings;
+use fleet_io::queue::Queue;
+use fleet_io::trigger::{report_key, ALL_WORK};
 use scaling_agent::backend::{Backend, ProcessBackend, ProcessSpec};
-use shared::provision::QueueSettings;
-use shared::queue::Queue;
-use shared::trigger::{report_key, ALL_WORK};
 use tokio_util::sync::CancellationToken;
 
 fn spec(s: &common::Stack) -> ProcessSpec {

@@ -6,9 +6,9 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shared::config::{Aws, FleetArgs};
-use shared::provision::{ensure_fleet, QueueSettings};
-use shared::queue::Queue;
+use fleet_io::config::{Aws, FleetArgs};
+use fleet_io::provision::{ensure_fleet, QueueSettings};
+use fleet_io::queue::Queue;
 
 #[tokio::test]
 async fn sigterm_drains_and_exits_zero() {

@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use shared::listener::backoff::IdleBackoff;
-use shared::listener::dynamic_consumers::{ScalingPolicy, WorkRules};
-use shared::listener::{Completions, Engine, EngineConfig, Handler, Outcome};
-use shared::provision::QueueSettings;
-use shared::queue::{Message, Queue};
-use shared::trigger::{announce, work_key, WorkDetected};
+use fleet_engine::backoff::IdleBackoff;
+use fleet_engine::dynamic_consumers::{ScalingPolicy, WorkRules};
+use fleet_engine::{Completions, Engine, EngineConfig, Handler, Outcome};
+use fleet_io::provision::QueueSettings;
+use fleet_io::queue::{Message, Queue};
+use fleet_io::trigger::{announce, work_key, WorkDetected};
 use tokio_util::sync::CancellationToken;
 
 /// When each body arrived.

@@ -21,9 +21,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fleet_io::queue::{Queue, QueueDepth};
+use fleet_io::trigger::{announce, Subscription, TriggerBus, WorkDetected};
 use serde::Serialize;
-use shared::queue::{Queue, QueueDepth};
-use shared::trigger::{announce, Subscription, TriggerBus, WorkDetected};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -121,7 +121,7 @@ impl Snapshot {
     }
 }
 
-pub async fn snapshot(w: &Watched) -> shared::Result<Snapshot> {
+pub async fn snapshot(w: &Watched) -> fleet_io::Result<Snapshot> {
     let (work, work_dlq, results, results_dlq) = tokio::try_join!(w.work.depth(), w.work_dlq.depth(), w.results.depth(), w.results_dlq.depth())?;
     Ok(Snapshot { work, work_dlq, results, results_dlq })
 }
@@ -168,10 +168,10 @@ fn lock(s: &SharedState) -> std::sync::MutexGuard<'_, AgentState> {
 }
 
 /// Runs the agent until `shutdown`; then the backend stops what it started.
-pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> shared::Result<()> {
+pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> fleet_io::Result<()> {
     let state = new_state(&settings, deps.backend.name());
     if let Some(addr) = settings.http_addr {
-        http::serve(addr, state.clone(), shutdown.clone()).await.map_err(|e| shared::Error::Config(format!("state endpoint on {addr}: {e}")))?;
+        http::serve(addr, state.clone(), shutdown.clone()).await.map_err(|e| fleet_io::Error::Config(format!("state endpoint on {addr}: {e}")))?;
     }
     run_with_state(settings, deps, state, shutdown).await
 }
@@ -197,7 +197,7 @@ pub fn new_state(settings: &Settings, backend: &'static str) -> SharedState {
 }
 
 /// [`run`] with a state handle the caller holds (tests read it).
-pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, shutdown: CancellationToken) -> shared::Result<()> {
+pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, shutdown: CancellationToken) -> fleet_io::Result<()> {
     let started = Instant::now();
     let busy_interval = Duration::from_secs(settings.interval_secs.max(1));
     let idle_cap = Duration::from_secs(settings.idle_interval_secs.max(settings.interval_secs).max(1));

@@ -12,9 +12,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+use fleet_io::queue::QueueDepth;
+use fleet_io::trigger::InstanceReport;
 use serde::Serialize;
-use shared::queue::QueueDepth;
-use shared::trigger::InstanceReport;
 use tokio::time::Instant;
 
 /// An instance that has not reported for this long (while holding work) is taken as gone.

@@ -17,10 +17,10 @@ use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use fleet_io::queue::QueueDepth;
+use fleet_io::trigger::InstanceReport;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use shared::queue::QueueDepth;
-use shared::trigger::InstanceReport;
 use tokio::time::Instant;
 
 use crate::policy::{Policy, PolicyConfig, Signals};

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use shared::memory::MemoryQueue;
-use shared::queue::Queue;
-use shared::trigger::{InstanceReport, MemoryTriggers, TriggerBus, WorkDetected};
+use fleet_io::memory::MemoryQueue;
+use fleet_io::queue::Queue;
+use fleet_io::trigger::{InstanceReport, MemoryTriggers, TriggerBus, WorkDetected};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
@@ -18,7 +18,7 @@ struct Fixture {
     backend: Arc<NoneBackend>,
     state: SharedState,
     stop: CancellationToken,
-    agent: tokio::task::JoinHandle<shared::Result<()>>,
+    agent: tokio::task::JoinHandle<fleet_io::Result<()>>,
 }
 
 fn start(settings: Settings) -> Fixture {

@@ -1,10 +1,10 @@
 //! Unit tests of the aggregation rules with the in-memory blob store.
 
 use super::*;
+use fleet_domain::billing::Tariff;
+use fleet_domain::model::{BlobRef, ChunkResult, Rejected};
+use fleet_io::memory::MemoryStore;
 use rust_decimal::Decimal;
-use shared::billing::Tariff;
-use shared::memory::MemoryStore;
-use shared::model::{BlobRef, ChunkResult, Rejected};
 
 fn manifest(job: &str, chunks: &[u64]) -> Manifest {
     Manifest {
@@ -69,7 +69,7 @@ async fn duplicates_count_once_and_report_is_exact() {
     assert_eq!(agg.pending(), 2);
     assert_eq!(agg.flush().await.len(), 2, "duplicates are deleted too, after the checkpoint");
     let meta = store.head(&checkpoint_key("j1")).await.unwrap().expect("checkpoint written");
-    let p = shared::model::Progress::from_meta(&meta).expect("progress in the metadata");
+    let p = fleet_domain::model::Progress::from_meta(&meta).expect("progress in the metadata");
     assert_eq!((p.status, p.accounted, p.failed, p.processed), (JobStatus::Running, 1, 0, 2));
     assert!(report_of(&store, "j1").await.is_none());
     agg.apply(Source::Results, std::slice::from_ref(&r0)).await;
@@ -116,7 +116,7 @@ async fn dead_letter_makes_job_partial_and_failed_result_wins_once() {
         job_id: "j3".into(),
         chunk: 1,
         transactions: 5,
-        blob: BlobRef { key: shared::layout::chunk_key("j3", 1), sha256: "0".repeat(64), compressed_bytes: 1, raw_bytes: 1 },
+        blob: BlobRef { key: fleet_domain::layout::chunk_key("j3", 1), sha256: "0".repeat(64), compressed_bytes: 1, raw_bytes: 1 },
         tariff: Tariff::default(),
     };
     agg.apply(Source::WorkDeadLetter, &[msg(serde_json::to_string(&item).unwrap())]).await;
@@ -165,7 +165,7 @@ async fn inconsistent_result_is_a_failed_chunk_and_garbage_is_quarantined() {
     let garbage = Message { id: "g1".into(), body: "{not json".into(), receipt: "rg".into(), receive_count: 2, ..Default::default() };
     let applied = agg.apply(Source::Results, &[msg(serde_json::to_string(&bad).unwrap()), garbage, sealed("j5", 1)]).await;
     assert_eq!(applied.delete.len(), 3, "the garbage message is quarantined, then deleted");
-    let q = shared::quarantine::read(store.as_ref(), "quarantine/billing-results/g1.json").await.unwrap().expect("quarantined");
+    let q = fleet_io::quarantine::read(store.as_ref(), "quarantine/billing-results/g1.json").await.unwrap().expect("quarantined");
     assert_eq!((q.body.as_str(), q.receive_count, q.queue.as_str()), ("{not json", 2, "billing-results"));
     assert!(q.reason.contains("invalid JSON"), "{}", q.reason);
     let r = report_of(&store, "j5").await.unwrap();
@@ -227,7 +227,7 @@ async fn a_result_whose_blob_is_gone_fails_its_chunk_and_stranded_results_count(
         transactions: 1,
         outcome: Outcome::Processed {
             payload: AccountsPayload::Blob {
-                blob: BlobRef { key: shared::layout::result_key("s1", 1), sha256: "0".repeat(64), compressed_bytes: 9, raw_bytes: 9 },
+                blob: BlobRef { key: fleet_domain::layout::result_key("s1", 1), sha256: "0".repeat(64), compressed_bytes: 9, raw_bytes: 9 },
             },
         },
         requests: RequestCounts::default(),
@@ -355,7 +355,7 @@ impl BrokenStore {
     fn check(&self, key: &str) -> Result<()> {
         if key.contains(self.job) {
             self.failed.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::Timeout { service: shared::error::Service::S3, operation: "GetObject", after: Duration::from_secs(30), attempts: 3 });
+            return Err(Error::Timeout { service: fleet_io::error::Service::S3, operation: "GetObject", after: Duration::from_secs(30), attempts: 3 });
         }
         Ok(())
     }
@@ -385,7 +385,7 @@ impl BlobStore for BrokenStore {
         self.check(key)?;
         self.inner.delete(key).await
     }
-    fn calls(&self) -> &shared::requests::CallCounter {
+    fn calls(&self) -> &fleet_domain::requests::CallCounter {
         self.inner.calls()
     }
 }
@@ -434,7 +434,7 @@ impl BlobStore for GatedStore {
         self.gate(key).await;
         self.inner.delete(key).await
     }
-    fn calls(&self) -> &shared::requests::CallCounter {
+    fn calls(&self) -> &fleet_domain::requests::CallCounter {
         self.inner.calls()
     }
 }
@@ -489,7 +489,7 @@ async fn large_jobs_checkpoint_only_what_changed_and_restore_exactly() {
     sizes.extend(std::iter::repeat_n(3, chunks as usize - 2));
     sizes.push(1);
     put_manifest(&store, &manifest("big", &sizes)).await;
-    let mut expected = shared::billing::Totals::new();
+    let mut expected = fleet_domain::billing::Totals::new();
     let first = many("acc", 10_000, 100);
     expected.add_all(first.iter());
     let agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
@@ -524,7 +524,7 @@ async fn large_jobs_checkpoint_only_what_changed_and_restore_exactly() {
     let applied = agg.apply(Source::Results, &[result("big", chunks - 1, last), sealed("big", chunks)]).await;
     assert_eq!(applied.delete.len(), 2);
     let r = report_of(&store, "big").await.expect("finished");
-    let want: Vec<(String, u64, String)> = expected.rows().iter().map(|a| (a.account_id.clone(), a.count, shared::billing::money(a.gross))).collect();
+    let want: Vec<(String, u64, String)> = expected.rows().iter().map(|a| (a.account_id.clone(), a.count, fleet_domain::billing::money(a.gross))).collect();
     let got: Vec<(String, u64, String)> = r.accounts.iter().map(|a| (a.account_id.clone(), a.count, a.gross.clone())).collect();
     assert_eq!(got, want);
     assert!(store.list(&checkpoint_parts_prefix("big"), 1000).await.unwrap().is_empty(), "no part outlives the job");

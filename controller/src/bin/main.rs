@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use shared::config::{Aws, FleetArgs, LogArgs};
+use fleet_io::config::{Aws, FleetArgs, LogArgs};
 
 /// Billing fleet controller: aggregates chunk results per job into the S3 warehouse.
 #[derive(Parser)]
@@ -21,7 +21,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    shared::shutdown::serve(cli.log.log_json, |shutdown| start(cli, shutdown)).await
+    fleet_io::shutdown::serve(cli.log.log_json, |shutdown| start(cli, shutdown)).await
 }
 
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
@@ -30,8 +30,8 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     let work_dlq = aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?;
     let results_dlq = aws.queue(&cli.fleet.results_dlq()).await.context("opening the results dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
-    use shared::queue::Queue;
-    let keys = [results.name(), work_dlq.name(), results_dlq.name()].map(shared::trigger::work_key).to_vec();
+    use fleet_io::queue::Queue;
+    let keys = [results.name(), work_dlq.name(), results_dlq.name()].map(fleet_io::trigger::work_key).to_vec();
     let triggers = cli.fleet.subscribe(keys, &shutdown);
     controller::run(cli.settings, controller::Deps { results, work_dlq, results_dlq, store, triggers, publish: cli.fleet.trigger_bus() }, shutdown).await?;
     Ok(())

@@ -8,10 +8,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use fleet_domain::billing::Tariff;
+use fleet_io::config::{Aws, FleetArgs, LogArgs};
 use initiator::submit::{Clients, SubmitOptions};
 use initiator::{follow, job_exit_code, CliError};
-use shared::billing::Tariff;
-use shared::config::{Aws, FleetArgs, LogArgs};
 
 /// Billing fleet initiator: submit transaction files as a job and read jobs back.
 #[derive(Parser)]
@@ -172,7 +172,7 @@ struct SubmitArgs {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    shared::telemetry::init(cli.log.log_json, "warn");
+    fleet_io::telemetry::init(cli.log.log_json, "warn");
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {
@@ -187,14 +187,14 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Generate { rows, accounts, seed, every_account } => {
             let mut out = std::io::stdout().lock();
-            shared::generate::write_csv(&mut out, rows, accounts, seed, every_account).map_err(|e| CliError::Input(format!("writing stdout: {e}")))?;
+            fleet_domain::generate::write_csv(&mut out, rows, accounts, seed, every_account).map_err(|e| CliError::Input(format!("writing stdout: {e}")))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { job, json } => {
             let aws = Aws::load().await.with_policy(fleet.call_policy());
             let p = follow::progress(aws.store(&fleet.bucket).as_ref(), &job).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&p).map_err(shared::Error::from)?);
+                println!("{}", serde_json::to_string_pretty(&p).map_err(fleet_io::Error::from)?);
             } else {
                 println!("{p}");
             }
@@ -245,7 +245,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
 }
 
 async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliError> {
-    use shared::queue::Queue;
+    use fleet_io::queue::Queue;
     let aws = Aws::load().await.with_policy(fleet.call_policy());
     let store = aws.store(&fleet.bucket);
     let work_dlq = aws.queue(&fleet.work_dlq()).await?;
@@ -255,7 +255,7 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
         DlqCommand::List { limit, json } => {
             let entries = initiator::ops::list(&dlqs, store.as_ref(), limit).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&entries).map_err(shared::Error::from)?);
+                println!("{}", serde_json::to_string_pretty(&entries).map_err(fleet_io::Error::from)?);
             } else {
                 println!("{:<22} {:<40} {:>8} {:<38} {:>6}  reason", "place", "id", "receives", "job", "chunk");
                 for e in &entries {
@@ -268,7 +268,7 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
         }
         DlqCommand::Show { id } => {
             let e = initiator::ops::show(&dlqs, store.as_ref(), &id).await?;
-            println!("{}", serde_json::to_string_pretty(&e).map_err(shared::Error::from)?);
+            println!("{}", serde_json::to_string_pretty(&e).map_err(fleet_io::Error::from)?);
         }
         DlqCommand::Redrive { from, limit } => {
             let work = aws.queue(&fleet.work_queue).await?;
@@ -306,11 +306,11 @@ fn load_tariff(path: Option<&PathBuf>) -> Result<Tariff, CliError> {
     }
 }
 
-fn print_report(r: &shared::report::Report, json: bool) -> Result<(), CliError> {
+fn print_report(r: &fleet_domain::report::Report, json: bool) -> Result<(), CliError> {
     if json {
-        println!("{}", serde_json::to_string_pretty(r).map_err(shared::Error::from)?);
+        println!("{}", serde_json::to_string_pretty(r).map_err(fleet_io::Error::from)?);
     } else {
-        println!("{}", shared::report::summary(r));
+        println!("{}", fleet_domain::report::summary(r));
     }
     Ok(())
 }

@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fleet_domain::billing::{money, Tariff, Totals};
+use fleet_domain::input::{InputFile, Validator};
+use fleet_domain::report::Report;
+use fleet_io::config::{Aws, FleetArgs};
+use fleet_io::provision::{ensure_fleet, QueueSettings};
+use fleet_io::queue::{Queue, SqsQueue};
 use initiator::submit::{Clients, SubmitOptions, Submitted};
-use shared::billing::{money, Tariff, Totals};
-use shared::config::{Aws, FleetArgs};
-use shared::input::{InputFile, Validator};
-use shared::provision::{ensure_fleet, QueueSettings};
-use shared::queue::{Queue, SqsQueue};
-use shared::report::Report;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -36,7 +36,7 @@ pub struct Stack {
     pub work_dlq: Arc<SqsQueue>,
     pub results: Arc<SqsQueue>,
     pub results_dlq: Arc<SqsQueue>,
-    pub store: Arc<shared::blob::S3Store>,
+    pub store: Arc<fleet_io::blob::S3Store>,
 }
 
 /// Creates a fresh fleet with unique names.
@@ -71,7 +71,7 @@ async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Stack {
 
 pub struct Running {
     pub stop: CancellationToken,
-    pub handle: JoinHandle<shared::Result<()>>,
+    pub handle: JoinHandle<fleet_io::Result<()>>,
 }
 
 impl Running {
@@ -94,7 +94,7 @@ impl Stack {
             work_dlq: Some(self.work_dlq.clone()),
             results: self.results.clone(),
             store: self.store.clone(),
-            triggers: self.names.subscribe(vec![shared::trigger::work_key(self.work.name())], &stop),
+            triggers: self.names.subscribe(vec![fleet_io::trigger::work_key(self.work.name())], &stop),
             publish: self.names.trigger_bus(),
         };
         let handle = tokio::spawn(processor::run(settings, deps, stop.clone()));
@@ -130,11 +130,13 @@ impl Stack {
             work_dlq: self.work_dlq.clone(),
             results_dlq: self.results_dlq.clone(),
             store: self.store.clone(),
-            triggers: self.names.subscribe([self.results.name(), self.work_dlq.name(), self.results_dlq.name()].map(shared::trigger::work_key).to_vec(), &stop),
+            triggers: self
+                .names
+                .subscribe([self.results.name(), self.work_dlq.name(), self.results_dlq.name()].map(fleet_io::trigger::work_key).to_vec(), &stop),
             publish: self.names.trigger_bus(),
         };
         let settings = controller::Settings {
-            listener: shared::listener::args::ListenerArgs::quick(),
+            listener: fleet_engine::args::ListenerArgs::quick(),
             drain_secs: 10,
             id: Some(TEST_CONTROLLER.into()),
             ..Default::default()
@@ -171,7 +173,7 @@ impl Stack {
 
 /// Fast processor settings for tests.
 pub fn fast_processor() -> processor::Settings {
-    processor::Settings { listener: shared::listener::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() }
+    processor::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() }
 }
 
 pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
@@ -183,7 +185,7 @@ pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
 pub fn generated(dir: &Path, name: &str, rows: u64, accounts: u64, seed: u64) -> PathBuf {
     let p = dir.join(name);
     let mut f = std::fs::File::create(&p).unwrap();
-    shared::generate::write_csv(&mut f, rows, accounts, seed, false).unwrap();
+    fleet_domain::generate::write_csv(&mut f, rows, accounts, seed, false).unwrap();
     p
 }
 
@@ -220,7 +222,7 @@ pub struct Delivered {
 }
 
 /// Receives and deletes every work item of a FIFO work queue, in delivery order, with its chunk's rows.
-pub async fn drain_fifo(work: &dyn Queue, store: &dyn shared::blob::BlobStore) -> Vec<Delivered> {
+pub async fn drain_fifo(work: &dyn Queue, store: &dyn fleet_io::blob::BlobStore) -> Vec<Delivered> {
     let mut out = Vec::new();
     loop {
         let msgs = work.receive(10, Duration::from_secs(1)).await.unwrap();
@@ -228,10 +230,10 @@ pub async fn drain_fifo(work: &dyn Queue, store: &dyn shared::blob::BlobStore) -
             return out;
         }
         for m in &msgs {
-            let item: shared::model::WorkItem = serde_json::from_str(&m.body).unwrap();
+            let item: fleet_domain::model::WorkItem = serde_json::from_str(&m.body).unwrap();
             let data = store.get(&item.blob.key).await.unwrap().expect("chunk blob");
             let mut rows = Vec::new();
-            shared::codec::decode_chunk(&data, &item.blob, item.transactions, 1 << 30, |t| rows.push((t.account_id.to_string(), t.txn_id.to_string())))
+            fleet_domain::codec::decode_chunk(&data, &item.blob, item.transactions, 1 << 30, |t| rows.push((t.account_id.to_string(), t.txn_id.to_string())))
                 .unwrap();
             out.push(Delivered { group: m.attrs.group.clone().expect("a FIFO message has a group"), chunk: item.chunk, rows });
         }

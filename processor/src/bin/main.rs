@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use shared::config::{Aws, FleetArgs, LogArgs};
+use fleet_io::config::{Aws, FleetArgs, LogArgs};
 
 /// Billing fleet processor: bills the chunks referenced by work items on the work queue.
 #[derive(Parser)]
@@ -21,7 +21,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    shared::shutdown::serve(cli.log.log_json, |shutdown| start(cli, shutdown)).await
+    fleet_io::shutdown::serve(cli.log.log_json, |shutdown| start(cli, shutdown)).await
 }
 
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
@@ -30,7 +30,7 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
     let work_dlq = aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
-    let triggers = cli.fleet.subscribe(vec![shared::trigger::work_key(shared::queue::Queue::name(work.as_ref()))], &shutdown);
+    let triggers = cli.fleet.subscribe(vec![fleet_io::trigger::work_key(fleet_io::queue::Queue::name(work.as_ref()))], &shutdown);
     let publish = cli.fleet.trigger_bus();
     processor::run(cli.settings, processor::Deps { work, work_dlq: Some(work_dlq), results, store, triggers, publish }, shutdown).await?;
     Ok(())

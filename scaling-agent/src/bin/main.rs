@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use fleet_io::config::{Aws, FleetArgs, LogArgs};
+use fleet_io::trigger::{report_key, ALL_WORK};
 use scaling_agent::backend::{Backend, NoneBackend, ProcessBackend, ProcessSpec};
 use scaling_agent::docker::DockerBackend;
 use scaling_agent::keda::KedaBackend;
-use shared::config::{Aws, FleetArgs, LogArgs};
-use shared::trigger::{report_key, ALL_WORK};
 
 /// Which backend starts and stops processor instances.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -85,7 +85,7 @@ async fn main() -> ExitCode {
         print!("{}", scaling_agent::simulate::report_table(args));
         return ExitCode::SUCCESS;
     }
-    shared::shutdown::serve(cli.log.log_json, |shutdown| start(cli, shutdown)).await
+    fleet_io::shutdown::serve(cli.log.log_json, |shutdown| start(cli, shutdown)).await
 }
 
 async fn backend(cli: &Cli, shutdown: &tokio_util::sync::CancellationToken) -> anyhow::Result<Arc<dyn Backend>> {

@@ -7,9 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::blob::BlobStore;
 use crate::error::{Error, Result};
-use crate::layout::{quarantine_key, QUARANTINE_PREFIX};
-use crate::model::now_rfc3339;
 use crate::queue::{Attrs, Message, Outgoing, Queue};
+use fleet_domain::layout::{quarantine_key, QUARANTINE_PREFIX};
+use fleet_domain::model::now_rfc3339;
 
 /// Largest quarantined document read back.
 const MAX_DOC: usize = 2 << 20;

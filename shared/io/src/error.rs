@@ -3,6 +3,9 @@
 
 use std::fmt;
 
+use aws_sdk_sqs::config::http::HttpResponse;
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+
 /// Result alias for the shared library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -59,14 +62,41 @@ impl Error {
             Error::NotFound { .. } | Error::Corrupt(_) | Error::Config(_) | Error::Conflict(_) => false,
         }
     }
-
-    pub(crate) fn corrupt(msg: impl Into<String>) -> Self {
-        Error::Corrupt(msg.into())
-    }
 }
 
 impl From<serde_json::Error> for Error {
     fn from(e: serde_json::Error) -> Self {
         Error::Corrupt(format!("invalid JSON: {e}"))
+    }
+}
+
+/// Maps an SDK error to the library error, telling unreachable endpoints apart from service errors.
+pub(crate) fn sdk_error<E>(service: Service, operation: &'static str, endpoint: &str, e: SdkError<E, HttpResponse>) -> Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match &e {
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
+            Error::Unreachable { service, endpoint: endpoint.to_string(), detail: format!("{}", DisplayErrorContext(&e)) }
+        }
+        SdkError::ServiceError(se) => {
+            let code = se.err().code().unwrap_or("");
+            let detail = format!("{code}: {}", se.err().message().unwrap_or("(no message)"));
+            if matches!(code, "AWS.SimpleQueueService.NonExistentQueue" | "QueueDoesNotExist" | "NoSuchBucket" | "NoSuchKey") {
+                return Error::NotFound { service, what: detail };
+            }
+            let retryable = matches!(code, "ThrottlingException" | "RequestThrottled" | "SlowDown" | "InternalError" | "ServiceUnavailable" | "KmsThrottled")
+                || se.raw().status().as_u16() >= 500;
+            Error::Service { service, operation, detail, retryable }
+        }
+        _ => Error::Service { service, operation, detail: format!("{}", DisplayErrorContext(&e)), retryable: true },
+    }
+}
+
+impl From<fleet_domain::error::Error> for Error {
+    fn from(e: fleet_domain::error::Error) -> Self {
+        match e {
+            fleet_domain::error::Error::Corrupt(m) => Error::Corrupt(m),
+        }
     }
 }

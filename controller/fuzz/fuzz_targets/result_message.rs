@@ -6,8 +6,8 @@
 use std::sync::OnceLock;
 
 use controller::{Aggregator, Source};
-use shared::memory::MemoryStore;
-use shared::queue::Message;
+use fleet_io::memory::MemoryStore;
+use fleet_io::queue::Message;
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();

@@ -4,36 +4,14 @@
 
 use std::collections::BTreeSet;
 
-use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
 use crate::billing::{AccountTotals, Tariff};
 use crate::requests::RequestCounts;
+pub use crate::transaction::Transaction;
 
 /// Version of the wire format written by this build.
 pub const WIRE_VERSION: u32 = 1;
-
-/// One valid transaction, borrowed from the CSV record it was read from (no allocation per row).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transaction<'a> {
-    pub txn_id: &'a str,
-    pub account_id: &'a str,
-    /// Exact amount, scale 2; negative for a refund.
-    pub amount: Decimal,
-    /// The amount as written (validated), for writing chunks without reformatting.
-    pub amount_text: &'a str,
-    /// ISO 4217 code, three uppercase ASCII letters.
-    pub currency: [u8; 3],
-    /// RFC 3339 timestamp, as given.
-    pub timestamp: &'a str,
-}
-
-impl Transaction<'_> {
-    pub fn currency_str(&self) -> &str {
-        // Validated as ASCII uppercase on construction.
-        std::str::from_utf8(&self.currency).unwrap_or("???")
-    }
-}
 
 /// A chunk blob on S3 (claim check): where it is and how to verify it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,7 +9,8 @@ use sha2::{Digest, Sha256};
 
 use crate::billing::{AccountTotals, RowRef};
 use crate::error::{Error, Result};
-use crate::model::{BlobRef, Transaction};
+use crate::model::BlobRef;
+use crate::transaction::Transaction;
 use crate::validate::{validate_row, SeenIds, REQUIRED_COLUMNS};
 
 /// zstd level for chunks: the fastest level; transaction CSV still shrinks about 4x.

@@ -8,7 +8,7 @@ use std::path::Path;
 use rust_decimal::{Decimal, RoundingStrategy};
 use serde::{Deserialize, Serialize};
 
-use crate::model::Transaction;
+use crate::transaction::Transaction;
 
 /// Fee rule for one currency: `fixed_fee + percent% of amount` for charges, `refund_fee` for refunds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,19 +2,17 @@
 //! dead-letter redrive, long polls), for fast deterministic tests. They use tokio's clock, so tests
 //! can run them under paused time. Never a substitute for the real services in integration tests.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::blob::{BlobStore, Cond};
 use crate::error::Result;
 use crate::queue::{plan_batches, Attrs, Message, Outgoing, Queue, QueueDepth, QueueInfo};
-use crate::requests::CallCounter;
+use fleet_domain::requests::CallCounter;
 
 struct Stored {
     id: String,
@@ -245,85 +243,6 @@ impl Queue for MemoryQueue {
         &self.calls
     }
 }
-
-/// An in-memory blob store. ETags are write numbers.
-#[derive(Default)]
-pub struct MemoryStore {
-    objects: Mutex<HashMap<String, StoredBlob>>,
-    writes: std::sync::atomic::AtomicU64,
-    calls: CallCounter,
-}
-
-struct StoredBlob {
-    body: Bytes,
-    meta: BTreeMap<String, String>,
-    etag: String,
-}
-
-impl MemoryStore {
-    pub fn new() -> Arc<MemoryStore> {
-        Arc::new(MemoryStore::default())
-    }
-
-    pub fn keys(&self) -> Vec<String> {
-        let mut k: Vec<String> = crate::lock(&self.objects).keys().cloned().collect();
-        k.sort();
-        k
-    }
-}
-
-#[async_trait]
-impl BlobStore for MemoryStore {
-    fn bucket(&self) -> &str {
-        "memory"
-    }
-
-    async fn put_if(&self, key: &str, body: Bytes, _content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
-        self.calls.bump("s3.PutObject");
-        let mut objects = crate::lock(&self.objects);
-        let current = objects.get(key).map(|o| o.etag.as_str());
-        let holds = match cond {
-            Cond::Any => true,
-            Cond::Absent => current.is_none(),
-            Cond::Matches(e) => current == Some(e.as_str()),
-        };
-        if !holds {
-            return Ok(None);
-        }
-        let etag = format!("\"{}\"", self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
-        objects.insert(key.to_string(), StoredBlob { body, meta: meta.clone(), etag: etag.clone() });
-        Ok(Some(etag))
-    }
-
-    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
-        self.calls.bump("s3.GetObject");
-        Ok(crate::lock(&self.objects).get(key).map(|o| (o.body.clone(), o.etag.clone())))
-    }
-
-    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
-        self.calls.bump("s3.HeadObject");
-        Ok(crate::lock(&self.objects).get(key).map(|o| o.meta.clone()))
-    }
-
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
-        self.calls.bump("s3.ListObjectsV2");
-        let mut k: Vec<String> = crate::lock(&self.objects).keys().filter(|k| k.starts_with(prefix)).cloned().collect();
-        k.sort();
-        k.truncate(limit);
-        Ok(k)
-    }
-
-    async fn delete(&self, key: &str) -> Result<()> {
-        self.calls.bump("s3.DeleteObject");
-        crate::lock(&self.objects).remove(key);
-        Ok(())
-    }
-
-    fn calls(&self) -> &CallCounter {
-        &self.calls
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::sleep_until;
-use crate::lock;
+use fleet_io::lock;
 
 /// Batching parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Engine;
-use crate::trigger::{InstanceReport, TriggerBus};
+use fleet_io::trigger::{InstanceReport, TriggerBus};
 
 /// A stable id for this process: the host name (a container's id under Docker, the pod's name under
 /// Kubernetes) and the process id.

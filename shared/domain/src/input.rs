@@ -11,7 +11,8 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use crate::model::{Rejected, Transaction};
+use crate::model::Rejected;
+use crate::transaction::Transaction;
 use crate::validate::{validate_row, SeenIds, REQUIRED_COLUMNS};
 
 /// A problem with a whole input file.

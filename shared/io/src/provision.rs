@@ -9,8 +9,8 @@ use std::time::Duration;
 use aws_sdk_sqs::types::QueueAttributeName;
 
 use crate::config::{dlq_name, is_fifo, Aws, FleetArgs};
+use crate::error::sdk_error;
 use crate::error::{Error, Result, Service};
-use crate::queue::sdk_error;
 
 /// Queue settings.
 #[derive(Debug, Clone, Copy)]

@@ -10,6 +10,8 @@ pub mod backoff;
 pub mod completion;
 pub mod dynamic_consumers;
 pub mod heartbeat;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod report;
 pub mod state;
 pub mod throttle;
@@ -25,13 +27,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::error::Result;
-use crate::lock;
-use crate::queue::{Attrs, Message, Outgoing, Queue, QueueInfo};
-use crate::trigger::Subscription;
 use backoff::{default_queue_empty, EmptyContext, EmptyDecision, IdleBackoff, RetryBackoff};
 use completion::{BatchSettings, Batcher};
 use dynamic_consumers::{decide, Activity, ScaleDecision, ScalingPolicy, WorkRules};
+use fleet_io::error::Result;
+use fleet_io::lock;
+use fleet_io::queue::{Attrs, Message, Outgoing, Queue, QueueInfo};
+use fleet_io::trigger::Subscription;
 use heartbeat::Heartbeat;
 use throttle::{LimitsChange, Throttle, ThrottleLimits};
 
@@ -103,7 +105,7 @@ pub enum ErrorEvent<'a> {
     /// Still in hand after the maximum processing time: no longer extended.
     Overdue { receipt: &'a str },
     /// A receive call failed.
-    Receive { error: &'a crate::Error },
+    Receive { error: &'a fleet_io::Error },
 }
 
 /// The message handler and the engine's hooks.
@@ -591,8 +593,8 @@ async fn consume(inner: Arc<Inner>, id: usize) {
             }
         };
         let received = answer.unwrap_or_else(|_| {
-            Err(crate::Error::Service {
-                service: crate::error::Service::Sqs,
+            Err(fleet_io::Error::Service {
+                service: fleet_io::error::Service::Sqs,
                 operation: "ReceiveMessage",
                 detail: format!("no answer on queue {} within {} s; abandoned", inner.queue.name(), started.elapsed().as_secs()),
                 retryable: true,

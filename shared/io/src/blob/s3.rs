@@ -1,5 +1,5 @@
-//! The blob store: what the fleet needs from object storage (conditional puts with metadata, gets with
-//! the ETag, heads, listing, deletes), and its S3 implementation.
+//! The S3 implementation of [`BlobStore`]: every call bounded by its [`CallPolicy`], conditional
+//! writes with If-None-Match / If-Match.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -8,48 +8,10 @@ use async_trait::async_trait;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 
+use super::{BlobStore, Cond};
 use crate::call::CallPolicy;
-use crate::error::{Error, Result, Service};
-use crate::queue::sdk_error;
-use crate::requests::CallCounter;
-
-/// The condition of a write (S3 `If-None-Match: *` / `If-Match: etag`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cond {
-    /// Whatever is there (a plain put).
-    Any,
-    /// Only if the object does not exist.
-    Absent,
-    /// Only if the object's current ETag is this one.
-    Matches(String),
-}
-
-/// What the fleet needs from object storage. An implementation provides the required methods; plain
-/// puts and gets are built on them.
-#[async_trait]
-pub trait BlobStore: Send + Sync + 'static {
-    fn bucket(&self) -> &str;
-    /// Writes an object with user metadata (small string fields `head` returns without the body) if
-    /// `cond` holds: `Some(new etag)`, or `None` when it did not (another writer came first: the
-    /// fencing primitive of leases and checkpoints).
-    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>>;
-    /// An object's body and ETag; `None` when it does not exist.
-    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>>;
-    /// The user metadata of an object, without its body; `None` when the object does not exist.
-    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>>;
-    async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
-        self.put_if(key, body, content_type, &BTreeMap::new(), &Cond::Any).await.map(drop)
-    }
-    /// `None` when the object does not exist.
-    async fn get(&self, key: &str) -> Result<Option<Bytes>> {
-        Ok(self.get_tagged(key).await?.map(|(body, _)| body))
-    }
-    /// Keys under `prefix`, in key order, at most `limit` of them.
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>>;
-    /// Deletes an object (no error when it does not exist).
-    async fn delete(&self, key: &str) -> Result<()>;
-    fn calls(&self) -> &CallCounter;
-}
+use crate::error::{sdk_error, Error, Result, Service};
+use fleet_domain::requests::CallCounter;
 
 /// An S3 bucket. Every call is bounded by its [`CallPolicy`]; a GetObject's attempt covers reading the
 /// body too.

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::memory::MemoryQueue;
+use fleet_io::memory::MemoryQueue;
 
 struct TestHandler {
     t0: Instant,
@@ -275,7 +275,7 @@ async fn while_the_bus_is_down_no_consumer_parks_and_it_parks_again_once_back() 
     let h = Arc::new(TestHandler::new(Duration::ZERO));
     let c = EngineConfig { backoff: IdleBackoff { min_idle: Duration::ZERO, max_idle: Duration::from_secs(2) }, triggers: true, ..cfg() };
     let e = start(&q, &h, c).await;
-    let bus = crate::trigger::MemoryTriggers::new();
+    let bus = fleet_io::trigger::MemoryTriggers::new();
     let stop = CancellationToken::new();
     e.follow_triggers(&bus.subscription(), stop.clone());
     tokio::time::sleep(Duration::from_secs(60)).await;
@@ -595,11 +595,11 @@ async fn state_reports_consumers_concurrency_and_buffer_and_metrics_render() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let s = e.state(true).await;
     assert_eq!(s.queue, "work");
-    assert_eq!(s.depth, Some(crate::queue::QueueDepth { visible: 5, in_flight: 5, delayed: 0 }));
+    assert_eq!(s.depth, Some(fleet_io::queue::QueueDepth { visible: 5, in_flight: 5, delayed: 0 }));
     assert_eq!((s.concurrency_in_use, s.concurrency_limit, s.buffer_len, s.buffer_capacity, s.ttl_ms), (2, 2, 3, 3, 60_000));
     assert_eq!((s.consumers_active, s.consumers_total, s.consumers_min, s.consumers_max), (1, 1, 1, 1));
     assert_eq!(s.in_hand, 5);
-    let m = state::render_metrics(&[s]);
+    let m = http::render_metrics(&[s]);
     assert!(m.contains("listener_concurrency_in_use{queue=\"work\"} 2"), "{m}");
     assert!(m.contains("listener_buffer_capacity{queue=\"work\"} 3"), "{m}");
     assert!(m.contains("listener_received_total{queue=\"work\"} 5"), "{m}");
@@ -640,7 +640,7 @@ async fn absurd_throttle_limits_are_refused_with_400() {
     let h = Arc::new(TestHandler::new(Duration::ZERO));
     let e = start(&q, &h, cfg()).await;
     let stop = tokio_util::sync::CancellationToken::new();
-    let addr = state::serve("127.0.0.1:0".parse().unwrap(), vec![e.clone()], stop.clone()).await.unwrap();
+    let addr = http::serve("127.0.0.1:0".parse().unwrap(), vec![e.clone()], stop.clone()).await.unwrap();
     let put = |body: &'static str| async move {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         let req = format!("PUT /throttle HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());

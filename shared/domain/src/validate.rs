@@ -7,7 +7,7 @@ use rust_decimal::Decimal;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::model::Transaction;
+use crate::transaction::Transaction;
 
 /// Longest allowed `txn_id` / `account_id`, in characters.
 pub const MAX_ID_CHARS: usize = 64;

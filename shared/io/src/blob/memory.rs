@@ -1,0 +1,90 @@
+//! An in-memory blob store with S3 semantics (conditional writes, ETags, metadata), for fast
+//! deterministic tests. Never a substitute for S3 in integration tests.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::{BlobStore, Cond};
+use crate::error::Result;
+use fleet_domain::requests::CallCounter;
+
+/// An in-memory blob store. ETags are write numbers.
+#[derive(Default)]
+pub struct MemoryStore {
+    objects: Mutex<HashMap<String, StoredBlob>>,
+    writes: std::sync::atomic::AtomicU64,
+    calls: CallCounter,
+}
+
+struct StoredBlob {
+    body: Bytes,
+    meta: BTreeMap<String, String>,
+    etag: String,
+}
+
+impl MemoryStore {
+    pub fn new() -> Arc<MemoryStore> {
+        Arc::new(MemoryStore::default())
+    }
+
+    pub fn keys(&self) -> Vec<String> {
+        let mut k: Vec<String> = crate::lock(&self.objects).keys().cloned().collect();
+        k.sort();
+        k
+    }
+}
+
+#[async_trait]
+impl BlobStore for MemoryStore {
+    fn bucket(&self) -> &str {
+        "memory"
+    }
+
+    async fn put_if(&self, key: &str, body: Bytes, _content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+        self.calls.bump("s3.PutObject");
+        let mut objects = crate::lock(&self.objects);
+        let current = objects.get(key).map(|o| o.etag.as_str());
+        let holds = match cond {
+            Cond::Any => true,
+            Cond::Absent => current.is_none(),
+            Cond::Matches(e) => current == Some(e.as_str()),
+        };
+        if !holds {
+            return Ok(None);
+        }
+        let etag = format!("\"{}\"", self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+        objects.insert(key.to_string(), StoredBlob { body, meta: meta.clone(), etag: etag.clone() });
+        Ok(Some(etag))
+    }
+
+    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+        self.calls.bump("s3.GetObject");
+        Ok(crate::lock(&self.objects).get(key).map(|o| (o.body.clone(), o.etag.clone())))
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+        self.calls.bump("s3.HeadObject");
+        Ok(crate::lock(&self.objects).get(key).map(|o| o.meta.clone()))
+    }
+
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.calls.bump("s3.ListObjectsV2");
+        let mut k: Vec<String> = crate::lock(&self.objects).keys().filter(|k| k.starts_with(prefix)).cloned().collect();
+        k.sort();
+        k.truncate(limit);
+        Ok(k)
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.calls.bump("s3.DeleteObject");
+        crate::lock(&self.objects).remove(key);
+        Ok(())
+    }
+
+    fn calls(&self) -> &CallCounter {
+        &self.calls
+    }
+}

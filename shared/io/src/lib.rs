@@ -1,0 +1,26 @@
+//! The billing fleet's I/O layer: one small trait per external service with its AWS/RabbitMQ
+//! implementation and, behind the `test-util` feature, an in-memory twin with the same semantics
+//! (`queue::{sqs,memory}`, `blob::{s3,memory}`, `trigger::{rabbitmq,memory}`); the call policy that
+//! bounds every call, provisioning, the quarantine, configuration, shutdown and telemetry.
+
+pub mod blob;
+pub mod call;
+pub mod config;
+pub mod error;
+pub mod provision;
+pub mod quarantine;
+pub mod queue;
+pub mod shutdown;
+pub mod telemetry;
+pub mod trigger;
+
+pub use error::{Error, Result};
+pub use fleet_domain::lock;
+
+/// The in-memory twins in one place, for tests.
+#[cfg(feature = "test-util")]
+pub mod memory {
+    pub use crate::blob::memory::MemoryStore;
+    pub use crate::queue::memory::MemoryQueue;
+    pub use crate::trigger::memory::MemoryTriggers;
+}
