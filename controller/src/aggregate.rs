@@ -724,7 +724,7 @@ impl Aggregator {
         };
         match self.store.get_tagged(&checkpoint_key(job_id)).await? {
             Some((data, etag)) => {
-                let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES)?;
+                let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES).map_err(corrupt)?;
                 let totals = if cp.status.is_finished() {
                     // Only its status is needed; its rows are in the warehouse.
                     CheckedTotals::new()
@@ -778,7 +778,7 @@ fn parse(source: Source, m: &Message) -> Result<Item> {
         Source::Results | Source::ResultsDeadLetter => Item::Result(serde_json::from_str(&m.body)?),
         Source::WorkDeadLetter => Item::Dead { item: serde_json::from_str(&m.body)?, receives: m.receive_count, reason: m.attrs.reason.clone() },
     };
-    check_job_id(item.job_id())?;
+    check_job_id(item.job_id()).map_err(corrupt)?;
     Ok(item)
 }
 
@@ -891,7 +891,7 @@ fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -> Result<()
 async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore) -> Result<Vec<AccountTotals>> {
     match payload {
         AccountsPayload::Inline { accounts } => Ok(accounts),
-        AccountsPayload::ZstdCsv { data } => Ok(accounts_from_zstd_csv(&base64_decode(&data)?, MAX_DOC_BYTES)?),
+        AccountsPayload::ZstdCsv { data } => accounts_from_zstd_csv(&base64_decode(&data).map_err(corrupt)?, MAX_DOC_BYTES).map_err(corrupt),
         AccountsPayload::Blob { blob } => {
             let data = store
                 .get(&blob.key)
@@ -900,7 +900,7 @@ async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore) -> Resu
             if sha256_hex(&data) != blob.sha256 {
                 return Err(Error::Corrupt(format!("result blob {} checksum mismatch", blob.key)));
             }
-            Ok(accounts_from_zstd_csv(&data, blob.raw_bytes.min(MAX_DOC_BYTES))?)
+            accounts_from_zstd_csv(&data, blob.raw_bytes.min(MAX_DOC_BYTES)).map_err(corrupt)
         }
     }
 }
@@ -914,7 +914,7 @@ async fn restore_totals(cp: &mut Checkpoint, store: &dyn BlobStore, ctl: &mut Re
         if sha256_hex(&data) != p.sha256 {
             return Err(Error::Corrupt(format!("checkpoint part {} of job {job_id}: checksum mismatch", p.key)));
         }
-        Ok(accounts_from_zstd_csv(&data, MAX_DOC_BYTES)?)
+        accounts_from_zstd_csv(&data, MAX_DOC_BYTES).map_err(corrupt)
     }))
     .await?;
     let inline = std::mem::take(&mut cp.accounts);
@@ -998,7 +998,7 @@ async fn write_checkpoint(job: &mut Job, store: &dyn BlobStore, stats: &Checkpoi
             job.cp.parts.push(part);
         }
     }
-    let bytes = to_zstd_json(&job.cp)?;
+    let bytes = to_zstd_json(&job.cp).map_err(corrupt)?;
     let len = bytes.len();
     let meta = Progress::of(&job.cp).to_meta();
     let cond = match &job.cp_etag {
@@ -1101,3 +1101,9 @@ async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats)
 
 #[cfg(test)]
 mod tests;
+
+/// A document or payload that failed the domain's checks: corrupt, never retryable.
+fn corrupt(e: fleet_domain::Error) -> Error {
+    let fleet_domain::Error::Corrupt(msg) = e;
+    Error::Corrupt(msg)
+}

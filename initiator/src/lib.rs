@@ -19,21 +19,16 @@ pub enum CliError {
     /// The stack could not be used (unreachable, missing queue or bucket). Exit 3.
     #[error(transparent)]
     Infra(#[from] fleet_io::Error),
-}
-
-/// Corrupt data read from the stack (a checkpoint, a report) is the stack's problem, as before the
-/// domain had an error of its own.
-impl From<fleet_domain::Error> for CliError {
-    fn from(e: fleet_domain::Error) -> Self {
-        CliError::Infra(e.into())
-    }
+    /// A document read from the stack (a checkpoint, a report) failed its checks. Exit 3.
+    #[error(transparent)]
+    Corrupt(#[from] fleet_domain::Error),
 }
 
 impl CliError {
     pub fn exit_code(&self) -> ExitCode {
         match self {
             CliError::Input(_) => ExitCode::from(1),
-            CliError::Infra(_) => ExitCode::from(3),
+            CliError::Infra(_) | CliError::Corrupt(_) => ExitCode::from(3),
         }
     }
 }

@@ -124,7 +124,7 @@ pub async fn list(dlqs: &[&dyn Queue], store: &dyn BlobStore, limit: usize) -> R
 
 /// One entry by SQS message id or quarantine key.
 pub async fn show(dlqs: &[&dyn Queue], store: &dyn BlobStore, id: &str) -> Result<Entry, CliError> {
-    if id.starts_with(fleet_domain::layout::QUARANTINE_PREFIX) {
+    if id.starts_with(quarantine::QUARANTINE_PREFIX) {
         return match quarantine::read(store, id).await? {
             Some(q) => Ok(entry_of_quarantined(id, &q, true)),
             None => Err(CliError::Input(format!("nothing quarantined under {id}"))),

@@ -318,9 +318,9 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
     // The manifest, then the seal: the controller finishes a job only once it is sealed, and reads the
     // manifest then. The manifest carries this process's calls: all made so far, plus these two.
     let total_chunks = chunks.len() as u32;
-    let mut requests = clients.store.calls().snapshot();
-    requests.merge(&clients.work.calls().snapshot());
-    requests.merge(&clients.results.calls().snapshot());
+    let mut requests = RequestCounts::from(clients.store.calls().snapshot());
+    requests.merge(&clients.work.calls().snapshot().into());
+    requests.merge(&clients.results.calls().snapshot().into());
     requests.add("s3.PutObject", 1);
     requests.add("sqs.SendMessageBatch", 1);
     let manifest = Manifest {

@@ -115,7 +115,7 @@ impl BlobStore for UploadStore {
     async fn delete(&self, key: &str) -> fleet_io::Result<()> {
         self.inner.delete(key).await
     }
-    fn calls(&self) -> &fleet_domain::requests::CallCounter {
+    fn calls(&self) -> &fleet_io::call::CallCounter {
         self.inner.calls()
     }
 }

@@ -72,7 +72,7 @@ async fn whole_pipeline_bills_exactly() {
 /// Receive calls made on a queue so far (in these tests only the controller receives from the results
 /// queue and the work dead-letter queue).
 fn receives(q: &fleet_io::queue::SqsQueue) -> u64 {
-    q.calls().snapshot().0.get("sqs.ReceiveMessage").copied().unwrap_or(0)
+    q.calls().snapshot().get("sqs.ReceiveMessage").copied().unwrap_or(0)
 }
 
 /// The controller idles at zero requests (its listeners park) and is woken by the triggers that

@@ -229,7 +229,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 None
             }
         };
-        let requests: u64 = [&w.work, &w.work_dlq, &w.results, &w.results_dlq].iter().map(|q| q.calls().snapshot().total()).sum();
+        let requests: u64 = [&w.work, &w.work_dlq, &w.results, &w.results_dlq].iter().map(|q| q.calls().snapshot().values().sum::<u64>()).sum();
         let mut idle = false;
         if let Some(s) = snap {
             let observed = tracker.observe(now, s.work);

@@ -385,7 +385,7 @@ impl BlobStore for BrokenStore {
         self.check(key)?;
         self.inner.delete(key).await
     }
-    fn calls(&self) -> &fleet_domain::requests::CallCounter {
+    fn calls(&self) -> &fleet_io::call::CallCounter {
         self.inner.calls()
     }
 }
@@ -434,7 +434,7 @@ impl BlobStore for GatedStore {
         self.gate(key).await;
         self.inner.delete(key).await
     }
-    fn calls(&self) -> &fleet_domain::requests::CallCounter {
+    fn calls(&self) -> &fleet_io::call::CallCounter {
         self.inner.calls()
     }
 }

@@ -5,8 +5,6 @@ use crate::error::{Error, Result};
 
 pub const JOBS_PREFIX: &str = "jobs/";
 pub const WAREHOUSE_PREFIX: &str = "warehouse/";
-/// Messages no consumer could read, kept for an operator (`quarantine/{queue}/{message}.json`).
-pub const QUARANTINE_PREFIX: &str = "quarantine/";
 /// One marker per job a controller has started and not finished (`open/{job}`): what a restarted
 /// controller sweeps for jobs that never sealed.
 pub const OPEN_PREFIX: &str = "open/";
@@ -47,12 +45,6 @@ pub fn lease_key(job: &str) -> String {
 
 pub fn open_key(job: &str) -> String {
     format!("{OPEN_PREFIX}{job}")
-}
-
-/// A quarantined message's key; queue names and message ids are reduced to key-safe characters.
-pub fn quarantine_key(queue: &str, message_id: &str) -> String {
-    let safe = |s: &str| s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).take(128).collect::<String>();
-    format!("{QUARANTINE_PREFIX}{}/{}.json", safe(queue), safe(message_id))
 }
 
 /// A new job id: time-ordered (UUID v7), safe in keys.

@@ -22,9 +22,3 @@ pub mod transaction;
 pub mod validate;
 
 pub use error::{Error, Result};
-
-/// Locks a mutex, also after a panic in another holder (the data stays usable: every holder leaves it
-/// consistent between statements).
-pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}

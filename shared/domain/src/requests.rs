@@ -1,9 +1,9 @@
 //! Request accounting: how many SQS and S3 calls were made, by operation. The clients count every call
-//! they make (process-wide totals, for metrics); pipelines attribute calls to the job they served, and
-//! those per-job counts travel in work results and end up in the job's report.
+//! they make (`fleet_io::call::CallCounter`, process-wide totals, for metrics); pipelines attribute
+//! calls to the job they served, and those per-job counts travel in work results and end up in the
+//! job's report.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -11,6 +11,12 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct RequestCounts(pub BTreeMap<String, u64>);
+
+impl From<BTreeMap<String, u64>> for RequestCounts {
+    fn from(calls: BTreeMap<String, u64>) -> Self {
+        RequestCounts(calls)
+    }
+}
 
 impl RequestCounts {
     /// Adds `n` calls (saturating: counts come from queue messages and must never wrap).
@@ -44,24 +50,6 @@ impl RequestCounts {
     pub fn by_service(&self, service: &str) -> BTreeMap<String, u64> {
         let prefix = format!("{service}.");
         self.0.iter().filter_map(|(k, v)| k.strip_prefix(&prefix).map(|op| (op.to_string(), *v))).collect()
-    }
-}
-
-/// Process-wide call counter kept inside a client. Cheap to bump from many tasks.
-#[derive(Debug, Default)]
-pub struct CallCounter {
-    calls: Mutex<BTreeMap<&'static str, u64>>,
-}
-
-impl CallCounter {
-    pub fn bump(&self, op: &'static str) {
-        let mut calls = crate::lock(&self.calls);
-        *calls.entry(op).or_default() += 1;
-    }
-
-    pub fn snapshot(&self) -> RequestCounts {
-        let calls = crate::lock(&self.calls);
-        RequestCounts(calls.iter().map(|(k, v)| (k.to_string(), *v)).collect())
     }
 }
 

@@ -451,7 +451,7 @@ async fn heartbeat_keeps_a_slow_message_invisible_until_done() {
     // Extended at 5, 10, 15, 20, 25, 30 s (half of the 10 s timeout each time).
     assert_eq!(e.stats().extended.load(Ordering::Relaxed), 7);
     assert!(q.bodies().is_empty());
-    let calls = q.calls().snapshot().0;
+    let calls = q.calls().snapshot();
     assert!(calls.get("sqs.ChangeMessageVisibilityBatch").copied().unwrap_or(0) >= 7);
     e.shutdown(Duration::from_secs(5)).await;
 }
@@ -564,7 +564,7 @@ async fn deletes_are_batched_by_ten() {
     send(&q, plain(95)).await;
     let e = start(&q, &h, cfg()).await;
     assert!(until(Duration::from_secs(10), || q.bodies().is_empty()).await);
-    let calls = q.calls().snapshot().0;
+    let calls = q.calls().snapshot();
     assert_eq!(calls.get("sqs.DeleteMessageBatch").copied(), Some(10), "95 deletes in 10 calls: {calls:?}");
     e.shutdown(Duration::from_secs(5)).await;
 }

@@ -7,7 +7,9 @@
 //! The AWS SDK's own retries are switched off where the clients are built (`config::Aws`): this policy is
 //! the only place that decides how often and how long a call is tried.
 
+use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rand::Rng;
@@ -128,6 +130,25 @@ fn jitter(cap: Duration) -> Duration {
         return cap;
     }
     Duration::from_nanos(rand::rng().random_range(0..=cap.as_nanos() as u64))
+}
+
+/// Process-wide call counter kept inside a client. Cheap to bump from many tasks.
+#[derive(Debug, Default)]
+pub struct CallCounter {
+    calls: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl CallCounter {
+    pub fn bump(&self, op: &'static str) {
+        let mut calls = crate::lock(&self.calls);
+        *calls.entry(op).or_default() += 1;
+    }
+
+    /// Calls so far by `"service.Operation"` name.
+    pub fn snapshot(&self) -> BTreeMap<String, u64> {
+        let calls = crate::lock(&self.calls);
+        calls.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
 }
 
 #[cfg(test)]

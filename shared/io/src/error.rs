@@ -92,11 +92,3 @@ where
         _ => Error::Service { service, operation, detail: format!("{}", DisplayErrorContext(&e)), retryable: true },
     }
 }
-
-impl From<fleet_domain::error::Error> for Error {
-    fn from(e: fleet_domain::error::Error) -> Self {
-        match e {
-            fleet_domain::error::Error::Corrupt(m) => Error::Corrupt(m),
-        }
-    }
-}

@@ -15,7 +15,12 @@ pub mod telemetry;
 pub mod trigger;
 
 pub use error::{Error, Result};
-pub use fleet_domain::lock;
+
+/// Locks a mutex, also after a panic in another holder (the data stays usable: every holder leaves it
+/// consistent between statements).
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// The in-memory twins in one place, for tests.
 #[cfg(feature = "test-util")]

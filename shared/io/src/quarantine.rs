@@ -8,8 +8,15 @@ use serde::{Deserialize, Serialize};
 use crate::blob::BlobStore;
 use crate::error::{Error, Result};
 use crate::queue::{Attrs, Message, Outgoing, Queue};
-use fleet_domain::layout::{quarantine_key, QUARANTINE_PREFIX};
-use fleet_domain::model::now_rfc3339;
+
+/// Messages no consumer could read, kept for an operator (`quarantine/{queue}/{message}.json`).
+pub const QUARANTINE_PREFIX: &str = "quarantine/";
+
+/// A quarantined message's key; queue names and message ids are reduced to key-safe characters.
+pub fn quarantine_key(queue: &str, message_id: &str) -> String {
+    let safe = |s: &str| s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).take(128).collect::<String>();
+    format!("{QUARANTINE_PREFIX}{}/{}.json", safe(queue), safe(message_id))
+}
 
 /// Largest quarantined document read back.
 const MAX_DOC: usize = 2 << 20;
@@ -46,7 +53,7 @@ impl Quarantined {
             priority: m.attrs.priority,
             deadline_ms: m.attrs.deadline_ms,
             group: m.attrs.group.clone(),
-            quarantined_at: now_rfc3339(),
+            quarantined_at: time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
         }
     }
 

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::{BlobStore, Cond};
+use crate::call::CallCounter;
 use crate::error::Result;
-use fleet_domain::requests::CallCounter;
 
 /// An in-memory blob store. ETags are write numbers.
 #[derive(Default)]

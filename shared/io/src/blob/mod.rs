@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use crate::call::CallCounter;
 use crate::error::Result;
-use fleet_domain::requests::CallCounter;
 
 /// The condition of a write (S3 `If-None-Match: *` / `If-Match: etag`).
 #[derive(Debug, Clone, PartialEq, Eq)]

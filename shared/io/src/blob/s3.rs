@@ -9,9 +9,9 @@ use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 
 use super::{BlobStore, Cond};
+use crate::call::CallCounter;
 use crate::call::CallPolicy;
 use crate::error::{sdk_error, Error, Result, Service};
-use fleet_domain::requests::CallCounter;
 
 /// An S3 bucket. Every call is bounded by its [`CallPolicy`]; a GetObject's attempt covers reading the
 /// body too.

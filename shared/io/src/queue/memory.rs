@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::call::CallCounter;
 use crate::error::Result;
 use crate::queue::{plan_batches, Attrs, Message, Outgoing, Queue, QueueDepth, QueueInfo};
-use fleet_domain::requests::CallCounter;
 
 struct Stored {
     id: String,

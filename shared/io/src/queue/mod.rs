@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::call::CallCounter;
 use crate::error::Result;
-use fleet_domain::requests::CallCounter;
 
 /// Most entries in one SQS batch call.
 pub const MAX_BATCH_ENTRIES: usize = 10;

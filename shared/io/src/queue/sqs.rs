@@ -12,9 +12,9 @@ use aws_sdk_sqs::types::{
 };
 
 use super::{plan_batches, Attrs, Message, Outgoing, Queue, QueueDepth, QueueInfo};
+use crate::call::CallCounter;
 use crate::call::CallPolicy;
 use crate::error::{sdk_error, Error, Result, Service};
-use fleet_domain::requests::CallCounter;
 
 /// An SQS queue. Every call is bounded by its [`CallPolicy`] (attempt timeout, deadline, jittered
 /// back-off).
