@@ -3,9 +3,7 @@
 //! exact, the fleet goes back to the minimum after the stabilization window, and stopping the agent
 //! stops (drains) its processors. Needs what deploy/test.sh starts.
 
-#[path = "../../initiator/tests/common/mod.rs"]
-mod common;
-
+use crate::support::Fleet as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +13,7 @@ use fleet_io::trigger::{report_key, ALL_WORK};
 use scaling_agent::backend::{Backend, ProcessBackend, ProcessSpec};
 use tokio_util::sync::CancellationToken;
 
-fn spec(s: &common::Stack) -> ProcessSpec {
+fn spec(s: &crate::support::Stack) -> ProcessSpec {
     let n = &s.names;
     let args = [
         ("--bucket", n.bucket.clone()),
@@ -35,12 +33,13 @@ fn spec(s: &common::Stack) -> ProcessSpec {
     .collect();
     let mut envs = vec![("AMQP_URL".to_string(), n.amqp_url.clone()), ("RUST_LOG".to_string(), "warn".to_string())];
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        for (k, v) in [("AWS_ENDPOINT_URL", common::LOCALSTACK), ("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_REGION", "us-east-1")]
+        for (k, v) in
+            [("AWS_ENDPOINT_URL", crate::support::LOCALSTACK), ("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_REGION", "us-east-1")]
         {
             envs.push((k.into(), v.into()));
         }
     }
-    ProcessSpec { program: env!("CARGO_BIN_EXE_processor").into(), args, envs, http_base: None, log_dir: None, drain: Duration::from_secs(15) }
+    ProcessSpec { program: crate::support::bin("processor").into(), args, envs, http_base: None, log_dir: None, drain: Duration::from_secs(15) }
 }
 
 fn alive(pid: u32) -> bool {
@@ -50,7 +49,10 @@ fn alive(pid: u32) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_scales_processes_up_and_back_to_the_minimum_with_exact_totals() {
-    let s = common::stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(s) = crate::support::stack(QueueSettings::default()).await else { return };
     let controller = s.start_controller();
     let backend = Arc::new(ProcessBackend::new(spec(&s)));
     let stop = CancellationToken::new();
@@ -83,7 +85,7 @@ async fn a_burst_scales_processes_up_and_back_to_the_minimum_with_exact_totals()
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let dir = tempfile::tempdir().unwrap();
-    let files = vec![common::generated(dir.path(), "burst.csv", 200_000, 500, 9)];
+    let files = vec![crate::support::generated(dir.path(), "burst.csv", 200_000, 500, 9)];
     let submitted = Instant::now();
     // 1,000 work items: enough that work still waits when the stopped instance is gone (with fewer, a
     // fast run could finish the backlog first, and then the policy rightly needs no replacement).
@@ -124,9 +126,9 @@ async fn a_burst_scales_processes_up_and_back_to_the_minimum_with_exact_totals()
     }
     let report = s.wait_report(&job, Duration::from_secs(120)).await;
     let took = submitted.elapsed();
-    common::assert_consistent(&report);
+    crate::support::assert_consistent(&report);
     assert_eq!(report.transactions.processed, 200_000);
-    assert_eq!(common::report_accounts(&report), common::expected_accounts(&files), "exact totals");
+    assert_eq!(crate::support::report_accounts(&report), crate::support::expected_accounts(&files), "exact totals");
     // Back to the minimum after the stabilization window.
     let done = Instant::now();
     while backend.actual().await.unwrap() != 1 || backend.stopping().await != 0 {

@@ -109,11 +109,11 @@ fn input() -> &'static Input {
     INPUT.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let million = dir.path().join("million.csv");
-        let bin = env!("CARGO_BIN_EXE_initiator");
+        let bin = fleet_test_support::bin("initiator");
         let file = std::fs::File::create(&million).unwrap();
-        let st = Command::new(bin).args(["generate", "--rows", &MILLION.to_string(), "--accounts", "1000", "--seed", "42"]).stdout(file).status().unwrap();
+        let st = Command::new(&bin).args(["generate", "--rows", &MILLION.to_string(), "--accounts", "1000", "--seed", "42"]).stdout(file).status().unwrap();
         assert!(st.success(), "initiator generate failed");
-        let local: Value = serde_json::from_str(&stdout_of(Command::new(bin).arg("local").arg(&million).arg("--json"))).unwrap();
+        let local: Value = serde_json::from_str(&stdout_of(Command::new(&bin).arg("local").arg(&million).arg("--json"))).unwrap();
         Input { _dir: dir, million, local }
     })
 }
@@ -522,14 +522,14 @@ fn agent_scales_containers() {
     let first = fleet.running("processor")[0].clone();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("burst.csv");
-    let bin = env!("CARGO_BIN_EXE_initiator");
-    let st = Command::new(bin)
+    let bin = fleet_test_support::bin("initiator");
+    let st = Command::new(&bin)
         .args(["generate", "--rows", "300000", "--accounts", "500", "--seed", "7"])
         .stdout(std::fs::File::create(&file).unwrap())
         .status()
         .unwrap();
     assert!(st.success());
-    let local: Value = serde_json::from_str(&stdout_of(Command::new(bin).arg("local").arg(&file).arg("--json"))).unwrap();
+    let local: Value = serde_json::from_str(&stdout_of(Command::new(&bin).arg("local").arg(&file).arg("--json"))).unwrap();
 
     let out = dir.path().join("report.json");
     let t0 = Instant::now();

@@ -1,23 +1,26 @@
-//! Test harness: a uniquely named fleet (queues, DLQs, bucket, trigger exchange) on the LocalStack and
-//! RabbitMQ that `deploy/test.sh` starts, with processor and controller running in-process.
-
-#![allow(dead_code)]
+//! Test support shared by the crates' integration tests: a uniquely named fleet (queues, DLQs,
+//! bucket, trigger exchange) on the LocalStack and RabbitMQ that `deploy/test.sh` starts, generated
+//! input and the expected totals computed in one process, a freezable TCP proxy, and the path of a
+//! workspace binary. It depends on no service crate: the services are started by the tests that need
+//! them (deploy/e2e).
+//!
+//! Without LocalStack or RabbitMQ, [`stack`] says so in one line (once per test binary) and returns
+//! `None`, so those tests end at once; with `FLEET_REQUIRE_STACK=1` (deploy/test.sh, CI) a missing stack
+//! fails them instead.
 
 pub mod proxy;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use fleet_domain::billing::{money, Tariff, Totals};
 use fleet_domain::input::{InputFile, Validator};
 use fleet_domain::report::Report;
+use fleet_io::blob::S3Store;
 use fleet_io::config::{Aws, FleetArgs};
 use fleet_io::provision::{ensure_fleet, QueueSettings};
 use fleet_io::queue::{Queue, SqsQueue};
-use initiator::submit::{Clients, SubmitOptions, Submitted};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 pub const LOCALSTACK: &str = "http://127.0.0.1:4566";
 
@@ -36,20 +39,50 @@ pub struct Stack {
     pub work_dlq: Arc<SqsQueue>,
     pub results: Arc<SqsQueue>,
     pub results_dlq: Arc<SqsQueue>,
-    pub store: Arc<fleet_io::blob::S3Store>,
+    pub store: Arc<S3Store>,
 }
 
-/// Creates a fresh fleet with unique names.
-pub async fn stack(settings: QueueSettings) -> Stack {
+/// Creates a fresh fleet with unique names; `None` when LocalStack or RabbitMQ is not running (see the
+/// crate's documentation).
+pub async fn stack(settings: QueueSettings) -> Option<Stack> {
     stack_of(FleetArgs::defaults(), settings).await
 }
 
 /// Creates a fresh fleet with unique names on a FIFO work queue (and FIFO work dead-letter queue).
-pub async fn fifo_stack(settings: QueueSettings) -> Stack {
+pub async fn fifo_stack(settings: QueueSettings) -> Option<Stack> {
     stack_of(FleetArgs::defaults().fifo(), settings).await
 }
 
-async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Stack {
+/// Whether LocalStack and RabbitMQ answer on their ports. When they do not: with `FLEET_REQUIRE_STACK`
+/// set this panics; otherwise it says so in one line, once per test binary, and the caller skips.
+pub fn stack_running() -> bool {
+    static UP: OnceLock<bool> = OnceLock::new();
+    let up = *UP.get_or_init(|| {
+        let listening = |addr: &str| std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(1)).is_ok();
+        let amqp = amqp_url();
+        let rabbit = amqp.rsplit('@').next().unwrap_or("127.0.0.1:5672").split('/').next().unwrap_or("127.0.0.1:5672").replace("localhost", "127.0.0.1");
+        listening(LOCALSTACK.trim_start_matches("http://")) && listening(&rabbit)
+    });
+    if !up {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        let why = format!(
+            "tests that need LocalStack ({LOCALSTACK}) and RabbitMQ ({}) are skipped: neither is required to be running for unit tests; start both with deploy/test.sh (or localstack/start.sh and deploy/rabbitmq.sh)",
+            fleet_io::trigger::redact_url(&amqp_url())
+        );
+        assert!(std::env::var_os("FLEET_REQUIRE_STACK").is_none(), "FLEET_REQUIRE_STACK is set but {why}");
+        // Written past the test harness's capture, so it shows once in `cargo test`'s output.
+        SAID.call_once(|| {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "note: {why}");
+        });
+    }
+    up
+}
+
+async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Option<Stack> {
+    if !stack_running() {
+        return None;
+    }
     let aws = Aws::local_or_env(LOCALSTACK).await;
     let suffix = uuid::Uuid::now_v7().simple().to_string();
     let mut names = base.with_suffix(&suffix[suffix.len() - 12..]);
@@ -58,7 +91,7 @@ async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Stack {
         .await
         .unwrap_or_else(|e| panic!("cannot create test resources on {LOCALSTACK} ({e}); start the stack with deploy/test.sh"));
     let store = aws.store(&names.bucket);
-    Stack {
+    Some(Stack {
         work: aws.queue(&names.work_queue).await.unwrap(),
         work_dlq: aws.queue(&names.work_dlq()).await.unwrap(),
         results: aws.queue(&names.results_queue).await.unwrap(),
@@ -66,97 +99,10 @@ async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Stack {
         store,
         names,
         aws,
-    }
-}
-
-pub struct Running {
-    pub stop: CancellationToken,
-    pub handle: JoinHandle<fleet_io::Result<()>>,
-}
-
-impl Running {
-    /// Graceful stop: cancel and wait.
-    pub async fn stop(self) {
-        self.stop.cancel();
-        self.handle.await.unwrap().unwrap();
-    }
+    })
 }
 
 impl Stack {
-    pub fn clients(&self) -> Clients {
-        Clients { work: self.work.clone(), results: self.results.clone(), store: self.store.clone(), triggers: self.names.trigger_bus() }
-    }
-
-    pub fn start_processor(&self, settings: processor::Settings) -> Running {
-        let stop = CancellationToken::new();
-        let deps = processor::Deps {
-            work: self.work.clone(),
-            work_dlq: Some(self.work_dlq.clone()),
-            results: self.results.clone(),
-            store: self.store.clone(),
-            triggers: self.names.subscribe(vec![fleet_io::trigger::work_key(self.work.name())], &stop),
-            publish: self.names.trigger_bus(),
-        };
-        let handle = tokio::spawn(processor::run(settings, deps, stop.clone()));
-        Running { stop, handle }
-    }
-
-    /// The scaling agent, looking every second: it triggers when a queue turns non-empty, such as work
-    /// items coming back after a killed processor's visibility timeout (nobody announces those).
-    pub fn start_agent(&self) -> Running {
-        let stop = CancellationToken::new();
-        let watched = scaling_agent::Watched {
-            work: self.work.clone(),
-            work_dlq: self.work_dlq.clone(),
-            results: self.results.clone(),
-            results_dlq: self.results_dlq.clone(),
-        };
-        let deps = scaling_agent::Deps {
-            watched,
-            publish: self.names.trigger_bus(),
-            subscription: None,
-            backend: Arc::new(scaling_agent::backend::NoneBackend::new(0)),
-        };
-        let handle = tokio::spawn(scaling_agent::run(scaling_agent::Settings::quick(), deps, stop.clone()));
-        Running { stop, handle }
-    }
-
-    /// A controller that follows triggers: idle, its listeners park after one empty 1 s poll and wake
-    /// only on triggers (processors and the initiator announce what they put on its queues).
-    pub fn start_controller(&self) -> Running {
-        let stop = CancellationToken::new();
-        let deps = controller::Deps {
-            results: self.results.clone(),
-            work_dlq: self.work_dlq.clone(),
-            results_dlq: self.results_dlq.clone(),
-            store: self.store.clone(),
-            triggers: self
-                .names
-                .subscribe([self.results.name(), self.work_dlq.name(), self.results_dlq.name()].map(fleet_io::trigger::work_key).to_vec(), &stop),
-            publish: self.names.trigger_bus(),
-        };
-        let settings = controller::Settings {
-            listener: fleet_engine::args::ListenerArgs::quick(),
-            drain_secs: 10,
-            id: Some(TEST_CONTROLLER.into()),
-            ..Default::default()
-        };
-        let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
-        Running { stop, handle }
-    }
-
-    pub async fn submit(&self, files: &[PathBuf], chunk_size: u64) -> Submitted {
-        self.submit_with(SubmitOptions { chunk_size, ..SubmitOptions::new(files.to_vec()) }).await
-    }
-
-    pub async fn submit_with(&self, opts: SubmitOptions) -> Submitted {
-        initiator::submit::submit(opts, &self.clients()).await.expect("submit")
-    }
-
-    pub async fn wait_report(&self, s: &Submitted, timeout: Duration) -> Report {
-        initiator::follow::wait(self.store.as_ref(), &s.job_id, s.total_chunks, timeout, false).await.expect("job finished in time")
-    }
-
     /// Polls until the queue shows `visible` messages and nothing in flight.
     pub async fn wait_depth(&self, q: &dyn Queue, visible: u64, timeout: Duration) {
         let start = Instant::now();
@@ -169,11 +115,6 @@ impl Stack {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-}
-
-/// Fast processor settings for tests.
-pub fn fast_processor() -> processor::Settings {
-    processor::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() }
 }
 
 pub fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
@@ -266,4 +207,27 @@ pub fn assert_accounts_in_order(delivered: &[Delivered], files: &[PathBuf]) {
     for (account, txns) in &want {
         assert_eq!(got.get(account), Some(txns), "account {account}: transactions out of file order");
     }
+}
+
+/// The path of a workspace binary (`processor`, `controller`, `initiator`, `scaling-agent`) of the
+/// profile these tests were built with, built first when it is missing (`cargo test -p` builds only the
+/// binaries of the package under test).
+pub fn bin(name: &str) -> PathBuf {
+    // target/{profile}/deps/{test binary} -> target/{profile}/{name}
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target/{profile}");
+    let path = dir.join(name);
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    if !path.exists() {
+        let profile = dir.file_name().and_then(|p| p.to_str()).unwrap_or("debug");
+        let mut cmd = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.args(["build", "--bin", name]);
+        if profile == "release" {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build");
+        assert!(status.success() && path.exists(), "cannot build {name} ({status})");
+    }
+    path
 }

@@ -3,9 +3,7 @@
 //! within 1 s of a work-detected trigger (with the agent idle, its next look minutes away), back to
 //! inactive once there is no work, and an SLA-derived metric that follows a real burst.
 
-#[path = "../../initiator/tests/common/mod.rs"]
-mod common;
-
+use crate::support::Fleet as _;
 use std::time::{Duration, Instant};
 
 use fleet_io::provision::QueueSettings;
@@ -22,7 +20,10 @@ fn so() -> ScaledObjectRef {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keda_external_scaler_serves_the_policy_and_pushes_activity_on_a_trigger() {
-    let s = common::stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(s) = crate::support::stack(QueueSettings::default()).await else { return };
     let stop = CancellationToken::new();
     let settings = scaling_agent::Settings {
         interval_secs: 1,
@@ -87,7 +88,7 @@ async fn keda_external_scaler_serves_the_policy_and_pushes_activity_on_a_trigger
 
     // A real burst: 100 work items; the metric asks for as many replicas as the SLA needs (capped).
     let dir = tempfile::tempdir().unwrap();
-    let files = vec![common::generated(dir.path(), "burst.csv", 20_000, 100, 3)];
+    let files = vec![crate::support::generated(dir.path(), "burst.csv", 20_000, 100, 3)];
     let t1 = Instant::now();
     let job = s.submit(&files, 200).await;
     assert_eq!(job.total_chunks, 100);

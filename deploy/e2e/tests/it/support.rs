@@ -1,0 +1,121 @@
+//! The fleet's services started in-process on a test stack (`fleet_test_support::Stack`): processor,
+//! controller and scaling agent as libraries, the initiator's submit and follow. Everything else of the
+//! test support comes from `fleet_test_support`, re-exported here.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_domain::report::Report;
+use fleet_io::queue::Queue;
+pub use fleet_test_support::*;
+use initiator::submit::{Clients, SubmitOptions, Submitted};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub struct Running {
+    pub stop: CancellationToken,
+    pub handle: JoinHandle<fleet_io::Result<()>>,
+}
+
+impl Running {
+    /// Graceful stop: cancel and wait.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.handle.await.unwrap().unwrap();
+    }
+}
+
+/// The services on a test stack.
+pub trait Fleet {
+    fn clients(&self) -> Clients;
+    fn start_processor(&self, settings: processor::Settings) -> Running;
+    fn start_agent(&self) -> Running;
+    fn start_controller(&self) -> Running;
+    async fn submit(&self, files: &[PathBuf], chunk_size: u64) -> Submitted;
+    async fn submit_with(&self, opts: SubmitOptions) -> Submitted;
+    async fn wait_report(&self, s: &Submitted, timeout: Duration) -> Report;
+}
+
+impl Fleet for Stack {
+    fn clients(&self) -> Clients {
+        Clients { work: self.work.clone(), results: self.results.clone(), store: self.store.clone(), triggers: self.names.trigger_bus() }
+    }
+
+    fn start_processor(&self, settings: processor::Settings) -> Running {
+        let stop = CancellationToken::new();
+        let deps = processor::Deps {
+            work: self.work.clone(),
+            work_dlq: Some(self.work_dlq.clone()),
+            results: self.results.clone(),
+            store: self.store.clone(),
+            triggers: self.names.subscribe(vec![fleet_io::trigger::work_key(self.work.name())], &stop),
+            publish: self.names.trigger_bus(),
+        };
+        let handle = tokio::spawn(processor::run(settings, deps, stop.clone()));
+        Running { stop, handle }
+    }
+
+    /// The scaling agent, looking every second: it triggers when a queue turns non-empty, such as work
+    /// items coming back after a killed processor's visibility timeout (nobody announces those).
+    fn start_agent(&self) -> Running {
+        let stop = CancellationToken::new();
+        let watched = scaling_agent::Watched {
+            work: self.work.clone(),
+            work_dlq: self.work_dlq.clone(),
+            results: self.results.clone(),
+            results_dlq: self.results_dlq.clone(),
+        };
+        let deps = scaling_agent::Deps {
+            watched,
+            publish: self.names.trigger_bus(),
+            subscription: None,
+            backend: Arc::new(scaling_agent::backend::NoneBackend::new(0)),
+        };
+        let handle = tokio::spawn(scaling_agent::run(scaling_agent::Settings::quick(), deps, stop.clone()));
+        Running { stop, handle }
+    }
+
+    /// A controller that follows triggers: idle, its listeners park after one empty 1 s poll and wake
+    /// only on triggers (processors and the initiator announce what they put on its queues).
+    fn start_controller(&self) -> Running {
+        let stop = CancellationToken::new();
+        let deps = controller::Deps {
+            results: self.results.clone(),
+            work_dlq: self.work_dlq.clone(),
+            results_dlq: self.results_dlq.clone(),
+            store: self.store.clone(),
+            triggers: self
+                .names
+                .subscribe([self.results.name(), self.work_dlq.name(), self.results_dlq.name()].map(fleet_io::trigger::work_key).to_vec(), &stop),
+            publish: self.names.trigger_bus(),
+        };
+        let settings = controller::Settings {
+            listener: fleet_engine::args::ListenerArgs::quick(),
+            drain_secs: 10,
+            id: Some(TEST_CONTROLLER.into()),
+            ..Default::default()
+        };
+        let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
+        Running { stop, handle }
+    }
+
+    async fn submit(&self, files: &[PathBuf], chunk_size: u64) -> Submitted {
+        self.submit_with(SubmitOptions { chunk_size, ..SubmitOptions::new(files.to_vec()) }).await
+    }
+
+    async fn submit_with(&self, opts: SubmitOptions) -> Submitted {
+        initiator::submit::submit(opts, &self.clients()).await.expect("submit")
+    }
+
+    async fn wait_report(&self, s: &Submitted, timeout: Duration) -> Report {
+        initiator::follow::wait(self.store.as_ref(), &s.job_id, s.total_chunks, timeout, false).await.expect("job finished in time")
+    }
+}
+
+/// Fast processor settings for tests.
+pub fn fast_processor() -> processor::Settings {
+    processor::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() }
+}
