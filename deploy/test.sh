@@ -5,6 +5,8 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$repo/deploy/rabbitmq.sh"
 "$repo/localstack/start.sh"
+# A test that needs LocalStack or RabbitMQ fails here when they are missing (outside this script it skips).
+export FLEET_REQUIRE_STACK=1
 export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 cd "$repo"
 cargo test --workspace --locked "$@"

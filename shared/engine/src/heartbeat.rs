@@ -4,9 +4,12 @@
 //! it is let go: it comes back and is processed again, idempotently).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::{bump, lock, sleep_until, ErrorEvent};
 
 struct Tracked {
     received: Instant,
@@ -85,6 +88,36 @@ impl Heartbeat {
         due.extend.sort();
         due.overdue.sort();
         due
+    }
+}
+
+/// The heartbeat task: extends the visibility of messages in hand at half the timeout (one batched
+/// ChangeMessageVisibility per due message) until their maximum processing time, then reports them
+/// overdue through the error hook.
+pub(crate) async fn heartbeat_loop(inner: Arc<crate::Inner>) {
+    loop {
+        let notified = inner.heartbeat_changed.notified();
+        let (due, next, visibility) = {
+            let mut hb = lock(&inner.heartbeat);
+            let due = hb.due(Instant::now());
+            (due, hb.next_due(), hb.visibility())
+        };
+        if !due.extend.is_empty() {
+            bump(&inner.stats.extended, due.extend.len() as u64);
+            tracing::debug!(queue = inner.queue.name(), messages = due.extend.len(), "extending visibility");
+        }
+        for r in due.extend {
+            inner.completions.release(r, visibility);
+        }
+        for r in &due.overdue {
+            inner.handler.on_error(ErrorEvent::Overdue { receipt: r });
+            tracing::warn!(queue = inner.queue.name(), "message passed the maximum processing time; no longer extended");
+        }
+        tokio::select! {
+            _ = inner.stop_all.cancelled() => return,
+            _ = notified => {}
+            _ = sleep_until(next) => {}
+        }
     }
 }
 

@@ -8,78 +8,40 @@
 pub mod args;
 pub mod backoff;
 pub mod completion;
+mod config;
+mod consumer;
+mod dispatch;
 pub mod dynamic_consumers;
+mod expiry;
 pub mod heartbeat;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod report;
 pub mod state;
 pub mod throttle;
+mod trigger;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use backoff::{default_queue_empty, EmptyContext, EmptyDecision, IdleBackoff, RetryBackoff};
-use completion::{BatchSettings, Batcher};
-use dynamic_consumers::{decide, Activity, ScaleDecision, ScalingPolicy, WorkRules};
+use backoff::{default_queue_empty, EmptyContext, EmptyDecision, IdleBackoff};
+use completion::Batcher;
+pub use config::EngineConfig;
+use consumer::{spawn_consumer, work_detected, Consumers};
+use dispatch::dispatch_loop;
+use dynamic_consumers::ScalingPolicy;
 use fleet_io::error::Result;
 use fleet_io::lock;
-use fleet_io::queue::{Attrs, Message, Outgoing, Queue, QueueInfo};
-use fleet_io::trigger::Subscription;
-use heartbeat::Heartbeat;
+use fleet_io::queue::{Message, Queue, QueueInfo};
+use heartbeat::{heartbeat_loop, Heartbeat};
 use throttle::{LimitsChange, Throttle, ThrottleLimits};
-
-/// Engine settings.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub scaling: ScalingPolicy,
-    pub backoff: IdleBackoff,
-    /// Long-poll wait of a receive (at most 20 s); it counts as part of the idle cycle.
-    pub receive_wait: Duration,
-    /// Messages per receive (1-10).
-    pub receive_batch: usize,
-    /// Consumers wanted for a queue depth when work is detected.
-    pub work_rules: WorkRules,
-    pub throttle: ThrottleLimits,
-    /// Delete and visibility-change batching.
-    pub completion: BatchSettings,
-    pub retry: RetryBackoff,
-    /// Extend visibility at half the timeout while a message is in hand.
-    pub heartbeat: bool,
-    /// Stop extending a message after this long.
-    pub max_processing: Duration,
-    /// Work-detected triggers can wake a parked consumer.
-    pub triggers: bool,
-    /// A parked consumer polls anyway after this long (a lost trigger costs at most this delay).
-    pub park_poll: Option<Duration>,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            scaling: ScalingPolicy::DEFAULT,
-            backoff: IdleBackoff { min_idle: Duration::ZERO, max_idle: Duration::from_secs(10) },
-            receive_wait: Duration::from_secs(20),
-            receive_batch: 10,
-            work_rules: WorkRules::default(),
-            throttle: ThrottleLimits { max_concurrency: 16, buffer: 20, ttl: None },
-            completion: BatchSettings::default(),
-            retry: RetryBackoff { base: Duration::from_secs(2), max: Duration::from_secs(300) },
-            heartbeat: true,
-            max_processing: Duration::from_secs(15 * 60),
-            triggers: false,
-            park_poll: Some(Duration::from_secs(600)),
-        }
-    }
-}
 
 /// What became of a message handed to the handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,60 +125,64 @@ fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
-struct ConsumerSlot {
-    activity: Activity,
-    parked: bool,
-    retiring: bool,
-}
-
-struct Consumers {
-    next_id: usize,
-    list: BTreeMap<usize, ConsumerSlot>,
-    /// (time, active consumers) at every change, for the state and benchmarks.
-    timeline: Vec<(Instant, usize)>,
-}
-
-impl Consumers {
-    fn active(&self) -> usize {
-        self.list.values().filter(|c| !c.parked && !c.retiring).count()
-    }
-
-    fn note(&mut self) {
-        let n = self.active();
-        if self.timeline.last().is_none_or(|&(_, last)| last != n) {
-            self.timeline.push((Instant::now(), n));
-            if self.timeline.len() > 10_000 {
-                self.timeline.drain(..5_000);
-            }
-        }
-    }
-}
-
+/// The state every task of one engine shares (consumers, dispatcher, work tasks, heartbeat,
+/// completion batchers, the HTTP state endpoint). Locks are std mutexes held for a few statements,
+/// never across an await.
 struct Inner {
+    /// The queue listened to (receives, depth; completions go through `completions`).
     queue: Arc<dyn Queue>,
+    /// Where `expiry` sends a message whose job deadline passed while it waited (reason `expired`).
     dead_letter: Option<Arc<dyn Queue>>,
+    /// The queue's visibility timeout, maxReceiveCount and FIFO flag, read once at start.
     info: QueueInfo,
+    /// Settings, clamped to what SQS allows at start; never changed after (the throttle's limits
+    /// change through `throttle`).
     cfg: EngineConfig,
+    /// The service's handler and hooks.
     handler: Arc<dyn Handler>,
+    /// Received messages waiting for a slot, and the slots in use. Written by consumers (push, reserve),
+    /// the dispatcher (pop, expire), work tasks (finish) and `set_limits`/`quiesce`.
     throttle: Mutex<Throttle<Message>>,
+    /// Something may be ready to dispatch: notified by consumers after a push and by work tasks as
+    /// they finish; the dispatcher waits on it.
     dispatch: Notify,
+    /// Room may have opened in the throttle: notified when slots or reservations are given back;
+    /// consumers waiting to receive (`wait_for_room`) wait on it.
     room: Notify,
+    /// Wakes paused and parked consumers: notified by triggers, `wake`, a retiring decision and stops;
+    /// consumers wait on it in `pause`.
     wake: Notify,
     /// Wakes so far: a consumer that was receiving when one came does not wait after an empty receive.
+    /// Bumped with every `wake` notification; read by consumers before a receive.
     wakes: AtomicU64,
     /// A trigger can reach this engine now (triggers on and the bus subscription live): only then does
-    /// an idle main consumer park; otherwise it polls at its back-off cap.
+    /// an idle main consumer park; otherwise it polls at its back-off cap. Written by the task of
+    /// `follow_triggers`; read by consumers.
     triggers_live: AtomicBool,
+    /// The consumer set: written by consumers (activity, parked, leaving), the main consumer's sample
+    /// (one more, one retiring) and `work_detected`; read by the state endpoint.
     consumers: Mutex<Consumers>,
+    /// Receipts in hand and when their visibility must be extended: tracked when received, untracked
+    /// when completed; the heartbeat task reads it.
     heartbeat: Mutex<Heartbeat>,
+    /// The heartbeat's schedule changed (a new message in hand): the heartbeat task waits on it.
     heartbeat_changed: Notify,
+    /// Batched deletes and visibility changes on `queue` (the handler's deferred completions too).
     completions: Completions,
+    /// Cancelled by `quiesce`/`finish`: consumers stop receiving, and what a poll under way brings
+    /// goes straight back.
     stop_receiving: CancellationToken,
+    /// Cancelled by `finish`: the dispatcher and heartbeat end.
     stop_all: CancellationToken,
+    /// Consumer tasks; `quiesce` waits for them (their long polls end within the wait).
     consumer_tasks: TaskTracker,
+    /// Handler calls and expiries in progress; `quiesce` waits for them within the grace period.
     work_tasks: TaskTracker,
+    /// Dispatcher, heartbeat and trigger follower; `finish` waits for them.
     service_tasks: TaskTracker,
+    /// Counters for the state endpoint and tests, bumped where the event happens.
     stats: Stats,
+    /// When the engine started (the consumer timeline's origin).
     started: Instant,
 }
 
@@ -288,7 +254,7 @@ impl Engine {
         let inner = Arc::new(Inner {
             heartbeat: Mutex::new(Heartbeat::new(info.visibility_timeout, cfg.max_processing)),
             throttle: Mutex::new(Throttle::new(cfg.throttle)),
-            consumers: Mutex::new(Consumers { next_id: 0, list: BTreeMap::new(), timeline: Vec::new() }),
+            consumers: Mutex::new(Consumers::new()),
             queue,
             dead_letter,
             info,
@@ -381,58 +347,6 @@ impl Engine {
         work_detected(&self.inner, depth).await;
     }
 
-    /// Wakes the engine on every work-detected trigger for its queue until `stop`, and follows the
-    /// subscription's liveness: while the bus is down no consumer parks (a parked one is woken to poll at
-    /// its back-off cap), and when it comes back the engine polls once (a trigger published meanwhile was
-    /// lost) and may park again.
-    pub fn follow_triggers(&self, sub: &Subscription, stop: CancellationToken) {
-        let engine = self.clone();
-        let mut rx = sub.events.subscribe();
-        let mut live = sub.live.clone();
-        self.inner.service_tasks.spawn(async move {
-            let inner = &engine.inner;
-            let mut was_live = *live.borrow_and_update();
-            inner.triggers_live.store(was_live, Ordering::SeqCst);
-            if !was_live {
-                inner.wake.notify_waiters();
-            }
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = inner.stop_receiving.cancelled() => return,
-                    changed = live.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                        let now_live = *live.borrow_and_update();
-                        inner.triggers_live.store(now_live, Ordering::SeqCst);
-                        if now_live != was_live {
-                            tracing::info!(queue = engine.queue_name(), live = now_live, "work-detected triggers {}", if now_live { "reach this listener again" } else { "unreachable: polling instead of parking" });
-                            // Down: parked consumers go back to polling. Back: one poll for what a
-                            // lost trigger announced.
-                            inner.wakes.fetch_add(1, Ordering::SeqCst);
-                            inner.wake.notify_waiters();
-                        }
-                        was_live = now_live;
-                    }
-                    ev = rx.recv() => match ev {
-                        Ok(ev) if ev.queue == engine.queue_name() => {
-                            tracing::debug!(source = %ev.source, messages = ev.messages, "work-detected trigger");
-                            engine.wake((ev.messages > 0).then_some(ev.messages)).await;
-                        }
-                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                        Err(broadcast::error::RecvError::Closed) => return,
-                    }
-                }
-            }
-        });
-    }
-
-    /// Whether a trigger can reach this engine now (see [`Engine::follow_triggers`]).
-    pub fn triggers_live(&self) -> bool {
-        self.inner.cfg.triggers && self.inner.triggers_live.load(Ordering::SeqCst)
-    }
-
     /// Stops receiving, returns buffered messages that have not started to the queue, lets receives
     /// under way end with their long poll (what they bring goes back at once), and waits for messages
     /// in progress; all of it within `grace`. Returns whether everything finished.
@@ -500,457 +414,9 @@ fn to_retry<T>(queue: &str, op: &str, batch: Vec<T>, r: Result<Vec<String>>, rec
     }
 }
 
-fn spawn_consumer(inner: &Arc<Inner>) -> Option<usize> {
-    if inner.stop_receiving.is_cancelled() {
-        return None;
-    }
-    let id = {
-        let mut c = lock(&inner.consumers);
-        let id = c.next_id;
-        c.next_id += 1;
-        c.list.insert(id, ConsumerSlot { activity: Activity::new(&inner.cfg.scaling), parked: false, retiring: false });
-        c.note();
-        id
-    };
-    inner.consumer_tasks.spawn(consume(inner.clone(), id));
-    Some(id)
-}
-
-async fn wait_for_room(inner: &Inner) -> Option<usize> {
-    loop {
-        let notified = inner.room.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        // Room must not start a receive once stopping (a returned message was received again at once).
-        if inner.stop_receiving.is_cancelled() {
-            return None;
-        }
-        let n = lock(&inner.throttle).reserve(inner.cfg.receive_batch);
-        if n > 0 {
-            return Some(n);
-        }
-        tokio::select! {
-            _ = inner.stop_receiving.cancelled() => return None,
-            _ = notified => {}
-        }
-    }
-}
-
-/// Gives back room reserved for a receive that brought nothing (or less): consumers waiting for room
-/// must hear of it (one waited forever behind a long poll that came back empty).
-fn unreserve(inner: &Inner, n: usize) {
-    lock(&inner.throttle).unreserve(n);
-    inner.room.notify_waiters();
-}
-
-/// Waits `d` (None: until woken). `Some(true)`: woken, also by a wake since `wakes` was read (a trigger
-/// that arrived during the receive that came back empty); `Some(false)`: waited; `None`: stopping.
-async fn pause(inner: &Inner, d: Option<Duration>, wakes: u64) -> Option<bool> {
-    let notified = inner.wake.notified();
-    tokio::pin!(notified);
-    notified.as_mut().enable();
-    if inner.wakes.load(Ordering::SeqCst) != wakes {
-        return Some(true);
-    }
-    tokio::select! {
-        _ = inner.stop_receiving.cancelled() => None,
-        _ = notified => Some(true),
-        _ = sleep_until(d.map(|d| Instant::now() + d)) => Some(false),
-    }
-}
-
-/// How long a receive may take beyond its long-poll wait before it is abandoned.
-const RECEIVE_GRACE: Duration = Duration::from_secs(10);
-/// How long past its long-poll wait a receive in flight at a stop is waited for.
-const STOP_POLL_MARGIN: Duration = Duration::from_secs(1);
-
-async fn consume(inner: Arc<Inner>, id: usize) {
-    let mut idle: u32 = 0;
-    let mut iterations: u64 = 0;
-    let mut error_backoff = Duration::from_millis(100);
-    loop {
-        if lock(&inner.consumers).list.get(&id).is_none_or(|c| c.retiring) {
-            break;
-        }
-        let Some(max) = wait_for_room(&inner).await else {
-            break;
-        };
-        let started = Instant::now();
-        let wakes = inner.wakes.load(Ordering::SeqCst);
-        // A stop does not cut the receive short: the queue would keep serving a poll cut on this side
-        // and could hand it messages nobody sees until their visibility timeout (a restart cost a job
-        // 30 s). The poll ends within its wait; what it brings goes straight back (see `accept`).
-        // A receive that outlives its long poll by far hangs on a dead connection: give up on it, and
-        // sooner when stopping (at the poll's end plus a second).
-        let limit = inner.cfg.receive_wait + RECEIVE_GRACE;
-        let receive = tokio::time::timeout(limit, inner.queue.receive(max as u32, inner.cfg.receive_wait));
-        tokio::pin!(receive);
-        let answer = tokio::select! {
-            r = &mut receive => r,
-            _ = inner.stop_receiving.cancelled() => {
-                let end = started + inner.cfg.receive_wait + STOP_POLL_MARGIN;
-                tokio::time::timeout_at(end, receive).await.unwrap_or_else(Err)
-            }
-        };
-        let received = answer.unwrap_or_else(|_| {
-            Err(fleet_io::Error::Service {
-                service: fleet_io::error::Service::Sqs,
-                operation: "ReceiveMessage",
-                detail: format!("no answer on queue {} within {} s; abandoned", inner.queue.name(), started.elapsed().as_secs()),
-                retryable: true,
-            })
-        });
-        iterations += 1;
-        bump(&inner.stats.receives, 1);
-        // One look at the consumer set: record this iteration; the main consumer is the oldest alive.
-        let (main, alive) = {
-            let mut c = lock(&inner.consumers);
-            if let (Ok(msgs), Some(slot)) = (&received, c.list.get_mut(&id)) {
-                slot.activity.record(!msgs.is_empty());
-            }
-            (c.list.keys().next() == Some(&id), c.list.values().filter(|s| !s.retiring).count())
-        };
-        match received {
-            Err(e) => {
-                unreserve(&inner, max);
-                inner.handler.on_error(ErrorEvent::Receive { error: &e });
-                tracing::warn!(queue = inner.queue.name(), consumer = id, error = %e, retry_in_ms = error_backoff.as_millis() as u64, "receive failed");
-                if pause(&inner, Some(error_backoff), wakes).await.is_none() {
-                    break;
-                }
-                error_backoff = (error_backoff * 2).min(Duration::from_secs(10));
-                continue;
-            }
-            Ok(msgs) => {
-                error_backoff = Duration::from_millis(100);
-                if !msgs.is_empty() {
-                    let was_idle = idle > 0;
-                    idle = 0;
-                    accept(&inner, msgs, max);
-                    if was_idle {
-                        work_detected(&inner, None).await;
-                    }
-                } else {
-                    unreserve(&inner, max);
-                    bump(&inner.stats.empty_receives, 1);
-                    idle = idle.saturating_add(1);
-                    let ctx = EmptyContext {
-                        idle_count: idle,
-                        waited: started.elapsed(),
-                        main,
-                        alive,
-                        min_consumers: inner.cfg.scaling.min_consumers,
-                        triggers: inner.cfg.triggers && inner.triggers_live.load(Ordering::SeqCst),
-                    };
-                    match inner.handler.queue_empty(&inner.cfg.backoff, ctx) {
-                        EmptyDecision::Stop if !main => {
-                            tracing::debug!(queue = inner.queue.name(), consumer = id, idle, "idle consumer stops");
-                            break;
-                        }
-                        EmptyDecision::Park | EmptyDecision::Stop => {
-                            set_parked(&inner, id, true);
-                            tracing::debug!(queue = inner.queue.name(), consumer = id, "parked until work is detected");
-                            let woke = pause(&inner, inner.cfg.park_poll, wakes).await;
-                            set_parked(&inner, id, false);
-                            match woke {
-                                None => break,
-                                Some(true) => idle = 0,
-                                Some(false) => {}
-                            }
-                        }
-                        EmptyDecision::Wait(d) => match pause(&inner, Some(d.saturating_sub(started.elapsed())), wakes).await {
-                            None => break,
-                            Some(true) => idle = 0,
-                            Some(false) => {}
-                        },
-                    }
-                }
-            }
-        }
-        if main && iterations.is_multiple_of(u64::from(inner.cfg.scaling.sample_rate)) {
-            sample(&inner);
-        }
-    }
-    let mut c = lock(&inner.consumers);
-    c.list.remove(&id);
-    c.note();
-}
-
-fn set_parked(inner: &Inner, id: usize, parked: bool) {
-    let mut c = lock(&inner.consumers);
-    if let Some(s) = c.list.get_mut(&id) {
-        s.parked = parked;
-    }
-    c.note();
-}
-
-/// The main consumer's scaling check.
-fn sample(inner: &Arc<Inner>) {
-    let decision = {
-        let c = lock(&inner.consumers);
-        let main = c.list.keys().next().copied();
-        decide(&inner.cfg.scaling, c.list.iter().filter(|(_, s)| !s.retiring && !s.parked).map(|(id, s)| (*id, &s.activity, Some(*id) == main)))
-    };
-    match decision {
-        ScaleDecision::Up => {
-            if let Some(id) = spawn_consumer(inner) {
-                tracing::debug!(queue = inner.queue.name(), consumer = id, "all consumers busy: one more");
-            }
-        }
-        ScaleDecision::Down(id) => {
-            let mut c = lock(&inner.consumers);
-            if let Some(s) = c.list.get_mut(&id) {
-                // It stops at the end of its current iteration: a long poll is never cut for this.
-                s.retiring = true;
-            }
-            c.note();
-            drop(c);
-            inner.wake.notify_waiters();
-            tracing::debug!(queue = inner.queue.name(), consumer = id, "idle consumer stopped");
-        }
-        ScaleDecision::Hold => {}
-    }
-}
-
-/// QueueWorkDetected: raise the consumers at once to the optimal count for the queue depth.
-async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
-    if inner.stop_receiving.is_cancelled() {
-        return;
-    }
-    let depth = match depth {
-        Some(d) => d,
-        None => match inner.queue.depth().await {
-            Ok(d) => d.visible,
-            Err(e) => {
-                tracing::debug!(queue = inner.queue.name(), error = %e, "queue depth unavailable");
-                return;
-            }
-        },
-    };
-    let target = inner.cfg.scaling.clamp(inner.cfg.work_rules.optimal(depth));
-    // Parked consumers count: a wake has just woken them (counting them as idle spawned a second
-    // consumer on every trigger that woke a parked engine).
-    let active = lock(&inner.consumers).list.values().filter(|c| !c.retiring).count();
-    if target > active {
-        tracing::debug!(queue = inner.queue.name(), depth, from = active, to = target, "work detected: raising consumers");
-    }
-    for _ in active..target {
-        spawn_consumer(inner);
-    }
-}
-
-fn accept(inner: &Arc<Inner>, msgs: Vec<Message>, reserved: usize) {
-    let now = Instant::now();
-    bump(&inner.stats.received, msgs.len() as u64);
-    if inner.stop_receiving.is_cancelled() {
-        // A poll that was under way at the stop: none of it starts here, all of it goes straight back.
-        unreserve(inner, reserved);
-        tracing::info!(queue = inner.queue.name(), returned = msgs.len(), "stopping: returning what the last poll brought");
-        for m in msgs {
-            release(inner, &m.receipt, Duration::ZERO);
-        }
-        return;
-    }
-    {
-        let mut hb = lock(&inner.heartbeat);
-        for m in &msgs {
-            hb.track(&m.receipt, now);
-        }
-    }
-    inner.heartbeat_changed.notify_one();
-    let mut back = Vec::new();
-    {
-        let mut t = lock(&inner.throttle);
-        t.unreserve(reserved);
-        for m in msgs {
-            let group = fifo_group(inner, &m);
-            let priority = m.attrs.priority;
-            back.extend(t.push(m, priority, group, now));
-        }
-    }
-    for m in back {
-        bump(&inner.stats.evicted, 1);
-        inner.handler.on_error(ErrorEvent::Evicted { msg: &m });
-        release(inner, &m.receipt, Duration::ZERO);
-    }
-    inner.dispatch.notify_one();
-    // Fewer messages than reserved leave room for another receive.
-    inner.room.notify_waiters();
-}
-
-/// The message group that orders a message: only on a FIFO queue.
-fn fifo_group(inner: &Inner, m: &Message) -> Option<String> {
-    if inner.info.fifo {
-        m.attrs.group.clone()
-    } else {
-        None
-    }
-}
-
 fn release(inner: &Inner, receipt: &str, after: Duration) {
     lock(&inner.heartbeat).untrack(receipt);
     inner.completions.release(receipt.to_string(), after);
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-async fn expire(inner: Arc<Inner>, m: Message) {
-    bump(&inner.stats.expired, 1);
-    let past_deadline = m.attrs.deadline_ms.is_some_and(|d| now_ms() >= d);
-    if let (true, Some(dlq)) = (past_deadline, &inner.dead_letter) {
-        let out = Outgoing { body: m.body.clone(), attrs: Attrs { reason: Some("expired".into()), ..m.attrs.clone() } };
-        match dlq.send_messages(&[out]).await {
-            Ok(_) => {
-                inner.handler.on_error(ErrorEvent::Expired { msg: &m, dead_lettered: true });
-                lock(&inner.heartbeat).untrack(&m.receipt);
-                inner.completions.delete(m.receipt);
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(queue = inner.queue.name(), error = %e, "could not dead-letter an expired message; returning it")
-            }
-        }
-    }
-    inner.handler.on_error(ErrorEvent::Expired { msg: &m, dead_lettered: false });
-    let group = fifo_group(&inner, &m);
-    let back = lock(&inner.throttle).give_back(m, group);
-    if let Some(m) = back {
-        release(&inner, &m.receipt, Duration::ZERO);
-    }
-}
-
-/// Marks a batch's messages finished in the throttle even if the handler panics.
-struct Running {
-    inner: Arc<Inner>,
-    groups: Vec<Option<String>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let mut t = lock(&self.inner.throttle);
-        let back: Vec<Message> = self.groups.iter().flat_map(|g| t.finish(g.as_deref())).collect();
-        drop(t);
-        for m in back {
-            release(&self.inner, &m.receipt, Duration::ZERO);
-        }
-        self.inner.dispatch.notify_one();
-        self.inner.room.notify_waiters();
-    }
-}
-
-async fn dispatch_loop(inner: Arc<Inner>) {
-    let batch = inner.handler.batch_size().max(1);
-    loop {
-        let notified = inner.dispatch.notified();
-        let (ready, expired, next) = {
-            let mut t = lock(&inner.throttle);
-            let expired = t.expire(Instant::now());
-            let mut ready = Vec::new();
-            while let Some(x) = t.pop_ready() {
-                ready.push(x);
-            }
-            (ready, expired, t.next_expiry())
-        };
-        if !expired.is_empty() {
-            inner.room.notify_waiters();
-        }
-        for m in expired {
-            inner.work_tasks.spawn(expire(inner.clone(), m));
-        }
-        let mut ready = ready.into_iter().peekable();
-        while ready.peek().is_some() {
-            let (msgs, groups): (Vec<Message>, Vec<Option<String>>) = ready.by_ref().take(batch).unzip();
-            let running = Running { inner: inner.clone(), groups };
-            inner.work_tasks.spawn(process(inner.clone(), msgs, running));
-        }
-        tokio::select! {
-            _ = inner.stop_all.cancelled() => return,
-            _ = notified => {}
-            _ = sleep_until(next) => {}
-        }
-    }
-}
-
-async fn process(inner: Arc<Inner>, msgs: Vec<Message>, running: Running) {
-    let outcomes = inner.handler.handle(&msgs, &inner.completions).await;
-    if outcomes.len() != msgs.len() {
-        tracing::error!(queue = inner.queue.name(), messages = msgs.len(), outcomes = outcomes.len(), "handler returned the wrong number of outcomes");
-    }
-    let mut outcomes = outcomes.into_iter();
-    for (i, m) in msgs.iter().enumerate() {
-        let outcome = outcomes.next().unwrap_or(Outcome::Release(Duration::ZERO));
-        lock(&inner.heartbeat).untrack(&m.receipt);
-        match outcome {
-            Outcome::Done => {
-                bump(&inner.stats.processed, 1);
-                inner.completions.delete(m.receipt.clone());
-            }
-            Outcome::Deferred => bump(&inner.stats.processed, 1),
-            Outcome::Release(after) => inner.completions.release(m.receipt.clone(), after),
-            Outcome::Failed(reason) => {
-                bump(&inner.stats.failed, 1);
-                let last = inner.info.max_receive_count.is_some_and(|max| m.receive_count >= max);
-                let delay = if last {
-                    inner.handler.on_poison(m, &reason).await;
-                    Duration::ZERO
-                } else {
-                    inner.cfg.retry.delay(m.receive_count)
-                };
-                tracing::warn!(
-                    queue = inner.queue.name(), message_id = %m.id, receive_count = m.receive_count, last_attempt = last,
-                    retry_in_s = delay.as_secs(), %reason, "message failed"
-                );
-                // FIFO: the group's later messages must not overtake it; they go back too, and become
-                // visible no later than it (a visible message behind an invisible one of its group
-                // could be received first): a second earlier on a delayed retry, right after it on
-                // the last attempt.
-                let successors = match running.groups.get(i).and_then(Option::as_deref) {
-                    Some(g) => lock(&inner.throttle).take_group(g),
-                    None => Vec::new(),
-                };
-                if delay.is_zero() {
-                    inner.completions.release(m.receipt.clone(), delay);
-                }
-                let ahead = if delay > Duration::from_secs(1) { delay - Duration::from_secs(1) } else { delay };
-                for b in &successors {
-                    release(&inner, &b.receipt, ahead);
-                }
-                if !delay.is_zero() {
-                    inner.completions.release(m.receipt.clone(), delay);
-                }
-            }
-        }
-    }
-    drop(running);
-}
-
-async fn heartbeat_loop(inner: Arc<Inner>) {
-    loop {
-        let notified = inner.heartbeat_changed.notified();
-        let (due, next, visibility) = {
-            let mut hb = lock(&inner.heartbeat);
-            let due = hb.due(Instant::now());
-            (due, hb.next_due(), hb.visibility())
-        };
-        if !due.extend.is_empty() {
-            bump(&inner.stats.extended, due.extend.len() as u64);
-            tracing::debug!(queue = inner.queue.name(), messages = due.extend.len(), "extending visibility");
-        }
-        for r in due.extend {
-            inner.completions.release(r, visibility);
-        }
-        for r in &due.overdue {
-            inner.handler.on_error(ErrorEvent::Overdue { receipt: r });
-            tracing::warn!(queue = inner.queue.name(), "message passed the maximum processing time; no longer extended");
-        }
-        tokio::select! {
-            _ = inner.stop_all.cancelled() => return,
-            _ = notified => {}
-            _ = sleep_until(next) => {}
-        }
-    }
 }
 
 #[cfg(test)]

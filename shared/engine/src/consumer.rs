@@ -1,0 +1,342 @@
+//! The consumer loop (seed 000 with seed 004's back-off): each consumer task reserves room in the
+//! throttle, receives up to that many messages with a long poll, hands them to the throttle, and after
+//! an empty receive waits, stops or parks as the `QueueEmpty` rule says. The main (oldest) consumer
+//! samples activity and scales the consumer set; a work-detected trigger raises it at once.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backoff::{EmptyContext, EmptyDecision};
+use crate::dynamic_consumers::{decide, Activity, ScaleDecision};
+use crate::{bump, lock, release, sleep_until, ErrorEvent, Inner};
+use fleet_io::queue::Message;
+
+/// One consumer task's entry in the consumer set.
+pub(crate) struct ConsumerSlot {
+    /// Busy/idle record of its last receives (seed 000's sample), written by the consumer itself.
+    activity: Activity,
+    /// Waiting for a trigger after an empty receive (does not count as active).
+    pub(crate) parked: bool,
+    /// Chosen by the main consumer's sample to stop at the end of its current iteration.
+    retiring: bool,
+}
+
+/// The consumer set, behind `Inner::consumers`.
+pub(crate) struct Consumers {
+    next_id: usize,
+    /// Consumers by id; the lowest id alive is the main consumer (it samples and never retires).
+    pub(crate) list: BTreeMap<usize, ConsumerSlot>,
+    /// (time, active consumers) at every change, for the state and benchmarks.
+    pub(crate) timeline: Vec<(Instant, usize)>,
+}
+
+impl Consumers {
+    pub(crate) fn new() -> Consumers {
+        Consumers { next_id: 0, list: BTreeMap::new(), timeline: Vec::new() }
+    }
+
+    pub(crate) fn active(&self) -> usize {
+        self.list.values().filter(|c| !c.parked && !c.retiring).count()
+    }
+
+    fn note(&mut self) {
+        let n = self.active();
+        if self.timeline.last().is_none_or(|&(_, last)| last != n) {
+            self.timeline.push((Instant::now(), n));
+            if self.timeline.len() > 10_000 {
+                self.timeline.drain(..5_000);
+            }
+        }
+    }
+}
+
+pub(crate) fn spawn_consumer(inner: &Arc<Inner>) -> Option<usize> {
+    if inner.stop_receiving.is_cancelled() {
+        return None;
+    }
+    let id = {
+        let mut c = lock(&inner.consumers);
+        let id = c.next_id;
+        c.next_id += 1;
+        c.list.insert(id, ConsumerSlot { activity: Activity::new(&inner.cfg.scaling), parked: false, retiring: false });
+        c.note();
+        id
+    };
+    inner.consumer_tasks.spawn(consume(inner.clone(), id));
+    Some(id)
+}
+
+pub(crate) async fn wait_for_room(inner: &Inner) -> Option<usize> {
+    loop {
+        let notified = inner.room.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // Room must not start a receive once stopping (a returned message was received again at once).
+        if inner.stop_receiving.is_cancelled() {
+            return None;
+        }
+        let n = lock(&inner.throttle).reserve(inner.cfg.receive_batch);
+        if n > 0 {
+            return Some(n);
+        }
+        tokio::select! {
+            _ = inner.stop_receiving.cancelled() => return None,
+            _ = notified => {}
+        }
+    }
+}
+
+/// Gives back room reserved for a receive that brought nothing (or less): consumers waiting for room
+/// must hear of it (one waited forever behind a long poll that came back empty).
+pub(crate) fn unreserve(inner: &Inner, n: usize) {
+    lock(&inner.throttle).unreserve(n);
+    inner.room.notify_waiters();
+}
+
+/// Waits `d` (None: until woken). `Some(true)`: woken, also by a wake since `wakes` was read (a trigger
+/// that arrived during the receive that came back empty); `Some(false)`: waited; `None`: stopping.
+pub(crate) async fn pause(inner: &Inner, d: Option<Duration>, wakes: u64) -> Option<bool> {
+    let notified = inner.wake.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    if inner.wakes.load(Ordering::SeqCst) != wakes {
+        return Some(true);
+    }
+    tokio::select! {
+        _ = inner.stop_receiving.cancelled() => None,
+        _ = notified => Some(true),
+        _ = sleep_until(d.map(|d| Instant::now() + d)) => Some(false),
+    }
+}
+
+/// How long a receive may take beyond its long-poll wait before it is abandoned.
+pub(crate) const RECEIVE_GRACE: Duration = Duration::from_secs(10);
+/// How long past its long-poll wait a receive in flight at a stop is waited for.
+pub(crate) const STOP_POLL_MARGIN: Duration = Duration::from_secs(1);
+
+pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
+    let mut idle: u32 = 0;
+    let mut iterations: u64 = 0;
+    let mut error_backoff = Duration::from_millis(100);
+    loop {
+        if lock(&inner.consumers).list.get(&id).is_none_or(|c| c.retiring) {
+            break;
+        }
+        let Some(max) = wait_for_room(&inner).await else {
+            break;
+        };
+        let started = Instant::now();
+        let wakes = inner.wakes.load(Ordering::SeqCst);
+        // A stop does not cut the receive short: the queue would keep serving a poll cut on this side
+        // and could hand it messages nobody sees until their visibility timeout (a restart cost a job
+        // 30 s). The poll ends within its wait; what it brings goes straight back (see `accept`).
+        // A receive that outlives its long poll by far hangs on a dead connection: give up on it, and
+        // sooner when stopping (at the poll's end plus a second).
+        let limit = inner.cfg.receive_wait + RECEIVE_GRACE;
+        let receive = tokio::time::timeout(limit, inner.queue.receive(max as u32, inner.cfg.receive_wait));
+        tokio::pin!(receive);
+        let answer = tokio::select! {
+            r = &mut receive => r,
+            _ = inner.stop_receiving.cancelled() => {
+                let end = started + inner.cfg.receive_wait + STOP_POLL_MARGIN;
+                tokio::time::timeout_at(end, receive).await.unwrap_or_else(Err)
+            }
+        };
+        let received = answer.unwrap_or_else(|_| {
+            Err(fleet_io::Error::Service {
+                service: fleet_io::error::Service::Sqs,
+                operation: "ReceiveMessage",
+                detail: format!("no answer on queue {} within {} s; abandoned", inner.queue.name(), started.elapsed().as_secs()),
+                retryable: true,
+            })
+        });
+        iterations += 1;
+        bump(&inner.stats.receives, 1);
+        // One look at the consumer set: record this iteration; the main consumer is the oldest alive.
+        let (main, alive) = {
+            let mut c = lock(&inner.consumers);
+            if let (Ok(msgs), Some(slot)) = (&received, c.list.get_mut(&id)) {
+                slot.activity.record(!msgs.is_empty());
+            }
+            (c.list.keys().next() == Some(&id), c.list.values().filter(|s| !s.retiring).count())
+        };
+        match received {
+            Err(e) => {
+                unreserve(&inner, max);
+                inner.handler.on_error(ErrorEvent::Receive { error: &e });
+                tracing::warn!(queue = inner.queue.name(), consumer = id, error = %e, retry_in_ms = error_backoff.as_millis() as u64, "receive failed");
+                if pause(&inner, Some(error_backoff), wakes).await.is_none() {
+                    break;
+                }
+                error_backoff = (error_backoff * 2).min(Duration::from_secs(10));
+                continue;
+            }
+            Ok(msgs) => {
+                error_backoff = Duration::from_millis(100);
+                if !msgs.is_empty() {
+                    let was_idle = idle > 0;
+                    idle = 0;
+                    accept(&inner, msgs, max);
+                    if was_idle {
+                        work_detected(&inner, None).await;
+                    }
+                } else {
+                    unreserve(&inner, max);
+                    bump(&inner.stats.empty_receives, 1);
+                    idle = idle.saturating_add(1);
+                    let ctx = EmptyContext {
+                        idle_count: idle,
+                        waited: started.elapsed(),
+                        main,
+                        alive,
+                        min_consumers: inner.cfg.scaling.min_consumers,
+                        triggers: inner.cfg.triggers && inner.triggers_live.load(Ordering::SeqCst),
+                    };
+                    match inner.handler.queue_empty(&inner.cfg.backoff, ctx) {
+                        EmptyDecision::Stop if !main => {
+                            tracing::debug!(queue = inner.queue.name(), consumer = id, idle, "idle consumer stops");
+                            break;
+                        }
+                        EmptyDecision::Park | EmptyDecision::Stop => {
+                            set_parked(&inner, id, true);
+                            tracing::debug!(queue = inner.queue.name(), consumer = id, "parked until work is detected");
+                            let woke = pause(&inner, inner.cfg.park_poll, wakes).await;
+                            set_parked(&inner, id, false);
+                            match woke {
+                                None => break,
+                                Some(true) => idle = 0,
+                                Some(false) => {}
+                            }
+                        }
+                        EmptyDecision::Wait(d) => match pause(&inner, Some(d.saturating_sub(started.elapsed())), wakes).await {
+                            None => break,
+                            Some(true) => idle = 0,
+                            Some(false) => {}
+                        },
+                    }
+                }
+            }
+        }
+        if main && iterations.is_multiple_of(u64::from(inner.cfg.scaling.sample_rate)) {
+            sample(&inner);
+        }
+    }
+    let mut c = lock(&inner.consumers);
+    c.list.remove(&id);
+    c.note();
+}
+
+pub(crate) fn set_parked(inner: &Inner, id: usize, parked: bool) {
+    let mut c = lock(&inner.consumers);
+    if let Some(s) = c.list.get_mut(&id) {
+        s.parked = parked;
+    }
+    c.note();
+}
+
+/// The main consumer's scaling check.
+pub(crate) fn sample(inner: &Arc<Inner>) {
+    let decision = {
+        let c = lock(&inner.consumers);
+        let main = c.list.keys().next().copied();
+        decide(&inner.cfg.scaling, c.list.iter().filter(|(_, s)| !s.retiring && !s.parked).map(|(id, s)| (*id, &s.activity, Some(*id) == main)))
+    };
+    match decision {
+        ScaleDecision::Up => {
+            if let Some(id) = spawn_consumer(inner) {
+                tracing::debug!(queue = inner.queue.name(), consumer = id, "all consumers busy: one more");
+            }
+        }
+        ScaleDecision::Down(id) => {
+            let mut c = lock(&inner.consumers);
+            if let Some(s) = c.list.get_mut(&id) {
+                // It stops at the end of its current iteration: a long poll is never cut for this.
+                s.retiring = true;
+            }
+            c.note();
+            drop(c);
+            inner.wake.notify_waiters();
+            tracing::debug!(queue = inner.queue.name(), consumer = id, "idle consumer stopped");
+        }
+        ScaleDecision::Hold => {}
+    }
+}
+
+/// QueueWorkDetected: raise the consumers at once to the optimal count for the queue depth.
+pub(crate) async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
+    if inner.stop_receiving.is_cancelled() {
+        return;
+    }
+    let depth = match depth {
+        Some(d) => d,
+        None => match inner.queue.depth().await {
+            Ok(d) => d.visible,
+            Err(e) => {
+                tracing::debug!(queue = inner.queue.name(), error = %e, "queue depth unavailable");
+                return;
+            }
+        },
+    };
+    let target = inner.cfg.scaling.clamp(inner.cfg.work_rules.optimal(depth));
+    // Parked consumers count: a wake has just woken them (counting them as idle spawned a second
+    // consumer on every trigger that woke a parked engine).
+    let active = lock(&inner.consumers).list.values().filter(|c| !c.retiring).count();
+    if target > active {
+        tracing::debug!(queue = inner.queue.name(), depth, from = active, to = target, "work detected: raising consumers");
+    }
+    for _ in active..target {
+        spawn_consumer(inner);
+    }
+}
+
+pub(crate) fn accept(inner: &Arc<Inner>, msgs: Vec<Message>, reserved: usize) {
+    let now = Instant::now();
+    bump(&inner.stats.received, msgs.len() as u64);
+    if inner.stop_receiving.is_cancelled() {
+        // A poll that was under way at the stop: none of it starts here, all of it goes straight back.
+        unreserve(inner, reserved);
+        tracing::info!(queue = inner.queue.name(), returned = msgs.len(), "stopping: returning what the last poll brought");
+        for m in msgs {
+            release(inner, &m.receipt, Duration::ZERO);
+        }
+        return;
+    }
+    {
+        let mut hb = lock(&inner.heartbeat);
+        for m in &msgs {
+            hb.track(&m.receipt, now);
+        }
+    }
+    inner.heartbeat_changed.notify_one();
+    let mut back = Vec::new();
+    {
+        let mut t = lock(&inner.throttle);
+        t.unreserve(reserved);
+        for m in msgs {
+            let group = fifo_group(inner, &m);
+            let priority = m.attrs.priority;
+            back.extend(t.push(m, priority, group, now));
+        }
+    }
+    for m in back {
+        bump(&inner.stats.evicted, 1);
+        inner.handler.on_error(ErrorEvent::Evicted { msg: &m });
+        release(inner, &m.receipt, Duration::ZERO);
+    }
+    inner.dispatch.notify_one();
+    // Fewer messages than reserved leave room for another receive.
+    inner.room.notify_waiters();
+}
+
+/// The message group that orders a message: only on a FIFO queue.
+pub(crate) fn fifo_group(inner: &Inner, m: &Message) -> Option<String> {
+    if inner.info.fifo {
+        m.attrs.group.clone()
+    } else {
+        None
+    }
+}

@@ -1,0 +1,66 @@
+//! Work-detected triggers (seed 004): an engine follows its queue's triggers on the bus, waking parked
+//! consumers and raising the consumer count at once, and follows the subscription's liveness, so that
+//! consumers park only while a trigger can reach them.
+
+use std::sync::atomic::Ordering;
+
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use fleet_io::trigger::Subscription;
+
+use crate::Engine;
+
+impl Engine {
+    /// Wakes the engine on every work-detected trigger for its queue until `stop`, and follows the
+    /// subscription's liveness: while the bus is down no consumer parks (a parked one is woken to poll at
+    /// its back-off cap), and when it comes back the engine polls once (a trigger published meanwhile was
+    /// lost) and may park again.
+    pub fn follow_triggers(&self, sub: &Subscription, stop: CancellationToken) {
+        let engine = self.clone();
+        let mut rx = sub.events.subscribe();
+        let mut live = sub.live.clone();
+        self.inner.service_tasks.spawn(async move {
+            let inner = &engine.inner;
+            let mut was_live = *live.borrow_and_update();
+            inner.triggers_live.store(was_live, Ordering::SeqCst);
+            if !was_live {
+                inner.wake.notify_waiters();
+            }
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = inner.stop_receiving.cancelled() => return,
+                    changed = live.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let now_live = *live.borrow_and_update();
+                        inner.triggers_live.store(now_live, Ordering::SeqCst);
+                        if now_live != was_live {
+                            tracing::info!(queue = engine.queue_name(), live = now_live, "work-detected triggers {}", if now_live { "reach this listener again" } else { "unreachable: polling instead of parking" });
+                            // Down: parked consumers go back to polling. Back: one poll for what a
+                            // lost trigger announced.
+                            inner.wakes.fetch_add(1, Ordering::SeqCst);
+                            inner.wake.notify_waiters();
+                        }
+                        was_live = now_live;
+                    }
+                    ev = rx.recv() => match ev {
+                        Ok(ev) if ev.queue == engine.queue_name() => {
+                            tracing::debug!(source = %ev.source, messages = ev.messages, "work-detected trigger");
+                            engine.wake((ev.messages > 0).then_some(ev.messages)).await;
+                        }
+                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+            }
+        });
+    }
+
+    /// Whether a trigger can reach this engine now (see [`Engine::follow_triggers`]).
+    pub fn triggers_live(&self) -> bool {
+        self.inner.cfg.triggers && self.inner.triggers_live.load(Ordering::SeqCst)
+    }
+}
