@@ -3,7 +3,11 @@
 use std::collections::HashMap;
 
 use super::*;
+use crate::backoff::RetryBackoff;
+use crate::completion::BatchSettings;
+use crate::dynamic_consumers::WorkRules;
 use fleet_io::memory::MemoryQueue;
+use fleet_io::queue::{Attrs, Outgoing};
 
 struct TestHandler {
     t0: Instant,
