@@ -1,0 +1,193 @@
+//! Checkpoints: `flush` (every job with pending messages, or only the idle ones for the timer) writes
+//! each job's checkpoint and returns the messages it covers for deletion. The format: the document (`jobs/{job}/checkpoint.json.zst`, the commit point, written
+//! If-Match its ETag so a stale owner is fenced) with a small job's rows inline, or for a large job a
+//! base part with every row plus change parts with the rows of the accounts changed since, each under
+//! a key of its own; restoring is "later rows replace earlier ones".
+
+use super::*;
+
+impl Aggregator {
+    /// Checkpoints every job with pending messages (concurrently) and returns those messages for
+    /// deletion. A job whose checkpoint fails is dropped from memory (reloaded from its last
+    /// checkpoint later); its messages are not returned, so they come back.
+    pub async fn flush(&self) -> Vec<(Source, String)> {
+        self.flush_jobs(true).await
+    }
+
+    /// [`flush`](Self::flush), skipping the jobs being worked on (the timer's: a job whose S3 calls
+    /// hang holds up nobody else's deletes).
+    pub async fn flush_idle(&self) -> Vec<(Source, String)> {
+        self.flush_jobs(false).await
+    }
+
+    pub(super) async fn flush_jobs(&self, wait: bool) -> Vec<(Source, String)> {
+        let slots = self.slots();
+        let done = futures::future::join_all(slots.iter().map(|(job_id, slot)| async move {
+            let mut held = if wait {
+                slot.lock().await
+            } else {
+                match slot.try_lock() {
+                    Ok(held) => held,
+                    Err(_) => return Vec::new(),
+                }
+            };
+            match held.as_ref() {
+                Some(job) if job.pending.len() > 0 => self.flush_job(job_id, &mut held).await,
+                _ => Vec::new(),
+            }
+        }))
+        .await;
+        self.prune_all(slots);
+        done.into_iter().flatten().collect()
+    }
+
+    /// Checkpoints one job; returns the messages it covers.
+    pub(super) async fn flush_job(&self, job_id: &str, held: &mut Option<Job>) -> Vec<(Source, String)> {
+        let job = held.as_mut().expect("the job is in memory");
+        let mut ctl = RequestCounts::default();
+        ctl.add("s3.PutObject", 1);
+        ctl.add("sqs.DeleteMessageBatch", delete_calls(&job.pending.list));
+        job.cp.requests.merge(&ctl);
+        let marked = if job.marked_open {
+            Ok(())
+        } else {
+            // Before the first checkpoint: a restarted controller finds the job through it.
+            job.cp.requests.add("s3.PutObject", 1);
+            self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await
+        };
+        let saved = match marked {
+            Ok(()) => save_checkpoint(job, self.store.as_ref(), &self.stats, Rows::Keep).await,
+            Err(e) => Err(e),
+        };
+        match saved {
+            Ok(()) => {
+                job.marked_open = true;
+                job.saved = Instant::now();
+                job.pending.take()
+            }
+            Err(Error::Conflict(why)) => {
+                tracing::warn!(job = %job_id, %why, pending = job.pending.len(), "fenced: another controller owns the job now; its messages go there");
+                *held = None;
+                Vec::new()
+            }
+            Err(e) => {
+                tracing::warn!(job = %job_id, error = %e, "checkpoint failed; its messages will be redelivered");
+                if e.is_retryable() {
+                    lock(&self.failing).insert(job_id.to_string(), Instant::now() + FAILING_FOR);
+                }
+                *held = None;
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// Restores a job's totals from its checkpoint: the rows inline, then its parts in order.
+pub(super) async fn restore_totals(cp: &mut Checkpoint, store: &dyn BlobStore, ctl: &mut RequestCounts) -> Result<CheckedTotals> {
+    ctl.add("s3.GetObject", cp.parts.len() as u64);
+    let job_id = cp.job_id.as_str();
+    let parts = futures::future::try_join_all(cp.parts.iter().map(|p| async move {
+        let data = store.get(&p.key).await?.ok_or_else(|| Error::Corrupt(format!("checkpoint part {} of job {job_id} does not exist", p.key)))?;
+        if sha256_hex(&data) != p.sha256 {
+            return Err(Error::Corrupt(format!("checkpoint part {} of job {job_id}: checksum mismatch", p.key)));
+        }
+        accounts_from_zstd_csv(&data, MAX_DOC_BYTES).map_err(corrupt)
+    }))
+    .await?;
+    let inline = std::mem::take(&mut cp.accounts);
+    CheckedTotals::restore(std::iter::once(&inline).chain(parts.iter())).map_err(|e| Error::Corrupt(format!("checkpoint of job {}: {e}", cp.job_id)))
+}
+
+/// What a checkpoint keeps of a job's totals.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rows {
+    /// Every row, inline or in parts (only the rows changed since the last checkpoint are written).
+    Keep,
+    /// None (the job finished: its rows are in the warehouse); its parts are deleted.
+    Drop,
+}
+
+/// Writes the job's checkpoint, fenced by the ETag last read or written. A small job's rows travel
+/// inside the document; a large job's in parts: the rows of the accounts changed since the last
+/// checkpoint, or, when the parts since the last base would outweigh the job, a new base with every
+/// row (the parts it replaces are deleted once the document naming it is written).
+pub(super) async fn save_checkpoint(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats, rows: Rows) -> Result<()> {
+    job.cp.updated_at = now_rfc3339();
+    let before = job.cp.parts.clone();
+    let result = write_checkpoint(job, store, stats, rows).await;
+    job.cp.accounts = Vec::new();
+    match result {
+        Ok(()) if rows == Rows::Drop => Ok(()),
+        Ok(()) => {
+            job.changed.clear();
+            let kept: HashSet<&str> = job.cp.parts.iter().map(|p| p.key.as_str()).collect();
+            let stale: Vec<String> = before.iter().filter(|p| !kept.contains(p.key.as_str())).map(|p| p.key.clone()).collect();
+            for key in stale {
+                job.cp.requests.add("s3.DeleteObject", 1);
+                if let Err(e) = store.delete(&key).await {
+                    tracing::warn!(job = %job.cp.job_id, %key, error = %e, "could not delete a replaced checkpoint part; the job's end removes it");
+                }
+            }
+            Ok(())
+        }
+        Err(e) => {
+            // Not written: the document on S3 still names the parts it named.
+            job.cp.parts = before;
+            Err(e)
+        }
+    }
+}
+
+pub(super) async fn write_checkpoint(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats, rows: Rows) -> Result<()> {
+    let n = job.totals.len();
+    match rows {
+        Rows::Drop => job.cp.parts.clear(),
+        Rows::Keep if job.cp.parts.is_empty() && n <= INLINE_ROWS => job.cp.accounts = job.totals.rows(),
+        Rows::Keep => {
+            let since_base: usize = job.cp.parts.iter().skip(1).map(|p| p.rows as usize).sum();
+            let full = job.cp.parts.is_empty() || job.cp.parts.len() >= MAX_PARTS || since_base + job.changed.len() > n;
+            // Borrowed from the totals: a base of a million rows is not copied before it is encoded.
+            let part_rows = if full {
+                job.totals.sorted_rows()
+            } else {
+                let mut changed: Vec<&String> = job.changed.iter().collect();
+                changed.sort_unstable();
+                changed.into_iter().flat_map(|a| job.totals.account_rows(a)).collect()
+            };
+            let rows = part_rows.len() as u64;
+            let data = accounts_to_zstd_csv(part_rows.into_iter());
+            let part = CheckpointPart {
+                key: format!("{}{}.csv.zst", checkpoint_parts_prefix(&job.cp.job_id), uuid::Uuid::now_v7().simple()),
+                rows,
+                bytes: data.len() as u64,
+                sha256: sha256_hex(&data),
+                full,
+            };
+            job.cp.requests.add("s3.PutObject", 1);
+            // A key of its own: a stale owner's part can never replace one the document names.
+            store.put(&part.key, Bytes::from(data), "application/zstd").await?;
+            stats.wrote(part.bytes as usize);
+            let counter = if full { &stats.full_parts } else { &stats.delta_parts };
+            counter.fetch_add(1, Ordering::Relaxed);
+            if full {
+                job.cp.parts.clear();
+            }
+            job.cp.parts.push(part);
+        }
+    }
+    let bytes = to_zstd_json(&job.cp).map_err(corrupt)?;
+    let len = bytes.len();
+    let meta = Progress::of(&job.cp).to_meta();
+    let cond = match &job.cp_etag {
+        Some(e) => Cond::Matches(e.clone()),
+        None => Cond::Absent,
+    };
+    match store.put_if(&checkpoint_key(&job.cp.job_id), Bytes::from(bytes), "application/zstd", &meta, &cond).await? {
+        Some(etag) => {
+            stats.wrote(len);
+            job.cp_etag = Some(etag);
+            Ok(())
+        }
+        None => Err(Error::Conflict(format!("the checkpoint of job {} was written by another controller", job.cp.job_id))),
+    }
+}

@@ -1,0 +1,128 @@
+//! Finishing a job: when a sealed job has every chunk accounted for (or it is abandoned), its report
+//! and accounts are written to the warehouse, its checkpoint is marked finished without rows, its
+//! parts and `open/{job}` marker are removed, and its messages are handed back for deletion.
+
+use super::*;
+
+impl Aggregator {
+    /// Writes the report of a job in memory (complete, or abandoned when it says so) and forgets it;
+    /// returns its messages for deletion.
+    pub(super) async fn finish(&self, job_id: &str, held: &mut Option<Job>) -> Result<Vec<(Source, String)>> {
+        // Still the owner? (A paused owner whose lease lapsed must not write a report.)
+        {
+            let job = held.as_mut().expect("the job is in memory");
+            if !self.leases.renew(job_id, &mut job.lease).await? {
+                tracing::warn!(job = %job_id, "lease lost before the report; the new owner writes it");
+                *held = None;
+                return Ok(Vec::new());
+            }
+        }
+        let mut job = held.take().expect("the job is in memory");
+        let mut done = RequestCounts::default();
+        done.add("s3.GetObject", 1); // the manifest
+        done.add("s3.PutObject", 3); // report, accounts.csv, checkpoint
+        done.add("s3.DeleteObject", 1); // the open marker
+        done.add("sqs.DeleteMessageBatch", delete_calls(&job.pending.list));
+        if !job.cp.parts.is_empty() {
+            done.add("s3.ListObjectsV2", 1);
+        }
+        job.cp.requests.merge(&done);
+        let status = match finalize(&mut job, self.store.as_ref(), &self.stats).await {
+            Ok(s) => s,
+            Err(Error::Conflict(why)) => {
+                tracing::warn!(job = %job_id, %why, "fenced while finishing: another controller owns the job now");
+                return Ok(Vec::new());
+            }
+            Err(e) => {
+                job.cp.requests.sub(&done);
+                *held = Some(job);
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.store.delete(&open_key(job_id)).await {
+            tracing::warn!(job = %job_id, error = %e, "could not remove the open-job marker; the next start removes it");
+        }
+        let _ = self.leases.release(job_id, &job.lease).await;
+        self.remember_finished(job_id, status);
+        Ok(job.pending.take())
+    }
+}
+
+/// Writes the report and accounts.csv, then marks the job finished in its checkpoint. An abandoned job
+/// lists the chunks its manifest names that have no result as failed; without a manifest (the
+/// submission never finished) the report holds what was processed.
+pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats) -> Result<JobStatus> {
+    let job_id = job.cp.job_id.clone();
+    let manifest: Option<Manifest> = match store.get(&manifest_key(&job_id)).await? {
+        Some(b) => Some(serde_json::from_slice(&b)?),
+        None => None,
+    };
+    let mut failed = job.cp.failed_chunks.clone();
+    let (manifest, note) = match (manifest, &job.abandon) {
+        (Some(m), None) => (m, None),
+        (None, None) => {
+            return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") });
+        }
+        (Some(m), Some(reason)) => {
+            for chunk in (0..m.total_chunks).filter(|c| !job.cp.accounted.contains(c)) {
+                let transactions = m.chunk_transactions.get(chunk as usize).copied().unwrap_or(0);
+                failed.push(FailedChunk { chunk, transactions, reason: format!("no result before the job was abandoned: {reason}") });
+            }
+            (m, Some(format!("abandoned: {reason}")))
+        }
+        (None, Some(reason)) => {
+            let known = job.cp.processed_transactions.saturating_add(failed.iter().fold(0u64, |n, f| n.saturating_add(f.transactions)));
+            let m = Manifest {
+                v: WIRE_VERSION,
+                job_id: job_id.clone(),
+                created_at: String::new(),
+                files: Vec::new(),
+                submitted: known,
+                accepted: known,
+                rejected: Vec::new(),
+                total_chunks: job.cp.accounted.len() as u32,
+                chunk_transactions: Vec::new(),
+                tariff: Tariff::default(),
+                requests: RequestCounts::default(),
+            };
+            let note = format!(
+                "abandoned: {reason}; the submission never finished (no manifest): submitted and accepted count only the transactions of chunks that reported; files, rejected rows and tariff are unknown"
+            );
+            (m, Some(note))
+        }
+    };
+    let mut requests = manifest.requests.clone();
+    requests.merge(&job.cp.requests);
+    let mut r = report::build_borrowed(&manifest, &job.totals, failed, &requests);
+    if let Some(note) = note {
+        r.status = JobStatus::Abandoned;
+        r.note = Some(note);
+    }
+    if r.transactions.accepted != r.transactions.processed + r.transactions.failed {
+        tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
+            "accepted != processed + failed: the results disagree with the manifest");
+    }
+    store.put(&report_key(&job_id), Bytes::from(report::to_json(&r)?), "application/json").await?;
+    store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
+    // Written: the rows borrowed from the job's totals are let go before the job is changed.
+    let r = r.map_accounts(|_| ());
+    job.cp.status = r.status;
+    let had_parts = !job.cp.parts.is_empty();
+    save_checkpoint(job, store, stats, Rows::Drop).await?;
+    if had_parts {
+        // Also what a fenced (stale) owner may have left there.
+        match store.list(&checkpoint_parts_prefix(&job_id), MAX_OPEN_JOBS).await {
+            Ok(keys) => {
+                for key in keys {
+                    if let Err(e) = store.delete(&key).await {
+                        tracing::warn!(job = %job_id, %key, error = %e, "could not delete a checkpoint part of a finished job");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(job = %job_id, error = %e, "could not list the checkpoint parts of a finished job"),
+        }
+    }
+    tracing::info!(job = %job_id, status = ?r.status, processed = r.transactions.processed, failed = r.transactions.failed,
+        requests = r.requests.total, "job finished; report written");
+    Ok(r.status)
+}

@@ -1,0 +1,218 @@
+//! A job in memory and the items applied to it: parsing a message into an item (a chunk result, a
+//! seal, an abandon, a dead-lettered work item), fetching and decoding a result's payload before the
+//! job is locked, and applying an item to the job exactly once (a chunk already accounted for is a
+//! duplicate however often it arrives). `Pending` counts the receipts applied but not yet covered by a
+//! checkpoint.
+
+use super::*;
+
+pub(super) enum Item {
+    Result(ResultMessage),
+    /// `reason`: set when a listener dead-lettered it itself (e.g. `expired`).
+    Dead {
+        item: WorkItem,
+        receives: u32,
+        reason: Option<String>,
+    },
+}
+
+impl Item {
+    pub(super) fn job_id(&self) -> &str {
+        match self {
+            Item::Result(r) => r.job_id(),
+            Item::Dead { item, .. } => &item.job_id,
+        }
+    }
+}
+
+pub(super) struct Job {
+    pub(super) cp: Checkpoint,
+    pub(super) totals: CheckedTotals,
+    /// Accounts whose rows changed since the last checkpoint (large jobs write only these).
+    pub(super) changed: HashSet<String>,
+    /// Applied in memory, not yet covered by a checkpoint: deleted after the next one.
+    pub(super) pending: Pending,
+    /// When it was last checkpointed (or loaded).
+    pub(super) saved: Instant,
+    /// Last message of this job (or when it was resumed, less its checkpoint's age).
+    pub(super) last_activity: Instant,
+    /// Its `open/{job}` marker is known to exist.
+    pub(super) marked_open: bool,
+    /// Set by an `Abandon` message: finish now, with this reason.
+    pub(super) abandon: Option<String>,
+    /// This controller's lease on the job.
+    pub(super) lease: Held,
+    /// ETag of the checkpoint as last read or written (`None`: there is none yet): checkpoints are
+    /// written only if it still matches (fencing).
+    pub(super) cp_etag: Option<String>,
+}
+
+/// Receipts applied in memory and waiting for a checkpoint, counted for the whole aggregator (also
+/// when a job is dropped with them).
+pub(super) struct Pending {
+    pub(super) list: Vec<(Source, String)>,
+    pub(super) count: Arc<AtomicUsize>,
+}
+
+impl Pending {
+    pub(super) fn new(count: Arc<AtomicUsize>) -> Pending {
+        Pending { list: Vec::new(), count }
+    }
+
+    pub(super) fn extend(&mut self, receipts: Vec<(Source, String)>) {
+        self.count.fetch_add(receipts.len(), Ordering::Relaxed);
+        self.list.extend(receipts);
+    }
+
+    pub(super) fn take(&mut self) -> Vec<(Source, String)> {
+        self.count.fetch_sub(self.list.len(), Ordering::Relaxed);
+        std::mem::take(&mut self.list)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.list.len()
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.list.len(), Ordering::Relaxed);
+    }
+}
+
+pub(super) fn parse(source: Source, m: &Message) -> Result<Item> {
+    let item = match source {
+        Source::Results | Source::ResultsDeadLetter => Item::Result(serde_json::from_str(&m.body)?),
+        Source::WorkDeadLetter => Item::Dead { item: serde_json::from_str(&m.body)?, receives: m.receive_count, reason: m.attrs.reason.clone() },
+    };
+    check_job_id(item.job_id()).map_err(corrupt)?;
+    Ok(item)
+}
+
+/// An item with its result payload fetched and decoded before its job is locked (`None`: it carries
+/// no payload).
+pub(super) struct Ready {
+    pub(super) item: Item,
+    pub(super) accounts: Option<Result<Vec<AccountTotals>>>,
+    /// GetObject calls made for it.
+    pub(super) gets: u64,
+}
+
+pub(super) async fn prepare(mut item: Item, store: &dyn BlobStore) -> Ready {
+    if let Item::Result(ResultMessage::Chunk(ChunkResult { outcome: Outcome::Processed { payload }, .. })) = &mut item {
+        let payload = std::mem::replace(payload, AccountsPayload::Inline { accounts: Vec::new() });
+        let gets = u64::from(matches!(payload, AccountsPayload::Blob { .. }));
+        let accounts = Some(decode_payload(payload, store).await);
+        return Ready { item, accounts, gets };
+    }
+    Ready { item, accounts: None, gets: 0 }
+}
+
+pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -> Result<()> {
+    ctl.add("s3.GetObject", ready.gets);
+    let Ready { item, accounts, .. } = ready;
+    let cp = &mut job.cp;
+    let (chunk, transactions) = match &item {
+        Item::Result(ResultMessage::Sealed { total_chunks, .. }) => {
+            let total = *total_chunks;
+            match cp.total_chunks {
+                Some(t) if t != total => tracing::error!(job = %cp.job_id, total, sealed_before = t, "conflicting seal ignored"),
+                _ => {
+                    if let Some(c) = cp.accounted.iter().find(|&&c| c >= total) {
+                        tracing::error!(job = %cp.job_id, chunk = c, total, "a counted chunk lies beyond the sealed size");
+                    }
+                    cp.total_chunks = Some(total);
+                }
+            }
+            return Ok(());
+        }
+        Item::Result(ResultMessage::Abandon { reason, .. }) => {
+            tracing::warn!(job = %cp.job_id, %reason, accounted = cp.accounted.len(), "job abandoned on request");
+            job.abandon = Some(reason.clone());
+            return Ok(());
+        }
+        Item::Result(ResultMessage::Chunk(c)) => (c.chunk, c.transactions),
+        Item::Dead { item, .. } => (item.chunk, item.transactions),
+    };
+    if cp.total_chunks.is_some_and(|t| chunk >= t) {
+        // Not from this job as we know it: drop it loudly rather than corrupt the totals.
+        tracing::error!(job = %cp.job_id, chunk, total = ?cp.total_chunks, "chunk beyond the job's size; ignored");
+        return Ok(());
+    }
+    if cp.accounted.contains(&chunk) {
+        // The processor's own failure report says more than the dead letter: keep its reason.
+        if let Item::Result(ResultMessage::Chunk(ChunkResult { outcome: Outcome::Failed { reason }, .. })) = &item {
+            if let Some(f) = cp.failed_chunks.iter_mut().find(|f| f.chunk == chunk && f.reason == DEAD_LETTER_REASON) {
+                f.reason = reason.clone();
+            }
+        }
+        tracing::debug!(job = %cp.job_id, chunk, "duplicate; already counted");
+        return Ok(());
+    }
+    match item {
+        Item::Result(ResultMessage::Chunk(c)) => {
+            match c.outcome {
+                Outcome::Processed { .. } => match accounts.expect("prepared with its payload") {
+                    Ok(accounts) => match checked_count(&accounts) {
+                        Some(counted) if counted == c.transactions => match job.totals.try_add_all(accounts.iter()) {
+                            Ok(()) => {
+                                cp.processed_transactions = cp.processed_transactions.saturating_add(counted);
+                                // Until a job has parts its next part is a base with every row: nothing to track.
+                                if !cp.parts.is_empty() {
+                                    job.changed.extend(accounts.into_iter().map(|a| a.account_id));
+                                }
+                            }
+                            Err(e) => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result not added: {e}") }),
+                        },
+                        counted => cp.failed_chunks.push(FailedChunk {
+                            chunk,
+                            transactions,
+                            reason: match counted {
+                                Some(n) => format!("result counts {n} transactions, the chunk has {}", c.transactions),
+                                None => "result counts more transactions than a count can hold".to_string(),
+                            },
+                        }),
+                    },
+                    // S3 unreachable: leave the message; it comes back.
+                    Err(e) if e.is_retryable() => return Err(e),
+                    // Missing or corrupt payload: it never becomes readable; the chunk failed.
+                    Err(e) => {
+                        tracing::error!(job = %cp.job_id, chunk, error = %e, "result payload unreadable; chunk recorded as failed");
+                        cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result unreadable: {e}") })
+                    }
+                },
+                Outcome::Failed { reason } => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason }),
+            }
+            cp.requests.merge(&c.requests);
+        }
+        Item::Dead { receives, reason, .. } => {
+            tracing::warn!(job = %cp.job_id, chunk, receives, ?reason, "work item dead-lettered; chunk recorded as failed");
+            cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: reason.unwrap_or_else(|| DEAD_LETTER_REASON.to_string()) });
+        }
+        Item::Result(ResultMessage::Sealed { .. } | ResultMessage::Abandon { .. }) => {}
+    }
+    cp.accounted.insert(chunk);
+    Ok(())
+}
+
+pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore) -> Result<Vec<AccountTotals>> {
+    match payload {
+        AccountsPayload::Inline { accounts } => Ok(accounts),
+        AccountsPayload::ZstdCsv { data } => accounts_from_zstd_csv(&base64_decode(&data).map_err(corrupt)?, MAX_DOC_BYTES).map_err(corrupt),
+        AccountsPayload::Blob { blob } => {
+            let data = store
+                .get(&blob.key)
+                .await?
+                .ok_or_else(|| Error::NotFound { service: fleet_io::error::Service::S3, what: format!("result blob {} does not exist", blob.key) })?;
+            if sha256_hex(&data) != blob.sha256 {
+                return Err(Error::Corrupt(format!("result blob {} checksum mismatch", blob.key)));
+            }
+            accounts_from_zstd_csv(&data, blob.raw_bytes.min(MAX_DOC_BYTES)).map_err(corrupt)
+        }
+    }
+}
+
+/// The sum of the rows' counts, unless it does not fit.
+pub(super) fn checked_count(accounts: &[AccountTotals]) -> Option<u64> {
+    accounts.iter().try_fold(0u64, |n, a| n.checked_add(a.count))
+}

@@ -1,0 +1,386 @@
+//! Per-job aggregation, exactly once under at-least-once delivery. Batches are applied in memory; a
+//! job's state (which chunks are accounted for, the running per-account totals, failed chunks, request
+//! counts) is checkpointed to S3 by `flush`, and only the messages a checkpoint covers are handed back
+//! for deletion. A chunk already accounted for is a duplicate however often it arrives. When a sealed
+//! job has every chunk accounted for, its report is written at once.
+//!
+//! Nothing strands: results that reached the results dead-letter queue are applied like any other;
+//! a result whose payload can never be read (missing or corrupt blob) counts its chunk as failed; an
+//! unreadable message is quarantined in S3 and deleted; a job that never seals is finished as
+//! `abandoned` after `abandon_after` without news (or at once on an `Abandon` message). Every job has an
+//! `open/{job}` marker until it finishes: a controller scans them at start and every `abandon_after`,
+//! remembering unsealed jobs by their checkpoint's time only (a HEAD request), so that one whose owner
+//! died and whose messages never come back is still abandoned in time.
+//!
+//! Rooms: `job` (a job in memory and the items applied to it), `take` (leases and loading),
+//! `checkpoint` (flushing and the checkpoint format), `finalize` (the report), `scan` (dormant jobs and
+//! expiry); this file holds the aggregator and the path of one batch.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use fleet_domain::billing::Tariff;
+use fleet_domain::billing::{AccountTotals, CheckedTotals};
+use fleet_domain::codec::{accounts_from_zstd_csv, accounts_to_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
+use fleet_domain::layout::{accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, OPEN_PREFIX};
+use fleet_domain::model::{
+    now_rfc3339, AccountsPayload, Checkpoint, CheckpointPart, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, Progress, ResultMessage, WorkItem,
+    WIRE_VERSION,
+};
+use fleet_domain::report;
+use fleet_domain::requests::RequestCounts;
+use fleet_io::blob::{BlobStore, Cond};
+use fleet_io::error::{Error, Result};
+use fleet_io::lock;
+use fleet_io::queue::Message;
+use tokio::time::Instant;
+
+use crate::lease::{Acquired, Held, Leases};
+
+mod checkpoint;
+mod finalize;
+mod job;
+mod scan;
+mod take;
+
+use checkpoint::*;
+use job::*;
+
+/// Largest decompressed checkpoint, result payload or manifest accepted.
+const MAX_DOC_BYTES: u64 = 1 << 30;
+/// Finished jobs remembered in memory (to drop late duplicates without an S3 read).
+const FINISHED_MEMORY: usize = 10_000;
+
+/// Reason recorded for a chunk known only from its dead-lettered work item.
+pub const DEAD_LETTER_REASON: &str = "work item reached the dead-letter queue: processing failed on every allowed attempt";
+
+/// Most open-job markers read back at start.
+const MAX_OPEN_JOBS: usize = 100_000;
+
+/// Which queue a batch came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// Chunk results from processors, seals and abandons from initiators.
+    Results,
+    /// Work items that exhausted their receives.
+    WorkDeadLetter,
+    /// Results (or seals) that exhausted their receives on the results queue, e.g. while S3 was down:
+    /// applied like results.
+    ResultsDeadLetter,
+}
+
+impl Source {
+    pub const ALL: [Source; 3] = [Source::Results, Source::WorkDeadLetter, Source::ResultsDeadLetter];
+
+    fn default_queue(self) -> &'static str {
+        match self {
+            Source::Results => "billing-results",
+            Source::WorkDeadLetter => "billing-work-dlq",
+            Source::ResultsDeadLetter => "billing-results-dlq",
+        }
+    }
+}
+
+/// What to do with the messages of a batch once applied.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Durably applied (or duplicates of finished jobs, or quarantined): delete.
+    pub delete: Vec<(Source, String)>,
+    /// Messages of jobs another controller owns: hand them back to the queue for their owner.
+    pub release: Vec<(Source, String)>,
+}
+
+/// What taking a job's lease found.
+enum Taken {
+    /// Loaded, this controller's.
+    Open(Box<Job>),
+    /// Finished before (remembered; its lease given back).
+    Finished,
+    /// Another controller holds it.
+    Busy,
+}
+
+/// What became of a job's messages.
+enum Step {
+    /// Applied (deletable now, or after the next checkpoint when empty).
+    Delete(Vec<(Source, String)>),
+    /// The job is another controller's.
+    NotMine,
+}
+
+/// One job's place in memory: `None` while it is not loaded (or was dropped after a failure). Each job
+/// has its own lock, held across that job's S3 calls only, so jobs progress in parallel.
+type Slot = Arc<tokio::sync::Mutex<Option<Job>>>;
+
+/// What checkpoints have written (logged when the controller stops; read by the benchmark).
+#[derive(Debug, Default)]
+pub struct CheckpointStats {
+    /// Checkpoint objects written (documents and parts).
+    pub writes: AtomicU64,
+    /// Their compressed bytes.
+    pub bytes: AtomicU64,
+    /// Parts written holding every row of a job (bases).
+    pub full_parts: AtomicU64,
+    /// Parts written holding only the rows changed since the last checkpoint.
+    pub delta_parts: AtomicU64,
+}
+
+impl CheckpointStats {
+    fn wrote(&self, bytes: usize) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+#[derive(Default)]
+struct Finished {
+    status: HashMap<String, JobStatus>,
+    order: VecDeque<String>,
+}
+
+/// The controller's in-memory view of the jobs it is aggregating. Shared by every listener: each job
+/// is locked on its own, and no lock spans two jobs.
+pub struct Aggregator {
+    store: Arc<dyn BlobStore>,
+    jobs: Mutex<HashMap<String, Slot>>,
+    finished: Mutex<Finished>,
+    queues: HashMap<Source, String>,
+    leases: Leases,
+    /// Unsealed jobs known only by their open marker, with their last checkpoint's time: loaded when
+    /// they are due to be abandoned, or when a message of theirs arrives.
+    dormant: Mutex<HashMap<String, Instant>>,
+    /// When the open markers were last scanned.
+    scanned: Mutex<Option<Instant>>,
+    pending: Arc<AtomicUsize>,
+    stats: CheckpointStats,
+    /// Jobs whose S3 calls just failed (store unreachable or hung), until when: their messages are
+    /// left for redelivery at once instead of each batch waiting out another call deadline.
+    failing: Mutex<HashMap<String, Instant>>,
+}
+
+/// How long a job's messages are turned back without a try after its S3 calls failed.
+const FAILING_FOR: Duration = Duration::from_secs(2);
+
+/// A job with pending messages is checkpointed at least this often (by the controller's timer while
+/// it is idle, by its own next batch while busy) ...
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
+/// ... and as soon as this many of its messages are pending.
+pub const FLUSH_MESSAGES: usize = 100;
+
+/// Default lease time of a job (`--lease-secs`).
+pub const LEASE: Duration = Duration::from_secs(30);
+
+/// Jobs with at most this many (account, currency) rows keep them inside the checkpoint document
+/// (one PUT per checkpoint); larger ones keep them in parts.
+pub const INLINE_ROWS: usize = 4096;
+/// A new base part is written when the parts after the last one hold more rows than the job has (so
+/// restoring reads at most about twice the job's rows), or when there are this many parts.
+const MAX_PARTS: usize = 64;
+
+impl Aggregator {
+    /// An aggregator with a random owner name and the default lease time.
+    pub fn new(store: Arc<dyn BlobStore>) -> Aggregator {
+        Self::with_owner(store, format!("controller-{}", uuid::Uuid::now_v7().simple()), LEASE)
+    }
+
+    /// An aggregator that holds job leases as `owner` for `lease` at a time.
+    pub fn with_owner(store: Arc<dyn BlobStore>, owner: String, lease: Duration) -> Aggregator {
+        let queues = Source::ALL.iter().map(|s| (*s, s.default_queue().to_string())).collect();
+        let leases = Leases::new(store.clone(), owner, lease);
+        Aggregator {
+            store,
+            jobs: Mutex::default(),
+            finished: Mutex::default(),
+            queues,
+            leases,
+            dormant: Mutex::default(),
+            scanned: Mutex::default(),
+            pending: Arc::default(),
+            stats: CheckpointStats::default(),
+            failing: Mutex::default(),
+        }
+    }
+
+    /// Names the queue of a source (recorded with what is quarantined from it).
+    pub fn set_queue(&mut self, source: Source, name: &str) {
+        self.queues.insert(source, name.to_string());
+    }
+
+    /// What checkpoints have written so far.
+    pub fn stats(&self) -> &CheckpointStats {
+        &self.stats
+    }
+
+    fn slot(&self, job_id: &str) -> Slot {
+        lock(&self.jobs).entry(job_id.to_string()).or_default().clone()
+    }
+
+    /// Forgets a job's slot when it is empty and nobody else holds it (clones are only made under the
+    /// map's lock, so a count of one there means no task can be about to use it).
+    fn prune(&self, job_id: &str) {
+        let mut jobs = lock(&self.jobs);
+        let unused = jobs.get(job_id).is_some_and(|s| Arc::strong_count(s) == 1 && s.try_lock().is_ok_and(|j| j.is_none()));
+        if unused {
+            jobs.remove(job_id);
+        }
+    }
+
+    fn slots(&self) -> Vec<(String, Slot)> {
+        lock(&self.jobs).iter().map(|(k, s)| (k.clone(), s.clone())).collect()
+    }
+
+    fn is_finished(&self, job_id: &str) -> bool {
+        lock(&self.finished).status.contains_key(job_id)
+    }
+
+    /// Applies one received batch. Messages of a job whose state could not be saved are not deleted
+    /// (they come back), and that job is reloaded from its last checkpoint next time. Unreadable
+    /// messages are quarantined, then deleted. Result payloads are fetched before any job is locked,
+    /// and the batch's jobs are applied concurrently.
+    pub async fn apply(&self, source: Source, msgs: &[Message]) -> Applied {
+        let mut applied = Applied::default();
+        let mut groups: BTreeMap<String, Vec<(usize, Item)>> = BTreeMap::new();
+        for (i, m) in msgs.iter().enumerate() {
+            match parse(source, m) {
+                Ok(item) => groups.entry(item.job_id().to_string()).or_default().push((i, item)),
+                Err(e) => {
+                    let queue = self.queues.get(&source).map_or("unknown", String::as_str);
+                    match fleet_io::quarantine::put(self.store.as_ref(), queue, m, &e.to_string()).await {
+                        Ok(_) => applied.delete.push((source, m.receipt.clone())),
+                        Err(qe) => tracing::warn!(queue, message_id = %m.id, error = %qe, "could not quarantine an unreadable message; it will be redelivered"),
+                    }
+                }
+            }
+        }
+        let steps = futures::future::join_all(groups.into_iter().map(|(job_id, items)| async move {
+            let receipts: Vec<(Source, String)> = items.iter().map(|(i, _)| (source, msgs[*i].receipt.clone())).collect();
+            let items = if self.is_finished(&job_id) {
+                Vec::new()
+            } else {
+                futures::future::join_all(items.into_iter().map(|(_, it)| prepare(it, self.store.as_ref()))).await
+            };
+            let step = self.apply_job(&job_id, items, receipts.clone()).await;
+            (job_id, receipts, step)
+        }))
+        .await;
+        for (job_id, receipts, step) in steps {
+            match step {
+                Ok(Step::Delete(deletable)) => applied.delete.extend(deletable),
+                Ok(Step::NotMine) => applied.release.extend(receipts),
+                Err(e) => tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered"),
+            }
+        }
+        applied
+    }
+
+    /// Applies a job's items under its lock; returns the receipts that may be deleted now (the job
+    /// finished or was checkpointed, or the messages belong to a job finished before). On an error
+    /// everything applied since the last checkpoint is dropped with the job; those messages were not
+    /// deleted and come back.
+    async fn apply_job(&self, job_id: &str, items: Vec<Ready>, receipts: Vec<(Source, String)>) -> Result<Step> {
+        if self.is_finished(job_id) {
+            tracing::debug!(job = %job_id, n = receipts.len(), "late duplicates of a finished job");
+            return Ok(Step::Delete(receipts));
+        }
+        let slot = self.slot(job_id);
+        let step = {
+            let mut held = slot.lock().await;
+            let marked = lock(&self.failing).get(job_id).copied();
+            let failing = marked.is_some_and(|until| Instant::now() < until);
+            let step = if held.is_none() && failing {
+                Err(Error::Timeout { service: fleet_io::error::Service::S3, operation: "(job state, failed just before)", after: FAILING_FOR, attempts: 0 })
+            } else {
+                self.apply_locked(job_id, &mut held, items, receipts).await
+            };
+            match &step {
+                Err(e) => {
+                    if e.is_retryable() && !failing {
+                        lock(&self.failing).insert(job_id.to_string(), Instant::now() + FAILING_FOR);
+                    }
+                    *held = None;
+                }
+                Ok(_) if marked.is_some() => {
+                    lock(&self.failing).remove(job_id);
+                }
+                Ok(_) => {}
+            }
+            step
+        };
+        drop(slot);
+        self.prune(job_id);
+        step
+    }
+
+    async fn apply_locked(&self, job_id: &str, held: &mut Option<Job>, items: Vec<Ready>, receipts: Vec<(Source, String)>) -> Result<Step> {
+        let mut ctl = RequestCounts::default();
+        ctl.add("sqs.ReceiveMessage", 1);
+        // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
+        if held.as_ref().is_some_and(|j| !self.leases.fresh(&j.lease)) {
+            self.keep_lease(job_id, held).await;
+        }
+        if held.is_none() {
+            match self.take(job_id, &mut ctl).await? {
+                Taken::Open(job) => *held = Some(*job),
+                Taken::Finished => return Ok(Step::Delete(receipts)),
+                Taken::Busy => {
+                    tracing::debug!(job = %job_id, n = receipts.len(), "job owned by another controller; messages handed back");
+                    return Ok(Step::NotMine);
+                }
+            }
+        }
+        let job = held.as_mut().expect("loaded above");
+        job.last_activity = Instant::now();
+        for item in items {
+            apply_item(job, item, &mut ctl)?;
+        }
+        job.pending.extend(receipts);
+        job.cp.requests.merge(&ctl);
+        if job.abandon.is_some() || job.cp.total_chunks == Some(job.cp.accounted.len() as u32) {
+            return self.finish(job_id, held).await.map(Step::Delete);
+        }
+        // Under a steady stream the job is rarely idle when the timer looks: its own batches save it.
+        if job.pending.len() >= FLUSH_MESSAGES || job.saved.elapsed() >= FLUSH_INTERVAL {
+            return Ok(Step::Delete(self.flush_job(job_id, held).await));
+        }
+        Ok(Step::Delete(Vec::new()))
+    }
+
+    /// Jobs held in memory (being aggregated).
+    pub fn open_jobs(&self) -> usize {
+        lock(&self.jobs).values().filter(|s| s.try_lock().map_or(true, |j| j.is_some())).count()
+    }
+
+    /// Messages applied in memory and waiting for a checkpoint.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    fn remember_finished(&self, job_id: &str, status: JobStatus) {
+        let mut f = lock(&self.finished);
+        if f.status.insert(job_id.to_string(), status).is_none() {
+            f.order.push_back(job_id.to_string());
+            if f.order.len() > FINISHED_MEMORY {
+                if let Some(old) = f.order.pop_front() {
+                    f.status.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+/// DeleteMessageBatch calls needed for these receipts (per queue, ten at a time).
+fn delete_calls(receipts: &[(Source, String)]) -> u64 {
+    Source::ALL.iter().map(|s| receipts.iter().filter(|(r, _)| r == s).count().div_ceil(10) as u64).sum()
+}
+
+/// A document or payload that failed the domain's checks: corrupt, never retryable.
+fn corrupt(e: fleet_domain::Error) -> Error {
+    let fleet_domain::Error::Corrupt(msg) = e;
+    Error::Corrupt(msg)
+}
+
+#[cfg(test)]
+mod tests;
