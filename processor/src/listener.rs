@@ -52,12 +52,22 @@ impl WorkHandler {
         WorkHandler { results, store, max_chunk_bytes, announce }
     }
 
+    /// The chunk's result, or why it should be tried again. A chunk that can never succeed (its blob
+    /// missing, corrupt, over a cap, or hostile content) gets a failed result at once instead of
+    /// cycling through every receive and back-off on its way to the dead-letter queue.
     async fn handle_one(&self, m: &Message) -> Result<ChunkResult, String> {
         let item = parse_work_item(&m.body).map_err(|e| format!("unreadable work item: {e}"))?;
-        process(&item, self.store.as_ref(), self.max_chunk_bytes).await.map_err(|e| {
-            tracing::warn!(job = %item.job_id, chunk = item.chunk, receive_count = m.receive_count, retryable = e.is_retryable(), error = %e, "work item failed");
-            failure_reason(&e, m.receive_count)
-        })
+        match process(&item, self.store.as_ref(), self.max_chunk_bytes).await {
+            Ok(r) => Ok(r),
+            Err(e @ Error::Corrupt(_)) => {
+                tracing::warn!(job = %item.job_id, chunk = item.chunk, receive_count = m.receive_count, error = %e, "chunk can never succeed: failed at once");
+                Ok(failed_result(&item, format!("{e} (attempt {}; not retried: it can never succeed)", m.receive_count)))
+            }
+            Err(e) => {
+                tracing::warn!(job = %item.job_id, chunk = item.chunk, receive_count = m.receive_count, retryable = e.is_retryable(), error = %e, "work item failed");
+                Err(failure_reason(&e, m.receive_count))
+            }
+        }
     }
 
     /// Sends one job's results; the first carries the batch's calls (receive, sends, deletes).

@@ -180,7 +180,7 @@ async fn duplicate_work_items_do_not_change_totals() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn corrupt_blob_reaches_dlq_and_job_is_partial() {
+async fn corrupt_blob_fails_its_chunk_at_once_and_job_is_partial() {
     if !crate::support::stack_running() {
         return;
     }
@@ -192,9 +192,10 @@ async fn corrupt_blob_reaches_dlq_and_job_is_partial() {
     // Chunk 2's blob is damaged after submission.
     st.store.put(&chunk_key(&s.job_id, 2), Bytes::from_static(b"\x28\xb5\x2f\xfd garbage"), "application/zstd").await.unwrap();
     let p = st.start_processor(fast_processor());
-    // The work item is never deleted by the processor: after two receives it lands in the DLQ.
-    st.wait_depth(st.work_dlq.as_ref(), 1, T).await;
+    // A chunk that can never succeed is reported failed on its first receive and its work item
+    // deleted: nothing cycles through the back-offs to the DLQ.
     st.wait_depth(st.work.as_ref(), 0, T).await;
+    assert_eq!(st.work_dlq.depth().await.unwrap().visible, 0, "nothing dead-lettered");
     let c = st.start_controller();
     let r = st.wait_report(&s, T).await;
     assert_eq!(r.status, JobStatus::Partial);
@@ -203,11 +204,8 @@ async fn corrupt_blob_reaches_dlq_and_job_is_partial() {
     assert_eq!(r.transactions.processed, 1_500);
     assert_eq!(r.failed_chunks.len(), 1);
     assert_eq!(r.failed_chunks[0].chunk, 2);
-    // Whichever the controller saw first, the processor's dead letter or its failure report, the
-    // reason names the problem when the report arrives before the job is finished.
     let reason = &r.failed_chunks[0].reason;
-    assert!(reason.starts_with("corrupt data: blob") || reason == controller::aggregate::DEAD_LETTER_REASON, "{reason}");
-    // The controller consumed the dead letter as well (recorded once, then removed).
+    assert!(reason.starts_with("corrupt data: blob") && reason.contains("attempt 1; not retried"), "{reason}");
     st.wait_depth(st.work_dlq.as_ref(), 0, T).await;
     p.stop().await;
     c.stop().await;
