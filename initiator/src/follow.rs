@@ -135,6 +135,7 @@ pub async fn wait(store: &dyn BlobStore, job_id: &str, total_chunks: u32, timeou
                 operation: "wait",
                 detail: format!("job {job_id} not finished after {} s; is the controller running? (`initiator status {job_id}`)", timeout.as_secs()),
                 retryable: true,
+                source: None,
             }));
         }
         let pause = if start.elapsed() < Duration::from_secs(10) { 100 } else { 500 };

@@ -152,6 +152,7 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
                 operation: "ReceiveMessage",
                 detail: format!("no answer on queue {} within {} s; abandoned", inner.queue.name(), started.elapsed().as_secs()),
                 retryable: true,
+                source: None,
             })
         });
         iterations += 1;

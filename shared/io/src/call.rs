@@ -188,7 +188,7 @@ mod tests {
         let r = policy()
             .run(Service::Sqs, "DeleteMessageBatch", Duration::ZERO, || async {
                 if tries.fetch_add(1, Ordering::Relaxed) < 3 {
-                    Err(Error::Service { service: Service::Sqs, operation: "DeleteMessageBatch", detail: "503".into(), retryable: true })
+                    Err(Error::Service { service: Service::Sqs, operation: "DeleteMessageBatch", detail: "503".into(), retryable: true, source: None })
                 } else {
                     Ok(7)
                 }

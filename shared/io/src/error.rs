@@ -6,6 +6,9 @@ use std::fmt;
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
+/// The error an underlying client (AWS SDK, lapin) gave, kept as the source of ours.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Result alias for the shared library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -29,12 +32,26 @@ impl fmt::Display for Service {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The service could not be reached at all (connection refused, DNS, timeout).
+    /// The service could not be reached at all (connection refused, DNS, timeout). `source`: the
+    /// SDK's or lapin's error, when there is one.
     #[error("cannot reach {service} at {endpoint}: {detail}")]
-    Unreachable { service: Service, endpoint: String, detail: String },
-    /// The service answered with an error.
+    Unreachable {
+        service: Service,
+        endpoint: String,
+        detail: String,
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The service answered with an error. `source`: the SDK's error, when there is one.
     #[error("{service} {operation} failed: {detail}")]
-    Service { service: Service, operation: &'static str, detail: String, retryable: bool },
+    Service {
+        service: Service,
+        operation: &'static str,
+        detail: String,
+        retryable: bool,
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The service did not answer in time (attempt timeout or the call's deadline).
     #[error("{service} {operation}: no answer within {after:?} ({attempts} attempt(s))")]
     Timeout { service: Service, operation: &'static str, after: std::time::Duration, attempts: u32 },
@@ -77,7 +94,7 @@ where
 {
     match &e {
         SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
-            Error::Unreachable { service, endpoint: endpoint.to_string(), detail: format!("{}", DisplayErrorContext(&e)) }
+            Error::Unreachable { service, endpoint: endpoint.to_string(), detail: format!("{}", DisplayErrorContext(&e)), source: Some(Box::new(e)) }
         }
         SdkError::ServiceError(se) => {
             let code = se.err().code().unwrap_or("");
@@ -87,8 +104,25 @@ where
             }
             let retryable = matches!(code, "ThrottlingException" | "RequestThrottled" | "SlowDown" | "InternalError" | "ServiceUnavailable" | "KmsThrottled")
                 || se.raw().status().as_u16() >= 500;
-            Error::Service { service, operation, detail, retryable }
+            Error::Service { service, operation, detail, retryable, source: Some(Box::new(e)) }
         }
-        _ => Error::Service { service, operation, detail: format!("{}", DisplayErrorContext(&e)), retryable: true },
+        _ => Error::Service { service, operation, detail: format!("{}", DisplayErrorContext(&e)), retryable: true, source: Some(Box::new(e)) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_sqs::operation::get_queue_url::GetQueueUrlError;
+
+    #[test]
+    fn sdk_errors_keep_their_source_and_say_whether_to_retry() {
+        let timeout: SdkError<GetQueueUrlError, HttpResponse> = SdkError::timeout_error("connect timed out");
+        let e = sdk_error(Service::Sqs, "GetQueueUrl", "http://127.0.0.1:1", timeout);
+        assert!(matches!(e, Error::Unreachable { .. }) && e.is_retryable(), "{e:?}");
+        let source = std::error::Error::source(&e).expect("the SDK's error is the source");
+        assert!(source.to_string().contains("timeout") || format!("{source:?}").contains("connect timed out"), "{source:?}");
+        // The message a user sees is unchanged by the chain.
+        assert!(e.to_string().starts_with("cannot reach SQS at http://127.0.0.1:1: "), "{e}");
     }
 }

@@ -96,7 +96,12 @@ impl BlobStore for UploadStore {
         if let Some(ok) = &self.ok {
             if ok.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 0 {
                 ok.store(0, std::sync::atomic::Ordering::SeqCst);
-                return Err(fleet_io::Error::Unreachable { service: fleet_io::error::Service::S3, endpoint: "test".into(), detail: "gone".into() });
+                return Err(fleet_io::Error::Unreachable {
+                    service: fleet_io::error::Service::S3,
+                    endpoint: "test".into(),
+                    detail: "gone".into(),
+                    source: None,
+                });
             }
         }
         self.inner.put_if(key, body, content_type, meta, cond).await

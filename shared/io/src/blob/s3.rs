@@ -64,6 +64,7 @@ impl BlobStore for S3Store {
                             operation: "GetObject",
                             detail: format!("reading body of {key}: {e}"),
                             retryable: true,
+                            source: Some(Box::new(e)),
                         })?;
                         Ok(Some((data.into_bytes(), etag)))
                     }

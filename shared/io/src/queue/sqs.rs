@@ -119,6 +119,7 @@ impl SqsQueue {
                     operation: "SendMessageBatch",
                     detail: format!("entry rejected: {}: {}", f.code(), f.message().unwrap_or("")),
                     retryable: false,
+                    source: None,
                 });
             }
             failed.push(f.id().parse::<usize>().unwrap_or(usize::MAX));
@@ -167,6 +168,7 @@ impl Queue for SqsQueue {
                         operation: "SendMessageBatch",
                         detail: format!("{} entries still failing after 5 attempts", failed.len()),
                         retryable: true,
+                        source: None,
                     });
                 }
                 pending.retain(|(i, _)| failed.contains(i));

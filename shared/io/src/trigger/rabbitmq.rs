@@ -18,7 +18,7 @@ use crate::call::CallPolicy;
 use crate::error::{Error, Result, Service};
 
 fn amqp_err(url: &str, e: lapin::Error) -> Error {
-    Error::Unreachable { service: Service::RabbitMq, endpoint: redact_url(url), detail: e.to_string() }
+    Error::Unreachable { service: Service::RabbitMq, endpoint: redact_url(url), detail: e.to_string(), source: Some(Box::new(e)) }
 }
 
 /// Connects, opens a channel and declares the exchange, all within one attempt of `policy`.
@@ -99,6 +99,7 @@ impl RabbitTriggers {
                         service: Service::RabbitMq,
                         endpoint: redact_url(&self.url),
                         detail: format!("unreachable a moment ago; next attempt in {} ms", at.saturating_duration_since(Instant::now()).as_millis()),
+                        source: None,
                     });
                 }
             }
@@ -133,6 +134,7 @@ impl RabbitTriggers {
                         service: Service::RabbitMq,
                         endpoint: redact_url(&self.url),
                         detail: "the broker refused the publication (nack)".into(),
+                        source: None,
                     }),
                     Confirmation::Ack(_) | Confirmation::NotRequested => Ok(()),
                 }
