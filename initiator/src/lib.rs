@@ -2,6 +2,8 @@
 //! zstd-compressed chunk blobs on S3 referenced by small work items on SQS), then follows the job to
 //! its report. The `initiator` binary is a thin CLI over this library.
 
+pub mod cli;
+pub mod commands;
 pub mod follow;
 pub mod grouping;
 pub mod local;

@@ -11,6 +11,7 @@
 
 pub mod backend;
 pub mod docker;
+pub mod factory;
 pub mod http;
 pub mod keda;
 pub mod policy;

@@ -1,0 +1,163 @@
+//! The command line: what each `initiator` command and flag means (clap derive, env fallbacks, doc
+//! comments as help). The flows behind the commands are in `commands`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use fleet_io::config::{FleetArgs, LogArgs};
+
+/// Billing fleet initiator: submit transaction files as a job and read jobs back.
+#[derive(Parser)]
+#[command(version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Validate FILEs, store them as chunks and enqueue one job.
+    Submit(SubmitArgs),
+    /// Show a job's progress.
+    Status {
+        job: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Finish a job that will never seal (its submission died) now, as `abandoned`, with what was
+    /// processed; waits for the report unless --no-wait.
+    Abandon {
+        job: String,
+        /// Why (recorded in the report).
+        #[arg(long, default_value = "abandoned by an operator")]
+        reason: String,
+        /// Return once the request is queued instead of waiting for the report.
+        #[arg(long)]
+        no_wait: bool,
+        /// Print the report JSON instead of the summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The dead-letter queues (work, results) and the quarantine of unreadable messages.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Print a finished job's report (exit 0 complete, 2 partial or abandoned).
+    Report {
+        job: String,
+        /// Print the report JSON instead of the summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bill FILEs in this process, without queues or storage (a dry run; the benchmark's baseline).
+    Local {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Tariff JSON file overriding the default.
+        #[arg(long)]
+        tariff: Option<PathBuf>,
+        /// Print the report JSON instead of the summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a deterministic sample CSV to stdout.
+    Generate {
+        /// Number of transactions.
+        #[arg(long, default_value_t = 100_000)]
+        rows: u64,
+        /// Number of distinct accounts.
+        #[arg(long, default_value_t = 1000)]
+        accounts: u64,
+        /// Random seed; the same seed gives the same file.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Take the accounts in turn instead of at random: every account appears once there are at
+        /// least as many rows as accounts.
+        #[arg(long)]
+        every_account: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum DlqCommand {
+    /// List what is in both dead-letter queues and the quarantine (messages are looked at, not taken).
+    List {
+        /// Most entries per place.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one entry in full: an SQS message id, or a quarantine key (`quarantine/...`).
+    Show { id: String },
+    /// Send entries back to be processed again: work dead letters to the work queue, results dead
+    /// letters to the results queue, quarantined messages to the queue that reads them.
+    Redrive {
+        /// Which place to redrive.
+        #[arg(long, value_enum, default_value = "all")]
+        from: RedriveFrom,
+        /// Most messages moved per place.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RedriveFrom {
+    WorkDlq,
+    ResultsDlq,
+    Quarantine,
+    All,
+}
+
+#[derive(clap::Args)]
+pub struct SubmitArgs {
+    /// CSV files (header row with txn_id, account_id, amount, currency, timestamp); one job for all.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Most transactions per chunk.
+    #[arg(long, env = "INITIATOR_CHUNK_SIZE", default_value_t = 5000)]
+    pub chunk_size: u64,
+    /// Most uncompressed bytes per chunk.
+    #[arg(long, env = "INITIATOR_CHUNK_BYTES", default_value_t = 4 << 20)]
+    pub chunk_bytes: usize,
+    /// Follow the job until the controller has finished it, then print the summary.
+    #[arg(long)]
+    pub wait: bool,
+    /// Print JSON on stdout (the final report with --wait; the submission otherwise).
+    #[arg(long)]
+    pub json: bool,
+    /// Refuse the whole submission if any row is rejected.
+    #[arg(long)]
+    pub strict: bool,
+    /// Processing priority of this job's work items (higher first where processors are throttled).
+    #[arg(long, env = "INITIATOR_PRIORITY", default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Deadline, seconds from now: work items that expire in a processor's buffer after it are
+    /// dead-lettered with reason `expired` (the job reports them as failed chunks).
+    #[arg(long, env = "INITIATOR_DEADLINE_SECS")]
+    pub deadline_secs: Option<u64>,
+    /// Keep each account's transactions in order: accounts are hashed into --groups partitions, each
+    /// chunked on its own and sent as one FIFO message group (needs a FIFO work queue, e.g.
+    /// --work-queue billing-work.fifo). Processors bill a group's chunks one at a time, in file order.
+    #[arg(long, value_enum, env = "INITIATOR_GROUP_BY")]
+    pub group_by: Option<crate::grouping::GroupBy>,
+    /// Number of partitions (message groups) for --group-by: the most chunks processed in parallel.
+    #[arg(long, env = "INITIATOR_GROUPS", default_value_t = 16, requires = "group_by", value_parser = clap::value_parser!(u32).range(1..))]
+    pub groups: u32,
+    /// Tariff JSON file overriding the default (0.30 + 2.9%, refunds free).
+    #[arg(long)]
+    pub tariff: Option<PathBuf>,
+    /// Give up waiting after this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub wait_timeout_secs: u64,
+    /// Concurrent chunk uploads.
+    #[arg(long, default_value_t = 16)]
+    pub upload_concurrency: usize,
+}

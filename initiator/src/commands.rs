@@ -1,0 +1,192 @@
+//! The initiator's commands as flows over the library: submit (and follow), status, report, local,
+//! abandon, generate, and the dead-letter commands. Exit codes: 0 job complete; 1 usage or input
+//! error (nothing enqueued); 2 job finished partial; 3 infrastructure error.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use fleet_domain::billing::Tariff;
+use fleet_io::config::{Aws, FleetArgs};
+
+use crate::cli::{Cli, Command, DlqCommand, RedriveFrom, SubmitArgs};
+use crate::submit::{Clients, SubmitOptions};
+use crate::{follow, job_exit_code, CliError};
+
+/// Runs one command; the exit code says how the job (if any) ended.
+pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let fleet = cli.fleet;
+    match cli.command {
+        Command::Generate { rows, accounts, seed, every_account } => {
+            let mut out = std::io::stdout().lock();
+            fleet_domain::generate::write_csv(&mut out, rows, accounts, seed, every_account).map_err(|e| CliError::Input(format!("writing stdout: {e}")))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { job, json } => {
+            let aws = Aws::load().await.with_policy(fleet.call_policy());
+            let p = follow::progress(aws.store(&fleet.bucket).as_ref(), &job).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&p).map_err(fleet_io::Error::from)?);
+            } else {
+                println!("{p}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Report { job, json } => {
+            let aws = Aws::load().await.with_policy(fleet.call_policy());
+            let r = follow::report(aws.store(&fleet.bucket).as_ref(), &job).await?;
+            print_report(&r, json)?;
+            Ok(job_exit_code(r.status))
+        }
+        Command::Local { files, tariff, json } => {
+            let tariff = load_tariff(tariff.as_ref())?;
+            let start = std::time::Instant::now();
+            let r = tokio::task::spawn_blocking(move || crate::local::bill(&files, &tariff))
+                .await
+                .map_err(|e| CliError::Input(format!("billing task failed: {e}")))??;
+            let secs = start.elapsed().as_secs_f64();
+            print_report(&r, json)?;
+            eprintln!("billed {} transactions in {secs:.3} s in one process", r.transactions.processed);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Submit(args) => submit(args, &fleet).await,
+        Command::Abandon { job, reason, no_wait, json } => {
+            let aws = Aws::load().await.with_policy(fleet.call_policy());
+            let store = aws.store(&fleet.bucket);
+            // Refuses an unknown job (a typo must not create an empty abandoned job).
+            let p = follow::progress(store.as_ref(), &job).await?;
+            if p.status.is_finished() {
+                eprintln!("job {job} already finished ({:?}); nothing abandoned", p.status);
+                let r = follow::report(store.as_ref(), &job).await?;
+                print_report(&r, json)?;
+                return Ok(job_exit_code(r.status));
+            }
+            let results = aws.queue(&fleet.results_queue).await?;
+            let bus = fleet.trigger_bus();
+            crate::ops::abandon(results.as_ref(), bus.as_deref(), &job, &reason).await?;
+            if no_wait {
+                eprintln!("job {job}: abandon requested");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let r = follow::wait(store.as_ref(), &job, 0, Duration::from_secs(600), false).await?;
+            print_report(&r, json)?;
+            Ok(job_exit_code(r.status))
+        }
+        Command::Dlq { command } => dlq(command, &fleet).await,
+    }
+}
+
+async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliError> {
+    use fleet_io::queue::Queue;
+    let aws = Aws::load().await.with_policy(fleet.call_policy());
+    let store = aws.store(&fleet.bucket);
+    let work_dlq = aws.queue(&fleet.work_dlq()).await?;
+    let results_dlq = aws.queue(&fleet.results_dlq()).await?;
+    let dlqs: [&dyn Queue; 2] = [work_dlq.as_ref(), results_dlq.as_ref()];
+    match command {
+        DlqCommand::List { limit, json } => {
+            let entries = crate::ops::list(&dlqs, store.as_ref(), limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&entries).map_err(fleet_io::Error::from)?);
+            } else {
+                println!("{:<22} {:<40} {:>8} {:<38} {:>6}  reason", "place", "id", "receives", "job", "chunk");
+                for e in &entries {
+                    let job = e.job_id.as_deref().unwrap_or("-");
+                    let chunk = e.chunk.map_or("-".to_string(), |c| c.to_string());
+                    println!("{:<22} {:<40} {:>8} {:<38} {:>6}  {}", e.place, e.id, e.receive_count, job, chunk, e.reason.as_deref().unwrap_or("-"));
+                }
+                eprintln!("{} entries", entries.len());
+            }
+        }
+        DlqCommand::Show { id } => {
+            let e = crate::ops::show(&dlqs, store.as_ref(), &id).await?;
+            println!("{}", serde_json::to_string_pretty(&e).map_err(fleet_io::Error::from)?);
+        }
+        DlqCommand::Redrive { from, limit } => {
+            let work = aws.queue(&fleet.work_queue).await?;
+            let results = aws.queue(&fleet.results_queue).await?;
+            let all = from == RedriveFrom::All;
+            if all || from == RedriveFrom::WorkDlq {
+                let n = crate::ops::redrive_queue(work_dlq.as_ref(), work.as_ref(), limit).await?;
+                eprintln!("{n} messages moved from {} to {}", work_dlq.name(), work.name());
+            }
+            if all || from == RedriveFrom::ResultsDlq {
+                let n = crate::ops::redrive_queue(results_dlq.as_ref(), results.as_ref(), limit).await?;
+                eprintln!("{n} messages moved from {} to {}", results_dlq.name(), results.name());
+            }
+            if all || from == RedriveFrom::Quarantine {
+                // Quarantined from a queue: back to the queue whose consumer reads it (a dead letter
+                // goes to its source queue).
+                let targets: [(&str, &dyn Queue); 4] = [
+                    (work.name(), work.as_ref()),
+                    (work_dlq.name(), work.as_ref()),
+                    (results.name(), results.as_ref()),
+                    (results_dlq.name(), results.as_ref()),
+                ];
+                let n = crate::ops::redrive_quarantine(store.as_ref(), &targets, limit).await?;
+                eprintln!("{n} quarantined messages sent back");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn load_tariff(path: Option<&PathBuf>) -> Result<Tariff, CliError> {
+    match path {
+        Some(p) => Tariff::load(p).map_err(|e| CliError::Input(format!("tariff {e}"))),
+        None => Ok(Tariff::default()),
+    }
+}
+
+fn print_report(r: &fleet_domain::report::Report, json: bool) -> Result<(), CliError> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r).map_err(fleet_io::Error::from)?);
+    } else {
+        println!("{}", fleet_domain::report::summary(r));
+    }
+    Ok(())
+}
+
+async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliError> {
+    let tariff = load_tariff(args.tariff.as_ref())?;
+    let show = std::io::stderr().is_terminal();
+    let aws = Aws::load().await.with_policy(fleet.call_policy());
+    let work = aws.queue(&fleet.work_queue).await?;
+    let store = aws.store(&fleet.bucket);
+    store.check().await?;
+    let results = aws.queue(&fleet.results_queue).await?;
+    let clients = Clients { work, results, store: store.clone(), triggers: fleet.trigger_bus() };
+    let opts = SubmitOptions {
+        chunk_size: args.chunk_size,
+        chunk_bytes: args.chunk_bytes,
+        strict: args.strict,
+        tariff,
+        upload_concurrency: args.upload_concurrency,
+        progress: show,
+        priority: args.priority,
+        deadline: args.deadline_secs.map(|s| std::time::SystemTime::now() + std::time::Duration::from_secs(s)),
+        grouping: crate::grouping::Grouping::new(args.group_by, args.groups),
+        ..SubmitOptions::new(args.files)
+    };
+    let s = crate::submit::submit(opts, &clients).await?;
+    eprintln!(
+        "job {}: {} rows read, {} accepted, {} rejected; {} chunks enqueued",
+        s.job_id, s.counts.submitted, s.counts.accepted, s.counts.rejected, s.total_chunks
+    );
+    if !args.wait {
+        if args.json {
+            let v = serde_json::json!({
+                "job_id": s.job_id, "chunks": s.total_chunks, "submitted": s.counts.submitted,
+                "accepted": s.counts.accepted, "rejected": s.counts.rejected,
+            });
+            println!("{v}");
+        } else {
+            println!("{}", s.job_id);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let r = follow::wait(store.as_ref(), &s.job_id, s.total_chunks, Duration::from_secs(args.wait_timeout_secs), show).await?;
+    print_report(&r, args.json)?;
+    Ok(job_exit_code(r.status))
+}

@@ -1,0 +1,110 @@
+//! The backend factory: the `--backend` flag and the flags of each backend, and building the backend
+//! they choose (none, process, docker, keda) for the agent's fleet.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_io::config::FleetArgs;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Backend, BackendError, NoneBackend, ProcessBackend, ProcessSpec};
+use crate::docker::DockerBackend;
+use crate::keda::KedaBackend;
+use crate::Settings;
+
+/// Which backend starts and stops processor instances.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum BackendKind {
+    /// Decide and report only.
+    None,
+    /// Processors as child processes of the agent (`--processor-bin`).
+    Process,
+    /// The compose service's containers, through the Docker Engine API (`DOCKER_HOST` or the local
+    /// socket).
+    Docker,
+    /// Serve KEDA's external scaler gRPC protocol (`--keda-addr`); KEDA scales the Deployment.
+    Keda,
+}
+
+/// The backend and its flags.
+#[derive(Debug, clap::Args)]
+pub struct BackendArgs {
+    /// What starts and stops processors.
+    #[arg(long, env = "AGENT_BACKEND", value_enum, default_value = "none")]
+    pub backend: BackendKind,
+    /// Process backend: the processor binary [default: `processor` next to this binary].
+    #[arg(long, env = "AGENT_PROCESSOR_BIN")]
+    pub processor_bin: Option<PathBuf>,
+    /// Process backend: instance N serves its state endpoint on this port + N (unset: none).
+    #[arg(long, env = "AGENT_PROCESSOR_HTTP_BASE")]
+    pub processor_http_base: Option<u16>,
+    /// Process backend: instance N appends its output to `processor-N.log` in this directory.
+    #[arg(long, env = "AGENT_PROCESSOR_LOG_DIR")]
+    pub processor_log_dir: Option<PathBuf>,
+    /// A stopping processor gets this long to drain before it is killed, seconds (its own drain is
+    /// `PROCESSOR_DRAIN_SECS`, 30 by default).
+    #[arg(long, env = "AGENT_DRAIN_SECS", default_value_t = 35)]
+    pub drain_secs: u64,
+    /// Docker backend: the compose project [default: the one of the container the agent runs in].
+    #[arg(long, env = "AGENT_DOCKER_PROJECT")]
+    pub docker_project: Option<String>,
+    /// Docker backend: the compose service to scale.
+    #[arg(long, env = "AGENT_DOCKER_SERVICE", default_value = "processor")]
+    pub docker_service: String,
+    /// Keda backend: the external scaler's gRPC address.
+    #[arg(long, env = "AGENT_KEDA_ADDR", default_value = "0.0.0.0:9090")]
+    pub keda_addr: std::net::SocketAddr,
+}
+
+impl BackendArgs {
+    /// Builds the backend these flags choose, for the agent's fleet (`fleet`) and settings (`settings`).
+    pub async fn build(&self, fleet: &FleetArgs, settings: &Settings, shutdown: &CancellationToken) -> Result<Arc<dyn Backend>, BackendError> {
+        let cli = self;
+        Ok(match cli.backend {
+            BackendKind::None => Arc::new(NoneBackend::new(settings.min_instances)),
+            BackendKind::Docker => Arc::new(DockerBackend::connect(cli.docker_project.clone(), cli.docker_service.clone()).await?),
+            BackendKind::Keda => {
+                let policy = settings.policy();
+                let keda = KedaBackend::new(policy.min, policy.per_instance_within_sla(), format!("{}-sla-backlog", fleet.work_queue));
+                keda.serve(cli.keda_addr, shutdown.clone())
+                    .await
+                    .map_err(|e| BackendError::Config(format!("serving the KEDA external scaler on {}: {e}", cli.keda_addr)))?;
+                keda
+            }
+            BackendKind::Process => {
+                let program = match &cli.processor_bin {
+                    Some(p) => p.clone(),
+                    None => std::env::current_exe().map_err(|e| BackendError::Config(format!("locating this binary: {e}")))?.with_file_name("processor"),
+                };
+                if !program.is_file() {
+                    return Err(BackendError::Config(format!("process backend: no processor binary at {} (set --processor-bin)", program.display())));
+                }
+                if let Some(dir) = &cli.processor_log_dir {
+                    std::fs::create_dir_all(dir).map_err(|e| BackendError::Config(format!("creating {}: {e}", dir.display())))?;
+                }
+                // The processors work on the agent's fleet (names as flags; the AMQP URL, which may hold
+                // a password, through the environment rather than the command line).
+                let f = fleet;
+                let args = [
+                    ("--bucket", f.bucket.clone()),
+                    ("--work-queue", f.work_queue.clone()),
+                    ("--work-dlq", f.work_dlq()),
+                    ("--results-queue", f.results_queue.clone()),
+                    ("--trigger-exchange", f.trigger_exchange.clone()),
+                ]
+                .into_iter()
+                .flat_map(|(k, v)| [k.to_string(), v])
+                .collect();
+                Arc::new(ProcessBackend::new(ProcessSpec {
+                    program,
+                    args,
+                    envs: vec![("AMQP_URL".into(), f.amqp_url.clone())],
+                    http_base: cli.processor_http_base,
+                    log_dir: cli.processor_log_dir.clone(),
+                    drain: Duration::from_secs(cli.drain_secs),
+                }))
+            }
+        })
+    }
+}
