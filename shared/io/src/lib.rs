@@ -22,6 +22,10 @@ pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The queue and blob store conformance suites (run against the twins and LocalStack).
+#[cfg(feature = "test-util")]
+pub mod conformance;
+
 /// The in-memory twins in one place, for tests.
 #[cfg(feature = "test-util")]
 pub mod memory {
