@@ -66,7 +66,7 @@ pub fn stack_running() -> bool {
     if !up {
         static SAID: std::sync::Once = std::sync::Once::new();
         let why = format!(
-            "tests that need LocalStack ({LOCALSTACK}) and RabbitMQ ({}) are skipped: neither is required to be running for unit tests; start both with deploy/test.sh (or localstack/start.sh and deploy/rabbitmq.sh)",
+            "tests that need LocalStack ({LOCALSTACK}) and RabbitMQ ({}) return at once (unit tests need neither); start both with deploy/test.sh (or localstack/start.sh and deploy/rabbitmq.sh)",
             fleet_io::trigger::redact_url(&amqp_url())
         );
         assert!(std::env::var_os("FLEET_REQUIRE_STACK").is_none(), "FLEET_REQUIRE_STACK is set but {why}");
