@@ -8,6 +8,8 @@
 //! (evicted, surplus, expired, drained) while an earlier message of its group is still here is held
 //! until the group has nothing left here: a message made visible behind an invisible one of its group
 //! would let another consumer overtake it (LocalStack does; SQS itself blocks the group).
+//!
+//! Long because its unit tests sit below the code (the code is the first ~290 lines).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
