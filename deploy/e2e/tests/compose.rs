@@ -22,7 +22,8 @@ const PREFIX: &str = "billing-fleet-test";
 const MILLION: u64 = 1_000_000;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    // deploy/e2e -> the repository root.
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
 }
 
 fn main() -> ExitCode {
