@@ -222,7 +222,8 @@ pub fn bin(name: &str) -> PathBuf {
     if !path.exists() {
         let profile = dir.file_name().and_then(|p| p.to_str()).unwrap_or("debug");
         let mut cmd = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        cmd.args(["build", "--bin", name]);
+        // The package of each binary has its name; -p picks it from any directory of the workspace.
+        cmd.args(["build", "-p", name, "--bin", name]);
         if profile == "release" {
             cmd.arg("--release");
         }
