@@ -9,6 +9,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export FLEET_REQUIRE_STACK=1
 export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 cd "$repo"
-# The end-to-end tests run the four binaries; `cargo test` builds only those of packages with tests.
-cargo build --workspace --bins --locked
+# The end-to-end tests run the four binaries; `cargo test` builds only those of packages with tests
+# (--tests: the same features as `cargo test`, so nothing is compiled twice).
+cargo build --workspace --bins --tests --locked
 cargo test --workspace --locked "$@"
