@@ -1,3 +1,6 @@
+//! One file because the workload model, the three strategies and the cost table are one simulation
+//! read top to bottom (its tests are the last ~35 lines).
+//!
 //! A day of seed 004's workload, simulated second by second on a virtual clock (deterministic: a seeded
 //! generator, no wall time), to compare scaling strategies at internet scale: this agent (the real
 //! [`Policy`] and [`Tracker`] code, fed simulated depths and instance reports, looking when a trigger
@@ -12,9 +15,6 @@
 //! seconds after it is asked for and then processes `instance_throughput` work items per second; it is
 //! billed per second (at least a minute) from the request to its stop. A work item misses the SLA when
 //! it completes more than `sla` seconds after its package arrived.
-//!
-//! One file because the workload model, the three strategies and the cost table are one simulation
-//! read top to bottom (its tests are the last ~35 lines).
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;

@@ -1,7 +1,7 @@
+//! Long because its unit tests sit below the code (the code is the first ~370 lines).
+//!
 //! Billing: the tariff, the per-transaction fee (exact decimals, rounded to cents half away from zero)
 //! and the per (account, currency) totals that chunks produce and the controller merges.
-//!
-//! Long because its unit tests sit below the code (the code is the first ~370 lines).
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,3 +1,5 @@
+//! Long because its unit tests sit below the code (the code is the first ~290 lines).
+//!
 //! Throttling (seed 002): a maximum concurrency of messages being processed and a bounded in-memory
 //! priority buffer between receiving and processing (higher priority first, FIFO within a priority).
 //! When the buffer is full, a message of higher priority evicts the lowest-priority one; the evicted
@@ -8,8 +10,6 @@
 //! (evicted, surplus, expired, drained) while an earlier message of its group is still here is held
 //! until the group has nothing left here: a message made visible behind an invisible one of its group
 //! would let another consumer overtake it (LocalStack does; SQS itself blocks the group).
-//!
-//! Long because its unit tests sit below the code (the code is the first ~290 lines).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
