@@ -7,15 +7,15 @@ pub mod aggregate;
 pub mod lease;
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_engine::args::ListenerArgs;
 use fleet_engine::dynamic_consumers::ScalingPolicy;
-use fleet_engine::{http, Completions, Engine, Handler, Outcome};
+use fleet_engine::{http, Completions, Engine, Handler, Kept, Outcome};
 use fleet_io::blob::BlobStore;
-use fleet_io::queue::{Message, Queue};
+use fleet_io::queue::{Delivery, Queue};
 use fleet_io::trigger::{Notifier, Subscription, TriggerBus};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -66,27 +66,16 @@ pub struct Deps {
     pub publish: Option<Arc<dyn TriggerBus>>,
 }
 
-/// Completions of the listeners, by source (set once all have started).
-type Sinks = Arc<OnceLock<[Completions; 3]>>;
-
-fn sink(sinks: &Sinks, source: Source) -> Option<&Completions> {
-    sinks.get().map(|s| &s[source as usize])
-}
-
-/// Completes checkpointed messages on the queue they came from.
-fn complete(sinks: &Sinks, receipts: Vec<(Source, String)>) {
-    for (source, receipt) in receipts {
-        match sink(sinks, source) {
-            Some(c) => c.delete(receipt),
-            None => tracing::warn!("listener not started; a checkpointed message will be redelivered and ignored"),
-        }
+/// Deletes messages a checkpoint (or a report) covers, each on the queue it came from (batched).
+fn complete(kept: Vec<Kept>) {
+    for k in kept {
+        k.delete();
     }
 }
 
 struct ResultsHandler {
     source: Source,
     agg: Arc<Aggregator>,
-    sinks: Sinks,
     /// Announces messages handed back for another controller.
     handed_back: Option<Notifier>,
 }
@@ -100,31 +89,18 @@ impl Handler for ResultsHandler {
         10
     }
 
-    async fn handle(&self, msgs: &[Message], _done: &Completions) -> Vec<Outcome> {
+    async fn handle(&self, msgs: Vec<Delivery>, done: &Completions) -> Vec<(Delivery, Outcome)> {
         // Applied in memory, checkpointed, then deleted; a crash anywhere before the delete redelivers
         // the messages and the checkpoint makes the replay a no-op. Only this batch's jobs are locked.
-        let applied = self.agg.apply(self.source, msgs).await;
-        let (mut deletable, release) = (applied.delete, applied.release);
-        if let (Some(n), false) = (&self.handed_back, release.is_empty()) {
-            n.notify(release.len() as u64);
+        // What `apply` does not return waits in its job for the next checkpoint (or, when the job
+        // could not be saved, is dropped and comes back after the visibility timeout).
+        let applied = self.agg.apply(self.source, msgs.into_iter().map(|d| done.keep(d)).collect()).await;
+        if let (Some(n), false) = (&self.handed_back, applied.release.is_empty()) {
+            n.notify(applied.release.len() as u64);
         }
-        let out = msgs
-            .iter()
-            .map(|m| {
-                if let Some(i) = deletable.iter().position(|(s, r)| *s == self.source && *r == m.receipt) {
-                    deletable.swap_remove(i);
-                    Outcome::Done
-                } else if release.iter().any(|(_, r)| *r == m.receipt) {
-                    Outcome::Release(HAND_BACK)
-                } else {
-                    // Waiting for the next checkpoint (or, when the job could not be saved, for
-                    // redelivery after the visibility timeout).
-                    Outcome::Deferred
-                }
-            })
-            .collect();
-        complete(&self.sinks, deletable);
-        out
+        let release = applied.release.into_iter().map(|k| (k.into_delivery(), Outcome::Release(HAND_BACK)));
+        let delete = applied.delete.into_iter().map(|k| (k.into_delivery(), Outcome::Done));
+        release.chain(delete).collect()
     }
 }
 
@@ -139,24 +115,21 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         _ => format!("controller-{}", std::process::id()),
     });
     let mut aggregator = Aggregator::with_owner(deps.store.clone(), owner.clone(), Duration::from_secs(settings.lease_secs));
-    // In `Source` order: the completions are found by `source as usize`.
     let queues = [(Source::Results, &deps.results), (Source::WorkDeadLetter, &deps.work_dlq), (Source::ResultsDeadLetter, &deps.results_dlq)];
     for (source, q) in queues {
         aggregator.set_queue(source, q.name());
     }
     let agg = Arc::new(aggregator);
-    let sinks: Sinks = Arc::default();
     let cfg = settings.listener.engine(deps.triggers.is_some());
     // Dead letters are rare: one consumer each is plenty.
     let dlq_cfg = fleet_engine::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg.clone() };
     let mut engines = Vec::with_capacity(queues.len());
     for (source, q) in queues {
         let handed_back = deps.publish.clone().map(|bus| Notifier::new(bus, q.name(), "controller", Duration::from_millis(100)));
-        let handler = Arc::new(ResultsHandler { source, agg: agg.clone(), sinks: sinks.clone(), handed_back });
+        let handler = Arc::new(ResultsHandler { source, agg: agg.clone(), handed_back });
         let cfg = if source == Source::Results { cfg.clone() } else { dlq_cfg.clone() };
         engines.push(Engine::start(q.clone(), None, handler, cfg).await?);
     }
-    let _ = sinks.set([engines[0].completions(), engines[1].completions(), engines[2].completions()]);
     if let Some(sub) = &deps.triggers {
         for e in &engines {
             e.follow_triggers(sub, shutdown.clone());
@@ -167,7 +140,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     }
     let tracker = TaskTracker::new();
     {
-        let (agg, sinks, stop) = (agg.clone(), sinks.clone(), shutdown.clone());
+        let (agg, stop) = (agg.clone(), shutdown.clone());
         tracker.spawn(async move {
             let mut tick = tokio::time::interval(FLUSH_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -175,7 +148,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tick.tick() => {
-                        complete(&sinks, agg.flush_idle().await);
+                        complete(agg.flush_idle().await);
                         agg.renew_leases().await;
                     }
                 }
@@ -183,7 +156,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         });
     }
     {
-        let (agg, sinks, stop) = (agg.clone(), sinks.clone(), shutdown.clone());
+        let (agg, stop) = (agg.clone(), shutdown.clone());
         let after = Duration::from_secs(settings.abandon_after);
         tracker.spawn(async move {
             let mut tick = tokio::time::interval((after / 10).clamp(Duration::from_millis(200), Duration::from_secs(60)));
@@ -192,7 +165,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tick.tick() => {
-                        complete(&sinks, agg.expire(after).await);
+                        complete(agg.expire(after).await);
                     }
                 }
             }
@@ -214,7 +187,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     futures::future::join_all(engines.iter().map(|e| e.quiesce(grace))).await;
     tracker.close();
     tracker.wait().await;
-    complete(&sinks, agg.flush().await);
+    complete(agg.flush().await);
     for e in &engines {
         e.finish(true).await;
     }

@@ -8,7 +8,7 @@ use fleet_domain::layout::check_job_id;
 use fleet_domain::model::{ResultMessage, WIRE_VERSION};
 use fleet_io::blob::BlobStore;
 use fleet_io::quarantine::{self, Quarantined};
-use fleet_io::queue::{Message, Outgoing, Queue};
+use fleet_io::queue::{Delivery, Message, Outgoing, Queue};
 use fleet_io::trigger::{announce, TriggerBus, WorkDetected};
 use serde::Serialize;
 
@@ -89,22 +89,26 @@ fn entry_of_quarantined(key: &str, q: &Quarantined, full: bool) -> Entry {
 /// visible again at once (its receive count grows by one).
 async fn peek(q: &dyn Queue, limit: usize) -> Result<Vec<Message>, CliError> {
     let mut out: Vec<Message> = Vec::new();
+    // Every delivery is held until the whole look is over, so one look does not see a message twice;
+    // then all of them (a message received twice too) go back at once.
+    let mut held: Vec<Delivery> = Vec::new();
     while out.len() < limit {
         let got = q.receive((limit - out.len()).min(10) as u32, Duration::ZERO).await?;
         if got.is_empty() {
             break;
         }
-        // Released after the whole look, so one look does not see a message twice.
-        let fresh: Vec<Message> = got.into_iter().filter(|m| !out.iter().any(|o| o.id == m.id)).collect();
-        if fresh.is_empty() {
+        let before = out.len();
+        for d in got {
+            if !out.iter().any(|o| o.id == d.id) {
+                out.push((*d).clone());
+            }
+            held.push(d);
+        }
+        if out.len() == before {
             break;
         }
-        out.extend(fresh);
     }
-    let receipts: Vec<(String, Duration)> = out.iter().map(|m| (m.receipt.clone(), Duration::ZERO)).collect();
-    for batch in receipts.chunks(10) {
-        q.set_visibility_batch(batch).await?;
-    }
+    q.release(held, Duration::ZERO).await?;
     Ok(out)
 }
 
@@ -150,8 +154,8 @@ pub async fn redrive_queue(from: &dyn Queue, to: &dyn Queue, limit: usize) -> Re
         let out: Vec<Outgoing> =
             got.iter().map(|m| Outgoing { body: m.body.clone(), attrs: fleet_io::queue::Attrs { reason: None, ..m.attrs.clone() } }).collect();
         to.send_messages(&out).await?;
-        from.delete(&got.iter().map(|m| m.receipt.clone()).collect::<Vec<_>>()).await?;
         moved += got.len();
+        from.delete(got).await?;
     }
     Ok(moved)
 }

@@ -27,7 +27,7 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
     let (accounts, packed, n_rows) = tokio::task::spawn_blocking(move || {
         let fees = tariff.calculator();
         let mut totals = Totals::new();
-        decode_chunk(&data, &blob, rows, max_chunk_bytes, |t| totals.add_txn(t, &fees)).map_err(corrupt)?;
+        decode_chunk(&data, &blob, rows, max_chunk_bytes, |t| totals.add_txn(t, &fees)).map_err(Error::corrupt)?;
         // Many rows are packed straight from the totals; a few travel inline.
         let n = totals.len();
         Ok::<_, Error>(if n > INLINE_ROWS { (Vec::new(), Some(accounts_to_zstd_csv(totals.sorted_rows().into_iter())), n) } else { (totals.rows(), None, n) })
@@ -73,10 +73,4 @@ pub fn failed_result(item: &WorkItem, reason: String) -> ChunkResult {
         outcome: Outcome::Failed { reason },
         requests,
     }
-}
-
-/// A chunk that failed the domain's checks: corrupt, never retryable.
-fn corrupt(e: fleet_domain::Error) -> Error {
-    let fleet_domain::Error::Corrupt(msg) = e;
-    Error::Corrupt(msg)
 }

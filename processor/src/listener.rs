@@ -10,7 +10,7 @@ use fleet_domain::requests::RequestCounts;
 use fleet_engine::{Completions, ErrorEvent, Handler, Outcome};
 use fleet_io::blob::BlobStore;
 use fleet_io::error::Error;
-use fleet_io::queue::{plan_batches, Message, Queue};
+use fleet_io::queue::{plan_batches, Delivery, Message, Queue};
 use fleet_io::trigger::Notifier;
 use futures::future::join_all;
 
@@ -102,32 +102,35 @@ impl Handler for WorkHandler {
         10
     }
 
-    async fn handle(&self, msgs: &[Message], _done: &Completions) -> Vec<Outcome> {
-        let outcomes = join_all(msgs.iter().map(|m| self.handle_one(m))).await;
-        let mut out: Vec<Outcome> = Vec::with_capacity(msgs.len());
+    async fn handle(&self, msgs: Vec<Delivery>, _done: &Completions) -> Vec<(Delivery, Outcome)> {
+        let handled = join_all(msgs.into_iter().map(|m| async move {
+            let r = self.handle_one(&m).await;
+            (m, r)
+        }))
+        .await;
+        let mut out = Vec::with_capacity(handled.len());
         // Group by job so that per-job request counts are exact enough: each job's results go in
         // their own batch calls.
-        let mut by_job: BTreeMap<String, Vec<(usize, ChunkResult)>> = BTreeMap::new();
-        for (i, r) in outcomes.into_iter().enumerate() {
+        let mut by_job: BTreeMap<String, Vec<(Delivery, ChunkResult)>> = BTreeMap::new();
+        for (m, r) in handled {
             match r {
-                Ok(r) => {
-                    by_job.entry(r.job_id.clone()).or_default().push((i, r));
-                    out.push(Outcome::Done);
-                }
-                Err(reason) => out.push(Outcome::Failed(reason)),
+                Ok(r) => by_job.entry(r.job_id.clone()).or_default().push((m, r)),
+                Err(reason) => out.push((m, Outcome::Failed(reason))),
             }
         }
         for (job, items) in by_job {
-            let (idx, results): (Vec<usize>, Vec<ChunkResult>) = items.into_iter().unzip();
+            let (deliveries, results): (Vec<Delivery>, Vec<ChunkResult>) = items.into_iter().unzip();
             let n = results.len() as u64;
-            if let Err(e) = self.send_job(&job, results).await {
-                // Not sent: not deleted; the work items come back and are processed again.
-                tracing::warn!(%job, error = %e, "sending results failed; work items will be redelivered");
-                for i in idx {
-                    out[i] = Outcome::Failed(format!("sending results: {e}"));
+            match self.send_job(&job, results).await {
+                Ok(()) => {
+                    self.announce.results(n);
+                    out.extend(deliveries.into_iter().map(|m| (m, Outcome::Done)));
                 }
-            } else {
-                self.announce.results(n);
+                Err(e) => {
+                    // Not sent: not deleted; the work items come back and are processed again.
+                    tracing::warn!(%job, error = %e, "sending results failed; work items will be redelivered");
+                    out.extend(deliveries.into_iter().map(|m| (m, Outcome::Failed(format!("sending results: {e}")))));
+                }
             }
         }
         out

@@ -99,7 +99,7 @@ async fn scales_to_the_backlog_then_back_to_min_after_the_window() {
         if got.is_empty() {
             break;
         }
-        f.work.delete(&got.into_iter().map(|m| m.receipt).collect::<Vec<_>>()).await.unwrap();
+        f.work.delete(got).await.unwrap();
     }
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert_eq!(f.actual().await, 5, "held within the stabilization window");

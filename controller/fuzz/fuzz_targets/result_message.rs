@@ -6,8 +6,9 @@
 use std::sync::OnceLock;
 
 use controller::{Aggregator, Source};
-use fleet_io::memory::MemoryStore;
-use fleet_io::queue::Message;
+use fleet_engine::Completions;
+use fleet_io::memory::{MemoryQueue, MemoryStore};
+use fleet_io::queue::{Delivery, Message};
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
@@ -18,14 +19,17 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Ok(body) = std::str::from_utf8(data) else { return };
     runtime().block_on(async {
         let store = MemoryStore::new();
-        let mut agg = Aggregator::new(store);
+        let agg = Aggregator::new(store);
+        let done = Completions::start(MemoryQueue::new("billing-results", std::time::Duration::from_secs(30)), Default::default());
         let sealed = r#"{"kind":"sealed","v":1,"job_id":"f","total_chunks":1}"#;
-        let msgs = [
-            Message { id: "1".into(), body: body.to_string(), receipt: "r1".into(), receive_count: 1, ..Default::default() },
-            Message { id: "2".into(), body: sealed.into(), receipt: "r2".into(), receive_count: 1, ..Default::default() },
-        ];
-        agg.apply(Source::Results, &msgs).await;
-        agg.apply(Source::ResultsDeadLetter, &msgs[..1]).await;
-        agg.flush().await;
+        let msg = |id: &str, body: &str| {
+            done.keep(Delivery::new(Message { id: id.into(), body: body.into(), receive_count: 1, ..Default::default() }, format!("r{id}")))
+        };
+        agg.apply(Source::Results, vec![msg("1", body), msg("2", sealed)]).await;
+        agg.apply(Source::ResultsDeadLetter, vec![msg("3", body)]).await;
+        for k in agg.flush().await {
+            k.delete();
+        }
+        done.finish(true).await;
     });
 });

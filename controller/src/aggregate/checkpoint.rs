@@ -10,17 +10,17 @@ impl Aggregator {
     /// Checkpoints every job with pending messages (concurrently) and returns those messages for
     /// deletion. A job whose checkpoint fails is dropped from memory (reloaded from its last
     /// checkpoint later); its messages are not returned, so they come back.
-    pub async fn flush(&self) -> Vec<(Source, String)> {
+    pub async fn flush(&self) -> Vec<Kept> {
         self.flush_jobs(true).await
     }
 
     /// [`flush`](Self::flush), skipping the jobs being worked on (the timer's: a job whose S3 calls
     /// hang holds up nobody else's deletes).
-    pub async fn flush_idle(&self) -> Vec<(Source, String)> {
+    pub async fn flush_idle(&self) -> Vec<Kept> {
         self.flush_jobs(false).await
     }
 
-    pub(super) async fn flush_jobs(&self, wait: bool) -> Vec<(Source, String)> {
+    pub(super) async fn flush_jobs(&self, wait: bool) -> Vec<Kept> {
         let slots = self.slots();
         let done = futures::future::join_all(slots.iter().map(|(job_id, slot)| async move {
             let mut held = if wait {
@@ -42,7 +42,7 @@ impl Aggregator {
     }
 
     /// Checkpoints one job; returns the messages it covers.
-    pub(super) async fn flush_job(&self, job_id: &str, held: &mut Option<Job>) -> Vec<(Source, String)> {
+    pub(super) async fn flush_job(&self, job_id: &str, held: &mut Option<Job>) -> Vec<Kept> {
         let job = held.as_mut().expect("the job is in memory");
         let mut ctl = RequestCounts::default();
         ctl.add("s3.PutObject", 1);
@@ -91,7 +91,7 @@ pub(super) async fn restore_totals(cp: &mut Checkpoint, store: &dyn BlobStore, c
         if sha256_hex(&data) != p.sha256 {
             return Err(Error::Corrupt(format!("checkpoint part {} of job {job_id}: checksum mismatch", p.key)));
         }
-        accounts_from_zstd_csv(&data, MAX_DOC_BYTES).map_err(corrupt)
+        accounts_from_zstd_csv(&data, MAX_DOC_BYTES).map_err(Error::corrupt)
     }))
     .await?;
     let inline = std::mem::take(&mut cp.accounts);
@@ -175,7 +175,7 @@ pub(super) async fn write_checkpoint(job: &mut Job, store: &dyn BlobStore, stats
             job.cp.parts.push(part);
         }
     }
-    let bytes = to_zstd_json(&job.cp).map_err(corrupt)?;
+    let bytes = to_zstd_json(&job.cp).map_err(Error::corrupt)?;
     let len = bytes.len();
     let meta = Progress::of(&job.cp).to_meta();
     let cond = match &job.cp_etag {

@@ -7,7 +7,7 @@ use super::*;
 impl Aggregator {
     /// Writes the report of a job in memory (complete, or abandoned when it says so) and forgets it;
     /// returns its messages for deletion.
-    pub(super) async fn finish(&self, job_id: &str, held: &mut Option<Job>) -> Result<Vec<(Source, String)>> {
+    pub(super) async fn finish(&self, job_id: &str, held: &mut Option<Job>) -> Result<Vec<Kept>> {
         // Still the owner? (A paused owner whose lease lapsed must not write a report.)
         {
             let job = held.as_mut().expect("the job is in memory");

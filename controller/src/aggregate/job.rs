@@ -1,10 +1,11 @@
 //! A job in memory and the items applied to it: parsing a message into an item (a chunk result, a
 //! seal, an abandon, a dead-lettered work item), fetching and decoding a result's payload before the
 //! job is locked, and applying an item to the job exactly once (a chunk already accounted for is a
-//! duplicate however often it arrives). `Pending` counts the receipts applied but not yet covered by a
+//! duplicate however often it arrives). `Pending` holds the deliveries applied but not yet covered by a
 //! checkpoint.
 
 use super::*;
+use fleet_io::queue::Message;
 
 pub(super) enum Item {
     Result(ResultMessage),
@@ -47,10 +48,10 @@ pub(super) struct Job {
     pub(super) cp_etag: Option<String>,
 }
 
-/// Receipts applied in memory and waiting for a checkpoint, counted for the whole aggregator (also
-/// when a job is dropped with them).
+/// Deliveries applied in memory and waiting for a checkpoint, counted for the whole aggregator (also
+/// when a job is dropped with them: they come back after their visibility timeout).
 pub(super) struct Pending {
-    pub(super) list: Vec<(Source, String)>,
+    pub(super) list: Vec<Kept>,
     pub(super) count: Arc<AtomicUsize>,
 }
 
@@ -59,12 +60,12 @@ impl Pending {
         Pending { list: Vec::new(), count }
     }
 
-    pub(super) fn extend(&mut self, receipts: Vec<(Source, String)>) {
-        self.count.fetch_add(receipts.len(), Ordering::Relaxed);
-        self.list.extend(receipts);
+    pub(super) fn extend(&mut self, kept: Vec<Kept>) {
+        self.count.fetch_add(kept.len(), Ordering::Relaxed);
+        self.list.extend(kept);
     }
 
-    pub(super) fn take(&mut self) -> Vec<(Source, String)> {
+    pub(super) fn take(&mut self) -> Vec<Kept> {
         self.count.fetch_sub(self.list.len(), Ordering::Relaxed);
         std::mem::take(&mut self.list)
     }
@@ -85,7 +86,7 @@ pub(super) fn parse(source: Source, m: &Message) -> Result<Item> {
         Source::Results | Source::ResultsDeadLetter => Item::Result(serde_json::from_str(&m.body)?),
         Source::WorkDeadLetter => Item::Dead { item: serde_json::from_str(&m.body)?, receives: m.receive_count, reason: m.attrs.reason.clone() },
     };
-    check_job_id(item.job_id()).map_err(corrupt)?;
+    check_job_id(item.job_id()).map_err(Error::corrupt)?;
     Ok(item)
 }
 
@@ -198,7 +199,7 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
 pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore) -> Result<Vec<AccountTotals>> {
     match payload {
         AccountsPayload::Inline { accounts } => Ok(accounts),
-        AccountsPayload::ZstdCsv { data } => accounts_from_zstd_csv(&base64_decode(&data).map_err(corrupt)?, MAX_DOC_BYTES).map_err(corrupt),
+        AccountsPayload::ZstdCsv { data } => accounts_from_zstd_csv(&base64_decode(&data).map_err(Error::corrupt)?, MAX_DOC_BYTES).map_err(Error::corrupt),
         AccountsPayload::Blob { blob } => {
             let data = store
                 .get(&blob.key)
@@ -207,7 +208,7 @@ pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobSto
             if sha256_hex(&data) != blob.sha256 {
                 return Err(Error::Corrupt(format!("result blob {} checksum mismatch", blob.key)));
             }
-            accounts_from_zstd_csv(&data, blob.raw_bytes.min(MAX_DOC_BYTES)).map_err(corrupt)
+            accounts_from_zstd_csv(&data, blob.raw_bytes.min(MAX_DOC_BYTES)).map_err(Error::corrupt)
         }
     }
 }

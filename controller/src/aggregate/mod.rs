@@ -32,10 +32,10 @@ use fleet_domain::model::{
 };
 use fleet_domain::report;
 use fleet_domain::requests::RequestCounts;
+use fleet_engine::Kept;
 use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
-use fleet_io::queue::Message;
 use tokio::time::Instant;
 
 use crate::lease::{Acquired, Held, Leases};
@@ -75,7 +75,8 @@ pub enum Source {
 impl Source {
     pub const ALL: [Source; 3] = [Source::Results, Source::WorkDeadLetter, Source::ResultsDeadLetter];
 
-    fn default_queue(self) -> &'static str {
+    /// The queue's name when none is set.
+    pub fn default_queue(self) -> &'static str {
         match self {
             Source::Results => "billing-results",
             Source::WorkDeadLetter => "billing-work-dlq",
@@ -84,13 +85,13 @@ impl Source {
     }
 }
 
-/// What to do with the messages of a batch once applied.
+/// What to do with the messages of a batch once applied (the rest wait in their jobs for a checkpoint).
 #[derive(Debug, Default)]
 pub struct Applied {
     /// Durably applied (or duplicates of finished jobs, or quarantined): delete.
-    pub delete: Vec<(Source, String)>,
+    pub delete: Vec<Kept>,
     /// Messages of jobs another controller owns: hand them back to the queue for their owner.
-    pub release: Vec<(Source, String)>,
+    pub release: Vec<Kept>,
 }
 
 /// What taking a job's lease found.
@@ -106,9 +107,9 @@ enum Taken {
 /// What became of a job's messages.
 enum Step {
     /// Applied (deletable now, or after the next checkpoint when empty).
-    Delete(Vec<(Source, String)>),
-    /// The job is another controller's.
-    NotMine,
+    Delete(Vec<Kept>),
+    /// The job is another controller's: its messages, to hand back.
+    NotMine(Vec<Kept>),
 }
 
 /// One job's place in memory: `None` while it is not loaded (or was dropped after a failure). Each job
@@ -237,53 +238,54 @@ impl Aggregator {
     }
 
     /// Applies one received batch. Messages of a job whose state could not be saved are not deleted
-    /// (they come back), and that job is reloaded from its last checkpoint next time. Unreadable
-    /// messages are quarantined, then deleted. Result payloads are fetched before any job is locked,
-    /// and the batch's jobs are applied concurrently.
-    pub async fn apply(&self, source: Source, msgs: &[Message]) -> Applied {
+    /// (dropped here, they come back after their visibility timeout), and that job is reloaded from
+    /// its last checkpoint next time. Unreadable messages are quarantined, then deleted. Result
+    /// payloads are fetched before any job is locked, and the batch's jobs are applied concurrently.
+    /// The messages applied and not returned stay with their jobs until a checkpoint covers them.
+    pub async fn apply(&self, source: Source, msgs: Vec<Kept>) -> Applied {
         let mut applied = Applied::default();
-        let mut groups: BTreeMap<String, Vec<(usize, Item)>> = BTreeMap::new();
-        for (i, m) in msgs.iter().enumerate() {
-            match parse(source, m) {
-                Ok(item) => groups.entry(item.job_id().to_string()).or_default().push((i, item)),
+        let mut groups: BTreeMap<String, Vec<(Kept, Item)>> = BTreeMap::new();
+        for m in msgs {
+            match parse(source, &m) {
+                Ok(item) => groups.entry(item.job_id().to_string()).or_default().push((m, item)),
                 Err(e) => {
                     let queue = self.queues.get(&source).map_or("unknown", String::as_str);
-                    match fleet_io::quarantine::put(self.store.as_ref(), queue, m, &e.to_string()).await {
-                        Ok(_) => applied.delete.push((source, m.receipt.clone())),
+                    match fleet_io::quarantine::put(self.store.as_ref(), queue, &m, &e.to_string()).await {
+                        Ok(_) => applied.delete.push(m),
                         Err(qe) => tracing::warn!(queue, message_id = %m.id, error = %qe, "could not quarantine an unreadable message; it will be redelivered"),
                     }
                 }
             }
         }
         let steps = futures::future::join_all(groups.into_iter().map(|(job_id, items)| async move {
-            let receipts: Vec<(Source, String)> = items.iter().map(|(i, _)| (source, msgs[*i].receipt.clone())).collect();
+            let (kept, items): (Vec<Kept>, Vec<Item>) = items.into_iter().unzip();
             let items = if self.is_finished(&job_id) {
                 Vec::new()
             } else {
-                futures::future::join_all(items.into_iter().map(|(_, it)| prepare(it, self.store.as_ref()))).await
+                futures::future::join_all(items.into_iter().map(|it| prepare(it, self.store.as_ref()))).await
             };
-            let step = self.apply_job(&job_id, items, receipts.clone()).await;
-            (job_id, receipts, step)
+            let step = self.apply_job(&job_id, items, kept).await;
+            (job_id, step)
         }))
         .await;
-        for (job_id, receipts, step) in steps {
+        for (job_id, step) in steps {
             match step {
                 Ok(Step::Delete(deletable)) => applied.delete.extend(deletable),
-                Ok(Step::NotMine) => applied.release.extend(receipts),
+                Ok(Step::NotMine(kept)) => applied.release.extend(kept),
                 Err(e) => tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered"),
             }
         }
         applied
     }
 
-    /// Applies a job's items under its lock; returns the receipts that may be deleted now (the job
-    /// finished or was checkpointed, or the messages belong to a job finished before). On an error
-    /// everything applied since the last checkpoint is dropped with the job; those messages were not
-    /// deleted and come back.
-    async fn apply_job(&self, job_id: &str, items: Vec<Ready>, receipts: Vec<(Source, String)>) -> Result<Step> {
+    /// Applies a job's items under its lock; returns the messages that may be deleted now (the job
+    /// finished or was checkpointed, or they belong to a job finished before). On an error everything
+    /// applied since the last checkpoint is dropped with the job; those messages were not deleted and
+    /// come back.
+    async fn apply_job(&self, job_id: &str, items: Vec<Ready>, kept: Vec<Kept>) -> Result<Step> {
         if self.is_finished(job_id) {
-            tracing::debug!(job = %job_id, n = receipts.len(), "late duplicates of a finished job");
-            return Ok(Step::Delete(receipts));
+            tracing::debug!(job = %job_id, n = kept.len(), "late duplicates of a finished job");
+            return Ok(Step::Delete(kept));
         }
         let slot = self.slot(job_id);
         let step = {
@@ -293,7 +295,7 @@ impl Aggregator {
             let step = if held.is_none() && failing {
                 Err(Error::Timeout { service: fleet_io::error::Service::S3, operation: "(job state, failed just before)", after: FAILING_FOR, attempts: 0 })
             } else {
-                self.apply_locked(job_id, &mut held, items, receipts).await
+                self.apply_locked(job_id, &mut held, items, kept).await
             };
             match &step {
                 Err(e) => {
@@ -314,7 +316,7 @@ impl Aggregator {
         step
     }
 
-    async fn apply_locked(&self, job_id: &str, held: &mut Option<Job>, items: Vec<Ready>, receipts: Vec<(Source, String)>) -> Result<Step> {
+    async fn apply_locked(&self, job_id: &str, held: &mut Option<Job>, items: Vec<Ready>, kept: Vec<Kept>) -> Result<Step> {
         let mut ctl = RequestCounts::default();
         ctl.add("sqs.ReceiveMessage", 1);
         // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
@@ -324,10 +326,10 @@ impl Aggregator {
         if held.is_none() {
             match self.take(job_id, &mut ctl).await? {
                 Taken::Open(job) => *held = Some(*job),
-                Taken::Finished => return Ok(Step::Delete(receipts)),
+                Taken::Finished => return Ok(Step::Delete(kept)),
                 Taken::Busy => {
-                    tracing::debug!(job = %job_id, n = receipts.len(), "job owned by another controller; messages handed back");
-                    return Ok(Step::NotMine);
+                    tracing::debug!(job = %job_id, n = kept.len(), "job owned by another controller; messages handed back");
+                    return Ok(Step::NotMine(kept));
                 }
             }
         }
@@ -336,7 +338,7 @@ impl Aggregator {
         for item in items {
             apply_item(job, item, &mut ctl)?;
         }
-        job.pending.extend(receipts);
+        job.pending.extend(kept);
         job.cp.requests.merge(&ctl);
         if job.abandon.is_some() || job.cp.total_chunks == Some(job.cp.accounted.len() as u32) {
             return self.finish(job_id, held).await.map(Step::Delete);
@@ -371,15 +373,13 @@ impl Aggregator {
     }
 }
 
-/// DeleteMessageBatch calls needed for these receipts (per queue, ten at a time).
-fn delete_calls(receipts: &[(Source, String)]) -> u64 {
-    Source::ALL.iter().map(|s| receipts.iter().filter(|(r, _)| r == s).count().div_ceil(10) as u64).sum()
-}
-
-/// A document or payload that failed the domain's checks: corrupt, never retryable.
-fn corrupt(e: fleet_domain::Error) -> Error {
-    let fleet_domain::Error::Corrupt(msg) = e;
-    Error::Corrupt(msg)
+/// DeleteMessageBatch calls needed for these messages (per queue, ten at a time).
+fn delete_calls(kept: &[Kept]) -> u64 {
+    let mut per_queue: BTreeMap<&str, u64> = BTreeMap::new();
+    for k in kept {
+        *per_queue.entry(k.queue()).or_default() += 1;
+    }
+    per_queue.values().map(|n| n.div_ceil(10)).sum()
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ impl Aggregator {
     /// Finishes as `abandoned` every unsealed job without news for `after` (in memory, or dormant:
     /// known from its open marker only); returns the messages the reports cover, for deletion. Scans
     /// the open markers again when the last scan is `after` old.
-    pub async fn expire(&self, after: Duration) -> Vec<(Source, String)> {
+    pub async fn expire(&self, after: Duration) -> Vec<Kept> {
         // At start (the first tick) and every `after`: jobs whose owner died and whose messages never
         // come back are found here.
         let scan = lock(&self.scanned).is_none_or(|t| t.elapsed() >= after);

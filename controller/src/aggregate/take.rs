@@ -97,7 +97,7 @@ impl Aggregator {
         };
         match self.store.get_tagged(&checkpoint_key(job_id)).await? {
             Some((data, etag)) => {
-                let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES).map_err(corrupt)?;
+                let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES).map_err(Error::corrupt)?;
                 let totals = if cp.status.is_finished() {
                     // Only its status is needed; its rows are in the warehouse.
                     CheckedTotals::new()

@@ -3,7 +3,10 @@
 use super::*;
 use fleet_domain::billing::Tariff;
 use fleet_domain::model::{BlobRef, ChunkResult, Rejected};
-use fleet_io::memory::MemoryStore;
+use fleet_engine::completion::BatchSettings;
+use fleet_engine::Completions;
+use fleet_io::memory::{MemoryQueue, MemoryStore};
+use fleet_io::queue::{Delivery, Message, Queue};
 use rust_decimal::Decimal;
 
 fn manifest(job: &str, chunks: &[u64]) -> Manifest {
@@ -47,7 +50,15 @@ fn result(job: &str, chunk: u32, accounts: Vec<AccountTotals>) -> Message {
 fn msg(body: String) -> Message {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    Message { id: format!("m{n}"), receipt: format!("r{n}"), body, receive_count: 1, ..Default::default() }
+    Message { id: format!("m{n}"), body, receive_count: 1, ..Default::default() }
+}
+
+/// The messages as deliveries from `source`'s queue (an in-memory one that does not hold them: their
+/// completions go nowhere), kept as the controller's handler keeps them.
+fn keep(source: Source, msgs: &[Message]) -> Vec<Kept> {
+    let queue = MemoryQueue::new(source.default_queue(), Duration::from_secs(30));
+    let done = Completions::start(queue, BatchSettings::default());
+    msgs.iter().map(|m| done.keep(Delivery::new(m.clone(), format!("r-{}", m.id)))).collect()
 }
 
 async fn put_manifest(store: &MemoryStore, m: &Manifest) {
@@ -64,7 +75,7 @@ async fn duplicates_count_once_and_report_is_exact() {
     put_manifest(&store, &manifest("j1", &[2, 1])).await;
     let agg = Aggregator::new(store.clone());
     let r0 = result("j1", 0, vec![acct("a", 2, 1000, 100)]);
-    let applied = agg.apply(Source::Results, &[r0.clone(), r0.clone()]).await;
+    let applied = agg.apply(Source::Results, keep(Source::Results, &[r0.clone(), r0.clone()])).await;
     assert!(applied.delete.is_empty(), "nothing is deleted before a checkpoint covers it");
     assert_eq!(agg.pending(), 2);
     assert_eq!(agg.flush().await.len(), 2, "duplicates are deleted too, after the checkpoint");
@@ -72,10 +83,10 @@ async fn duplicates_count_once_and_report_is_exact() {
     let p = fleet_domain::model::Progress::from_meta(&meta).expect("progress in the metadata");
     assert_eq!((p.status, p.accounted, p.failed, p.processed), (JobStatus::Running, 1, 0, 2));
     assert!(report_of(&store, "j1").await.is_none());
-    agg.apply(Source::Results, std::slice::from_ref(&r0)).await;
-    agg.apply(Source::Results, &[result("j1", 1, vec![acct("a", 1, -500, 0)])]).await;
+    agg.apply(Source::Results, keep(Source::Results, std::slice::from_ref(&r0))).await;
+    agg.apply(Source::Results, keep(Source::Results, &[result("j1", 1, vec![acct("a", 1, -500, 0)])])).await;
     assert!(report_of(&store, "j1").await.is_none(), "every chunk is in, but the job is not sealed yet");
-    agg.apply(Source::Results, &[sealed("j1", 2)]).await;
+    agg.apply(Source::Results, keep(Source::Results, &[sealed("j1", 2)])).await;
     let r = report_of(&store, "j1").await.expect("report written once sealed");
     assert_eq!(r.status, JobStatus::Complete);
     assert_eq!((r.transactions.processed, r.transactions.failed, r.transactions.rejected), (3, 0, 1));
@@ -83,7 +94,7 @@ async fn duplicates_count_once_and_report_is_exact() {
     let csv = String::from_utf8(store.get(&accounts_key("j1")).await.unwrap().unwrap().to_vec()).unwrap();
     assert_eq!(csv.lines().nth(1), Some("a,EUR,3,5.00,1.00,4.00"));
     // A late duplicate after the report changes nothing.
-    agg.apply(Source::Results, &[r0]).await;
+    agg.apply(Source::Results, keep(Source::Results, &[r0])).await;
     assert_eq!(report_of(&store, "j1").await.unwrap().accounts, r.accounts);
 }
 
@@ -92,14 +103,14 @@ async fn restart_resumes_from_checkpoint() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("j2", &[1, 1, 1])).await;
     let first = Aggregator::new(store.clone());
-    first.apply(Source::Results, &[result("j2", 0, vec![acct("a", 1, 100, 33)]), sealed("j2", 3)]).await;
-    first.apply(Source::Results, &[result("j2", 1, vec![acct("b", 1, 200, 36)])]).await;
+    first.apply(Source::Results, keep(Source::Results, &[result("j2", 0, vec![acct("a", 1, 100, 33)]), sealed("j2", 3)])).await;
+    first.apply(Source::Results, keep(Source::Results, &[result("j2", 1, vec![acct("b", 1, 200, 36)])])).await;
     first.flush().await; // checkpointed; then "crash" before the deletes
-    first.apply(Source::Results, &[result("j2", 2, vec![acct("a", 1, 300, 39)])]).await;
+    first.apply(Source::Results, keep(Source::Results, &[result("j2", 2, vec![acct("a", 1, 300, 39)])])).await;
     drop(first); // chunk 2 was applied in memory only: lost with the crash, and not deleted
     let second = Aggregator::new(store.clone());
     // chunk 1 is redelivered (its delete was lost), then chunk 2 arrives
-    second.apply(Source::Results, &[result("j2", 1, vec![acct("b", 1, 200, 36)]), result("j2", 2, vec![acct("a", 1, 300, 39)])]).await;
+    second.apply(Source::Results, keep(Source::Results, &[result("j2", 1, vec![acct("b", 1, 200, 36)]), result("j2", 2, vec![acct("a", 1, 300, 39)])])).await;
     let r = report_of(&store, "j2").await.unwrap();
     assert_eq!(r.transactions.processed, 3);
     assert_eq!(r.accounts.iter().map(|a| (a.account_id.as_str(), a.count, a.gross.as_str())).collect::<Vec<_>>(), [("a", 2, "4.00"), ("b", 1, "2.00")]);
@@ -110,7 +121,7 @@ async fn dead_letter_makes_job_partial_and_failed_result_wins_once() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("j3", &[4, 5])).await;
     let agg = Aggregator::new(store.clone());
-    agg.apply(Source::Results, &[sealed("j3", 2), result("j3", 0, vec![acct("a", 4, 400, 10)])]).await;
+    agg.apply(Source::Results, keep(Source::Results, &[sealed("j3", 2), result("j3", 0, vec![acct("a", 4, 400, 10)])])).await;
     let item = WorkItem {
         v: 1,
         job_id: "j3".into(),
@@ -119,7 +130,7 @@ async fn dead_letter_makes_job_partial_and_failed_result_wins_once() {
         blob: BlobRef { key: fleet_domain::layout::chunk_key("j3", 1), sha256: "0".repeat(64), compressed_bytes: 1, raw_bytes: 1 },
         tariff: Tariff::default(),
     };
-    agg.apply(Source::WorkDeadLetter, &[msg(serde_json::to_string(&item).unwrap())]).await;
+    agg.apply(Source::WorkDeadLetter, keep(Source::WorkDeadLetter, &[msg(serde_json::to_string(&item).unwrap())])).await;
     let r = report_of(&store, "j3").await.unwrap();
     assert_eq!(r.status, JobStatus::Partial);
     assert_eq!((r.transactions.processed, r.transactions.failed), (4, 5));
@@ -132,10 +143,10 @@ async fn missing_manifest_keeps_messages_for_redelivery() {
     let store = MemoryStore::new();
     let agg = Aggregator::new(store.clone());
     let batch = [result("j4", 0, vec![acct("a", 1, 100, 1)]), sealed("j4", 1)];
-    let applied = agg.apply(Source::Results, &batch).await;
+    let applied = agg.apply(Source::Results, keep(Source::Results, &batch)).await;
     assert!(applied.delete.is_empty(), "not deleted: the job cannot be finished yet");
     put_manifest(&store, &manifest("j4", &[1])).await;
-    let applied = agg.apply(Source::Results, &batch).await;
+    let applied = agg.apply(Source::Results, keep(Source::Results, &batch)).await;
     assert_eq!(applied.delete.len(), 2);
     assert_eq!(report_of(&store, "j4").await.unwrap().transactions.processed, 1);
 }
@@ -145,9 +156,9 @@ async fn chunks_beyond_the_sealed_size_are_ignored() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("j6", &[1])).await;
     let agg = Aggregator::new(store.clone());
-    agg.apply(Source::Results, &[sealed("j6", 1), result("j6", 5, vec![acct("x", 9, 900, 9)])]).await;
+    agg.apply(Source::Results, keep(Source::Results, &[sealed("j6", 1), result("j6", 5, vec![acct("x", 9, 900, 9)])])).await;
     assert!(report_of(&store, "j6").await.is_none());
-    agg.apply(Source::Results, &[result("j6", 0, vec![acct("a", 1, 100, 1)])]).await;
+    agg.apply(Source::Results, keep(Source::Results, &[result("j6", 0, vec![acct("a", 1, 100, 1)])])).await;
     let r = report_of(&store, "j6").await.unwrap();
     assert_eq!(r.transactions.processed, 1);
     assert_eq!(r.accounts.len(), 1);
@@ -162,8 +173,8 @@ async fn inconsistent_result_is_a_failed_chunk_and_garbage_is_quarantined() {
     if let ResultMessage::Chunk(c) = &mut bad {
         c.transactions = 3;
     }
-    let garbage = Message { id: "g1".into(), body: "{not json".into(), receipt: "rg".into(), receive_count: 2, ..Default::default() };
-    let applied = agg.apply(Source::Results, &[msg(serde_json::to_string(&bad).unwrap()), garbage, sealed("j5", 1)]).await;
+    let garbage = Message { id: "g1".into(), body: "{not json".into(), receive_count: 2, ..Default::default() };
+    let applied = agg.apply(Source::Results, keep(Source::Results, &[msg(serde_json::to_string(&bad).unwrap()), garbage, sealed("j5", 1)])).await;
     assert_eq!(applied.delete.len(), 3, "the garbage message is quarantined, then deleted");
     let q = fleet_io::quarantine::read(store.as_ref(), "quarantine/billing-results/g1.json").await.unwrap().expect("quarantined");
     assert_eq!((q.body.as_str(), q.receive_count, q.queue.as_str()), ("{not json", 2, "billing-results"));
@@ -194,7 +205,7 @@ async fn hostile_values_fail_their_chunk_and_leave_other_jobs_alone() {
         result("ok", 0, vec![acct("z", 1, 500, 5)]),
         sealed("ok", 1),
     ];
-    let applied = agg.apply(Source::Results, &batch).await;
+    let applied = agg.apply(Source::Results, keep(Source::Results, &batch)).await;
     assert_eq!(applied.delete.len(), batch.len());
     let r = report_of(&store, "h1").await.unwrap();
     assert_eq!(r.status, JobStatus::Partial);
@@ -207,7 +218,7 @@ async fn hostile_values_fail_their_chunk_and_leave_other_jobs_alone() {
     let rows = vec![acct("a", u64::MAX, 100, 1), acct("b", 2, 100, 1)];
     let m = result("h2", 0, rows);
     assert!(m.body.contains("\"transactions\":1,"), "the wrapped count: {}", m.body);
-    agg.apply(Source::Results, &[m, sealed("h2", 1)]).await;
+    agg.apply(Source::Results, keep(Source::Results, &[m, sealed("h2", 1)])).await;
     let r = report_of(&store, "h2").await.unwrap();
     assert_eq!(r.status, JobStatus::Partial);
     assert!(r.failed_chunks[0].reason.contains("more transactions than a count can hold"), "{:?}", r.failed_chunks);
@@ -233,11 +244,11 @@ async fn a_result_whose_blob_is_gone_fails_its_chunk_and_stranded_results_count(
         requests: RequestCounts::default(),
     });
     // From the results dead-letter queue (S3 was down for minutes): applied like any result.
-    let applied = agg.apply(Source::ResultsDeadLetter, &[sealed("s1", 2), result("s1", 0, vec![acct("a", 1, 100, 1)])]).await;
+    let applied = agg.apply(Source::ResultsDeadLetter, keep(Source::ResultsDeadLetter, &[sealed("s1", 2), result("s1", 0, vec![acct("a", 1, 100, 1)])])).await;
     assert!(applied.delete.is_empty());
-    let applied = agg.apply(Source::ResultsDeadLetter, &[msg(serde_json::to_string(&lost).unwrap())]).await;
+    let applied = agg.apply(Source::ResultsDeadLetter, keep(Source::ResultsDeadLetter, &[msg(serde_json::to_string(&lost).unwrap())])).await;
     assert_eq!(applied.delete.len(), 3);
-    assert!(applied.delete.iter().all(|(s, _)| *s == Source::ResultsDeadLetter));
+    assert!(applied.delete.iter().all(|k| k.queue() == Source::ResultsDeadLetter.default_queue()));
     let r = report_of(&store, "s1").await.unwrap();
     assert_eq!((r.status, r.transactions.processed, r.transactions.failed), (JobStatus::Partial, 1, 1));
     assert!(r.failed_chunks[0].reason.contains("result unreadable"), "{:?}", r.failed_chunks);
@@ -253,19 +264,19 @@ async fn abandon_finishes_a_job_with_what_was_processed() {
     // Sealed and manifest written, one chunk never came back: its chunk is listed as failed.
     put_manifest(&store, &manifest("a1", &[2, 3])).await;
     let agg = Aggregator::new(store.clone());
-    agg.apply(Source::Results, &[sealed("a1", 2), result("a1", 0, vec![acct("a", 2, 200, 2)])]).await;
-    agg.apply(Source::Results, &[abandon("a1")]).await;
+    agg.apply(Source::Results, keep(Source::Results, &[sealed("a1", 2), result("a1", 0, vec![acct("a", 2, 200, 2)])])).await;
+    agg.apply(Source::Results, keep(Source::Results, &[abandon("a1")])).await;
     let r = report_of(&store, "a1").await.unwrap();
     assert_eq!((r.status, r.transactions.processed, r.transactions.failed, r.transactions.accepted), (JobStatus::Abandoned, 2, 3, 5));
     assert!(r.failed_chunks[0].reason.contains("abandoned: operator"), "{:?}", r.failed_chunks);
     assert_eq!(agg.open_jobs(), 0, "memory freed");
     // Never sealed, no manifest: the report holds what was processed.
-    agg.apply(Source::Results, &[result("a2", 4, vec![acct("b", 7, 700, 7)]), abandon("a2")]).await;
+    agg.apply(Source::Results, keep(Source::Results, &[result("a2", 4, vec![acct("b", 7, 700, 7)]), abandon("a2")])).await;
     let r = report_of(&store, "a2").await.unwrap();
     assert_eq!((r.status, r.transactions.processed, r.transactions.accepted), (JobStatus::Abandoned, 7, 7));
     assert!(r.note.as_deref().unwrap().contains("no manifest"), "{:?}", r.note);
     // Late results of an abandoned job are duplicates.
-    let applied = agg.apply(Source::Results, &[result("a1", 1, vec![acct("a", 3, 300, 3)])]).await;
+    let applied = agg.apply(Source::Results, keep(Source::Results, &[result("a1", 1, vec![acct("a", 3, 300, 3)])])).await;
     assert_eq!(applied.delete.len(), 1);
     assert_eq!(report_of(&store, "a1").await.unwrap().transactions.processed, 2);
 }
@@ -275,9 +286,9 @@ async fn unsealed_jobs_expire_also_after_a_restart() {
     let store = MemoryStore::new();
     // The same controller before and after its restart (a stable id: it takes its leases back at once).
     let agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
-    agg.apply(Source::Results, &[result("e1", 0, vec![acct("a", 1, 100, 1)])]).await;
+    agg.apply(Source::Results, keep(Source::Results, &[result("e1", 0, vec![acct("a", 1, 100, 1)])])).await;
     put_manifest(&store, &manifest("e2", &[1, 1])).await;
-    agg.apply(Source::Results, &[sealed("e2", 2), result("e2", 0, vec![acct("a", 1, 100, 1)])]).await;
+    agg.apply(Source::Results, keep(Source::Results, &[sealed("e2", 2), result("e2", 0, vec![acct("a", 1, 100, 1)])])).await;
     assert_eq!(agg.flush().await.len(), 3);
     assert_eq!(store.keys().iter().filter(|k| k.starts_with("open/")).count(), 2, "open markers");
     tokio::time::advance(Duration::from_secs(30)).await;
@@ -307,12 +318,12 @@ async fn a_stale_owner_is_fenced_and_messages_of_anothers_job_are_handed_back() 
     let r1 = result("f", 1, vec![acct("x", 1, 200, 1)]);
     let r2 = result("f", 2, vec![acct("y", 1, 300, 1)]);
     // a owns the job and holds chunk 0 unsaved; b is turned away meanwhile.
-    assert!(a.apply(Source::Results, std::slice::from_ref(&r0)).await.delete.is_empty());
-    let turned = b.apply(Source::Results, std::slice::from_ref(&r1)).await;
+    assert!(a.apply(Source::Results, keep(Source::Results, std::slice::from_ref(&r0))).await.delete.is_empty());
+    let turned = b.apply(Source::Results, keep(Source::Results, std::slice::from_ref(&r1))).await;
     assert_eq!((turned.delete.len(), turned.release.len()), (0, 1), "b hands the message back to a");
     // a pauses past its lease; b takes the job over and checkpoints chunk 1.
     tokio::time::sleep(ttl + Duration::from_millis(100)).await;
-    b.apply(Source::Results, &[r1.clone(), sealed("f", 3)]).await;
+    b.apply(Source::Results, keep(Source::Results, &[r1.clone(), sealed("f", 3)])).await;
     assert_eq!(b.flush().await.len(), 2);
     // a wakes and tries to save chunk 0: fenced, nothing deleted, b's checkpoint intact.
     assert!(a.flush().await.is_empty(), "a stale owner's messages are not deleted");
@@ -320,9 +331,9 @@ async fn a_stale_owner_is_fenced_and_messages_of_anothers_job_are_handed_back() 
     let cp: Checkpoint = from_zstd_json(&store.get(&checkpoint_key("f")).await.unwrap().unwrap(), 1 << 20).unwrap();
     assert_eq!(cp.accounted.iter().copied().collect::<Vec<_>>(), vec![1], "b's checkpoint was not overwritten");
     // a receives chunk 2: b holds the job, so it is handed back.
-    assert_eq!(a.apply(Source::Results, std::slice::from_ref(&r2)).await.release.len(), 1);
+    assert_eq!(a.apply(Source::Results, keep(Source::Results, std::slice::from_ref(&r2))).await.release.len(), 1);
     // Chunk 0 (redelivered: a never deleted it) and chunk 2 reach b: exact.
-    b.apply(Source::Results, &[r0, r2]).await;
+    b.apply(Source::Results, keep(Source::Results, &[r0, r2])).await;
     let r = report_of(&store, "f").await.expect("b finished the job");
     assert_eq!(r.transactions.processed, 3);
     assert_eq!(r.accounts.iter().map(|a| (a.account_id.as_str(), a.count, a.gross.as_str())).collect::<Vec<_>>(), [("x", 2, "3.00"), ("y", 1, "3.00")]);
@@ -396,17 +407,17 @@ impl BlobStore for BrokenStore {
 async fn a_job_whose_store_fails_turns_its_batches_back_without_waiting() {
     let store = Arc::new(BrokenStore { inner: MemoryStore::new(), job: "down", failed: AtomicUsize::new(0) });
     let agg = Aggregator::new(store.clone());
-    let first = agg.apply(Source::Results, &[result("down", 0, vec![acct("a", 1, 100, 1)])]).await;
+    let first = agg.apply(Source::Results, keep(Source::Results, &[result("down", 0, vec![acct("a", 1, 100, 1)])])).await;
     assert!(first.delete.is_empty() && first.release.is_empty(), "left for redelivery");
     let tried = store.failed.load(Ordering::Relaxed);
     assert!(tried >= 1);
     for chunk in 1..4 {
-        let next = agg.apply(Source::Results, &[result("down", chunk, vec![acct("a", 1, 100, 1)])]).await;
+        let next = agg.apply(Source::Results, keep(Source::Results, &[result("down", chunk, vec![acct("a", 1, 100, 1)])])).await;
         assert!(next.delete.is_empty() && next.release.is_empty());
     }
     assert_eq!(store.failed.load(Ordering::Relaxed), tried, "no call made for the job while it is failing");
     tokio::time::sleep(FAILING_FOR).await;
-    agg.apply(Source::Results, &[result("down", 4, vec![acct("a", 1, 100, 1)])]).await;
+    agg.apply(Source::Results, keep(Source::Results, &[result("down", 4, vec![acct("a", 1, 100, 1)])])).await;
     assert!(store.failed.load(Ordering::Relaxed) > tried, "tried again after the pause");
 }
 
@@ -450,14 +461,16 @@ async fn a_job_whose_s3_calls_hang_does_not_hold_up_another() {
     let agg = Arc::new(Aggregator::new(Arc::new(GatedStore { inner: inner.clone(), job: "slow", open })));
     let slow = {
         let agg = agg.clone();
-        tokio::spawn(async move { agg.apply(Source::Results, &[sealed("slow", 1), result("slow", 0, vec![acct("s", 1, 100, 1)])]).await })
+        tokio::spawn(
+            async move { agg.apply(Source::Results, keep(Source::Results, &[sealed("slow", 1), result("slow", 0, vec![acct("s", 1, 100, 1)])])).await },
+        )
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!slow.is_finished(), "the slow job's calls hang");
     let fast = tokio::time::timeout(Duration::from_secs(5), async {
-        agg.apply(Source::Results, &[sealed("fast", 2), result("fast", 0, vec![acct("a", 1, 100, 1)])]).await;
+        agg.apply(Source::Results, keep(Source::Results, &[sealed("fast", 2), result("fast", 0, vec![acct("a", 1, 100, 1)])])).await;
         assert_eq!(agg.flush_idle().await.len(), 2, "the fast job is checkpointed; the hung one is skipped");
-        agg.apply(Source::Results, &[result("fast", 1, vec![acct("a", 2, 200, 2)])]).await
+        agg.apply(Source::Results, keep(Source::Results, &[result("fast", 1, vec![acct("a", 2, 200, 2)])])).await
     })
     .await
     .expect("the other job is not held up by the hung one");
@@ -493,7 +506,7 @@ async fn large_jobs_checkpoint_only_what_changed_and_restore_exactly() {
     let first = many("acc", 10_000, 100);
     expected.add_all(first.iter());
     let agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
-    agg.apply(Source::Results, &[result("big", 0, first)]).await;
+    agg.apply(Source::Results, keep(Source::Results, &[result("big", 0, first)])).await;
     assert_eq!(agg.flush().await.len(), 1);
     let base_bytes = agg.stats().bytes.load(Ordering::Relaxed);
     assert_eq!(agg.stats().full_parts.load(Ordering::Relaxed), 1, "more rows than fit inline: a base part");
@@ -503,7 +516,7 @@ async fn large_jobs_checkpoint_only_what_changed_and_restore_exactly() {
         let rows = vec![acct("acc000001", 1, 5, 0), acct(&format!("acc{:06}", chunk * 7), 1, 7, 0), acct(&format!("new{chunk}"), 1, 9, 1)];
         expected.add_all(rows.iter());
         let before = agg.stats().bytes.load(Ordering::Relaxed);
-        agg.apply(Source::Results, &[result("big", chunk, rows)]).await;
+        agg.apply(Source::Results, keep(Source::Results, &[result("big", chunk, rows)])).await;
         assert_eq!(agg.flush().await.len(), 1);
         deltas.push(agg.stats().bytes.load(Ordering::Relaxed) - before);
     }
@@ -521,7 +534,7 @@ async fn large_jobs_checkpoint_only_what_changed_and_restore_exactly() {
     let agg = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
     let last = vec![acct("acc009999", 1, 1, 0)];
     expected.add_all(last.iter());
-    let applied = agg.apply(Source::Results, &[result("big", chunks - 1, last), sealed("big", chunks)]).await;
+    let applied = agg.apply(Source::Results, keep(Source::Results, &[result("big", chunks - 1, last), sealed("big", chunks)])).await;
     assert_eq!(applied.delete.len(), 2);
     let r = report_of(&store, "big").await.expect("finished");
     let want: Vec<(String, u64, String)> = expected.rows().iter().map(|a| (a.account_id.clone(), a.count, fleet_domain::billing::money(a.gross))).collect();
@@ -530,4 +543,37 @@ async fn large_jobs_checkpoint_only_what_changed_and_restore_exactly() {
     assert!(store.list(&checkpoint_parts_prefix("big"), 1000).await.unwrap().is_empty(), "no part outlives the job");
     let cp: Checkpoint = from_zstd_json(&store.get(&checkpoint_key("big")).await.unwrap().unwrap(), 1 << 30).unwrap();
     assert_eq!((cp.status, cp.parts.len(), cp.accounts.len()), (JobStatus::Complete, 0, 0));
+}
+
+/// The deliveries a checkpoint covers are deleted on the queue each came from (results and the
+/// results dead-letter queue at once), and nothing a checkpoint does not cover is deleted.
+#[tokio::test]
+async fn a_checkpoint_deletes_each_message_on_the_queue_it_came_from() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("q1", &[1, 1, 1])).await;
+    let agg = Aggregator::new(store.clone());
+    let results = MemoryQueue::new("billing-results", Duration::from_secs(30));
+    let dlq = MemoryQueue::new("billing-results-dlq", Duration::from_secs(30));
+    results.send(vec![result("q1", 0, vec![acct("a", 1, 100, 1)]).body, sealed("q1", 3).body]).await.unwrap();
+    dlq.send(vec![result("q1", 1, vec![acct("b", 1, 200, 2)]).body]).await.unwrap();
+    let (on_results, on_dlq) = (Completions::start(results.clone(), BatchSettings::default()), Completions::start(dlq.clone(), BatchSettings::default()));
+    let got = results.receive(10, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let applied = agg.apply(Source::Results, got.into_iter().map(|d| on_results.keep(d)).collect()).await;
+    assert!(applied.delete.is_empty() && applied.release.is_empty(), "kept until a checkpoint covers them");
+    let got = dlq.receive(10, Duration::ZERO).await.unwrap();
+    let applied = agg.apply(Source::ResultsDeadLetter, got.into_iter().map(|d| on_dlq.keep(d)).collect()).await;
+    assert!(applied.delete.is_empty());
+    let covered = agg.flush().await;
+    let mut queues: Vec<&str> = covered.iter().map(|k| k.queue()).collect();
+    queues.sort();
+    assert_eq!(queues, ["billing-results", "billing-results", "billing-results-dlq"]);
+    for k in covered {
+        k.delete();
+    }
+    on_results.finish(true).await;
+    on_dlq.finish(true).await;
+    assert!(results.bodies().is_empty() && dlq.bodies().is_empty(), "every covered message deleted where it came from");
+    assert_eq!(results.calls().snapshot().get("sqs.DeleteMessageBatch"), Some(&1));
+    assert_eq!(dlq.calls().snapshot().get("sqs.DeleteMessageBatch"), Some(&1));
 }

@@ -23,6 +23,15 @@ impl Error {
     }
 }
 
+/// What failed the check, without the "corrupt data" prefix: a layer with a `Corrupt` of its own takes
+/// it as is (`fleet_io::Error::corrupt`).
+impl From<Error> for String {
+    fn from(e: Error) -> String {
+        let Error::Corrupt(detail) = e;
+        detail
+    }
+}
+
 impl From<serde_json::Error> for Error {
     fn from(e: serde_json::Error) -> Self {
         Error::Corrupt(format!("invalid JSON: {e}"))

@@ -4,7 +4,8 @@
 //! the oldest one arrived; while a slot holds full batches it fans out up to `max_concurrency` pumps at
 //! once. Items leave in FIFO order. The pump returns the items that failed; they are retried (at the
 //! front) up to `max_attempts`. `complete(drain = true)` flushes everything and waits for the pumps;
-//! `complete(drain = false)` drops what is pending.
+//! `complete(drain = false)` drops what is pending. [`Completions`] are the two batchers of one queue
+//! (deletes, releases) that deliveries are completed through; a [`Kept`] delivery is bound to them.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,6 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use super::sleep_until;
 use fleet_io::lock;
+use fleet_io::queue::{Delivery, Handback, Queue, Receipt};
 
 /// Batching parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,6 +247,133 @@ impl<T: Send + 'static> SlotRun<T> {
             }
             if lock(&self.slot.pending).items.is_empty() {
                 return;
+            }
+        }
+    }
+}
+
+/// Completing deliveries on the queue they came from, batched (seed 001): deletes and releases
+/// gather per queue and leave in DeleteMessageBatch and ChangeMessageVisibilityBatch calls of up to 10.
+#[derive(Clone)]
+pub struct Completions {
+    queue: Arc<str>,
+    deletes: Arc<Batcher<Receipt>>,
+    visibility: Arc<Batcher<(Receipt, Duration)>>,
+}
+
+impl std::fmt::Debug for Completions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completions").field("queue", &self.queue).finish_non_exhaustive()
+    }
+}
+
+impl Completions {
+    /// Batchers completing on `queue` (an engine starts its own; tests and tools may start one alone).
+    pub fn start(queue: Arc<dyn Queue>, settings: BatchSettings) -> Completions {
+        let q = queue.clone();
+        let deletes = Batcher::start(
+            1,
+            settings,
+            Arc::new(move |_, batch: Vec<Receipt>| {
+                let q = q.clone();
+                Box::pin(async move { to_retry(q.name(), "DeleteMessageBatch", q.delete_batch(batch).await) })
+            }),
+        );
+        let q = queue.clone();
+        let visibility = Batcher::start(
+            1,
+            settings,
+            Arc::new(move |_, batch: Vec<(Receipt, Duration)>| {
+                let q = q.clone();
+                Box::pin(async move { to_retry(q.name(), "ChangeMessageVisibilityBatch", q.release_batch(batch).await) })
+            }),
+        );
+        Completions { queue: queue.name().into(), deletes, visibility }
+    }
+
+    /// Deletes the message (batched).
+    pub fn delete(&self, d: Delivery) {
+        self.deletes.push(0, d.into_receipt());
+    }
+
+    /// Returns the message to the queue, visible again after `after` (batched).
+    pub fn release(&self, d: Delivery, after: Duration) {
+        self.visibility.push(0, (d.into_receipt(), after));
+    }
+
+    /// Binds a delivery to these completions, for a handler that keeps it past its `handle` call.
+    pub fn keep(&self, d: Delivery) -> Kept {
+        Kept { delivery: d, on: self.clone() }
+    }
+
+    /// The queue completed on.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// Deletes and releases waiting for their batch call.
+    pub fn pending(&self) -> (usize, usize) {
+        (self.deletes.pending(), self.visibility.pending())
+    }
+
+    /// Stops the batchers: with `drain`, what is pending is flushed; without, it is dropped (those
+    /// messages come back after their visibility timeout).
+    pub async fn finish(&self, drain: bool) {
+        self.deletes.complete(drain).await;
+        self.visibility.complete(drain).await;
+    }
+}
+
+/// A delivery a handler keeps past its `handle` call (e.g. until a checkpoint covers it), bound to the
+/// completions of the engine that received it: completing it needs nothing else, and uses it up. It
+/// reads as its delivery and message (`Deref`).
+#[derive(Debug)]
+pub struct Kept {
+    delivery: Delivery,
+    on: Completions,
+}
+
+impl std::ops::Deref for Kept {
+    type Target = Delivery;
+    fn deref(&self) -> &Delivery {
+        &self.delivery
+    }
+}
+
+impl Kept {
+    /// Deletes the message (batched).
+    pub fn delete(self) {
+        self.on.delete(self.delivery);
+    }
+
+    /// Returns the message to its queue after `after` (batched).
+    pub fn release(self, after: Duration) {
+        self.on.release(self.delivery, after);
+    }
+
+    /// The queue the message came from.
+    pub fn queue(&self) -> &str {
+        self.on.queue()
+    }
+
+    /// The delivery, unbound (to give back to the engine with an outcome).
+    pub fn into_delivery(self) -> Delivery {
+        self.delivery
+    }
+}
+
+/// What a batch call hands back to the batcher for another attempt: the entries that failed, or the
+/// whole batch when the call itself failed and may succeed later (entries of a call that can never
+/// succeed are dropped: those messages come back after their visibility timeout).
+pub(crate) fn to_retry<T>(queue: &str, op: &str, r: Handback<T>) -> Vec<T> {
+    match r {
+        Ok(failed) => failed,
+        Err((e, batch)) => {
+            tracing::warn!(queue, error = %e, entries = batch.len(), op, "batch call failed");
+            if e.is_retryable() {
+                batch
+            } else {
+                Vec::new()
             }
         }
     }

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::backoff::{EmptyContext, EmptyDecision};
 use crate::dynamic_consumers::{decide, Activity, ScaleDecision};
 use crate::{bump, lock, release, sleep_until, ErrorEvent, Inner};
-use fleet_io::queue::Message;
+use fleet_io::queue::{Delivery, Message};
 
 /// One consumer task's entry in the consumer set.
 pub(crate) struct ConsumerSlot {
@@ -294,7 +294,7 @@ pub(crate) async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
     }
 }
 
-pub(crate) fn accept(inner: &Arc<Inner>, msgs: Vec<Message>, reserved: usize) {
+pub(crate) fn accept(inner: &Arc<Inner>, msgs: Vec<Delivery>, reserved: usize) {
     let now = Instant::now();
     bump(&inner.stats.received, msgs.len() as u64);
     if inner.stop_receiving.is_cancelled() {
@@ -302,14 +302,14 @@ pub(crate) fn accept(inner: &Arc<Inner>, msgs: Vec<Message>, reserved: usize) {
         unreserve(inner, reserved);
         tracing::info!(queue = inner.queue.name(), returned = msgs.len(), "stopping: returning what the last poll brought");
         for m in msgs {
-            release(inner, &m.receipt, Duration::ZERO);
+            release(inner, m, Duration::ZERO);
         }
         return;
     }
     {
         let mut hb = lock(&inner.heartbeat);
         for m in &msgs {
-            hb.track(&m.receipt, now);
+            hb.track(m.receipt(), now);
         }
     }
     inner.heartbeat_changed.notify_one();
@@ -326,7 +326,7 @@ pub(crate) fn accept(inner: &Arc<Inner>, msgs: Vec<Message>, reserved: usize) {
     for m in back {
         bump(&inner.stats.evicted, 1);
         inner.handler.on_error(ErrorEvent::Evicted { msg: &m });
-        release(inner, &m.receipt, Duration::ZERO);
+        release(inner, m, Duration::ZERO);
     }
     inner.dispatch.notify_one();
     // Fewer messages than reserved leave room for another receive.

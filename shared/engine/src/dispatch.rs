@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use fleet_io::queue::Message;
+use fleet_io::queue::Delivery;
 
+use crate::consumer::fifo_group;
 use crate::expiry::expire;
 use crate::{bump, lock, release, sleep_until, Inner, Outcome};
 
@@ -22,10 +23,10 @@ pub(crate) struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         let mut t = lock(&self.inner.throttle);
-        let back: Vec<Message> = self.groups.iter().flat_map(|g| t.finish(g.as_deref())).collect();
+        let back: Vec<Delivery> = self.groups.iter().flat_map(|g| t.finish(g.as_deref())).collect();
         drop(t);
         for m in back {
-            release(&self.inner, &m.receipt, Duration::ZERO);
+            release(&self.inner, m, Duration::ZERO);
         }
         self.inner.dispatch.notify_one();
         self.inner.room.notify_waiters();
@@ -53,7 +54,7 @@ pub(crate) async fn dispatch_loop(inner: Arc<Inner>) {
         }
         let mut ready = ready.into_iter().peekable();
         while ready.peek().is_some() {
-            let (msgs, groups): (Vec<Message>, Vec<Option<String>>) = ready.by_ref().take(batch).unzip();
+            let (msgs, groups): (Vec<Delivery>, Vec<Option<String>>) = ready.by_ref().take(batch).unzip();
             let running = Running { inner: inner.clone(), groups };
             inner.work_tasks.spawn(process(inner.clone(), msgs, running));
         }
@@ -65,27 +66,31 @@ pub(crate) async fn dispatch_loop(inner: Arc<Inner>) {
     }
 }
 
-pub(crate) async fn process(inner: Arc<Inner>, msgs: Vec<Message>, running: Running) {
-    let outcomes = inner.handler.handle(&msgs, &inner.completions).await;
-    if outcomes.len() != msgs.len() {
-        tracing::error!(queue = inner.queue.name(), messages = msgs.len(), outcomes = outcomes.len(), "handler returned the wrong number of outcomes");
+pub(crate) async fn process(inner: Arc<Inner>, msgs: Vec<Delivery>, running: Running) {
+    // Every delivery handed over leaves the heartbeat when the handler returns, given back or kept (a
+    // kept one is completed soon, e.g. by the next checkpoint, or comes back by its timeout).
+    let receipts: Vec<String> = msgs.iter().map(|m| m.receipt().to_string()).collect();
+    let handed = msgs.len();
+    let given_back = inner.handler.handle(msgs, &inner.completions).await;
+    {
+        let mut hb = lock(&inner.heartbeat);
+        for r in &receipts {
+            hb.untrack(r);
+        }
     }
-    let mut outcomes = outcomes.into_iter();
-    for (i, m) in msgs.iter().enumerate() {
-        let outcome = outcomes.next().unwrap_or(Outcome::Release(Duration::ZERO));
-        lock(&inner.heartbeat).untrack(&m.receipt);
+    bump(&inner.stats.processed, handed.saturating_sub(given_back.len()) as u64);
+    for (m, outcome) in given_back {
         match outcome {
             Outcome::Done => {
                 bump(&inner.stats.processed, 1);
-                inner.completions.delete(m.receipt.clone());
+                inner.completions.delete(m);
             }
-            Outcome::Deferred => bump(&inner.stats.processed, 1),
-            Outcome::Release(after) => inner.completions.release(m.receipt.clone(), after),
+            Outcome::Release(after) => inner.completions.release(m, after),
             Outcome::Failed(reason) => {
                 bump(&inner.stats.failed, 1);
                 let last = inner.info.max_receive_count.is_some_and(|max| m.receive_count >= max);
                 let delay = if last {
-                    inner.handler.on_poison(m, &reason).await;
+                    inner.handler.on_poison(&m, &reason).await;
                     Duration::ZERO
                 } else {
                     inner.cfg.retry.delay(m.receive_count)
@@ -98,19 +103,21 @@ pub(crate) async fn process(inner: Arc<Inner>, msgs: Vec<Message>, running: Runn
                 // visible no later than it (a visible message behind an invisible one of its group
                 // could be received first): a second earlier on a delayed retry, right after it on
                 // the last attempt.
-                let successors = match running.groups.get(i).and_then(Option::as_deref) {
-                    Some(g) => lock(&inner.throttle).take_group(g),
+                let successors = match fifo_group(&inner, &m) {
+                    Some(g) => lock(&inner.throttle).take_group(&g),
                     None => Vec::new(),
                 };
-                if delay.is_zero() {
-                    inner.completions.release(m.receipt.clone(), delay);
-                }
                 let ahead = if delay > Duration::from_secs(1) { delay - Duration::from_secs(1) } else { delay };
-                for b in &successors {
-                    release(&inner, &b.receipt, ahead);
-                }
-                if !delay.is_zero() {
-                    inner.completions.release(m.receipt.clone(), delay);
+                if delay.is_zero() {
+                    inner.completions.release(m, delay);
+                    for b in successors {
+                        release(&inner, b, ahead);
+                    }
+                } else {
+                    for b in successors {
+                        release(&inner, b, ahead);
+                    }
+                    inner.completions.release(m, delay);
                 }
             }
         }

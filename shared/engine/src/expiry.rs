@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_io::queue::{Attrs, Message, Outgoing};
+use fleet_io::queue::{Delivery, Message};
 
 use crate::consumer::fifo_group;
 use crate::{bump, lock, release, ErrorEvent, Inner};
@@ -14,27 +14,30 @@ pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-pub(crate) async fn expire(inner: Arc<Inner>, m: Message) {
+pub(crate) async fn expire(inner: Arc<Inner>, m: Delivery) {
     bump(&inner.stats.expired, 1);
     let past_deadline = m.attrs.deadline_ms.is_some_and(|d| now_ms() >= d);
-    if let (true, Some(dlq)) = (past_deadline, &inner.dead_letter) {
-        let out = Outgoing { body: m.body.clone(), attrs: Attrs { reason: Some("expired".into()), ..m.attrs.clone() } };
-        match dlq.send_messages(&[out]).await {
-            Ok(_) => {
-                inner.handler.on_error(ErrorEvent::Expired { msg: &m, dead_lettered: true });
-                lock(&inner.heartbeat).untrack(&m.receipt);
-                inner.completions.delete(m.receipt);
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(queue = inner.queue.name(), error = %e, "could not dead-letter an expired message; returning it")
+    let m = match (past_deadline, &inner.dead_letter) {
+        (true, Some(dlq)) => {
+            let (message, receipt): (Message, String) = ((*m).clone(), m.receipt().to_string());
+            match m.dead_letter(inner.queue.as_ref(), dlq.as_ref(), "expired").await {
+                Ok(()) => {
+                    lock(&inner.heartbeat).untrack(&receipt);
+                    inner.handler.on_error(ErrorEvent::Expired { msg: &message, dead_lettered: true });
+                    return;
+                }
+                Err((e, m)) => {
+                    tracing::warn!(queue = inner.queue.name(), error = %e, "could not dead-letter an expired message; returning it");
+                    m
+                }
             }
         }
-    }
+        _ => m,
+    };
     inner.handler.on_error(ErrorEvent::Expired { msg: &m, dead_lettered: false });
     let group = fifo_group(&inner, &m);
     let back = lock(&inner.throttle).give_back(m, group);
     if let Some(m) = back {
-        release(&inner, &m.receipt, Duration::ZERO);
+        release(&inner, m, Duration::ZERO);
     }
 }

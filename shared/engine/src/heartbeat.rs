@@ -107,7 +107,7 @@ pub(crate) async fn heartbeat_loop(inner: Arc<crate::Inner>) {
             tracing::debug!(queue = inner.queue.name(), messages = due.extend.len(), "extending visibility");
         }
         for r in due.extend {
-            inner.completions.release(r, visibility);
+            inner.extensions.push(0, (r, visibility));
         }
         for r in &due.overdue {
             inner.handler.on_error(ErrorEvent::Overdue { receipt: r });

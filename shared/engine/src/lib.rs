@@ -32,24 +32,23 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use backoff::{default_queue_empty, EmptyContext, EmptyDecision, IdleBackoff};
-use completion::Batcher;
+use completion::{to_retry, Batcher};
+pub use completion::{Completions, Kept};
 pub use config::EngineConfig;
 use consumer::{spawn_consumer, work_detected, Consumers};
 use dispatch::dispatch_loop;
 use dynamic_consumers::ScalingPolicy;
 use fleet_io::error::Result;
 use fleet_io::lock;
-use fleet_io::queue::{Message, Queue, QueueInfo};
+use fleet_io::queue::{Delivery, Message, Queue, QueueInfo};
 use heartbeat::{heartbeat_loop, Heartbeat};
 use throttle::{LimitsChange, Throttle, ThrottleLimits};
 
-/// What became of a message handed to the handler.
+/// What the engine does with a delivery the handler gives back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Processed: delete it (batched).
     Done,
-    /// The handler completes it later through [`Completions`] (e.g. after a checkpoint).
-    Deferred,
     /// Failed: back to the queue after a back-off that grows with its receive count; on the last
     /// allowed receive the handler's `on_poison` runs and it goes back at once (to the dead-letter queue).
     Failed(String),
@@ -77,8 +76,11 @@ pub trait Handler: Send + Sync + 'static {
     fn batch_size(&self) -> usize {
         1
     }
-    /// Handles messages (at most `batch_size`); returns one outcome per message, in order.
-    async fn handle(&self, msgs: &[Message], done: &Completions) -> Vec<Outcome>;
+    /// Handles deliveries (at most `batch_size`). Each is either given back with its outcome, for the
+    /// engine to complete, or kept: a handler that keeps one completes it itself, later, through
+    /// [`Completions`] (e.g. once a checkpoint covers it; [`Completions::hold`]). One dropped without a
+    /// completion comes back after its visibility timeout.
+    async fn handle(&self, msgs: Vec<Delivery>, done: &Completions) -> Vec<(Delivery, Outcome)>;
     /// A message failed on its last allowed receive (it goes to the dead-letter queue next).
     async fn on_poison(&self, _msg: &Message, _reason: &str) {}
     /// The error hook.
@@ -88,23 +90,6 @@ pub trait Handler: Send + Sync + 'static {
     /// The `QueueEmpty` decision.
     fn queue_empty(&self, backoff: &IdleBackoff, ctx: EmptyContext) -> EmptyDecision {
         default_queue_empty(backoff, ctx)
-    }
-}
-
-/// Completing messages later, on the queue they came from (batched).
-#[derive(Clone)]
-pub struct Completions {
-    deletes: Arc<Batcher<String>>,
-    visibility: Arc<Batcher<(String, Duration)>>,
-}
-
-impl Completions {
-    pub fn delete(&self, receipt: String) {
-        self.deletes.push(0, receipt);
-    }
-
-    pub fn release(&self, receipt: String, after: Duration) {
-        self.visibility.push(0, (receipt, after));
     }
 }
 
@@ -142,7 +127,7 @@ struct Inner {
     handler: Arc<dyn Handler>,
     /// Received messages waiting for a slot, and the slots in use. Written by consumers (push, reserve),
     /// the dispatcher (pop, expire), work tasks (finish) and `set_limits`/`quiesce`.
-    throttle: Mutex<Throttle<Message>>,
+    throttle: Mutex<Throttle<Delivery>>,
     /// Something may be ready to dispatch: notified by consumers after a push and by work tasks as
     /// they finish; the dispatcher waits on it.
     dispatch: Notify,
@@ -167,8 +152,11 @@ struct Inner {
     heartbeat: Mutex<Heartbeat>,
     /// The heartbeat's schedule changed (a new message in hand): the heartbeat task waits on it.
     heartbeat_changed: Notify,
-    /// Batched deletes and visibility changes on `queue` (the handler's deferred completions too).
+    /// Batched deletes and releases on `queue` (the handler's kept deliveries complete here too).
     completions: Completions,
+    /// Batched visibility extensions of messages in hand (the heartbeat's): borrowed receipts, since
+    /// keeping a message longer is not a completion.
+    extensions: Arc<Batcher<(String, Duration)>>,
     /// Cancelled by `quiesce`/`finish`: consumers stop receiving, and what a poll under way brings
     /// goes straight back.
     stop_receiving: CancellationToken,
@@ -216,27 +204,20 @@ impl Engine {
         cfg: EngineConfig,
         info: QueueInfo,
     ) -> Engine {
+        let completions = Completions::start(queue.clone(), cfg.completion);
         let q = queue.clone();
-        let deletes = Batcher::start(
-            1,
-            cfg.completion,
-            Arc::new(move |_, batch: Vec<String>| {
-                let q = q.clone();
-                Box::pin(async move {
-                    let r = q.delete_batch(&batch).await;
-                    to_retry(q.name(), "DeleteMessageBatch", batch, r, |r| r.as_str())
-                })
-            }),
-        );
-        let q = queue.clone();
-        let visibility = Batcher::start(
+        let extensions = Batcher::start(
             1,
             cfg.completion,
             Arc::new(move |_, batch: Vec<(String, Duration)>| {
                 let q = q.clone();
                 Box::pin(async move {
-                    let r = q.set_visibility_batch(&batch).await;
-                    to_retry(q.name(), "ChangeMessageVisibilityBatch", batch, r, |(r, _)| r.as_str())
+                    let refs: Vec<(&str, Duration)> = batch.iter().map(|(r, d)| (r.as_str(), *d)).collect();
+                    let r = match q.extend(&refs).await {
+                        Ok(failed) => Ok(batch.into_iter().enumerate().filter(|(i, _)| failed.contains(i)).map(|(_, t)| t).collect()),
+                        Err(e) => Err((e, batch)),
+                    };
+                    to_retry(q.name(), "ChangeMessageVisibilityBatch", r)
                 })
             }),
         );
@@ -265,7 +246,8 @@ impl Engine {
             wake: Notify::new(),
             wakes: AtomicU64::new(0),
             heartbeat_changed: Notify::new(),
-            completions: Completions { deletes, visibility },
+            completions,
+            extensions,
             stop_receiving: CancellationToken::new(),
             stop_all: CancellationToken::new(),
             consumer_tasks: TaskTracker::new(),
@@ -332,7 +314,7 @@ impl Engine {
         };
         tracing::info!(queue = self.queue_name(), ?limits, returned = back.len(), "throttle limits changed");
         for m in back {
-            release(&self.inner, &m.receipt, Duration::ZERO);
+            release(&self.inner, m, Duration::ZERO);
         }
         self.inner.room.notify_waiters();
         self.inner.dispatch.notify_one();
@@ -360,7 +342,7 @@ impl Engine {
             tracing::info!(queue = self.queue_name(), returned = back.len(), "returning buffered messages to the queue");
         }
         for m in back {
-            release(inner, &m.receipt, Duration::ZERO);
+            release(inner, m, Duration::ZERO);
         }
         inner.consumer_tasks.close();
         let polls_ended = tokio::time::timeout_at(deadline, inner.consumer_tasks.wait()).await.is_ok();
@@ -372,7 +354,7 @@ impl Engine {
         // FIFO messages held for a group still in progress after the grace period.
         let held = lock(&inner.throttle).take_held();
         for m in held {
-            release(inner, &m.receipt, Duration::ZERO);
+            release(inner, m, Duration::ZERO);
         }
         finished
     }
@@ -385,8 +367,8 @@ impl Engine {
         inner.stop_all.cancel();
         inner.service_tasks.close();
         inner.service_tasks.wait().await;
-        inner.completions.deletes.complete(drain).await;
-        inner.completions.visibility.complete(drain).await;
+        inner.extensions.complete(drain).await;
+        inner.completions.finish(drain).await;
         tracing::info!(queue = self.queue_name(), drained = drain, "listener stopped");
     }
 
@@ -397,26 +379,10 @@ impl Engine {
     }
 }
 
-/// What a batch call hands back to the batcher for another attempt: the entries that failed, or the
-/// whole batch when the call itself failed and may succeed later.
-fn to_retry<T>(queue: &str, op: &str, batch: Vec<T>, r: Result<Vec<String>>, receipt: impl Fn(&T) -> &str) -> Vec<T> {
-    match r {
-        Ok(failed) if failed.is_empty() => Vec::new(),
-        Ok(failed) => batch.into_iter().filter(|t| failed.iter().any(|f| f == receipt(t))).collect(),
-        Err(e) => {
-            tracing::warn!(queue, error = %e, entries = batch.len(), op, "batch call failed");
-            if e.is_retryable() {
-                batch
-            } else {
-                Vec::new()
-            }
-        }
-    }
-}
-
-fn release(inner: &Inner, receipt: &str, after: Duration) {
-    lock(&inner.heartbeat).untrack(receipt);
-    inner.completions.release(receipt.to_string(), after);
+/// Returns a delivery to the queue after `after`: it is no longer in hand.
+fn release(inner: &Inner, d: Delivery, after: Duration) {
+    lock(&inner.heartbeat).untrack(d.receipt());
+    inner.completions.release(d, after);
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ impl TestHandler {
 
 #[async_trait]
 impl Handler for TestHandler {
-    async fn handle(&self, msgs: &[Message], _done: &Completions) -> Vec<Outcome> {
+    async fn handle(&self, msgs: Vec<Delivery>, _done: &Completions) -> Vec<(Delivery, Outcome)> {
         let mut out = Vec::new();
         for m in msgs {
             let start = self.t0.elapsed();
@@ -61,10 +61,10 @@ impl Handler for TestHandler {
                 }
             };
             if fail {
-                out.push(Outcome::Failed("test failure".into()));
+                out.push((m, Outcome::Failed("test failure".into())));
             } else {
                 lock(&self.handled).push((start, self.t0.elapsed(), m.body.clone()));
-                out.push(Outcome::Done);
+                out.push((m, Outcome::Done));
             }
         }
         out
@@ -669,4 +669,49 @@ async fn absurd_throttle_limits_are_refused_with_400() {
     assert!(r.contains(" 200 "), "{r}");
     assert_eq!(e.limits().max_concurrency, 3);
     stop.cancel();
+}
+
+/// Keeps every delivery and completes it later on its own (as the controller does after a checkpoint):
+/// deleting the first half, releasing the second.
+struct Keeper {
+    kept: Mutex<Vec<Kept>>,
+}
+
+#[async_trait]
+impl Handler for Keeper {
+    fn batch_size(&self) -> usize {
+        10
+    }
+
+    async fn handle(&self, msgs: Vec<Delivery>, done: &Completions) -> Vec<(Delivery, Outcome)> {
+        lock(&self.kept).extend(msgs.into_iter().map(|d| done.keep(d)));
+        Vec::new()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kept_delivery_is_completed_later_on_its_queue_and_the_heartbeat_lets_it_go() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    send(&q, plain(20)).await;
+    let h = Arc::new(Keeper { kept: Mutex::default() });
+    let e = Engine::start(q.clone(), None, h.clone(), cfg()).await.unwrap();
+    assert!(until(Duration::from_secs(5), || lock(&h.kept).len() == 20).await, "all 20 handed over and kept");
+    assert_eq!(e.stats().processed.load(Ordering::Relaxed), 20, "kept counts as processed");
+    // Kept, not completed: still in flight, and no longer extended by the heartbeat.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(q.in_flight(), 20);
+    assert_eq!(q.calls().snapshot().get("sqs.ChangeMessageVisibilityBatch"), None, "kept deliveries are not extended");
+    let mut kept = std::mem::take(&mut *lock(&h.kept));
+    let released = kept.split_off(10);
+    for k in kept {
+        assert_eq!(k.queue(), "work");
+        k.delete();
+    }
+    for k in released {
+        k.release(Duration::from_secs(60));
+    }
+    e.quiesce(Duration::from_secs(5)).await;
+    e.finish(true).await;
+    assert_eq!(q.bodies().len(), 10, "ten deleted, ten back on the queue");
+    assert_eq!(q.calls().snapshot().get("sqs.DeleteMessageBatch"), Some(&1));
 }

@@ -9,13 +9,13 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::blob::{BlobStore, Cond};
-use crate::queue::{Outgoing, Queue, MAX_BATCH_ENTRIES};
+use crate::queue::{Delivery, Outgoing, Queue, MAX_BATCH_ENTRIES};
 
 /// How long a receive may wait for what the suite expects to be there.
 const WAIT: Duration = Duration::from_secs(2);
 
 /// Receives until `n` messages came or a receive brings nothing.
-async fn receive_n(q: &dyn Queue, n: usize) -> Vec<crate::queue::Message> {
+async fn receive_n(q: &dyn Queue, n: usize) -> Vec<Delivery> {
     let mut got = Vec::new();
     while got.len() < n {
         let batch = q.receive(((n - got.len()).min(MAX_BATCH_ENTRIES)) as u32, WAIT).await.expect("receive");
@@ -52,20 +52,25 @@ pub async fn queue_semantics(q: &dyn Queue, dlq: &dyn Queue) {
     // In flight: invisible.
     assert!(q.receive(10, Duration::ZERO).await.expect("receive").is_empty(), "in-flight messages are invisible");
     // Delete 24 of them (in batches of 10); release the last at once.
-    let (keep, done) = all.split_last().expect("25 messages");
-    q.delete(&done.iter().map(|m| m.receipt.clone()).collect::<Vec<_>>()).await.expect("delete");
-    q.set_visibility(&keep.receipt, Duration::ZERO).await.expect("release");
-    let again = receive_n(q, 1).await;
+    let keep = all.pop().expect("25 messages");
+    let kept = keep.body.clone();
+    assert_eq!(q.delete(all).await.expect("delete"), 3, "24 deletes in 3 calls");
+    keep.release(q, Duration::ZERO).await.map_err(|(e, _)| e).expect("release");
+    let mut again = receive_n(q, 1).await;
     assert_eq!(again.len(), 1, "a released message is receivable again");
-    assert_eq!((again[0].body.as_str(), again[0].receive_count), (keep.body.as_str(), 2), "same message, second receive");
-    q.set_visibility(&again[0].receipt, Duration::ZERO).await.expect("release");
+    assert_eq!((again[0].body.as_str(), again[0].receive_count), (kept.as_str(), 2), "same message, second receive");
+    // A release with a delay: invisible until it passes.
+    let second = again.pop().expect("one");
+    second.release(q, Duration::from_secs(1)).await.map_err(|(e, _)| e).expect("release with a delay");
+    assert!(q.receive(10, Duration::ZERO).await.expect("receive").is_empty(), "invisible during its delay");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     // Third receive: past maxReceiveCount, the message moves to the dead-letter queue instead.
-    let third = q.receive(10, Duration::from_secs(1)).await.expect("receive");
+    let third = q.receive(10, WAIT).await.expect("receive");
     assert!(third.is_empty(), "the receive past maxReceiveCount moves it, it does not deliver it: {third:?}");
     let dead = receive_n(dlq, 1).await;
     assert_eq!(dead.len(), 1, "redriven to the dead-letter queue");
-    assert_eq!(dead[0].body, keep.body);
-    dlq.delete(&[dead[0].receipt.clone()]).await.expect("delete");
+    assert_eq!(dead[0].body, kept);
+    dlq.delete(dead).await.expect("delete");
     assert!(q.receive(10, Duration::ZERO).await.expect("receive").is_empty(), "nothing left");
 }
 
@@ -85,10 +90,10 @@ pub async fn fifo_order(q: &dyn Queue) {
     for _ in 0..6 {
         let got = q.receive(1, WAIT).await.expect("receive");
         assert_eq!(got.len(), 1, "a message of some group is available");
-        let m = &got[0];
+        let m = got.into_iter().next().expect("one");
         let group = m.attrs.group.clone().expect("a FIFO message has its group");
         order.entry(group).or_default().push(m.body.clone());
-        q.delete(&[m.receipt.clone()]).await.expect("delete");
+        m.delete(q).await.map_err(|(e, _)| e).expect("delete");
     }
     assert_eq!(order.get("a").map(Vec::as_slice), Some(&["a1".to_string(), "a2".into(), "a3".into()][..]), "{order:?}");
     assert_eq!(order.get("b").map(Vec::as_slice), Some(&["b1".to_string(), "b2".into(), "b3".into()][..]), "{order:?}");
@@ -100,10 +105,8 @@ pub async fn fifo_order(q: &dyn Queue) {
     if held.is_empty() {
         assert!(q.receive(10, Duration::ZERO).await.expect("receive").is_empty(), "c2 waits while c1 is in flight");
     }
-    q.delete(&first.iter().map(|m| m.receipt.clone()).collect::<Vec<_>>()).await.expect("delete");
-    for m in receive_n(q, 1).await {
-        q.delete(&[m.receipt]).await.expect("delete");
-    }
+    q.delete(first).await.expect("delete");
+    q.delete(receive_n(q, 1).await).await.expect("delete");
 }
 
 /// A blob store with nothing under `prefix`: a missing object reads as `None`; conditional writes

@@ -79,6 +79,11 @@ impl Error {
             Error::NotFound { .. } | Error::Corrupt(_) | Error::Config(_) | Error::Conflict(_) => false,
         }
     }
+
+    /// Data a caller's own checks found corrupt (e.g. the domain's: `.map_err(Error::corrupt)`).
+    pub fn corrupt(detail: impl Into<String>) -> Error {
+        Error::Corrupt(detail.into())
+    }
 }
 
 impl From<serde_json::Error> for Error {

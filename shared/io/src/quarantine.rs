@@ -118,7 +118,6 @@ mod tests {
         let m = Message {
             id: "id/1".into(),
             body: "{not json".into(),
-            receipt: "r".into(),
             receive_count: 3,
             attrs: Attrs { priority: 2, deadline_ms: Some(9), group: None, reason: Some("x".into()) },
         };

@@ -178,7 +178,7 @@ pub async fn drain_fifo(work: &dyn Queue, store: &dyn fleet_io::blob::BlobStore)
                 .unwrap();
             out.push(Delivered { group: m.attrs.group.clone().expect("a FIFO message has a group"), chunk: item.chunk, rows });
         }
-        work.delete(&msgs.iter().map(|m| m.receipt.clone()).collect::<Vec<_>>()).await.unwrap();
+        work.delete(msgs).await.unwrap();
     }
 }
 

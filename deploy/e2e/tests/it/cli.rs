@@ -232,7 +232,7 @@ async fn abandon_quarantine_and_dlq_commands() {
     st.wait_depth(st.results.as_ref(), 2, Duration::from_secs(10)).await;
     st.wait_depth(st.work.as_ref(), 1, Duration::from_secs(10)).await;
     assert!(st.store.list("quarantine/", 10).await.unwrap().is_empty());
-    let bodies: Vec<String> = st.results.receive(10, Duration::from_secs(1)).await.unwrap().into_iter().map(|m| m.body).collect();
+    let bodies: Vec<String> = st.results.receive(10, Duration::from_secs(1)).await.unwrap().into_iter().map(|m| m.into_parts().0.body).collect();
     assert!(bodies.contains(&sealed) && bodies.contains(&"garbage on results".to_string()), "{bodies:?}");
 }
 

@@ -14,7 +14,7 @@ use fleet_engine::dynamic_consumers::{ScalingPolicy, WorkRules};
 use fleet_engine::throttle::ThrottleLimits;
 use fleet_engine::{Completions, Engine, EngineConfig, Handler, Outcome};
 use fleet_io::provision::QueueSettings;
-use fleet_io::queue::{Message, Queue};
+use fleet_io::queue::{Delivery, Queue};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Recorder {
@@ -25,13 +25,13 @@ struct Recorder {
 
 #[async_trait]
 impl Handler for Recorder {
-    async fn handle(&self, msgs: &[Message], _done: &Completions) -> Vec<Outcome> {
-        for m in msgs {
+    async fn handle(&self, msgs: Vec<Delivery>, _done: &Completions) -> Vec<(Delivery, Outcome)> {
+        for m in &msgs {
             self.seen.lock().unwrap().push(m.body.clone());
             let extra = self.slow.as_ref().filter(|(b, _)| *b == m.body).map_or(Duration::ZERO, |(_, d)| *d);
             tokio::time::sleep(self.work + extra).await;
         }
-        vec![Outcome::Done; msgs.len()]
+        msgs.into_iter().map(|m| (m, Outcome::Done)).collect()
     }
 }
 
@@ -121,7 +121,7 @@ struct Timed {
 
 #[async_trait]
 impl Handler for Timed {
-    async fn handle(&self, msgs: &[Message], _done: &Completions) -> Vec<Outcome> {
+    async fn handle(&self, msgs: Vec<Delivery>, _done: &Completions) -> Vec<(Delivery, Outcome)> {
         let mut out = Vec::new();
         for m in msgs {
             let start = self.epoch.elapsed();
@@ -132,7 +132,7 @@ impl Handler for Timed {
                 hit.map(|i| f.remove(i)).is_some()
             };
             self.log.lock().unwrap().push((start, self.epoch.elapsed(), m.body.clone(), self.instance, !fail));
-            out.push(if fail { Outcome::Failed("injected".into()) } else { Outcome::Done });
+            out.push((m, if fail { Outcome::Failed("injected".into()) } else { Outcome::Done }));
         }
         out
     }

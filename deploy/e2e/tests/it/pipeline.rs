@@ -160,10 +160,8 @@ async fn duplicate_work_items_do_not_change_totals() {
             got.insert(m.id.clone(), m);
         }
     }
-    for m in got.values() {
-        st.work.set_visibility(&m.receipt, Duration::ZERO).await.unwrap();
-    }
-    let bodies: Vec<String> = got.into_values().map(|m| m.body).collect();
+    let bodies: Vec<String> = got.values().map(|m| m.body.clone()).collect();
+    st.work.release(got.into_values().collect(), Duration::ZERO).await.unwrap();
     st.work.send(bodies).await.unwrap();
     st.wait_depth(st.work.as_ref(), 12, T).await;
     let p = st.start_processor(fast_processor());
@@ -228,10 +226,11 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
     // First controller: applies and checkpoints two batches, then "crashes" before deleting them.
     // (The same controller as the ones started below: a crash and restart, not a second replica.)
     let agg = controller::Aggregator::with_owner(st.store.clone(), TEST_CONTROLLER.into(), controller::aggregate::LEASE);
+    let done = fleet_engine::Completions::start(st.results.clone(), Default::default());
     for _ in 0..2 {
         let msgs = st.results.receive(10, Duration::from_secs(1)).await.unwrap();
         assert!(!msgs.is_empty());
-        agg.apply(controller::Source::Results, &msgs).await;
+        agg.apply(controller::Source::Results, msgs.into_iter().map(|d| done.keep(d)).collect()).await;
     }
     agg.flush().await;
     drop(agg);
@@ -288,10 +287,11 @@ async fn large_job_checkpoints_in_parts_and_a_restart_restores_them() {
     p.stop().await;
 
     let agg = controller::Aggregator::with_owner(st.store.clone(), TEST_CONTROLLER.into(), controller::aggregate::LEASE);
+    let done = fleet_engine::Completions::start(st.results.clone(), Default::default());
     // Two batches of the 31 messages: a base, then a part with the rows they changed.
     for _ in 0..2 {
         let msgs = st.results.receive(10, Duration::from_secs(1)).await.unwrap();
-        agg.apply(controller::Source::Results, &msgs).await;
+        agg.apply(controller::Source::Results, msgs.into_iter().map(|d| done.keep(d)).collect()).await;
         agg.flush().await;
     }
     let stats = agg.stats();

@@ -25,7 +25,7 @@ use fleet_io::blob::BlobStore;
 use fleet_io::call::CallPolicy;
 use fleet_io::config::Aws;
 use fleet_io::provision::QueueSettings;
-use fleet_io::queue::Queue;
+use fleet_io::queue::{Delivery, Queue};
 use rust_decimal::Decimal;
 
 const T: Duration = Duration::from_secs(120);
@@ -141,14 +141,14 @@ async fn poison_work_items_fail_their_chunks_and_nothing_else() {
     // Submitted with no processor running; then the queue is tampered with.
     let job = s.submit(&files, 2_000).await;
     assert_eq!(job.total_chunks, 10);
-    let mut items: Vec<(WorkItem, String)> = Vec::new();
+    let mut items: Vec<(WorkItem, Delivery)> = Vec::new();
     loop {
         let got = s.work.receive(10, Duration::from_secs(1)).await.unwrap();
         if got.is_empty() {
             break;
         }
         for m in got {
-            items.push((serde_json::from_str(&m.body).unwrap(), m.receipt));
+            items.push((serde_json::from_str(&m.body).unwrap(), m));
         }
     }
     assert_eq!(items.len(), 10);
@@ -171,7 +171,7 @@ async fn poison_work_items_fail_their_chunks_and_nothing_else() {
     bodies.push("garbage, not JSON".into());
     bodies.push("{\"v\":1,\"job_id\":\"../../etc\"}".into());
     s.work.send(bodies).await.unwrap();
-    s.work.delete(&items.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>()).await.unwrap();
+    s.work.delete(items.into_iter().map(|(_, d)| d).collect()).await.unwrap();
 
     let p = s.start_processor(fast_processor());
     let c = s.start_controller();

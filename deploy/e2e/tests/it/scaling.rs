@@ -39,7 +39,7 @@ fn spec(s: &crate::support::Stack) -> ProcessSpec {
             envs.push((k.into(), v.into()));
         }
     }
-    ProcessSpec { program: crate::support::bin("processor").into(), args, envs, http_base: None, log_dir: None, drain: Duration::from_secs(15) }
+    ProcessSpec { program: crate::support::bin("processor"), args, envs, http_base: None, log_dir: None, drain: Duration::from_secs(15) }
 }
 
 fn alive(pid: u32) -> bool {

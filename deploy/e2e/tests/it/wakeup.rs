@@ -12,7 +12,7 @@ use fleet_engine::backoff::IdleBackoff;
 use fleet_engine::dynamic_consumers::{ScalingPolicy, WorkRules};
 use fleet_engine::{Completions, Engine, EngineConfig, Handler, Outcome};
 use fleet_io::provision::QueueSettings;
-use fleet_io::queue::{Message, Queue};
+use fleet_io::queue::{Delivery, Queue};
 use fleet_io::trigger::{announce, work_key, WorkDetected};
 use tokio_util::sync::CancellationToken;
 
@@ -22,10 +22,10 @@ struct Arrivals(Mutex<Vec<(String, Instant)>>);
 
 #[async_trait]
 impl Handler for Arrivals {
-    async fn handle(&self, msgs: &[Message], _done: &Completions) -> Vec<Outcome> {
+    async fn handle(&self, msgs: Vec<Delivery>, _done: &Completions) -> Vec<(Delivery, Outcome)> {
         let now = Instant::now();
         self.0.lock().unwrap().extend(msgs.iter().map(|m| (m.body.clone(), now)));
-        vec![Outcome::Done; msgs.len()]
+        msgs.into_iter().map(|m| (m, Outcome::Done)).collect()
     }
 }
 

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::call::CallCounter;
 use crate::error::Result;
-use crate::queue::{plan_batches, Attrs, Message, Outgoing, Queue, QueueDepth, QueueInfo};
+use crate::queue::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
 
 struct Stored {
     id: String,
@@ -105,7 +105,7 @@ impl MemoryQueue {
         self.lock().messages.iter().map(|m| m.body.clone()).collect()
     }
 
-    fn try_take(&self, max: u32) -> Vec<Message> {
+    fn try_take(&self, max: u32) -> Vec<Delivery> {
         let now = Instant::now();
         let mut s = self.lock();
         let mut out = Vec::new();
@@ -141,7 +141,7 @@ impl MemoryQueue {
             m.receive_count += 1;
             m.visible_at = now + self.visibility;
             m.receipt = Some(receipt.clone());
-            out.push(Message { id: m.id.clone(), body: m.body.clone(), receipt, receive_count: m.receive_count, attrs: m.attrs.clone() });
+            out.push(Delivery::new(Message { id: m.id.clone(), body: m.body.clone(), receive_count: m.receive_count, attrs: m.attrs.clone() }, receipt));
             i += 1;
         }
         drop(s);
@@ -176,7 +176,7 @@ impl Queue for MemoryQueue {
         Ok(plan.len() as u64)
     }
 
-    async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Message>> {
+    async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Delivery>> {
         self.calls.bump("sqs.ReceiveMessage");
         let latency = *crate::lock(&self.latency);
         if !latency.is_zero() {
@@ -197,17 +197,18 @@ impl Queue for MemoryQueue {
         }
     }
 
-    async fn delete_batch(&self, receipts: &[String]) -> Result<Vec<String>> {
+    async fn delete_receipts(&self, receipts: &[&Receipt]) -> Result<Vec<usize>> {
         if receipts.is_empty() {
             return Ok(Vec::new());
         }
         self.calls.bump("sqs.DeleteMessageBatch");
-        let (failed, ok): (Vec<String>, Vec<String>) = receipts.iter().cloned().partition(|_| self.entry_fails());
-        self.lock().messages.retain(|m| m.receipt.as_ref().is_none_or(|r| !ok.contains(r)));
+        let (failed, ok): (Vec<usize>, Vec<usize>) = (0..receipts.len()).partition(|_| self.entry_fails());
+        let ok: Vec<&str> = ok.into_iter().map(|i| receipts[i].as_str()).collect();
+        self.lock().messages.retain(|m| m.receipt.as_deref().is_none_or(|r| !ok.contains(&r)));
         Ok(failed)
     }
 
-    async fn set_visibility_batch(&self, entries: &[(String, Duration)]) -> Result<Vec<String>> {
+    async fn change_visibility(&self, entries: &[(&str, Duration)]) -> Result<Vec<usize>> {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
@@ -215,10 +216,10 @@ impl Queue for MemoryQueue {
         let now = Instant::now();
         let mut failed = Vec::new();
         let mut s = self.lock();
-        for (receipt, timeout) in entries {
+        for (i, (receipt, timeout)) in entries.iter().enumerate() {
             if self.entry_fails() {
-                failed.push(receipt.clone());
-            } else if let Some(m) = s.messages.iter_mut().find(|m| m.receipt.as_deref() == Some(receipt.as_str())) {
+                failed.push(i);
+            } else if let Some(m) = s.messages.iter_mut().find(|m| m.receipt.as_deref() == Some(*receipt)) {
                 m.visible_at = now + *timeout;
             }
         }
@@ -260,7 +261,7 @@ mod tests {
         let m2 = q.receive(10, Duration::from_secs(40)).await.unwrap();
         assert_eq!(m2[0].receive_count, 2);
         // The old receipt no longer deletes it.
-        q.delete(&[m[0].receipt.clone()]).await.unwrap();
+        q.delete(m).await.unwrap();
         assert_eq!(q.bodies().len(), 1);
         tokio::time::advance(Duration::from_secs(31)).await;
         assert!(q.receive(10, Duration::ZERO).await.unwrap().is_empty(), "third receive moves it to the DLQ");

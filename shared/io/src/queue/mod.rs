@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::call::CallCounter;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Most entries in one SQS batch call.
 pub const MAX_BATCH_ENTRIES: usize = 10;
@@ -45,16 +45,120 @@ impl Outgoing {
     }
 }
 
-/// A received message.
+/// What a received message says: its content and the metadata a listener acts on. Plain data (it can
+/// be cloned, logged and quarantined); the right to complete the message is its [`Delivery`]'s.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Message {
     pub id: String,
     pub body: String,
-    /// Handle to delete the message or change its visibility (valid for this receive only).
-    pub receipt: String,
     /// How many times the message has been received, this time included.
     pub receive_count: u32,
     pub attrs: Attrs,
+}
+
+/// The handle SQS gives with a receive to delete the message or change its visibility (valid for that
+/// receive only). It cannot be cloned: a completion takes it by value, so a message is completed once.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Receipt(String);
+
+impl Receipt {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A received message and the right to complete it, used up by its completion: `delete`, `release`
+/// (back to the queue after a delay) or `dead_letter`. It cannot be cloned, so it is completed at most
+/// once; a completion that fails hands it back with the error (as omniqueue's `Delivery::ack`). One
+/// dropped without a completion comes back to the queue after its visibility timeout. It reads as its
+/// [`Message`] (`Deref`).
+///
+/// Completing it twice does not compile:
+/// ```compile_fail,E0382
+/// async fn twice(d: fleet_io::queue::Delivery, q: &dyn fleet_io::queue::Queue) {
+///     let _ = d.delete(q).await;
+///     let _ = d.delete(q).await; // use of moved value
+/// }
+/// ```
+#[derive(Debug)]
+pub struct Delivery {
+    message: Message,
+    receipt: Receipt,
+}
+
+impl std::ops::Deref for Delivery {
+    type Target = Message;
+    fn deref(&self) -> &Message {
+        &self.message
+    }
+}
+
+/// A batch completion's answer: `Ok` with the entries that failed (handed back, to try again), or the
+/// error of the call with all of its entries handed back.
+pub type Handback<T> = std::result::Result<Vec<T>, (Error, Vec<T>)>;
+
+impl Delivery {
+    /// A delivery of `message` under `receipt`: for [`Queue`] implementations (and tests).
+    pub fn new(message: Message, receipt: String) -> Delivery {
+        Delivery { message, receipt: Receipt(receipt) }
+    }
+
+    /// The receipt, to name the message in logs and keep it in hand longer ([`Queue::extend`]); not to
+    /// complete it.
+    pub fn receipt(&self) -> &str {
+        self.receipt.as_str()
+    }
+
+    /// Gives up the message's content, keeping the right to complete it.
+    pub fn into_receipt(self) -> Receipt {
+        self.receipt
+    }
+
+    /// Splits the delivery into its content and its receipt (completed on its own later).
+    pub fn into_parts(self) -> (Message, Receipt) {
+        (self.message, self.receipt)
+    }
+
+    /// Deletes the message (one call; listeners batch through their engine instead).
+    pub async fn delete(self, queue: &dyn Queue) -> std::result::Result<(), (Error, Delivery)> {
+        match queue.delete_receipts(&[&self.receipt]).await {
+            Ok(failed) if failed.is_empty() => Ok(()),
+            Ok(_) => Err((entry_failed(queue, "DeleteMessageBatch"), self)),
+            Err(e) => Err((e, self)),
+        }
+    }
+
+    /// Returns the message to the queue, visible again after `after` (zero: at once).
+    pub async fn release(self, queue: &dyn Queue, after: Duration) -> std::result::Result<(), (Error, Delivery)> {
+        match queue.change_visibility(&[(self.receipt(), after)]).await {
+            Ok(failed) if failed.is_empty() => Ok(()),
+            Ok(_) => Err((entry_failed(queue, "ChangeMessageVisibilityBatch"), self)),
+            Err(e) => Err((e, self)),
+        }
+    }
+
+    /// Moves the message to `dlq` with `reason` (a copy sent there, then this one deleted). If the
+    /// delete fails after the copy was sent, the delivery comes back with the error: releasing it then
+    /// means a second copy later, which every consumer of a dead-letter queue tolerates (idempotent).
+    pub async fn dead_letter(self, queue: &dyn Queue, dlq: &dyn Queue, reason: &str) -> std::result::Result<(), (Error, Delivery)> {
+        let out = Outgoing { body: self.body.clone(), attrs: Attrs { reason: Some(reason.to_string()), ..self.attrs.clone() } };
+        if let Err(e) = dlq.send_messages(&[out]).await {
+            return Err((e, self));
+        }
+        self.delete(queue).await
+    }
+}
+
+/// The error for a batch entry that failed while its call succeeded (SQS throttling or an internal
+/// error on that entry): worth another try.
+fn entry_failed(queue: &dyn Queue, operation: &'static str) -> Error {
+    Error::Service {
+        service: crate::error::Service::Sqs,
+        operation,
+        detail: format!("the entry failed on queue {}", queue.name()),
+        retryable: true,
+        source: None,
+    }
 }
 
 /// What a listener needs to know about a queue.
@@ -93,26 +197,54 @@ pub trait Queue: Send + Sync + 'static {
         self.send_messages(&msgs).await
     }
     /// Receives up to `max` (1..=10) messages, waiting up to `wait` (long poll, at most 20 s) for one.
-    async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Message>>;
-    /// One DeleteMessageBatch call for up to 10 receipts; returns the receipts whose entries failed.
-    async fn delete_batch(&self, receipts: &[String]) -> Result<Vec<String>>;
-    /// One ChangeMessageVisibilityBatch call for up to 10 entries; returns the receipts whose entries
-    /// failed.
-    async fn set_visibility_batch(&self, entries: &[(String, Duration)]) -> Result<Vec<String>>;
+    async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Delivery>>;
+    /// One DeleteMessageBatch call for up to 10 receipts; returns the indexes of the entries that failed
+    /// and may succeed later (an entry whose receipt is stale is not among them: its message comes back
+    /// by itself). Reached through [`Queue::delete_batch`], which takes the receipts by value.
+    async fn delete_receipts(&self, receipts: &[&Receipt]) -> Result<Vec<usize>>;
+    /// One ChangeMessageVisibilityBatch call for up to 10 entries; returns the indexes of the entries
+    /// that failed and may succeed later. Borrowed receipts: keeping a message in hand longer (the
+    /// heartbeat, [`Queue::extend`]) is not a completion; a release goes through [`Queue::release_batch`].
+    async fn change_visibility(&self, entries: &[(&str, Duration)]) -> Result<Vec<usize>>;
     /// Approximate depth.
     async fn depth(&self) -> Result<QueueDepth>;
     /// Redrive, visibility timeout and kind of the queue.
     async fn info(&self) -> Result<QueueInfo>;
-    /// Deletes any number of receipts in batches of 10; failed entries are retried twice, then left to
+    /// Deletes up to 10 messages in one call; the receipts of entries that failed come back, to try
+    /// again (see [`Handback`]).
+    async fn delete_batch(&self, receipts: Vec<Receipt>) -> Handback<Receipt> {
+        let refs: Vec<&Receipt> = receipts.iter().collect();
+        match self.delete_receipts(&refs).await {
+            Ok(failed) => Ok(pick(receipts, &failed)),
+            Err(e) => Err((e, receipts)),
+        }
+    }
+    /// Returns up to 10 messages to the queue in one call, each visible after its delay; entries that
+    /// failed come back.
+    async fn release_batch(&self, entries: Vec<(Receipt, Duration)>) -> Handback<(Receipt, Duration)> {
+        let refs: Vec<(&str, Duration)> = entries.iter().map(|(r, d)| (r.as_str(), *d)).collect();
+        match self.change_visibility(&refs).await {
+            Ok(failed) => Ok(pick(entries, &failed)),
+            Err(e) => Err((e, entries)),
+        }
+    }
+    /// Keeps messages still in hand invisible for another `timeout` each (the visibility heartbeat);
+    /// returns the indexes of the entries that failed.
+    async fn extend(&self, entries: &[(&str, Duration)]) -> Result<Vec<usize>> {
+        self.change_visibility(entries).await
+    }
+    /// Deletes any number of messages in batches of 10; failed entries are retried twice, then left to
     /// come back after their visibility timeout (and be handled again, idempotently). Returns the number
-    /// of calls made.
-    async fn delete(&self, receipts: &[String]) -> Result<u64> {
+    /// of calls made. (Tools and tests; listeners complete through their engine's batcher.)
+    async fn delete(&self, deliveries: Vec<Delivery>) -> Result<u64> {
         let mut calls = 0;
-        for batch in receipts.chunks(MAX_BATCH_ENTRIES) {
-            let mut pending = batch.to_vec();
+        let mut receipts: Vec<Receipt> = deliveries.into_iter().map(Delivery::into_receipt).collect();
+        while !receipts.is_empty() {
+            let rest = receipts.split_off(receipts.len().min(MAX_BATCH_ENTRIES));
+            let mut pending = std::mem::replace(&mut receipts, rest);
             for attempt in 0..3 {
                 calls += 1;
-                pending = self.delete_batch(&pending).await?;
+                pending = self.delete_batch(pending).await.map_err(|(e, _)| e)?;
                 if pending.is_empty() {
                     break;
                 }
@@ -122,12 +254,28 @@ pub trait Queue: Send + Sync + 'static {
         }
         Ok(calls)
     }
-    /// Makes a received message visible again after `timeout` (zero: at once).
-    async fn set_visibility(&self, receipt: &str, timeout: Duration) -> Result<()> {
-        self.set_visibility_batch(&[(receipt.to_string(), timeout)]).await.map(drop)
+    /// Returns any number of messages to the queue, visible after `after`, in batches of 10. Returns
+    /// the number of calls made; entries that failed come back by themselves after their timeout.
+    async fn release(&self, deliveries: Vec<Delivery>, after: Duration) -> Result<u64> {
+        let mut calls = 0;
+        let mut entries: Vec<(Receipt, Duration)> = deliveries.into_iter().map(|d| (d.into_receipt(), after)).collect();
+        while !entries.is_empty() {
+            let rest = entries.split_off(entries.len().min(MAX_BATCH_ENTRIES));
+            calls += 1;
+            let failed = self.release_batch(std::mem::replace(&mut entries, rest)).await.map_err(|(e, _)| e)?;
+            if !failed.is_empty() {
+                tracing::warn!(queue = self.name(), failed = failed.len(), "release entries failed; they come back after their visibility timeout");
+            }
+        }
+        Ok(calls)
     }
     /// Calls made through this client.
     fn calls(&self) -> &CallCounter;
+}
+
+/// The entries at `indexes` (the failed ones of a batch call), in order.
+fn pick<T>(entries: Vec<T>, indexes: &[usize]) -> Vec<T> {
+    entries.into_iter().enumerate().filter(|(i, _)| indexes.contains(i)).map(|(_, t)| t).collect()
 }
 
 /// Splits message sizes into batches that respect the entry and byte limits, in order.

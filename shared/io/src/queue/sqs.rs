@@ -11,7 +11,7 @@ use aws_sdk_sqs::types::{
     SendMessageBatchRequestEntry,
 };
 
-use super::{plan_batches, Attrs, Message, Outgoing, Queue, QueueDepth, QueueInfo};
+use super::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
 use crate::call::CallCounter;
 use crate::call::CallPolicy;
 use crate::error::{sdk_error, Error, Result, Service};
@@ -177,7 +177,7 @@ impl Queue for SqsQueue {
         }
         Ok(calls)
     }
-    async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Message>> {
+    async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Delivery>> {
         let wait = wait.min(Duration::from_secs(20));
         // One attempt: the listener has its own back-off for a failed receive, and messages a timed-out
         // receive took come back after their visibility timeout.
@@ -201,29 +201,31 @@ impl Queue for SqsQueue {
         Ok(out
             .messages()
             .iter()
-            .map(|m| Message {
-                id: m.message_id().unwrap_or_default().to_string(),
-                body: m.body().unwrap_or_default().to_string(),
-                receipt: m.receipt_handle().unwrap_or_default().to_string(),
-                receive_count: m
-                    .attributes()
-                    .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(1),
-                attrs: {
-                    let attr = |n: &str| m.message_attributes().and_then(|a| a.get(n)).and_then(|v| v.string_value());
-                    Attrs {
-                        priority: attr("priority").and_then(|v| v.parse().ok()).unwrap_or(0),
-                        deadline_ms: attr("deadline").and_then(|v| v.parse().ok()),
-                        group: m.attributes().and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId)).cloned(),
-                        reason: attr("reason").map(str::to_string),
-                    }
-                },
+            .map(|m| {
+                let message = Message {
+                    id: m.message_id().unwrap_or_default().to_string(),
+                    body: m.body().unwrap_or_default().to_string(),
+                    receive_count: m
+                        .attributes()
+                        .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(1),
+                    attrs: {
+                        let attr = |n: &str| m.message_attributes().and_then(|a| a.get(n)).and_then(|v| v.string_value());
+                        Attrs {
+                            priority: attr("priority").and_then(|v| v.parse().ok()).unwrap_or(0),
+                            deadline_ms: attr("deadline").and_then(|v| v.parse().ok()),
+                            group: m.attributes().and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId)).cloned(),
+                            reason: attr("reason").map(str::to_string),
+                        }
+                    },
+                };
+                Delivery::new(message, m.receipt_handle().unwrap_or_default().to_string())
             })
             .collect())
     }
 
-    async fn delete_batch(&self, receipts: &[String]) -> Result<Vec<String>> {
+    async fn delete_receipts(&self, receipts: &[&Receipt]) -> Result<Vec<usize>> {
         if receipts.is_empty() {
             return Ok(Vec::new());
         }
@@ -246,10 +248,10 @@ impl Queue for SqsQueue {
                     .map_err(|e| self.err("DeleteMessageBatch", e))
             })
             .await?;
-        Ok(failed_receipts(|i| receipts.get(i).map(String::as_str), out.failed().iter().map(|f| (f.id(), f.code()))))
+        Ok(failed_entries(receipts.len(), out.failed().iter().map(|f| (f.id(), f.code()))))
     }
 
-    async fn set_visibility_batch(&self, entries: &[(String, Duration)]) -> Result<Vec<String>> {
+    async fn change_visibility(&self, entries: &[(&str, Duration)]) -> Result<Vec<usize>> {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
@@ -259,7 +261,7 @@ impl Queue for SqsQueue {
             .map(|(i, (r, t))| {
                 ChangeMessageVisibilityBatchRequestEntry::builder()
                     .id(i.to_string())
-                    .receipt_handle(r.as_str())
+                    .receipt_handle(*r)
                     // Whole seconds on SQS: a part second rounds up (a short retry delay must not become 0).
                     .visibility_timeout((t.as_secs() + u64::from(t.subsec_nanos() > 0)).min(43_200) as i32)
                     .build()
@@ -279,7 +281,7 @@ impl Queue for SqsQueue {
                     .map_err(|e| self.err("ChangeMessageVisibilityBatch", e))
             })
             .await?;
-        Ok(failed_receipts(|i| entries.get(i).map(|(r, _)| r.as_str()), out.failed().iter().map(|f| (f.id(), f.code()))))
+        Ok(failed_entries(entries.len(), out.failed().iter().map(|f| (f.id(), f.code()))))
     }
 
     async fn depth(&self) -> Result<QueueDepth> {
@@ -321,11 +323,11 @@ impl Queue for SqsQueue {
     }
 }
 
-/// The receipts of the failed entries of a batch call (entry ids are indexes: `receipt_at(i)`). An entry
-/// whose receipt is no longer valid will never succeed: it is dropped, not retried.
-fn failed_receipts<'r, 'a>(receipt_at: impl Fn(usize) -> Option<&'r str>, failed: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<String> {
+/// The indexes of the failed entries of a batch call (entry ids are indexes below `n`). An entry whose
+/// receipt is no longer valid will never succeed: it is dropped, not retried.
+fn failed_entries<'a>(n: usize, failed: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<usize> {
     failed
         .filter(|(_, code)| !matches!(*code, "ReceiptHandleIsInvalid" | "InvalidParameterValue" | "MessageNotInflight"))
-        .filter_map(|(id, _)| id.parse::<usize>().ok().and_then(&receipt_at).map(str::to_string))
+        .filter_map(|(id, _)| id.parse::<usize>().ok().filter(|i| *i < n))
         .collect()
 }
