@@ -270,6 +270,30 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_failed_completion_hands_the_delivery_back() {
+        let q = MemoryQueue::new("q", Duration::from_secs(30));
+        q.send(vec!["a".to_string(), "b".to_string()]).await.unwrap();
+        let mut got = q.receive(10, Duration::ZERO).await.unwrap();
+        let (a, b) = (got.remove(0), got.remove(0));
+        q.fail_next_entries(1);
+        let (e, a) = a.delete(q.as_ref()).await.expect_err("the entry fails");
+        assert!(e.is_retryable(), "a failed entry may succeed later: {e}");
+        assert_eq!(a.body, "a", "the same delivery comes back");
+        a.delete(q.as_ref()).await.map_err(|(e, _)| e).unwrap();
+        q.fail_next_entries(1);
+        let (_, b) = b.release(q.as_ref(), Duration::ZERO).await.expect_err("the entry fails");
+        b.release(q.as_ref(), Duration::ZERO).await.map_err(|(e, _)| e).unwrap();
+        // Batches hand back exactly the failed entries.
+        let got = q.receive(10, Duration::ZERO).await.unwrap();
+        assert_eq!(got.len(), 1);
+        q.fail_next_entries(1);
+        let back = q.delete_batch(got.into_iter().map(Delivery::into_receipt).collect()).await.map_err(|(e, _)| e).unwrap();
+        assert_eq!(back.len(), 1);
+        assert_eq!(q.delete_batch(back).await.map_err(|(e, _)| e).unwrap().len(), 0);
+        assert!(q.bodies().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn long_poll_wakes_on_send() {
         let q = MemoryQueue::new("q", Duration::from_secs(30));
         let q2 = q.clone();
