@@ -214,7 +214,7 @@ impl Engine {
                 Box::pin(async move {
                     let refs: Vec<(&str, Duration)> = batch.iter().map(|(r, d)| (r.as_str(), *d)).collect();
                     let r = match q.extend(&refs).await {
-                        Ok(failed) => Ok(batch.into_iter().enumerate().filter(|(i, _)| failed.contains(i)).map(|(_, t)| t).collect()),
+                        Ok(failed) => Ok(fleet_io::queue::pick(batch, &failed)),
                         Err(e) => Err((e, batch)),
                     };
                     to_retry(q.name(), "ChangeMessageVisibilityBatch", r)

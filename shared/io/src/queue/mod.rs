@@ -274,7 +274,7 @@ pub trait Queue: Send + Sync + 'static {
 }
 
 /// The entries at `indexes` (the failed ones of a batch call), in order.
-fn pick<T>(entries: Vec<T>, indexes: &[usize]) -> Vec<T> {
+pub fn pick<T>(entries: Vec<T>, indexes: &[usize]) -> Vec<T> {
     entries.into_iter().enumerate().filter(|(i, _)| indexes.contains(i)).map(|(_, t)| t).collect()
 }
 
