@@ -16,7 +16,8 @@
 # are rebuilt only when it changes.
 #
 # Environment: FLEET_IMAGE_PREFIX (billing-fleet), DEBIAN_MIRROR (http://deb.debian.org/debian),
-# CARGO (cargo).
+# CARGO (cargo), FLEET_BINARIES (a directory holding the four binaries, built already: the fleet image
+# takes them instead of a `cargo build --release`; the container tests pass their own build's).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -97,10 +98,17 @@ build_fleet() {
   if [ "$(printf '%s\n2.36\n' "$glibc" | sort -V | tail -n1)" != 2.36 ]; then
     die "fleet: this host's glibc $glibc is newer than Debian bookworm's 2.36: its binaries would not run in $base_image; build with a registry instead (FLEET_IMAGE_SOURCE=registry deploy/compose.sh up)"
   fi
-  echo "fleet: cargo build --release (incremental)"
-  (cd "$repo" && "${CARGO:-cargo}" build --release --locked --quiet -p initiator -p processor -p controller -p scaling-agent)
-  target=$(cd "$repo" && "${CARGO:-cargo}" metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release
-  local bins=("$target/initiator" "$target/processor" "$target/controller" "$target/scaling-agent")
+  if [ -n "${FLEET_BINARIES:-}" ]; then
+    # Binaries built already (the test suite's own build): not compiled a second time, in another profile.
+    target=$FLEET_BINARIES
+    echo "fleet: the binaries in $target (FLEET_BINARIES)"
+  else
+    echo "fleet: cargo build --release (incremental)"
+    (cd "$repo" && "${CARGO:-cargo}" build --release --locked --quiet -p initiator -p processor -p controller -p scaling-agent)
+    target=$(cd "$repo" && "${CARGO:-cargo}" metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release
+  fi
+  local bins=("$target/initiator" "$target/processor" "$target/controller" "$target/scaling-agent") b
+  for b in "${bins[@]}"; do [ -x "$b" ] || die "fleet: $b is missing (FLEET_BINARIES names a directory with the four binaries)"; done
   inputs=$( (hash_of "${bins[@]}" "$repo/deploy/Dockerfile"; base_id) | sha256sum | cut -c1-16)
   if [ "$(image_label "$fleet_image" "$label")" = "$inputs" ]; then took fleet "$fleet_image is up to date" "$t0"; return; fi
   scratch

@@ -6,12 +6,16 @@
 //! scenarios run one at a time (one fleet on two cores) and the images they built from nothing are
 //! removed at the end (`FLEET_TEST_KEEP_IMAGES=1` keeps them). Every scenario has its own compose
 //! project and free host ports, and ends with `down` leaving nothing of the project behind. Where no
-//! Docker Engine answers, every scenario fails and says so: none passes without running.
+//! Docker Engine answers, every scenario fails and says so: none passes without running. The fleet
+//! image is made of the binaries this test build made (`FLEET_BINARIES`), so the suite compiles them
+//! once, in the test build's profile; a user's `compose.sh up` builds them with `--release`.
 
+use std::collections::HashMap;
 use std::io::Read;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -31,16 +35,19 @@ fn main() -> ExitCode {
     args.test_threads = Some(1);
     let trials = vec![
         trial("images_from_nothing_compose_up_submit_errors_and_down", images_from_nothing),
-        trial("million_transactions_through_compose_match_initiator_local", million_matches_local),
-        trial("processor_container_killed_mid_job_totals_exact", processor_killed_mid_job),
-        trial("compose_stop_processor_drains_and_loses_nothing", stop_processor_drains),
-        trial("controller_container_restarted_mid_job_totals_exact", controller_restarted_mid_job),
-        trial("two_controller_replicas_rolling_restart_mid_job_totals_exact", controllers_rolling_restart),
-        trial("rabbitmq_container_stopped_mid_job_job_completes", rabbitmq_stopped_mid_job),
+        // These six share one fleet, in this order (the broker's stop last).
+        shared("million_transactions_through_compose_match_initiator_local", million_matches_local),
+        shared("processor_container_killed_mid_job_totals_exact", processor_killed_mid_job),
+        shared("compose_stop_processor_drains_and_loses_nothing", stop_processor_drains),
+        shared("controller_container_restarted_mid_job_totals_exact", controller_restarted_mid_job),
+        shared("two_controller_replicas_rolling_restart_mid_job_totals_exact", controllers_rolling_restart),
+        shared("rabbitmq_container_stopped_mid_job_job_completes", rabbitmq_stopped_mid_job),
         trial("agent_scales_processor_containers_up_and_back_totals_exact", agent_scales_containers),
     ];
     let ran_any = trials.iter().any(|t| args.filter.as_deref().is_none_or(|f| t.name().contains(f))) && !args.list;
     let conclusion = libtest_mimic::run(&args, trials);
+    // A shared fleet the last of its scenarios did not bring down (a filter left that one out).
+    drop(SHARED.lock().unwrap_or_else(|e| e.into_inner()).take());
     if ran_any && std::env::var_os("FLEET_TEST_KEEP_IMAGES").is_none() && docker_ok().is_ok() {
         let out = sh(Command::new(repo().join("deploy/images.sh")).arg("--remove").env("FLEET_IMAGE_PREFIX", PREFIX));
         if !out.status.success() {
@@ -50,11 +57,37 @@ fn main() -> ExitCode {
     conclusion.exit_code()
 }
 
-fn trial(name: &'static str, f: fn()) -> Trial {
+fn trial(name: &'static str, f: impl FnOnce() + Send + 'static) -> Trial {
     Trial::test(format!("compose::{name}"), move || {
         docker_ok().map_err(Failed::from)?;
-        std::panic::catch_unwind(f)
-            .map_err(|p| Failed::from(p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()))
+        std::panic::catch_unwind(AssertUnwindSafe(f)).map_err(|p| Failed::from(panic_text(&*p)))
+    })
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+}
+
+/// The fleet the fault scenarios share: one `up` (three processor containers, the agent deciding only)
+/// instead of one each. Each scenario checks what it needs of it first (processor count, one
+/// controller); one that fails brings the fleet down (its logs printed) and the next starts another.
+static SHARED: Mutex<Option<Fleet>> = Mutex::new(None);
+
+fn shared(name: &'static str, f: fn(&mut Fleet)) -> Trial {
+    trial(name, move || {
+        let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        let fleet = slot.get_or_insert_with(|| Fleet::up_with("shared", 3, AGENT_DECIDES_ONLY));
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(fleet)));
+        match result {
+            Ok(()) if fleet.down => *slot = None,
+            Ok(()) => {}
+            Err(p) => {
+                if let Some(mut fleet) = slot.take() {
+                    fleet.abandon();
+                }
+                std::panic::resume_unwind(p);
+            }
+        }
     })
 }
 
@@ -95,6 +128,20 @@ fn compose_cmd() -> Vec<String> {
         }
     })
     .clone()
+}
+
+/// The directory of the four binaries of this build (its profile: `cargo test` or `cargo test
+/// --release`), each built when missing.
+fn binaries() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dirs: Vec<PathBuf> = ["initiator", "processor", "controller", "scaling-agent"]
+            .iter()
+            .map(|b| fleet_test_support::bin(b).parent().unwrap().to_path_buf())
+            .collect();
+        assert!(dirs.windows(2).all(|w| w[0] == w[1]), "the binaries are in different directories: {dirs:?}");
+        dirs[0].clone()
+    })
 }
 
 /// Shared input: one million generated transactions, and what `initiator local` (one process, no
@@ -158,6 +205,8 @@ impl Fleet {
     fn command(&self, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
         let mut cmd = Command::new(program);
         cmd.args(args).current_dir(repo()).env("COMPOSE_PROJECT_NAME", &self.project).env("FLEET_IMAGE_PREFIX", PREFIX);
+        // The fleet image takes the binaries this test build made (not a second, release build of them).
+        cmd.env("FLEET_BINARIES", binaries());
         // Free host ports (a LocalStack or RabbitMQ of the host may hold the default ones).
         cmd.env("FLEET_LOCALSTACK_PORT", "").env("FLEET_RABBITMQ_UI_PORT", "");
         for v in
@@ -221,26 +270,47 @@ impl Fleet {
         cmd.spawn().unwrap()
     }
 
-    /// Waits until some processor has billed a chunk of the job (its /state counts), then returns.
-    fn wait_mid_job(&self) -> SystemTime {
+    /// What each running processor container has billed so far (its /state counts), by container.
+    fn processed(&self) -> HashMap<String, u64> {
+        self.running("processor")
+            .into_iter()
+            .filter_map(|id| {
+                let addr = self.host_addr(&id, 9101);
+                let o = Command::new("curl").args(["-fsS", "--max-time", "2", &format!("http://{addr}/state?depth=false")]).output().ok()?;
+                let v: Value = serde_json::from_slice(&o.stdout).ok()?;
+                Some((id, v.as_array()?.iter().filter_map(|l| l["processed"].as_u64()).sum::<u64>()))
+            })
+            .collect()
+    }
+
+    /// Waits until some processor has billed more than it had at `before` (a chunk of the job just
+    /// submitted: earlier jobs of a shared fleet count too), then returns.
+    fn wait_mid_job(&self, before: &HashMap<String, u64>) -> SystemTime {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let processed: u64 = self
-                .running("processor")
-                .iter()
-                .filter_map(|id| {
-                    let addr = self.host_addr(id, 9101);
-                    let o = Command::new("curl").args(["-fsS", "--max-time", "2", &format!("http://{addr}/state?depth=false")]).output().ok()?;
-                    let v: Value = serde_json::from_slice(&o.stdout).ok()?;
-                    Some(v.as_array()?.iter().filter_map(|l| l["processed"].as_u64()).sum::<u64>())
-                })
-                .sum();
-            if processed > 0 {
+            if self.processed().iter().any(|(id, n)| *n > before.get(id).copied().unwrap_or(0)) {
                 return SystemTime::now();
             }
             assert!(Instant::now() < deadline, "no processor billed anything within 120 s of the submission");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// At least `n` processor containers running (`compose.sh scale n` when fewer).
+    fn at_least(&self, n: usize) {
+        if self.running("processor").len() < n {
+            let out = self.sh(&["scale", &n.to_string()], &[]);
+            assert!(out.status.success(), "scale {n}: {}", text(&out.stderr));
+        }
+        assert!(self.running("processor").len() >= n, "fewer than {n} processor containers after scale {n}");
+    }
+
+    /// Prints the fleet's last log lines, then brings it down (a failed scenario's fleet).
+    fn abandon(&mut self) {
+        let logs = self.sh(&["logs", "--tail=40"], &[]);
+        eprintln!("--- last log lines of {}:\n{}", self.project, text(&logs.stdout));
+        let _ = self.sh(&["down"], &[]);
+        self.down = true;
     }
 
     /// Brings the project down and checks nothing of it is left: no container, no network.
@@ -262,10 +332,10 @@ impl Drop for Fleet {
             return;
         }
         if std::thread::panicking() {
-            let logs = self.sh(&["logs", "--tail=40"], &[]);
-            eprintln!("--- last log lines of {}:\n{}", self.project, text(&logs.stdout));
+            self.abandon();
+        } else {
+            let _ = self.sh(&["down"], &[]);
         }
-        let _ = self.sh(&["down"], &[]);
     }
 }
 
@@ -397,9 +467,10 @@ fn million_job(fleet: &Fleet, fault: impl FnOnce(&Fleet)) -> f64 {
     let out = dir.path().join("report.json");
     // Generated (and billed locally) on first use: outside the timed window.
     let file = &input().million;
+    let before = fleet.processed();
     let t0 = SystemTime::now();
     let child = fleet.submit_bg(file, &out);
-    let at = fleet.wait_mid_job();
+    let at = fleet.wait_mid_job(&before);
     fault(fleet);
     let report = finish(child, &out, Duration::from_secs(600));
     let secs = secs_since(t0);
@@ -411,30 +482,28 @@ fn million_job(fleet: &Fleet, fault: impl FnOnce(&Fleet)) -> f64 {
 }
 
 /// A million transactions through the initiator container: totals identical to `initiator local`.
-fn million_matches_local() {
-    let mut fleet = Fleet::up("million", 1);
-    million_job(&fleet, |_| {});
-    fleet.down();
+fn million_matches_local(fleet: &mut Fleet) {
+    million_job(fleet, |_| {});
 }
 
-/// Three processor containers, one killed (SIGKILL) mid-job: its work items come back after their
-/// visibility timeout and the totals stay exact.
-fn processor_killed_mid_job() {
-    let mut fleet = Fleet::up_with("kill", 3, AGENT_DECIDES_ONLY);
-    let victim = fleet.running("processor")[1].clone();
-    million_job(&fleet, |_| {
+/// A processor container killed (SIGKILL) mid-job: its work items come back after their visibility
+/// timeout and the totals stay exact.
+fn processor_killed_mid_job(fleet: &mut Fleet) {
+    fleet.at_least(2);
+    let running = fleet.running("processor");
+    let victim = running[1].clone();
+    million_job(fleet, |_| {
         stdout_of(Command::new("docker").args(["kill", &victim]));
     });
     assert_eq!(inspect(&victim, "{{.State.ExitCode}}"), "137", "the killed processor");
-    assert_eq!(fleet.running("processor").len(), 2, "the two other processors still run");
-    fleet.down();
+    assert_eq!(fleet.running("processor").len(), running.len() - 1, "the other processors still run");
 }
 
 /// `compose stop processor` mid-job: every processor drains and exits 0; started again, the fleet
 /// finishes the job with exact totals.
-fn stop_processor_drains() {
-    let mut fleet = Fleet::up_with("drain", 2, AGENT_DECIDES_ONLY);
-    million_job(&fleet, |fleet| {
+fn stop_processor_drains(fleet: &mut Fleet) {
+    fleet.at_least(2);
+    million_job(fleet, |fleet| {
         let ids = fleet.running("processor");
         let t = Instant::now();
         let stop = fleet.compose(&["stop", "processor"]);
@@ -448,31 +517,29 @@ fn stop_processor_drains() {
         let scale = fleet.sh(&["scale", "2"], &[]);
         assert!(scale.status.success(), "scale 2: {}", text(&scale.stderr));
     });
-    fleet.down();
 }
 
 /// `compose restart controller` mid-job: the new controller resumes from the checkpoint; exact totals.
-fn controller_restarted_mid_job() {
-    let mut fleet = Fleet::up_with("controller", 1, AGENT_DECIDES_ONLY);
-    million_job(&fleet, |fleet| {
-        let id = fleet.running("controller")[0].clone();
+fn controller_restarted_mid_job(fleet: &mut Fleet) {
+    let controllers = fleet.running("controller");
+    assert_eq!(controllers.len(), 1, "one controller before the restart");
+    let id = controllers[0].clone();
+    million_job(fleet, |fleet| {
         let started = inspect(&id, "{{.State.StartedAt}}");
         let r = fleet.compose(&["restart", "controller"]);
         assert!(r.status.success(), "compose restart controller: {}", text(&r.stderr));
         assert_ne!(inspect(&id, "{{.State.StartedAt}}"), started, "the controller was not restarted");
     });
-    fleet.down();
 }
 
 /// Two controller replicas on one results queue (job leases decide which one aggregates the job); a
 /// rolling restart mid-job, one replica at a time (SIGTERM: it gives its leases back), each running
 /// again before the next: the totals equal `initiator local`'s and both replicas run at the end.
-fn controllers_rolling_restart() {
-    let mut fleet = Fleet::up_with("controllers", 2, AGENT_DECIDES_ONLY);
+fn controllers_rolling_restart(fleet: &mut Fleet) {
     let r = fleet.compose(&["up", "-d", "--no-deps", "--no-recreate", "--scale", "controller=2", "controller"]);
     assert!(r.status.success(), "compose up --scale controller=2: {}", text(&r.stderr));
     assert_eq!(fleet.running("controller").len(), 2, "two controller replicas");
-    million_job(&fleet, |fleet| {
+    million_job(fleet, |fleet| {
         for id in fleet.running("controller") {
             let started = inspect(&id, "{{.State.StartedAt}}");
             let out = sh(Command::new("docker").args(["restart", &id]));
@@ -482,22 +549,22 @@ fn controllers_rolling_restart() {
         }
     });
     assert_eq!(fleet.running("controller").len(), 2, "both replicas run after the job");
-    fleet.down();
 }
 
 /// `compose stop rabbitmq` mid-job: triggers are hints, so the job completes with exact totals and
-/// every fleet service stays up.
-fn rabbitmq_stopped_mid_job() {
-    let mut fleet = Fleet::up_with("rabbitmq", 2, AGENT_DECIDES_ONLY);
-    million_job(&fleet, |fleet| {
+/// every fleet service stays up. The shared fleet's last scenario: it brings the fleet down.
+fn rabbitmq_stopped_mid_job(fleet: &mut Fleet) {
+    fleet.at_least(2);
+    let processors = fleet.running("processor").len();
+    let controllers = fleet.running("controller").len();
+    million_job(fleet, |fleet| {
         let r = fleet.compose(&["stop", "rabbitmq"]);
         assert!(r.status.success(), "compose stop rabbitmq: {}", text(&r.stderr));
         assert!(fleet.running("rabbitmq").is_empty(), "rabbitmq still runs");
     });
-    assert_eq!(fleet.running("processor").len(), 2, "processors after the broker went away");
-    for s in ["controller", "scaling-agent"] {
-        assert_eq!(fleet.running(s).len(), 1, "{s} after the broker went away");
-    }
+    assert_eq!(fleet.running("processor").len(), processors, "processors after the broker went away");
+    assert_eq!(fleet.running("controller").len(), controllers, "controllers after the broker went away");
+    assert_eq!(fleet.running("scaling-agent").len(), 1, "scaling-agent after the broker went away");
     fleet.down();
 }
 
