@@ -78,6 +78,9 @@ struct ResultsHandler {
     agg: Arc<Aggregator>,
     /// Announces messages handed back for another controller.
     handed_back: Option<Notifier>,
+    /// The store's breaker: while S3 does not answer, nothing is received (checkpoints cannot be
+    /// written).
+    store_breaker: Option<Arc<fleet_io::breaker::Breaker>>,
 }
 
 /// A message of a job another controller owns goes back to the queue after this long.
@@ -87,6 +90,10 @@ const HAND_BACK: Duration = Duration::from_secs(1);
 impl Handler for ResultsHandler {
     fn batch_size(&self) -> usize {
         10
+    }
+
+    fn dependencies(&self) -> Vec<Arc<fleet_io::breaker::Breaker>> {
+        self.store_breaker.iter().cloned().collect()
     }
 
     async fn handle(&self, msgs: Vec<Delivery>, done: &Completions) -> Vec<(Delivery, Outcome)> {
@@ -126,7 +133,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     let mut engines = Vec::with_capacity(queues.len());
     for (source, q) in queues {
         let handed_back = deps.publish.clone().map(|bus| Notifier::new(bus, q.name(), "controller", Duration::from_millis(100)));
-        let handler = Arc::new(ResultsHandler { source, agg: agg.clone(), handed_back });
+        let handler = Arc::new(ResultsHandler { source, agg: agg.clone(), handed_back, store_breaker: deps.store.breaker() });
         let cfg = if source == Source::Results { cfg.clone() } else { dlq_cfg.clone() };
         engines.push(Engine::start(q.clone(), None, handler, cfg).await?);
     }

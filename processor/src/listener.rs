@@ -9,6 +9,7 @@ use fleet_domain::model::{ChunkResult, ResultMessage};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::{Completions, ErrorEvent, Handler, Outcome};
 use fleet_io::blob::BlobStore;
+use fleet_io::breaker::Breaker;
 use fleet_io::error::Error;
 use fleet_io::queue::{plan_batches, Delivery, Message, Queue};
 use fleet_io::trigger::Notifier;
@@ -55,17 +56,21 @@ impl WorkHandler {
     /// The chunk's result, or why it should be tried again. A chunk that can never succeed (its blob
     /// missing, corrupt, over a cap, or hostile content) gets a failed result at once instead of
     /// cycling through every receive and back-off on its way to the dead-letter queue.
-    async fn handle_one(&self, m: &Message) -> Result<ChunkResult, String> {
-        let item = parse_work_item(&m.body).map_err(|e| format!("unreadable work item: {e}"))?;
+    async fn handle_one(&self, m: &Message) -> Result<ChunkResult, Failure> {
+        let item = parse_work_item(&m.body).map_err(|e| Failure::Own(format!("unreadable work item: {e}")))?;
         match process(&item, self.store.as_ref(), self.max_chunk_bytes).await {
             Ok(r) => Ok(r),
             Err(e @ Error::Corrupt(_)) => {
                 tracing::warn!(job = %item.job_id, chunk = item.chunk, receive_count = m.receive_count, error = %e, "chunk can never succeed: failed at once");
                 Ok(failed_result(&item, format!("{e} (attempt {}; not retried: it can never succeed)", m.receive_count)))
             }
+            Err(e) if e.is_outage() => {
+                tracing::debug!(job = %item.job_id, chunk = item.chunk, error = %e, "a dependency failed; the work item is held");
+                Err(Failure::Outage(e.to_string()))
+            }
             Err(e) => {
                 tracing::warn!(job = %item.job_id, chunk = item.chunk, receive_count = m.receive_count, retryable = e.is_retryable(), error = %e, "work item failed");
-                Err(failure_reason(&e, m.receive_count))
+                Err(Failure::Own(failure_reason(&e, m.receive_count)))
             }
         }
     }
@@ -92,6 +97,23 @@ impl WorkHandler {
     }
 }
 
+/// Why a work item was not billed.
+enum Failure {
+    /// Its own fault (or unknown): retried with back-off, poison on the last receive.
+    Own(String),
+    /// A dependency's outage: held until it answers.
+    Outage(String),
+}
+
+impl Failure {
+    fn outcome(self) -> Outcome {
+        match self {
+            Failure::Own(r) => Outcome::Failed(r),
+            Failure::Outage(r) => Outcome::Unavailable(r),
+        }
+    }
+}
+
 fn failure_reason(e: &Error, receives: u32) -> String {
     format!("{e} (after {receives} attempts)")
 }
@@ -100,6 +122,10 @@ fn failure_reason(e: &Error, receives: u32) -> String {
 impl Handler for WorkHandler {
     fn batch_size(&self) -> usize {
         10
+    }
+
+    fn dependencies(&self) -> Vec<Arc<Breaker>> {
+        self.store.breaker().into_iter().chain(self.results.breaker()).collect()
     }
 
     async fn handle(&self, msgs: Vec<Delivery>, _done: &Completions) -> Vec<(Delivery, Outcome)> {
@@ -115,7 +141,7 @@ impl Handler for WorkHandler {
         for (m, r) in handled {
             match r {
                 Ok(r) => by_job.entry(r.job_id.clone()).or_default().push((m, r)),
-                Err(reason) => out.push((m, Outcome::Failed(reason))),
+                Err(f) => out.push((m, f.outcome())),
             }
         }
         for (job, items) in by_job {
@@ -129,7 +155,9 @@ impl Handler for WorkHandler {
                 Err(e) => {
                     // Not sent: not deleted; the work items come back and are processed again.
                     tracing::warn!(%job, error = %e, "sending results failed; work items will be redelivered");
-                    out.extend(deliveries.into_iter().map(|m| (m, Outcome::Failed(format!("sending results: {e}")))));
+                    let failure = if e.is_outage() { Failure::Outage(format!("sending results: {e}")) } else { Failure::Own(format!("sending results: {e}")) };
+                    let outcome = failure.outcome();
+                    out.extend(deliveries.into_iter().map(|m| (m, outcome.clone())));
                 }
             }
         }

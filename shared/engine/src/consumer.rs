@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::backoff::{EmptyContext, EmptyDecision};
 use crate::dynamic_consumers::{decide, Activity, ScaleDecision};
 use crate::{bump, lock, release, sleep_until, ErrorEvent, Inner};
+use fleet_io::breaker::{all_closed, any_open};
 use fleet_io::queue::{Delivery, Message};
 
 /// One consumer task's entry in the consumer set.
@@ -125,6 +126,23 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
     loop {
         if lock(&inner.consumers).list.get(&id).is_none_or(|c| c.retiring) {
             break;
+        }
+        if any_open(&inner.breakers) {
+            // A dependency is down: take nothing new until it answers (the breaker's probe tells).
+            bump(&inner.stats.paused, 1);
+            set_parked(&inner, id, true);
+            tracing::info!(queue = inner.queue.name(), consumer = id, "a dependency is down: receiving nothing until it answers");
+            let stopped = tokio::select! {
+                _ = all_closed(&inner.breakers) => false,
+                _ = inner.stop_receiving.cancelled() => true,
+            };
+            set_parked(&inner, id, false);
+            if stopped {
+                break;
+            }
+            idle = 0;
+            error_backoff = Duration::from_millis(100);
+            continue;
         }
         let Some(max) = wait_for_room(&inner).await else {
             break;

@@ -47,6 +47,14 @@ impl Heartbeat {
         self.entries.insert(receipt.to_string(), Tracked { received: now, extended: now });
     }
 
+    /// A message stays in hand but its processing clock starts again at `now` (it waited out an
+    /// outage: not processing); its extensions go on as scheduled.
+    pub fn restart(&mut self, receipt: &str, now: Instant) {
+        if let Some(t) = self.entries.get_mut(receipt) {
+            t.received = now;
+        }
+    }
+
     /// A message is done (deleted, released, or handed to a later completion).
     pub fn untrack(&mut self, receipt: &str) {
         self.entries.remove(receipt);

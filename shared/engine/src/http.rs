@@ -26,7 +26,7 @@ type Metric<T> = (&'static str, &'static str, fn(&ListenerState) -> T);
 /// Renders states in the Prometheus text format.
 pub fn render_metrics(states: &[ListenerState]) -> String {
     let mut reg = Registry::with_prefix("listener");
-    let gauges: [Metric<i64>; 11] = [
+    let gauges: [Metric<i64>; 13] = [
         ("queue_visible", "Approximate visible messages in the queue", |s| s.depth.map_or(-1, |d| d.visible as i64)),
         ("queue_in_flight", "Approximate in-flight messages of the queue", |s| s.depth.map_or(-1, |d| d.in_flight as i64)),
         ("consumers_active", "Consumers receiving now", |s| s.consumers_active as i64),
@@ -38,6 +38,8 @@ pub fn render_metrics(states: &[ListenerState]) -> String {
         ("buffer_capacity", "Capacity of the priority buffer", |s| s.buffer_capacity as i64),
         ("in_hand", "Messages received and not yet completed", |s| s.in_hand as i64),
         ("pending_deletes", "Deletes waiting for a batch", |s| s.pending_deletes as i64),
+        ("paused", "1 while a dependency's breaker is open (nothing is received)", |s| i64::from(!s.paused_for.is_empty())),
+        ("held", "Messages held through a dependency's outage", |s| s.held as i64),
     ];
     for (name, help, f) in gauges {
         let fam = Family::<Vec<(String, String)>, Gauge>::default();
@@ -46,7 +48,7 @@ pub fn render_metrics(states: &[ListenerState]) -> String {
         }
         reg.register(name, help, fam);
     }
-    let counters: [Metric<u64>; 8] = [
+    let counters: [Metric<u64>; 10] = [
         ("receives", "Receive calls", |s| s.receives),
         ("empty_receives", "Receive calls that returned nothing", |s| s.empty_receives),
         ("received", "Messages received", |s| s.received),
@@ -55,6 +57,8 @@ pub fn render_metrics(states: &[ListenerState]) -> String {
         ("expired", "Messages expired in the buffer", |s| s.expired),
         ("evicted", "Messages evicted from a full buffer", |s| s.evicted),
         ("extended", "Visibility extensions", |s| s.extended),
+        ("held_total", "Times a message was held for a dependency's outage", |s| s.held_total),
+        ("paused_total", "Times a consumer paused for an open breaker", |s| s.paused_total),
     ];
     for (name, help, f) in counters {
         let fam = Family::<Vec<(String, String)>, Counter>::default();
@@ -63,6 +67,13 @@ pub fn render_metrics(states: &[ListenerState]) -> String {
         }
         reg.register(name, help, fam);
     }
+    let down = Family::<Vec<(String, String)>, Gauge>::default();
+    for s in states {
+        for d in &s.paused_for {
+            down.get_or_create(&vec![("queue".to_string(), s.queue.clone()), ("dependency".to_string(), d.clone())]).set(1);
+        }
+    }
+    reg.register("dependency_down", "1 for each dependency whose breaker is open", down);
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = encode(&mut out, &reg);

@@ -21,7 +21,7 @@ pub mod state;
 pub mod throttle;
 mod trigger;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,6 +38,7 @@ pub use config::EngineConfig;
 use consumer::{spawn_consumer, work_detected, Consumers};
 use dispatch::dispatch_loop;
 use dynamic_consumers::ScalingPolicy;
+use fleet_io::breaker::Breaker;
 use fleet_io::error::Result;
 use fleet_io::lock;
 use fleet_io::queue::{Delivery, Message, Queue, QueueInfo};
@@ -54,6 +55,11 @@ pub enum Outcome {
     Failed(String),
     /// Back to the queue after this delay, not a failure.
     Release(Duration),
+    /// A dependency failed (no answer, refused, 5xx, throttled), not the message: it is held, its
+    /// visibility kept, and handed to the handler again once the dependency answers (its breaker
+    /// closes). It never counts toward poison; one whose dependency keeps failing for it alone while
+    /// every breaker stays closed is treated as `Failed` after a few tries.
+    Unavailable(String),
 }
 
 /// Events for the error hook.
@@ -81,6 +87,11 @@ pub trait Handler: Send + Sync + 'static {
     /// [`Completions`] (e.g. once a checkpoint covers it; [`Completions::hold`]). One dropped without a
     /// completion comes back after its visibility timeout.
     async fn handle(&self, msgs: Vec<Delivery>, done: &Completions) -> Vec<(Delivery, Outcome)>;
+    /// The breakers of the dependencies handling needs (e.g. S3 and SQS): while one is open the
+    /// consumers receive nothing and held messages wait.
+    fn dependencies(&self) -> Vec<Arc<Breaker>> {
+        Vec::new()
+    }
     /// A message failed on its last allowed receive (it goes to the dead-letter queue next).
     async fn on_poison(&self, _msg: &Message, _reason: &str) {}
     /// The error hook.
@@ -104,6 +115,10 @@ pub struct Stats {
     pub expired: AtomicU64,
     pub evicted: AtomicU64,
     pub extended: AtomicU64,
+    /// Times a delivery was held for a dependency's outage.
+    pub held: AtomicU64,
+    /// Times a consumer paused for an open breaker.
+    pub paused: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -170,6 +185,10 @@ struct Inner {
     service_tasks: TaskTracker,
     /// Counters for the state endpoint and tests, bumped where the event happens.
     stats: Stats,
+    /// The breakers of the handler's dependencies (read at start): consumers pause while one is open.
+    breakers: Vec<Arc<Breaker>>,
+    /// Deliveries held for an outage right now: written by work tasks as they start and stop waiting.
+    holding: AtomicUsize,
     /// When the engine started (the consumer timeline's origin).
     started: Instant,
 }
@@ -232,6 +251,12 @@ impl Engine {
             },
             ..cfg
         };
+        let breakers = handler.dependencies().into_iter().chain(queue.breaker()).fold(Vec::<Arc<Breaker>>::new(), |mut v, b| {
+            if !v.iter().any(|x| Arc::ptr_eq(x, &b)) {
+                v.push(b);
+            }
+            v
+        });
         let inner = Arc::new(Inner {
             heartbeat: Mutex::new(Heartbeat::new(info.visibility_timeout, cfg.max_processing)),
             throttle: Mutex::new(Throttle::new(cfg.throttle)),
@@ -254,6 +279,8 @@ impl Engine {
             work_tasks: TaskTracker::new(),
             service_tasks: TaskTracker::new(),
             stats: Stats::default(),
+            breakers,
+            holding: AtomicUsize::new(0),
             triggers_live: AtomicBool::new(true),
             started: Instant::now(),
         });

@@ -37,6 +37,17 @@ pub struct ListenerState {
     pub expired: u64,
     pub evicted: u64,
     pub extended: u64,
+    /// The dependencies whose breaker is open now (the listener receives nothing until they answer).
+    #[serde(default)]
+    pub paused_for: Vec<String>,
+    /// Messages held now through a dependency's outage (visibility kept, receive count unspent).
+    #[serde(default)]
+    pub held: usize,
+    /// Times a message was held for an outage, and times a consumer paused for one.
+    #[serde(default)]
+    pub held_total: u64,
+    #[serde(default)]
+    pub paused_total: u64,
 }
 
 /// The few figures an instance report needs, read without any request.
@@ -98,6 +109,10 @@ impl Engine {
             expired: get(&s.expired),
             evicted: get(&s.evicted),
             extended: get(&s.extended),
+            paused_for: inner.breakers.iter().filter(|b| b.is_open()).map(|b| b.service().to_string()).collect(),
+            held: inner.holding.load(Ordering::SeqCst),
+            held_total: get(&s.held),
+            paused_total: get(&s.paused),
         }
     }
 }

@@ -715,3 +715,5 @@ async fn a_kept_delivery_is_completed_later_on_its_queue_and_the_heartbeat_lets_
     assert_eq!(q.bodies().len(), 10, "ten deleted, ten back on the queue");
     assert_eq!(q.calls().snapshot().get("sqs.DeleteMessageBatch"), Some(&1));
 }
+
+mod outage;

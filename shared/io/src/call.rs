@@ -124,6 +124,41 @@ impl CallPolicy {
     }
 }
 
+/// A client's calls: bounded by the policy, and each result reported to its dependency's breaker
+/// (when it has one), so that every caller of the process sees an outage at once.
+#[derive(Clone)]
+pub struct Guarded {
+    pub policy: CallPolicy,
+    pub breaker: Option<std::sync::Arc<crate::breaker::Breaker>>,
+}
+
+impl Guarded {
+    pub fn new(policy: CallPolicy) -> Guarded {
+        Guarded { policy, breaker: None }
+    }
+
+    fn record<T>(&self, r: Result<T>) -> Result<T> {
+        if let Some(b) = &self.breaker {
+            b.record(&r);
+        }
+        r
+    }
+
+    /// [`CallPolicy::run`], reported to the breaker.
+    pub async fn run<T, F, Fut>(&self, service: Service, operation: &'static str, extra: Duration, attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        self.record(self.policy.run(service, operation, extra, attempt).await)
+    }
+
+    /// [`CallPolicy::once`], reported to the breaker.
+    pub async fn once<T>(&self, service: Service, operation: &'static str, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        self.record(self.policy.once(service, operation, extra, fut).await)
+    }
+}
+
 /// A uniform wait in [0, cap].
 fn jitter(cap: Duration) -> Duration {
     if cap.is_zero() {

@@ -9,6 +9,7 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 
 use crate::blob::S3Store;
+use crate::breaker::Breakers;
 use crate::call::{CallArgs, CallPolicy};
 use crate::error::Result;
 use crate::queue::SqsQueue;
@@ -155,6 +156,8 @@ pub struct Aws {
     custom_endpoint: bool,
     /// Bounds every call of the queues and stores made here (the SDK's own retries are off).
     pub policy: CallPolicy,
+    /// SQS's and S3's breakers, shared by every queue and store made here.
+    pub breakers: Breakers,
 }
 
 impl Aws {
@@ -170,7 +173,7 @@ impl Aws {
             Some(u) => u.to_string(),
             None => format!("the AWS endpoint for region {}", sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "(none set)".into())),
         };
-        Aws { sdk, endpoint, custom_endpoint, policy: CallPolicy::default() }
+        Aws { sdk, endpoint, custom_endpoint, policy: CallPolicy::default(), breakers: Breakers::default() }
     }
 
     /// The same configuration with every call bounded by `policy`.
@@ -198,7 +201,7 @@ impl Aws {
             .retry_config(RetryConfig::disabled())
             .load()
             .await;
-        Aws { sdk, endpoint: endpoint.to_string(), custom_endpoint: true, policy: CallPolicy::default() }
+        Aws { sdk, endpoint: endpoint.to_string(), custom_endpoint: true, policy: CallPolicy::default(), breakers: Breakers::default() }
     }
 
     pub fn sqs(&self) -> aws_sdk_sqs::Client {
@@ -212,11 +215,12 @@ impl Aws {
     }
 
     pub async fn queue(&self, name_or_url: &str) -> Result<Arc<SqsQueue>> {
-        Ok(Arc::new(SqsQueue::open(self.sqs(), &self.endpoint, name_or_url, self.policy).await?))
+        let q = SqsQueue::open(self.sqs(), &self.endpoint, name_or_url, self.policy).await?;
+        Ok(Arc::new(q.with_breaker(self.breakers.sqs.clone())))
     }
 
     pub fn store(&self, bucket: &str) -> Arc<S3Store> {
-        Arc::new(S3Store::new(self.s3(), &self.endpoint, bucket, self.policy))
+        Arc::new(S3Store::new(self.s3(), &self.endpoint, bucket, self.policy).with_breaker(self.breakers.s3.clone()))
     }
 }
 

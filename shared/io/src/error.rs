@@ -80,6 +80,26 @@ impl Error {
         }
     }
 
+    /// Whether the failure is the infrastructure's (no answer, refused connection, 5xx, throttle):
+    /// the dependency is in trouble, not the request. What the breakers count.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            Error::Unreachable { .. } | Error::Timeout { .. } => true,
+            Error::Service { retryable, .. } => *retryable,
+            _ => false,
+        }
+    }
+
+    /// The dependency an outage is of.
+    pub fn service(&self) -> Option<Service> {
+        match self {
+            Error::Unreachable { service, .. } | Error::Service { service, .. } | Error::Timeout { service, .. } | Error::NotFound { service, .. } => {
+                Some(*service)
+            }
+            _ => None,
+        }
+    }
+
     /// Data a caller's own checks found corrupt (e.g. the domain's: `.map_err(Error::corrupt)`).
     pub fn corrupt(detail: impl Into<String>) -> Error {
         Error::Corrupt(detail.into())

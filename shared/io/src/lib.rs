@@ -4,6 +4,7 @@
 //! bounds every call, provisioning, the quarantine, configuration, shutdown and telemetry.
 
 pub mod blob;
+pub mod breaker;
 pub mod call;
 pub mod config;
 pub mod error;

@@ -45,6 +45,11 @@ pub trait BlobStore: Send + Sync + 'static {
     /// Deletes an object (no error when it does not exist).
     async fn delete(&self, key: &str) -> Result<()>;
     fn calls(&self) -> &CallCounter;
+
+    /// The breaker this store's calls report to (none for the in-memory twin unless given one).
+    fn breaker(&self) -> Option<std::sync::Arc<crate::breaker::Breaker>> {
+        None
+    }
 }
 
 #[cfg(feature = "test-util")]

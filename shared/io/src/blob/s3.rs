@@ -9,8 +9,8 @@ use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 
 use super::{BlobStore, Cond};
-use crate::call::CallCounter;
-use crate::call::CallPolicy;
+use crate::breaker::Breaker;
+use crate::call::{CallCounter, CallPolicy, Guarded};
 use crate::error::{sdk_error, Error, Result, Service};
 
 /// An S3 bucket. Every call is bounded by its [`CallPolicy`]; a GetObject's attempt covers reading the
@@ -20,12 +20,29 @@ pub struct S3Store {
     bucket: String,
     endpoint: String,
     calls: CallCounter,
-    policy: CallPolicy,
+    policy: Guarded,
 }
 
 impl S3Store {
     pub fn new(client: aws_sdk_s3::Client, endpoint: &str, bucket: &str, policy: CallPolicy) -> S3Store {
-        S3Store { client, bucket: bucket.to_string(), endpoint: endpoint.to_string(), calls: CallCounter::default(), policy }
+        S3Store { client, bucket: bucket.to_string(), endpoint: endpoint.to_string(), calls: CallCounter::default(), policy: Guarded::new(policy) }
+    }
+
+    /// Reports every call to `breaker` (S3's of the process) and offers it a probe: HeadBucket.
+    pub fn with_breaker(mut self, breaker: std::sync::Arc<Breaker>) -> S3Store {
+        let (client, bucket, endpoint, policy) = (self.client.clone(), self.bucket.clone(), self.endpoint.clone(), self.policy.policy);
+        breaker.set_probe(std::sync::Arc::new(move || {
+            let (client, bucket, endpoint) = (client.clone(), bucket.clone(), endpoint.clone());
+            Box::pin(async move {
+                policy
+                    .once(Service::S3, "HeadBucket", Duration::ZERO, async {
+                        client.head_bucket().bucket(&bucket).send().await.map(|_| ()).map_err(|e| sdk_error(Service::S3, "HeadBucket", &endpoint, e))
+                    })
+                    .await
+            })
+        }));
+        self.policy.breaker = Some(breaker);
+        self
     }
 
     /// Checks that the bucket exists and is reachable (HeadBucket).
@@ -156,5 +173,9 @@ impl BlobStore for S3Store {
 
     fn calls(&self) -> &CallCounter {
         &self.calls
+    }
+
+    fn breaker(&self) -> Option<std::sync::Arc<Breaker>> {
+        self.policy.breaker.clone()
     }
 }

@@ -271,6 +271,11 @@ pub trait Queue: Send + Sync + 'static {
     }
     /// Calls made through this client.
     fn calls(&self) -> &CallCounter;
+
+    /// The breaker this queue's calls report to (none for the in-memory twin unless given one).
+    fn breaker(&self) -> Option<std::sync::Arc<crate::breaker::Breaker>> {
+        None
+    }
 }
 
 /// The entries at `indexes` (the failed ones of a batch call), in order.

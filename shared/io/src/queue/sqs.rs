@@ -13,7 +13,8 @@ use aws_sdk_sqs::types::{
 
 use super::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
 use crate::call::CallCounter;
-use crate::call::CallPolicy;
+use crate::call::{CallPolicy, Guarded};
+use crate::breaker::Breaker;
 use crate::error::{sdk_error, Error, Result, Service};
 
 /// An SQS queue. Every call is bounded by its [`CallPolicy`] (attempt timeout, deadline, jittered
@@ -24,7 +25,7 @@ pub struct SqsQueue {
     url: String,
     endpoint: String,
     calls: CallCounter,
-    policy: CallPolicy,
+    policy: Guarded,
 }
 
 impl SqsQueue {
@@ -47,7 +48,32 @@ impl SqsQueue {
                 .await?;
             (name_or_url.to_string(), out.queue_url().unwrap_or_default().to_string())
         };
-        Ok(SqsQueue { client, name, url, endpoint: endpoint.to_string(), calls, policy })
+        Ok(SqsQueue { client, name, url, endpoint: endpoint.to_string(), calls, policy: Guarded::new(policy) })
+    }
+
+    /// Reports every call to `breaker` (SQS's of the process) and offers it a probe: this queue's
+    /// GetQueueAttributes.
+    pub fn with_breaker(mut self, breaker: std::sync::Arc<Breaker>) -> SqsQueue {
+        let (client, url, endpoint, policy) = (self.client.clone(), self.url.clone(), self.endpoint.clone(), self.policy.policy);
+        breaker.set_probe(std::sync::Arc::new(move || {
+            let (client, url, endpoint) = (client.clone(), url.clone(), endpoint.clone());
+            Box::pin(async move {
+                policy
+                    .once(Service::Sqs, "GetQueueAttributes", Duration::ZERO, async {
+                        client
+                            .get_queue_attributes()
+                            .queue_url(&url)
+                            .attribute_names(QueueAttributeName::VisibilityTimeout)
+                            .send()
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| sdk_error(Service::Sqs, "GetQueueAttributes", &endpoint, e))
+                    })
+                    .await
+            })
+        }));
+        self.policy.breaker = Some(breaker);
+        self
     }
 
     pub fn url(&self) -> &str {
@@ -320,6 +346,10 @@ impl Queue for SqsQueue {
 
     fn calls(&self) -> &CallCounter {
         &self.calls
+    }
+
+    fn breaker(&self) -> Option<std::sync::Arc<Breaker>> {
+        self.policy.breaker.clone()
     }
 }
 
