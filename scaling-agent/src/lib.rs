@@ -159,6 +159,9 @@ pub struct AgentState {
     pub requests: u64,
     pub triggers_received: u64,
     pub bus_live: bool,
+    /// Dependencies the fleet is paused for (instances' reports, the agent's own SQS breaker): no
+    /// instance is added while this is not empty.
+    pub paused_for: Vec<String>,
 }
 
 /// Shared handle on the agent's state.
@@ -194,6 +197,7 @@ pub fn new_state(settings: &Settings, backend: &'static str) -> SharedState {
         requests: 0,
         triggers_received: 0,
         bus_live: false,
+        paused_for: Vec::new(),
     }))
 }
 
@@ -230,6 +234,16 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 None
             }
         };
+        let mut paused_for = tracker.paused_for(now);
+        if w.work.breaker().is_some_and(|b| b.is_open()) && !paused_for.iter().any(|d| d == "SQS") {
+            paused_for.push("SQS".into());
+        }
+        if !paused_for.is_empty() && lock(&state).paused_for.is_empty() {
+            tracing::warn!(paused_for = ?paused_for, "the fleet is paused for a dependency that does not answer: no instances are added until it does");
+        } else if paused_for.is_empty() && !lock(&state).paused_for.is_empty() {
+            tracing::info!("the fleet's dependencies answer again: scaling resumes");
+        }
+        lock(&state).paused_for = paused_for.clone();
         let requests: u64 = [&w.work, &w.work_dlq, &w.results, &w.results_dlq].iter().map(|q| q.calls().snapshot().values().sum::<u64>()).sum();
         let mut idle = false;
         if let Some(s) = snap {
@@ -242,6 +256,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 busy_instances: observed.busy_instances,
                 oldest_age: observed.oldest_age,
                 work_detected: std::mem::take(&mut work_detected),
+                paused: !paused_for.is_empty(),
             };
             let decision = match deps.backend.actual().await {
                 Ok(actual) => {
@@ -362,6 +377,8 @@ fn log_decision(d: &Decision) {
     }
     if d.desired != d.actual {
         decision!(info, "scaling decision");
+    } else if d.reason == Reason::HoldPaused {
+        decision!(info, "holding: more instances are needed, but the fleet is paused for a dependency that does not answer");
     } else if d.reason == Reason::HoldStabilizing {
         decision!(debug, "holding: fewer instances are needed, not yet for the whole stabilization window");
     } else {

@@ -66,6 +66,9 @@ pub struct Signals {
     pub oldest_age: Option<Duration>,
     /// A work-detected trigger arrived since the last decision.
     pub work_detected: bool,
+    /// The fleet is paused for a dependency that does not answer (instances say so in their reports,
+    /// or the agent's own SQS calls fail): more instances would only wait too.
+    pub paused: bool,
 }
 
 /// Why the desired count is what it is.
@@ -84,6 +87,8 @@ pub enum Reason {
     HoldStabilizing,
     /// Fewer have been needed for the whole stabilization window.
     ScaleDown,
+    /// More are needed, but the fleet is paused for a dependency's outage: none added until it answers.
+    HoldPaused,
 }
 
 /// One decision with its inputs.
@@ -144,7 +149,9 @@ impl Policy {
         while self.history.front().is_some_and(|(t, _)| now.saturating_duration_since(*t) >= window) {
             self.history.pop_front();
         }
-        let (desired, reason) = if recommended > actual {
+        let (desired, reason) = if recommended > actual && s.paused {
+            (actual, Reason::HoldPaused)
+        } else if recommended > actual {
             if actual == 0 {
                 (recommended.min(self.cfg.step_up.max(1)), Reason::FromZero)
             } else {
@@ -239,6 +246,12 @@ mod tests {
         tokio::time::advance(Duration::from_secs(200)).await;
         assert_eq!(p.decide(Instant::now(), 5, &backlog(3000)).desired, 5);
         // The burst is done, but two instances still hold work.
+        // Paused for an outage: nothing added however large the backlog; added once it answers.
+        let mut paused = Policy::new(cfg(), Instant::now());
+        let d = paused.decide(Instant::now(), 2, &Signals { backlog: 6000, paused: true, ..Signals::default() });
+        assert_eq!((d.desired, d.reason), (2, Reason::HoldPaused));
+        let d = paused.decide(Instant::now(), 2, &Signals { backlog: 6000, ..Signals::default() });
+        assert!(d.desired > 2, "{d:?}");
         let busy = Signals { in_flight: 12, busy_instances: 2, ..Signals::default() };
         for _ in 0..11 {
             tokio::time::advance(Duration::from_secs(10)).await;

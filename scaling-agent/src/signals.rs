@@ -37,6 +37,9 @@ pub struct InstanceView {
     pub saturated: bool,
     /// Seconds since its last report.
     pub seen_s_ago: f64,
+    /// Dependencies it is paused for.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub paused_for: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -85,6 +88,19 @@ impl Tracker {
             None => 0,
         };
         self.instances.insert(r.instance.clone(), Seen { at: now, report: r, uncounted });
+    }
+
+    /// The dependencies instances reporting now are paused for (sorted, each once).
+    pub fn paused_for(&self, now: Instant) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .instances
+            .values()
+            .filter(|s| now.saturating_duration_since(s.at) < REPORT_STALE)
+            .flat_map(|s| s.report.paused_for.iter().cloned())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
     }
 
     /// Drops instances that stopped reporting.
@@ -145,6 +161,7 @@ impl Tracker {
                 consumers: s.report.consumers,
                 saturated: s.report.saturated,
                 seen_s_ago: now.saturating_duration_since(s.at).as_secs_f64(),
+                paused_for: s.report.paused_for.clone(),
             })
             .collect();
         v.sort_by(|a, b| a.instance.cmp(&b.instance));
@@ -171,7 +188,7 @@ mod tests {
     }
 
     fn rep(id: &str, processed: u64, rate: f64, in_hand: u64, saturated: bool) -> InstanceReport {
-        InstanceReport { instance: id.into(), queue: "w".into(), processed, rate, in_hand, consumers: 2, saturated, leaving: false }
+        InstanceReport { instance: id.into(), queue: "w".into(), processed, rate, in_hand, consumers: 2, saturated, leaving: false, paused_for: Vec::new() }
     }
 
     #[tokio::test(start_paused = true)]

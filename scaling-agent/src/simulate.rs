@@ -379,6 +379,7 @@ pub fn run_strategy(a: &SimArgs, w: &Workload, strategy: Strategy, max: u32) -> 
                         busy_instances: o.busy_instances,
                         oldest_age: o.oldest_age,
                         work_detected: std::mem::take(&mut detected) || arriving > 0,
+                        paused: false,
                     };
                     let actual = sim.instances.len() as u32;
                     let d = policy.decide(at(t), actual, &s);
@@ -469,6 +470,7 @@ fn report(i: &Instance, rate: f64) -> InstanceReport {
         consumers: 1,
         saturated: i.saturated,
         leaving: false,
+        paused_for: Vec::new(),
     }
 }
 

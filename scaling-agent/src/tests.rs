@@ -149,6 +149,7 @@ async fn instance_reports_feed_throughput_and_the_in_flight_floor() {
             consumers: 4,
             saturated: true,
             leaving: false,
+            paused_for: Vec::new(),
         };
         f.bus.report(&r).await.unwrap();
     }
@@ -159,5 +160,38 @@ async fn instance_reports_feed_throughput_and_the_in_flight_floor() {
     assert_eq!(s.observed.busy_instances, 4);
     assert_eq!(d.recommended, 4, "never below the instances holding work");
     assert_eq!(s.instances.len(), 4);
+    f.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fleet_paused_for_an_outage_gets_no_more_instances_until_it_answers() {
+    let f = start(Settings { min_instances: 1, max_instances: 20, sla_secs: 10, interval_secs: 1, ..Settings::quick() });
+    let paused = |paused_for: Vec<String>| InstanceReport {
+        instance: "p0".into(),
+        queue: "billing-work".into(),
+        processed: 10,
+        rate: 0.0,
+        in_hand: 16,
+        consumers: 0,
+        saturated: true,
+        leaving: false,
+        paused_for,
+    };
+    // The agent subscribes as its task starts.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    f.bus.report(&paused(vec!["S3".into()])).await.unwrap();
+    f.work.send(bodies(2000)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let s = lock(&f.state).clone();
+    assert_eq!(s.paused_for, vec!["S3"]);
+    let d = s.last_decision.unwrap();
+    assert!(d.recommended > 1, "{d:?}");
+    assert_eq!((d.desired, d.reason), (1, policy::Reason::HoldPaused));
+    assert_eq!(f.actual().await, 1, "an instance was added while the fleet was paused");
+    // The dependency answers: the next report says so, and the backlog gets its instances.
+    f.bus.report(&paused(Vec::new())).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(lock(&f.state).paused_for.is_empty());
+    assert!(f.actual().await > 1, "not scaled after the outage");
     f.stop().await;
 }

@@ -31,6 +31,7 @@ fn report(engine: &Engine, instance: &str, processed: u64, last: u64, dt: Durati
         consumers: c.consumers_active as u32,
         saturated: c.in_hand >= c.concurrency_limit,
         leaving,
+        paused_for: engine.paused_for(),
     }
 }
 

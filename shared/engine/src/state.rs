@@ -71,6 +71,11 @@ impl Engine {
         }
     }
 
+    /// The dependencies whose breaker is open now (no request).
+    pub fn paused_for(&self) -> Vec<String> {
+        self.inner.breakers.iter().filter(|b| b.is_open()).map(|b| b.service().to_string()).collect()
+    }
+
     /// The current state; with `depth`, the queue depth is fetched (one request).
     pub async fn state(&self, depth: bool) -> ListenerState {
         let inner = &self.inner;
@@ -109,7 +114,7 @@ impl Engine {
             expired: get(&s.expired),
             evicted: get(&s.evicted),
             extended: get(&s.extended),
-            paused_for: inner.breakers.iter().filter(|b| b.is_open()).map(|b| b.service().to_string()).collect(),
+            paused_for: self.paused_for(),
             held: inner.holding.load(Ordering::SeqCst),
             held_total: get(&s.held),
             paused_total: get(&s.paused),

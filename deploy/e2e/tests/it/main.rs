@@ -12,6 +12,7 @@ mod keda;
 mod leases;
 mod localstack;
 mod memory_pipeline;
+mod outage;
 mod pipeline;
 mod reliability;
 mod scaling;

@@ -44,6 +44,7 @@ async fn triggers_are_routed_by_queue_and_reports_reach_the_agent() {
         consumers: 1,
         saturated: false,
         leaving: false,
+        paused_for: Vec::new(),
     };
     bus.report(&report).await.unwrap();
     let got_w = tokio::time::timeout(Duration::from_secs(5), w.recv()).await.expect("delivered").unwrap();

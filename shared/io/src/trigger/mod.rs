@@ -47,6 +47,9 @@ pub struct InstanceReport {
     pub saturated: bool,
     /// The instance is stopping (last report).
     pub leaving: bool,
+    /// Dependencies whose breaker is open in the instance: it is paused for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paused_for: Vec<String>,
 }
 
 /// Routing key of the work-detected triggers of `queue`.
