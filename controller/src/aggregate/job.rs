@@ -141,14 +141,27 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
         return Ok(());
     }
     if cp.accounted.contains(&chunk) {
-        // The processor's own failure report says more than the dead letter: keep its reason.
-        if let Item::Result(ResultMessage::Chunk(ChunkResult { outcome: Outcome::Failed { reason }, .. })) = &item {
-            if let Some(f) = cp.failed_chunks.iter_mut().find(|f| f.chunk == chunk && f.reason == DEAD_LETTER_REASON) {
-                f.reason = reason.clone();
+        let real = matches!(&item, Item::Result(ResultMessage::Chunk(ChunkResult { outcome: Outcome::Processed { .. }, .. })));
+        match cp.failed_chunks.iter().position(|f| f.chunk == chunk) {
+            // A real result beats a dead letter or a failure report (a work item dead-lettered after
+            // it was billed, a processor that died between sending a result and deleting its item):
+            // the chunk is counted from it instead, as the job is not finished yet.
+            Some(i) if real => {
+                let failed = cp.failed_chunks.remove(i);
+                cp.accounted.remove(&chunk);
+                tracing::warn!(job = %cp.job_id, chunk, was = %failed.reason, "a chunk recorded as failed has its real result: counted from it");
+            }
+            failed => {
+                // The processor's own failure report says more than the dead letter: keep its reason.
+                if let (Some(i), Item::Result(ResultMessage::Chunk(ChunkResult { outcome: Outcome::Failed { reason }, .. }))) = (failed, &item) {
+                    if cp.failed_chunks[i].reason == DEAD_LETTER_REASON {
+                        cp.failed_chunks[i].reason = reason.clone();
+                    }
+                }
+                tracing::debug!(job = %cp.job_id, chunk, "duplicate; already counted");
+                return Ok(());
             }
         }
-        tracing::debug!(job = %cp.job_id, chunk, "duplicate; already counted");
-        return Ok(());
     }
     match item {
         Item::Result(ResultMessage::Chunk(c)) => {

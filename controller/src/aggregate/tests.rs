@@ -138,6 +138,79 @@ async fn dead_letter_makes_job_partial_and_failed_result_wins_once() {
     assert_eq!(r.failed_chunks[0].chunk, 1);
 }
 
+fn dead_letter(job: &str, chunk: u32, transactions: u64) -> Message {
+    let item = WorkItem {
+        v: 1,
+        job_id: job.into(),
+        chunk,
+        transactions,
+        blob: BlobRef { key: fleet_domain::layout::chunk_key(job, chunk), sha256: "0".repeat(64), compressed_bytes: 1, raw_bytes: 1 },
+        tariff: Tariff::default(),
+    };
+    msg(serde_json::to_string(&item).unwrap())
+}
+
+fn failed(job: &str, chunk: u32, transactions: u64, reason: &str) -> Message {
+    let r = ResultMessage::Chunk(ChunkResult {
+        v: 1,
+        job_id: job.into(),
+        chunk,
+        transactions,
+        outcome: Outcome::Failed { reason: reason.into() },
+        requests: RequestCounts::default(),
+    });
+    msg(serde_json::to_string(&r).unwrap())
+}
+
+#[tokio::test]
+async fn a_real_result_beats_a_dead_letter_or_a_failure_report_in_either_order() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("j9", &[2, 3, 4, 5])).await;
+    let agg = Aggregator::new(store.clone());
+    let r1 = result("j9", 1, vec![acct("b", 3, 300, 30)]);
+    let r2 = result("j9", 2, vec![acct("c", 4, 400, 40)]);
+    // Chunk 1: dead-lettered (its delete failed after it was billed), then its real result.
+    agg.apply(Source::WorkDeadLetter, keep(Source::WorkDeadLetter, &[dead_letter("j9", 1, 3)])).await;
+    agg.apply(Source::Results, keep(Source::Results, &[r1.clone()])).await;
+    // Chunk 2: a failure report (a processor that gave up), then the real result of another try.
+    agg.apply(Source::Results, keep(Source::Results, &[failed("j9", 2, 4, "S3 GetObject: no answer")])).await;
+    agg.apply(Source::Results, keep(Source::Results, &[r2.clone()])).await;
+    // Chunk 3: the real result first, then a dead letter of it: the result stays.
+    agg.apply(Source::Results, keep(Source::Results, &[result("j9", 3, vec![acct("d", 5, 500, 50)])])).await;
+    agg.apply(Source::WorkDeadLetter, keep(Source::WorkDeadLetter, &[dead_letter("j9", 3, 5)])).await;
+    agg.apply(Source::Results, keep(Source::Results, &[failed("j9", 3, 5, "late failure report")])).await;
+    // A second copy of a corrected chunk's result counts once.
+    agg.apply(Source::Results, keep(Source::Results, &[r1, r2])).await;
+    agg.apply(Source::Results, keep(Source::Results, &[result("j9", 0, vec![acct("a", 2, 200, 20)]), sealed("j9", 4)])).await;
+    let r = report_of(&store, "j9").await.expect("finished");
+    assert_eq!(r.status, JobStatus::Complete, "{:?}", r.failed_chunks);
+    assert_eq!((r.transactions.processed, r.transactions.failed), (14, 0));
+    assert!(r.failed_chunks.is_empty());
+    assert_eq!(r.accounts.iter().map(|a| (a.account_id.as_str(), a.count)).collect::<Vec<_>>(), [("a", 2), ("b", 3), ("c", 4), ("d", 5)]);
+}
+
+#[tokio::test]
+async fn a_correction_survives_a_restart() {
+    // One controller restarted twice (its own leases are its own at once).
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("j10", &[2, 3])).await;
+    let first = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
+    first.apply(Source::WorkDeadLetter, keep(Source::WorkDeadLetter, &[dead_letter("j10", 1, 3)])).await;
+    first.flush().await; // the failure is checkpointed
+    drop(first);
+    let second = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
+    second.apply(Source::Results, keep(Source::Results, &[result("j10", 1, vec![acct("b", 3, 300, 30)])])).await;
+    second.flush().await;
+    let meta = store.head(&checkpoint_key("j10")).await.unwrap().expect("checkpoint written");
+    let p = fleet_domain::model::Progress::from_meta(&meta).expect("progress in the metadata");
+    assert_eq!((p.accounted, p.failed, p.processed), (1, 0, 3), "the correction is checkpointed");
+    drop(second);
+    let third = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
+    third.apply(Source::Results, keep(Source::Results, &[result("j10", 0, vec![acct("a", 2, 200, 20)]), sealed("j10", 2)])).await;
+    let r = report_of(&store, "j10").await.expect("finished");
+    assert_eq!((r.status, r.transactions.processed, r.transactions.failed), (JobStatus::Complete, 5, 0), "{:?}", r.failed_chunks);
+}
+
 #[tokio::test]
 async fn missing_manifest_keeps_messages_for_redelivery() {
     let store = MemoryStore::new();
