@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use fleet_domain::billing::Totals;
-use fleet_domain::codec::{accounts_to_zstd_csv, base64_encode, decode_chunk, sha256_hex};
+use fleet_domain::codec::{accounts_to_zstd_csv, base64_encode, decode_chunk, sha256_hex, MAX_ACCOUNT_ROW_BYTES};
 use fleet_domain::layout::result_key;
 use fleet_domain::model::{AccountsPayload, BlobRef, ChunkResult, Outcome, WorkItem, WIRE_VERSION};
 use fleet_domain::requests::RequestCounts;
@@ -43,8 +43,8 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
                 key: result_key(&item.job_id, item.chunk),
                 sha256: sha256_hex(&z),
                 compressed_bytes: z.len() as u64,
-                // A cap for the reader: each row is well under 256 bytes.
-                raw_bytes: n_rows as u64 * 256,
+                // A cap for the reader: the longest row the validator's limits allow, per row.
+                raw_bytes: n_rows as u64 * MAX_ACCOUNT_ROW_BYTES,
             };
             requests.add("s3.PutObject", 1);
             store.put(&blob.key, Bytes::from(z), "application/zstd").await?;

@@ -98,7 +98,7 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
         r.status = JobStatus::Abandoned;
         r.note = Some(note);
     }
-    if r.transactions.accepted != r.transactions.processed + r.transactions.failed {
+    if r.transactions.processed.checked_add(r.transactions.failed) != Some(r.transactions.accepted) {
         tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
             "accepted != processed + failed: the results disagree with the manifest");
     }

@@ -100,10 +100,19 @@ pub(super) struct Ready {
 }
 
 pub(super) async fn prepare(mut item: Item, store: &dyn BlobStore) -> Ready {
-    if let Item::Result(ResultMessage::Chunk(ChunkResult { outcome: Outcome::Processed { payload }, .. })) = &mut item {
+    if let Item::Result(ResultMessage::Chunk(ChunkResult { job_id, chunk, transactions, outcome: Outcome::Processed { payload }, .. })) = &mut item {
         let payload = std::mem::replace(payload, AccountsPayload::Inline { accounts: Vec::new() });
         let gets = u64::from(matches!(payload, AccountsPayload::Blob { .. }));
-        let accounts = Some(decode_payload(payload, store).await);
+        // What the payload may decompress to follows from the rows it declares (one account row per
+        // transaction at most), and its blob is the one its job and chunk name: a hostile result can
+        // neither make the controller inflate a gigabyte nor point it at another job's objects.
+        let cap = accounts_cap(*transactions, MAX_DOC_BYTES);
+        let accounts = Some(match &payload {
+            AccountsPayload::Blob { blob } if blob.key != result_key(job_id, *chunk) => {
+                Err(Error::corrupt(format!("result blob key {:?} is not the key of job {job_id} chunk {chunk}", blob.key)))
+            }
+            _ => decode_payload(payload, store, cap).await,
+        });
         return Ready { item, accounts, gets };
     }
     Ready { item, accounts: None, gets: 0 }
@@ -209,10 +218,11 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
     Ok(())
 }
 
-pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore) -> Result<Vec<AccountTotals>> {
+/// The accounts of a result's payload, decompressed to at most `cap` bytes.
+pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, cap: u64) -> Result<Vec<AccountTotals>> {
     match payload {
         AccountsPayload::Inline { accounts } => Ok(accounts),
-        AccountsPayload::ZstdCsv { data } => accounts_from_zstd_csv(&base64_decode(&data).map_err(Error::corrupt)?, MAX_DOC_BYTES).map_err(Error::corrupt),
+        AccountsPayload::ZstdCsv { data } => accounts_from_zstd_csv(&base64_decode(&data).map_err(Error::corrupt)?, cap).map_err(Error::corrupt),
         AccountsPayload::Blob { blob } => {
             let data = store
                 .get(&blob.key)
@@ -221,7 +231,7 @@ pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobSto
             if sha256_hex(&data) != blob.sha256 {
                 return Err(Error::Corrupt(format!("result blob {} checksum mismatch", blob.key)));
             }
-            accounts_from_zstd_csv(&data, blob.raw_bytes.min(MAX_DOC_BYTES)).map_err(Error::corrupt)
+            accounts_from_zstd_csv(&data, blob.raw_bytes.min(cap)).map_err(Error::corrupt)
         }
     }
 }

@@ -24,8 +24,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use fleet_domain::billing::Tariff;
 use fleet_domain::billing::{AccountTotals, CheckedTotals};
-use fleet_domain::codec::{accounts_from_zstd_csv, accounts_to_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
-use fleet_domain::layout::{accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, OPEN_PREFIX};
+use fleet_domain::codec::{accounts_cap, accounts_from_zstd_csv, accounts_to_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
+use fleet_domain::layout::{accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, result_key, OPEN_PREFIX};
 use fleet_domain::model::{
     now_rfc3339, AccountsPayload, Checkpoint, CheckpointPart, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, Progress, ResultMessage, WorkItem,
     WIRE_VERSION,

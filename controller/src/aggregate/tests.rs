@@ -299,6 +299,55 @@ async fn hostile_values_fail_their_chunk_and_leave_other_jobs_alone() {
     assert_eq!((ok.status, ok.transactions.processed, ok.accounts[0].gross.as_str()), (JobStatus::Complete, 1, "5.00"));
 }
 
+fn with_payload(job: &str, chunk: u32, transactions: u64, payload: AccountsPayload) -> Message {
+    let r = ResultMessage::Chunk(ChunkResult { v: 1, job_id: job.into(), chunk, transactions, outcome: Outcome::Processed { payload }, requests: RequestCounts::default() });
+    msg(serde_json::to_string(&r).unwrap())
+}
+
+#[tokio::test]
+async fn hostile_results_are_bounded_by_their_declared_rows_and_their_own_keys() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("x1", &[2, 2, 2, 2])).await;
+    put_manifest(&store, &manifest("other", &[1])).await;
+    // A payload of 2 declared rows that inflates to 16 MiB: refused at its cap (2 rows' worth).
+    let long_id = "a".repeat(16 << 20);
+    let bomb = accounts_to_zstd_csv(
+        [fleet_domain::billing::RowRef { account_id: &long_id, currency: "EUR", count: 2, gross: Decimal::new(100, 2), fees: Decimal::new(10, 2) }].into_iter(),
+    );
+    assert!(bomb.len() < 64 * 1024, "a small message: {} bytes", bomb.len());
+    let inline_bomb = with_payload("x1", 0, 2, AccountsPayload::ZstdCsv { data: fleet_domain::codec::base64_encode(&bomb) });
+    // The same as a result blob (its declared raw size a lie too).
+    let key = fleet_domain::layout::result_key("x1", 1);
+    store.put(&key, Bytes::from(bomb.clone()), "application/zstd").await.unwrap();
+    let blob_bomb = with_payload("x1", 1, 2, AccountsPayload::Blob { blob: BlobRef { key, sha256: sha256_hex(&bomb), compressed_bytes: bomb.len() as u64, raw_bytes: 1 << 30 } });
+    // A result pointing at another job's object (its checksum right).
+    let theirs = fleet_domain::layout::result_key("other", 0);
+    let good = accounts_to_zstd_csv(
+        [fleet_domain::billing::RowRef { account_id: "a", currency: "EUR", count: 2, gross: Decimal::new(100, 2), fees: Decimal::new(10, 2) }].into_iter(),
+    );
+    store.put(&theirs, Bytes::from(good.clone()), "application/zstd").await.unwrap();
+    let foreign = with_payload("x1", 2, 2, AccountsPayload::Blob { blob: BlobRef { key: theirs, sha256: sha256_hex(&good), compressed_bytes: good.len() as u64, raw_bytes: 1024 } });
+    // Failure reports whose counts would wrap a sum.
+    let huge = failed("x1", 3, u64::MAX, "hostile count");
+    let agg = Aggregator::new(store.clone());
+    let batch = [inline_bomb, blob_bomb, foreign, huge, sealed("x1", 4), result("other", 0, vec![acct("z", 1, 500, 5)]), sealed("other", 1)];
+    let applied = agg.apply(Source::Results, keep(Source::Results, &batch)).await;
+    assert_eq!(applied.delete.len(), batch.len());
+    let r = report_of(&store, "x1").await.expect("finished");
+    assert_eq!(r.status, JobStatus::Partial);
+    let reasons: Vec<(u32, &str)> = r.failed_chunks.iter().map(|f| (f.chunk, f.reason.as_str())).collect();
+    assert_eq!(reasons.len(), 4, "{reasons:?}");
+    // Two rows' worth of bytes, not the 16 MiB the payloads hold nor the 1 GiB the blob claims.
+    let cap = format!("decompresses to more than {} bytes", 2 * fleet_domain::codec::MAX_ACCOUNT_ROW_BYTES);
+    assert!(reasons[0].1.contains("result unreadable") && reasons[0].1.contains(&cap), "{reasons:?}");
+    assert!(reasons[1].1.contains("result unreadable") && reasons[1].1.contains(&cap), "{reasons:?}");
+    assert!(reasons[2].1.contains("is not the key of job x1 chunk 2"), "{reasons:?}");
+    assert_eq!(r.transactions.failed, u64::MAX, "saturated, not wrapped");
+    assert_eq!(r.transactions.processed, 0);
+    let ok = report_of(&store, "other").await.unwrap();
+    assert_eq!((ok.status, ok.transactions.processed), (JobStatus::Complete, 1));
+}
+
 #[tokio::test]
 async fn a_result_whose_blob_is_gone_fails_its_chunk_and_stranded_results_count() {
     let store = MemoryStore::new();

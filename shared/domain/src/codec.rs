@@ -148,6 +148,18 @@ pub fn accounts_to_zstd_csv<'a>(rows: impl ExactSizeIterator<Item = RowRef<'a>>)
     zstd::bulk::compress(&raw, 1).expect("zstd compression of an in-memory buffer")
 }
 
+/// The longest account-totals CSV row a valid chunk can produce: an account id of
+/// [`MAX_ID_CHARS`](crate::validate::MAX_ID_CHARS) characters of 4 bytes each, quoted; a currency of 3
+/// letters; a count of 20 digits; gross and fees of at most 31 characters each (a `Decimal`'s 29
+/// digits, sign and point); 4 commas and the newline.
+pub const MAX_ACCOUNT_ROW_BYTES: u64 = crate::validate::MAX_ID_CHARS as u64 * 4 + 2 + 3 + 20 + 2 * 31 + 5;
+
+/// The most the account totals of a chunk of `transactions` rows can decompress to (a chunk has at
+/// most one account row per transaction), and never more than `limit`.
+pub fn accounts_cap(transactions: u64, limit: u64) -> u64 {
+    transactions.max(1).saturating_mul(MAX_ACCOUNT_ROW_BYTES).min(limit)
+}
+
 /// Inverse of [`accounts_to_zstd_csv`], capped at `cap` decompressed bytes.
 pub fn accounts_from_zstd_csv(data: &[u8], cap: u64) -> Result<Vec<AccountTotals>> {
     let raw = decompress_capped(data, cap)?;

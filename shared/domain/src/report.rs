@@ -181,7 +181,8 @@ pub fn build(manifest: &Manifest, totals: &Totals, failed_chunks: Vec<FailedChun
 /// Builds the report of a finished job with its account rows borrowed from `totals`.
 pub fn build_borrowed<'a>(manifest: &Manifest, totals: &'a Totals, mut failed_chunks: Vec<FailedChunk>, requests: &RequestCounts) -> Report<Accounts<'a>> {
     failed_chunks.sort_by_key(|f| f.chunk);
-    let failed: u64 = failed_chunks.iter().map(|f| f.transactions).sum();
+    // Counts from messages: saturating, never wrapping (a hostile count cannot turn a sum small).
+    let failed: u64 = failed_chunks.iter().fold(0u64, |n, f| n.saturating_add(f.transactions));
     let processed = totals.transactions();
     let mut rejected = manifest.rejected.clone();
     rejected.sort_by(|a, b| (a.file.as_bytes(), a.line).cmp(&(b.file.as_bytes(), b.line)));

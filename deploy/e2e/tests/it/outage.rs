@@ -1,9 +1,11 @@
-//! Outages longer than maxReceiveCount x (back-off + call deadline), mid-job, on the real LocalStack
-//! through a TCP proxy the test freezes (connections open, no byte flows): the fleet pauses for the
-//! dependency and resumes when it answers. Each job completes with exact totals, no work item reaches
-//! the dead-letter queue and no service stops.
+//! Outages longer than maxReceiveCount x (back-off + call deadline), mid-job, on the real LocalStack and
+//! RabbitMQ through TCP proxies the test freezes (connections open, no byte flows: SQS, S3) or cuts
+//! (connections dropped, new ones refused: RabbitMQ): the fleet pauses for the dependency and resumes
+//! when it answers. Each job completes with exact totals, no work item reaches the dead-letter queue and
+//! no service stops. Processor, controller and agent run as one process would: one `Aws` (its breakers
+//! shared) through the proxies.
 //!
-//! `FLEET_OUTAGE_SECS` sets the S3 outage's length (600 s, the ten minutes, by default).
+//! `FLEET_OUTAGE_SECS` sets the long S3 outage's length (600 s, ten minutes, by default).
 
 use crate::support::Fleet as _;
 use std::time::{Duration, Instant};
@@ -19,9 +21,15 @@ fn outage_secs() -> u64 {
     std::env::var("FLEET_OUTAGE_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(600)
 }
 
-/// Short calls, so that maxReceiveCount x (back-off + deadline) is far shorter than the outage.
-fn short_calls() -> CallPolicy {
-    CallPolicy { attempt_timeout: Duration::from_secs(3), deadline: Duration::from_secs(8), ..CallPolicy::default() }
+/// What goes down, and for how long.
+struct Outage {
+    name: &'static str,
+    s3: bool,
+    sqs: bool,
+    rabbitmq: bool,
+    length: Duration,
+    /// The queues' maxReceiveCount: small, so that spending receive counts on an outage shows.
+    max_receive_count: u32,
 }
 
 /// Waits until the job has some chunks accounted for and not all.
@@ -37,97 +45,30 @@ async fn mid_job(s: &Stack, job: &initiator::submit::Submitted) {
     }
 }
 
+/// Messages in the work and results dead-letter queues (read directly, not through the proxies).
 async fn dead_letters(s: &Stack) -> (u64, u64) {
     let (w, r) = (s.work_dlq.depth().await.unwrap(), s.results_dlq.depth().await.unwrap());
     (w.visible + w.in_flight, r.visible + r.in_flight)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn s3_hung_under_every_service_mid_job_pauses_and_the_job_completes_exact() {
+async fn run(o: Outage) {
     if !crate::support::stack_running() {
         return;
     }
-    let outage = Duration::from_secs(outage_secs());
-    // Two receives allowed: before the breakers, a work item that met the outage twice was failed.
-    let Some(s) = crate::support::stack(QueueSettings { max_receive_count: 2, visibility_timeout: Duration::from_secs(10) }).await else { return };
-    let proxy = Proxy::start(0, "127.0.0.1:4566").await;
-    // One process's S3 (its breaker shared by processor and controller); the queues direct.
-    let via = Aws::local(&proxy.endpoint()).await.with_policy(short_calls());
-    let store = via.store(&s.names.bucket);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let n = &s.names;
-    let processor = tokio::spawn(processor::run(
-        fast_processor(),
-        processor::Deps {
-            work: s.work.clone(),
-            work_dlq: Some(s.work_dlq.clone()),
-            results: s.results.clone(),
-            store: store.clone(),
-            triggers: n.subscribe(vec![fleet_io::trigger::work_key(s.work.name())], &stop),
-            publish: n.trigger_bus(),
-        },
-        stop.clone(),
-    ));
-    let controller = tokio::spawn(controller::run(
-        controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() },
-        controller::Deps {
-            results: s.results.clone(),
-            work_dlq: s.work_dlq.clone(),
-            results_dlq: s.results_dlq.clone(),
-            store: store.clone(),
-            triggers: n.subscribe([s.results.name(), s.work_dlq.name(), s.results_dlq.name()].map(fleet_io::trigger::work_key).to_vec(), &stop),
-            publish: n.trigger_bus(),
-        },
-        stop.clone(),
-    ));
-    let agent = s.start_agent();
-    let dir = tempfile::tempdir().unwrap();
-    let files = vec![generated(dir.path(), "s3-outage.csv", 60_000, 500, 21)];
-    let job = s.submit(&files, 500).await;
-    mid_job(&s, &job).await;
-
-    proxy.freeze();
-    let frozen_at = Instant::now();
-    let mut opened_after = None;
-    while frozen_at.elapsed() < outage {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        if opened_after.is_none() && via.breakers.s3.is_open() {
-            opened_after = Some(frozen_at.elapsed());
-        }
-        assert_eq!(dead_letters(&s).await, (0, 0), "dead letters during the outage at {:?}", frozen_at.elapsed());
-        assert!(!processor.is_finished() && !controller.is_finished(), "a service stopped during the outage");
-    }
-    let state = via.breakers.s3.state();
-    proxy.thaw();
-    let opened_after = opened_after.expect("S3's breaker never opened");
-    eprintln!("S3 hung {} s; breaker open after {:.1} s, {} probes", outage.as_secs(), opened_after.as_secs_f64(), state.probes);
-    assert!(state.open, "{state:?}");
-
-    let report = s.wait_report(&job, Duration::from_secs(180)).await;
-    eprintln!("report {:.1} s after the thaw", frozen_at.elapsed().as_secs_f64() - outage.as_secs_f64());
-    assert!(!via.breakers.s3.is_open(), "the breaker closed again");
-    assert_consistent(&report);
-    assert_eq!(report.status, fleet_domain::model::JobStatus::Complete, "{:?}", report.failed_chunks);
-    assert_eq!(report_accounts(&report), expected_accounts(&files), "exact totals after the outage");
-    assert_eq!(dead_letters(&s).await, (0, 0), "nothing dead-lettered");
-    stop.cancel();
-    processor.await.unwrap().unwrap();
-    controller.await.unwrap().unwrap();
-    agent.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqs_hung_for_three_minutes_mid_job_pauses_and_the_job_completes_exact() {
-    if !crate::support::stack_running() {
-        return;
-    }
-    let Some(s) = crate::support::stack(QueueSettings { max_receive_count: 3, visibility_timeout: Duration::from_secs(10) }).await else { return };
-    let proxy = Proxy::start(0, "127.0.0.1:4566").await;
-    // The services' queues through the proxy; S3 direct.
-    let via = Aws::local(&proxy.endpoint()).await.with_policy(short_calls());
-    let n = &s.names;
+    let settings = QueueSettings { max_receive_count: o.max_receive_count, visibility_timeout: Duration::from_secs(10) };
+    let Some(mut s) = crate::support::stack(settings).await else { return };
+    let aws_proxy = Proxy::start(0, "127.0.0.1:4566").await;
+    let amqp_proxy = Proxy::start(0, "127.0.0.1:5672").await;
+    s.names.amqp_url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", amqp_proxy.port);
+    // Short calls, so that maxReceiveCount x (back-off + deadline) is far shorter than the outage.
+    let calls = CallPolicy { attempt_timeout: Duration::from_secs(3), deadline: Duration::from_secs(8), ..CallPolicy::default() };
+    let via = Aws::local(&aws_proxy.endpoint()).await.with_policy(calls);
+    let direct = Aws::local(LOCALSTACK).await.with_policy(calls);
+    let (sqs, s3) = (if o.sqs { &via } else { &direct }, if o.s3 { &via } else { &direct });
+    let n = s.names.clone();
     let (work, work_dlq, results, results_dlq) =
-        (via.queue(&n.work_queue).await.unwrap(), via.queue(&n.work_dlq()).await.unwrap(), via.queue(&n.results_queue).await.unwrap(), via.queue(&n.results_dlq()).await.unwrap());
+        (sqs.queue(&n.work_queue).await.unwrap(), sqs.queue(&n.work_dlq()).await.unwrap(), sqs.queue(&n.results_queue).await.unwrap(), sqs.queue(&n.results_dlq()).await.unwrap());
+    let store = s3.store(&n.bucket);
     let stop = tokio_util::sync::CancellationToken::new();
     let processor = tokio::spawn(processor::run(
         fast_processor(),
@@ -135,7 +76,7 @@ async fn sqs_hung_for_three_minutes_mid_job_pauses_and_the_job_completes_exact()
             work: work.clone(),
             work_dlq: Some(work_dlq.clone()),
             results: results.clone(),
-            store: s.store.clone(),
+            store: store.clone(),
             triggers: n.subscribe(vec![fleet_io::trigger::work_key(work.name())], &stop),
             publish: n.trigger_bus(),
         },
@@ -147,34 +88,76 @@ async fn sqs_hung_for_three_minutes_mid_job_pauses_and_the_job_completes_exact()
             results: results.clone(),
             work_dlq: work_dlq.clone(),
             results_dlq: results_dlq.clone(),
-            store: s.store.clone(),
+            store: store.clone(),
             triggers: n.subscribe([results.name(), work_dlq.name(), results_dlq.name()].map(fleet_io::trigger::work_key).to_vec(), &stop),
             publish: n.trigger_bus(),
         },
         stop.clone(),
     ));
+    let agent = s.start_agent();
     let dir = tempfile::tempdir().unwrap();
-    let files = vec![generated(dir.path(), "sqs-outage.csv", 60_000, 500, 22)];
+    let files = vec![generated(dir.path(), &format!("{}.csv", o.name), 60_000, 500, 21)];
     let job = s.submit(&files, 500).await;
     mid_job(&s, &job).await;
 
-    proxy.freeze();
-    let frozen_at = Instant::now();
-    let mut opened = false;
-    while frozen_at.elapsed() < Duration::from_secs(180) {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        opened |= via.breakers.sqs.is_open();
-        assert!(!processor.is_finished() && !controller.is_finished(), "a service stopped during the outage");
+    if o.s3 || o.sqs {
+        aws_proxy.freeze();
     }
-    proxy.thaw();
-    assert!(opened, "SQS's breaker never opened");
+    if o.rabbitmq {
+        amqp_proxy.cut();
+    }
+    let down_at = Instant::now();
+    let (mut s3_opened, mut sqs_opened) = (false, false);
+    while down_at.elapsed() < o.length {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        s3_opened |= via.breakers.s3.is_open();
+        sqs_opened |= via.breakers.sqs.is_open();
+        let (w, r) = dead_letters(&s).await;
+        assert_eq!(w, 0, "[{}] a work item was dead-lettered during the outage, at {:?}", o.name, down_at.elapsed());
+        if !o.sqs {
+            // (With SQS down, a result the controller had in hand may come back more often.)
+            assert_eq!(r, 0, "[{}] a result was dead-lettered during the outage, at {:?}", o.name, down_at.elapsed());
+        }
+        assert!(!processor.is_finished() && !controller.is_finished() && !agent.handle.is_finished(), "[{}] a service stopped during the outage", o.name);
+    }
+    let probes = (via.breakers.s3.state().probes, via.breakers.sqs.state().probes);
+    aws_proxy.thaw();
+    let _amqp_back = if o.rabbitmq { Some(Proxy::start(amqp_proxy.port, "127.0.0.1:5672").await) } else { None };
+    assert_eq!((s3_opened, sqs_opened), (o.s3, o.sqs), "[{}] the breakers that opened (S3, SQS)", o.name);
+
     let report = s.wait_report(&job, Duration::from_secs(180)).await;
-    eprintln!("SQS hung 180 s; report {:.1} s after the thaw", frozen_at.elapsed().as_secs_f64() - 180.0);
+    eprintln!(
+        "[{}] down {} s (S3 {}, SQS {}, RabbitMQ {}); breaker probes (S3, SQS) {probes:?}; report {:.1} s after it came back",
+        o.name,
+        o.length.as_secs(),
+        o.s3,
+        o.sqs,
+        o.rabbitmq,
+        down_at.elapsed().as_secs_f64() - o.length.as_secs_f64()
+    );
+    assert!(!via.breakers.s3.is_open() && !via.breakers.sqs.is_open(), "[{}] the breakers closed again", o.name);
     assert_consistent(&report);
-    assert_eq!(report.status, fleet_domain::model::JobStatus::Complete, "{:?}", report.failed_chunks);
-    assert_eq!(report_accounts(&report), expected_accounts(&files), "exact totals after the outage");
-    assert_eq!(dead_letters(&s).await.0, 0, "no work item dead-lettered");
+    assert_eq!(report.status, fleet_domain::model::JobStatus::Complete, "[{}] {:?}", o.name, report.failed_chunks);
+    assert_eq!(report_accounts(&report), expected_accounts(&files), "[{}] exact totals after the outage", o.name);
+    assert_eq!(dead_letters(&s).await.0, 0, "[{}] no work item dead-lettered", o.name);
     stop.cancel();
     processor.await.unwrap().unwrap();
     controller.await.unwrap().unwrap();
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s3_hung_for_ten_minutes_mid_job_pauses_and_the_job_completes_exact() {
+    let length = Duration::from_secs(outage_secs());
+    run(Outage { name: "s3-hung", s3: true, sqs: false, rabbitmq: false, length, max_receive_count: 2 }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqs_hung_for_three_minutes_mid_job_pauses_and_the_job_completes_exact() {
+    run(Outage { name: "sqs-hung", s3: false, sqs: true, rabbitmq: false, length: Duration::from_secs(180), max_receive_count: 3 }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_and_s3_down_together_mid_job_the_job_completes_exact() {
+    run(Outage { name: "rabbitmq-and-s3", s3: true, sqs: false, rabbitmq: true, length: Duration::from_secs(180), max_receive_count: 2 }).await;
 }
