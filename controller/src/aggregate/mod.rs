@@ -160,6 +160,9 @@ pub struct Aggregator {
     /// Jobs whose S3 calls just failed (store unreachable or hung), until when: their messages are
     /// left for redelivery at once instead of each batch waiting out another call deadline.
     failing: Mutex<HashMap<String, Instant>>,
+    /// When this aggregator started: no job's idle time counts from before it (a controller that was
+    /// down longer than `abandon_after` reads its queues before it abandons anything).
+    started: Instant,
 }
 
 /// How long a job's messages are turned back without a try after its S3 calls failed.
@@ -202,6 +205,7 @@ impl Aggregator {
             pending: Arc::default(),
             stats: CheckpointStats::default(),
             failing: Mutex::default(),
+            started: Instant::now(),
         }
     }
 

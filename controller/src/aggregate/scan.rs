@@ -1,6 +1,7 @@
 //! The dormant and expiry scan: open jobs are found by their `open/{job}` markers at start and every
 //! `abandon_after` (one HEAD each, remembered dormant until due), and a job without news for
-//! `abandon_after` is finished as `abandoned`.
+//! `abandon_after` is finished as `abandoned`; news since the controller started, at the earliest, so
+//! that a controller that was down does not abandon a job whose seal waits on its queue.
 
 use super::*;
 
@@ -96,7 +97,10 @@ impl Aggregator {
                 continue;
             }
             let age = progress.map_or(Duration::ZERO, |p| p.age());
-            lock(&self.dormant).entry(job_id.to_string()).or_insert_with(|| Instant::now().checked_sub(age).unwrap_or_else(Instant::now));
+            // Its news may be waiting on the queue since before this controller started (it was down):
+            // its idle time counts from the start at the earliest.
+            let since = Instant::now().checked_sub(age).unwrap_or_else(Instant::now).max(self.started);
+            lock(&self.dormant).entry(job_id.to_string()).or_insert(since);
         }
         Ok(open)
     }

@@ -212,6 +212,37 @@ async fn a_correction_survives_a_restart() {
 }
 
 #[tokio::test]
+async fn a_controller_down_longer_than_abandon_after_reads_the_waiting_seal_first() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("j11", &[2, 3])).await;
+    let after = Duration::from_millis(800);
+    let first = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
+    first.apply(Source::Results, keep(Source::Results, &[result("j11", 0, vec![acct("a", 2, 200, 20)])])).await;
+    first.flush().await;
+    drop(first);
+    // Down for longer than `after`; meanwhile the seal and the last result reach the queue.
+    tokio::time::sleep(after * 2).await;
+    let second = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
+    // Its first expiry tick comes before it has read the queue: nothing is abandoned.
+    assert!(second.expire(after).await.is_empty());
+    assert!(report_of(&store, "j11").await.is_none(), "abandoned at start, before its seal on the queue was read");
+    second.apply(Source::Results, keep(Source::Results, &[sealed("j11", 2), result("j11", 1, vec![acct("b", 3, 300, 30)])])).await;
+    let r = report_of(&store, "j11").await.expect("finished");
+    assert_eq!((r.status, r.transactions.processed), (JobStatus::Complete, 5));
+    // A job that really gets no news is still abandoned, one `after` past the start.
+    put_manifest(&store, &manifest("j12", &[1, 1])).await;
+    let third = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
+    third.apply(Source::Results, keep(Source::Results, &[result("j12", 0, vec![acct("a", 1, 100, 10)])])).await;
+    third.flush().await;
+    drop(third);
+    let fourth = Aggregator::with_owner(store.clone(), "c1".into(), LEASE);
+    tokio::time::sleep(after + Duration::from_millis(200)).await;
+    fourth.expire(after).await;
+    fourth.expire(after).await;
+    assert_eq!(report_of(&store, "j12").await.expect("abandoned").status, JobStatus::Abandoned);
+}
+
+#[tokio::test]
 async fn missing_manifest_keeps_messages_for_redelivery() {
     let store = MemoryStore::new();
     let agg = Aggregator::new(store.clone());
