@@ -311,3 +311,73 @@ async fn large_job_checkpoints_in_parts_and_a_restart_restores_them() {
     c.stop().await;
     assert!(st.store.list(&checkpoint_parts_prefix(&s.job_id), 100).await.unwrap().is_empty(), "no part outlives the job");
 }
+
+/// An oracle that shares no code with `billing`: twelve rows whose fees were worked out by hand
+/// (0.30 + 2.9% per charge, refunds free, rounded to cents half away from zero), billed through the
+/// fleet on the real stack in chunks of 3 and by `initiator local`; every figure is a literal.
+///
+/// | account | amount | fee | by hand |
+/// |---|---|---|---|
+/// | A | 10.00 EUR | 0.59 | 0.30 + 0.29 |
+/// | A | 0.50 EUR | 0.31 | 0.30 + 0.0145 = 0.3145 |
+/// | A | 12.50 EUR | 0.66 | 0.30 + 0.3625 = 0.6625 |
+/// | A | -5.00 EUR | 0.00 | refund |
+/// | B | 1.50 EUR | 0.34 | 0.30 + 0.0435 = 0.3435 |
+/// | B | 0.05 EUR | 0.30 | 0.30 + 0.00145 |
+/// | B | 100.00 USD | 3.20 | 0.30 + 2.90 |
+/// | B | 0.25 USD | 0.31 | 0.30 + 0.00725 = 0.30725 |
+/// | C | 17.24 EUR | 0.80 | 0.30 + 0.49996 = 0.79996 |
+/// | C | 8.62 EUR | 0.55 | 0.30 + 0.24998 = 0.54998 |
+/// | D | 5.00 EUR | 0.45 | 0.30 + 0.145 = 0.445: half away from zero (half to even: 0.44) |
+/// | D | 25.00 EUR | 1.03 | 0.30 + 0.725 = 1.025: half away from zero (half to even: 1.02) |
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_oracle_computed_by_hand_agrees_with_the_fleet_and_initiator_local() {
+    const CSV: &str = "txn_id,account_id,amount,currency,timestamp\n\
+        o1,A,10.00,EUR,2026-11-24T08:00:00Z\n\
+        o2,A,0.50,EUR,2026-11-24T08:00:01Z\n\
+        o3,A,12.50,EUR,2026-11-24T08:00:02Z\n\
+        o4,A,-5.00,EUR,2026-11-24T08:00:03Z\n\
+        o5,B,1.50,EUR,2026-11-24T08:00:04Z\n\
+        o6,B,0.05,EUR,2026-11-24T08:00:05Z\n\
+        o7,B,100.00,USD,2026-11-24T08:00:06Z\n\
+        o8,B,0.25,USD,2026-11-24T08:00:07Z\n\
+        o9,C,17.24,EUR,2026-11-24T08:00:08Z\n\
+        o10,C,8.62,EUR,2026-11-24T08:00:09Z\n\
+        o11,D,5.00,EUR,2026-11-24T08:00:10Z\n\
+        o12,D,25.00,EUR,2026-11-24T08:00:11Z\n";
+    // (account, currency, count, gross, fees, net), by hand.
+    let accounts = [
+        ("A", "EUR", 4, "18.00", "1.56", "16.44"),
+        ("B", "EUR", 2, "1.55", "0.64", "0.91"),
+        ("B", "USD", 2, "100.25", "3.51", "96.74"),
+        ("C", "EUR", 2, "25.86", "1.35", "24.51"),
+        ("D", "EUR", 2, "30.00", "1.48", "28.52"),
+    ];
+    let totals = [("EUR", 10, "75.41", "5.03", "70.38"), ("USD", 2, "100.25", "3.51", "96.74")];
+    let check = |r: &fleet_domain::report::Report, how: &str| {
+        let got: Vec<(&str, &str, u64, &str, &str, &str)> =
+            r.accounts.iter().map(|a| (a.account_id.as_str(), a.currency.as_str(), a.count, a.gross.as_str(), a.fees.as_str(), a.net.as_str())).collect();
+        assert_eq!(got, accounts, "{how}: accounts");
+        let got: Vec<(&str, u64, &str, &str, &str)> = r.totals.iter().map(|t| (t.currency.as_str(), t.count, t.gross.as_str(), t.fees.as_str(), t.net.as_str())).collect();
+        assert_eq!(got, totals, "{how}: totals");
+        assert_eq!((r.transactions.processed, r.transactions.failed, r.transactions.rejected), (12, 0, 0), "{how}");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "oracle.csv", CSV);
+    let out = std::process::Command::new(bin("initiator")).arg("local").arg(&file).arg("--json").output().unwrap();
+    assert!(out.status.success(), "initiator local: {}", String::from_utf8_lossy(&out.stderr));
+    check(&serde_json::from_slice(&out.stdout).unwrap(), "initiator local");
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
+    let p = st.start_processor(fast_processor());
+    let c = st.start_controller();
+    let s = st.submit(&[file], 3).await;
+    assert_eq!(s.total_chunks, 4);
+    let r = st.wait_report(&s, T).await;
+    assert_eq!(r.status, JobStatus::Complete);
+    check(&r, "the fleet");
+    p.stop().await;
+    c.stop().await;
+}
