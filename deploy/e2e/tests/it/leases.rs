@@ -4,37 +4,11 @@
 //! SIGKILL mid-job; the survivor takes the job over when the lease expires and the totals are exact.
 
 use crate::support::Fleet as _;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::provision::QueueSettings;
-
-fn controller(st: &crate::support::Stack, id: &str) -> Child {
-    let n = &st.names;
-    let mut cmd = Command::new(crate::support::bin("controller"));
-    cmd.env("FLEET_BUCKET", &n.bucket)
-        .env("FLEET_WORK_QUEUE", &n.work_queue)
-        .env("FLEET_WORK_DLQ", n.work_dlq())
-        .env("FLEET_RESULTS_QUEUE", &n.results_queue)
-        .env("FLEET_TRIGGER_EXCHANGE", &n.trigger_exchange)
-        .env("AMQP_URL", &n.amqp_url)
-        .env("CONTROLLER_ID", id)
-        .env("CONTROLLER_LEASE_SECS", "5")
-        .env("LISTENER_RECEIVE_WAIT_SECS", "1")
-        .env("LISTENER_MAX_IDLE_MS", "1000")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        cmd.env("AWS_ENDPOINT_URL", crate::support::LOCALSTACK)
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", "us-east-1");
-    }
-    cmd.spawn().expect("start the controller binary")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditional_writes_on_localstack() {
@@ -59,8 +33,8 @@ async fn two_controllers_one_killed_mid_job_the_other_takes_over_exact() {
         return;
     }
     let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 10, visibility_timeout: Duration::from_secs(5) }).await else { return };
-    let mut a = controller(&st, "ctl-a");
-    let mut b = controller(&st, "ctl-b");
+    let mut a = crate::support::controller_process(&st, "ctl-a");
+    let mut b = crate::support::controller_process(&st, "ctl-b");
     let p = st.start_processor(crate::support::fast_processor());
     let dir = tempfile::tempdir().unwrap();
     let files = vec![crate::support::generated(dir.path(), "shared.csv", 150_000, 700, 17)];

@@ -234,11 +234,28 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
     }
     agg.flush().await;
     drop(agg);
-    // A second controller is killed hard while it works.
-    let c1 = st.start_controller();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    c1.handle.abort();
-    // The last one finishes the job.
+    // A second controller, a process of its own, is killed (SIGKILL) while it works: once it holds
+    // results it has received and not deleted.
+    // (The first one's undeleted results are visible again first: in flight, they would look like
+    // the second one's.)
+    let t = std::time::Instant::now();
+    while st.results.depth().await.unwrap().in_flight > 0 {
+        assert!(t.elapsed() < T, "the first controller's results never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut c1 = controller_process(&st, TEST_CONTROLLER);
+    let t = std::time::Instant::now();
+    while st.results.depth().await.unwrap().in_flight == 0 {
+        assert!(t.elapsed() < T, "the controller process never received a result");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c1.kill().unwrap();
+    let status = c1.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "killed by SIGKILL: {status:?}");
+    // The last one finishes the job: the results the killed one held come back after their
+    // visibility timeout, which nobody announces; the scaling agent sees the queue turn non-empty and
+    // wakes it (a fleet without the agent waits for the park poll).
+    let agent = st.start_agent();
     let c2 = st.start_controller();
     let r = st.wait_report(&s, T).await;
     assert_eq!(r.status, JobStatus::Complete);
@@ -246,6 +263,7 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
     assert_eq!(r.transactions.processed, 6_000);
     assert_eq!(report_accounts(&r), expected_accounts(&[f]));
     c2.stop().await;
+    agent.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
