@@ -94,7 +94,8 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
                 }
             }
         }
-        bump(&inner.stats.processed, (handed - held.len()).saturating_sub(given_back.len()) as u64);
+        // A handler may give back deliveries of earlier batches (kept ones it completes now).
+        bump(&inner.stats.processed, handed.saturating_sub(held.len() + given_back.len()) as u64);
         for (m, outcome) in given_back {
             complete(&inner, m, outcome).await;
         }
@@ -103,10 +104,13 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
         }
         let open = any_open(&inner.breakers);
         unopened = if open { 0 } else { unopened + 1 };
-        let reasons: Vec<String> = held.iter().filter_map(|(_, o)| if let Outcome::Unavailable(r) = o { Some(r.clone()) } else { None }).collect();
+        let reason = match &held[0].1 {
+            Outcome::Unavailable(r) => r.clone(),
+            _ => String::new(),
+        };
         if unopened > HELD_WITHOUT_OUTAGE {
             // The dependency answers everyone else: this one's failures are its own.
-            tracing::warn!(queue = inner.queue.name(), held = held.len(), reason = %reasons[0], "a dependency keeps failing for these messages only: treated as failures");
+            tracing::warn!(queue = inner.queue.name(), held = held.len(), %reason, "a dependency keeps failing for these messages only: treated as failures");
             for (m, o) in held {
                 let Outcome::Unavailable(reason) = o else { continue };
                 complete(&inner, m, Outcome::Failed(reason)).await;
@@ -116,7 +120,7 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
         msgs = held.into_iter().map(|(m, _)| m).collect();
         bump(&inner.stats.held, msgs.len() as u64);
         tracing::info!(
-            queue = inner.queue.name(), held = msgs.len(), dependency_down = open, reason = %reasons[0],
+            queue = inner.queue.name(), held = msgs.len(), dependency_down = open, %reason,
             "a dependency failed: holding the messages (visibility kept, receive count unspent) until it answers"
         );
         let wait = async {

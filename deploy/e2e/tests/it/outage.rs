@@ -70,30 +70,8 @@ async fn run(o: Outage) {
         (sqs.queue(&n.work_queue).await.unwrap(), sqs.queue(&n.work_dlq()).await.unwrap(), sqs.queue(&n.results_queue).await.unwrap(), sqs.queue(&n.results_dlq()).await.unwrap());
     let store = s3.store(&n.bucket);
     let stop = tokio_util::sync::CancellationToken::new();
-    let processor = tokio::spawn(processor::run(
-        fast_processor(),
-        processor::Deps {
-            work: work.clone(),
-            work_dlq: Some(work_dlq.clone()),
-            results: results.clone(),
-            store: store.clone(),
-            triggers: n.subscribe(vec![fleet_io::trigger::work_key(work.name())], &stop),
-            publish: n.trigger_bus(),
-        },
-        stop.clone(),
-    ));
-    let controller = tokio::spawn(controller::run(
-        controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() },
-        controller::Deps {
-            results: results.clone(),
-            work_dlq: work_dlq.clone(),
-            results_dlq: results_dlq.clone(),
-            store: store.clone(),
-            triggers: n.subscribe([results.name(), work_dlq.name(), results_dlq.name()].map(fleet_io::trigger::work_key).to_vec(), &stop),
-            publish: n.trigger_bus(),
-        },
-        stop.clone(),
-    ));
+    let queues = Queues { work: work.clone(), work_dlq, results, results_dlq, store };
+    let (processor, controller) = start_processor_and_controller(&n, &queues, &stop);
     let agent = s.start_agent();
     let dir = tempfile::tempdir().unwrap();
     let files = vec![generated(dir.path(), &format!("{}.csv", o.name), 60_000, 500, 21)];

@@ -51,30 +51,8 @@ async fn the_whole_stack_frozen_for_10_s_mid_job_totals_exact_services_alive() {
     );
     let store = via.store(&n.bucket);
     let stop = tokio_util::sync::CancellationToken::new();
-    let processor = tokio::spawn(processor::run(
-        fast_processor(),
-        processor::Deps {
-            work: work.clone(),
-            work_dlq: Some(work_dlq.clone()),
-            results: results.clone(),
-            store: store.clone(),
-            triggers: n.subscribe(vec![fleet_io::trigger::work_key(work.name())], &stop),
-            publish: n.trigger_bus(),
-        },
-        stop.clone(),
-    ));
-    let controller = tokio::spawn(controller::run(
-        controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() },
-        controller::Deps {
-            results: results.clone(),
-            work_dlq: work_dlq.clone(),
-            results_dlq: results_dlq.clone(),
-            store: store.clone(),
-            triggers: n.subscribe([results.name(), work_dlq.name(), results_dlq.name()].map(fleet_io::trigger::work_key).to_vec(), &stop),
-            publish: n.trigger_bus(),
-        },
-        stop.clone(),
-    ));
+    let queues = Queues { work: work.clone(), work_dlq: work_dlq.clone(), results: results.clone(), results_dlq: results_dlq.clone(), store: store.clone() };
+    let (processor, controller) = start_processor_and_controller(n, &queues, &stop);
     let agent = tokio::spawn(scaling_agent::run(
         scaling_agent::Settings::quick(),
         scaling_agent::Deps {

@@ -141,6 +141,49 @@ pub fn controller_process(st: &Stack, id: &str) -> std::process::Child {
     cmd.spawn().expect("start the controller binary")
 }
 
+/// The queues and store a process of the fleet talks to (e.g. through a test's proxies).
+pub struct Queues {
+    pub work: Arc<dyn Queue>,
+    pub work_dlq: Arc<dyn Queue>,
+    pub results: Arc<dyn Queue>,
+    pub results_dlq: Arc<dyn Queue>,
+    pub store: Arc<dyn fleet_io::blob::BlobStore>,
+}
+
+/// A processor (fast settings) and a controller on `q`, following and publishing triggers on the
+/// bus `names` says, until `stop`.
+pub fn start_processor_and_controller(
+    names: &fleet_io::config::FleetArgs,
+    q: &Queues,
+    stop: &CancellationToken,
+) -> (JoinHandle<fleet_io::Result<()>>, JoinHandle<fleet_io::Result<()>>) {
+    let processor = tokio::spawn(processor::run(
+        fast_processor(),
+        processor::Deps {
+            work: q.work.clone(),
+            work_dlq: Some(q.work_dlq.clone()),
+            results: q.results.clone(),
+            store: q.store.clone(),
+            triggers: names.subscribe(vec![fleet_io::trigger::work_key(q.work.name())], stop),
+            publish: names.trigger_bus(),
+        },
+        stop.clone(),
+    ));
+    let controller = tokio::spawn(controller::run(
+        controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() },
+        controller::Deps {
+            results: q.results.clone(),
+            work_dlq: q.work_dlq.clone(),
+            results_dlq: q.results_dlq.clone(),
+            store: q.store.clone(),
+            triggers: names.subscribe([q.results.name(), q.work_dlq.name(), q.results_dlq.name()].map(fleet_io::trigger::work_key).to_vec(), stop),
+            publish: names.trigger_bus(),
+        },
+        stop.clone(),
+    ));
+    (processor, controller)
+}
+
 /// Fast processor settings for tests.
 pub fn fast_processor() -> processor::Settings {
     processor::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() }
