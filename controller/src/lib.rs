@@ -73,6 +73,14 @@ fn complete(kept: Vec<Kept>) {
     }
 }
 
+/// Completes what applying held messages again gave back: deletes, and hand-backs to the job's owner.
+fn settle(applied: aggregate::Applied) {
+    complete(applied.delete);
+    for k in applied.release {
+        k.release(HAND_BACK);
+    }
+}
+
 struct ResultsHandler {
     source: Source,
     agg: Arc<Aggregator>,
@@ -94,6 +102,10 @@ impl Handler for ResultsHandler {
 
     fn dependencies(&self) -> Vec<Arc<fleet_io::breaker::Breaker>> {
         self.store_breaker.iter().cloned().collect()
+    }
+
+    fn holding(&self) -> usize {
+        self.agg.held(Some(self.source))
     }
 
     async fn handle(&self, msgs: Vec<Delivery>, done: &Completions) -> Vec<(Delivery, Outcome)> {
@@ -158,6 +170,33 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
                         complete(agg.flush_idle().await);
                         agg.renew_leases().await;
                     }
+                }
+            }
+        });
+    }
+    {
+        // Results held through a store outage: their visibility kept (on its own timer: a retry may
+        // wait out several call deadlines), applied again when it answers.
+        let (agg, stop) = (agg.clone(), shutdown.clone());
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => settle(agg.retry_held().await),
+                }
+            }
+        });
+    }
+    {
+        let (agg, stop) = (agg.clone(), shutdown.clone());
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => agg.extend_held(),
                 }
             }
         });

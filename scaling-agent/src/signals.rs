@@ -92,12 +92,8 @@ impl Tracker {
 
     /// The dependencies instances reporting now are paused for (sorted, each once).
     pub fn paused_for(&self, now: Instant) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .instances
-            .values()
-            .filter(|s| now.saturating_duration_since(s.at) < REPORT_STALE)
-            .flat_map(|s| s.report.paused_for.iter().cloned())
-            .collect();
+        let mut v: Vec<String> =
+            self.instances.values().filter(|s| now.saturating_duration_since(s.at) < REPORT_STALE).flat_map(|s| s.report.paused_for.iter().cloned()).collect();
         v.sort();
         v.dedup();
         v

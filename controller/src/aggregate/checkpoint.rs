@@ -9,7 +9,7 @@ use super::*;
 impl Aggregator {
     /// Checkpoints every job with pending messages (concurrently) and returns those messages for
     /// deletion. A job whose checkpoint fails is dropped from memory (reloaded from its last
-    /// checkpoint later); its messages are not returned, so they come back.
+    /// checkpoint later); its messages are not returned: held (see `hold`), or they come back.
     pub async fn flush(&self) -> Vec<Kept> {
         self.flush_jobs(true).await
     }
@@ -46,7 +46,7 @@ impl Aggregator {
         let job = held.as_mut().expect("the job is in memory");
         let mut ctl = RequestCounts::default();
         ctl.add("s3.PutObject", 1);
-        ctl.add("sqs.DeleteMessageBatch", delete_calls(&job.pending.list));
+        ctl.add("sqs.DeleteMessageBatch", delete_calls(job.pending.iter()));
         job.cp.requests.merge(&ctl);
         let marked = if job.marked_open {
             Ok(())
@@ -71,11 +71,11 @@ impl Aggregator {
                 Vec::new()
             }
             Err(e) => {
-                tracing::warn!(job = %job_id, error = %e, "checkpoint failed; its messages will be redelivered");
+                tracing::warn!(job = %job_id, error = %e, "checkpoint failed; its messages are held when the store may answer later, else redelivered");
                 if e.is_retryable() {
                     lock(&self.failing).insert(job_id.to_string(), Instant::now() + FAILING_FOR);
                 }
-                *held = None;
+                self.drop_job(held, Vec::new(), &e);
                 Vec::new()
             }
         }

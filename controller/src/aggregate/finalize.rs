@@ -22,7 +22,7 @@ impl Aggregator {
         done.add("s3.GetObject", 1); // the manifest
         done.add("s3.PutObject", 3); // report, accounts.csv, checkpoint
         done.add("s3.DeleteObject", 1); // the open marker
-        done.add("sqs.DeleteMessageBatch", delete_calls(&job.pending.list));
+        done.add("sqs.DeleteMessageBatch", delete_calls(job.pending.iter()));
         if !job.cp.parts.is_empty() {
             done.add("s3.ListObjectsV2", 1);
         }

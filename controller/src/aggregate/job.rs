@@ -51,8 +51,8 @@ pub(super) struct Job {
 /// Deliveries applied in memory and waiting for a checkpoint, counted for the whole aggregator (also
 /// when a job is dropped with them: they come back after their visibility timeout).
 pub(super) struct Pending {
-    pub(super) list: Vec<Kept>,
-    pub(super) count: Arc<AtomicUsize>,
+    list: Vec<(Source, Kept)>,
+    count: Arc<AtomicUsize>,
 }
 
 impl Pending {
@@ -60,14 +60,24 @@ impl Pending {
         Pending { list: Vec::new(), count }
     }
 
-    pub(super) fn extend(&mut self, kept: Vec<Kept>) {
+    pub(super) fn extend(&mut self, kept: Vec<(Source, Kept)>) {
         self.count.fetch_add(kept.len(), Ordering::Relaxed);
         self.list.extend(kept);
     }
 
+    /// The messages, for their completion.
     pub(super) fn take(&mut self) -> Vec<Kept> {
+        self.take_all().into_iter().map(|(_, k)| k).collect()
+    }
+
+    /// The messages with the queue each came from (to apply them again).
+    pub(super) fn take_all(&mut self) -> Vec<(Source, Kept)> {
         self.count.fetch_sub(self.list.len(), Ordering::Relaxed);
         std::mem::take(&mut self.list)
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Kept> {
+        self.list.iter().map(|(_, k)| k)
     }
 
     pub(super) fn len(&self) -> usize {

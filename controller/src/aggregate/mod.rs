@@ -42,11 +42,13 @@ use crate::lease::{Acquired, Held, Leases};
 
 mod checkpoint;
 mod finalize;
+mod hold;
 mod job;
 mod scan;
 mod take;
 
 use checkpoint::*;
+use hold::Hold;
 use job::*;
 
 /// Largest decompressed checkpoint, result payload or manifest accepted.
@@ -61,7 +63,7 @@ pub const DEAD_LETTER_REASON: &str = "work item reached the dead-letter queue: p
 const MAX_OPEN_JOBS: usize = 100_000;
 
 /// Which queue a batch came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Source {
     /// Chunk results from processors, seals and abandons from initiators.
     Results,
@@ -160,9 +162,12 @@ pub struct Aggregator {
     /// Jobs whose S3 calls just failed (store unreachable or hung), until when: their messages are
     /// left for redelivery at once instead of each batch waiting out another call deadline.
     failing: Mutex<HashMap<String, Instant>>,
-    /// When this aggregator started: no job's idle time counts from before it (a controller that was
-    /// down longer than `abandon_after` reads its queues before it abandons anything).
-    started: Instant,
+    /// No job's idle time counts from before this: the aggregator's start (a controller that was down
+    /// longer than `abandon_after` reads its queues before it abandons anything), or the end of the
+    /// last store outage (results held through it are applied before anything is abandoned).
+    idle_floor: Mutex<Instant>,
+    /// Messages held through a store outage (see `hold`).
+    hold: Mutex<Hold>,
 }
 
 /// How long a job's messages are turned back without a try after its S3 calls failed.
@@ -205,7 +210,8 @@ impl Aggregator {
             pending: Arc::default(),
             stats: CheckpointStats::default(),
             failing: Mutex::default(),
-            started: Instant::now(),
+            idle_floor: Mutex::new(Instant::now()),
+            hold: Mutex::default(),
         }
     }
 
@@ -256,6 +262,7 @@ impl Aggregator {
                     let queue = self.queues.get(&source).map_or("unknown", String::as_str);
                     match fleet_io::quarantine::put(self.store.as_ref(), queue, &m, &e.to_string()).await {
                         Ok(_) => applied.delete.push(m),
+                        Err(qe) if qe.is_retryable() => self.hold(vec![(source, m)], &qe),
                         Err(qe) => tracing::warn!(queue, message_id = %m.id, error = %qe, "could not quarantine an unreadable message; it will be redelivered"),
                     }
                 }
@@ -268,7 +275,7 @@ impl Aggregator {
             } else {
                 futures::future::join_all(items.into_iter().map(|it| prepare(it, self.store.as_ref()))).await
             };
-            let step = self.apply_job(&job_id, items, kept).await;
+            let step = self.apply_job(&job_id, source, items, kept).await;
             (job_id, step)
         }))
         .await;
@@ -276,6 +283,8 @@ impl Aggregator {
             match step {
                 Ok(Step::Delete(deletable)) => applied.delete.extend(deletable),
                 Ok(Step::NotMine(kept)) => applied.release.extend(kept),
+                // Held (see `hold`) when the failure may pass.
+                Err(e) if e.is_retryable() => tracing::debug!(job = %job_id, error = %e, "could not apply results; held"),
                 Err(e) => tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered"),
             }
         }
@@ -284,13 +293,14 @@ impl Aggregator {
 
     /// Applies a job's items under its lock; returns the messages that may be deleted now (the job
     /// finished or was checkpointed, or they belong to a job finished before). On an error everything
-    /// applied since the last checkpoint is dropped with the job; those messages were not deleted and
-    /// come back.
-    async fn apply_job(&self, job_id: &str, items: Vec<Ready>, kept: Vec<Kept>) -> Result<Step> {
+    /// applied since the last checkpoint is dropped with the job; those messages were not deleted:
+    /// held, with this batch's, when the failure may pass, else they come back.
+    async fn apply_job(&self, job_id: &str, source: Source, items: Vec<Ready>, kept: Vec<Kept>) -> Result<Step> {
         if self.is_finished(job_id) {
             tracing::debug!(job = %job_id, n = kept.len(), "late duplicates of a finished job");
             return Ok(Step::Delete(kept));
         }
+        let mut kept: Vec<(Source, Kept)> = kept.into_iter().map(|k| (source, k)).collect();
         let slot = self.slot(job_id);
         let step = {
             let mut held = slot.lock().await;
@@ -299,14 +309,14 @@ impl Aggregator {
             let step = if held.is_none() && failing {
                 Err(Error::Timeout { service: fleet_io::error::Service::S3, operation: "(job state, failed just before)", after: FAILING_FOR, attempts: 0 })
             } else {
-                self.apply_locked(job_id, &mut held, items, kept).await
+                self.apply_locked(job_id, &mut held, items, &mut kept).await
             };
             match &step {
                 Err(e) => {
                     if e.is_retryable() && !failing {
                         lock(&self.failing).insert(job_id.to_string(), Instant::now() + FAILING_FOR);
                     }
-                    *held = None;
+                    self.drop_job(&mut held, std::mem::take(&mut kept), e);
                 }
                 Ok(_) if marked.is_some() => {
                     lock(&self.failing).remove(job_id);
@@ -320,7 +330,21 @@ impl Aggregator {
         step
     }
 
-    async fn apply_locked(&self, job_id: &str, held: &mut Option<Job>, items: Vec<Ready>, kept: Vec<Kept>) -> Result<Step> {
+    /// Drops a job from memory after a failure, with `also` (messages not applied to it yet): its
+    /// messages are held when the failure may pass (applied again to the job reloaded from its last
+    /// checkpoint), else left to come back after their visibility timeout.
+    fn drop_job(&self, held: &mut Option<Job>, mut also: Vec<(Source, Kept)>, e: &Error) {
+        if let Some(mut job) = held.take() {
+            also.extend(job.pending.take_all());
+        }
+        if e.is_retryable() {
+            self.hold(also, e);
+        }
+    }
+
+    /// Applies items to a job in memory (loaded first if it is not): the messages of `kept` are taken
+    /// by the job (or returned in the step); on an error, those not taken are left in it.
+    async fn apply_locked(&self, job_id: &str, held: &mut Option<Job>, items: Vec<Ready>, kept: &mut Vec<(Source, Kept)>) -> Result<Step> {
         let mut ctl = RequestCounts::default();
         ctl.add("sqs.ReceiveMessage", 1);
         // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
@@ -330,10 +354,10 @@ impl Aggregator {
         if held.is_none() {
             match self.take(job_id, &mut ctl).await? {
                 Taken::Open(job) => *held = Some(*job),
-                Taken::Finished => return Ok(Step::Delete(kept)),
+                Taken::Finished => return Ok(Step::Delete(unpaired(kept))),
                 Taken::Busy => {
                     tracing::debug!(job = %job_id, n = kept.len(), "job owned by another controller; messages handed back");
-                    return Ok(Step::NotMine(kept));
+                    return Ok(Step::NotMine(unpaired(kept)));
                 }
             }
         }
@@ -342,7 +366,7 @@ impl Aggregator {
         for item in items {
             apply_item(job, item, &mut ctl)?;
         }
-        job.pending.extend(kept);
+        job.pending.extend(std::mem::take(kept));
         job.cp.requests.merge(&ctl);
         if job.abandon.is_some() || job.cp.total_chunks == Some(job.cp.accounted.len() as u32) {
             return self.finish(job_id, held).await.map(Step::Delete);
@@ -377,8 +401,13 @@ impl Aggregator {
     }
 }
 
+/// The messages of `kept`, without their sources (taken: `kept` is left empty).
+fn unpaired(kept: &mut Vec<(Source, Kept)>) -> Vec<Kept> {
+    std::mem::take(kept).into_iter().map(|(_, k)| k).collect()
+}
+
 /// DeleteMessageBatch calls needed for these messages (per queue, ten at a time).
-fn delete_calls(kept: &[Kept]) -> u64 {
+fn delete_calls<'a>(kept: impl IntoIterator<Item = &'a Kept>) -> u64 {
     let mut per_queue: BTreeMap<&str, u64> = BTreeMap::new();
     for k in kept {
         *per_queue.entry(k.queue()).or_default() += 1;

@@ -1,7 +1,8 @@
 //! The dormant and expiry scan: open jobs are found by their `open/{job}` markers at start and every
 //! `abandon_after` (one HEAD each, remembered dormant until due), and a job without news for
-//! `abandon_after` is finished as `abandoned`; news since the controller started, at the earliest, so
-//! that a controller that was down does not abandon a job whose seal waits on its queue.
+//! `abandon_after` is finished as `abandoned`; news since the controller started, or since the store
+//! answered again after an outage, at the earliest, so that a controller that was down (or could not
+//! reach S3) does not abandon a job whose seal waits on its queue (or in its hold).
 
 use super::*;
 
@@ -10,6 +11,13 @@ impl Aggregator {
     /// known from its open marker only); returns the messages the reports cover, for deletion. Scans
     /// the open markers again when the last scan is `after` old.
     pub async fn expire(&self, after: Duration) -> Vec<Kept> {
+        // Nothing is abandoned while the store does not answer or results are held through its outage,
+        // and no job's idle time counts from before it answered again.
+        if self.store.breaker().is_some_and(|b| b.is_open()) || self.held(None) > 0 {
+            *lock(&self.idle_floor) = Instant::now();
+            return Vec::new();
+        }
+        let floor = *lock(&self.idle_floor);
         // At start (the first tick) and every `after`: jobs whose owner died and whose messages never
         // come back are found here.
         let scan = lock(&self.scanned).is_none_or(|t| t.elapsed() >= after);
@@ -21,7 +29,7 @@ impl Aggregator {
         }
         let now = Instant::now();
         let due: Vec<(String, Instant)> =
-            lock(&self.dormant).iter().filter(|(_, t)| now.saturating_duration_since(**t) >= after).map(|(k, t)| (k.clone(), *t)).collect();
+            lock(&self.dormant).iter().filter(|(_, t)| now.saturating_duration_since((**t).max(floor)) >= after).map(|(k, t)| (k.clone(), *t)).collect();
         for (job_id, since) in due {
             let mut ctl = RequestCounts::default();
             let slot = self.slot(&job_id);
@@ -54,7 +62,7 @@ impl Aggregator {
             // A job being worked on is not idle.
             let Ok(mut held) = slot.try_lock() else { continue };
             let Some(job) = held.as_mut() else { continue };
-            let idle = now.saturating_duration_since(job.last_activity);
+            let idle = now.saturating_duration_since(job.last_activity.max(floor));
             if job.cp.total_chunks.is_some() || idle < after {
                 continue;
             }
@@ -99,7 +107,7 @@ impl Aggregator {
             let age = progress.map_or(Duration::ZERO, |p| p.age());
             // Its news may be waiting on the queue since before this controller started (it was down):
             // its idle time counts from the start at the earliest.
-            let since = Instant::now().checked_sub(age).unwrap_or_else(Instant::now).max(self.started);
+            let since = Instant::now().checked_sub(age).unwrap_or_else(Instant::now).max(*lock(&self.idle_floor));
             lock(&self.dormant).entry(job_id.to_string()).or_insert(since);
         }
         Ok(open)

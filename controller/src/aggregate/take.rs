@@ -33,16 +33,25 @@ impl Aggregator {
     /// to the new owner) when the lease is lost, or could not be renewed and is no longer fresh.
     pub(super) async fn keep_lease(&self, job_id: &str, held: &mut Option<Job>) -> bool {
         let Some(job) = held.as_mut() else { return false };
-        let kept = match self.leases.renew(job_id, &mut job.lease).await {
-            Ok(renewed) => renewed,
+        let (kept, failed) = match self.leases.renew(job_id, &mut job.lease).await {
+            Ok(renewed) => (renewed, None),
             Err(e) => {
                 tracing::warn!(job = %job_id, error = %e, "could not renew a lease");
-                self.leases.fresh(&job.lease)
+                (self.leases.fresh(&job.lease), Some(e))
             }
         };
         if !kept {
-            tracing::warn!(job = %job_id, pending = job.pending.len(), "lease lost; the job's messages go to its next owner");
-            *held = None;
+            match failed {
+                // Lapsed while the store did not answer: its messages are held and applied again.
+                Some(e) => {
+                    tracing::warn!(job = %job_id, pending = job.pending.len(), error = %e, "lease lapsed while the store did not answer; the job is reloaded later");
+                    self.drop_job(held, Vec::new(), &e);
+                }
+                None => {
+                    tracing::warn!(job = %job_id, pending = job.pending.len(), "lease lost; the job's messages go to its next owner");
+                    *held = None;
+                }
+            }
         }
         kept
     }

@@ -331,7 +331,14 @@ async fn hostile_values_fail_their_chunk_and_leave_other_jobs_alone() {
 }
 
 fn with_payload(job: &str, chunk: u32, transactions: u64, payload: AccountsPayload) -> Message {
-    let r = ResultMessage::Chunk(ChunkResult { v: 1, job_id: job.into(), chunk, transactions, outcome: Outcome::Processed { payload }, requests: RequestCounts::default() });
+    let r = ResultMessage::Chunk(ChunkResult {
+        v: 1,
+        job_id: job.into(),
+        chunk,
+        transactions,
+        outcome: Outcome::Processed { payload },
+        requests: RequestCounts::default(),
+    });
     msg(serde_json::to_string(&r).unwrap())
 }
 
@@ -350,14 +357,24 @@ async fn hostile_results_are_bounded_by_their_declared_rows_and_their_own_keys()
     // The same as a result blob (its declared raw size a lie too).
     let key = fleet_domain::layout::result_key("x1", 1);
     store.put(&key, Bytes::from(bomb.clone()), "application/zstd").await.unwrap();
-    let blob_bomb = with_payload("x1", 1, 2, AccountsPayload::Blob { blob: BlobRef { key, sha256: sha256_hex(&bomb), compressed_bytes: bomb.len() as u64, raw_bytes: 1 << 30 } });
+    let blob_bomb = with_payload(
+        "x1",
+        1,
+        2,
+        AccountsPayload::Blob { blob: BlobRef { key, sha256: sha256_hex(&bomb), compressed_bytes: bomb.len() as u64, raw_bytes: 1 << 30 } },
+    );
     // A result pointing at another job's object (its checksum right).
     let theirs = fleet_domain::layout::result_key("other", 0);
     let good = accounts_to_zstd_csv(
         [fleet_domain::billing::RowRef { account_id: "a", currency: "EUR", count: 2, gross: Decimal::new(100, 2), fees: Decimal::new(10, 2) }].into_iter(),
     );
     store.put(&theirs, Bytes::from(good.clone()), "application/zstd").await.unwrap();
-    let foreign = with_payload("x1", 2, 2, AccountsPayload::Blob { blob: BlobRef { key: theirs, sha256: sha256_hex(&good), compressed_bytes: good.len() as u64, raw_bytes: 1024 } });
+    let foreign = with_payload(
+        "x1",
+        2,
+        2,
+        AccountsPayload::Blob { blob: BlobRef { key: theirs, sha256: sha256_hex(&good), compressed_bytes: good.len() as u64, raw_bytes: 1024 } },
+    );
     // Failure reports whose counts would wrap a sum.
     let huge = failed("x1", 3, u64::MAX, "hostile count");
     let agg = Aggregator::new(store.clone());
@@ -508,16 +525,22 @@ impl GatedStore {
     }
 }
 
-/// A store whose calls on one job's objects fail at once, as after a call deadline; counts them.
+/// A store whose calls on one job's objects (or on all, while `down`) fail at once, as after a call
+/// deadline; counts them.
 struct BrokenStore {
     inner: Arc<MemoryStore>,
     job: &'static str,
     failed: AtomicUsize,
+    down: std::sync::atomic::AtomicBool,
 }
 
 impl BrokenStore {
+    fn new(job: &'static str) -> Arc<BrokenStore> {
+        Arc::new(BrokenStore { inner: MemoryStore::new(), job, failed: AtomicUsize::new(0), down: Default::default() })
+    }
+
     fn check(&self, key: &str) -> Result<()> {
-        if key.contains(self.job) {
+        if key.contains(self.job) || self.down.load(Ordering::Relaxed) {
             self.failed.fetch_add(1, Ordering::Relaxed);
             return Err(Error::Timeout { service: fleet_io::error::Service::S3, operation: "GetObject", after: Duration::from_secs(30), attempts: 3 });
         }
@@ -554,14 +577,15 @@ impl BlobStore for BrokenStore {
     }
 }
 
-/// After a job's S3 calls failed, its next batches are turned back at once (left for redelivery)
-/// instead of each waiting out another call deadline; after a short pause it is tried again.
+/// After a job's S3 calls failed, its next batches are turned back at once (held) instead of each
+/// waiting out another call deadline; after a short pause it is tried again.
 #[tokio::test(start_paused = true)]
 async fn a_job_whose_store_fails_turns_its_batches_back_without_waiting() {
-    let store = Arc::new(BrokenStore { inner: MemoryStore::new(), job: "down", failed: AtomicUsize::new(0) });
+    let store = BrokenStore::new("down");
     let agg = Aggregator::new(store.clone());
     let first = agg.apply(Source::Results, keep(Source::Results, &[result("down", 0, vec![acct("a", 1, 100, 1)])])).await;
-    assert!(first.delete.is_empty() && first.release.is_empty(), "left for redelivery");
+    assert!(first.delete.is_empty() && first.release.is_empty(), "held");
+    assert_eq!(agg.held(Some(Source::Results)), 1);
     let tried = store.failed.load(Ordering::Relaxed);
     assert!(tried >= 1);
     for chunk in 1..4 {
@@ -729,4 +753,76 @@ async fn a_checkpoint_deletes_each_message_on_the_queue_it_came_from() {
     assert!(results.bodies().is_empty() && dlq.bodies().is_empty(), "every covered message deleted where it came from");
     assert_eq!(results.calls().snapshot().get("sqs.DeleteMessageBatch"), Some(&1));
     assert_eq!(dlq.calls().snapshot().get("sqs.DeleteMessageBatch"), Some(&1));
+}
+
+/// A store outage far longer than maxReceiveCount x the visibility timeout: the results in hand, and
+/// those applied to a job since its last checkpoint, are held with their visibility kept (none is
+/// received again, none reaches the dead-letter queue), retried with a back-off, and applied once the
+/// store answers: the job's report is exact.
+#[tokio::test(start_paused = true)]
+async fn results_are_held_through_a_store_outage_without_spending_receives() {
+    let store = BrokenStore::new("no-such-job");
+    put_manifest(&store.inner, &manifest("h", &[1, 2, 1])).await;
+    let dlq = MemoryQueue::new("billing-results-dlq", Duration::from_secs(10));
+    let queue = MemoryQueue::with_dlq("billing-results", Duration::from_secs(10), 2, dlq.clone());
+    let done = Completions::start(queue.clone(), BatchSettings::default());
+    let agg = Aggregator::new(store.clone());
+    let receive = || async { queue.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done.keep(d)).collect::<Vec<_>>() };
+
+    // Chunk 0 is applied while the store answers; it waits in its job for a checkpoint.
+    queue.send(vec![result("h", 0, vec![acct("a", 1, 100, 1)]).body]).await.unwrap();
+    let first = receive().await;
+    assert_eq!(first.len(), 1);
+    assert!(agg.apply(Source::Results, first).await.delete.is_empty());
+    assert_eq!(agg.pending(), 1);
+
+    // The store stops answering; the rest of the job arrives (the seal makes the job finish: it cannot).
+    store.down.store(true, Ordering::Relaxed);
+    let rest = [result("h", 1, vec![acct("a", 1, 250, 2), acct("b", 1, 50, 1)]), result("h", 2, vec![acct("b", 1, 75, 1)]), sealed("h", 3)];
+    queue.send(rest.iter().map(|m| m.body.clone()).collect()).await.unwrap();
+    let batch = receive().await;
+    assert_eq!(batch.len(), 3);
+    let applied = agg.apply(Source::Results, batch).await;
+    assert!(applied.delete.is_empty() && applied.release.is_empty());
+    assert_eq!(agg.held(None), 4, "the batch and the job's pending message are held");
+    assert_eq!(agg.pending(), 0);
+
+    // Ten minutes down: sixty visibility timeouts.
+    for _ in 0..600 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        agg.extend_held();
+        let a = agg.retry_held().await;
+        assert!(a.delete.is_empty() && a.release.is_empty(), "nothing applied while the store is down");
+        assert!(agg.expire(Duration::from_secs(60)).await.is_empty(), "nothing abandoned during the outage");
+        assert!(receive().await.is_empty(), "a held message became visible again");
+    }
+    assert_eq!(agg.held(None), 4);
+    assert_eq!(dlq.depth().await.unwrap().visible, 0, "nothing dead-lettered");
+    let tries = store.failed.load(Ordering::Relaxed);
+    assert!(tries < 60, "retries back off (the store was called {tries} times in 10 minutes)");
+
+    // The store answers again: within the longest back-off, the held results are applied and the job
+    // finishes exactly.
+    store.down.store(false, Ordering::Relaxed);
+    let mut deleted = Vec::new();
+    for _ in 0..31 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        deleted.extend(agg.retry_held().await.delete);
+        if !deleted.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(deleted.len(), 4, "every held message is covered by the report");
+    assert_eq!(agg.held(None), 0);
+    let r = report_of(&store.inner, "h").await.expect("the job finished");
+    assert_eq!(r.status, JobStatus::Complete);
+    assert_eq!(r.transactions.processed, 4);
+    let accounts: Vec<_> = r.accounts.iter().map(|a| (a.account_id.as_str(), a.count, a.gross.as_str())).collect();
+    assert_eq!(accounts, [("a", 2, "3.50"), ("b", 2, "1.25")]);
+    for k in deleted {
+        k.delete();
+    }
+    done.finish(true).await;
+    let depth = queue.depth().await.unwrap();
+    assert_eq!((depth.visible, depth.in_flight), (0, 0), "every message deleted, none received twice");
 }

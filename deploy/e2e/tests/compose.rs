@@ -135,10 +135,8 @@ fn compose_cmd() -> Vec<String> {
 fn binaries() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dirs: Vec<PathBuf> = ["initiator", "processor", "controller", "scaling-agent"]
-            .iter()
-            .map(|b| fleet_test_support::bin(b).parent().unwrap().to_path_buf())
-            .collect();
+        let dirs: Vec<PathBuf> =
+            ["initiator", "processor", "controller", "scaling-agent"].iter().map(|b| fleet_test_support::bin(b).parent().unwrap().to_path_buf()).collect();
         assert!(dirs.windows(2).all(|w| w[0] == w[1]), "the binaries are in different directories: {dirs:?}");
         dirs[0].clone()
     })

@@ -253,12 +253,15 @@ impl<T: Send + 'static> SlotRun<T> {
 }
 
 /// Completing deliveries on the queue they came from, batched (seed 001): deletes and releases
-/// gather per queue and leave in DeleteMessageBatch and ChangeMessageVisibilityBatch calls of up to 10.
+/// gather per queue and leave in DeleteMessageBatch and ChangeMessageVisibilityBatch calls of up to 10;
+/// so do visibility extensions of messages kept in hand (borrowed receipts: keeping a message longer
+/// is not a completion).
 #[derive(Clone)]
 pub struct Completions {
     queue: Arc<str>,
     deletes: Arc<Batcher<Receipt>>,
     visibility: Arc<Batcher<(Receipt, Duration)>>,
+    extensions: Arc<Batcher<(String, Duration)>>,
 }
 
 impl std::fmt::Debug for Completions {
@@ -288,7 +291,28 @@ impl Completions {
                 Box::pin(async move { to_retry(q.name(), "ChangeMessageVisibilityBatch", q.release_batch(batch).await) })
             }),
         );
-        Completions { queue: queue.name().into(), deletes, visibility }
+        let q = queue.clone();
+        let extensions = Batcher::start(
+            1,
+            settings,
+            Arc::new(move |_, batch: Vec<(String, Duration)>| {
+                let q = q.clone();
+                Box::pin(async move {
+                    let refs: Vec<(&str, Duration)> = batch.iter().map(|(r, d)| (r.as_str(), *d)).collect();
+                    let r = match q.extend(&refs).await {
+                        Ok(failed) => Ok(fleet_io::queue::pick(batch, &failed)),
+                        Err(e) => Err((e, batch)),
+                    };
+                    to_retry(q.name(), "ChangeMessageVisibilityBatch", r)
+                })
+            }),
+        );
+        Completions { queue: queue.name().into(), deletes, visibility, extensions }
+    }
+
+    /// Keeps a message in hand invisible for `by` from now (batched; the message stays in hand).
+    pub fn extend(&self, receipt: &str, by: Duration) {
+        self.extensions.push(0, (receipt.to_string(), by));
     }
 
     /// Deletes the message (batched).
@@ -311,14 +335,15 @@ impl Completions {
         &self.queue
     }
 
-    /// Deletes and releases waiting for their batch call.
+    /// Deletes, and visibility changes (releases and extensions), waiting for their batch call.
     pub fn pending(&self) -> (usize, usize) {
-        (self.deletes.pending(), self.visibility.pending())
+        (self.deletes.pending(), self.visibility.pending() + self.extensions.pending())
     }
 
     /// Stops the batchers: with `drain`, what is pending is flushed; without, it is dropped (those
     /// messages come back after their visibility timeout).
     pub async fn finish(&self, drain: bool) {
+        self.extensions.complete(drain).await;
         self.deletes.complete(drain).await;
         self.visibility.complete(drain).await;
     }
@@ -354,6 +379,12 @@ impl Kept {
     /// The queue the message came from.
     pub fn queue(&self) -> &str {
         self.on.queue()
+    }
+
+    /// Keeps the message invisible for `by` from now (batched), e.g. while what it waits for is down;
+    /// SQS refuses to keep one past 12 hours from its receive (it then comes back).
+    pub fn extend(&self, by: Duration) {
+        self.on.extend(self.delivery.receipt(), by);
     }
 
     /// The delivery, unbound (to give back to the engine with an outcome).

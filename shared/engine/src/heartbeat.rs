@@ -115,7 +115,7 @@ pub(crate) async fn heartbeat_loop(inner: Arc<crate::Inner>) {
             tracing::debug!(queue = inner.queue.name(), messages = due.extend.len(), "extending visibility");
         }
         for r in due.extend {
-            inner.extensions.push(0, (r, visibility));
+            inner.completions.extend(&r, visibility);
         }
         for r in &due.overdue {
             inner.handler.on_error(ErrorEvent::Overdue { receipt: r });

@@ -32,7 +32,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use backoff::{default_queue_empty, EmptyContext, EmptyDecision, IdleBackoff};
-use completion::{to_retry, Batcher};
 pub use completion::{Completions, Kept};
 pub use config::EngineConfig;
 use consumer::{spawn_consumer, work_detected, Consumers};
@@ -84,13 +83,17 @@ pub trait Handler: Send + Sync + 'static {
     }
     /// Handles deliveries (at most `batch_size`). Each is either given back with its outcome, for the
     /// engine to complete, or kept: a handler that keeps one completes it itself, later, through
-    /// [`Completions`] (e.g. once a checkpoint covers it; [`Completions::hold`]). One dropped without a
+    /// [`Completions`] (e.g. once a checkpoint covers it; [`Completions::keep`]). One dropped without a
     /// completion comes back after its visibility timeout.
     async fn handle(&self, msgs: Vec<Delivery>, done: &Completions) -> Vec<(Delivery, Outcome)>;
     /// The breakers of the dependencies handling needs (e.g. S3 and SQS): while one is open the
     /// consumers receive nothing and held messages wait.
     fn dependencies(&self) -> Vec<Arc<Breaker>> {
         Vec::new()
+    }
+    /// Messages of this queue the handler keeps through an outage itself (shown as held).
+    fn holding(&self) -> usize {
+        0
     }
     /// A message failed on its last allowed receive (it goes to the dead-letter queue next).
     async fn on_poison(&self, _msg: &Message, _reason: &str) {}
@@ -169,9 +172,6 @@ struct Inner {
     heartbeat_changed: Notify,
     /// Batched deletes and releases on `queue` (the handler's kept deliveries complete here too).
     completions: Completions,
-    /// Batched visibility extensions of messages in hand (the heartbeat's): borrowed receipts, since
-    /// keeping a message longer is not a completion.
-    extensions: Arc<Batcher<(String, Duration)>>,
     /// Cancelled by `quiesce`/`finish`: consumers stop receiving, and what a poll under way brings
     /// goes straight back.
     stop_receiving: CancellationToken,
@@ -224,22 +224,6 @@ impl Engine {
         info: QueueInfo,
     ) -> Engine {
         let completions = Completions::start(queue.clone(), cfg.completion);
-        let q = queue.clone();
-        let extensions = Batcher::start(
-            1,
-            cfg.completion,
-            Arc::new(move |_, batch: Vec<(String, Duration)>| {
-                let q = q.clone();
-                Box::pin(async move {
-                    let refs: Vec<(&str, Duration)> = batch.iter().map(|(r, d)| (r.as_str(), *d)).collect();
-                    let r = match q.extend(&refs).await {
-                        Ok(failed) => Ok(fleet_io::queue::pick(batch, &failed)),
-                        Err(e) => Err((e, batch)),
-                    };
-                    to_retry(q.name(), "ChangeMessageVisibilityBatch", r)
-                })
-            }),
-        );
         let cfg = EngineConfig {
             receive_batch: cfg.receive_batch.clamp(1, 10),
             receive_wait: cfg.receive_wait.min(Duration::from_secs(20)),
@@ -272,7 +256,6 @@ impl Engine {
             wakes: AtomicU64::new(0),
             heartbeat_changed: Notify::new(),
             completions,
-            extensions,
             stop_receiving: CancellationToken::new(),
             stop_all: CancellationToken::new(),
             consumer_tasks: TaskTracker::new(),
@@ -394,7 +377,6 @@ impl Engine {
         inner.stop_all.cancel();
         inner.service_tasks.close();
         inner.service_tasks.wait().await;
-        inner.extensions.complete(drain).await;
         inner.completions.finish(drain).await;
         tracing::info!(queue = self.queue_name(), drained = drain, "listener stopped");
     }

@@ -105,7 +105,7 @@ impl Engine {
             ttl_ms: limits.ttl.map_or(0, |t| t.as_millis() as u64),
             in_hand: lock(&inner.heartbeat).len(),
             pending_deletes: inner.completions.pending().0,
-            pending_visibility_changes: inner.completions.pending().1 + inner.extensions.pending(),
+            pending_visibility_changes: inner.completions.pending().1,
             receives: get(&s.receives),
             empty_receives: get(&s.empty_receives),
             received: get(&s.received),
@@ -115,7 +115,7 @@ impl Engine {
             evicted: get(&s.evicted),
             extended: get(&s.extended),
             paused_for: self.paused_for(),
-            held: inner.holding.load(Ordering::SeqCst),
+            held: inner.holding.load(Ordering::SeqCst) + inner.handler.holding(),
             held_total: get(&s.held),
             paused_total: get(&s.paused),
         }

@@ -39,7 +39,7 @@ pub struct BreakerPolicy {
 
 impl Default for BreakerPolicy {
     fn default() -> Self {
-        BreakerPolicy { threshold: 3, first_probe: Duration::from_secs(1), max_probe_interval: Duration::from_secs(30) }
+        BreakerPolicy { threshold: 3, first_probe: Duration::from_secs(1), max_probe_interval: Duration::from_secs(10) }
     }
 }
 
@@ -286,12 +286,12 @@ mod tests {
         }
         assert!(b.is_open());
         assert_eq!(b.state().trips, 1);
-        // Probes back off: waits of 1, 2, 4, 8, 16, 30, 30, ... s, each jittered down to half. Within
-        // 2 minutes: at least 7 probes (every wait whole: 1+2+4+8+16+30+30 = 91 s, the 8th at 121 s),
-        // at most 11 (every wait half: 0.5+1+2+4+8 = 15.5 s, then one per 15 s).
+        // Probes back off: waits of 1, 2, 4, 8, 10, 10, ... s, each jittered down to half. Within
+        // 2 minutes: at least 14 probes (every wait whole: 1+2+4+8 = 15 s, then one per 10 s), at most
+        // 26 (every wait half: 0.5+1+2+4 = 7.5 s, then one per 5 s).
         tokio::time::sleep(Duration::from_secs(120)).await;
         let n = probes.load(Ordering::SeqCst);
-        assert!((7..=11).contains(&n), "{n} probes in 120 s");
+        assert!((14..=26).contains(&n), "{n} probes in 120 s");
         assert!(b.is_open());
         let waiter = {
             let b = b.clone();
@@ -300,7 +300,7 @@ mod tests {
         up.store(true, Ordering::SeqCst);
         let t = Instant::now();
         waiter.await.unwrap();
-        assert!(t.elapsed() <= Duration::from_secs(30), "closed {:?} after the dependency came back", t.elapsed());
+        assert!(t.elapsed() <= Duration::from_secs(10), "closed {:?} after the dependency came back", t.elapsed());
         assert!(!b.is_open());
         let s = b.state();
         assert_eq!((s.open, s.failures, s.trips), (false, 0, 1));

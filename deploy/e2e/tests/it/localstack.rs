@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::get_state;
 use async_trait::async_trait;
 use fleet_domain::model::JobStatus;
 use fleet_engine::backoff::IdleBackoff;
@@ -15,7 +16,6 @@ use fleet_engine::throttle::ThrottleLimits;
 use fleet_engine::{Completions, Engine, EngineConfig, Handler, Outcome};
 use fleet_io::provision::QueueSettings;
 use fleet_io::queue::{Delivery, Queue};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Recorder {
     work: Duration,
@@ -184,16 +184,6 @@ async fn fifo_groups_keep_their_order_across_instances_and_retries() {
     assert!(b3[1].0 - b3[0].1 >= Duration::from_millis(1900), "retried after its 2 s back-off: {b3:?}");
     let overlapping = log.iter().any(|x| log.iter().any(|y| x.2 < y.2 && x.0 < y.1 && y.0 < x.1));
     assert!(overlapping, "different groups ran in parallel: {log:?}");
-}
-
-/// GET on the processor's state endpoint.
-async fn get_state(addr: &str) -> Option<serde_json::Value> {
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(b"GET /state?depth=false HTTP/1.0\r\nHost: x\r\n\r\n").await.ok()?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.ok()?;
-    let text = String::from_utf8_lossy(&buf);
-    serde_json::from_str(text.split("\r\n\r\n").nth(1)?).ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

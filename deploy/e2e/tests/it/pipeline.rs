@@ -376,7 +376,8 @@ async fn an_oracle_computed_by_hand_agrees_with_the_fleet_and_initiator_local() 
         let got: Vec<(&str, &str, u64, &str, &str, &str)> =
             r.accounts.iter().map(|a| (a.account_id.as_str(), a.currency.as_str(), a.count, a.gross.as_str(), a.fees.as_str(), a.net.as_str())).collect();
         assert_eq!(got, accounts, "{how}: accounts");
-        let got: Vec<(&str, u64, &str, &str, &str)> = r.totals.iter().map(|t| (t.currency.as_str(), t.count, t.gross.as_str(), t.fees.as_str(), t.net.as_str())).collect();
+        let got: Vec<(&str, u64, &str, &str, &str)> =
+            r.totals.iter().map(|t| (t.currency.as_str(), t.count, t.gross.as_str(), t.fees.as_str(), t.net.as_str())).collect();
         assert_eq!(got, totals, "{how}: totals");
         assert_eq!((r.transactions.processed, r.transactions.failed, r.transactions.rejected), (12, 0, 0), "{how}");
     };

@@ -133,10 +133,7 @@ pub fn controller_process(st: &Stack, id: &str) -> std::process::Child {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit());
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        cmd.env("AWS_ENDPOINT_URL", LOCALSTACK)
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", "us-east-1");
+        cmd.env("AWS_ENDPOINT_URL", LOCALSTACK).env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
     }
     cmd.spawn().expect("start the controller binary")
 }
@@ -156,7 +153,8 @@ pub fn start_processor_and_controller(
     names: &fleet_io::config::FleetArgs,
     q: &Queues,
     stop: &CancellationToken,
-) -> (JoinHandle<fleet_io::Result<()>>, JoinHandle<fleet_io::Result<()>>) {
+) -> (JoinHandle<fleet_io::Result<()>>, JoinHandle<fleet_io::Result<()>>, std::net::SocketAddr) {
+    let controller_http = free_addr();
     let processor = tokio::spawn(processor::run(
         fast_processor(),
         processor::Deps {
@@ -170,7 +168,11 @@ pub fn start_processor_and_controller(
         stop.clone(),
     ));
     let controller = tokio::spawn(controller::run(
-        controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() },
+        controller::Settings {
+            listener: fleet_engine::args::ListenerArgs { http_addr: Some(controller_http), ..fleet_engine::args::ListenerArgs::quick() },
+            drain_secs: 10,
+            ..Default::default()
+        },
         controller::Deps {
             results: q.results.clone(),
             work_dlq: q.work_dlq.clone(),
@@ -181,7 +183,23 @@ pub fn start_processor_and_controller(
         },
         stop.clone(),
     ));
-    (processor, controller)
+    (processor, controller, controller_http)
+}
+
+/// A local address no one listens on now.
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port")
+}
+
+/// GET on a service's state endpoint (`/state?depth=false`): its JSON.
+pub async fn get_state(addr: &str) -> Option<serde_json::Value> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(b"GET /state?depth=false HTTP/1.0\r\nHost: x\r\n\r\n").await.ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    serde_json::from_str(text.split("\r\n\r\n").nth(1)?).ok()
 }
 
 /// Fast processor settings for tests.

@@ -66,7 +66,13 @@ fn outage_handler(stuck: &[&str]) -> (Arc<OutageHandler>, Arc<AtomicBool>) {
     let d = down.clone();
     breaker.set_probe(Arc::new(move || {
         let d = d.clone();
-        Box::pin(async move { if d.load(Ordering::SeqCst) { Err(timeout()) } else { Ok(()) } })
+        Box::pin(async move {
+            if d.load(Ordering::SeqCst) {
+                Err(timeout())
+            } else {
+                Ok(())
+            }
+        })
     }));
     let h = OutageHandler {
         breaker,
@@ -101,7 +107,7 @@ async fn an_outage_of_ten_minutes_holds_the_work_and_spends_no_receive_count() {
     assert!(lock(&h.billed).is_empty());
     // A held batch tries again only when the breaker closes: a handful of attempts each, not one per second.
     assert!(h.attempts.load(Ordering::SeqCst) <= 25 * 4, "{} attempts", h.attempts.load(Ordering::SeqCst));
-    assert!(h.breaker.state().probes >= 20, "probes back off to 30 s: {:?}", h.breaker.state());
+    assert!(h.breaker.state().probes >= 20, "probes back off to 10 s: {:?}", h.breaker.state());
 
     down.store(false, Ordering::SeqCst);
     assert!(until(Duration::from_secs(40), || lock(&h.billed).len() == 25).await, "not resumed: {:?}", e.state(false).await);

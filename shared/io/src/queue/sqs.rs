@@ -12,9 +12,9 @@ use aws_sdk_sqs::types::{
 };
 
 use super::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
+use crate::breaker::Breaker;
 use crate::call::CallCounter;
 use crate::call::{CallPolicy, Guarded};
-use crate::breaker::Breaker;
 use crate::error::{sdk_error, Error, Result, Service};
 
 /// An SQS queue. Every call is bounded by its [`CallPolicy`] (attempt timeout, deadline, jittered

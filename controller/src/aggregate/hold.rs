@@ -1,0 +1,130 @@
+//! Results held through a store outage. A message whose job cannot be loaded, checkpointed or
+//! finished because S3 does not answer (or answers "retry later") is not dropped to come back after its
+//! visibility timeout: each receive would spend one of its `maxReceiveCount`, and an outage longer than
+//! a few timeouts would push healthy results into the results dead-letter queue. It is held here
+//! instead, its visibility extended, and applied again once the store answers: when the store's
+//! breaker closes, or after a doubling back-off where there is no breaker. The messages applied to a
+//! job since its last checkpoint are held with it when that job is dropped for such a failure (they
+//! are applied again to the job reloaded from its last checkpoint: an item already counted is a
+//! duplicate).
+
+use super::*;
+
+/// A held message is kept invisible this long from each extension ...
+pub(super) const HOLD_VISIBILITY: Duration = Duration::from_secs(120);
+/// ... and extended again once this long has passed (a retry under way may take a few call
+/// deadlines before its messages are held again).
+const EXTEND_EVERY: Duration = Duration::from_secs(40);
+/// Back-off between retries while the store fails (no breaker, or a breaker not yet open).
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(30);
+
+struct Waiting {
+    source: Source,
+    kept: Kept,
+    extended: Instant,
+}
+
+/// The messages held, and when to try them again.
+pub(super) struct Hold {
+    waiting: Vec<Waiting>,
+    retry_at: Instant,
+    /// Retries in a row after which messages were held again.
+    failures: u32,
+}
+
+impl Default for Hold {
+    fn default() -> Hold {
+        Hold { waiting: Vec::new(), retry_at: Instant::now(), failures: 0 }
+    }
+}
+
+impl Aggregator {
+    /// Holds messages that could not be applied or saved for a failure that may pass (the error
+    /// says which): their visibility is extended now, and they are applied again later.
+    pub(super) fn hold(&self, msgs: Vec<(Source, Kept)>, why: &Error) {
+        if msgs.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for (_, k) in &msgs {
+            k.extend(HOLD_VISIBILITY);
+        }
+        let mut h = lock(&self.hold);
+        if h.waiting.is_empty() {
+            h.retry_at = now + retry_delay(h.failures);
+        }
+        let n = msgs.len();
+        h.waiting.extend(msgs.into_iter().map(|(source, kept)| Waiting { source, kept, extended: now }));
+        tracing::warn!(messages = n, held = h.waiting.len(), error = %why, "store unavailable: messages held (visibility kept, no receive spent) until it answers");
+    }
+
+    /// Messages held now, in all (`None`) or from one source.
+    pub fn held(&self, source: Option<Source>) -> usize {
+        let h = lock(&self.hold);
+        h.waiting.iter().filter(|w| source.is_none_or(|s| s == w.source)).count()
+    }
+
+    /// Extends the visibility of held messages that are due (cheap: batched calls on their queues).
+    pub fn extend_held(&self) {
+        let now = Instant::now();
+        let mut h = lock(&self.hold);
+        for w in h.waiting.iter_mut().filter(|w| now.duration_since(w.extended) >= EXTEND_EVERY) {
+            w.kept.extend(HOLD_VISIBILITY);
+            w.extended = now;
+        }
+    }
+
+    /// Applies the held messages again when it is time: the store's breaker is closed (at once when it
+    /// closes) and the back-off since the last failure has passed. What fails again is held again.
+    pub async fn retry_held(&self) -> Applied {
+        let breaker_open = self.store.breaker().is_some_and(|b| b.is_open());
+        let taken = {
+            let mut h = lock(&self.hold);
+            if h.waiting.is_empty() {
+                return Applied::default();
+            }
+            if breaker_open {
+                // Tried as soon as it closes.
+                h.retry_at = Instant::now();
+                return Applied::default();
+            }
+            if Instant::now() < h.retry_at {
+                return Applied::default();
+            }
+            std::mem::take(&mut h.waiting)
+        };
+        let n = taken.len();
+        tracing::info!(messages = n, "applying held messages again");
+        // Out of the hold while they are tried (which may wait out several call deadlines): kept
+        // invisible for a full hold meanwhile.
+        for w in &taken {
+            w.kept.extend(HOLD_VISIBILITY);
+        }
+        // The retry is the try: jobs turned back for a failure just before are tried now.
+        lock(&self.failing).clear();
+        let mut by_source: BTreeMap<u8, (Source, Vec<Kept>)> = BTreeMap::new();
+        for w in taken {
+            by_source.entry(w.source as u8).or_insert_with(|| (w.source, Vec::new())).1.push(w.kept);
+        }
+        let mut applied = Applied::default();
+        for (_, (source, kept)) in by_source {
+            let a = self.apply(source, kept).await;
+            applied.delete.extend(a.delete);
+            applied.release.extend(a.release);
+        }
+        let mut h = lock(&self.hold);
+        if h.waiting.is_empty() {
+            h.failures = 0;
+        } else {
+            h.failures = h.failures.saturating_add(1);
+            h.retry_at = Instant::now() + retry_delay(h.failures);
+            tracing::warn!(retried = n, held = h.waiting.len(), next_in_s = retry_delay(h.failures).as_secs_f64(), "store still unavailable");
+        }
+        applied
+    }
+}
+
+fn retry_delay(failures: u32) -> Duration {
+    FIRST_RETRY.saturating_mul(1u32 << failures.min(8)).min(MAX_RETRY)
+}
