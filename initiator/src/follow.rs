@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use fleet_domain::codec::from_zstd_json;
-use fleet_domain::layout::{check_job_id, checkpoint_key, manifest_key, report_key};
+use fleet_domain::layout::{check_job_id, checkpoint_key, manifest_key, report_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{Checkpoint, JobStatus, Manifest, Progress};
 use fleet_domain::report::Report;
 use fleet_io::blob::BlobStore;
@@ -49,7 +49,7 @@ pub async fn checkpoint_progress(store: &dyn BlobStore, job_id: &str) -> Result<
 /// Reads the manifest and checkpoint progress of a job.
 pub async fn progress(store: &dyn BlobStore, job_id: &str) -> Result<JobProgress, CliError> {
     checked(job_id)?;
-    let manifest: Option<Manifest> = match store.get(&manifest_key(job_id)).await? {
+    let manifest: Option<Manifest> = match store.get_capped(&manifest_key(job_id), MAX_MANIFEST_BYTES).await? {
         Some(b) => Some(serde_json::from_slice(&b).map_err(fleet_io::Error::from)?),
         None => None,
     };
@@ -83,6 +83,7 @@ impl std::fmt::Display for JobProgress {
             JobStatus::Complete => "complete",
             JobStatus::Partial => "partial",
             JobStatus::Abandoned => "abandoned",
+            JobStatus::Quarantined => "quarantined",
         };
         write!(
             f,

@@ -33,6 +33,17 @@ impl Aggregator {
                 tracing::warn!(job = %job_id, %why, "fenced while finishing: another controller owns the job now");
                 return Ok(Vec::new());
             }
+            // The manifest cannot be read: it never will be.
+            Err(e @ Error::Corrupt(_)) => {
+                job.cp.requests.sub(&done);
+                return match self.quarantine_finishing(job_id, &mut job, &e).await {
+                    Ok(done) => Ok(done),
+                    Err(e) => {
+                        *held = Some(job);
+                        Err(e)
+                    }
+                };
+            }
             Err(e) => {
                 job.cp.requests.sub(&done);
                 *held = Some(job);
@@ -53,7 +64,7 @@ impl Aggregator {
 /// submission never finished) the report holds what was processed.
 pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats) -> Result<JobStatus> {
     let job_id = job.cp.job_id.clone();
-    let manifest: Option<Manifest> = match store.get(&manifest_key(&job_id)).await? {
+    let manifest: Option<Manifest> = match store.get_capped(&manifest_key(&job_id), MAX_MANIFEST_BYTES).await? {
         Some(b) => Some(serde_json::from_slice(&b)?),
         None => None,
     };
@@ -72,19 +83,7 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
         }
         (None, Some(reason)) => {
             let known = job.cp.processed_transactions.saturating_add(failed.iter().fold(0u64, |n, f| n.saturating_add(f.transactions)));
-            let m = Manifest {
-                v: WIRE_VERSION,
-                job_id: job_id.clone(),
-                created_at: String::new(),
-                files: Vec::new(),
-                submitted: known,
-                accepted: known,
-                rejected: Vec::new(),
-                total_chunks: job.cp.accounted.len() as u32,
-                chunk_transactions: Vec::new(),
-                tariff: Tariff::default(),
-                requests: RequestCounts::default(),
-            };
+            let m = placeholder_manifest(&job_id, job.cp.accounted.len() as u32, known);
             let note = format!(
                 "abandoned: {reason}; the submission never finished (no manifest): submitted and accepted count only the transactions of chunks that reported; files, rejected rows and tariff are unknown"
             );

@@ -25,7 +25,9 @@ use bytes::Bytes;
 use fleet_domain::billing::Tariff;
 use fleet_domain::billing::{AccountTotals, CheckedTotals};
 use fleet_domain::codec::{accounts_cap, accounts_from_zstd_csv, accounts_to_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
-use fleet_domain::layout::{accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, result_key, OPEN_PREFIX};
+use fleet_domain::layout::{
+    accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, result_key, MAX_MANIFEST_BYTES, OPEN_PREFIX,
+};
 use fleet_domain::model::{
     now_rfc3339, AccountsPayload, Checkpoint, CheckpointPart, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, Progress, ResultMessage, WorkItem,
     WIRE_VERSION,
@@ -44,12 +46,14 @@ mod checkpoint;
 mod finalize;
 mod hold;
 mod job;
+mod quarantine;
 mod scan;
 mod take;
 
 use checkpoint::*;
 use hold::Hold;
 use job::*;
+use quarantine::placeholder_manifest;
 
 /// Largest decompressed checkpoint, result payload or manifest accepted.
 const MAX_DOC_BYTES: u64 = 1 << 30;
@@ -297,8 +301,8 @@ impl Aggregator {
     /// held, with this batch's, when the failure may pass, else they come back.
     async fn apply_job(&self, job_id: &str, source: Source, items: Vec<Ready>, kept: Vec<Kept>) -> Result<Step> {
         if self.is_finished(job_id) {
-            tracing::debug!(job = %job_id, n = kept.len(), "late duplicates of a finished job");
-            return Ok(Step::Delete(kept));
+            tracing::debug!(job = %job_id, n = kept.len(), "late messages of a finished job");
+            return Ok(Step::Delete(self.settle_finished(job_id, kept.into_iter().map(|k| (source, k)).collect()).await));
         }
         let mut kept: Vec<(Source, Kept)> = kept.into_iter().map(|k| (source, k)).collect();
         let slot = self.slot(job_id);
@@ -354,7 +358,7 @@ impl Aggregator {
         if held.is_none() {
             match self.take(job_id, &mut ctl).await? {
                 Taken::Open(job) => *held = Some(*job),
-                Taken::Finished => return Ok(Step::Delete(unpaired(kept))),
+                Taken::Finished => return Ok(Step::Delete(self.settle_finished(job_id, std::mem::take(kept)).await)),
                 Taken::Busy => {
                     tracing::debug!(job = %job_id, n = kept.len(), "job owned by another controller; messages handed back");
                     return Ok(Step::NotMine(unpaired(kept)));

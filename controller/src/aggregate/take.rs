@@ -15,6 +15,11 @@ impl Aggregator {
         };
         let job = match self.load(job_id, lease.clone(), ctl).await {
             Ok(job) => job,
+            // Its checkpoint can never be read.
+            Err(e @ Error::Corrupt(_)) => {
+                self.quarantine_unreadable(job_id, &lease, &e).await?;
+                return Ok(Taken::Finished);
+            }
             Err(e) => {
                 // Not loaded: let another controller (or a later attempt) have it at once.
                 let _ = self.leases.release(job_id, &lease).await;

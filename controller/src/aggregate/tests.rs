@@ -826,3 +826,83 @@ async fn results_are_held_through_a_store_outage_without_spending_receives() {
     let depth = queue.depth().await.unwrap();
     assert_eq!((depth.visible, depth.in_flight), (0, 0), "every message deleted, none received twice");
 }
+
+/// The quarantined messages of a job (their reasons), from the quarantine of unreadable messages.
+async fn quarantined_of(store: &MemoryStore, job: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for key in fleet_io::quarantine::list(store, 1000).await.unwrap() {
+        let q = fleet_io::quarantine::read(store, &key).await.unwrap().unwrap();
+        if q.body.contains(&format!("\"job_id\":\"{job}\"")) {
+            out.push(q.reason);
+        }
+    }
+    out
+}
+
+/// A job whose checkpoint (document or part) cannot be read is quarantined and reported at once; its
+/// messages, then and later (an abandon too), are kept in the quarantine and deleted instead of
+/// cycling; other jobs are untouched.
+#[tokio::test]
+async fn a_job_whose_checkpoint_cannot_be_read_is_quarantined_and_reported() {
+    let store = MemoryStore::new();
+    for job in ["cq", "pq", "ok"] {
+        put_manifest(&store, &manifest(job, &[1, 1])).await;
+    }
+    // "cq": a checkpoint document that is not one; "pq": one naming a part that is not there.
+    store.put(&checkpoint_key("cq"), Bytes::from_static(b"\x28\xb5\x2f\xfd garbage"), "application/zstd").await.unwrap();
+    let mut cp: Checkpoint = serde_json::from_value(serde_json::json!({
+        "v": 1, "job_id": "pq", "status": "running", "accounted": [0], "processed_transactions": 1, "failed_chunks": [], "accounts": [], "parts": [],
+        "requests": {}, "updated_at": now_rfc3339()
+    }))
+    .unwrap();
+    cp.parts.push(CheckpointPart { key: "jobs/pq/checkpoint-parts/gone.csv.zst".into(), rows: 1, bytes: 10, sha256: "00".into(), full: true });
+    store.put(&checkpoint_key("pq"), Bytes::from(to_zstd_json(&cp).unwrap()), "application/zstd").await.unwrap();
+    for job in ["cq", "pq"] {
+        store.put(&open_key(job), Bytes::new(), "application/octet-stream").await.unwrap();
+    }
+    let agg = Aggregator::new(store.clone());
+    let batch = [result("cq", 0, vec![acct("a", 1, 100, 1)]), result("pq", 1, vec![acct("b", 1, 100, 1)]), result("ok", 0, vec![acct("c", 1, 100, 1)])];
+    let applied = agg.apply(Source::Results, keep(Source::Results, &batch)).await;
+    assert_eq!(applied.delete.len(), 2, "the quarantined jobs' messages are kept in the quarantine and deleted");
+    for (job, why) in [("cq", "checkpoint cannot be read"), ("pq", "gone.csv.zst")] {
+        let r = report_of(&store, job).await.expect("a quarantined job is reported");
+        assert_eq!(r.status, JobStatus::Quarantined, "{job}");
+        let note = r.note.clone().unwrap_or_default();
+        assert!(note.contains(why), "{job}: {note}");
+        assert!(r.accounts.is_empty(), "nothing billable in a quarantined job's report");
+        assert!(store.head(&open_key(job)).await.unwrap().is_none(), "{job}: its open marker is removed");
+        assert_eq!(quarantined_of(&store, job).await.len(), 1, "{job}");
+    }
+    // Later messages, an abandon among them, go the same way: no load, no cycling.
+    let abandon = msg(serde_json::to_string(&ResultMessage::Abandon { v: 1, job_id: "cq".into(), reason: "operator".into() }).unwrap());
+    let later = agg.apply(Source::Results, keep(Source::Results, &[result("cq", 1, vec![acct("a", 1, 100, 1)]), abandon, sealed("cq", 2)])).await;
+    assert_eq!(later.delete.len(), 3);
+    assert_eq!(quarantined_of(&store, "cq").await.len(), 4);
+    assert_eq!(report_of(&store, "cq").await.unwrap().status, JobStatus::Quarantined);
+    // The other job goes on.
+    agg.apply(Source::Results, keep(Source::Results, &[result("ok", 1, vec![acct("c", 1, 100, 1)]), sealed("ok", 2)])).await;
+    assert_eq!(report_of(&store, "ok").await.unwrap().status, JobStatus::Complete);
+    // A restarted controller reads the corrupt checkpoint again and quarantines again (idempotent).
+    let again = Aggregator::new(store.clone());
+    assert_eq!(again.apply(Source::Results, keep(Source::Results, &[result("pq", 0, vec![acct("b", 1, 100, 1)])])).await.delete.len(), 1);
+    assert_eq!(report_of(&store, "pq").await.unwrap().status, JobStatus::Quarantined);
+}
+
+/// A job whose manifest cannot be read (not JSON, or larger than a manifest may be) is quarantined
+/// when it would finish; its checkpoint keeps the chunks and rows it had, and its messages are deleted.
+#[tokio::test]
+async fn a_job_whose_manifest_cannot_be_read_is_quarantined_with_its_checkpoint_kept() {
+    let store = MemoryStore::new();
+    store.put(&manifest_key("mq"), Bytes::from_static(b"{\"v\": 1, \"job_id\": "), "application/json").await.unwrap();
+    let agg = Aggregator::new(store.clone());
+    let applied = agg.apply(Source::Results, keep(Source::Results, &[result("mq", 0, vec![acct("a", 2, 100, 1)]), sealed("mq", 1)])).await;
+    assert_eq!(applied.delete.len(), 2, "covered by the checkpoint: deleted");
+    let r = report_of(&store, "mq").await.expect("reported");
+    assert_eq!(r.status, JobStatus::Quarantined);
+    assert!(r.note.as_deref().unwrap_or_default().contains("manifest"), "{:?}", r.note);
+    let cp: Checkpoint = from_zstd_json(&store.get(&checkpoint_key("mq")).await.unwrap().unwrap(), 1 << 20).unwrap();
+    assert_eq!((cp.status, cp.accounted.len(), cp.processed_transactions, cp.accounts.len()), (JobStatus::Quarantined, 1, 2, 1), "the rows are kept");
+    // A duplicate afterwards is kept in the quarantine, not applied.
+    assert_eq!(agg.apply(Source::Results, keep(Source::Results, &[result("mq", 0, vec![acct("a", 2, 100, 1)])])).await.delete.len(), 1);
+    assert_eq!(quarantined_of(&store, "mq").await.len(), 1);
+}

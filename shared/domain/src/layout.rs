@@ -17,6 +17,10 @@ pub fn result_key(job: &str, chunk: u32) -> String {
     format!("{JOBS_PREFIX}{job}/results/{chunk:06}.json.zst")
 }
 
+/// The largest manifest a reader accepts (a CSV with millions of rejected rows would make one of
+/// gigabytes): a larger one is read as corrupt, and its job quarantined.
+pub const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+
 pub fn manifest_key(job: &str) -> String {
     format!("{JOBS_PREFIX}{job}/manifest.json")
 }

@@ -144,6 +144,10 @@ pub enum JobStatus {
     /// Never sealed within the controller's limit, or abandoned by `initiator abandon`: the report
     /// holds what was processed; chunks without a result are listed as failed when the manifest names them.
     Abandoned,
+    /// Its own state could not be read (a corrupt checkpoint or checkpoint part, an unreadable or
+    /// oversized manifest): nothing more is applied; the report's note says why, the messages that
+    /// arrive for it are kept in the quarantine, and what its checkpoint held is left in place.
+    Quarantined,
 }
 
 impl JobStatus {

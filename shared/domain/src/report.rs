@@ -267,6 +267,7 @@ pub fn summary<A: AccountRows>(r: &Report<A>) -> String {
             JobStatus::Partial => "PARTIAL (some chunks failed)",
             JobStatus::Running => "running",
             JobStatus::Abandoned => "ABANDONED (finished with what was processed)",
+            JobStatus::Quarantined => "QUARANTINED (its state could not be read; see the note)",
         }
     );
     if let Some(note) = &r.note {

@@ -131,6 +131,15 @@ pub async fn blob_semantics(store: &dyn BlobStore, prefix: &str) {
     assert_ne!(e1, e2, "a write changes the ETag");
     assert!(store.put_if(&key, Bytes::from_static(b"three"), "text/plain", &meta, &Cond::Matches(e1)).await.expect("put").is_none(), "a stale ETag is refused");
     assert_eq!(store.get(&key).await.expect("get").as_deref(), Some(&b"two"[..]), "the refused write changed nothing");
+    // Capped reads: an object within the cap reads whole, a larger one is refused as corrupt, an empty
+    // one reads empty, a missing one as None.
+    assert_eq!(store.get_capped(&key, 3).await.expect("get").as_deref(), Some(&b"two"[..]), "exactly at the cap");
+    assert!(matches!(store.get_capped(&key, 2).await, Err(crate::Error::Corrupt(_))), "over the cap");
+    let empty = format!("{prefix}empty");
+    store.put(&empty, Bytes::new(), "text/plain").await.expect("put");
+    assert_eq!(store.get_capped(&empty, 10).await.expect("get").as_deref(), Some(&b""[..]), "an empty object");
+    assert!(store.get_capped(&format!("{prefix}none"), 10).await.expect("get").is_none(), "a missing object");
+    store.delete(&empty).await.expect("delete");
     for k in ["b", "a", "c"] {
         store.put(&format!("{prefix}list/{k}"), Bytes::from_static(b"x"), "text/plain").await.expect("put");
     }

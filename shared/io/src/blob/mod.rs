@@ -40,6 +40,15 @@ pub trait BlobStore: Send + Sync + 'static {
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
         Ok(self.get_tagged(key).await?.map(|(body, _)| body))
     }
+    /// An object of at most `max` bytes (`None` when it does not exist); a larger one is an error
+    /// ([`Error::Corrupt`](crate::Error::Corrupt)), and no more than about `max` bytes of it are read
+    /// (the S3 store asks for a byte range).
+    async fn get_capped(&self, key: &str, max: u64) -> Result<Option<Bytes>> {
+        match self.get(key).await? {
+            Some(b) if b.len() as u64 > max => Err(too_large(key, max)),
+            found => Ok(found),
+        }
+    }
     /// Keys under `prefix`, in key order, at most `limit` of them.
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>>;
     /// Deletes an object (no error when it does not exist).
@@ -50,6 +59,11 @@ pub trait BlobStore: Send + Sync + 'static {
     fn breaker(&self) -> Option<std::sync::Arc<crate::breaker::Breaker>> {
         None
     }
+}
+
+/// The error of an object larger than a reader accepts.
+pub(crate) fn too_large(key: &str, max: u64) -> crate::Error {
+    crate::Error::Corrupt(format!("{key} is larger than the {max} bytes accepted"))
 }
 
 #[cfg(feature = "test-util")]

@@ -92,6 +92,36 @@ impl BlobStore for S3Store {
             .await
     }
 
+    async fn get_capped(&self, key: &str, max: u64) -> Result<Option<Bytes>> {
+        // One byte past the cap tells a larger object from one of exactly `max` bytes.
+        let range = format!("bytes=0-{max}");
+        self.policy
+            .run(Service::S3, "GetObject", Duration::ZERO, || async {
+                self.calls.bump("s3.GetObject");
+                match self.client.get_object().bucket(&self.bucket).key(key).range(&range).send().await {
+                    Ok(out) => {
+                        let data = out.body.collect().await.map_err(|e| Error::Service {
+                            service: Service::S3,
+                            operation: "GetObject",
+                            detail: format!("reading body of {key}: {e}"),
+                            retryable: true,
+                            source: Some(Box::new(e)),
+                        })?;
+                        let data = data.into_bytes();
+                        if data.len() as u64 > max {
+                            return Err(super::too_large(key, max));
+                        }
+                        Ok(Some(data))
+                    }
+                    Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
+                    // A range of an empty object is not satisfiable.
+                    Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 416) => Ok(Some(Bytes::new())),
+                    Err(e) => Err(sdk_error(Service::S3, "GetObject", &self.endpoint, e)),
+                }
+            })
+            .await
+    }
+
     async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
         self.policy
             .run(Service::S3, "PutObject", Duration::ZERO, || async {

@@ -1,0 +1,100 @@
+//! Jobs whose own state cannot be read: a corrupt checkpoint or checkpoint part (found when the job is
+//! loaded), an unreadable or oversized manifest (found when it is finished). Such a job can never be
+//! finished right, and trying again would only cycle its messages through the results dead-letter
+//! queue until retention drops them. It is quarantined instead: a report with status `quarantined`
+//! and the reason in its note is written where the initiator waits for one (no accounts: nothing in
+//! it is billable); its open marker is removed; what its checkpoint holds stays in place (when the
+//! manifest is the problem, the checkpoint is kept with its rows and the new status); and each message
+//! that arrives for it later is kept in the quarantine of unreadable messages (`initiator dlq list`),
+//! then deleted. Nothing is lost and nothing cycles; an operator who repairs the state can redrive.
+
+use super::*;
+
+impl Aggregator {
+    /// Quarantines a job whose checkpoint cannot be read (its lease held, given back here).
+    pub(super) async fn quarantine_unreadable(&self, job_id: &str, lease: &Held, why: &Error) -> Result<()> {
+        tracing::error!(job = %job_id, error = %why, "the job's own state cannot be read: job quarantined");
+        let manifest = match self.store.get_capped(&manifest_key(job_id), MAX_MANIFEST_BYTES).await {
+            Ok(found) => found.and_then(|b| serde_json::from_slice::<Manifest>(&b).ok()),
+            Err(e) if e.is_retryable() => return Err(e),
+            Err(_) => None,
+        };
+        let note = format!("quarantined: the job's checkpoint cannot be read ({why}); it is left in place, and the job's messages are kept in the quarantine");
+        self.write_quarantine_report(job_id, manifest, None, note).await?;
+        self.close_quarantined(job_id, lease).await;
+        Ok(())
+    }
+
+    /// Quarantines a job in memory that cannot be finished because its manifest cannot be read; its
+    /// checkpoint keeps its rows. Returns its messages for deletion (the checkpoint covers them).
+    pub(super) async fn quarantine_finishing(&self, job_id: &str, job: &mut Job, why: &Error) -> Result<Vec<Kept>> {
+        tracing::error!(job = %job_id, error = %why, "the job's manifest cannot be read: job quarantined");
+        let status = job.cp.status;
+        job.cp.status = JobStatus::Quarantined;
+        if let Err(e) = save_checkpoint(job, self.store.as_ref(), &self.stats, Rows::Keep).await {
+            job.cp.status = status;
+            return Err(e);
+        }
+        let note = format!(
+            "quarantined: the job's manifest cannot be read ({why}); its checkpoint keeps the {} chunks accounted for and their rows",
+            job.cp.accounted.len()
+        );
+        self.write_quarantine_report(job_id, None, Some(&job.cp), note).await?;
+        self.close_quarantined(job_id, &job.lease).await;
+        Ok(job.pending.take())
+    }
+
+    async fn write_quarantine_report(&self, job_id: &str, manifest: Option<Manifest>, cp: Option<&Checkpoint>, note: String) -> Result<()> {
+        let failed = cp.map(|c| c.failed_chunks.clone()).unwrap_or_default();
+        let manifest = manifest.unwrap_or_else(|| placeholder_manifest(job_id, cp.map_or(0, |c| c.accounted.len() as u32), 0));
+        let totals = CheckedTotals::new();
+        let mut r = report::build_borrowed(&manifest, &totals, failed, &cp.map(|c| c.requests.clone()).unwrap_or_default());
+        r.status = JobStatus::Quarantined;
+        r.note = Some(note);
+        self.store.put(&report_key(job_id), Bytes::from(report::to_json(&r)?), "application/json").await
+    }
+
+    async fn close_quarantined(&self, job_id: &str, lease: &Held) {
+        if let Err(e) = self.store.delete(&open_key(job_id)).await {
+            tracing::warn!(job = %job_id, error = %e, "could not remove the open-job marker of a quarantined job");
+        }
+        let _ = self.leases.release(job_id, lease).await;
+        self.remember_finished(job_id, JobStatus::Quarantined);
+    }
+
+    /// Completes the messages of a finished job: deleted; a quarantined job's are first kept in the
+    /// quarantine of unreadable messages (held when the store does not answer).
+    pub(super) async fn settle_finished(&self, job_id: &str, kept: Vec<(Source, Kept)>) -> Vec<Kept> {
+        if lock(&self.finished).status.get(job_id) != Some(&JobStatus::Quarantined) {
+            return kept.into_iter().map(|(_, k)| k).collect();
+        }
+        let mut delete = Vec::with_capacity(kept.len());
+        for (source, k) in kept {
+            let queue = self.queues.get(&source).map_or("unknown", String::as_str);
+            match fleet_io::quarantine::put(self.store.as_ref(), queue, &k, &format!("job {job_id} is quarantined: its state cannot be read")).await {
+                Ok(_) => delete.push(k),
+                Err(e) if e.is_retryable() => self.hold(vec![(source, k)], &e),
+                Err(e) => tracing::warn!(job = %job_id, error = %e, "could not keep a message of a quarantined job; it will be redelivered"),
+            }
+        }
+        delete
+    }
+}
+
+/// A manifest standing in for one that cannot be read (or was never written): only what the
+/// checkpoint knows.
+pub(super) fn placeholder_manifest(job_id: &str, total_chunks: u32, known: u64) -> Manifest {
+    Manifest {
+        v: WIRE_VERSION,
+        job_id: job_id.to_string(),
+        created_at: String::new(),
+        files: Vec::new(),
+        submitted: known,
+        accepted: known,
+        rejected: Vec::new(),
+        total_chunks,
+        chunk_transactions: Vec::new(),
+        tariff: Tariff::default(),
+        requests: RequestCounts::default(),
+    }
+}
