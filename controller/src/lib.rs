@@ -34,6 +34,12 @@ pub struct Settings {
     /// with what was processed, after this many seconds without a result.
     #[arg(long, env = "CONTROLLER_ABANDON_AFTER", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=30 * 86_400))]
     pub abandon_after: u64,
+    /// A sealed job that gets no news for this many seconds while every queue of the fleet (work,
+    /// results, their dead-letter queues) is empty is finished as `partial`, its missing chunks named
+    /// as failed: their work items were lost (queue retention, FIFO de-duplication) and can no longer
+    /// arrive. Needs the work queue (`Deps::work`).
+    #[arg(long, env = "CONTROLLER_STALL_AFTER", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=30 * 86_400))]
+    pub stall_after: u64,
     /// Job lease time, seconds: several controllers may share the results queue, each job has one
     /// owner, and a dead owner's jobs are taken over this long after its last renewal.
     #[arg(long, env = "CONTROLLER_LEASE_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=3600))]
@@ -46,7 +52,7 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { listener: ListenerArgs::default(), drain_secs: 30, abandon_after: 3600, lease_secs: 30, id: None }
+        Settings { listener: ListenerArgs::default(), drain_secs: 30, abandon_after: 3600, stall_after: 3600, lease_secs: 30, id: None }
     }
 }
 
@@ -58,6 +64,9 @@ pub struct Deps {
     /// Where results go after maxReceiveCount failed attempts (S3 down for minutes): read too.
     pub results_dlq: Arc<dyn Queue>,
     pub store: Arc<dyn BlobStore>,
+    /// The work queue, read for its depth only: a sealed job is finished as stalled only while it is
+    /// empty (none: stalled jobs are never finished).
+    pub work: Option<Arc<dyn Queue>>,
     /// Work-detected triggers (RabbitMQ subscription): with them, idle listeners park (no requests)
     /// until processors or initiators announce results or dead letters.
     pub triggers: Option<Subscription>,
@@ -137,6 +146,13 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     let queues = [(Source::Results, &deps.results), (Source::WorkDeadLetter, &deps.work_dlq), (Source::ResultsDeadLetter, &deps.results_dlq)];
     for (source, q) in queues {
         aggregator.set_queue(source, q.name());
+    }
+    match &deps.work {
+        Some(work) => aggregator.set_stall_limit(
+            Duration::from_secs(settings.stall_after),
+            vec![work.clone(), deps.results.clone(), deps.work_dlq.clone(), deps.results_dlq.clone()],
+        ),
+        None => tracing::info!("no work queue given: sealed jobs that stall are not finished"),
     }
     let agg = Arc::new(aggregator);
     let cfg = settings.listener.engine(deps.triggers.is_some());

@@ -41,7 +41,15 @@ pub async fn checkpoint_progress(store: &dyn BlobStore, job_id: &str) -> Result<
         return Ok(Some(p));
     }
     Ok(match store.get(&key).await? {
-        Some(b) => Some(Progress::of(&from_zstd_json::<Checkpoint>(&b, 1 << 30)?)),
+        Some(b) => match from_zstd_json::<Checkpoint>(&b, 1 << 30) {
+            Ok(cp) => Some(Progress::of(&cp)),
+            // The controller quarantines such a job when it next hears of it (and puts a readable
+            // checkpoint saying so in its place): until then its progress is unknown.
+            Err(e) => {
+                tracing::warn!(job = %job_id, error = %e, "the job's checkpoint cannot be read; the controller quarantines the job");
+                None
+            }
+        },
         None => None,
     })
 }

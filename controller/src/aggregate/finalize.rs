@@ -70,7 +70,20 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
     };
     let mut failed = job.cp.failed_chunks.clone();
     let (manifest, note) = match (manifest, &job.abandon) {
-        (Some(m), None) => (m, None),
+        (Some(m), None) => match &job.stalled {
+            Some(reason) => {
+                let missing: Vec<u32> = (0..m.total_chunks).filter(|c| !job.cp.accounted.contains(c)).collect();
+                for &chunk in &missing {
+                    let transactions = m.chunk_transactions.get(chunk as usize).copied().unwrap_or(0);
+                    failed.push(FailedChunk { chunk, transactions, reason: format!("no result: {reason}") });
+                }
+                let shown: Vec<String> = missing.iter().take(20).map(u32::to_string).collect();
+                let more = if missing.len() > shown.len() { ", ..." } else { "" };
+                let note = format!("finished without {} of its {} chunks ({}{more}): {reason}", missing.len(), m.total_chunks, shown.join(", "));
+                (m, Some(note))
+            }
+            None => (m, None),
+        },
         (None, None) => {
             return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") });
         }
@@ -93,10 +106,10 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
     let mut requests = manifest.requests.clone();
     requests.merge(&job.cp.requests);
     let mut r = report::build_borrowed(&manifest, &job.totals, failed, &requests);
-    if let Some(note) = note {
+    if job.abandon.is_some() {
         r.status = JobStatus::Abandoned;
-        r.note = Some(note);
     }
+    r.note = note;
     if r.transactions.processed.checked_add(r.transactions.failed) != Some(r.transactions.accepted) {
         tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
             "accepted != processed + failed: the results disagree with the manifest");

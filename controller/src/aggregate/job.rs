@@ -41,6 +41,8 @@ pub(super) struct Job {
     pub(super) marked_open: bool,
     /// Set by an `Abandon` message: finish now, with this reason.
     pub(super) abandon: Option<String>,
+    /// Set when a sealed job stalled (see `scan`): finish now, its missing chunks failed for this reason.
+    pub(super) stalled: Option<String>,
     /// This controller's lease on the job.
     pub(super) lease: Held,
     /// ETag of the checkpoint as last read or written (`None`: there is none yet): checkpoints are

@@ -26,7 +26,8 @@ use fleet_domain::billing::Tariff;
 use fleet_domain::billing::{AccountTotals, CheckedTotals};
 use fleet_domain::codec::{accounts_cap, accounts_from_zstd_csv, accounts_to_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
 use fleet_domain::layout::{
-    accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, result_key, MAX_MANIFEST_BYTES, OPEN_PREFIX,
+    accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, quarantined_checkpoint_key, report_key, result_key,
+    MAX_MANIFEST_BYTES, OPEN_PREFIX,
 };
 use fleet_domain::model::{
     now_rfc3339, AccountsPayload, Checkpoint, CheckpointPart, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, Progress, ResultMessage, WorkItem,
@@ -54,6 +55,7 @@ use checkpoint::*;
 use hold::Hold;
 use job::*;
 use quarantine::placeholder_manifest;
+use take::fresh_checkpoint;
 
 /// Largest decompressed checkpoint, result payload or manifest accepted.
 const MAX_DOC_BYTES: u64 = 1 << 30;
@@ -158,7 +160,7 @@ pub struct Aggregator {
     leases: Leases,
     /// Unsealed jobs known only by their open marker, with their last checkpoint's time: loaded when
     /// they are due to be abandoned, or when a message of theirs arrives.
-    dormant: Mutex<HashMap<String, Instant>>,
+    dormant: Mutex<HashMap<String, scan::Dormant>>,
     /// When the open markers were last scanned.
     scanned: Mutex<Option<Instant>>,
     pending: Arc<AtomicUsize>,
@@ -172,6 +174,8 @@ pub struct Aggregator {
     idle_floor: Mutex<Instant>,
     /// Messages held through a store outage (see `hold`).
     hold: Mutex<Hold>,
+    /// When sealed jobs that no longer progress are finished (none: never).
+    stall: Option<scan::StallLimit>,
 }
 
 /// How long a job's messages are turned back without a try after its S3 calls failed.
@@ -216,7 +220,14 @@ impl Aggregator {
             failing: Mutex::default(),
             idle_floor: Mutex::new(Instant::now()),
             hold: Mutex::default(),
+            stall: None,
         }
+    }
+
+    /// Finishes sealed jobs that no longer progress as `partial` after `after` without news, once
+    /// every one of `queues` is empty (see `scan`).
+    pub fn set_stall_limit(&mut self, after: Duration, queues: Vec<Arc<dyn fleet_io::queue::Queue>>) {
+        self.stall = Some(scan::StallLimit { after, queues });
     }
 
     /// Names the queue of a source (recorded with what is quarantined from it).

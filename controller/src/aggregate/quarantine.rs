@@ -3,8 +3,10 @@
 //! finished right, and trying again would only cycle its messages through the results dead-letter
 //! queue until retention drops them. It is quarantined instead: a report with status `quarantined`
 //! and the reason in its note is written where the initiator waits for one (no accounts: nothing in
-//! it is billable); its open marker is removed; what its checkpoint holds stays in place (when the
-//! manifest is the problem, the checkpoint is kept with its rows and the new status); and each message
+//! it is billable); its open marker is removed; an unreadable checkpoint is kept as it was under
+//! `jobs/{job}/quarantined/` and replaced by an empty one that says `quarantined` (so followers,
+//! `initiator abandon` and a restarted controller read the status instead of the corrupt document);
+//! when the manifest is the problem, the checkpoint is kept with its rows and the new status; each message
 //! that arrives for it later is kept in the quarantine of unreadable messages (`initiator dlq list`),
 //! then deleted. Nothing is lost and nothing cycles; an operator who repairs the state can redrive.
 
@@ -19,8 +21,30 @@ impl Aggregator {
             Err(e) if e.is_retryable() => return Err(e),
             Err(_) => None,
         };
-        let note = format!("quarantined: the job's checkpoint cannot be read ({why}); it is left in place, and the job's messages are kept in the quarantine");
+        let kept_at = quarantined_checkpoint_key(job_id);
+        let etag = match self.store.get_tagged(&checkpoint_key(job_id)).await? {
+            Some((data, etag)) => {
+                self.store.put(&kept_at, data, "application/zstd").await?;
+                Some(etag)
+            }
+            None => None,
+        };
+        let note =
+            format!("quarantined: the job's checkpoint cannot be read ({why}); it is kept as it was at {kept_at}, and the job's messages in the quarantine");
         self.write_quarantine_report(job_id, manifest, None, note).await?;
+        // Followers see the status once the report is there.
+        let mut cp = fresh_checkpoint(job_id);
+        cp.status = JobStatus::Quarantined;
+        let meta = Progress::of(&cp).to_meta();
+        let cond = etag.map_or(Cond::Absent, Cond::Matches);
+        if self
+            .store
+            .put_if(&checkpoint_key(job_id), Bytes::from(to_zstd_json(&cp).map_err(Error::corrupt)?), "application/zstd", &meta, &cond)
+            .await?
+            .is_none()
+        {
+            return Err(Error::Conflict(format!("the checkpoint of job {job_id} changed while it was quarantined")));
+        }
         self.close_quarantined(job_id, lease).await;
         Ok(())
     }

@@ -1,17 +1,29 @@
 //! The dormant and expiry scan: open jobs are found by their `open/{job}` markers at start and every
-//! `abandon_after` (one HEAD each, remembered dormant until due), and a job without news for
-//! `abandon_after` is finished as `abandoned`; news since the controller started, or since the store
-//! answered again after an outage, at the earliest, so that a controller that was down (or could not
-//! reach S3) does not abandon a job whose seal waits on its queue (or in its hold).
+//! `abandon_after` (one HEAD each, remembered dormant until due). A job without news for
+//! `abandon_after` that never sealed is finished as `abandoned`; a sealed job without news for
+//! `stall_after` while every queue the fleet uses is empty (nothing can still arrive for it: a work
+//! item lost to retention, a FIFO de-duplication drop) is finished as `partial`, naming the chunks it
+//! never got. News counts since the controller started, or since the store answered again after an
+//! outage, at the earliest, so that a controller that was down (or could not reach S3) does not finish
+//! a job whose seal or results wait on its queue (or in its hold).
 
 use super::*;
 
+/// Why an idle job is finished.
+enum Ending {
+    /// It never sealed.
+    Abandon(String),
+    /// It sealed, and what it lacks can no longer arrive.
+    Stalled(String),
+}
+
 impl Aggregator {
-    /// Finishes as `abandoned` every unsealed job without news for `after` (in memory, or dormant:
-    /// known from its open marker only); returns the messages the reports cover, for deletion. Scans
-    /// the open markers again when the last scan is `after` old.
+    /// Finishes as `abandoned` every unsealed job without news for `after`, and (when a stall limit is
+    /// set) as `partial` every sealed job without news for that long while the fleet's queues are
+    /// empty; in memory, or dormant (known from its open marker only). Returns the messages the
+    /// reports cover, for deletion. Scans the open markers again when the last scan is `after` old.
     pub async fn expire(&self, after: Duration) -> Vec<Kept> {
-        // Nothing is abandoned while the store does not answer or results are held through its outage,
+        // Nothing is finished while the store does not answer or results are held through its outage,
         // and no job's idle time counts from before it answered again.
         if self.store.breaker().is_some_and(|b| b.is_open()) || self.held(None) > 0 {
             *lock(&self.idle_floor) = Instant::now();
@@ -28,9 +40,16 @@ impl Aggregator {
             }
         }
         let now = Instant::now();
-        let due: Vec<(String, Instant)> =
-            lock(&self.dormant).iter().filter(|(_, t)| now.saturating_duration_since((**t).max(floor)) >= after).map(|(k, t)| (k.clone(), *t)).collect();
-        for (job_id, since) in due {
+        let stall = self.stall.as_ref().map(|s| s.after);
+        let limit = |sealed: bool| if sealed { stall } else { Some(after) };
+        let due: Vec<(String, Dormant)> = lock(&self.dormant)
+            .iter()
+            .filter(|(_, d)| limit(d.sealed).is_some_and(|l| now.saturating_duration_since(d.since.max(floor)) >= l))
+            .map(|(k, d)| (k.clone(), *d))
+            .collect();
+        // A sealed job is loaded only when nothing can still arrive for it.
+        let quiet = if due.iter().any(|(_, d)| d.sealed) { self.fleet_quiet().await } else { false };
+        for (job_id, d) in due.into_iter().filter(|(_, d)| !d.sealed || quiet) {
             let mut ctl = RequestCounts::default();
             let slot = self.slot(&job_id);
             {
@@ -38,17 +57,17 @@ impl Aggregator {
                 if held.is_none() {
                     match self.take(&job_id, &mut ctl).await {
                         Ok(Taken::Open(mut job)) => {
-                            job.last_activity = since;
+                            job.last_activity = d.since;
                             *held = Some(*job);
                         }
                         Ok(Taken::Finished) => {
                             let _ = self.store.delete(&open_key(&job_id)).await;
                         }
-                        // Its owner abandons it.
+                        // Its owner finishes it.
                         Ok(Taken::Busy) => {}
                         Err(e) => {
-                            tracing::warn!(job = %job_id, error = %e, "could not load a job due to be abandoned; trying again later");
-                            lock(&self.dormant).insert(job_id.clone(), since);
+                            tracing::warn!(job = %job_id, error = %e, "could not load a job due to be finished; trying again later");
+                            lock(&self.dormant).insert(job_id.clone(), d);
                         }
                     }
                 }
@@ -56,30 +75,77 @@ impl Aggregator {
             drop(slot);
             self.prune(&job_id);
         }
-        let mut out = Vec::new();
         let slots = self.slots();
+        let mut idle = Vec::new();
         for (job_id, slot) in &slots {
             // A job being worked on is not idle.
-            let Ok(mut held) = slot.try_lock() else { continue };
-            let Some(job) = held.as_mut() else { continue };
-            let idle = now.saturating_duration_since(job.last_activity.max(floor));
-            if job.cp.total_chunks.is_some() || idle < after {
+            let Ok(held) = slot.try_lock() else { continue };
+            let Some(job) = held.as_ref() else { continue };
+            let quiet_for = now.saturating_duration_since(job.last_activity.max(floor));
+            if limit(job.cp.total_chunks.is_some()).is_some_and(|l| quiet_for >= l) {
+                idle.push((job_id.clone(), slot.clone(), job.cp.total_chunks.is_some(), quiet_for));
+            }
+        }
+        let quiet = if idle.iter().any(|(_, _, sealed, _)| *sealed) { self.fleet_quiet().await } else { false };
+        let mut out = Vec::new();
+        for (job_id, slot, sealed, quiet_for) in idle {
+            if sealed && !quiet {
                 continue;
             }
-            tracing::warn!(job = %job_id, accounted = job.cp.accounted.len(), idle_secs = idle.as_secs(), "job never sealed; abandoning it");
-            job.abandon = Some(format!("not sealed within {} s of its last result: the submission did not finish", after.as_secs()));
-            match self.finish(job_id, &mut held).await {
+            let Ok(mut held) = slot.try_lock() else { continue };
+            let Some(job) = held.as_mut() else { continue };
+            let ending = if sealed {
+                Ending::Stalled(format!(
+                    "no result for {} s after the job's last news, with every queue of the fleet empty: its work item was lost (queue retention, FIFO de-duplication) and can no longer arrive",
+                    quiet_for.as_secs()
+                ))
+            } else {
+                Ending::Abandon(format!("not sealed within {} s of its last result: the submission did not finish", after.as_secs()))
+            };
+            match ending {
+                Ending::Abandon(reason) => {
+                    tracing::warn!(job = %job_id, accounted = job.cp.accounted.len(), idle_secs = quiet_for.as_secs(), "job never sealed; abandoning it");
+                    job.abandon = Some(reason);
+                }
+                Ending::Stalled(reason) => {
+                    tracing::warn!(job = %job_id, accounted = job.cp.accounted.len(), total = ?job.cp.total_chunks, idle_secs = quiet_for.as_secs(),
+                        "sealed job stalled with every queue empty; finishing it as partial");
+                    job.stalled = Some(reason);
+                }
+            }
+            match self.finish(&job_id, &mut held).await {
                 Ok(done) => out.extend(done),
-                Err(e) => tracing::warn!(job = %job_id, error = %e, "could not write the abandoned job's report; trying again later"),
+                Err(e) => tracing::warn!(job = %job_id, error = %e, "could not write the idle job's report; trying again later"),
             }
         }
         self.prune_all(slots);
         out
     }
 
-    /// Reads the open-job markers: finished jobs lose theirs, unsealed jobs not in memory are
-    /// remembered as dormant with their checkpoint's age (one HEAD request each: no lease is taken and
-    /// no checkpoint loaded until one is due). Returns how many unfinished jobs it found.
+    /// Whether every queue the fleet uses is empty (visible, in flight and delayed): nothing can still
+    /// arrive for a job. Approximate counts lag by about a minute; the stall limit is far longer.
+    async fn fleet_quiet(&self) -> bool {
+        let Some(stall) = &self.stall else { return false };
+        for q in &stall.queues {
+            match q.depth().await {
+                Ok(d) if d.visible + d.in_flight + d.delayed == 0 => {}
+                Ok(d) => {
+                    tracing::debug!(queue = q.name(), ?d, "a sealed job waits: the fleet's queues are not empty");
+                    return false;
+                }
+                Err(e) => {
+                    tracing::warn!(queue = q.name(), error = %e, "could not read a queue's depth; no stalled job finished");
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Reads the open-job markers: finished jobs lose theirs, unfinished jobs not in memory are
+    /// remembered as dormant with their checkpoint's age and whether they sealed (one HEAD request
+    /// each: no lease is taken and no checkpoint loaded until one is due). Returns how many unfinished
+    /// jobs it found.
     pub async fn scan_open(&self) -> Result<usize> {
         *lock(&self.scanned) = Some(Instant::now());
         let keys = self.store.list(OPEN_PREFIX, MAX_OPEN_JOBS).await?;
@@ -100,16 +166,29 @@ impl Aggregator {
                 continue;
             }
             open += 1;
-            if progress.is_some_and(|p| p.sealed) {
-                // Its results are on their way; a message brings it back.
-                continue;
-            }
             let age = progress.map_or(Duration::ZERO, |p| p.age());
             // Its news may be waiting on the queue since before this controller started (it was down):
             // its idle time counts from the start at the earliest.
             let since = Instant::now().checked_sub(age).unwrap_or_else(Instant::now).max(*lock(&self.idle_floor));
-            lock(&self.dormant).entry(job_id.to_string()).or_insert(since);
+            let sealed = progress.is_some_and(|p| p.sealed);
+            lock(&self.dormant).entry(job_id.to_string()).or_insert(Dormant { since, sealed });
         }
         Ok(open)
     }
+}
+
+/// An unfinished job known from its open marker only.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Dormant {
+    /// Its last news (its checkpoint's time), or the idle floor.
+    pub(super) since: Instant,
+    pub(super) sealed: bool,
+}
+
+/// When a sealed job that no longer progresses is finished as `partial`, and the queues that must be
+/// empty first.
+pub struct StallLimit {
+    pub after: Duration,
+    /// Every queue a message of a job may still sit in: work, results and their dead-letter queues.
+    pub queues: Vec<Arc<dyn fleet_io::queue::Queue>>,
 }

@@ -106,6 +106,7 @@ impl Aggregator {
             saved: Instant::now(),
             last_activity: Instant::now(),
             abandon: None,
+            stalled: None,
             lease,
             cp_etag: etag,
         };
@@ -122,23 +123,24 @@ impl Aggregator {
                 tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, parts = cp.parts.len(), "resumed job from checkpoint");
                 Ok(new(cp, totals, Some(etag)))
             }
-            None => Ok(new(
-                Checkpoint {
-                    v: WIRE_VERSION,
-                    job_id: job_id.to_string(),
-                    status: JobStatus::Running,
-                    total_chunks: None,
-                    accounted: Default::default(),
-                    processed_transactions: 0,
-                    failed_chunks: Vec::new(),
-                    accounts: Vec::new(),
-                    parts: Vec::new(),
-                    requests: RequestCounts::default(),
-                    updated_at: now_rfc3339(),
-                },
-                CheckedTotals::new(),
-                None,
-            )),
+            None => Ok(new(fresh_checkpoint(job_id), CheckedTotals::new(), None)),
         }
+    }
+}
+
+/// The checkpoint of a job nothing is known of yet.
+pub(super) fn fresh_checkpoint(job_id: &str) -> Checkpoint {
+    Checkpoint {
+        v: WIRE_VERSION,
+        job_id: job_id.to_string(),
+        status: JobStatus::Running,
+        total_chunks: None,
+        accounted: Default::default(),
+        processed_transactions: 0,
+        failed_chunks: Vec::new(),
+        accounts: Vec::new(),
+        parts: Vec::new(),
+        requests: RequestCounts::default(),
+        updated_at: now_rfc3339(),
     }
 }

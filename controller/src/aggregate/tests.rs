@@ -872,7 +872,12 @@ async fn a_job_whose_checkpoint_cannot_be_read_is_quarantined_and_reported() {
         assert!(r.accounts.is_empty(), "nothing billable in a quarantined job's report");
         assert!(store.head(&open_key(job)).await.unwrap().is_none(), "{job}: its open marker is removed");
         assert_eq!(quarantined_of(&store, job).await.len(), 1, "{job}");
+        // The unreadable checkpoint is kept as it was; the one in its place says quarantined.
+        assert!(store.get(&quarantined_checkpoint_key(job)).await.unwrap().is_some(), "{job}");
+        let meta = store.head(&checkpoint_key(job)).await.unwrap().unwrap();
+        assert_eq!(Progress::from_meta(&meta).map(|p| p.status), Some(JobStatus::Quarantined), "{job}");
     }
+    assert_eq!(store.get(&quarantined_checkpoint_key("cq")).await.unwrap().as_deref(), Some(&b"\x28\xb5\x2f\xfd garbage"[..]));
     // Later messages, an abandon among them, go the same way: no load, no cycling.
     let abandon = msg(serde_json::to_string(&ResultMessage::Abandon { v: 1, job_id: "cq".into(), reason: "operator".into() }).unwrap());
     let later = agg.apply(Source::Results, keep(Source::Results, &[result("cq", 1, vec![acct("a", 1, 100, 1)]), abandon, sealed("cq", 2)])).await;
@@ -882,9 +887,10 @@ async fn a_job_whose_checkpoint_cannot_be_read_is_quarantined_and_reported() {
     // The other job goes on.
     agg.apply(Source::Results, keep(Source::Results, &[result("ok", 1, vec![acct("c", 1, 100, 1)]), sealed("ok", 2)])).await;
     assert_eq!(report_of(&store, "ok").await.unwrap().status, JobStatus::Complete);
-    // A restarted controller reads the corrupt checkpoint again and quarantines again (idempotent).
+    // A restarted controller reads the status: the message is kept in the quarantine too.
     let again = Aggregator::new(store.clone());
     assert_eq!(again.apply(Source::Results, keep(Source::Results, &[result("pq", 0, vec![acct("b", 1, 100, 1)])])).await.delete.len(), 1);
+    assert_eq!(quarantined_of(&store, "pq").await.len(), 2);
     assert_eq!(report_of(&store, "pq").await.unwrap().status, JobStatus::Quarantined);
 }
 
@@ -905,4 +911,52 @@ async fn a_job_whose_manifest_cannot_be_read_is_quarantined_with_its_checkpoint_
     // A duplicate afterwards is kept in the quarantine, not applied.
     assert_eq!(agg.apply(Source::Results, keep(Source::Results, &[result("mq", 0, vec![acct("a", 2, 100, 1)])])).await.delete.len(), 1);
     assert_eq!(quarantined_of(&store, "mq").await.len(), 1);
+}
+
+/// A sealed job whose work item was lost (retention, FIFO de-duplication) is finished as `partial`,
+/// naming the chunk it never got, once it had no news for the stall limit *and* the fleet's queues are
+/// empty; not while a queue still holds something; and also when it is only known from its open
+/// marker after a restart.
+#[tokio::test(start_paused = true)]
+async fn a_sealed_job_that_stalls_is_finished_as_partial_once_nothing_can_arrive() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("st", &[1, 2, 1])).await;
+    let work = MemoryQueue::new("billing-work", Duration::from_secs(30));
+    let stall = Duration::from_secs(600);
+    let mut agg = Aggregator::new(store.clone());
+    agg.set_stall_limit(stall, vec![work.clone()]);
+    // Chunk 1 never comes.
+    agg.apply(
+        Source::Results,
+        keep(Source::Results, &[result("st", 0, vec![acct("a", 1, 100, 1)]), result("st", 2, vec![acct("b", 1, 50, 1)]), sealed("st", 3)]),
+    )
+    .await;
+    assert_eq!(agg.flush().await.len(), 3);
+    // Another job's work item waits in the work queue: something may still arrive.
+    work.send(vec!["another job's item".into()]).await.unwrap();
+    tokio::time::sleep(stall + Duration::from_secs(60)).await;
+    assert!(agg.expire(Duration::from_secs(3600)).await.is_empty());
+    assert!(report_of(&store, "st").await.is_none(), "not finished while a queue holds a message");
+
+    // A restarted controller knows the job from its open marker only: it waits the stall limit from
+    // its own start, the queues being empty.
+    let got = work.receive(10, Duration::ZERO).await.unwrap();
+    work.delete(got).await.unwrap();
+    agg.release_leases().await;
+    drop(agg);
+    let mut restarted = Aggregator::new(store.clone());
+    restarted.set_stall_limit(stall, vec![work.clone()]);
+    assert!(restarted.expire(Duration::from_secs(3600)).await.is_empty(), "scanned; not due yet");
+    tokio::time::sleep(stall / 2).await;
+    assert!(restarted.expire(Duration::from_secs(3600)).await.is_empty());
+    assert!(report_of(&store, "st").await.is_none());
+    tokio::time::sleep(stall / 2 + Duration::from_secs(1)).await;
+    restarted.expire(Duration::from_secs(3600)).await;
+    let r = report_of(&store, "st").await.expect("finished once stalled with the queues empty");
+    assert_eq!(r.status, JobStatus::Partial);
+    assert_eq!((r.transactions.processed, r.transactions.failed), (2, 2));
+    assert_eq!(r.failed_chunks.iter().map(|f| (f.chunk, f.transactions)).collect::<Vec<_>>(), [(1, 2)]);
+    assert!(r.failed_chunks[0].reason.contains("can no longer arrive"), "{}", r.failed_chunks[0].reason);
+    assert!(r.note.as_deref().is_some_and(|n| n.contains("without 1 of its 3 chunks (1)")), "{:?}", r.note);
+    assert!(store.head(&open_key("st")).await.unwrap().is_none());
 }

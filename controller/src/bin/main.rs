@@ -30,9 +30,15 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     let work_dlq = aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?;
     let results_dlq = aws.queue(&cli.fleet.results_dlq()).await.context("opening the results dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
+    let work = aws.queue(&cli.fleet.work_queue).await.context("opening the work queue")?;
     use fleet_io::queue::Queue;
     let keys = [results.name(), work_dlq.name(), results_dlq.name()].map(fleet_io::trigger::work_key).to_vec();
     let triggers = cli.fleet.subscribe(keys, &shutdown);
-    controller::run(cli.settings, controller::Deps { results, work_dlq, results_dlq, store, triggers, publish: cli.fleet.trigger_bus() }, shutdown).await?;
+    controller::run(
+        cli.settings,
+        controller::Deps { results, work_dlq, results_dlq, store, work: Some(work), triggers, publish: cli.fleet.trigger_bus() },
+        shutdown,
+    )
+    .await?;
     Ok(())
 }

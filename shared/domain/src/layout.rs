@@ -29,6 +29,11 @@ pub fn checkpoint_key(job: &str) -> String {
     format!("{JOBS_PREFIX}{job}/checkpoint.json.zst")
 }
 
+/// Where the checkpoint of a quarantined job that could not be read is kept, as it was.
+pub fn quarantined_checkpoint_key(job: &str) -> String {
+    format!("{JOBS_PREFIX}{job}/quarantined/checkpoint.json.zst")
+}
+
 /// Where the parts of a job's checkpoint live (large jobs): see `model::CheckpointPart`.
 pub fn checkpoint_parts_prefix(job: &str) -> String {
     format!("{JOBS_PREFIX}{job}/checkpoint/")

@@ -236,6 +236,51 @@ async fn abandon_quarantine_and_dlq_commands() {
     assert!(bodies.contains(&sealed) && bodies.contains(&"garbage on results".to_string()), "{bodies:?}");
 }
 
+/// A job whose checkpoint is corrupt on S3: the controller quarantines it at its first message
+/// (report `quarantined`, the corrupt document kept aside, the message in the quarantine, nothing in
+/// the results dead-letter queue), and `initiator abandon` on it prints that report instead of
+/// hanging or failing on the corrupt document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_checkpoint_is_corrupt_is_quarantined_and_abandon_reports_it() {
+    if !crate::support::stack_running() {
+        return;
+    }
+    use fleet_domain::layout::{checkpoint_key, manifest_key, quarantined_checkpoint_key};
+    use fleet_io::blob::BlobStore;
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
+    let c = st.start_controller();
+    let job = format!("corrupt-{}", &st.names.bucket[st.names.bucket.len() - 12..]);
+    let manifest = serde_json::json!({
+        "v": 1, "job_id": job, "created_at": "2026-11-24T00:00:00Z", "files": ["in.csv"], "submitted": 4, "accepted": 4, "rejected": [],
+        "total_chunks": 2, "chunk_transactions": [2, 2], "tariff": fleet_domain::billing::Tariff::default(), "requests": {}
+    });
+    st.store.put(&manifest_key(&job), bytes::Bytes::from(manifest.to_string()), "application/json").await.unwrap();
+    st.store.put(&checkpoint_key(&job), bytes::Bytes::from_static(b"\x28\xb5\x2f\xfd not a checkpoint"), "application/zstd").await.unwrap();
+    let result = serde_json::json!({"kind": "chunk", "v": 1, "job_id": job, "chunk": 0, "transactions": 0,
+        "outcome": {"outcome": "failed", "reason": "x"}, "requests": {}});
+    st.results.send(vec![result.to_string()]).await.unwrap();
+    let out = initiator(&st, &["abandon", &job, "--reason", "operator", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "not complete: {}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the report");
+    assert_eq!(r["status"], "quarantined", "{r}");
+    assert!(r["note"].as_str().unwrap().contains("checkpoint cannot be read"), "{r}");
+    assert_eq!(r["transactions"]["accepted"], 4, "what the manifest says is kept: {r}");
+    assert!(st.store.get(&quarantined_checkpoint_key(&job)).await.unwrap().is_some(), "the corrupt checkpoint is kept aside");
+    // The result (and the abandon, when it came after the quarantine) are kept in the quarantine.
+    until(Duration::from_secs(30), async || {
+        let mut n = 0;
+        for key in fleet_io::quarantine::list(st.store.as_ref(), 100).await.unwrap() {
+            n += usize::from(fleet_io::quarantine::read(st.store.as_ref(), &key).await.unwrap().is_some_and(|q| q.body.contains(&job)));
+        }
+        n >= 1
+    })
+    .await;
+    st.wait_depth(st.results.as_ref(), 0, Duration::from_secs(20)).await;
+    let dead = st.results_dlq.depth().await.unwrap();
+    assert_eq!(dead.visible + dead.in_flight, 0, "nothing cycles into the results dead-letter queue");
+    c.stop().await;
+}
+
 /// The AMQP password never shows: not in `--help` (which shows env values), not in logs at debug.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_stay_out_of_help_and_logs() {

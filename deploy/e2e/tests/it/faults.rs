@@ -78,8 +78,15 @@ async fn a_controller_whose_store_hangs_still_stops_in_time() {
     let store = hung.store(&s.names.bucket);
     proxy.freeze();
     let stop = tokio_util::sync::CancellationToken::new();
-    let deps =
-        controller::Deps { results: s.results.clone(), work_dlq: s.work_dlq.clone(), results_dlq: s.results_dlq.clone(), store, triggers: None, publish: None };
+    let deps = controller::Deps {
+        results: s.results.clone(),
+        work_dlq: s.work_dlq.clone(),
+        results_dlq: s.results_dlq.clone(),
+        store,
+        work: Some(s.work.clone()),
+        triggers: None,
+        publish: None,
+    };
     let settings = controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 2, ..Default::default() };
     let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
     let body = serde_json::to_string(&fleet_domain::model::ResultMessage::Sealed { v: 1, job_id: "hung-store".into(), total_chunks: 3 }).unwrap();
@@ -121,6 +128,7 @@ async fn s3_frozen_for_three_minutes_under_the_controller_the_job_completes_exac
         work_dlq: s.work_dlq.clone(),
         results_dlq: s.results_dlq.clone(),
         store: frozen_aws.store(&s.names.bucket),
+        work: Some(s.work.clone()),
         triggers: s.names.subscribe(keys, &stop),
         publish: s.names.trigger_bus(),
     };

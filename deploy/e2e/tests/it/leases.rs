@@ -33,8 +33,8 @@ async fn two_controllers_one_killed_mid_job_the_other_takes_over_exact() {
         return;
     }
     let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 10, visibility_timeout: Duration::from_secs(5) }).await else { return };
-    let mut a = crate::support::controller_process(&st, "ctl-a");
-    let mut b = crate::support::controller_process(&st, "ctl-b");
+    let mut a = crate::support::controller_process(&st, "ctl-a", &[]);
+    let mut b = crate::support::controller_process(&st, "ctl-b", &[]);
     let p = st.start_processor(crate::support::fast_processor());
     let dir = tempfile::tempdir().unwrap();
     let files = vec![crate::support::generated(dir.path(), "shared.csv", 150_000, 700, 17)];

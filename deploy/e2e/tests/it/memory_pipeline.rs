@@ -39,6 +39,7 @@ async fn large_results_travel_as_blobs() {
             work_dlq: work_dlq.clone(),
             results_dlq: MemoryQueue::new("results-dlq", Duration::from_secs(30)),
             store: store.clone() as Arc<dyn BlobStore>,
+            work: Some(work.clone()),
             triggers: None,
             publish: None,
         },

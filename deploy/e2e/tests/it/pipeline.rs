@@ -243,7 +243,7 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
         assert!(t.elapsed() < T, "the first controller's results never came back");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut c1 = controller_process(&st, TEST_CONTROLLER);
+    let mut c1 = controller_process(&st, TEST_CONTROLLER, &[]);
     let t = std::time::Instant::now();
     while st.results.depth().await.unwrap().in_flight == 0 {
         assert!(t.elapsed() < T, "the controller process never received a result");
@@ -264,6 +264,51 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
     assert_eq!(report_accounts(&r), expected_accounts(&[f]));
     c2.stop().await;
     agent.stop().await;
+}
+
+/// The controller (a real process) comes back after being down for longer than its short
+/// `--abandon-after`, while the job's checkpoint says it is unsealed and its seal waits on the results
+/// queue: it reads the seal and finishes the job complete; it does not abandon it at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_down_longer_than_abandon_after_finishes_the_job_whose_seal_waits() {
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let f = generated(dir.path(), "in.csv", 2_000, 40, 7);
+    let s = st.submit(std::slice::from_ref(&f), 200).await;
+    let p = st.start_processor(fast_processor());
+    st.wait_depth(st.results.as_ref(), u64::from(s.total_chunks) + 1, T).await;
+    p.stop().await;
+    // The controller that ran before applied some results, never the seal, checkpointed them (the
+    // job's checkpoint says it is unsealed), deleted them, and stopped.
+    let agg = controller::Aggregator::with_owner(st.store.clone(), TEST_CONTROLLER.into(), controller::aggregate::LEASE);
+    let done = fleet_engine::Completions::start(st.results.clone(), Default::default());
+    let msgs = st.results.receive(10, Duration::from_secs(1)).await.unwrap();
+    let (seals, results): (Vec<_>, Vec<_>) = msgs.into_iter().partition(|d| d.body.contains("\"kind\":\"sealed\""));
+    for d in seals {
+        done.release(d, Duration::ZERO);
+    }
+    assert!(!results.is_empty());
+    let applied = agg.apply(controller::Source::Results, results.into_iter().map(|d| done.keep(d)).collect()).await;
+    for k in applied.delete.into_iter().chain(agg.flush().await) {
+        k.delete();
+    }
+    agg.release_leases().await;
+    drop(agg);
+    done.finish(true).await;
+    // Down for longer than the restarted controller's --abandon-after.
+    let abandon_after = 5;
+    tokio::time::sleep(Duration::from_secs(abandon_after + 2)).await;
+    let mut c = controller_process(&st, TEST_CONTROLLER, &[("CONTROLLER_ABANDON_AFTER", &abandon_after.to_string())]);
+    let r = st.wait_report(&s, T).await;
+    c.kill().unwrap();
+    c.wait().unwrap();
+    assert_eq!(r.status, JobStatus::Complete, "{:?}", r.note);
+    assert_consistent(&r);
+    assert_eq!(r.transactions.processed, 2_000);
+    assert_eq!(report_accounts(&r), expected_accounts(&[f]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -87,6 +87,7 @@ impl Fleet for Stack {
             work_dlq: self.work_dlq.clone(),
             results_dlq: self.results_dlq.clone(),
             store: self.store.clone(),
+            work: Some(self.work.clone()),
             triggers: self
                 .names
                 .subscribe([self.results.name(), self.work_dlq.name(), self.results_dlq.name()].map(fleet_io::trigger::work_key).to_vec(), &stop),
@@ -116,7 +117,7 @@ impl Fleet for Stack {
 }
 
 /// The `controller` binary on a test stack, as `id` (its leases last 5 s): a process a test can kill.
-pub fn controller_process(st: &Stack, id: &str) -> std::process::Child {
+pub fn controller_process(st: &Stack, id: &str, envs: &[(&str, &str)]) -> std::process::Child {
     let n = &st.names;
     let mut cmd = std::process::Command::new(bin("controller"));
     cmd.env("FLEET_BUCKET", &n.bucket)
@@ -135,6 +136,7 @@ pub fn controller_process(st: &Stack, id: &str) -> std::process::Child {
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
         cmd.env("AWS_ENDPOINT_URL", LOCALSTACK).env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
     }
+    cmd.envs(envs.iter().copied());
     cmd.spawn().expect("start the controller binary")
 }
 
@@ -178,6 +180,7 @@ pub fn start_processor_and_controller(
             work_dlq: q.work_dlq.clone(),
             results_dlq: q.results_dlq.clone(),
             store: q.store.clone(),
+            work: Some(q.work.clone()),
             triggers: names.subscribe([q.results.name(), q.work_dlq.name(), q.results_dlq.name()].map(fleet_io::trigger::work_key).to_vec(), stop),
             publish: names.trigger_bus(),
         },
