@@ -77,6 +77,22 @@ fn receives(q: &fleet_io::queue::SqsQueue) -> u64 {
     q.calls().snapshot().get("sqs.ReceiveMessage").copied().unwrap_or(0)
 }
 
+/// Waits until the controller's listeners have parked: no receive on the results queue or the work
+/// dead-letter queue for two of its (1 s) polls in a row.
+async fn parked(st: &Stack) {
+    let t = std::time::Instant::now();
+    let mut last = (receives(&st.results), receives(&st.work_dlq));
+    let mut quiet_since = std::time::Instant::now();
+    while quiet_since.elapsed() < Duration::from_secs(2) {
+        assert!(t.elapsed() < T, "the controller's listeners never parked");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = (receives(&st.results), receives(&st.work_dlq));
+        if now != last {
+            (last, quiet_since) = (now, std::time::Instant::now());
+        }
+    }
+}
+
 /// The controller idles at zero requests (its listeners park) and is woken by the triggers that
 /// processors and the initiator publish: jobs finish in seconds, not at the 10-minute safety poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -90,7 +106,7 @@ async fn an_idle_controller_makes_no_requests_and_wakes_on_triggers() {
     let p = st.start_processor(fast_processor());
     let c = st.start_controller();
     // Quick listener settings: 1 s polls, 1 s cap: parked after the first empty poll.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    parked(&st).await;
     let before = (receives(&st.results), receives(&st.work_dlq));
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!((receives(&st.results), receives(&st.work_dlq)), before, "no receives while idle");
@@ -102,7 +118,7 @@ async fn an_idle_controller_makes_no_requests_and_wakes_on_triggers() {
         assert_eq!(report_accounts(&r), expected_accounts(std::slice::from_ref(&f)));
         assert!(started.elapsed() < Duration::from_secs(15), "round {round}: woken by triggers, took {:?}", started.elapsed());
         // Parked again before the next round.
-        tokio::time::sleep(Duration::from_secs(4)).await;
+        parked(&st).await;
     }
     p.stop().await;
     c.stop().await;
