@@ -74,6 +74,32 @@ pub fn render_metrics(states: &[ListenerState]) -> String {
         }
     }
     reg.register("dependency_down", "1 for each dependency whose breaker is open", down);
+    let breaker_gauges: [(&str, &str, fn(&fleet_io::breaker::BreakerState) -> i64); 2] = [
+        ("breaker_open", "1 while the dependency's breaker is open", |b| i64::from(b.open)),
+        ("breaker_failures", "Failed calls in a row to the dependency", |b| i64::from(b.failures)),
+    ];
+    for (name, help, f) in breaker_gauges {
+        let fam = Family::<Vec<(String, String)>, Gauge>::default();
+        for s in states {
+            for b in &s.breakers {
+                fam.get_or_create(&vec![("queue".to_string(), s.queue.clone()), ("dependency".to_string(), b.dependency.clone())]).set(f(b));
+            }
+        }
+        reg.register(name, help, fam);
+    }
+    let breaker_counters: [(&str, &str, fn(&fleet_io::breaker::BreakerState) -> u64); 2] = [
+        ("breaker_trips", "Times the dependency's breaker opened", |b| b.trips),
+        ("breaker_probes", "Probes sent while the breaker was open", |b| b.probes),
+    ];
+    for (name, help, f) in breaker_counters {
+        let fam = Family::<Vec<(String, String)>, Counter>::default();
+        for s in states {
+            for b in &s.breakers {
+                fam.get_or_create(&vec![("queue".to_string(), s.queue.clone()), ("dependency".to_string(), b.dependency.clone())]).inc_by(f(b));
+            }
+        }
+        reg.register(name, help, fam);
+    }
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = encode(&mut out, &reg);

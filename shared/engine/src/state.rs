@@ -10,7 +10,7 @@ use super::{lock, Engine};
 use fleet_io::queue::QueueDepth;
 
 /// A snapshot of one listener.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ListenerState {
     pub queue: String,
     /// Approximate depth (one GetQueueAttributes call; absent when not asked for or unavailable).
@@ -48,6 +48,10 @@ pub struct ListenerState {
     pub held_total: u64,
     #[serde(default)]
     pub paused_total: u64,
+    /// The breaker of each dependency the listener needs (open or not, failures in a row, trips,
+    /// probes, the last failure).
+    #[serde(default)]
+    pub breakers: Vec<fleet_io::breaker::BreakerState>,
 }
 
 /// The few figures an instance report needs, read without any request.
@@ -118,6 +122,7 @@ impl Engine {
             held: inner.holding.load(Ordering::SeqCst) + inner.handler.holding(),
             held_total: get(&s.held),
             paused_total: get(&s.paused),
+            breakers: inner.breakers.iter().map(|b| b.state()).collect(),
         }
     }
 }

@@ -44,7 +44,7 @@ impl Default for BreakerPolicy {
 }
 
 /// What a breaker shows (`/state`, `/metrics`, the agent's decisions).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct BreakerState {
     pub dependency: String,
     pub open: bool,

@@ -96,6 +96,10 @@ async fn an_outage_of_ten_minutes_holds_the_work_and_spends_no_receive_count() {
     assert!(until(Duration::from_secs(10), || h.breaker.is_open()).await, "the breaker did not open");
     let s = e.state(false).await;
     assert_eq!(s.paused_for, vec!["S3"]);
+    assert_eq!(s.breakers.iter().map(|b| (b.dependency.as_str(), b.open, b.trips)).collect::<Vec<_>>(), [("S3", true, 1)], "{:?}", s.breakers);
+    let m = crate::http::render_metrics(std::slice::from_ref(&s));
+    assert!(m.contains("listener_breaker_open{queue=\"work\",dependency=\"S3\"} 1"), "{m}");
+    assert!(m.contains("listener_breaker_trips_total{queue=\"work\",dependency=\"S3\"} 1"), "{m}");
     let receives = e.stats().receives.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(600)).await;
     let s = e.state(false).await;
