@@ -34,21 +34,45 @@ async fn sigterm_drains_and_exits_zero() {
             .env("AWS_REGION", "us-east-1");
     }
     let work = aws.queue(&names.work_queue).await.unwrap();
-    let child = cmd.spawn().unwrap();
-    // Let it start and wait in a 20 s long poll.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut child = cmd.spawn().unwrap();
+    // Its log, line by line, as it comes.
+    let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut log = String::new();
+    let mut wait_for = async |what: &str, log: &mut String| {
+        let t = Instant::now();
+        while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(60).saturating_sub(t.elapsed()), lines.recv()).await {
+            log.push_str(&line);
+            log.push('\n');
+            if line.contains(what) {
+                return;
+            }
+        }
+        panic!("no {what:?} in the processor's log:\n{log}");
+    };
+    // Started: its consumer waits in a 20 s long poll (consumers are spawned before this line).
+    wait_for("listener started", &mut log).await;
     let sent = Instant::now();
     let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(kill.success());
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output());
     // A work item arriving during the stop goes to the poll still under way.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_for("SIGTERM", &mut log).await;
     work.send(vec!["arrived during the stop".into()]).await.unwrap();
-    let out = out.await.unwrap().unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
     let took = sent.elapsed();
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{log}");
-    assert!(took < Duration::from_secs(22), "the stop outlasted the long poll: {took:?}");
+    while let Some(line) = lines.recv().await {
+        log.push_str(&line);
+        log.push('\n');
+    }
+    assert_eq!(status.code(), Some(0), "{log}");
+    // Less than two long polls: the stop waits for the one under way only.
+    assert!(took < Duration::from_secs(35), "the stop outlasted the long poll: {took:?}");
     assert!(log.contains("SIGTERM") && log.contains("processor stopped"), "{log}");
     assert!(log.contains("returning what the last poll brought"), "the poll under way did not get the message:\n{log}");
     // Visible again at once, not after the 30 s visibility timeout.

@@ -87,10 +87,8 @@ pub fn render_metrics(states: &[ListenerState]) -> String {
         }
         reg.register(name, help, fam);
     }
-    let breaker_counters: [(&str, &str, fn(&fleet_io::breaker::BreakerState) -> u64); 2] = [
-        ("breaker_trips", "Times the dependency's breaker opened", |b| b.trips),
-        ("breaker_probes", "Probes sent while the breaker was open", |b| b.probes),
-    ];
+    let breaker_counters: [(&str, &str, fn(&fleet_io::breaker::BreakerState) -> u64); 2] =
+        [("breaker_trips", "Times the dependency's breaker opened", |b| b.trips), ("breaker_probes", "Probes sent while the breaker was open", |b| b.probes)];
     for (name, help, f) in breaker_counters {
         let fam = Family::<Vec<(String, String)>, Counter>::default();
         for s in states {
