@@ -76,13 +76,7 @@ impl BlobStore for S3Store {
                 match self.client.get_object().bucket(&self.bucket).key(key).send().await {
                     Ok(out) => {
                         let etag = out.e_tag().unwrap_or_default().to_string();
-                        let data = out.body.collect().await.map_err(|e| Error::Service {
-                            service: Service::S3,
-                            operation: "GetObject",
-                            detail: format!("reading body of {key}: {e}"),
-                            retryable: true,
-                            source: Some(Box::new(e)),
-                        })?;
+                        let data = out.body.collect().await.map_err(|e| body_error(key, e))?;
                         Ok(Some((data.into_bytes(), etag)))
                     }
                     Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
@@ -100,13 +94,7 @@ impl BlobStore for S3Store {
                 self.calls.bump("s3.GetObject");
                 match self.client.get_object().bucket(&self.bucket).key(key).range(&range).send().await {
                     Ok(out) => {
-                        let data = out.body.collect().await.map_err(|e| Error::Service {
-                            service: Service::S3,
-                            operation: "GetObject",
-                            detail: format!("reading body of {key}: {e}"),
-                            retryable: true,
-                            source: Some(Box::new(e)),
-                        })?;
+                        let data = out.body.collect().await.map_err(|e| body_error(key, e))?;
                         let data = data.into_bytes();
                         if data.len() as u64 > max {
                             return Err(super::too_large(key, max));
@@ -208,4 +196,9 @@ impl BlobStore for S3Store {
     fn breaker(&self) -> Option<std::sync::Arc<Breaker>> {
         self.policy.breaker.clone()
     }
+}
+
+/// A GetObject whose body broke off while it was read (worth another try).
+fn body_error(key: &str, e: aws_sdk_s3::primitives::ByteStreamError) -> Error {
+    Error::Service { service: Service::S3, operation: "GetObject", detail: format!("reading body of {key}: {e}"), retryable: true, source: Some(Box::new(e)) }
 }
