@@ -20,6 +20,7 @@ use fleet_io::trigger::{Notifier, Subscription, TriggerBus};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use aggregate::HAND_BACK;
 pub use aggregate::{Aggregator, Source, FLUSH_INTERVAL};
 
 /// Controller settings.
@@ -99,9 +100,6 @@ struct ResultsHandler {
     /// written).
     store_breaker: Option<Arc<fleet_io::breaker::Breaker>>,
 }
-
-/// A message of a job another controller owns goes back to the queue after this long.
-const HAND_BACK: Duration = Duration::from_secs(1);
 
 #[async_trait]
 impl Handler for ResultsHandler {
@@ -200,7 +198,12 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tick.tick() => settle(agg.retry_held().await),
+                    // A retry that waits on a hung store does not hold up the stop (what it had in
+                    // hand comes back after its extended visibility).
+                    _ = tick.tick() => tokio::select! {
+                        _ = stop.cancelled() => return,
+                        applied = agg.retry_held() => settle(applied),
+                    },
                 }
             }
         });

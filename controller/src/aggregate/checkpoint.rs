@@ -67,7 +67,7 @@ impl Aggregator {
             }
             Err(Error::Conflict(why)) => {
                 tracing::warn!(job = %job_id, %why, pending = job.pending.len(), "fenced: another controller owns the job now; its messages go there");
-                *held = None;
+                self.hand_over(held);
                 Vec::new()
             }
             Err(e) => {

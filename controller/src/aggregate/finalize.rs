@@ -13,7 +13,7 @@ impl Aggregator {
             let job = held.as_mut().expect("the job is in memory");
             if !self.leases.renew(job_id, &mut job.lease).await? {
                 tracing::warn!(job = %job_id, "lease lost before the report; the new owner writes it");
-                *held = None;
+                self.hand_over(held);
                 return Ok(Vec::new());
             }
         }
@@ -31,6 +31,7 @@ impl Aggregator {
             Ok(s) => s,
             Err(Error::Conflict(why)) => {
                 tracing::warn!(job = %job_id, %why, "fenced while finishing: another controller owns the job now");
+                self.hand_over(&mut Some(job));
                 return Ok(Vec::new());
             }
             // The manifest cannot be read: it never will be.

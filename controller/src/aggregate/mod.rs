@@ -178,6 +178,9 @@ pub struct Aggregator {
     stall: Option<scan::StallLimit>,
 }
 
+/// A message of a job another controller owns goes back to the queue after this long (for its owner).
+pub const HAND_BACK: Duration = Duration::from_secs(1);
+
 /// How long a job's messages are turned back without a try after its S3 calls failed.
 const FAILING_FOR: Duration = Duration::from_secs(2);
 
@@ -354,6 +357,17 @@ impl Aggregator {
         }
         if e.is_retryable() {
             self.hold(also, e);
+        }
+    }
+
+    /// Drops a job from memory that another controller owns now (fenced, or its lease lost): the
+    /// messages applied to it since its last checkpoint go back to the queue for the owner at once
+    /// (they may have been kept invisible for minutes by a hold).
+    fn hand_over(&self, held: &mut Option<Job>) {
+        if let Some(mut job) = held.take() {
+            for k in job.pending.take() {
+                k.release(HAND_BACK);
+            }
         }
     }
 

@@ -54,7 +54,7 @@ impl Aggregator {
                 }
                 None => {
                     tracing::warn!(job = %job_id, pending = job.pending.len(), "lease lost; the job's messages go to its next owner");
-                    *held = None;
+                    self.hand_over(held);
                 }
             }
         }

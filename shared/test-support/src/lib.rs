@@ -48,6 +48,17 @@ pub async fn stack(settings: QueueSettings) -> Option<Stack> {
     stack_of(FleetArgs::defaults(), settings).await
 }
 
+/// The services' logs on stderr when `FLEET_TEST_LOG` is set (its value is the filter, as `RUST_LOG`),
+/// for a test that fails without saying why; once per test binary.
+pub fn test_log() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        if let Ok(filter) = std::env::var("FLEET_TEST_LOG") {
+            fleet_io::telemetry::init(false, &filter);
+        }
+    });
+}
+
 /// Creates a fresh fleet with unique names on a FIFO work queue (and FIFO work dead-letter queue).
 pub async fn fifo_stack(settings: QueueSettings) -> Option<Stack> {
     stack_of(FleetArgs::defaults().fifo(), settings).await

@@ -62,6 +62,7 @@ async fn run(o: Outage) {
     if !crate::support::stack_running() {
         return;
     }
+    test_log();
     let settings = QueueSettings { max_receive_count: o.max_receive_count, visibility_timeout: Duration::from_secs(10) };
     let Some(mut s) = crate::support::stack(settings).await else { return };
     let aws_proxy = Proxy::start(0, "127.0.0.1:4566").await;
