@@ -300,6 +300,11 @@ async fn while_the_bus_is_down_no_consumer_parks_and_it_parks_again_once_back() 
     send(&q, plain(1)).await;
     bus.live.send_replace(true);
     assert!(until(Duration::from_millis(100), || lock(&h.handled).len() == 2).await, "a poll at once when the bus is back");
+    // Publishers may still be in their reconnect back-off: polling goes on for the grace period.
+    let back = e.stats().receives.load(Ordering::Relaxed);
+    tokio::time::sleep(crate::trigger::REJOIN_GRACE - Duration::from_secs(5)).await;
+    assert!(e.stats().receives.load(Ordering::Relaxed) - back >= 10, "polling during the grace after the bus came back");
+    assert_eq!(e.state(false).await.consumers_parked, 0);
     tokio::time::sleep(Duration::from_secs(60)).await;
     let n = e.stats().receives.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(3600)).await;

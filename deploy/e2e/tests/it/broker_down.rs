@@ -85,7 +85,8 @@ async fn with_the_broker_down_listeners_poll_and_the_job_completes() {
     // The broker is back (same port): subscribed again, parked again, no requests.
     let _proxy = Proxy::start(proxy.port, "127.0.0.1:5672").await;
     assert!(
-        until(Duration::from_secs(40), async || engine.triggers_live() && engine.state(false).await.consumers_parked == 1).await,
+        // The subscription's reconnect back-off (up to 30 s), then the grace for publishers to reconnect (30 s).
+        until(Duration::from_secs(90), async || engine.triggers_live() && engine.state(false).await.consumers_parked == 1).await,
         "parked again once the broker was back"
     );
     let n = engine.stats().receives.load(std::sync::atomic::Ordering::Relaxed);
