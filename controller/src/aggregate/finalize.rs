@@ -73,11 +73,7 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
     let (manifest, note) = match (manifest, &job.abandon) {
         (Some(m), None) => match &job.stalled {
             Some(reason) => {
-                let missing: Vec<u32> = (0..m.total_chunks).filter(|c| !job.cp.accounted.contains(c)).collect();
-                for &chunk in &missing {
-                    let transactions = m.chunk_transactions.get(chunk as usize).copied().unwrap_or(0);
-                    failed.push(FailedChunk { chunk, transactions, reason: format!("no result: {reason}") });
-                }
+                let missing = fail_missing(&job.cp, &m, &mut failed, &format!("no result: {reason}"));
                 let shown: Vec<String> = missing.iter().take(20).map(u32::to_string).collect();
                 let more = if missing.len() > shown.len() { ", ..." } else { "" };
                 let note = format!("finished without {} of its {} chunks ({}{more}): {reason}", missing.len(), m.total_chunks, shown.join(", "));
@@ -89,10 +85,7 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
             return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") });
         }
         (Some(m), Some(reason)) => {
-            for chunk in (0..m.total_chunks).filter(|c| !job.cp.accounted.contains(c)) {
-                let transactions = m.chunk_transactions.get(chunk as usize).copied().unwrap_or(0);
-                failed.push(FailedChunk { chunk, transactions, reason: format!("no result before the job was abandoned: {reason}") });
-            }
+            fail_missing(&job.cp, &m, &mut failed, &format!("no result before the job was abandoned: {reason}"));
             (m, Some(format!("abandoned: {reason}")))
         }
         (None, Some(reason)) => {
@@ -138,4 +131,15 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
     tracing::info!(job = %job_id, status = ?r.status, processed = r.transactions.processed, failed = r.transactions.failed,
         requests = r.requests.total, "job finished; report written");
     Ok(r.status)
+}
+
+/// Lists every chunk the manifest names that the checkpoint has not accounted for as failed with
+/// `reason`; returns those chunks.
+fn fail_missing(cp: &Checkpoint, m: &Manifest, failed: &mut Vec<FailedChunk>, reason: &str) -> Vec<u32> {
+    let missing: Vec<u32> = (0..m.total_chunks).filter(|c| !cp.accounted.contains(c)).collect();
+    for &chunk in &missing {
+        let transactions = m.chunk_transactions.get(chunk as usize).copied().unwrap_or(0);
+        failed.push(FailedChunk { chunk, transactions, reason: reason.to_string() });
+    }
+    missing
 }

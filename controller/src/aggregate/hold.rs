@@ -103,12 +103,12 @@ impl Aggregator {
         }
         // The retry is the try: jobs turned back for a failure just before are tried now.
         lock(&self.failing).clear();
-        let mut by_source: BTreeMap<u8, (Source, Vec<Kept>)> = BTreeMap::new();
+        let mut by_source: BTreeMap<Source, Vec<Kept>> = BTreeMap::new();
         for w in taken {
-            by_source.entry(w.source as u8).or_insert_with(|| (w.source, Vec::new())).1.push(w.kept);
+            by_source.entry(w.source).or_default().push(w.kept);
         }
         let mut applied = Applied::default();
-        for (_, (source, kept)) in by_source {
+        for (source, kept) in by_source {
             let a = self.apply(source, kept).await;
             applied.delete.extend(a.delete);
             applied.release.extend(a.release);

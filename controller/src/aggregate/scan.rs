@@ -47,9 +47,11 @@ impl Aggregator {
             .filter(|(_, d)| limit(d.sealed).is_some_and(|l| now.saturating_duration_since(d.since.max(floor)) >= l))
             .map(|(k, d)| (k.clone(), *d))
             .collect();
-        // A sealed job is loaded only when nothing can still arrive for it.
-        let quiet = if due.iter().any(|(_, d)| d.sealed) { self.fleet_quiet().await } else { false };
-        for (job_id, d) in due.into_iter().filter(|(_, d)| !d.sealed || quiet) {
+        // A sealed job is loaded only when nothing can still arrive for it (the queues are read once a
+        // tick, and only when a sealed job is due).
+        let mut queues_seen = None;
+        let quiet_now = if due.iter().any(|(_, d)| d.sealed) { self.fleet_quiet(&mut queues_seen).await } else { false };
+        for (job_id, d) in due.into_iter().filter(|(_, d)| !d.sealed || quiet_now) {
             let mut ctl = RequestCounts::default();
             let slot = self.slot(&job_id);
             {
@@ -86,7 +88,7 @@ impl Aggregator {
                 idle.push((job_id.clone(), slot.clone(), job.cp.total_chunks.is_some(), quiet_for));
             }
         }
-        let quiet = if idle.iter().any(|(_, _, sealed, _)| *sealed) { self.fleet_quiet().await } else { false };
+        let quiet = if idle.iter().any(|(_, _, sealed, _)| *sealed) { self.fleet_quiet(&mut queues_seen).await } else { false };
         let mut out = Vec::new();
         for (job_id, slot, sealed, quiet_for) in idle {
             if sealed && !quiet {
@@ -123,8 +125,18 @@ impl Aggregator {
     }
 
     /// Whether every queue the fleet uses is empty (visible, in flight and delayed): nothing can still
-    /// arrive for a job. Approximate counts lag by about a minute; the stall limit is far longer.
-    async fn fleet_quiet(&self) -> bool {
+    /// arrive for a job. Approximate counts lag by about a minute; the stall limit is far longer. Asks
+    /// the queues once per `seen` (one expiry tick).
+    async fn fleet_quiet(&self, seen: &mut Option<bool>) -> bool {
+        if let Some(q) = *seen {
+            return q;
+        }
+        let q = self.queues_empty().await;
+        *seen = Some(q);
+        q
+    }
+
+    async fn queues_empty(&self) -> bool {
         let Some(stall) = &self.stall else { return false };
         for q in &stall.queues {
             match q.depth().await {
