@@ -5,6 +5,7 @@
 
 pub mod aggregate;
 pub mod lease;
+pub mod purge;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -49,11 +50,15 @@ pub struct Settings {
     /// [default: $HOSTNAME, else controller-PID].
     #[arg(long, env = "CONTROLLER_ID")]
     pub id: Option<String>,
+    /// A finished job's chunk and result blobs (its transactions) are deleted this many seconds after
+    /// its report is written (0: at once); the report, accounts, manifest and checkpoint stay.
+    #[arg(long, env = "CONTROLLER_BLOB_RETENTION_SECS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=365 * 86_400))]
+    pub blob_retention_secs: u64,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { listener: ListenerArgs::default(), drain_secs: 30, abandon_after: 3600, stall_after: 3600, lease_secs: 30, id: None }
+        Settings { listener: ListenerArgs::default(), drain_secs: 30, abandon_after: 3600, stall_after: 3600, lease_secs: 30, id: None, blob_retention_secs: 0 }
     }
 }
 
@@ -153,6 +158,12 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         None => tracing::info!("no work queue given: sealed jobs that stall are not finished"),
     }
     let agg = Arc::new(aggregator);
+    // Finished jobs' blobs are purged in the background; a stop waits for the purges under way.
+    let retention = Duration::from_secs(settings.blob_retention_secs);
+    let (finished_tx, finished_rx) = tokio::sync::mpsc::unbounded_channel();
+    agg.notify_finished(finished_tx);
+    let purge_tick = (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let purger = tokio::spawn(purge::Purger::new(deps.store.clone(), retention).run(finished_rx, purge_tick));
     let cfg = settings.listener.engine(deps.triggers.is_some());
     // Dead letters are rare: one consumer each is plenty.
     let dlq_cfg = fleet_engine::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg.clone() };
@@ -168,9 +179,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
             e.follow_triggers(sub, shutdown.clone());
         }
     }
-    if let Some(addr) = settings.listener.http_addr {
-        http::serve(addr, engines.clone(), shutdown.clone()).await.map_err(|e| fleet_io::Error::Config(format!("state endpoint on {addr}: {e}")))?;
-    }
+    http::serve_from_args(&settings.listener, &engines, &shutdown).await?;
     let tracker = TaskTracker::new();
     {
         let (agg, stop) = (agg.clone(), shutdown.clone());
@@ -258,6 +267,10 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     }
     // Other controllers may take this one's jobs over at once.
     agg.release_leases().await;
+    agg.stop_notifying();
+    if tokio::time::timeout(grace, purger).await.is_err() {
+        tracing::warn!("purges of finished jobs still under way at the stop; the bucket's lifecycle rule expires what is left");
+    }
     let stats = agg.stats();
     tracing::info!(
         checkpoint_writes = stats.writes.load(Ordering::Relaxed),

@@ -81,9 +81,7 @@ pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken
     if let Some(bus) = &deps.publish {
         fleet_engine::report::spawn_reporter(engine.clone(), bus.clone(), fleet_engine::report::instance_id(), REPORT_INTERVAL, shutdown.clone());
     }
-    if let Some(addr) = settings.listener.http_addr {
-        http::serve(addr, vec![engine.clone()], shutdown.clone()).await.map_err(|e| fleet_io::Error::Config(format!("state endpoint on {addr}: {e}")))?;
-    }
+    http::serve_from_args(&settings.listener, std::slice::from_ref(&engine), shutdown).await?;
     Ok(engine)
 }
 

@@ -48,6 +48,10 @@ pub trait Backend: Send + Sync + 'static {
     /// A work-detected trigger for the work queue arrived (before the agent's next look decides): a
     /// backend that can act at once does (`keda` pushes "active").
     fn work_detected(&self) {}
+
+    /// The work items one instance clears within the SLA, after each decision (throughput x SLA; the
+    /// measured throughput once instances report it). The keda backend serves it as its target.
+    fn sla_target(&self, _items_per_instance: f64) {}
 }
 
 /// Decides and reports only: the desired count is taken as done.

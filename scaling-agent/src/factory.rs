@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, BackendError, NoneBackend, ProcessBackend, ProcessSpec};
 use crate::docker::DockerBackend;
-use crate::keda::KedaBackend;
+use crate::keda::{KedaBackend, KedaTls};
 use crate::Settings;
 
 /// Which backend starts and stops processor instances.
@@ -55,9 +55,25 @@ pub struct BackendArgs {
     /// Keda backend: the external scaler's gRPC address.
     #[arg(long, env = "AGENT_KEDA_ADDR", default_value = "0.0.0.0:9090")]
     pub keda_addr: std::net::SocketAddr,
+    /// Keda backend: serve TLS with this PEM certificate chain (with --keda-tls-key).
+    #[arg(long, env = "AGENT_KEDA_TLS_CERT", value_name = "FILE", requires = "keda_tls_key")]
+    pub keda_tls_cert: Option<PathBuf>,
+    /// Keda backend: the PEM private key of --keda-tls-cert.
+    #[arg(long, env = "AGENT_KEDA_TLS_KEY", value_name = "FILE", requires = "keda_tls_cert")]
+    pub keda_tls_key: Option<PathBuf>,
+    /// Keda backend: require a client certificate signed by this PEM CA (KEDA's `tlsClientCert`).
+    #[arg(long, env = "AGENT_KEDA_TLS_CLIENT_CA", value_name = "FILE", requires = "keda_tls_cert")]
+    pub keda_tls_client_ca: Option<PathBuf>,
 }
 
 impl BackendArgs {
+    /// The KEDA endpoint's TLS files, read now (a missing one is a configuration error naming it).
+    pub fn keda_tls(&self) -> Result<Option<KedaTls>, BackendError> {
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| BackendError::Config(format!("keda TLS file {}: {e}", p.display())));
+        let (Some(cert), Some(key)) = (&self.keda_tls_cert, &self.keda_tls_key) else { return Ok(None) };
+        Ok(Some(KedaTls { cert_pem: read(cert)?, key_pem: read(key)?, client_ca_pem: self.keda_tls_client_ca.as_ref().map(read).transpose()? }))
+    }
+
     /// Builds the backend these flags choose, for the agent's fleet (`fleet`) and settings (`settings`).
     pub async fn build(&self, fleet: &FleetArgs, settings: &Settings, shutdown: &CancellationToken) -> Result<Arc<dyn Backend>, BackendError> {
         let cli = self;
@@ -67,7 +83,7 @@ impl BackendArgs {
             BackendKind::Keda => {
                 let policy = settings.policy();
                 let keda = KedaBackend::new(policy.min, policy.per_instance_within_sla(), format!("{}-sla-backlog", fleet.work_queue));
-                keda.serve(cli.keda_addr, shutdown.clone())
+                keda.serve(cli.keda_addr, cli.keda_tls()?, shutdown.clone())
                     .await
                     .map_err(|e| BackendError::Config(format!("serving the KEDA external scaler on {}: {e}", cli.keda_addr)))?;
                 keda

@@ -262,6 +262,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 Ok(actual) => {
                     let d = policy.decide(now, actual, &signals);
                     log_decision(&d);
+                    deps.backend.sla_target(d.throughput * policy.cfg.sla.as_secs_f64());
                     if d.desired != actual {
                         if let Err(e) = deps.backend.scale(d.desired).await {
                             tracing::warn!(error = %e, desired = d.desired, "the backend could not scale");

@@ -56,6 +56,7 @@ impl Aggregator {
         }
         let _ = self.leases.release(job_id, &job.lease).await;
         self.remember_finished(job_id, status);
+        self.report_written(job_id);
         Ok(job.pending.take())
     }
 }

@@ -176,6 +176,8 @@ pub struct Aggregator {
     hold: Mutex<Hold>,
     /// When sealed jobs that no longer progress are finished (none: never).
     stall: Option<scan::StallLimit>,
+    /// Told the id of each job whose report it wrote (the purge of its blobs); dropped at the stop.
+    on_finished: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
 }
 
 /// A message of a job another controller owns goes back to the queue after this long (for its owner).
@@ -224,6 +226,7 @@ impl Aggregator {
             idle_floor: Mutex::new(Instant::now()),
             hold: Mutex::default(),
             stall: None,
+            on_finished: Mutex::new(None),
         }
     }
 
@@ -415,6 +418,23 @@ impl Aggregator {
     /// Messages applied in memory and waiting for a checkpoint.
     pub fn pending(&self) -> usize {
         self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Sends the id of every job this aggregator finishes from now on to `tx`.
+    pub fn notify_finished(&self, tx: tokio::sync::mpsc::UnboundedSender<String>) {
+        *lock(&self.on_finished) = Some(tx);
+    }
+
+    /// Stops sending finished jobs (the receiver ends once it has what was sent).
+    pub fn stop_notifying(&self) {
+        lock(&self.on_finished).take();
+    }
+
+    /// The job's report is written: its blobs may go (see `crate::purge`).
+    pub(super) fn report_written(&self, job_id: &str) {
+        if let Some(tx) = lock(&self.on_finished).as_ref() {
+            let _ = tx.send(job_id.to_string());
+        }
     }
 
     fn remember_finished(&self, job_id: &str, status: JobStatus) {

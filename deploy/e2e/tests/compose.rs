@@ -614,6 +614,14 @@ fn agent_scales_containers() {
 
     // One of the added containers stopped mid-job: it drains; the agent replaces it.
     let added: Vec<String> = fleet.running("processor").into_iter().filter(|id| *id != first).collect();
+    // The agent's containers are confined: nothing bound from the host, no privileges, every
+    // capability dropped, no new privileges, ports on loopback only.
+    for id in &added {
+        let host = inspect(id, "{{json .HostConfig.Binds}} {{.HostConfig.Privileged}} {{json .HostConfig.CapDrop}} {{json .HostConfig.SecurityOpt}}");
+        assert_eq!(host, r#"null false ["ALL"] ["no-new-privileges:true"]"#, "container {id} the agent added");
+        let ports = inspect(id, "{{json .HostConfig.PortBindings}}");
+        assert!(!ports.contains("0.0.0.0") && ports.contains("127.0.0.1"), "container {id} publishes beyond loopback: {ports}");
+    }
     let victim = added[0].clone();
     let stopped_at = SystemTime::now();
     let stop = sh(Command::new("docker").args(["stop", &victim]));

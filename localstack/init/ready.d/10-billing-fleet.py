@@ -9,7 +9,9 @@ named *.fifo is created as FIFO, and so is its dead-letter queue (SQS requires b
 
 Environment (all optional): AWS_ENDPOINT_URL (default http://127.0.0.1:4566), AWS_REGION (us-east-1),
 FLEET_BUCKET, FLEET_WORK_QUEUE, FLEET_WORK_DLQ, FLEET_RESULTS_QUEUE, FLEET_MAX_RECEIVE_COUNT (5),
-FLEET_VISIBILITY_TIMEOUT (30).
+FLEET_VISIBILITY_TIMEOUT (30), FLEET_JOBS_EXPIRE_DAYS (30: the lifecycle rule that expires `jobs/` and
+`purge/`, the backstop of the controller's purge of finished jobs' transactions), FLEET_SSE_KMS_KEY_ID
+(when set: default encryption SSE-KMS with this key, and a bucket key).
 """
 import json
 import os
@@ -67,4 +69,25 @@ try:
     s3.create_bucket(Bucket=bucket)
 except s3.exceptions.BucketAlreadyOwnedByYou:
     pass
-print(f"bucket {bucket}")
+# Billing data does not pile up: the controller deletes a finished job's chunk and result blobs; this
+# rule expires whatever it never got to (and stray uploads).
+expire_days = int(env("FLEET_JOBS_EXPIRE_DAYS") or "30")
+s3.put_bucket_lifecycle_configuration(
+    Bucket=bucket,
+    LifecycleConfiguration={
+        "Rules": [
+            {"ID": f"expire-{p.rstrip('/')}", "Filter": {"Prefix": p}, "Status": "Enabled", "Expiration": {"Days": expire_days}}
+            for p in ("jobs/", "purge/")
+        ]
+        + [{"ID": "abort-incomplete-uploads", "Filter": {"Prefix": ""}, "Status": "Enabled", "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}}]
+    },
+)
+kms_key = env("FLEET_SSE_KMS_KEY_ID")
+if kms_key:
+    s3.put_bucket_encryption(
+        Bucket=bucket,
+        ServerSideEncryptionConfiguration={
+            "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": kms_key}, "BucketKeyEnabled": True}]
+        },
+    )
+print(f"bucket {bucket} (jobs/ expire after {expire_days} days{', SSE-KMS' if kms_key else ''})")

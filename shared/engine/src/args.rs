@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::admin::AdminToken;
 use super::backoff::{IdleBackoff, RetryBackoff};
 use super::completion::BatchSettings;
 use super::dynamic_consumers::{ScalingPolicy, WorkRules};
@@ -67,9 +68,20 @@ pub struct ListenerArgs {
     /// A parked consumer polls anyway after this many seconds (0: only triggers wake it).
     #[arg(long, env = "LISTENER_PARK_POLL_SECS", default_value_t = 600)]
     pub park_poll_secs: u64,
-    /// Serve GET /state, GET /metrics and PUT /throttle on this address (e.g. 127.0.0.1:9101).
+    /// Serve the read-only GET /state, /metrics, /livez, /readyz and /healthz on this address (e.g.
+    /// 127.0.0.1:9101).
     #[arg(long, env = "LISTENER_HTTP_ADDR")]
     pub http_addr: Option<SocketAddr>,
+    /// Serve the admin endpoint (PUT /throttle, bearer token required) on this address; it starts only
+    /// when a token is given.
+    #[arg(long, env = "LISTENER_ADMIN_ADDR", default_value = "127.0.0.1:9200")]
+    pub admin_addr: SocketAddr,
+    /// File holding the admin endpoint's bearer token (at least 16 characters), read at start.
+    #[arg(long, env = "LISTENER_ADMIN_TOKEN_FILE", value_name = "FILE", value_parser = AdminToken::from_file)]
+    pub admin_token_file: Option<AdminToken>,
+    /// The admin endpoint's bearer token itself (prefer the file: a flag shows in `ps`).
+    #[arg(long, env = "LISTENER_ADMIN_TOKEN", hide_env_values = true, value_name = "TOKEN", value_parser = AdminToken::parse, conflicts_with = "admin_token_file")]
+    pub admin_token: Option<AdminToken>,
 }
 
 impl Default for ListenerArgs {
@@ -85,6 +97,11 @@ impl Default for ListenerArgs {
 }
 
 impl ListenerArgs {
+    /// The admin endpoint's token, from the file or the environment.
+    pub fn admin_token(&self) -> Option<AdminToken> {
+        self.admin_token_file.clone().or_else(|| self.admin_token.clone())
+    }
+
     /// Short waits for tests and demos: 1 s long polls, idle back-off capped at 1 s, immediate retries,
     /// up to 3 consumers.
     pub fn quick() -> ListenerArgs {

@@ -293,7 +293,10 @@ pub(crate) async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
     let depth = match depth {
         Some(d) => d,
         None => match inner.queue.depth().await {
-            Ok(d) => d.visible,
+            Ok(d) => {
+                *lock(&inner.last_depth) = Some((d, tokio::time::Instant::now()));
+                d.visible
+            }
             Err(e) => {
                 tracing::debug!(queue = inner.queue.name(), error = %e, "queue depth unavailable");
                 return;

@@ -1,10 +1,14 @@
-//! The engine's HTTP endpoint (feature `http`): `GET /state` (JSON), `GET /metrics` (Prometheus) and
-//! `PUT /throttle`, which changes the throttle limits at runtime.
+//! The engine's HTTP endpoints (feature `http`). The state endpoint is read-only and makes no request
+//! to AWS (it reports the last look): `GET /state` (JSON), `GET /metrics` (Prometheus), `GET /livez`
+//! and `GET /readyz` (200 or 503 with the reasons, for an orchestrator's probes) and `GET /healthz`.
+//! The admin endpoint serves `PUT /throttle`, which changes the throttle limits at runtime; it binds
+//! to localhost unless given another address, starts only with a token, and answers 401 to a request
+//! without `Authorization: Bearer <token>`.
 
 use std::net::SocketAddr;
 
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::IntoResponse;
 use axum::routing::{get, put};
 use axum::{Json, Router};
@@ -16,7 +20,9 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::state::ListenerState;
+use super::admin::AdminToken;
+use super::args::ListenerArgs;
+use super::state::{Health, ListenerState};
 use super::throttle::{LimitsChange, ThrottleLimits};
 use super::Engine;
 
@@ -108,31 +114,53 @@ pub fn render_metrics(states: &[ListenerState]) -> String {
 struct Which {
     /// Only this queue (default: all).
     queue: Option<String>,
-    /// Fetch queue depth (default true).
+    /// Accepted for older scrapers; the depth is always the last look (no request).
+    #[allow(dead_code)]
     depth: Option<bool>,
 }
 
-async fn states(engines: &[Engine], which: &Which) -> Vec<ListenerState> {
-    let mut out = Vec::new();
-    for e in engines.iter().filter(|e| which.queue.as_deref().is_none_or(|q| q == e.queue_name())) {
-        out.push(e.state(which.depth.unwrap_or(true)).await);
-    }
-    out
+fn states(engines: &[Engine], which: &Which) -> Vec<ListenerState> {
+    engines.iter().filter(|e| which.queue.as_deref().is_none_or(|q| q == e.queue_name())).map(Engine::state).collect()
 }
 
-/// The HTTP router for a set of engines.
+/// 200 with the listeners' health when `ok` holds for every one, 503 otherwise.
+fn probe(engines: &[Engine], ok: fn(&Health) -> bool) -> axum::response::Response {
+    let h: Vec<Health> = engines.iter().map(Engine::health).collect();
+    let code = if h.iter().all(ok) { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, Json(h)).into_response()
+}
+
+/// The read-only router for a set of engines: state, metrics, probes.
 pub fn router(engines: Vec<Engine>) -> Router {
     Router::new()
-        .route("/state", get(|State(e): State<Vec<Engine>>, Query(w): Query<Which>| async move { Json(states(&e, &w).await) }))
+        .route("/state", get(|State(e): State<Vec<Engine>>, Query(w): Query<Which>| async move { Json(states(&e, &w)) }))
         .route(
             "/metrics",
             get(|State(e): State<Vec<Engine>>, Query(w): Query<Which>| async move {
-                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render_metrics(&states(&e, &w).await))
+                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render_metrics(&states(&e, &w)))
             }),
         )
+        .route("/livez", get(|State(e): State<Vec<Engine>>| async move { probe(&e, |h| h.live) }))
+        .route("/readyz", get(|State(e): State<Vec<Engine>>| async move { probe(&e, |h| h.ready) }))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(engines)
+}
+
+/// The admin router: `PUT /throttle`, for requests that carry `token`.
+pub fn admin_router(engines: Vec<Engine>, token: AdminToken) -> Router {
+    Router::new()
         .route(
             "/throttle",
-            put(|State(e): State<Vec<Engine>>, Query(w): Query<Which>, Json(change): Json<LimitsChange>| async move {
+            put(|State((e, token)): State<(Vec<Engine>, AdminToken)>, method: Method, uri: Uri, headers: HeaderMap, Query(w): Query<Which>, body: axum::body::Bytes| async move {
+                if !token.authorizes(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes())) {
+                    // Method and path only: nothing of what was sent.
+                    tracing::warn!(%method, path = uri.path(), "admin request refused: no valid bearer token");
+                    return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "a bearer token is required").into_response();
+                }
+                let change: LimitsChange = match serde_json::from_slice(&body) {
+                    Ok(c) => c,
+                    Err(err) => return (StatusCode::BAD_REQUEST, format!("limits: {err}")).into_response(),
+                };
                 if let Err(why) = change.check() {
                     return (StatusCode::BAD_REQUEST, why).into_response();
                 }
@@ -144,23 +172,49 @@ pub fn router(engines: Vec<Engine>) -> Router {
                 if changed.is_empty() {
                     return (StatusCode::NOT_FOUND, "no listener on that queue").into_response();
                 }
+                tracing::info!(?changed, "throttle limits changed");
                 Json(changed).into_response()
             }),
         )
-        .route("/healthz", get(|| async { "ok" }))
-        .with_state(engines)
+        .with_state((engines, token))
 }
 
-/// Serves the router on `addr` until `stop`. Returns the bound address (port 0 picks one).
-pub async fn serve(addr: SocketAddr, engines: Vec<Engine>, stop: CancellationToken) -> std::io::Result<SocketAddr> {
+async fn serve_router(what: &'static str, addr: SocketAddr, app: Router, stop: CancellationToken) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    tracing::info!(%bound, "state endpoint: GET /state, GET /metrics, PUT /throttle");
     tokio::spawn(async move {
-        let app = router(engines);
         if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await {
-            tracing::warn!(error = %e, "state endpoint failed");
+            tracing::warn!(error = %e, what, "endpoint failed");
         }
     });
     Ok(bound)
+}
+
+/// Serves the read-only router on `addr` until `stop`. Returns the bound address (port 0 picks one).
+pub async fn serve(addr: SocketAddr, engines: Vec<Engine>, stop: CancellationToken) -> std::io::Result<SocketAddr> {
+    let bound = serve_router("state", addr, router(engines), stop).await?;
+    tracing::info!(%bound, "state endpoint: GET /state, /metrics, /livez, /readyz, /healthz");
+    Ok(bound)
+}
+
+/// Serves the admin router on `addr` until `stop`. Returns the bound address.
+pub async fn serve_admin(addr: SocketAddr, engines: Vec<Engine>, token: AdminToken, stop: CancellationToken) -> std::io::Result<SocketAddr> {
+    let bound = serve_router("admin", addr, admin_router(engines, token), stop).await?;
+    tracing::info!(%bound, "admin endpoint: PUT /throttle (bearer token)");
+    Ok(bound)
+}
+
+/// The endpoints a listener's flags ask for: the state endpoint on `--http-addr`, the admin endpoint
+/// on `--admin-addr` when a token is given. Returns their bound addresses.
+pub async fn serve_from_args(args: &ListenerArgs, engines: &[Engine], stop: &CancellationToken) -> fleet_io::Result<(Option<SocketAddr>, Option<SocketAddr>)> {
+    let config = |what: &str, addr: SocketAddr, e: std::io::Error| fleet_io::Error::Config(format!("{what} endpoint on {addr}: {e}"));
+    let state = match args.http_addr {
+        Some(addr) => Some(serve(addr, engines.to_vec(), stop.clone()).await.map_err(|e| config("state", addr, e))?),
+        None => None,
+    };
+    let admin = match args.admin_token() {
+        Some(token) => Some(serve_admin(args.admin_addr, engines.to_vec(), token, stop.clone()).await.map_err(|e| config("admin", args.admin_addr, e))?),
+        None => None,
+    };
+    Ok((state, admin))
 }

@@ -5,6 +5,7 @@
 //! drain. Processor and controller run their queues through it; each seed concept lives in its own
 //! module.
 
+pub mod admin;
 pub mod args;
 pub mod backoff;
 pub mod completion;
@@ -191,6 +192,12 @@ struct Inner {
     holding: AtomicUsize,
     /// When the engine started (the consumer timeline's origin).
     started: Instant,
+    /// The queue's depth at the last look and when it was taken: the state endpoint reports it and
+    /// never asks the queue itself (see `state::depth_loop`).
+    last_depth: Mutex<Option<(fleet_io::queue::QueueDepth, Instant)>>,
+    /// The progress count (receives and completed messages) at the last health check and since when it
+    /// has not moved (see `state::Health`).
+    progress: Mutex<(u64, Instant)>,
 }
 
 /// Sleeps until `t`, or forever when there is none (a `select!` arm that may have no deadline).
@@ -266,11 +273,14 @@ impl Engine {
             holding: AtomicUsize::new(0),
             triggers_live: AtomicBool::new(true),
             started: Instant::now(),
+            last_depth: Mutex::new(None),
+            progress: Mutex::new((0, Instant::now())),
         });
         inner.service_tasks.spawn(dispatch_loop(inner.clone()));
         if inner.cfg.heartbeat {
             inner.service_tasks.spawn(heartbeat_loop(inner.clone()));
         }
+        inner.service_tasks.spawn(state::depth_loop(inner.clone()));
         for _ in 0..inner.cfg.scaling.min_consumers {
             spawn_consumer(&inner);
         }

@@ -1,20 +1,30 @@
 //! Instance state (seed 004's QueryState): queue depth and in-flight, active and total consumers,
 //! concurrency in use and its limit, buffer length and capacity. The `http` module serves it as JSON at
 //! `GET /state` and as Prometheus metrics at `GET /metrics`.
+//!
+//! Reading the state makes no request: the depth is the last look, taken by [`depth_loop`] every
+//! [`DEPTH_REFRESH`] while the listener receives (never while it is parked or a breaker is open, so an
+//! idle fleet stays at zero requests and a scrape never waits out an outage) and by the engine's own
+//! work-detected reads.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{lock, Engine};
+use super::{lock, Engine, Inner};
 use fleet_io::queue::QueueDepth;
 
 /// A snapshot of one listener.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ListenerState {
     pub queue: String,
-    /// Approximate depth (one GetQueueAttributes call; absent when not asked for or unavailable).
+    /// Approximate depth at the last look (absent before the first).
     pub depth: Option<QueueDepth>,
+    /// How old that look is, milliseconds.
+    #[serde(default)]
+    pub depth_age_ms: Option<u64>,
     pub consumers_active: usize,
     pub consumers_total: usize,
     pub consumers_parked: usize,
@@ -80,10 +90,10 @@ impl Engine {
         self.inner.breakers.iter().filter(|b| b.is_open()).map(|b| b.service().to_string()).collect()
     }
 
-    /// The current state; with `depth`, the queue depth is fetched (one request).
-    pub async fn state(&self, depth: bool) -> ListenerState {
+    /// The current state (no request: the depth is the last look).
+    pub fn state(&self) -> ListenerState {
         let inner = &self.inner;
-        let depth = if depth { inner.queue.depth().await.ok() } else { None };
+        let look = *lock(&inner.last_depth);
         let (active, total, parked) = {
             let c = lock(&inner.consumers);
             (c.active(), c.list.len(), c.list.values().filter(|s| s.parked).count())
@@ -96,7 +106,8 @@ impl Engine {
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         ListenerState {
             queue: inner.queue.name().to_string(),
-            depth,
+            depth: look.map(|(d, _)| d),
+            depth_age_ms: look.map(|(_, at)| at.elapsed().as_millis() as u64),
             consumers_active: active,
             consumers_total: total,
             consumers_parked: parked,
@@ -124,5 +135,102 @@ impl Engine {
             paused_total: get(&s.paused),
             breakers: inner.breakers.iter().map(|b| b.state()).collect(),
         }
+    }
+}
+
+/// How often the depth is looked at while the listener receives.
+pub const DEPTH_REFRESH: Duration = Duration::from_secs(15);
+
+/// Refreshes the last look at the queue's depth every [`DEPTH_REFRESH`] while a consumer receives
+/// and no breaker is open; ends with the engine.
+pub(crate) async fn depth_loop(inner: Arc<Inner>) {
+    loop {
+        tokio::select! {
+            () = inner.stop_all.cancelled() => return,
+            () = tokio::time::sleep(DEPTH_REFRESH) => {}
+        }
+        let receiving = lock(&inner.consumers).active() > 0;
+        if !receiving || inner.breakers.iter().any(|b| b.is_open()) || inner.stop_receiving.is_cancelled() {
+            continue;
+        }
+        match inner.queue.depth().await {
+            Ok(d) => *lock(&inner.last_depth) = Some((d, tokio::time::Instant::now())),
+            Err(e) => tracing::debug!(queue = inner.queue.name(), error = %e, "queue depth unavailable"),
+        }
+    }
+}
+
+/// Whether a listener can take work now ([`Health::ready`]: every dependency's breaker closed and, with
+/// triggers on, the bus subscription live) and whether it still works at all ([`Health::live`]: a
+/// consumer task is left, and one that receives has turned its loop or finished a message within
+/// [`Engine::stall_bound`]); with the reasons when not. Orchestrators probe these (`/readyz`,
+/// `/livez`): not ready takes an instance out of service, not live restarts it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Health {
+    pub queue: String,
+    pub ready: bool,
+    pub live: bool,
+    pub reasons: Vec<String>,
+}
+
+/// Slack above the longest expected quiet time before a receiving listener counts as stuck.
+pub const STALL_SLACK: Duration = Duration::from_secs(30);
+
+impl Engine {
+    /// How long a receiving listener may show no progress before it counts as stuck: a long poll, its
+    /// grace and the longest idle wait, plus [`STALL_SLACK`]; with messages in hand (every slot may be
+    /// busy on slow ones), the longest processing time plus the slack.
+    pub fn stall_bound(&self, in_hand: bool) -> Duration {
+        let c = &self.inner.cfg;
+        let turn = c.receive_wait + crate::consumer::RECEIVE_GRACE + c.backoff.max_idle + STALL_SLACK;
+        if in_hand {
+            turn.max(c.max_processing + STALL_SLACK)
+        } else {
+            turn
+        }
+    }
+
+    /// Readiness and liveness now (no request).
+    pub fn health(&self) -> Health {
+        let inner = &self.inner;
+        let s = &inner.stats;
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let mut reasons = Vec::new();
+        let open = self.paused_for();
+        for d in &open {
+            reasons.push(format!("{d} unreachable (breaker open)"));
+        }
+        let bus_down = inner.cfg.triggers && !inner.triggers_live.load(Ordering::SeqCst);
+        if bus_down {
+            reasons.push("trigger bus subscription down".into());
+        }
+        let ready = open.is_empty() && !bus_down;
+        let (total, active) = {
+            let c = lock(&inner.consumers);
+            (c.list.len(), c.active())
+        };
+        let stopping = inner.stop_receiving.is_cancelled();
+        let mut live = true;
+        if total == 0 && !stopping {
+            live = false;
+            reasons.push("no consumer task left".into());
+        }
+        // Progress: any receive or completed message since the last look.
+        let mark = get(&s.receives) + get(&s.processed) + get(&s.failed) + get(&s.expired);
+        let now = tokio::time::Instant::now();
+        let quiet = {
+            let mut p = lock(&inner.progress);
+            if p.0 != mark || active == 0 || !open.is_empty() || stopping {
+                *p = (mark, now);
+            }
+            now - p.1
+        };
+        let in_hand = lock(&inner.heartbeat).len() > 0;
+        let bound = self.stall_bound(in_hand);
+        if quiet > bound {
+            live = false;
+            reasons.push(format!("no progress for {} s (bound {} s)", quiet.as_secs(), bound.as_secs()));
+        }
+        Health { queue: inner.queue.name().to_string(), ready, live, reasons }
     }
 }

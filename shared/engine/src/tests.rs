@@ -170,7 +170,7 @@ async fn work_detected_raises_consumers_to_the_rule_count_at_once() {
     e.wake(Some(150)).await;
     // The woken main consumer and two more, at once (not a second one for the main).
     assert!(until(Duration::from_millis(10), || e.active_consumers() == 3).await, "150 visible: the rule says 3");
-    assert_eq!(e.state(false).await.consumers_total, 3);
+    assert_eq!(e.state().consumers_total, 3);
     assert!(until(Duration::from_secs(30), || lock(&h.handled).len() == 150).await);
     e.shutdown(Duration::from_secs(5)).await;
 }
@@ -206,7 +206,7 @@ async fn a_trigger_during_the_receive_that_comes_back_empty_is_not_lost() {
     // The empty receive ended at 5 s: instead of parking, the consumer is polling again.
     assert_eq!(e.stats().receives.load(Ordering::Relaxed), parked + 1, "one receive after the first wake, one under way");
     assert_eq!(e.active_consumers(), 1, "receiving, not parked");
-    assert_eq!(e.state(false).await.consumers_total, 1, "the woken consumer was not doubled");
+    assert_eq!(e.state().consumers_total, 1, "the woken consumer was not doubled");
     send(&q, plain(1)).await;
     assert!(until(Duration::from_millis(100), || lock(&h.handled).len() == 1).await, "the new receive finds the work");
     e.shutdown(Duration::from_secs(5)).await;
@@ -285,13 +285,13 @@ async fn while_the_bus_is_down_no_consumer_parks_and_it_parks_again_once_back() 
     tokio::time::sleep(Duration::from_secs(60)).await;
     let parked = e.stats().receives.load(Ordering::Relaxed);
     assert!(e.triggers_live());
-    assert_eq!(e.state(false).await.consumers_parked, 1, "parked while a trigger can reach it");
+    assert_eq!(e.state().consumers_parked, 1, "parked while a trigger can reach it");
     // The broker goes away: the parked consumer is woken and polls at its 2 s cap.
     bus.live.send_replace(false);
     tokio::time::sleep(Duration::from_secs(60)).await;
     let polled = e.stats().receives.load(Ordering::Relaxed) - parked;
     assert!((25..=35).contains(&polled), "{polled} receives in 60 s at the 2 s cap");
-    assert_eq!(e.state(false).await.consumers_parked, 0);
+    assert_eq!(e.state().consumers_parked, 0);
     assert!(!e.triggers_live());
     // Work put meanwhile, with a trigger that is lost: the polling finds it.
     send(&q, plain(1)).await;
@@ -304,7 +304,7 @@ async fn while_the_bus_is_down_no_consumer_parks_and_it_parks_again_once_back() 
     let back = e.stats().receives.load(Ordering::Relaxed);
     tokio::time::sleep(crate::trigger::REJOIN_GRACE - Duration::from_secs(5)).await;
     assert!(e.stats().receives.load(Ordering::Relaxed) - back >= 10, "polling during the grace after the bus came back");
-    assert_eq!(e.state(false).await.consumers_parked, 0);
+    assert_eq!(e.state().consumers_parked, 0);
     tokio::time::sleep(Duration::from_secs(60)).await;
     let n = e.stats().receives.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -381,7 +381,7 @@ async fn lowering_the_buffer_returns_the_lowest_priority_messages_to_the_queue()
     tokio::time::sleep(Duration::from_millis(100)).await;
     send(&q, [("p1".into(), prio(1)), ("p5".into(), prio(5)), ("p3".into(), prio(3)), ("p0".into(), prio(0))]).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(e.state(false).await.buffer_len, 4);
+    assert_eq!(e.state().buffer_len, 4);
     assert_eq!(q.in_flight(), 5);
     let limits = e.set_limits(&LimitsChange { buffer: Some(2), ..Default::default() });
     assert_eq!(limits.buffer, 2);
@@ -403,7 +403,7 @@ async fn priorities_order_processing_and_buffer_zero_receives_only_free_capacity
     let e = start(&q, &h, c).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(q.in_flight(), 2, "nothing received beyond the two free slots");
-    let s = e.state(false).await;
+    let s = e.state();
     assert_eq!((s.concurrency_in_use, s.concurrency_limit, s.buffer_len), (2, 2, 0));
     e.shutdown(Duration::from_secs(10)).await;
     // With a buffer, the highest priority of what was received goes first.
@@ -593,7 +593,7 @@ async fn failed_delete_entries_are_retried() {
 #[tokio::test(start_paused = true)]
 async fn state_reports_consumers_concurrency_and_buffer_and_metrics_render() {
     let q = MemoryQueue::new("work", Duration::from_secs(30));
-    let h = Arc::new(TestHandler::new(Duration::from_secs(5)));
+    let h = Arc::new(TestHandler::new(Duration::from_secs(60)));
     let c = EngineConfig {
         throttle: ThrottleLimits { max_concurrency: 2, buffer: 3, ttl: Some(Duration::from_secs(60)) },
         scaling: ScalingPolicy { max_consumers: 1, ..cfg().scaling },
@@ -602,7 +602,18 @@ async fn state_reports_consumers_concurrency_and_buffer_and_metrics_render() {
     send(&q, plain(10)).await;
     let e = start(&q, &h, c).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let s = e.state(true).await;
+    // Reading the state asks the queue nothing: before the first look there is no depth.
+    for _ in 0..5 {
+        let s = e.state();
+        assert_eq!((s.depth, s.depth_age_ms), (None, None));
+        let _ = http::render_metrics(&[s]);
+    }
+    assert_eq!(q.calls().snapshot().get("sqs.GetQueueAttributes"), None, "a state read made a request");
+    // While the listener receives, the depth is looked at every DEPTH_REFRESH.
+    tokio::time::sleep(crate::state::DEPTH_REFRESH).await;
+    let s = e.state();
+    assert_eq!(q.calls().snapshot().get("sqs.GetQueueAttributes"), Some(&1));
+    assert!(s.depth_age_ms.is_some_and(|a| a < 1000), "{:?}", s.depth_age_ms);
     assert_eq!(s.queue, "work");
     assert_eq!(s.depth, Some(fleet_io::queue::QueueDepth { visible: 5, in_flight: 5, delayed: 0 }));
     assert_eq!((s.concurrency_in_use, s.concurrency_limit, s.buffer_len, s.buffer_capacity, s.ttl_ms), (2, 2, 3, 3, 60_000));
@@ -634,46 +645,97 @@ async fn after_a_burst_one_empty_long_poll_stops_surplus_consumers_and_parks_the
     assert!(until(Duration::from_secs(5), || lock(&h.handled).len() == 50).await);
     // Every consumer's next poll waits the full 20 s and comes back empty: that is a whole idle cycle.
     assert!(until(Duration::from_secs(21), || e.active_consumers() == 0).await, "timeline {:?}", e.timeline());
-    assert_eq!(e.state(false).await.consumers_total, 1, "only the parked main consumer is left");
+    assert_eq!(e.state().consumers_total, 1, "only the parked main consumer is left");
     let n = e.stats().receives.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert_eq!(e.stats().receives.load(Ordering::Relaxed), n, "zero requests while idle");
     e.shutdown(Duration::from_secs(5)).await;
 }
 
-/// PUT /throttle over HTTP: absurd limits are a 400 naming the field, and change nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn absurd_throttle_limits_are_refused_with_400() {
+/// Sends one HTTP/1.0 request and returns the whole response.
+async fn http_request(addr: std::net::SocketAddr, method: &str, path: &str, headers: &str, body: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\n\r\n{body}", body.len());
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+fn status(r: &str) -> u16 {
+    r.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+}
+
+/// PUT /throttle is on the admin endpoint only, with the bearer token: without it 401 and nothing
+/// changes; absurd limits are a 400 naming the field, and change nothing. The state endpoint is read-only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttle_changes_need_the_admin_token_and_absurd_limits_are_refused_with_400() {
     let q = MemoryQueue::new("q", Duration::from_secs(30));
     let h = Arc::new(TestHandler::new(Duration::ZERO));
     let e = start(&q, &h, cfg()).await;
     let stop = tokio_util::sync::CancellationToken::new();
-    let addr = http::serve("127.0.0.1:0".parse().unwrap(), vec![e.clone()], stop.clone()).await.unwrap();
-    let put = |body: &'static str| async move {
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let req = format!("PUT /throttle HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-        s.write_all(req.as_bytes()).await.unwrap();
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.unwrap();
-        String::from_utf8_lossy(&buf).into_owned()
-    };
+    let token = crate::admin::AdminToken::parse("s3cret-token-0123456789").unwrap();
+    let state = http::serve("127.0.0.1:0".parse().unwrap(), vec![e.clone()], stop.clone()).await.unwrap();
+    let admin = http::serve_admin("127.0.0.1:0".parse().unwrap(), vec![e.clone()], token, stop.clone()).await.unwrap();
+    let auth = "Authorization: Bearer s3cret-token-0123456789\r\n";
     let before = e.limits();
+    let r = http_request(state, "PUT", "/throttle", auth, r#"{"max_concurrency":1}"#).await;
+    assert!(matches!(status(&r), 404 | 405), "the state endpoint takes no changes: {r}");
+    for headers in ["", "Authorization: Bearer wrong-token-0123456789\r\n", "Authorization: Basic czNjcmV0\r\n"] {
+        let r = http_request(admin, "PUT", "/throttle", headers, r#"{"max_concurrency":1,"buffer":100000,"ttl_ms":1}"#).await;
+        assert_eq!(status(&r), 401, "{headers}: {r}");
+        assert!(r.to_ascii_lowercase().contains("www-authenticate: bearer"), "{r}");
+    }
+    assert_eq!(e.limits(), before, "nothing changed without the token");
     for (body, field) in [
         (r#"{"max_concurrency":18446744073709551615}"#, "max_concurrency"),
         (r#"{"max_concurrency":0}"#, "max_concurrency"),
         (r#"{"buffer":1000000000000}"#, "buffer"),
         (r#"{"ttl_ms":18446744073709551615}"#, "ttl_ms"),
     ] {
-        let r = put(body).await;
-        assert!(r.starts_with("HTTP/1.0 400") || r.starts_with("HTTP/1.1 400"), "{body}: {r}");
+        let r = http_request(admin, "PUT", "/throttle", auth, body).await;
+        assert_eq!(status(&r), 400, "{body}: {r}");
         assert!(r.contains(field), "{body}: {r}");
     }
     assert_eq!(e.limits(), before, "nothing changed");
-    let r = put(r#"{"max_concurrency":3,"ttl_ms":5000}"#).await;
-    assert!(r.contains(" 200 "), "{r}");
+    let r = http_request(admin, "PUT", "/throttle", auth, r#"{"max_concurrency":3,"ttl_ms":5000}"#).await;
+    assert_eq!(status(&r), 200, "{r}");
     assert_eq!(e.limits().max_concurrency, 3);
+    // Reads stay open; probes answer from the engine's own state.
+    for path in ["/state", "/metrics", "/healthz", "/livez", "/readyz"] {
+        let r = http_request(state, "GET", path, "", "").await;
+        assert_eq!(status(&r), 200, "{path}: {r}");
+    }
+    assert_eq!(q.calls().snapshot().get("sqs.GetQueueAttributes"), None, "a scrape asked the queue");
     stop.cancel();
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Liveness fails when a listener makes no progress past its bound (here its only slot is taken by a
+/// handler that never returns), and the reason says so.
+#[tokio::test(start_paused = true)]
+async fn liveness_catches_a_stuck_listener() {
+    let q = MemoryQueue::new("work", Duration::from_secs(30));
+    let h = Arc::new(TestHandler::new(Duration::from_secs(1_000_000)));
+    let c = EngineConfig { throttle: ThrottleLimits { max_concurrency: 1, buffer: 0, ttl: None }, max_processing: Duration::from_secs(60), ..cfg() };
+    send(&q, plain(2)).await;
+    let e = start(&q, &h, c).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let ok = e.health();
+    assert!(ok.ready && ok.live, "{ok:?}");
+    assert_eq!(e.stall_bound(true), Duration::from_secs(90), "with work in hand: max processing + slack");
+    assert_eq!(e.stall_bound(false), Duration::from_secs(41), "receive wait 0 + grace 10 + idle cap 1 + slack 30");
+    // Within max processing the busy slot is progress enough ...
+    tokio::time::sleep(Duration::from_secs(55)).await;
+    assert!(e.health().live, "not yet past the bound: {:?}", e.health());
+    // ... past it the message is given up on (no longer in hand), and the quiet is far beyond a turn.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let stuck = e.health();
+    assert!(!stuck.live && stuck.ready, "{stuck:?}");
+    assert!(stuck.reasons.iter().any(|r| r.contains("no progress")), "{stuck:?}");
+    e.quiesce(Duration::ZERO).await;
+    e.finish(false).await;
 }
 
 /// Keeps every delivery and completes it later on its own (as the controller does after a checkpoint):

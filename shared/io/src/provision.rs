@@ -73,13 +73,48 @@ pub async fn ensure_queue_with_dlq(aws: &Aws, name: &str, dlq: &str, s: QueueSet
     Ok(url)
 }
 
+/// How long a job's blobs (`jobs/`) and purge markers (`purge/`) may stay at most: the lifecycle rule
+/// that is the backstop of the controller's purge of finished jobs.
+pub const JOBS_EXPIRE_DAYS: i32 = 30;
+
+/// Creates the bucket (idempotent) with its lifecycle rules: `jobs/` and `purge/` expire after
+/// [`JOBS_EXPIRE_DAYS`], incomplete multipart uploads are aborted after a day.
 pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
+    use aws_sdk_s3::types::{AbortIncompleteMultipartUpload, BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleFilter};
     let s3 = aws.s3();
     match s3.create_bucket().bucket(bucket).send().await {
-        Ok(_) => Ok(()),
-        Err(e) if e.as_service_error().is_some_and(|s| s.is_bucket_already_owned_by_you() || s.is_bucket_already_exists()) => Ok(()),
-        Err(e) => Err(sdk_error(Service::S3, "CreateBucket", &aws.endpoint, e)),
+        Ok(_) => {}
+        Err(e) if e.as_service_error().is_some_and(|s| s.is_bucket_already_owned_by_you() || s.is_bucket_already_exists()) => {}
+        Err(e) => return Err(sdk_error(Service::S3, "CreateBucket", &aws.endpoint, e)),
     }
+    let build = |r: std::result::Result<LifecycleRule, aws_sdk_s3::error::BuildError>| r.map_err(|e| Error::Config(format!("lifecycle rule: {e}")));
+    let mut rules = Vec::new();
+    for prefix in ["jobs/", "purge/"] {
+        rules.push(build(
+            LifecycleRule::builder()
+                .id(format!("expire-{}", prefix.trim_end_matches('/')))
+                .filter(LifecycleRuleFilter::builder().prefix(prefix).build())
+                .status(ExpirationStatus::Enabled)
+                .expiration(LifecycleExpiration::builder().days(JOBS_EXPIRE_DAYS).build())
+                .build(),
+        )?);
+    }
+    rules.push(build(
+        LifecycleRule::builder()
+            .id("abort-incomplete-uploads")
+            .filter(LifecycleRuleFilter::builder().prefix("").build())
+            .status(ExpirationStatus::Enabled)
+            .abort_incomplete_multipart_upload(AbortIncompleteMultipartUpload::builder().days_after_initiation(1).build())
+            .build(),
+    )?);
+    let cfg = BucketLifecycleConfiguration::builder().set_rules(Some(rules)).build().map_err(|e| Error::Config(format!("lifecycle: {e}")))?;
+    s3.put_bucket_lifecycle_configuration()
+        .bucket(bucket)
+        .lifecycle_configuration(cfg)
+        .send()
+        .await
+        .map_err(|e| sdk_error(Service::S3, "PutBucketLifecycleConfiguration", &aws.endpoint, e))?;
+    Ok(())
 }
 
 /// Creates every resource of a fleet: work queue + DLQ, results queue + DLQ, bucket.

@@ -9,6 +9,7 @@
 //! fails them instead.
 
 pub mod proxy;
+pub mod tls;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};

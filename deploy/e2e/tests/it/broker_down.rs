@@ -48,7 +48,7 @@ async fn with_the_broker_down_listeners_poll_and_the_job_completes() {
     let engine = processor::start(&crate::support::fast_processor(), deps, &stop).await.unwrap();
     let controller = s.start_controller();
     assert!(
-        until(Duration::from_secs(15), async || engine.triggers_live() && engine.state(false).await.consumers_parked == 1).await,
+        until(Duration::from_secs(15), async || engine.triggers_live() && engine.state().consumers_parked == 1).await,
         "parked while the bus is up"
     );
 
@@ -64,7 +64,7 @@ async fn with_the_broker_down_listeners_poll_and_the_job_completes() {
         tokio::spawn(async move {
             let mut parked = 0;
             for _ in 0..100 {
-                parked += engine.state(false).await.consumers_parked;
+                parked += engine.state().consumers_parked;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             parked
@@ -86,7 +86,7 @@ async fn with_the_broker_down_listeners_poll_and_the_job_completes() {
     let _proxy = Proxy::start(proxy.port, "127.0.0.1:5672").await;
     assert!(
         // The subscription's reconnect back-off (up to 30 s), then the grace for publishers to reconnect (30 s).
-        until(Duration::from_secs(90), async || engine.triggers_live() && engine.state(false).await.consumers_parked == 1).await,
+        until(Duration::from_secs(90), async || engine.triggers_live() && engine.state().consumers_parked == 1).await,
         "parked again once the broker was back"
     );
     let n = engine.stats().receives.load(std::sync::atomic::Ordering::Relaxed);

@@ -1,7 +1,8 @@
 //! The agent's `keda` backend against a real gRPC client and the real stack (LocalStack queues, a
 //! RabbitMQ trigger bus): all four calls of KEDA's external scaler protocol, a StreamIsActive push
 //! within 1 s of a work-detected trigger (with the agent idle, its next look minutes away), back to
-//! inactive once there is no work, and an SLA-derived metric that follows a real burst.
+//! inactive once there is no work, and an SLA-derived metric that follows a real burst. Over TLS (and
+//! mTLS): the metric spec stream that follows the SLA-derived target.
 
 use crate::support::Fleet as _;
 use std::time::{Duration, Instant};
@@ -40,7 +41,7 @@ async fn keda_external_scaler_serves_the_policy_and_pushes_activity_on_a_trigger
     let target = settings.instance_throughput * settings.sla_secs as f64;
     let metric = format!("{}-sla-backlog", s.work.name());
     let keda = KedaBackend::new(0, target, metric.clone());
-    let addr = keda.serve("127.0.0.1:0".parse().unwrap(), stop.clone()).await.unwrap();
+    let addr = keda.serve("127.0.0.1:0".parse().unwrap(), None, stop.clone()).await.unwrap();
     let deps = scaling_agent::Deps {
         watched: scaling_agent::Watched { work: s.work.clone(), work_dlq: s.work_dlq.clone(), results: s.results.clone(), results_dlq: s.results_dlq.clone() },
         publish: s.names.trigger_bus(),
@@ -118,4 +119,57 @@ async fn keda_external_scaler_serves_the_policy_and_pushes_activity_on_a_trigger
 
 fn tonic_code_not_found() -> tonic::Code {
     tonic::Code::NotFound
+}
+
+/// A gRPC client of the scaler at `addr` over TLS trusting `ca` (with a client certificate: mTLS).
+async fn tls_client(addr: std::net::SocketAddr, ca: &std::path::Path, identity: Option<&fleet_test_support::tls::Leaf>) -> Result<ExternalScalerClient<tonic::transport::Channel>, tonic::transport::Error> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap())).domain_name("localhost");
+    if let Some(l) = identity {
+        tls = tls.identity(Identity::from_pem(std::fs::read(&l.cert).unwrap(), std::fs::read(&l.key).unwrap()));
+    }
+    let channel = Endpoint::from_shared(format!("https://localhost:{}", addr.port())).unwrap().tls_config(tls)?.connect().await?;
+    Ok(ExternalScalerClient::new(channel))
+}
+
+/// StreamMetricSpec over TLS with client certificates: the current spec when the stream opens, nothing
+/// for a move under 10 %, the new target pushed for a larger one; GetMetricSpec equals the last spec
+/// streamed and GetMetrics keeps ceil(value / target) the policy's count. A plaintext client, and a
+/// TLS client without a certificate, get nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metric_spec_stream_follows_the_sla_target_over_mtls() {
+    use scaling_agent::backend::Backend;
+    use scaling_agent::keda::KedaTls;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = fleet_test_support::tls::TestCa::new(dir.path(), "fleet test CA");
+    let server = ca.leaf("localhost", true);
+    let client_cert = ca.leaf("keda-operator", false);
+    let stop = CancellationToken::new();
+    let keda = KedaBackend::new(0, 600.0, "billing-work-sla-backlog");
+    let tls = KedaTls { cert_pem: std::fs::read(&server.cert).unwrap(), key_pem: std::fs::read(&server.key).unwrap(), client_ca_pem: Some(std::fs::read(&ca.ca_cert).unwrap()) };
+    let addr = keda.serve("127.0.0.1:0".parse().unwrap(), Some(tls), stop.clone()).await.unwrap();
+
+    let mut client = tls_client(addr, &ca.ca_cert, Some(&client_cert)).await.unwrap();
+    let mut stream = client.stream_metric_spec(so()).await.unwrap().into_inner();
+    let next = async |s: &mut tonic::Streaming<scaling_agent::keda::proto::GetMetricSpecResponse>, within: Duration| {
+        tokio::time::timeout(within, s.message()).await.ok().map(|m| m.unwrap().unwrap().metric_specs[0].target_size_float)
+    };
+    assert_eq!(next(&mut stream, Duration::from_secs(2)).await, Some(600.0), "the current spec when the stream opens");
+    assert!(!keda.set_target(630.0), "a 5 % move is not pushed");
+    assert_eq!(next(&mut stream, Duration::from_millis(500)).await, None, "nothing streamed for a 5 % move");
+    // As the agent's loop does after a decision: throughput x SLA.
+    keda.sla_target(299.6);
+    assert_eq!(next(&mut stream, Duration::from_secs(2)).await, Some(300.0), "the new target, in whole items");
+    let spec = client.get_metric_spec(so()).await.unwrap().into_inner();
+    assert_eq!((spec.metric_specs[0].target_size, spec.metric_specs[0].target_size_float), (300, 300.0), "GetMetricSpec equals the last spec streamed");
+    keda.scale(3).await.unwrap();
+    let m = client.get_metrics(GetMetricsRequest { scaled_object_ref: Some(so()), metric_name: "billing-work-sla-backlog".into() }).await.unwrap().into_inner();
+    assert_eq!((m.metric_values[0].metric_value_float / 300.0).ceil(), 3.0, "ceil(value / target) is the policy's count");
+
+    // Plaintext, or TLS without a client certificate: refused.
+    let plain = async { ExternalScalerClient::connect(format!("http://127.0.0.1:{}", addr.port())).await.ok()?.get_metric_spec(so()).await.ok() };
+    assert!(tokio::time::timeout(Duration::from_secs(5), plain).await.ok().flatten().is_none(), "a plaintext client was served");
+    let anonymous = async { tls_client(addr, &ca.ca_cert, None).await.ok()?.get_metric_spec(so()).await.ok() };
+    assert!(tokio::time::timeout(Duration::from_secs(5), anonymous).await.ok().flatten().is_none(), "a client without a certificate was served");
+    stop.cancel();
 }

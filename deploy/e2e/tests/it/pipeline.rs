@@ -67,6 +67,24 @@ async fn whole_pipeline_bills_exactly() {
     // Nothing left behind on the queues.
     st.wait_depth(st.work.as_ref(), 0, T).await;
     st.wait_depth(st.results.as_ref(), 0, T).await;
+    // Nor transactions at rest: the finished job's chunk and result blobs are purged; the report,
+    // accounts, manifest and checkpoint stay.
+    let job_prefix = format!("jobs/{}/", s.job_id);
+    let t = std::time::Instant::now();
+    loop {
+        let left: Vec<String> = st.store.list(&job_prefix, 1000).await.unwrap().into_iter().filter(|k| k.contains("/chunks/") || k.contains("/results/")).collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "blobs of the finished job left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let kept = st.store.list(&job_prefix, 1000).await.unwrap();
+    assert!(kept.iter().any(|k| k.ends_with("manifest.json")) && kept.iter().any(|k| k.ends_with("checkpoint.json.zst")), "{kept:?}");
+    // The bucket's lifecycle rule is the backstop (provisioning put it there).
+    let rules = st.aws.s3().get_bucket_lifecycle_configuration().bucket(&st.names.bucket).send().await.unwrap();
+    let jobs_rule = rules.rules().iter().find(|r| r.filter().and_then(|f| f.prefix()) == Some("jobs/")).expect("a lifecycle rule on jobs/");
+    assert_eq!(jobs_rule.expiration().and_then(|e| e.days()), Some(fleet_io::provision::JOBS_EXPIRE_DAYS));
     p.stop().await;
     c.stop().await;
 }

@@ -57,7 +57,7 @@ async fn a_parked_listener_wakes_on_a_trigger_within_milliseconds() {
     for i in 0..WAKES {
         let t = Instant::now();
         loop {
-            let st = e.state(false).await;
+            let st = e.state();
             if st.consumers_parked >= 1 && st.consumers_active == 0 && e.triggers_live() {
                 break;
             }
@@ -86,7 +86,7 @@ async fn a_parked_listener_wakes_on_a_trigger_within_milliseconds() {
         ms(0.99),
         ms(1.0)
     );
-    let st = e.state(false).await;
+    let st = e.state();
     assert_eq!(st.processed, WAKES as u64);
     stop.cancel();
     e.shutdown(Duration::from_secs(5)).await;

@@ -94,32 +94,36 @@ async fn an_outage_of_ten_minutes_holds_the_work_and_spends_no_receive_count() {
     send(&q, plain(25)).await;
     let e = Engine::start(q.clone(), None, h.clone(), cfg()).await.unwrap();
     assert!(until(Duration::from_secs(10), || h.breaker.is_open()).await, "the breaker did not open");
-    let s = e.state(false).await;
+    let s = e.state();
     assert_eq!(s.paused_for, vec!["S3"]);
+    let h0 = e.health();
+    assert!(!h0.ready && h0.live && h0.reasons.iter().any(|r| r.contains("S3")), "not ready, still live, while S3 is out: {h0:?}");
     assert_eq!(s.breakers.iter().map(|b| (b.dependency.as_str(), b.open, b.trips)).collect::<Vec<_>>(), [("S3", true, 1)], "{:?}", s.breakers);
     let m = crate::http::render_metrics(std::slice::from_ref(&s));
     assert!(m.contains("listener_breaker_open{queue=\"work\",dependency=\"S3\"} 1"), "{m}");
     assert!(m.contains("listener_breaker_trips_total{queue=\"work\",dependency=\"S3\"} 1"), "{m}");
     let receives = e.stats().receives.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(600)).await;
-    let s = e.state(false).await;
+    let s = e.state();
     assert_eq!(e.stats().receives.load(Ordering::SeqCst), receives, "consumers received while the breaker was open");
     // As many held as the concurrency limit allows; the rest wait in the buffer, in hand too.
     assert_eq!((s.held, s.buffer_len), (16, 9), "{s:?}");
     assert_eq!(s.in_hand, 25, "the held messages are still in hand (their visibility extended)");
     assert!(s.extended >= 25 * 30, "visibility extended every 15 s for 10 minutes: {}", s.extended);
+    assert!(e.health().live, "a paused listener is not stuck: {:?}", e.health());
     assert!(lock(&h.billed).is_empty());
     // A held batch tries again only when the breaker closes: a handful of attempts each, not one per second.
     assert!(h.attempts.load(Ordering::SeqCst) <= 25 * 4, "{} attempts", h.attempts.load(Ordering::SeqCst));
     assert!(h.breaker.state().probes >= 20, "probes back off to 10 s: {:?}", h.breaker.state());
 
     down.store(false, Ordering::SeqCst);
-    assert!(until(Duration::from_secs(40), || lock(&h.billed).len() == 25).await, "not resumed: {:?}", e.state(false).await);
+    assert!(until(Duration::from_secs(40), || lock(&h.billed).len() == 25).await, "not resumed: {:?}", e.state());
     assert!(lock(&h.billed).iter().all(|(_, n)| *n == 1), "received more than once: {:?}", lock(&h.billed));
     assert!(until(Duration::from_secs(5), || q.bodies().is_empty()).await, "not deleted");
     assert!(dlq.bodies().is_empty() && lock(&h.poisoned).is_empty(), "dead-lettered: {:?}", dlq.bodies());
-    let s = e.state(false).await;
+    let s = e.state();
     assert!(s.paused_for.is_empty() && s.held == 0 && s.failed == 0, "{s:?}");
+    assert!(e.health().ready, "ready again once S3 answers: {:?}", e.health());
     // Work sent after the outage flows at once.
     send(&q, [("after".to_string(), Attrs::default())]).await;
     assert!(until(Duration::from_secs(5), || lock(&h.billed).len() == 26).await);

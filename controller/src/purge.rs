@@ -1,0 +1,191 @@
+//! Data at rest: a finished job's transactions do not stay in the bucket. Once its report is written,
+//! its chunk blobs (`jobs/{job}/chunks/`) and result blobs (`jobs/{job}/results/`) are deleted, at once
+//! (the default) or after `--blob-retention-secs`, through a `purge/{job}` marker that holds the due
+//! time and that the controller's tick reads. The report, accounts, manifest and checkpoint stay. The
+//! bucket's lifecycle rule (provisioning) is the backstop for what a controller never got to.
+//!
+//! Idempotent: a purge that stops halfway runs again from its marker; a work item redelivered after
+//! the purge finds no chunk and reports it failed, which the finished job ignores.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+use fleet_domain::layout::JOBS_PREFIX;
+use fleet_io::blob::BlobStore;
+use fleet_io::error::Result;
+
+/// Where the markers of purges not yet due live.
+pub const PURGE_PREFIX: &str = "purge/";
+/// Deletes in flight at once.
+const PARALLEL: usize = 16;
+/// Keys listed per round.
+const PAGE: usize = 1000;
+
+fn marker_key(job: &str) -> String {
+    format!("{PURGE_PREFIX}{job}")
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Deletes job `job`'s chunk and result blobs; returns how many were deleted.
+pub async fn purge_job(store: &Arc<dyn BlobStore>, job: &str) -> Result<usize> {
+    let mut deleted = 0;
+    for part in ["chunks/", "results/"] {
+        let prefix = format!("{JOBS_PREFIX}{job}/{part}");
+        loop {
+            let keys = store.list(&prefix, PAGE).await?;
+            if keys.is_empty() {
+                break;
+            }
+            let n = keys.len();
+            let deletes = keys.into_iter().map(|k| {
+                let store = store.clone();
+                async move { store.delete(&k).await }
+            });
+            let results: Vec<Result<()>> = futures::stream::iter(deletes).buffer_unordered(PARALLEL).collect().await;
+            results.into_iter().collect::<Result<Vec<()>>>()?;
+            deleted += n;
+            if n < PAGE {
+                break;
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+/// Purges finished jobs' blobs, now or when their retention has passed.
+#[derive(Clone)]
+pub struct Purger {
+    store: Arc<dyn BlobStore>,
+    retention: Duration,
+}
+
+impl Purger {
+    pub fn new(store: Arc<dyn BlobStore>, retention: Duration) -> Purger {
+        Purger { store, retention }
+    }
+
+    /// Job `job` finished (its report is written): purge it now, or leave a marker due after the
+    /// retention (`now`: seconds since the epoch).
+    pub async fn finished(&self, job: &str, now: u64) -> Result<()> {
+        if self.retention.is_zero() {
+            let n = purge_job(&self.store, job).await?;
+            tracing::info!(job, deleted = n, "purged the finished job's chunk and result blobs");
+            return Ok(());
+        }
+        let due = now.saturating_add(self.retention.as_secs());
+        let body = serde_json::json!({ "job": job, "due_unix": due }).to_string();
+        self.store.put(&marker_key(job), Bytes::from(body), "application/json").await?;
+        tracing::info!(job, due_unix = due, "the finished job's blobs will be purged after the retention");
+        Ok(())
+    }
+
+    /// Purges the jobs whose marker is due at `now` (seconds since the epoch) and removes their
+    /// markers; returns the jobs purged. Unreadable markers are left for a look by hand.
+    pub async fn due(&self, now: u64) -> Result<Vec<String>> {
+        let mut done = Vec::new();
+        for key in self.store.list(PURGE_PREFIX, PAGE).await? {
+            let Some(body) = self.store.get_capped(&key, 4096).await? else { continue };
+            let due = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| v["due_unix"].as_u64());
+            let Some(due) = due else {
+                tracing::warn!(%key, "unreadable purge marker left alone");
+                continue;
+            };
+            if due > now {
+                continue;
+            }
+            let job = key.trim_start_matches(PURGE_PREFIX);
+            if fleet_domain::layout::check_job_id(job).is_err() {
+                tracing::warn!(%key, "purge marker of an invalid job id left alone");
+                continue;
+            }
+            let n = purge_job(&self.store, job).await?;
+            self.store.delete(&key).await?;
+            tracing::info!(job, deleted = n, "purged a finished job's chunk and result blobs (retention passed)");
+            done.push(job.to_string());
+        }
+        Ok(done)
+    }
+
+    /// Purges each job that `finished` names, until every sender is gone; with a retention, looks for
+    /// due markers every `tick`.
+    pub async fn run(self, mut finished: mpsc::UnboundedReceiver<String>, tick: Duration) {
+        let mut timer = tokio::time::interval(tick);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                job = finished.recv() => match job {
+                    Some(job) => self.finished_logged(&job).await,
+                    None => return,
+                },
+                _ = timer.tick(), if !self.retention.is_zero() => {
+                    if let Err(e) = self.due(now_unix()).await {
+                        tracing::warn!(error = %e, "could not purge the jobs whose retention passed; next tick");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn finished_logged(&self, job: &str) {
+        if let Err(e) = self.finished(job, now_unix()).await {
+            tracing::warn!(job, error = %e, "could not purge the finished job's blobs; the bucket's lifecycle rule expires them");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_domain::layout::{accounts_key, checkpoint_key, chunk_key, manifest_key, report_key, result_key};
+    use fleet_io::memory::MemoryStore;
+
+    async fn job_blobs(store: &dyn BlobStore, job: &str, chunks: u32) {
+        for c in 0..chunks {
+            store.put(&chunk_key(job, c), Bytes::from_static(b"c"), "application/zstd").await.unwrap();
+            store.put(&result_key(job, c), Bytes::from_static(b"r"), "application/zstd").await.unwrap();
+        }
+        for k in [manifest_key(job), checkpoint_key(job), report_key(job), accounts_key(job)] {
+            store.put(&k, Bytes::from_static(b"{}"), "application/json").await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_finished_job_loses_its_transactions_and_keeps_its_report() {
+        let store = MemoryStore::new();
+        let (job, other) = ("0190a000-0000-7000-8000-000000000001", "0190a000-0000-7000-8000-000000000002");
+        job_blobs(store.as_ref(), job, 1500).await;
+        job_blobs(store.as_ref(), other, 3).await;
+        Purger::new(store.clone(), Duration::ZERO).finished(job, now_unix()).await.unwrap();
+        assert!(store.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap().is_empty());
+        assert!(store.list(&format!("jobs/{job}/results/"), 10).await.unwrap().is_empty());
+        for k in [manifest_key(job), checkpoint_key(job), report_key(job), accounts_key(job)] {
+            assert!(store.get(&k).await.unwrap().is_some(), "{k} kept");
+        }
+        assert_eq!(store.list(&format!("jobs/{other}/chunks/"), 10).await.unwrap().len(), 3, "another job's blobs stay");
+        assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty(), "no marker without a retention");
+    }
+
+    #[tokio::test]
+    async fn with_a_retention_a_marker_waits_until_it_is_due() {
+        let store = MemoryStore::new();
+        let job = "0190a000-0000-7000-8000-000000000003";
+        job_blobs(store.as_ref(), job, 4).await;
+        let p = Purger::new(store.clone(), Duration::from_secs(86_400));
+        let t0 = 1_800_000_000;
+        p.finished(job, t0).await.unwrap();
+        assert_eq!(store.list(PURGE_PREFIX, 10).await.unwrap(), vec![format!("purge/{job}")]);
+        assert!(p.due(t0 + 86_399).await.unwrap().is_empty(), "not yet due");
+        assert_eq!(store.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap().len(), 4, "nothing deleted before it is due");
+        assert_eq!(p.due(t0 + 86_400).await.unwrap(), vec![job.to_string()]);
+        assert!(store.list(&format!("jobs/{job}/"), 100).await.unwrap().iter().all(|k| !k.contains("/chunks/") && !k.contains("/results/")));
+        assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty(), "the marker is removed");
+        assert!(store.get(&report_key(job)).await.unwrap().is_some());
+    }
+}
