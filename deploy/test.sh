@@ -3,6 +3,8 @@
 # missing, then `cargo test --workspace`. Extra arguments go to cargo test.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# The Kubernetes manifests against the Kubernetes schemas (strict).
+"$repo/deploy/k8s/validate.sh"
 "$repo/deploy/rabbitmq.sh"
 "$repo/localstack/start.sh"
 # A test that needs LocalStack or RabbitMQ fails here when they are missing (outside this script it skips).
