@@ -10,6 +10,9 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # A test that needs LocalStack or RabbitMQ fails here when they are missing (outside this script it skips).
 export FLEET_REQUIRE_STACK=1
 export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
+# The broker's TLS listener (deploy/rabbitmq.sh made its certificate and CA).
+export FLEET_AMQPS_URL=${FLEET_AMQPS_URL:-amqps://guest:guest@localhost:5671/%2f}
+export FLEET_AMQPS_CA=${FLEET_AMQPS_CA:-/etc/rabbitmq/tls/ca.pem}
 cd "$repo"
 # The end-to-end tests run the four binaries; `cargo test` builds only those of packages with tests
 # (--tests: the same features as `cargo test`, so nothing is compiled twice).

@@ -13,7 +13,7 @@ use crate::breaker::Breakers;
 use crate::call::{CallArgs, CallPolicy};
 use crate::error::Result;
 use crate::queue::SqsQueue;
-use crate::trigger::{redact_url, spawn_subscription, RabbitTriggers, Subscription, TriggerBus};
+use crate::trigger::{redact_url, spawn_subscription, AmqpCa, RabbitTriggers, Subscription, TriggerBus};
 
 /// Names of the fleet's queues, bucket and trigger exchange.
 #[derive(Clone, clap::Args)]
@@ -34,6 +34,10 @@ pub struct FleetArgs {
     /// RabbitMQ URL for work-detected triggers; empty to disable triggers.
     #[arg(long, global = true, env = "AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f", hide_default_value = true, hide_env_values = true)]
     pub amqp_url: String,
+    /// PEM file of the CA that signed the broker's certificate, trusted besides the system's roots
+    /// (amqps:// to a broker with a private CA).
+    #[arg(long, global = true, env = "AMQP_CA_FILE", value_name = "FILE", value_parser = AmqpCa::from_file)]
+    pub amqp_ca: Option<AmqpCa>,
     /// Topic exchange of the fleet bus: work-detected triggers (`work.{queue}`) and instance reports
     /// (`report.{queue}`).
     #[arg(long, global = true, env = "FLEET_TRIGGER_EXCHANGE", default_value = "billing.fleet")]
@@ -51,6 +55,7 @@ impl std::fmt::Debug for FleetArgs {
             .field("work_dlq", &self.work_dlq())
             .field("results_queue", &self.results_queue)
             .field("amqp_url", &redact_url(&self.amqp_url))
+            .field("amqp_ca", &self.amqp_ca)
             .field("trigger_exchange", &self.trigger_exchange)
             .field("calls", &self.calls)
             .finish()
@@ -66,6 +71,7 @@ impl FleetArgs {
             work_dlq_override: None,
             results_queue: "billing-results".into(),
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
+            amqp_ca: None,
             trigger_exchange: "billing.fleet".into(),
             calls: CallArgs::default(),
         }
@@ -78,7 +84,7 @@ impl FleetArgs {
 
     /// The trigger publisher, unless triggers are off (`--amqp-url ""`).
     pub fn trigger_bus(&self) -> Option<Arc<dyn TriggerBus>> {
-        (!self.amqp_url.is_empty()).then(|| Arc::new(RabbitTriggers::new(&self.amqp_url, &self.trigger_exchange, self.call_policy())) as Arc<dyn TriggerBus>)
+        (!self.amqp_url.is_empty()).then(|| Arc::new(RabbitTriggers::new(&self.amqp_url, &self.trigger_exchange, self.call_policy()).with_ca(self.amqp_ca.clone())) as Arc<dyn TriggerBus>)
     }
 
     /// Subscribes to the bus with these bindings (see [`crate::trigger::work_key`]) until `shutdown`
@@ -86,7 +92,7 @@ impl FleetArgs {
     pub fn subscribe(&self, keys: Vec<String>, shutdown: &tokio_util::sync::CancellationToken) -> Option<Subscription> {
         (!self.amqp_url.is_empty()).then(|| {
             tracing::info!(url = %redact_url(&self.amqp_url), exchange = %self.trigger_exchange, ?keys, "listening for work-detected triggers");
-            spawn_subscription(self.amqp_url.clone(), self.trigger_exchange.clone(), keys, self.call_policy(), shutdown.clone())
+            spawn_subscription(self.amqp_url.clone(), self.trigger_exchange.clone(), keys, self.amqp_ca.clone(), self.call_policy(), shutdown.clone())
         })
     }
 
@@ -114,6 +120,7 @@ impl FleetArgs {
             work_dlq_override: self.work_dlq_override.as_deref().map(|q| suffixed(q, suffix)),
             results_queue: suffixed(&self.results_queue, suffix),
             amqp_url: self.amqp_url.clone(),
+            amqp_ca: self.amqp_ca.clone(),
             trigger_exchange: format!("{}-{suffix}", self.trigger_exchange),
             calls: self.calls,
         }

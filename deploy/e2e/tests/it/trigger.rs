@@ -21,10 +21,10 @@ async fn triggers_are_routed_by_queue_and_reports_reach_the_agent() {
     }
     let exchange = format!("test.fleet.{}", uuid::Uuid::now_v7().simple());
     let stop = CancellationToken::new();
-    let work = spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-work")], Default::default(), stop.clone());
+    let work = spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-work")], None, Default::default(), stop.clone());
     let results =
-        spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-results"), work_key("billing-work-dlq")], Default::default(), stop.clone());
-    let agent = spawn_subscription(amqp_url(), exchange.clone(), vec![ALL_WORK.into(), ALL_REPORTS.into()], Default::default(), stop.clone());
+        spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-results"), work_key("billing-work-dlq")], None, Default::default(), stop.clone());
+    let agent = spawn_subscription(amqp_url(), exchange.clone(), vec![ALL_WORK.into(), ALL_REPORTS.into()], None, Default::default(), stop.clone());
     let (mut w, mut r, mut a, mut ar) = (work.events.subscribe(), results.events.subscribe(), agent.events.subscribe(), agent.reports.subscribe());
     let mut wr = work.reports.subscribe();
     for s in [&work, &results, &agent] {
@@ -83,4 +83,38 @@ async fn unreachable_broker_is_an_error_not_a_hang() {
     tokio::time::sleep(Duration::from_millis(250)).await;
     let err = bus.publish(&ev).await.unwrap_err().to_string();
     assert!(!err.contains("next attempt"), "after the back-off it tries again: {err}");
+}
+
+/// `amqps://` against the project's own broker with TLS (deploy/rabbitmq.sh: its listener on 5671 and
+/// a certificate signed by a CA it made): a subscription and a confirmed publication that trust that
+/// CA work; trusting the system's roots only, the connection fails on the certificate, and the error
+/// does not show the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqps_carries_triggers_with_the_brokers_ca_and_refuses_an_unknown_certificate() {
+    if !crate::support::stack_running() {
+        return;
+    }
+    let (Ok(url), Ok(ca_file)) = (std::env::var("FLEET_AMQPS_URL"), std::env::var("FLEET_AMQPS_CA")) else {
+        assert!(std::env::var_os("FLEET_REQUIRE_STACK").is_none(), "FLEET_AMQPS_URL and FLEET_AMQPS_CA are not set (deploy/test.sh sets them)");
+        return;
+    };
+    assert!(url.starts_with("amqps://"), "{url}");
+    let ca = fleet_io::trigger::AmqpCa::from_file(&ca_file).unwrap();
+    let exchange = format!("test.fleet.tls.{}", uuid::Uuid::now_v7().simple());
+    let stop = CancellationToken::new();
+    let sub = spawn_subscription(url.clone(), exchange.clone(), vec![work_key("billing-work")], Some(ca.clone()), Default::default(), stop.clone());
+    let mut events = sub.events.subscribe();
+    live(&sub).await;
+    let bus = RabbitTriggers::new(&url, &exchange, Default::default()).with_ca(Some(ca));
+    let ev = WorkDetected { queue: "billing-work".into(), messages: 7, source: "test".into() };
+    bus.publish(&ev).await.expect("a confirmed publication over TLS");
+    assert_eq!(tokio::time::timeout(Duration::from_secs(5), events.recv()).await.expect("delivered over TLS").unwrap(), ev);
+
+    // The system's roots only: the broker's certificate is not trusted.
+    let stranger = RabbitTriggers::new(&url, &exchange, Default::default());
+    let err = tokio::time::timeout(Duration::from_secs(15), stranger.publish(&ev)).await.expect("fails, not hangs").unwrap_err().to_string();
+    let password = url.split("://").nth(1).and_then(|r| r.split('@').next()).and_then(|ui| ui.split(':').nth(1)).unwrap_or("");
+    assert!(err.to_lowercase().contains("certificate") || err.contains("UnknownIssuer"), "{err}");
+    assert!(password.is_empty() || !err.contains(&format!(":{password}@")), "the error shows the password: {err}");
+    stop.cancel();
 }

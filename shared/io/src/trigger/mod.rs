@@ -170,7 +170,7 @@ pub mod rabbitmq;
 
 #[cfg(feature = "test-util")]
 pub use memory::MemoryTriggers;
-pub use rabbitmq::{spawn_subscription, RabbitTriggers};
+pub use rabbitmq::{spawn_subscription, AmqpCa, RabbitTriggers};
 
 #[cfg(test)]
 mod tests {

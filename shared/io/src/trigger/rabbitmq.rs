@@ -1,6 +1,9 @@
 //! The RabbitMQ implementation of [`TriggerBus`]: a topic exchange, publisher confirms, lazy
-//! connection with back-off, and subscriptions that reconnect when the broker comes back.
+//! connection with back-off, and subscriptions that reconnect when the broker comes back. `amqps://`
+//! URLs connect over TLS (rustls) trusting the system's roots and, when given, the broker's own CA
+//! ([`AmqpCa`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,13 +24,45 @@ fn amqp_err(url: &str, e: lapin::Error) -> Error {
     Error::Unreachable { service: Service::RabbitMq, endpoint: redact_url(url), detail: e.to_string(), source: Some(Box::new(e)) }
 }
 
-/// Connects, opens a channel and declares the exchange, all within one attempt of `policy`.
-async fn open_channel(url: &str, exchange: &str, policy: &CallPolicy) -> Result<(Connection, Channel)> {
-    policy.once(Service::RabbitMq, "connect", Duration::ZERO, open_channel_unbounded(url, exchange)).await
+/// A CA certificate (PEM) the broker's certificate may chain to, besides the system's roots: a broker
+/// with a private CA (amqps:// only).
+#[derive(Clone)]
+pub struct AmqpCa {
+    path: String,
+    pem: Arc<str>,
 }
 
-async fn open_channel_unbounded(url: &str, exchange: &str) -> Result<(Connection, Channel)> {
-    let conn = Connection::connect(url, ConnectionProperties::default()).await.map_err(|e| amqp_err(url, e))?;
+impl std::fmt::Debug for AmqpCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AmqpCa({})", self.path)
+    }
+}
+
+impl AmqpCa {
+    /// Reads the PEM file at `path` (a clap value parser: a missing or empty file stops the start).
+    pub fn from_file(path: &str) -> std::result::Result<AmqpCa, String> {
+        let pem = std::fs::read_to_string(path).map_err(|e| format!("AMQP CA file {path}: {e}"))?;
+        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(format!("AMQP CA file {path}: no PEM certificate in it"));
+        }
+        Ok(AmqpCa { path: path.to_string(), pem: pem.into() })
+    }
+
+    /// The file it was read from.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+/// Connects, opens a channel and declares the exchange, all within one attempt of `policy`.
+async fn open_channel(url: &str, exchange: &str, ca: Option<&AmqpCa>, policy: &CallPolicy) -> Result<(Connection, Channel)> {
+    policy.once(Service::RabbitMq, "connect", Duration::ZERO, open_channel_unbounded(url, exchange, ca)).await
+}
+
+async fn open_channel_unbounded(url: &str, exchange: &str, ca: Option<&AmqpCa>) -> Result<(Connection, Channel)> {
+    let tls = lapin::tcp::OwnedTLSConfig { identity: None, cert_chain: ca.map(|c| c.pem.to_string()) };
+    let runtime = lapin::runtime::default_runtime().map_err(|e| amqp_err(url, e))?;
+    let conn = Connection::connect_with_config(url, ConnectionProperties::default(), tls, runtime).await.map_err(|e| amqp_err(url, e))?;
     let ch = conn.create_channel().await.map_err(|e| amqp_err(url, e))?;
     ch.exchange_declare(exchange.into(), ExchangeKind::Topic, ExchangeDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
         .await
@@ -74,6 +109,7 @@ struct Publisher {
 pub struct RabbitTriggers {
     url: String,
     exchange: String,
+    ca: Option<AmqpCa>,
     policy: CallPolicy,
     state: Mutex<Publisher>,
 }
@@ -84,9 +120,16 @@ impl RabbitTriggers {
         RabbitTriggers {
             url: url.to_string(),
             exchange: exchange.to_string(),
+            ca: None,
             policy,
             state: Mutex::new(Publisher { link: None, backoff: Reconnect::new(), retry_at: None }),
         }
+    }
+
+    /// Trusts `ca` too for the broker's certificate (amqps://).
+    pub fn with_ca(mut self, ca: Option<AmqpCa>) -> RabbitTriggers {
+        self.ca = ca;
+        self
     }
 
     async fn send(&self, key: &str, payload: &[u8]) -> Result<()> {
@@ -104,7 +147,7 @@ impl RabbitTriggers {
                 }
             }
             let opened = async {
-                let (conn, ch) = open_channel(&self.url, &self.exchange, &self.policy).await?;
+                let (conn, ch) = open_channel(&self.url, &self.exchange, self.ca.as_ref(), &self.policy).await?;
                 ch.confirm_select(ConfirmSelectOptions::default()).await.map_err(|e| amqp_err(&self.url, e))?;
                 Ok::<_, Error>((conn, ch))
             }
@@ -161,7 +204,7 @@ impl TriggerBus for RabbitTriggers {
 /// Subscribes to the exchange with an exclusive, auto-deleted queue bound to `keys` (`work.{queue}`,
 /// `report.#`, ...) and forwards what arrives until `shutdown`; reconnects with back-off when the
 /// broker goes away, saying meanwhile that it is not live.
-pub fn spawn_subscription(url: String, exchange: String, keys: Vec<String>, policy: CallPolicy, shutdown: CancellationToken) -> Subscription {
+pub fn spawn_subscription(url: String, exchange: String, keys: Vec<String>, ca: Option<AmqpCa>, policy: CallPolicy, shutdown: CancellationToken) -> Subscription {
     let (events, _) = broadcast::channel(256);
     let (reports, _) = broadcast::channel(1024);
     let (live_tx, live) = watch::channel(false);
@@ -170,7 +213,7 @@ pub fn spawn_subscription(url: String, exchange: String, keys: Vec<String>, poli
         let mut backoff = Reconnect::new();
         loop {
             let run = async {
-                let (conn, ch) = open_channel(&url, &exchange, &policy).await?;
+                let (conn, ch) = open_channel(&url, &exchange, ca.as_ref(), &policy).await?;
                 let q = ch
                     .queue_declare("".into(), QueueDeclareOptions { exclusive: true, auto_delete: true, ..Default::default() }, FieldTable::default())
                     .await
