@@ -11,7 +11,9 @@ use initiator::cli::Cli;
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     fleet_io::telemetry::init(cli.log.log_json, "warn");
-    match initiator::commands::run(cli).await {
+    let outcome = initiator::commands::run(cli).await;
+    fleet_io::call::write_called();
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");

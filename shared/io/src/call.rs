@@ -6,8 +6,12 @@
 //!
 //! The AWS SDK's own retries are switched off where the clients are built (`config::Aws`): this policy is
 //! the only place that decides how often and how long a call is tried.
+//!
+//! Being that one place, it also records which operations a process calls ([`called`]); with
+//! `FLEET_CALLS_FILE` set, a binary writes them there when it exits ([`write_called`]), which is how
+//! the IAM policies in `deploy/k8s/iam/` are checked against what each service really calls.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -16,6 +20,32 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result, Service};
+
+static CALLED: Mutex<BTreeSet<(&'static str, &'static str)>> = Mutex::new(BTreeSet::new());
+
+fn record(service: Service, operation: &'static str) {
+    let s = match service {
+        Service::Sqs => "sqs",
+        Service::S3 => "s3",
+        Service::RabbitMq => "amqp",
+    };
+    crate::lock(&CALLED).insert((s, operation));
+}
+
+/// The operations this process has called so far, as `sqs.ReceiveMessage`, `s3.GetObject`, ...
+pub fn called() -> Vec<String> {
+    crate::lock(&CALLED).iter().map(|(s, o)| format!("{s}.{o}")).collect()
+}
+
+/// Writes [`called`], one a line, to the file `FLEET_CALLS_FILE` names (when set).
+pub fn write_called() {
+    if let Some(path) = std::env::var_os("FLEET_CALLS_FILE") {
+        let text: String = called().into_iter().map(|c| c + "\n").collect();
+        if let Err(e) = std::fs::write(&path, text) {
+            tracing::warn!(path = %std::path::Path::new(&path).display(), error = %e, "could not write the calls file");
+        }
+    }
+}
 
 /// How every external call is bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +117,7 @@ impl CallPolicy {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
+        record(service, operation);
         let start = Instant::now();
         let end = start + self.deadline + extra;
         let mut cap = self.first_backoff;
@@ -116,6 +147,7 @@ impl CallPolicy {
     /// One attempt under the attempt timeout (plus `extra`), no retry: for calls whose caller retries on
     /// its own terms (a listener's receive, a trigger publication).
     pub async fn once<T>(&self, service: Service, operation: &'static str, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        record(service, operation);
         let limit = self.attempt_timeout + extra;
         match tokio::time::timeout(limit, fut).await {
             Ok(r) => r,

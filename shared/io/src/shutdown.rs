@@ -60,7 +60,9 @@ where
     Fut: Future<Output = anyhow::Result<()>>,
 {
     crate::telemetry::init(log_json, "info");
-    match start(on_signals()).await {
+    let outcome = start(on_signals()).await;
+    crate::call::write_called();
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");

@@ -33,7 +33,8 @@ async fn large_results_travel_as_blobs() {
     let stop = CancellationToken::new();
     let p = tokio::spawn(processor::run(crate::support::fast_processor(), processor::Deps::new(work.clone(), results.clone(), store.clone()), stop.clone()));
     let c = tokio::spawn(controller::run(
-        controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() },
+        // A day's retention keeps the job's blobs (and leaves a purge marker), so the result blob can be seen.
+        controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 5, blob_retention_secs: 86_400, ..Default::default() },
         controller::Deps {
             results: results.clone(),
             work_dlq: work_dlq.clone(),
@@ -61,6 +62,12 @@ async fn large_results_travel_as_blobs() {
     assert_eq!(r.accounts.len(), 30_000);
     assert_eq!(report_accounts(&r), expected_accounts(&[path]));
     assert!(store.keys().iter().any(|k| k.contains("/results/")), "the result went through a blob: {:?}", store.keys());
+    let marker = format!("purge/{}", s.job_id);
+    let t = std::time::Instant::now();
+    while !store.keys().contains(&marker) {
+        assert!(t.elapsed() < Duration::from_secs(5), "no purge marker for the retention: {:?}", store.keys());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // chunk + result blob + manifest + report + accounts.csv + final checkpoint, and the reads of the
     // chunk, the result blob, the manifest and the (absent) first checkpoint were all counted.
     assert!(r.requests.s3["PutObject"] >= 6, "{:?}", r.requests);
