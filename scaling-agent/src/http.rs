@@ -76,6 +76,14 @@ pub fn render_metrics(s: &AgentState) -> String {
     out
 }
 
+/// 200 with the agent's health when `ok` holds, 503 otherwise.
+fn probe(s: &SharedState, ok: fn(&crate::AgentHealth) -> bool) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let h = lock(s).health(tokio::time::Instant::now());
+    let code = if ok(&h) { axum::http::StatusCode::OK } else { axum::http::StatusCode::SERVICE_UNAVAILABLE };
+    (code, Json(h)).into_response()
+}
+
 pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/state", get(|State(s): State<SharedState>| async move { Json(lock(&s).clone()) }))
@@ -83,6 +91,8 @@ pub fn router(state: SharedState) -> Router {
             "/metrics",
             get(|State(s): State<SharedState>| async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render_metrics(&lock(&s))) }),
         )
+        .route("/livez", get(|State(s): State<SharedState>| async move { probe(&s, |h| h.live) }))
+        .route("/readyz", get(|State(s): State<SharedState>| async move { probe(&s, |h| h.ready) }))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state)
 }
@@ -91,7 +101,7 @@ pub fn router(state: SharedState) -> Router {
 pub async fn serve(addr: SocketAddr, state: SharedState, stop: CancellationToken) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    tracing::info!(%bound, "agent state endpoint: GET /state, GET /metrics");
+    tracing::info!(%bound, "agent state endpoint: GET /state, /metrics, /livez, /readyz, /healthz");
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router(state)).with_graceful_shutdown(async move { stop.cancelled().await }).await {
             tracing::warn!(error = %e, "agent state endpoint failed");

@@ -162,6 +162,49 @@ pub struct AgentState {
     /// Dependencies the fleet is paused for (instances' reports, the agent's own SQS breaker): no
     /// instance is added while this is not empty.
     pub paused_for: Vec<String>,
+    /// The agent subscribes to the bus (its liveness counts for readiness then).
+    pub bus_configured: bool,
+    /// Whether the last look read every watched queue.
+    pub last_look_ok: bool,
+    /// When the last look ended (liveness: the loop keeps looking).
+    #[serde(skip)]
+    pub last_look: Option<Instant>,
+}
+
+/// Readiness and liveness of the agent, with the reasons when not.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct AgentHealth {
+    pub ready: bool,
+    pub live: bool,
+    pub reasons: Vec<String>,
+}
+
+/// Slack above the agent's own interval before its loop counts as stuck (a look's calls may take up
+/// to their deadline).
+pub const LOOK_SLACK: Duration = Duration::from_secs(90);
+
+impl AgentState {
+    /// Ready: the last look read the queues, nothing is paused for an outage, the bus (when used) is
+    /// live. Live: a look ended within the interval plus [`LOOK_SLACK`] (or none yet).
+    pub fn health(&self, now: Instant) -> AgentHealth {
+        let mut reasons = Vec::new();
+        if !self.last_look_ok {
+            reasons.push("the last look could not read the queues".to_string());
+        }
+        for d in &self.paused_for {
+            reasons.push(format!("paused for {d}"));
+        }
+        if self.bus_configured && !self.bus_live {
+            reasons.push("bus subscription down".into());
+        }
+        let ready = reasons.is_empty();
+        let bound = Duration::from_secs_f64(self.interval_s.max(1.0)) + LOOK_SLACK;
+        let live = self.last_look.is_none_or(|t| now.saturating_duration_since(t) <= bound);
+        if !live {
+            reasons.push(format!("no look for more than {} s", bound.as_secs()));
+        }
+        AgentHealth { ready, live, reasons }
+    }
 }
 
 /// Shared handle on the agent's state.
@@ -198,6 +241,9 @@ pub fn new_state(settings: &Settings, backend: &'static str) -> SharedState {
         triggers_received: 0,
         bus_live: false,
         paused_for: Vec::new(),
+        bus_configured: false,
+        last_look_ok: false,
+        last_look: None,
     }))
 }
 
@@ -227,7 +273,9 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 }
             }
         }
-        let snap = match snapshot(w).await {
+        let snap = snapshot(w).await;
+        let looked = snap.is_ok();
+        let snap = match snap {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(error = %e, "could not read queue depths");
@@ -310,6 +358,9 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
             st.interval_s = interval.as_secs_f64();
             st.requests = requests;
             st.bus_live = deps.subscription.as_ref().is_some_and(|s| *s.live.borrow());
+            st.bus_configured = deps.subscription.is_some();
+            st.last_look_ok = looked;
+            st.last_look = Some(Instant::now());
         }
         let wake_at = Instant::now() + interval;
         loop {

@@ -195,3 +195,20 @@ async fn a_fleet_paused_for_an_outage_gets_no_more_instances_until_it_answers() 
     assert!(f.actual().await > 1, "not scaled after the outage");
     f.stop().await;
 }
+
+/// Ready once a look read the queues and the bus is live; not live when the loop stops looking.
+#[tokio::test(start_paused = true)]
+async fn health_follows_the_looks_and_the_bus() {
+    let f = start(Settings { idle_interval_secs: 1, ..Settings::quick() });
+    let before = lock(&f.state).health(tokio::time::Instant::now());
+    assert!(before.live && !before.ready, "live but not ready before the first look: {before:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let h = lock(&f.state).health(tokio::time::Instant::now());
+    assert!(h.ready && h.live, "{h:?}");
+    let later = tokio::time::Instant::now() + Duration::from_secs(1) + LOOK_SLACK + Duration::from_secs(5);
+    let stuck = lock(&f.state).health(later);
+    assert!(!stuck.live && stuck.reasons.iter().any(|r| r.contains("no look")), "{stuck:?}");
+    lock(&f.state).paused_for = vec!["SQS".into()];
+    assert!(!lock(&f.state).health(tokio::time::Instant::now()).ready);
+    f.stop().await;
+}

@@ -149,11 +149,7 @@ fn every_pod_is_restricted_probed_and_bounded() {
         }
         let c = container(d);
         let (live, ready) = (c["livenessProbe"]["httpGet"]["path"].as_str(), c["readinessProbe"]["httpGet"]["path"].as_str());
-        if name == "scaling-agent" {
-            assert!(live.is_some() && ready.is_some(), "{name}: probes");
-        } else {
-            assert_eq!((live, ready), (Some("/livez"), Some("/readyz")), "{name}: probes on the listener's health");
-        }
+        assert_eq!((live, ready), (Some("/livez"), Some("/readyz")), "{name}: probes on the service's health");
         accounts.push(p["serviceAccountName"].as_str().unwrap().to_string());
     }
     accounts.sort();
