@@ -127,21 +127,8 @@ fn generate_is_deterministic() {
 }
 
 fn initiator_env(st: &Stack, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let n = &st.names;
-    let mut cmd = Command::new(crate::support::bin("initiator"));
-    cmd.args(args)
-        .env("FLEET_BUCKET", &n.bucket)
-        .env("FLEET_WORK_QUEUE", &n.work_queue)
-        .env("FLEET_WORK_DLQ", n.work_dlq())
-        .env("FLEET_RESULTS_QUEUE", &n.results_queue)
-        .env("FLEET_TRIGGER_EXCHANGE", &n.trigger_exchange)
-        .env("AMQP_URL", &n.amqp_url);
-    if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        cmd.env("AWS_ENDPOINT_URL", LOCALSTACK).env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
+    let mut cmd = fleet_command(st, "initiator");
+    cmd.args(args).envs(env.iter().copied());
     cmd.output().expect("run initiator")
 }
 

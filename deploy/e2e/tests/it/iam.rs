@@ -63,24 +63,14 @@ fn allowed(service: &str) -> BTreeSet<String> {
 }
 
 fn service(st: &Stack, bin: &str, calls: &Path, envs: &[(&str, &str)]) -> Child {
-    let n = &st.names;
-    let mut cmd = Command::new(crate::support::bin(bin));
-    cmd.env("FLEET_BUCKET", &n.bucket)
-        .env("FLEET_WORK_QUEUE", &n.work_queue)
-        .env("FLEET_WORK_DLQ", n.work_dlq())
-        .env("FLEET_RESULTS_QUEUE", &n.results_queue)
-        .env("FLEET_TRIGGER_EXCHANGE", &n.trigger_exchange)
-        .env("AMQP_URL", &n.amqp_url)
-        .env("FLEET_CALLS_FILE", calls)
+    let mut cmd = fleet_command(st, bin);
+    cmd.env("FLEET_CALLS_FILE", calls)
         .env("LISTENER_RECEIVE_WAIT_SECS", "1")
         .env("LISTENER_MAX_IDLE_MS", "1000")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        cmd.env("AWS_ENDPOINT_URL", LOCALSTACK).env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
-    }
-    cmd.envs(envs.iter().copied());
+        .stderr(Stdio::inherit())
+        .envs(envs.iter().copied());
     cmd.spawn().unwrap_or_else(|e| panic!("start {bin}: {e}"))
 }
 
@@ -105,19 +95,8 @@ async fn each_service_calls_only_what_its_policy_allows() {
     let controller = service(&st, "controller", &calls("controller"), &[("CONTROLLER_ID", "iam-test")]);
     let agent = service(&st, "scaling-agent", &calls("scaling-agent"), &[("AGENT_BACKEND", "none"), ("AGENT_INTERVAL_SECS", "1")]);
     let file = generated(dir.path(), "in.csv", 3000, 40, 5);
-    let n = &st.names;
-    let mut cmd = Command::new(crate::support::bin("initiator"));
-    cmd.args(["submit", file.to_str().unwrap(), "--chunk-size", "500", "--wait", "--json"])
-        .env("FLEET_BUCKET", &n.bucket)
-        .env("FLEET_WORK_QUEUE", &n.work_queue)
-        .env("FLEET_WORK_DLQ", n.work_dlq())
-        .env("FLEET_RESULTS_QUEUE", &n.results_queue)
-        .env("FLEET_TRIGGER_EXCHANGE", &n.trigger_exchange)
-        .env("AMQP_URL", &n.amqp_url)
-        .env("FLEET_CALLS_FILE", calls("initiator"));
-    if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        cmd.env("AWS_ENDPOINT_URL", LOCALSTACK).env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
-    }
+    let mut cmd = fleet_command(&st, "initiator");
+    cmd.args(["submit", file.to_str().unwrap(), "--chunk-size", "500", "--wait", "--json"]).env("FLEET_CALLS_FILE", calls("initiator"));
     let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
     assert!(out.status.success(), "initiator: {}", String::from_utf8_lossy(&out.stderr));
     // Past the controller's purge of the finished job's blobs.

@@ -116,26 +116,33 @@ impl Fleet for Stack {
     }
 }
 
-/// The `controller` binary on a test stack, as `id` (its leases last 5 s): a process a test can kill.
-pub fn controller_process(st: &Stack, id: &str, envs: &[(&str, &str)]) -> std::process::Child {
+/// A command for the fleet binary `name` on a test stack: its queue, bucket and bus names, and
+/// LocalStack unless `AWS_ENDPOINT_URL` says otherwise.
+pub fn fleet_command(st: &Stack, name: &str) -> std::process::Command {
     let n = &st.names;
-    let mut cmd = std::process::Command::new(bin("controller"));
+    let mut cmd = std::process::Command::new(bin(name));
     cmd.env("FLEET_BUCKET", &n.bucket)
         .env("FLEET_WORK_QUEUE", &n.work_queue)
         .env("FLEET_WORK_DLQ", n.work_dlq())
         .env("FLEET_RESULTS_QUEUE", &n.results_queue)
         .env("FLEET_TRIGGER_EXCHANGE", &n.trigger_exchange)
-        .env("AMQP_URL", &n.amqp_url)
-        .env("CONTROLLER_ID", id)
+        .env("AMQP_URL", &n.amqp_url);
+    if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
+        cmd.env("AWS_ENDPOINT_URL", LOCALSTACK).env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
+    }
+    cmd
+}
+
+/// The `controller` binary on a test stack, as `id` (its leases last 5 s): a process a test can kill.
+pub fn controller_process(st: &Stack, id: &str, envs: &[(&str, &str)]) -> std::process::Child {
+    let mut cmd = fleet_command(st, "controller");
+    cmd.env("CONTROLLER_ID", id)
         .env("CONTROLLER_LEASE_SECS", "5")
         .env("LISTENER_RECEIVE_WAIT_SECS", "1")
         .env("LISTENER_MAX_IDLE_MS", "1000")
         .env("RUST_LOG", std::env::var("FLEET_TEST_CONTROLLER_LOG").unwrap_or_else(|_| "warn".into()))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit());
-    if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        cmd.env("AWS_ENDPOINT_URL", LOCALSTACK).env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
-    }
     cmd.envs(envs.iter().copied());
     cmd.spawn().expect("start the controller binary")
 }
