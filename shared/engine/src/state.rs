@@ -153,7 +153,12 @@ pub(crate) async fn depth_loop(inner: Arc<Inner>) {
         if !receiving || inner.breakers.iter().any(|b| b.is_open()) || inner.stop_receiving.is_cancelled() {
             continue;
         }
-        match inner.queue.depth().await {
+        // A look under way never holds up a stop (a hung queue answers only at the call's deadline).
+        let depth = tokio::select! {
+            () = inner.stop_all.cancelled() => return,
+            d = inner.queue.depth() => d,
+        };
+        match depth {
             Ok(d) => *lock(&inner.last_depth) = Some((d, tokio::time::Instant::now())),
             Err(e) => tracing::debug!(queue = inner.queue.name(), error = %e, "queue depth unavailable"),
         }
