@@ -115,7 +115,10 @@ impl BackendArgs {
                 Arc::new(ProcessBackend::new(ProcessSpec {
                     program,
                     args,
-                    envs: [("AMQP_URL".to_string(), f.amqp_url.clone())].into_iter().chain(f.amqp_ca.as_ref().map(|ca| ("AMQP_CA_FILE".to_string(), ca.path().to_string()))).collect(),
+                    envs: [("AMQP_URL".to_string(), f.amqp_url.clone())]
+                        .into_iter()
+                        .chain(f.amqp_ca.as_ref().map(|ca| ("AMQP_CA_FILE".to_string(), ca.path().to_string())))
+                        .collect(),
                     http_base: cli.processor_http_base,
                     log_dir: cli.processor_log_dir.clone(),
                     drain: Duration::from_secs(cli.drain_secs),

@@ -69,7 +69,12 @@ pub struct KedaBackend {
 impl KedaBackend {
     /// `target`: work items per replica (throughput x SLA seconds); `metric`: the metric's name.
     pub fn new(initial: u32, target: f64, metric: impl Into<String>) -> Arc<KedaBackend> {
-        Arc::new(KedaBackend { desired: watch::Sender::new(initial), active: watch::Sender::new(initial > 0), target: watch::Sender::new(target.round().max(1.0)), metric: metric.into() })
+        Arc::new(KedaBackend {
+            desired: watch::Sender::new(initial),
+            active: watch::Sender::new(initial > 0),
+            target: watch::Sender::new(target.round().max(1.0)),
+            metric: metric.into(),
+        })
     }
 
     fn set_active(&self, on: bool) {

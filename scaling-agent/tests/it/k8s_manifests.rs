@@ -136,7 +136,11 @@ fn every_pod_is_restricted_probed_and_bounded() {
             let cs = &c["securityContext"];
             assert_eq!(cs["allowPrivilegeEscalation"].as_bool(), Some(false), "{name}: privilege escalation");
             assert_eq!(cs["readOnlyRootFilesystem"].as_bool(), Some(true), "{name}: writable root");
-            assert_eq!(cs["capabilities"]["drop"].as_vec().map(|v| v.iter().filter_map(Yaml::as_str).collect::<Vec<_>>()), Some(vec!["ALL"]), "{name}: capabilities");
+            assert_eq!(
+                cs["capabilities"]["drop"].as_vec().map(|v| v.iter().filter_map(Yaml::as_str).collect::<Vec<_>>()),
+                Some(vec!["ALL"]),
+                "{name}: capabilities"
+            );
             assert!(cs["capabilities"]["add"].is_badvalue() && cs["privileged"].as_bool() != Some(true), "{name}: added privileges");
             for (kind, what) in [("requests", "cpu"), ("requests", "memory"), ("limits", "cpu"), ("limits", "memory")] {
                 assert!(!c["resources"][kind][what].is_badvalue(), "{name}: no {kind}.{what}");
