@@ -250,6 +250,7 @@ pub fn new_state(settings: &Settings, backend: &'static str) -> SharedState {
 /// [`run`] with a state handle the caller holds (tests read it).
 pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, shutdown: CancellationToken) -> fleet_io::Result<()> {
     let started = Instant::now();
+    lock(&state).bus_configured = deps.subscription.is_some();
     let busy_interval = Duration::from_secs(settings.interval_secs.max(1));
     let idle_cap = Duration::from_secs(settings.idle_interval_secs.max(settings.interval_secs).max(1));
     let mut policy = Policy::new(settings.policy(), started);
@@ -273,15 +274,14 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 }
             }
         }
-        let snap = snapshot(w).await;
-        let looked = snap.is_ok();
-        let snap = match snap {
+        let snap = match snapshot(w).await {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(error = %e, "could not read queue depths");
                 None
             }
         };
+        let looked = snap.is_some();
         let mut paused_for = tracker.paused_for(now);
         if w.work.breaker().is_some_and(|b| b.is_open()) && !paused_for.iter().any(|d| d == "SQS") {
             paused_for.push("SQS".into());
@@ -358,7 +358,6 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
             st.interval_s = interval.as_secs_f64();
             st.requests = requests;
             st.bus_live = deps.subscription.as_ref().is_some_and(|s| *s.live.borrow());
-            st.bus_configured = deps.subscription.is_some();
             st.last_look_ok = looked;
             st.last_look = Some(Instant::now());
         }

@@ -294,7 +294,7 @@ pub(crate) async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
         Some(d) => d,
         None => match inner.queue.depth().await {
             Ok(d) => {
-                *lock(&inner.last_depth) = Some((d, tokio::time::Instant::now()));
+                crate::state::note_depth(inner, d);
                 d.visible
             }
             Err(e) => {

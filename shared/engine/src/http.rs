@@ -114,9 +114,6 @@ pub fn render_metrics(states: &[ListenerState]) -> String {
 struct Which {
     /// Only this queue (default: all).
     queue: Option<String>,
-    /// Accepted for older scrapers; the depth is always the last look (no request).
-    #[allow(dead_code)]
-    depth: Option<bool>,
 }
 
 fn states(engines: &[Engine], which: &Which) -> Vec<ListenerState> {

@@ -159,10 +159,15 @@ pub(crate) async fn depth_loop(inner: Arc<Inner>) {
             d = inner.queue.depth() => d,
         };
         match depth {
-            Ok(d) => *lock(&inner.last_depth) = Some((d, tokio::time::Instant::now())),
+            Ok(d) => note_depth(&inner, d),
             Err(e) => tracing::debug!(queue = inner.queue.name(), error = %e, "queue depth unavailable"),
         }
     }
+}
+
+/// Keeps `d` as the last look at the queue's depth (what the state endpoint reports).
+pub(crate) fn note_depth(inner: &Inner, d: QueueDepth) {
+    *lock(&inner.last_depth) = Some((d, tokio::time::Instant::now()));
 }
 
 /// Whether a listener can take work now ([`Health::ready`]: every dependency's breaker closed and, with

@@ -23,7 +23,16 @@ use crate::error::{Error, Result, Service};
 
 static CALLED: Mutex<BTreeSet<(&'static str, &'static str)>> = Mutex::new(BTreeSet::new());
 
+/// Recording is on only when `FLEET_CALLS_FILE` is set (read once): otherwise a call takes no lock.
+fn recording() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("FLEET_CALLS_FILE").is_some())
+}
+
 fn record(service: Service, operation: &'static str) {
+    if !recording() {
+        return;
+    }
     let s = match service {
         Service::Sqs => "sqs",
         Service::S3 => "s3",
@@ -33,6 +42,7 @@ fn record(service: Service, operation: &'static str) {
 }
 
 /// The operations this process has called so far, as `sqs.ReceiveMessage`, `s3.GetObject`, ...
+/// (recorded only with `FLEET_CALLS_FILE` set).
 pub fn called() -> Vec<String> {
     crate::lock(&CALLED).iter().map(|(s, o)| format!("{s}.{o}")).collect()
 }
