@@ -1,3 +1,6 @@
+//! Long because the aggregator and the path of one batch through it belong together; the other rooms
+//! of aggregation are listed at the end of this header.
+//!
 //! Per-job aggregation, exactly once under at-least-once delivery. Batches are applied in memory; a
 //! job's state (which chunks are accounted for, the running per-account totals, failed chunks, request
 //! counts) is checkpointed to S3 by `flush`, and only the messages a checkpoint covers are handed back
