@@ -36,7 +36,7 @@ pub struct FleetArgs {
     pub amqp_url: String,
     /// PEM file of the CA that signed the broker's certificate, trusted besides the system's roots
     /// (amqps:// to a broker with a private CA).
-    #[arg(long, global = true, env = "AMQP_CA_FILE", value_name = "FILE", value_parser = AmqpCa::from_file)]
+    #[arg(long = "amqp-ca-file", global = true, env = "AMQP_CA_FILE", value_name = "FILE", value_parser = AmqpCa::from_file)]
     pub amqp_ca: Option<AmqpCa>,
     /// Topic exchange of the fleet bus: work-detected triggers (`work.{queue}`) and instance reports
     /// (`report.{queue}`).
