@@ -62,7 +62,9 @@ mod tests {
         let t = AdminToken::parse("  0123456789abcdef\n").unwrap();
         assert_eq!(format!("{t:?}"), "AdminToken(***)");
         assert!(t.authorizes(Some(b"Bearer 0123456789abcdef")));
-        for bad in [&b"Bearer 0123456789abcde"[..], b"Bearer 0123456789abcdeg", b"Bearer 0123456789abcdefg", b"bearer 0123456789abcdef", b"0123456789abcdef", b""] {
+        for bad in
+            [&b"Bearer 0123456789abcde"[..], b"Bearer 0123456789abcdeg", b"Bearer 0123456789abcdefg", b"bearer 0123456789abcdef", b"0123456789abcdef", b""]
+        {
             assert!(!t.authorizes(Some(bad)), "{}", String::from_utf8_lossy(bad));
         }
         assert!(!t.authorizes(None));

@@ -148,30 +148,37 @@ pub fn admin_router(engines: Vec<Engine>, token: AdminToken) -> Router {
     Router::new()
         .route(
             "/throttle",
-            put(|State((e, token)): State<(Vec<Engine>, AdminToken)>, method: Method, uri: Uri, headers: HeaderMap, Query(w): Query<Which>, body: axum::body::Bytes| async move {
-                if !token.authorizes(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes())) {
-                    // Method and path only: nothing of what was sent.
-                    tracing::warn!(%method, path = uri.path(), "admin request refused: no valid bearer token");
-                    return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "a bearer token is required").into_response();
-                }
-                let change: LimitsChange = match serde_json::from_slice(&body) {
-                    Ok(c) => c,
-                    Err(err) => return (StatusCode::BAD_REQUEST, format!("limits: {err}")).into_response(),
-                };
-                if let Err(why) = change.check() {
-                    return (StatusCode::BAD_REQUEST, why).into_response();
-                }
-                let changed: Vec<(String, ThrottleLimits)> = e
-                    .iter()
-                    .filter(|e| w.queue.as_deref().is_none_or(|q| q == e.queue_name()))
-                    .map(|e| (e.queue_name().to_string(), e.set_limits(&change)))
-                    .collect();
-                if changed.is_empty() {
-                    return (StatusCode::NOT_FOUND, "no listener on that queue").into_response();
-                }
-                tracing::info!(?changed, "throttle limits changed");
-                Json(changed).into_response()
-            }),
+            put(
+                |State((e, token)): State<(Vec<Engine>, AdminToken)>,
+                 method: Method,
+                 uri: Uri,
+                 headers: HeaderMap,
+                 Query(w): Query<Which>,
+                 body: axum::body::Bytes| async move {
+                    if !token.authorizes(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes())) {
+                        // Method and path only: nothing of what was sent.
+                        tracing::warn!(%method, path = uri.path(), "admin request refused: no valid bearer token");
+                        return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "a bearer token is required").into_response();
+                    }
+                    let change: LimitsChange = match serde_json::from_slice(&body) {
+                        Ok(c) => c,
+                        Err(err) => return (StatusCode::BAD_REQUEST, format!("limits: {err}")).into_response(),
+                    };
+                    if let Err(why) = change.check() {
+                        return (StatusCode::BAD_REQUEST, why).into_response();
+                    }
+                    let changed: Vec<(String, ThrottleLimits)> = e
+                        .iter()
+                        .filter(|e| w.queue.as_deref().is_none_or(|q| q == e.queue_name()))
+                        .map(|e| (e.queue_name().to_string(), e.set_limits(&change)))
+                        .collect();
+                    if changed.is_empty() {
+                        return (StatusCode::NOT_FOUND, "no listener on that queue").into_response();
+                    }
+                    tracing::info!(?changed, "throttle limits changed");
+                    Json(changed).into_response()
+                },
+            ),
         )
         .with_state((engines, token))
 }

@@ -84,7 +84,9 @@ impl FleetArgs {
 
     /// The trigger publisher, unless triggers are off (`--amqp-url ""`).
     pub fn trigger_bus(&self) -> Option<Arc<dyn TriggerBus>> {
-        (!self.amqp_url.is_empty()).then(|| Arc::new(RabbitTriggers::new(&self.amqp_url, &self.trigger_exchange, self.call_policy()).with_ca(self.amqp_ca.clone())) as Arc<dyn TriggerBus>)
+        (!self.amqp_url.is_empty()).then(|| {
+            Arc::new(RabbitTriggers::new(&self.amqp_url, &self.trigger_exchange, self.call_policy()).with_ca(self.amqp_ca.clone())) as Arc<dyn TriggerBus>
+        })
     }
 
     /// Subscribes to the bus with these bindings (see [`crate::trigger::work_key`]) until `shutdown`

@@ -80,7 +80,9 @@ pub const JOBS_EXPIRE_DAYS: i32 = 30;
 /// Creates the bucket (idempotent) with its lifecycle rules: `jobs/` and `purge/` expire after
 /// [`JOBS_EXPIRE_DAYS`], incomplete multipart uploads are aborted after a day.
 pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
-    use aws_sdk_s3::types::{AbortIncompleteMultipartUpload, BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleFilter};
+    use aws_sdk_s3::types::{
+        AbortIncompleteMultipartUpload, BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleFilter,
+    };
     let s3 = aws.s3();
     match s3.create_bucket().bucket(bucket).send().await {
         Ok(_) => {}

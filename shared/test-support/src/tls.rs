@@ -27,7 +27,26 @@ impl TestCa {
     pub fn new(dir: &Path, name: &str) -> TestCa {
         std::fs::create_dir_all(dir).unwrap();
         let subj = format!("/CN={name}");
-        openssl(dir, &["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2", "-subj", &subj, "-keyout", "ca.key", "-out", "ca.pem"]);
+        openssl(
+            dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &subj,
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+            ],
+        );
         TestCa { dir: dir.to_path_buf(), ca_cert: dir.join("ca.pem"), ca_key: dir.join("ca.key") }
     }
 
@@ -36,7 +55,11 @@ impl TestCa {
         let dir = &self.dir;
         let (key, csr, cert, ext) = (format!("{cn}.key"), format!("{cn}.csr"), format!("{cn}.pem"), format!("{cn}.ext"));
         let usage = if server { "serverAuth" } else { "clientAuth" };
-        std::fs::write(dir.join(&ext), format!("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage={usage}\nsubjectAltName=DNS:{cn},IP:127.0.0.1\n")).unwrap();
+        std::fs::write(
+            dir.join(&ext),
+            format!("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage={usage}\nsubjectAltName=DNS:{cn},IP:127.0.0.1\n"),
+        )
+        .unwrap();
         openssl(dir, &["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", &format!("/CN={cn}"), "-keyout", &key, "-out", &csr]);
         let (ca, ca_key) = (self.ca_cert.to_str().unwrap(), self.ca_key.to_str().unwrap());
         openssl(dir, &["x509", "-req", "-in", &csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "2", "-extfile", &ext, "-out", &cert]);

@@ -47,10 +47,7 @@ async fn with_the_broker_down_listeners_poll_and_the_job_completes() {
     };
     let engine = processor::start(&crate::support::fast_processor(), deps, &stop).await.unwrap();
     let controller = s.start_controller();
-    assert!(
-        until(Duration::from_secs(15), async || engine.triggers_live() && engine.state().consumers_parked == 1).await,
-        "parked while the bus is up"
-    );
+    assert!(until(Duration::from_secs(15), async || engine.triggers_live() && engine.state().consumers_parked == 1).await, "parked while the bus is up");
 
     proxy.cut();
     assert!(until(Duration::from_secs(5), async || !engine.triggers_live()).await, "the listener noticed the broker is gone");

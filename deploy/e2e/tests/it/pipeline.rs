@@ -72,7 +72,8 @@ async fn whole_pipeline_bills_exactly() {
     let job_prefix = format!("jobs/{}/", s.job_id);
     let t = std::time::Instant::now();
     loop {
-        let left: Vec<String> = st.store.list(&job_prefix, 1000).await.unwrap().into_iter().filter(|k| k.contains("/chunks/") || k.contains("/results/")).collect();
+        let left: Vec<String> =
+            st.store.list(&job_prefix, 1000).await.unwrap().into_iter().filter(|k| k.contains("/chunks/") || k.contains("/results/")).collect();
         if left.is_empty() {
             break;
         }

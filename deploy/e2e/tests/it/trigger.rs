@@ -22,8 +22,14 @@ async fn triggers_are_routed_by_queue_and_reports_reach_the_agent() {
     let exchange = format!("test.fleet.{}", uuid::Uuid::now_v7().simple());
     let stop = CancellationToken::new();
     let work = spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-work")], None, Default::default(), stop.clone());
-    let results =
-        spawn_subscription(amqp_url(), exchange.clone(), vec![work_key("billing-results"), work_key("billing-work-dlq")], None, Default::default(), stop.clone());
+    let results = spawn_subscription(
+        amqp_url(),
+        exchange.clone(),
+        vec![work_key("billing-results"), work_key("billing-work-dlq")],
+        None,
+        Default::default(),
+        stop.clone(),
+    );
     let agent = spawn_subscription(amqp_url(), exchange.clone(), vec![ALL_WORK.into(), ALL_REPORTS.into()], None, Default::default(), stop.clone());
     let (mut w, mut r, mut a, mut ar) = (work.events.subscribe(), results.events.subscribe(), agent.events.subscribe(), agent.reports.subscribe());
     let mut wr = work.reports.subscribe();

@@ -204,7 +204,14 @@ impl TriggerBus for RabbitTriggers {
 /// Subscribes to the exchange with an exclusive, auto-deleted queue bound to `keys` (`work.{queue}`,
 /// `report.#`, ...) and forwards what arrives until `shutdown`; reconnects with back-off when the
 /// broker goes away, saying meanwhile that it is not live.
-pub fn spawn_subscription(url: String, exchange: String, keys: Vec<String>, ca: Option<AmqpCa>, policy: CallPolicy, shutdown: CancellationToken) -> Subscription {
+pub fn spawn_subscription(
+    url: String,
+    exchange: String,
+    keys: Vec<String>,
+    ca: Option<AmqpCa>,
+    policy: CallPolicy,
+    shutdown: CancellationToken,
+) -> Subscription {
     let (events, _) = broadcast::channel(256);
     let (reports, _) = broadcast::channel(1024);
     let (live_tx, live) = watch::channel(false);
