@@ -66,6 +66,18 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Create the fleet's queues (each with its dead-letter queue and redrive) and its bucket (with the
+    /// lifecycle rules that expire finished jobs' blobs), idempotently: on AWS with an operator's or a
+    /// setup job's identity (sqs:CreateQueue, SetQueueAttributes, GetQueueAttributes; s3:CreateBucket,
+    /// PutLifecycleConfiguration), which the services' own policies do not grant.
+    Provision {
+        /// Receives of one message before SQS moves it to the dead-letter queue.
+        #[arg(long, env = "FLEET_MAX_RECEIVE_COUNT", default_value_t = 5)]
+        max_receive_count: u32,
+        /// Seconds a received message stays hidden from other consumers.
+        #[arg(long, env = "FLEET_VISIBILITY_TIMEOUT", default_value_t = 30)]
+        visibility_timeout: u64,
+    },
     /// Write a deterministic sample CSV to stdout.
     Generate {
         /// Number of transactions.

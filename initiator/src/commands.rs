@@ -1,5 +1,5 @@
 //! The initiator's commands as flows over the library: submit (and follow), status, report, local,
-//! abandon, generate, and the dead-letter commands. Exit codes: 0 job complete; 1 usage or input
+//! abandon, generate, provision, and the dead-letter commands. Exit codes: 0 job complete; 1 usage or input
 //! error (nothing enqueued); 2 job finished partial; 3 infrastructure error.
 
 use std::io::IsTerminal;
@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use fleet_domain::billing::Tariff;
 use fleet_io::config::{Aws, FleetArgs};
+use fleet_io::provision::QueueSettings;
 
 use crate::cli::{Cli, Command, DlqCommand, RedriveFrom, SubmitArgs};
 use crate::submit::{Clients, SubmitOptions};
@@ -74,6 +75,23 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(job_exit_code(r.status))
         }
         Command::Dlq { command } => dlq(command, &fleet).await,
+        Command::Provision { max_receive_count, visibility_timeout } => {
+            if max_receive_count == 0 {
+                return Err(CliError::Input("--max-receive-count must be at least 1".into()));
+            }
+            let aws = Aws::load().await.with_policy(fleet.call_policy());
+            let settings = QueueSettings { max_receive_count, visibility_timeout: Duration::from_secs(visibility_timeout) };
+            fleet_io::provision::ensure_fleet(&aws, &fleet, settings).await?;
+            eprintln!(
+                "provisioned: queues {} (dead letters: {}) and {} (dead letters: {}), bucket {} with its lifecycle rules",
+                fleet.work_queue,
+                fleet.work_dlq(),
+                fleet.results_queue,
+                fleet_io::config::dlq_name(&fleet.results_queue),
+                fleet.bucket
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

@@ -58,6 +58,11 @@ pub struct Settings {
     /// Work items per second one instance processes, until instances report their own figure.
     #[arg(long, env = "AGENT_INSTANCE_THROUGHPUT", default_value_t = 10.0)]
     pub instance_throughput: f64,
+    /// The same starting figure as work items per instance within the SLA (throughput x SLA): the
+    /// target KEDA's queue-length fallback uses, so Kubernetes can take both from one setting.
+    /// Replaces --instance-throughput when given.
+    #[arg(long, env = "AGENT_TARGET_PER_INSTANCE", conflicts_with = "instance_throughput", value_parser = positive)]
+    pub target_per_instance: Option<f64>,
     /// Most instances added at once beyond doubling the fleet.
     #[arg(long, env = "AGENT_STEP_UP", default_value_t = 4)]
     pub step_up: u32,
@@ -75,9 +80,18 @@ impl Settings {
             min: self.min_instances,
             max: self.max_instances,
             sla: Duration::from_secs(self.sla_secs.max(1)),
-            default_throughput: self.instance_throughput,
+            default_throughput: self.starting_throughput(),
             step_up: self.step_up,
             stabilization: Duration::from_secs(self.stabilization_secs),
+        }
+    }
+
+    /// Items per second per instance until instances report theirs: --target-per-instance / SLA when
+    /// given, else --instance-throughput.
+    pub fn starting_throughput(&self) -> f64 {
+        match self.target_per_instance {
+            Some(t) => t / self.sla_secs.max(1) as f64,
+            None => self.instance_throughput,
         }
     }
 
@@ -90,6 +104,7 @@ impl Settings {
             max_instances: 10,
             sla_secs: 60,
             instance_throughput: 10.0,
+            target_per_instance: None,
             step_up: 4,
             stabilization_secs: 120,
             http_addr: None,
@@ -105,6 +120,13 @@ pub struct Watched {
     /// Results that exhausted their receives (S3 down for minutes): SQS moves them without anyone
     /// announcing it, so the agent's trigger is what wakes the controller's listener on it.
     pub results_dlq: Arc<dyn Queue>,
+}
+
+fn positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("'{s}' is not a positive number of work items")),
+    }
 }
 
 /// Depths of all watched queues.

@@ -212,3 +212,33 @@ async fn health_follows_the_looks_and_the_bus() {
     assert!(!lock(&f.state).health(tokio::time::Instant::now()).ready);
     f.stop().await;
 }
+
+#[derive(clap::Parser)]
+struct SettingsCli {
+    #[command(flatten)]
+    settings: Settings,
+}
+
+fn parse(args: &[&str]) -> Result<Settings, clap::Error> {
+    use clap::Parser;
+    SettingsCli::try_parse_from(std::iter::once("scaling-agent").chain(args.iter().copied())).map(|c| c.settings)
+}
+
+/// Kubernetes gives the agent and KEDA's queue-length fallback one figure, the target per instance:
+/// the agent's starting throughput is that target over the SLA, and the two ways of saying it cannot
+/// both be given.
+#[test]
+fn a_target_per_instance_sets_the_starting_throughput() {
+    let s = parse(&["--sla-secs", "60", "--target-per-instance", "600"]).unwrap();
+    assert_eq!(s.starting_throughput(), 10.0);
+    assert_eq!(s.policy().per_instance_within_sla(), 600.0);
+    let s = parse(&["--sla-secs", "30", "--instance-throughput", "4"]).unwrap();
+    assert_eq!(s.starting_throughput(), 4.0);
+    assert_eq!(s.policy().per_instance_within_sla(), 120.0);
+    let both = parse(&["--target-per-instance", "600", "--instance-throughput", "4"]).err().expect("both accepted");
+    assert!(both.to_string().contains("cannot be used with"), "{both}");
+    for bad in ["0", "-5", "lots"] {
+        let e = parse(&[&format!("--target-per-instance={bad}")]).err().unwrap_or_else(|| panic!("{bad} accepted"));
+        assert!(e.to_string().contains("not a positive number"), "{e}");
+    }
+}

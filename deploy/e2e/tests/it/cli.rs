@@ -292,3 +292,43 @@ async fn secrets_stay_out_of_help_and_logs() {
     assert!(err.contains("fleet:***@127.0.0.1:9"), "the failure is logged: {err}");
     assert!(!err.contains("pw-s3cret-42"), "{err}");
 }
+
+/// `initiator provision` creates what a fleet needs on the real stack (queues with dead-letter queues
+/// and redrive as asked, the bucket with its lifecycle rules), again without harm, and refuses a
+/// redrive that would dead-letter every message at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provision_creates_queues_with_redrive_and_the_bucket_idempotently() {
+    if !crate::support::stack_running() {
+        return;
+    }
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
+    // Fresh names, apart from the stack's own (which its set-up already made).
+    let tag = &uuid::Uuid::now_v7().simple().to_string()[20..];
+    let (work, results, bucket) = (format!("prov-work-{tag}"), format!("prov-results-{tag}"), format!("prov-bucket-{tag}"));
+    let provision = |args: &[&str]| {
+        let mut cmd = fleet_command(&st, "initiator");
+        cmd.arg("provision").args(args).env("FLEET_WORK_QUEUE", &work).env("FLEET_RESULTS_QUEUE", &results).env("FLEET_BUCKET", &bucket);
+        cmd.env_remove("FLEET_WORK_DLQ").output().expect("run initiator")
+    };
+    let out = provision(&["--max-receive-count", "0"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--max-receive-count must be at least 1"), "{}", text(&out.stderr));
+    for round in 0..2 {
+        let out = provision(&["--max-receive-count", "3", "--visibility-timeout", "45"]);
+        assert_eq!(out.status.code(), Some(0), "round {round}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(&format!("bucket {bucket}")), "{}", text(&out.stderr));
+    }
+    let sqs = st.aws.sqs();
+    for (queue, dlq) in [(&work, format!("{work}-dlq")), (&results, format!("{results}-dlq"))] {
+        let url = sqs.get_queue_url().queue_name(queue).send().await.unwrap_or_else(|e| panic!("{queue}: {e:?}")).queue_url.unwrap();
+        let attrs = sqs.get_queue_attributes().queue_url(&url).attribute_names("All".into()).send().await.unwrap().attributes.unwrap();
+        let attr = |name: &str| attrs.iter().find(|(k, _)| k.as_str() == name).map(|(_, v)| v.as_str());
+        assert_eq!(attr("VisibilityTimeout"), Some("45"), "{queue}");
+        let redrive: serde_json::Value = serde_json::from_str(attr("RedrivePolicy").expect("no redrive policy")).unwrap();
+        assert_eq!(redrive["maxReceiveCount"].to_string().trim_matches('"'), "3", "{queue}: {redrive}");
+        assert!(redrive["deadLetterTargetArn"].as_str().unwrap().ends_with(&format!(":{dlq}")), "{queue}: {redrive}");
+    }
+    let rules = st.aws.s3().get_bucket_lifecycle_configuration().bucket(&bucket).send().await.expect("no lifecycle on the bucket").rules.unwrap_or_default();
+    let ids: Vec<&str> = rules.iter().filter_map(|r| r.id()).collect();
+    assert!(ids.contains(&"expire-jobs") && ids.contains(&"abort-incomplete-uploads"), "lifecycle rules {ids:?}");
+}

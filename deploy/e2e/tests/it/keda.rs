@@ -34,11 +34,12 @@ async fn keda_external_scaler_serves_the_policy_and_pushes_activity_on_a_trigger
         max_instances: 5,
         sla_secs: 5,
         instance_throughput: 2.0,
+        target_per_instance: None,
         step_up: 4,
         stabilization_secs: 2,
         http_addr: None,
     };
-    let target = settings.instance_throughput * settings.sla_secs as f64;
+    let target = settings.starting_throughput() * settings.sla_secs as f64;
     let metric = format!("{}-sla-backlog", s.work.name());
     let keda = KedaBackend::new(0, target, metric.clone());
     let addr = keda.serve("127.0.0.1:0".parse().unwrap(), None, stop.clone()).await.unwrap();
@@ -122,7 +123,11 @@ fn tonic_code_not_found() -> tonic::Code {
 }
 
 /// A gRPC client of the scaler at `addr` over TLS trusting `ca` (with a client certificate: mTLS).
-async fn tls_client(addr: std::net::SocketAddr, ca: &std::path::Path, identity: Option<&fleet_test_support::tls::Leaf>) -> Result<ExternalScalerClient<tonic::transport::Channel>, tonic::transport::Error> {
+async fn tls_client(
+    addr: std::net::SocketAddr,
+    ca: &std::path::Path,
+    identity: Option<&fleet_test_support::tls::Leaf>,
+) -> Result<ExternalScalerClient<tonic::transport::Channel>, tonic::transport::Error> {
     use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
     let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap())).domain_name("localhost");
     if let Some(l) = identity {
@@ -146,7 +151,11 @@ async fn the_metric_spec_stream_follows_the_sla_target_over_mtls() {
     let client_cert = ca.leaf("keda-operator", false);
     let stop = CancellationToken::new();
     let keda = KedaBackend::new(0, 600.0, "billing-work-sla-backlog");
-    let tls = KedaTls { cert_pem: std::fs::read(&server.cert).unwrap(), key_pem: std::fs::read(&server.key).unwrap(), client_ca_pem: Some(std::fs::read(&ca.ca_cert).unwrap()) };
+    let tls = KedaTls {
+        cert_pem: std::fs::read(&server.cert).unwrap(),
+        key_pem: std::fs::read(&server.key).unwrap(),
+        client_ca_pem: Some(std::fs::read(&ca.ca_cert).unwrap()),
+    };
     let addr = keda.serve("127.0.0.1:0".parse().unwrap(), Some(tls), stop.clone()).await.unwrap();
 
     let mut client = tls_client(addr, &ca.ca_cert, Some(&client_cert)).await.unwrap();

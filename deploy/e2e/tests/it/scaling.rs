@@ -63,6 +63,7 @@ async fn a_burst_scales_processes_up_and_back_to_the_minimum_with_exact_totals()
         max_instances: 3,
         sla_secs: 5,
         instance_throughput: 2.0,
+        target_per_instance: None,
         step_up: 4,
         stabilization_secs: 10,
         http_addr: None,
