@@ -56,22 +56,46 @@ pub struct BackendArgs {
     #[arg(long, env = "AGENT_KEDA_ADDR", default_value = "0.0.0.0:9090")]
     pub keda_addr: std::net::SocketAddr,
     /// Keda backend: serve TLS with this PEM certificate chain (with --keda-tls-key).
-    #[arg(long, env = "AGENT_KEDA_TLS_CERT", value_name = "FILE", requires = "keda_tls_key")]
-    pub keda_tls_cert: Option<PathBuf>,
+    #[arg(long, env = "AGENT_KEDA_TLS_CERT", value_name = "FILE", requires = "keda_tls_key", value_parser = PemFile::read)]
+    pub keda_tls_cert: Option<PemFile>,
     /// Keda backend: the PEM private key of --keda-tls-cert.
-    #[arg(long, env = "AGENT_KEDA_TLS_KEY", value_name = "FILE", requires = "keda_tls_cert")]
-    pub keda_tls_key: Option<PathBuf>,
+    #[arg(long, env = "AGENT_KEDA_TLS_KEY", value_name = "FILE", requires = "keda_tls_cert", value_parser = PemFile::read)]
+    pub keda_tls_key: Option<PemFile>,
     /// Keda backend: require a client certificate signed by this PEM CA (KEDA's `tlsClientCert`).
-    #[arg(long, env = "AGENT_KEDA_TLS_CLIENT_CA", value_name = "FILE", requires = "keda_tls_cert")]
-    pub keda_tls_client_ca: Option<PathBuf>,
+    #[arg(long, env = "AGENT_KEDA_TLS_CLIENT_CA", value_name = "FILE", requires = "keda_tls_cert", value_parser = PemFile::read)]
+    pub keda_tls_client_ca: Option<PemFile>,
+}
+
+/// A PEM file read when the flags are parsed, so a missing, unreadable or non-PEM file stops the agent
+/// before it opens anything, and the error names the file. Debug shows the path only (a key is in it).
+#[derive(Clone)]
+pub struct PemFile {
+    pub path: PathBuf,
+    pub pem: Vec<u8>,
+}
+
+impl PemFile {
+    pub fn read(arg: &str) -> Result<PemFile, String> {
+        let path = PathBuf::from(arg);
+        let pem = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
+            return Err(format!("{}: no PEM block in it", path.display()));
+        }
+        Ok(PemFile { path, pem })
+    }
+}
+
+impl std::fmt::Debug for PemFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PemFile({})", self.path.display())
+    }
 }
 
 impl BackendArgs {
-    /// The KEDA endpoint's TLS files, read now (a missing one is a configuration error naming it).
-    pub fn keda_tls(&self) -> Result<Option<KedaTls>, BackendError> {
-        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| BackendError::Config(format!("keda TLS file {}: {e}", p.display())));
-        let (Some(cert), Some(key)) = (&self.keda_tls_cert, &self.keda_tls_key) else { return Ok(None) };
-        Ok(Some(KedaTls { cert_pem: read(cert)?, key_pem: read(key)?, client_ca_pem: self.keda_tls_client_ca.as_ref().map(read).transpose()? }))
+    /// The KEDA endpoint's TLS material (read when the flags were parsed).
+    pub fn keda_tls(&self) -> Option<KedaTls> {
+        let (Some(cert), Some(key)) = (&self.keda_tls_cert, &self.keda_tls_key) else { return None };
+        Some(KedaTls { cert_pem: cert.pem.clone(), key_pem: key.pem.clone(), client_ca_pem: self.keda_tls_client_ca.as_ref().map(|c| c.pem.clone()) })
     }
 
     /// Builds the backend these flags choose, for the agent's fleet (`fleet`) and settings (`settings`).
@@ -83,7 +107,7 @@ impl BackendArgs {
             BackendKind::Keda => {
                 let policy = settings.policy();
                 let keda = KedaBackend::new(policy.min, policy.per_instance_within_sla(), format!("{}-sla-backlog", fleet.work_queue));
-                keda.serve(cli.keda_addr, cli.keda_tls()?, shutdown.clone())
+                keda.serve(cli.keda_addr, cli.keda_tls(), shutdown.clone())
                     .await
                     .map_err(|e| BackendError::Config(format!("serving the KEDA external scaler on {}: {e}", cli.keda_addr)))?;
                 keda
@@ -125,5 +149,49 @@ impl BackendArgs {
                 }))
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        backend: BackendArgs,
+    }
+
+    /// The KEDA endpoint's TLS files are read when the flags are parsed: a missing or non-PEM file is
+    /// refused then, by name, and Debug never prints the key.
+    #[test]
+    fn keda_tls_files_are_read_and_checked_at_parse_time() {
+        let dir = std::env::temp_dir().join(format!("agent-keda-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cert = dir.join("cert.pem");
+        let key = dir.join("key.pem");
+        std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").unwrap();
+        std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\nSECRETKEYBYTES\n-----END PRIVATE KEY-----\n").unwrap();
+        let plain = dir.join("plain.txt");
+        std::fs::write(&plain, "not a certificate").unwrap();
+        let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("agent").chain(args.iter().copied())).map(|c| c.backend);
+
+        let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+        let ok = parse(&["--keda-tls-cert", c, "--keda-tls-key", k]).unwrap();
+        let tls = ok.keda_tls().expect("TLS configured");
+        assert!(tls.key_pem.starts_with(b"-----BEGIN PRIVATE KEY"));
+        assert!(tls.client_ca_pem.is_none());
+        assert!(!format!("{ok:?}").contains("SECRETKEYBYTES"), "Debug prints the key");
+        assert!(parse(&[]).unwrap().keda_tls().is_none());
+
+        let missing = dir.join("nope.pem");
+        let e = parse(&["--keda-tls-cert", missing.to_str().unwrap(), "--keda-tls-key", k]).err().expect("a missing file accepted").to_string();
+        assert!(e.contains("nope.pem") && e.contains("--keda-tls-cert"), "{e}");
+        let e = parse(&["--keda-tls-cert", c, "--keda-tls-key", k, "--keda-tls-client-ca", plain.to_str().unwrap()]).err().expect("a non-PEM CA accepted").to_string();
+        assert!(e.contains("plain.txt: no PEM block in it"), "{e}");
+        assert!(parse(&["--keda-tls-cert", c]).is_err(), "a certificate without its key accepted");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
