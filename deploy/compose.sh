@@ -27,6 +27,8 @@
 #   FLEET_RABBITMQ_UI_PORT   RabbitMQ management on 127.0.0.1 (15672; empty: a free port)
 #   FLEET_IMAGE_PREFIX, FLEET_IMAGE, LOCALSTACK_IMAGE, RABBITMQ_IMAGE: see deploy/images.sh
 #   FLEET_WORK_QUEUE, FLEET_RESULTS_QUEUE, FLEET_BUCKET: resource names (the defaults otherwise)
+#   FLEET_AMQP_PASSWORD      the broker user `fleet`'s password; generated once into deploy/.env (0600, git
+#                            ignores it), which Compose reads by itself, so plain `docker compose` works too
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-billing-fleet}
@@ -42,6 +44,15 @@ esac
 fleet_services=(processor controller scaling-agent)
 # The agent reaches the Docker Engine through its socket, with the socket's group (not as root).
 export DOCKER_GID=${DOCKER_GID:-$(stat -c %g /var/run/docker.sock 2>/dev/null || echo 0)}
+
+# The broker's password: generated once (128 random bits, hex) into deploy/.env, which Compose reads
+# from the compose file's directory. A broker keeps the user it made on first boot, so the file stays
+# as it is while the fleet exists; `down` removes the broker with its data.
+env_file="$repo/deploy/.env"
+if [ -z "${FLEET_AMQP_PASSWORD:-}" ] && ! grep -q '^FLEET_AMQP_PASSWORD=.' "$env_file" 2>/dev/null; then
+  (umask 077; printf 'FLEET_AMQP_PASSWORD=%s\n' "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >>"$env_file")
+  echo "compose: generated the broker's password into $env_file" >&2
+fi
 
 # Container ids of a service (running or not).
 ids() { compose ps -q "$1" 2>/dev/null || true; }
@@ -69,7 +80,7 @@ show() {
   echo "fleet $COMPOSE_PROJECT_NAME:"
   for id in $(running localstack); do echo "  LocalStack     http://$(host_port "$id" 4566)   (AWS_ENDPOINT_URL for aws and the initiator on this host)"; done
   for id in $(running rabbitmq); do
-    port=$(host_port "$id" 15672); [ -z "$port" ] || echo "  RabbitMQ UI    http://$port   (guest/guest)"
+    port=$(host_port "$id" 15672); [ -z "$port" ] || echo "  RabbitMQ UI    http://$port   (user fleet, password FLEET_AMQP_PASSWORD in deploy/.env)"
   done
   for id in $(running processor); do n=$((n + 1)); echo "  processor      http://$(host_port "$id" 9101)/state  /metrics   ($(name_of "$id"))"; done
   for id in $(running controller); do echo "  controller     http://$(host_port "$id" 9102)/state  /metrics   ($(name_of "$id"))"; done

@@ -197,7 +197,41 @@ impl Fleet {
             let id = &fleet.running(s)[0];
             assert_eq!(inspect(id, "{{.State.Health.Status}}"), "healthy", "{s}");
         }
+        fleet.assert_restricted_with_generated_credentials();
         fleet
+    }
+
+    /// The fleet's containers run as deploy/k8s's restricted pods do (user 65534, read-only root,
+    /// every capability dropped, no new privileges), and the broker has one user, the fleet's, with
+    /// the password compose.sh generated: no guest, and every service connected with it.
+    fn assert_restricted_with_generated_credentials(&self) {
+        for s in ["processor", "controller", "scaling-agent"] {
+            for id in self.running(s) {
+                let got = inspect(
+                    &id,
+                    "{{.Config.User}} {{.HostConfig.ReadonlyRootfs}} {{.HostConfig.Privileged}} {{json .HostConfig.CapDrop}} {{json .HostConfig.SecurityOpt}}",
+                );
+                assert_eq!(got, r#"65534:65534 true false ["ALL"] ["no-new-privileges:true"]"#, "{s} container {id} is not restricted");
+            }
+        }
+        let env = std::fs::read_to_string(repo().join("deploy/.env")).expect("compose.sh wrote no deploy/.env");
+        let password = env.lines().find_map(|l| l.strip_prefix("FLEET_AMQP_PASSWORD=")).expect("no FLEET_AMQP_PASSWORD in deploy/.env");
+        assert!(password.len() >= 32, "a weak broker password");
+        let rabbit = &self.running("rabbitmq")[0];
+        let users = stdout_of(Command::new("docker").args(["exec", rabbit, "rabbitmqctl", "-q", "list_users"]));
+        let names: Vec<&str> = users.lines().filter_map(|l| l.split_whitespace().next()).filter(|u| *u != "user").collect();
+        assert_eq!(names, vec!["fleet"], "the broker's users");
+        // Processor, controller and agent hold connections as `fleet` (they would not with another password).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let conns = stdout_of(Command::new("docker").args(["exec", rabbit, "rabbitmqctl", "-q", "list_connections", "user"]));
+            let fleet = conns.lines().filter(|l| l.trim() == "fleet").count();
+            if fleet >= 3 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{fleet} broker connections as fleet after 60 s: {conns}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
 
     fn command(&self, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
