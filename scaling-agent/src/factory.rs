@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_io::config::FleetArgs;
+use fleet_io::pem::PemFile;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, BackendError, NoneBackend, ProcessBackend, ProcessSpec};
@@ -66,36 +67,12 @@ pub struct BackendArgs {
     pub keda_tls_client_ca: Option<PemFile>,
 }
 
-/// A PEM file read when the flags are parsed, so a missing, unreadable or non-PEM file stops the agent
-/// before it opens anything, and the error names the file. Debug shows the path only (a key is in it).
-#[derive(Clone)]
-pub struct PemFile {
-    pub path: PathBuf,
-    pub pem: Vec<u8>,
-}
-
-impl PemFile {
-    pub fn read(arg: &str) -> Result<PemFile, String> {
-        let path = PathBuf::from(arg);
-        let pem = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
-            return Err(format!("{}: no PEM block in it", path.display()));
-        }
-        Ok(PemFile { path, pem })
-    }
-}
-
-impl std::fmt::Debug for PemFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PemFile({})", self.path.display())
-    }
-}
-
 impl BackendArgs {
     /// The KEDA endpoint's TLS material (read when the flags were parsed).
     pub fn keda_tls(&self) -> Option<KedaTls> {
         let (Some(cert), Some(key)) = (&self.keda_tls_cert, &self.keda_tls_key) else { return None };
-        Some(KedaTls { cert_pem: cert.pem.clone(), key_pem: key.pem.clone(), client_ca_pem: self.keda_tls_client_ca.as_ref().map(|c| c.pem.clone()) })
+        let bytes = |f: &PemFile| f.pem().as_bytes().to_vec();
+        Some(KedaTls { cert_pem: bytes(cert), key_pem: bytes(key), client_ca_pem: self.keda_tls_client_ca.as_ref().map(bytes) })
     }
 
     /// Builds the backend these flags choose, for the agent's fleet (`fleet`) and settings (`settings`).
@@ -189,7 +166,10 @@ mod tests {
         let missing = dir.join("nope.pem");
         let e = parse(&["--keda-tls-cert", missing.to_str().unwrap(), "--keda-tls-key", k]).err().expect("a missing file accepted").to_string();
         assert!(e.contains("nope.pem") && e.contains("--keda-tls-cert"), "{e}");
-        let e = parse(&["--keda-tls-cert", c, "--keda-tls-key", k, "--keda-tls-client-ca", plain.to_str().unwrap()]).err().expect("a non-PEM CA accepted").to_string();
+        let e = parse(&["--keda-tls-cert", c, "--keda-tls-key", k, "--keda-tls-client-ca", plain.to_str().unwrap()])
+            .err()
+            .expect("a non-PEM CA accepted")
+            .to_string();
         assert!(e.contains("plain.txt: no PEM block in it"), "{e}");
         assert!(parse(&["--keda-tls-cert", c]).is_err(), "a certificate without its key accepted");
         let _ = std::fs::remove_dir_all(&dir);

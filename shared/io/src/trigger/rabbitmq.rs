@@ -3,7 +3,6 @@
 //! URLs connect over TLS (rustls) trusting the system's roots and, when given, the broker's own CA
 //! ([`AmqpCa`]).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::{redact_url, report_key, work_key, InstanceReport, Subscription, TriggerBus, WorkDetected};
 use crate::call::CallPolicy;
 use crate::error::{Error, Result, Service};
+use crate::pem::PemFile;
 
 fn amqp_err(url: &str, e: lapin::Error) -> Error {
     Error::Unreachable { service: Service::RabbitMq, endpoint: redact_url(url), detail: e.to_string(), source: Some(Box::new(e)) }
@@ -26,31 +26,23 @@ fn amqp_err(url: &str, e: lapin::Error) -> Error {
 
 /// A CA certificate (PEM) the broker's certificate may chain to, besides the system's roots: a broker
 /// with a private CA (amqps:// only).
-#[derive(Clone)]
-pub struct AmqpCa {
-    path: String,
-    pem: Arc<str>,
-}
-
-impl std::fmt::Debug for AmqpCa {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "AmqpCa({})", self.path)
-    }
-}
+#[derive(Clone, Debug)]
+pub struct AmqpCa(PemFile);
 
 impl AmqpCa {
-    /// Reads the PEM file at `path` (a clap value parser: a missing or empty file stops the start).
+    /// Reads the PEM file at `path` (a clap value parser: a missing file or one without a certificate
+    /// stops the start).
     pub fn from_file(path: &str) -> std::result::Result<AmqpCa, String> {
-        let pem = std::fs::read_to_string(path).map_err(|e| format!("AMQP CA file {path}: {e}"))?;
-        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        let f = PemFile::read(path).map_err(|e| format!("AMQP CA file {e}"))?;
+        if !f.holds("CERTIFICATE") {
             return Err(format!("AMQP CA file {path}: no PEM certificate in it"));
         }
-        Ok(AmqpCa { path: path.to_string(), pem: pem.into() })
+        Ok(AmqpCa(f))
     }
 
     /// The file it was read from.
     pub fn path(&self) -> &str {
-        &self.path
+        self.0.path()
     }
 }
 
@@ -60,7 +52,7 @@ async fn open_channel(url: &str, exchange: &str, ca: Option<&AmqpCa>, policy: &C
 }
 
 async fn open_channel_unbounded(url: &str, exchange: &str, ca: Option<&AmqpCa>) -> Result<(Connection, Channel)> {
-    let tls = lapin::tcp::OwnedTLSConfig { identity: None, cert_chain: ca.map(|c| c.pem.to_string()) };
+    let tls = lapin::tcp::OwnedTLSConfig { identity: None, cert_chain: ca.map(|c| c.0.pem().to_string()) };
     let runtime = lapin::runtime::default_runtime().map_err(|e| amqp_err(url, e))?;
     let conn = Connection::connect_with_config(url, ConnectionProperties::default(), tls, runtime).await.map_err(|e| amqp_err(url, e))?;
     let ch = conn.create_channel().await.map_err(|e| amqp_err(url, e))?;
