@@ -19,9 +19,6 @@ fn text(b: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn submit_wait_json_status_report_and_refusals() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let good = generated(dir.path(), "good.csv", 4_000, 25, 9);
@@ -271,9 +268,6 @@ async fn a_job_whose_checkpoint_is_corrupt_is_quarantined_and_abandon_reports_it
 /// The AMQP password never shows: not in `--help` (which shows env values), not in logs at debug.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_stay_out_of_help_and_logs() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let secret_url = "amqp://fleet:pw-s3cret-42@127.0.0.1:9/%2f";
     for args in [&["--help"][..], &["submit", "--help"], &["dlq", "list", "--help"]] {
@@ -298,9 +292,6 @@ async fn secrets_stay_out_of_help_and_logs() {
 /// redrive that would dead-letter every message at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provision_creates_queues_with_redrive_and_the_bucket_idempotently() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     // Fresh names, apart from the stack's own (which its set-up already made).
     let tag = &uuid::Uuid::now_v7().simple().to_string()[20..];

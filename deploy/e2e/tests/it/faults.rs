@@ -36,9 +36,6 @@ async fn bounded<T: std::fmt::Debug>(what: &str, f: impl std::future::Future<Out
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_to_a_hung_service_ends_at_the_deadline() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(s) = crate::support::stack(QueueSettings::default()).await else { return };
     s.work.send(vec!["x".into()]).await.unwrap();
     let proxy = Proxy::start(0, "127.0.0.1:4566").await;
@@ -69,9 +66,6 @@ async fn every_call_to_a_hung_service_ends_at_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_whose_store_hangs_still_stops_in_time() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(s) = crate::support::stack(QueueSettings::default()).await else { return };
     let proxy = Proxy::start(0, "127.0.0.1:4566").await;
     let hung = Aws::local(&proxy.endpoint()).await.with_policy(short());

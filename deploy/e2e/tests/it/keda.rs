@@ -21,9 +21,6 @@ fn so() -> ScaledObjectRef {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keda_external_scaler_serves_the_policy_and_pushes_activity_on_a_trigger() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(s) = crate::support::stack(QueueSettings::default()).await else { return };
     let stop = CancellationToken::new();
     let settings = scaling_agent::Settings {

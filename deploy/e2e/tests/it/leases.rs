@@ -12,9 +12,6 @@ use fleet_io::provision::QueueSettings;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditional_writes_on_localstack() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let s = st.store.as_ref();
     let meta = Default::default();
@@ -29,9 +26,6 @@ async fn conditional_writes_on_localstack() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_controllers_one_killed_mid_job_the_other_takes_over_exact() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 10, visibility_timeout: Duration::from_secs(5) }).await else { return };
     let mut a = crate::support::controller_process(&st, "ctl-a", &[]);
     let mut b = crate::support::controller_process(&st, "ctl-b", &[]);

@@ -52,9 +52,6 @@ fn engine_cfg() -> EngineConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_raises_consumers_to_max_and_idleness_brings_them_back_to_min() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let bodies: Vec<String> = (0..1500).map(|i| format!("m{i}")).collect();
     st.work.send(bodies).await.unwrap();
@@ -84,9 +81,6 @@ async fn a_burst_raises_consumers_to_max_and_idleness_brings_them_back_to_min() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_message_is_kept_invisible_by_the_heartbeat_and_processed_once() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(2) }).await else { return };
     st.work.send(vec!["slow".to_string()]).await.unwrap();
     let slow = recorder(Duration::ZERO, Some(("slow", Duration::from_secs(7))));
@@ -143,9 +137,6 @@ impl Handler for Timed {
 /// different groups in parallel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_groups_keep_their_order_across_instances_and_retries() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::fifo_stack(QueueSettings::default()).await else { return };
     let mut out = Vec::new();
     for i in 1..=8 {
@@ -188,9 +179,6 @@ async fn fifo_groups_keep_their_order_across_instances_and_retries() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_processor_killed_with_sigkill_mid_job_loses_nothing() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(3) }).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let file = crate::support::generated(dir.path(), "a.csv", 100_000, 300, 11);

@@ -16,9 +16,6 @@ const T: Duration = Duration::from_secs(90);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn whole_pipeline_bills_exactly() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let big = generated(dir.path(), "big.csv", 20_000, 300, 7);
@@ -116,9 +113,6 @@ async fn parked(st: &Stack) {
 /// processors and the initiator publish: jobs finish in seconds, not at the 10-minute safety poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_controller_makes_no_requests_and_wakes_on_triggers() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = generated(dir.path(), "in.csv", 3_000, 30, 17);
@@ -180,9 +174,6 @@ async fn group_by_account_on_a_fifo_queue_keeps_order_and_bills_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicate_work_items_do_not_change_totals() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = generated(dir.path(), "in.csv", 3_000, 50, 11);
@@ -214,9 +205,6 @@ async fn duplicate_work_items_do_not_change_totals() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn corrupt_blob_fails_its_chunk_at_once_and_job_is_partial() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 2, visibility_timeout: std::time::Duration::from_secs(2) }).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = generated(dir.path(), "in.csv", 2_000, 40, 3);
@@ -246,9 +234,6 @@ async fn corrupt_blob_fails_its_chunk_at_once_and_job_is_partial() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn controller_restarted_mid_job_keeps_totals_exact() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 5, visibility_timeout: std::time::Duration::from_secs(2) }).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = generated(dir.path(), "in.csv", 6_000, 80, 5);
@@ -306,9 +291,6 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
 /// queue: it reads the seal and finishes the job complete; it does not abandon it at start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_down_longer_than_abandon_after_finishes_the_job_whose_seal_waits() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = generated(dir.path(), "in.csv", 2_000, 40, 7);
@@ -348,9 +330,6 @@ async fn a_controller_down_longer_than_abandon_after_finishes_the_job_whose_seal
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_with_nothing_accepted_still_finishes() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let f = write(dir.path(), "bad.csv", "txn_id,account_id,amount,currency,timestamp\nt1,a,0,EUR,2026-11-21T10:00:00Z\nt2,,1,EUR,2026-11-21T10:00:00Z\n");
@@ -466,9 +445,6 @@ async fn an_oracle_computed_by_hand_agrees_with_the_fleet_and_initiator_local() 
     let out = std::process::Command::new(bin("initiator")).arg("local").arg(&file).arg("--json").output().unwrap();
     assert!(out.status.success(), "initiator local: {}", String::from_utf8_lossy(&out.stderr));
     check(&serde_json::from_slice(&out.stdout).unwrap(), "initiator local");
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let p = st.start_processor(fast_processor());
     let c = st.start_controller();

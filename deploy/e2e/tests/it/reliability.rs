@@ -32,9 +32,6 @@ const T: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_whole_stack_frozen_for_10_s_mid_job_totals_exact_services_alive() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(s) = crate::support::stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(10) }).await else { return };
     let proxy = Proxy::start(0, "127.0.0.1:4566").await;
     let via = Aws::local(&proxy.endpoint()).await.with_policy(CallPolicy {
@@ -110,9 +107,6 @@ async fn chunk_rows(store: &dyn BlobStore, job: &str, chunk: u32, item: &WorkIte
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn poison_work_items_fail_their_chunks_and_nothing_else() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(s) = crate::support::stack(QueueSettings { max_receive_count: 2, visibility_timeout: Duration::from_secs(2) }).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let files = vec![generated(dir.path(), "poison.csv", 20_000, 60, 5)];

@@ -49,9 +49,6 @@ fn alive(pid: u32) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_scales_processes_up_and_back_to_the_minimum_with_exact_totals() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(s) = crate::support::stack(QueueSettings::default()).await else { return };
     let controller = s.start_controller();
     let backend = Arc::new(ProcessBackend::new(spec(&s)));

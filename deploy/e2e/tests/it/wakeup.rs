@@ -33,9 +33,6 @@ const WAKES: usize = 100;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_listener_wakes_on_a_trigger_within_milliseconds() {
-    if !crate::support::stack_running() {
-        return;
-    }
     let Some(s) = crate::support::stack(QueueSettings::default()).await else { return };
     let stop = CancellationToken::new();
     let cfg = EngineConfig {
