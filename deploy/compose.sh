@@ -43,7 +43,10 @@ case "$source_kind" in
 esac
 fleet_services=(processor controller scaling-agent)
 # The agent reaches the Docker Engine through its socket, with the socket's group (not as root).
-export DOCKER_GID=${DOCKER_GID:-$(stat -c %g /var/run/docker.sock 2>/dev/null || echo 0)}
+# The socket's own group, read, never guessed: without it the agent would get group 0 (root's).
+DOCKER_GID=${DOCKER_GID:-$(stat -c %g "${DOCKER_SOCKET:-/var/run/docker.sock}" 2>/dev/null || true)}
+[[ $DOCKER_GID =~ ^[0-9]+$ ]] || die "cannot read the group of the Docker socket ${DOCKER_SOCKET:-/var/run/docker.sock}: is the Docker Engine running? (or set DOCKER_GID)"
+export DOCKER_GID
 
 # The broker's password: generated once (128 random bits, hex) into deploy/.env, which Compose reads
 # from the compose file's directory. A broker keeps the user it made on first boot, so the file stays

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use fleet_domain::layout::lease_key;
@@ -16,6 +16,8 @@ use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::error::Result;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+
+use crate::clock::Clock;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct LeaseDoc {
@@ -50,20 +52,22 @@ pub struct Leases {
     store: Arc<dyn BlobStore>,
     owner: String,
     ttl: Duration,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    clock: Clock,
 }
 
 impl Leases {
-    pub fn new(store: Arc<dyn BlobStore>, owner: String, ttl: Duration) -> Leases {
-        Leases { store, owner, ttl }
+    pub fn new(store: Arc<dyn BlobStore>, owner: String, ttl: Duration, clock: Clock) -> Leases {
+        Leases { store, owner, ttl, clock }
+    }
+
+    /// This controller's name in leases.
+    pub fn owner(&self) -> &str {
+        &self.owner
     }
 
     async fn write(&self, job: &str, doc: &LeaseDoc, cond: Cond) -> Result<Option<String>> {
         let body = Bytes::from(serde_json::to_vec(doc)?);
-        self.store.put_if(&lease_key(job), body, "application/json", &BTreeMap::new(), &cond).await
+        fleet_io::blob::put_if_owned(self.store.as_ref(), &lease_key(job), body, "application/json", &BTreeMap::new(), &cond).await
     }
 
     /// Takes the job's lease if it is free, expired or already ours.
@@ -71,13 +75,13 @@ impl Leases {
         let (cond, epoch) = match self.store.get_tagged(&lease_key(job)).await? {
             None => (Cond::Absent, 1),
             Some((body, etag)) => match serde_json::from_slice::<LeaseDoc>(&body) {
-                Ok(doc) if doc.owner != self.owner && doc.expires_ms > now_ms() => return Ok(Acquired::Busy { owner: doc.owner }),
+                Ok(doc) if doc.owner != self.owner && doc.expires_ms > self.clock.now_ms() => return Ok(Acquired::Busy { owner: doc.owner }),
                 Ok(doc) => (Cond::Matches(etag), doc.epoch + u64::from(doc.owner != self.owner)),
                 // Unreadable: nobody can hold it.
                 Err(_) => (Cond::Matches(etag), 1),
             },
         };
-        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: now_ms() + self.ttl.as_millis() as u64, epoch };
+        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: self.clock.now_ms() + self.ttl.as_millis() as u64, epoch };
         let written = Instant::now();
         Ok(match self.write(job, &doc, cond).await? {
             Some(etag) => {
@@ -102,7 +106,7 @@ impl Leases {
 
     /// Extends a held lease; `false` when it was lost (someone else wrote it).
     pub async fn renew(&self, job: &str, held: &mut Held) -> Result<bool> {
-        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: now_ms() + self.ttl.as_millis() as u64, epoch: held.epoch };
+        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: self.clock.now_ms() + self.ttl.as_millis() as u64, epoch: held.epoch };
         let written = Instant::now();
         match self.write(job, &doc, Cond::Matches(held.etag.clone())).await? {
             Some(etag) => {
@@ -129,8 +133,8 @@ mod tests {
     #[tokio::test]
     async fn one_owner_at_a_time_and_takeover_after_expiry() {
         let store = MemoryStore::new();
-        let a = Leases::new(store.clone(), "a".into(), Duration::from_millis(200));
-        let b = Leases::new(store.clone(), "b".into(), Duration::from_millis(200));
+        let a = Leases::new(store.clone(), "a".into(), Duration::from_millis(200), Clock::System);
+        let b = Leases::new(store.clone(), "b".into(), Duration::from_millis(200), Clock::System);
         let Acquired::Held(mut ha) = a.acquire("j").await.unwrap() else { panic!("free lease") };
         assert!(matches!(b.acquire("j").await.unwrap(), Acquired::Busy { owner } if owner == "a"));
         assert!(a.renew("j", &mut ha).await.unwrap());

@@ -4,6 +4,7 @@
 //! warehouse when every chunk of a job is accounted for. A timer abandons jobs that never seal.
 
 pub mod aggregate;
+pub mod clock;
 pub mod lease;
 pub mod purge;
 

@@ -24,6 +24,10 @@ pub const PURGE_PREFIX: &str = "purge/";
 const PARALLEL: usize = 16;
 /// Keys listed per round.
 const PAGE: usize = 1000;
+/// Most purge markers read per look (listed a page at a time).
+pub const MAX_MARKERS: usize = 100_000;
+/// Where markers that cannot be acted on are set aside.
+pub const SET_ASIDE_PREFIX: &str = "purge-unreadable/";
 
 fn marker_key(job: &str) -> String {
     format!("{PURGE_PREFIX}{job}")
@@ -87,14 +91,20 @@ impl Purger {
     }
 
     /// Purges the jobs whose marker is due at `now` (seconds since the epoch) and removes their
-    /// markers; returns the jobs purged. Unreadable markers are left for a look by hand.
+    /// markers; returns the jobs purged. Every marker is read (up to [`MAX_MARKERS`], listed a page
+    /// at a time), not only the first page; an unreadable marker, or one naming an invalid job id, is
+    /// set aside under [`SET_ASIDE_PREFIX`] for a look by hand, so none stands in the way of the
+    /// markers behind it.
     pub async fn due(&self, now: u64) -> Result<Vec<String>> {
         let mut done = Vec::new();
-        for key in self.store.list(PURGE_PREFIX, PAGE).await? {
-            let Some(body) = self.store.get_capped(&key, 4096).await? else { continue };
+        for key in self.store.list(PURGE_PREFIX, MAX_MARKERS).await? {
+            let Some(body) = self.store.get_capped(&key, 4096).await.or_else(|e| if e.is_retryable() { Err(e) } else { Ok(None) })? else {
+                self.set_aside(&key, "unreadable").await?;
+                continue;
+            };
             let due = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| v["due_unix"].as_u64());
             let Some(due) = due else {
-                tracing::warn!(%key, "unreadable purge marker left alone");
+                self.set_aside(&key, "unreadable").await?;
                 continue;
             };
             if due > now {
@@ -102,7 +112,7 @@ impl Purger {
             }
             let job = key.trim_start_matches(PURGE_PREFIX);
             if fleet_domain::layout::check_job_id(job).is_err() {
-                tracing::warn!(%key, "purge marker of an invalid job id left alone");
+                self.set_aside(&key, "names an invalid job id").await?;
                 continue;
             }
             let n = purge_job(&self.store, job).await?;
@@ -111,6 +121,19 @@ impl Purger {
             done.push(job.to_string());
         }
         Ok(done)
+    }
+
+    /// Moves a marker that cannot be acted on out of the way (its body kept, when it has one).
+    async fn set_aside(&self, key: &str, why: &str) -> Result<()> {
+        let aside = format!("{SET_ASIDE_PREFIX}{}", key.trim_start_matches(PURGE_PREFIX));
+        if let Ok(Some(body)) = self.store.get_capped(key, 64 << 10).await {
+            self.store.put(&aside, body, "application/octet-stream").await?;
+        } else {
+            self.store.put(&aside, Bytes::new(), "application/octet-stream").await?;
+        }
+        self.store.delete(key).await?;
+        tracing::warn!(%key, %aside, why, "purge marker set aside for a look by hand");
+        Ok(())
     }
 
     /// Purges each job that `finished` names, until every sender is gone; with a retention, looks for
@@ -187,5 +210,25 @@ mod tests {
         assert!(store.list(&format!("jobs/{job}/"), 100).await.unwrap().iter().all(|k| !k.contains("/chunks/") && !k.contains("/results/")));
         assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty(), "the marker is removed");
         assert!(store.get(&report_key(job)).await.unwrap().is_some());
+    }
+
+    /// More unreadable markers than one listing page ahead of a due one: the due job is purged all
+    /// the same, and the unreadable markers are set aside (kept) instead of read again every tick.
+    #[tokio::test]
+    async fn unreadable_markers_never_stall_the_ones_behind_them() {
+        let store = MemoryStore::new();
+        for i in 0..1200 {
+            store.put(&format!("{PURGE_PREFIX}0-bad-{i:04}"), Bytes::from_static(b"not json"), "application/json").await.unwrap();
+        }
+        store.put(&format!("{PURGE_PREFIX}0-bad-../../x"), Bytes::from_static(br#"{"due_unix":1}"#), "application/json").await.unwrap();
+        let job = "0190a000-0000-7000-8000-000000000009";
+        job_blobs(store.as_ref(), job, 2).await;
+        let p = Purger::new(store.clone(), Duration::from_secs(60));
+        p.finished(job, 1_800_000_000).await.unwrap();
+        assert_eq!(p.due(1_800_000_060).await.unwrap(), vec![job.to_string()], "the due job behind 1,201 bad markers");
+        assert!(store.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap().is_empty());
+        assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty(), "no marker left in the way");
+        assert_eq!(store.list(SET_ASIDE_PREFIX, 10_000).await.unwrap().len(), 1201, "set aside, not lost");
+        assert_eq!(store.get(&format!("{SET_ASIDE_PREFIX}0-bad-0007")).await.unwrap().as_deref(), Some(&b"not json"[..]));
     }
 }

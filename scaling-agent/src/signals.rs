@@ -19,6 +19,8 @@ use tokio::time::Instant;
 
 /// An instance that has not reported for this long (while holding work) is taken as gone.
 pub const REPORT_STALE: Duration = Duration::from_secs(10);
+/// The dependencies an instance may report itself paused for.
+const DEPENDENCIES: [&str; 3] = ["RabbitMQ", "S3", "SQS"];
 /// Weight of a new sample in the smoothed figures.
 const EWMA: f64 = 0.3;
 /// The arrival rate is the lowest per-look rate over this long (at least 3 looks).
@@ -73,7 +75,7 @@ impl Tracker {
     pub fn report(&mut self, now: Instant, r: InstanceReport) {
         if r.leaving {
             if let Some(s) = self.instances.remove(&r.instance) {
-                self.departed_done += s.uncounted + r.processed.saturating_sub(s.report.processed);
+                self.departed_done = self.departed_done.saturating_add(s.uncounted.saturating_add(r.processed.saturating_sub(s.report.processed)));
             }
             return;
         }
@@ -84,19 +86,27 @@ impl Tracker {
             });
         }
         let uncounted = match self.instances.get(&r.instance) {
-            Some(s) => s.uncounted + r.processed.saturating_sub(s.report.processed),
+            Some(s) => s.uncounted.saturating_add(r.processed.saturating_sub(s.report.processed)),
             None => 0,
         };
         self.instances.insert(r.instance.clone(), Seen { at: now, report: r, uncounted });
     }
 
-    /// The dependencies instances reporting now are paused for (sorted, each once).
+    /// The dependencies that most instances reporting now are paused for (sorted, each once). A
+    /// dependency outage pauses every instance; one report alone (a forged or confused one) holds up
+    /// no scale-up, and only the fleet's dependencies count.
     pub fn paused_for(&self, now: Instant) -> Vec<String> {
-        let mut v: Vec<String> =
-            self.instances.values().filter(|s| now.saturating_duration_since(s.at) < REPORT_STALE).flat_map(|s| s.report.paused_for.iter().cloned()).collect();
-        v.sort();
-        v.dedup();
-        v
+        let fresh: Vec<&Seen> = self.instances.values().filter(|s| now.saturating_duration_since(s.at) < REPORT_STALE).collect();
+        let mut votes: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+        for s in &fresh {
+            let mut deps: Vec<&str> = s.report.paused_for.iter().map(String::as_str).filter(|d| DEPENDENCIES.contains(d)).collect();
+            deps.sort_unstable();
+            deps.dedup();
+            for d in deps {
+                *votes.entry(d).or_default() += 1;
+            }
+        }
+        votes.into_iter().filter(|(_, n)| n * 2 > fresh.len()).map(|(d, _)| d.to_string()).collect()
     }
 
     /// Drops instances that stopped reporting.
@@ -107,12 +117,18 @@ impl Tracker {
     /// Takes a depth of the work queue in; returns the signals for a decision.
     pub fn observe(&mut self, now: Instant, depth: QueueDepth) -> Observed {
         self.expire(now);
-        let done: u64 = self.instances.values_mut().map(|s| std::mem::take(&mut s.uncounted)).sum::<u64>() + std::mem::take(&mut self.departed_done);
-        let total = depth.visible + depth.in_flight + depth.delayed;
+        // Saturating throughout: a report is a message anyone on the bus may forge.
+        let done: u64 = self
+            .instances
+            .values_mut()
+            .map(|s| std::mem::take(&mut s.uncounted))
+            .fold(0u64, u64::saturating_add)
+            .saturating_add(std::mem::take(&mut self.departed_done));
+        let total = depth.visible.saturating_add(depth.in_flight).saturating_add(depth.delayed);
         if let Some((t, prev)) = self.last {
             let dt = now.saturating_duration_since(t).as_secs_f64();
-            let grew = (total + done).saturating_sub(prev);
-            self.arrived += grew;
+            let grew = total.saturating_add(done).saturating_sub(prev);
+            self.arrived = self.arrived.saturating_add(grew);
             if dt > 0.0 {
                 self.rates.push_back((now, grew as f64 / dt));
             }
@@ -230,6 +246,33 @@ mod tests {
         }
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(t.observe(Instant::now(), depth(5050, 5)).arrival_rate, 0.0);
+    }
+
+    /// Reports are messages anyone on the bus can send: one near `u64::MAX` neither panics nor wraps
+    /// the sums, and one instance alone saying it is paused (or naming no dependency of the fleet)
+    /// holds nothing up while the others work.
+    #[tokio::test(start_paused = true)]
+    async fn forged_reports_neither_overflow_nor_pause_the_fleet() {
+        let mut t = Tracker::new();
+        t.observe(Instant::now(), depth(0, 0));
+        t.report(Instant::now(), rep("a", 0, 0.0, 1, false));
+        t.report(Instant::now(), rep("forged", 0, 0.0, 1, false));
+        t.report(Instant::now(), rep("forged", u64::MAX - 1, 0.0, 1, false));
+        t.report(Instant::now(), rep("a", 10, 1.0, 1, false));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let o = t.observe(Instant::now(), depth(u64::MAX, u64::MAX));
+        assert!(o.arrival_rate.is_finite());
+        t.report(Instant::now(), InstanceReport { leaving: true, ..rep("forged", u64::MAX, 0.0, 0, false) });
+        tokio::time::advance(Duration::from_secs(1)).await;
+        t.observe(Instant::now(), depth(u64::MAX, 1));
+        let paused = |id: &str, deps: &[&str]| InstanceReport { paused_for: deps.iter().map(|d| d.to_string()).collect(), ..rep(id, 10, 1.0, 1, false) };
+        t.report(Instant::now(), rep("b", 10, 1.0, 1, false));
+        t.report(Instant::now(), paused("forged", &["S3", "S3", "the moon"]));
+        assert!(t.paused_for(Instant::now()).is_empty(), "one of three instances paused");
+        t.report(Instant::now(), paused("a", &["S3"]));
+        assert_eq!(t.paused_for(Instant::now()), ["S3"], "most instances paused for S3");
+        t.report(Instant::now(), paused("b", &["the moon"]));
+        assert_eq!(t.paused_for(Instant::now()), ["S3"], "not a dependency of the fleet");
     }
 
     #[tokio::test(start_paused = true)]

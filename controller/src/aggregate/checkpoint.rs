@@ -31,7 +31,24 @@ impl Aggregator {
                     Err(_) => return Vec::new(),
                 }
             };
+            let floor = *lock(&self.idle_floor);
             match held.as_ref() {
+                // Every chunk in, some failed, and no news for the settle time: no real result is
+                // coming any more.
+                Some(job)
+                    if job.cp.finishing
+                        || (job.all_in()
+                            && (job.cp.failed_chunks.is_empty() || Instant::now().saturating_duration_since(job.last_activity.max(floor)) >= self.settle)) =>
+                {
+                    tracing::info!(job = %job_id, failed = job.cp.failed_chunks.len(), "every chunk in, some failed, nothing new since: finishing");
+                    match self.finish(job_id, &mut held).await {
+                        Ok(done) => done,
+                        Err(e) => {
+                            tracing::warn!(job = %job_id, error = %e, "could not finish the job; trying again later");
+                            Vec::new()
+                        }
+                    }
+                }
                 Some(job) if job.pending.len() > 0 => self.flush_job(job_id, &mut held).await,
                 _ => Vec::new(),
             }
@@ -112,7 +129,7 @@ pub(super) enum Rows {
 /// checkpoint, or, when the parts since the last base would outweigh the job, a new base with every
 /// row (the parts it replaces are deleted once the document naming it is written).
 pub(super) async fn save_checkpoint(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats, rows: Rows) -> Result<()> {
-    job.cp.updated_at = now_rfc3339();
+    job.cp.updated_at = job.clock.rfc3339();
     let before = job.cp.parts.clone();
     let result = write_checkpoint(job, store, stats, rows).await;
     job.cp.accounts = Vec::new();
@@ -182,7 +199,7 @@ pub(super) async fn write_checkpoint(job: &mut Job, store: &dyn BlobStore, stats
         Some(e) => Cond::Matches(e.clone()),
         None => Cond::Absent,
     };
-    match store.put_if(&checkpoint_key(&job.cp.job_id), Bytes::from(bytes), "application/zstd", &meta, &cond).await? {
+    match fleet_io::blob::put_if_owned(store, &checkpoint_key(&job.cp.job_id), Bytes::from(bytes), "application/zstd", &meta, &cond).await? {
         Some(etag) => {
             stats.wrote(len);
             job.cp_etag = Some(etag);

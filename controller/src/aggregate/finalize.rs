@@ -18,6 +18,8 @@ impl Aggregator {
             }
         }
         let mut job = held.take().expect("the job is in memory");
+        // A job whose ending is committed already counted its finishing calls.
+        let deciding = !job.cp.finishing;
         let mut done = RequestCounts::default();
         done.add("s3.GetObject", 1); // the manifest
         done.add("s3.PutObject", 3); // report, accounts.csv, checkpoint
@@ -25,6 +27,9 @@ impl Aggregator {
         done.add("sqs.DeleteMessageBatch", delete_calls(job.pending.iter()));
         if !job.cp.parts.is_empty() {
             done.add("s3.ListObjectsV2", 1);
+        }
+        if !deciding {
+            done = RequestCounts::default();
         }
         job.cp.requests.merge(&done);
         let status = match finalize(&mut job, self.store.as_ref(), &self.stats).await {
@@ -61,50 +66,43 @@ impl Aggregator {
     }
 }
 
-/// Writes the report and accounts.csv, then marks the job finished in its checkpoint. An abandoned job
-/// lists the chunks its manifest names that have no result as failed; without a manifest (the
-/// submission never finished) the report holds what was processed.
+/// Finishes a job in three steps, each safe to repeat. (1) Its ending is decided (status, the failed
+/// chunks it ends with: for an abandoned or stalled job also the chunks its manifest names that have
+/// no result; its note) and committed in its checkpoint, rows kept, `finishing` set: a fenced write,
+/// so only the job's owner decides, and a controller that loads the job after this writes the report
+/// of this decision, never one of its own. (2) The report and accounts.csv are written from the
+/// committed state. (3) The checkpoint drops its rows and its parts are deleted. Without a manifest
+/// (the submission never finished) an abandoned job's report holds what was processed.
 pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats) -> Result<JobStatus> {
     let job_id = job.cp.job_id.clone();
     let manifest: Option<Manifest> = match store.get_capped(&manifest_key(&job_id), MAX_MANIFEST_BYTES).await? {
         Some(b) => Some(serde_json::from_slice(&b)?),
         None => None,
     };
-    let mut failed = job.cp.failed_chunks.clone();
-    let (manifest, note) = match (manifest, &job.abandon) {
-        (Some(m), None) => match &job.stalled {
-            Some(reason) => {
-                let missing = fail_missing(&job.cp, &m, &mut failed, &format!("no result: {reason}"));
-                let shown: Vec<String> = missing.iter().take(20).map(u32::to_string).collect();
-                let more = if missing.len() > shown.len() { ", ..." } else { "" };
-                let note = format!("finished without {} of its {} chunks ({}{more}): {reason}", missing.len(), m.total_chunks, shown.join(", "));
-                (m, Some(note))
-            }
-            None => (m, None),
-        },
-        (None, None) => {
-            return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") });
+    let manifest = match manifest {
+        Some(m) => m,
+        // Only an abandoned job may end without one (decided now, or committed so before).
+        None if job.abandon.is_some() || job.cp.finishing => {
+            let known = job.cp.processed_transactions.saturating_add(job.cp.failed_chunks.iter().fold(0u64, |n, f| n.saturating_add(f.transactions)));
+            placeholder_manifest(&job_id, job.cp.accounted.len() as u32, known)
         }
-        (Some(m), Some(reason)) => {
-            fail_missing(&job.cp, &m, &mut failed, &format!("no result before the job was abandoned: {reason}"));
-            (m, Some(format!("abandoned: {reason}")))
-        }
-        (None, Some(reason)) => {
-            let known = job.cp.processed_transactions.saturating_add(failed.iter().fold(0u64, |n, f| n.saturating_add(f.transactions)));
-            let m = placeholder_manifest(&job_id, job.cp.accounted.len() as u32, known);
-            let note = format!(
-                "abandoned: {reason}; the submission never finished (no manifest): submitted and accepted count only the transactions of chunks that reported; files, rejected rows and tariff are unknown"
-            );
-            (m, Some(note))
-        }
+        None => return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") }),
     };
+    if !job.cp.finishing {
+        let before = (job.cp.failed_chunks.clone(), job.cp.status, job.cp.note.clone());
+        decide(job, &manifest);
+        if let Err(e) = save_checkpoint(job, store, stats, Rows::Keep).await {
+            // Not committed: nothing is decided yet.
+            (job.cp.failed_chunks, job.cp.status, job.cp.note) = before;
+            job.cp.finishing = false;
+            return Err(e);
+        }
+    }
     let mut requests = manifest.requests.clone();
     requests.merge(&job.cp.requests);
-    let mut r = report::build_borrowed(&manifest, &job.totals, failed, &requests);
-    if job.abandon.is_some() {
-        r.status = JobStatus::Abandoned;
-    }
-    r.note = note;
+    let mut r = report::build_borrowed(&manifest, &job.totals, job.cp.failed_chunks.clone(), &requests);
+    r.status = job.cp.status;
+    r.note = job.cp.note.clone();
     if r.transactions.processed.checked_add(r.transactions.failed) != Some(r.transactions.accepted) {
         tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
             "accepted != processed + failed: the results disagree with the manifest");
@@ -113,9 +111,12 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
     store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
     // Written: the rows borrowed from the job's totals are let go before the job is changed.
     let r = r.map_accounts(|_| ());
-    job.cp.status = r.status;
+    job.cp.finishing = false;
     let had_parts = !job.cp.parts.is_empty();
-    save_checkpoint(job, store, stats, Rows::Drop).await?;
+    if let Err(e) = save_checkpoint(job, store, stats, Rows::Drop).await {
+        job.cp.finishing = true;
+        return Err(e);
+    }
     if had_parts {
         // Also what a fenced (stale) owner may have left there.
         match store.list(&checkpoint_parts_prefix(&job_id), MAX_OPEN_JOBS).await {
@@ -132,6 +133,43 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
     tracing::info!(job = %job_id, status = ?r.status, processed = r.transactions.processed, failed = r.transactions.failed,
         requests = r.requests.total, "job finished; report written");
     Ok(r.status)
+}
+
+/// Decides how a job ends (in its checkpoint, not yet written): the chunks it ends with as failed
+/// (for an abandoned or stalled job also those its manifest names without a result; each counting
+/// the transactions its manifest gives it, not what a result declared), its status and its note.
+fn decide(job: &mut Job, manifest: &Manifest) {
+    let placeholder = manifest.created_at.is_empty();
+    let mut failed = std::mem::take(&mut job.cp.failed_chunks);
+    let note = match (&job.abandon, &job.stalled) {
+        (None, None) => None,
+        (None, Some(reason)) => {
+            let missing = fail_missing(&job.cp, manifest, &mut failed, &format!("no result: {reason}"));
+            let shown: Vec<String> = missing.iter().take(20).map(u32::to_string).collect();
+            let more = if missing.len() > shown.len() { ", ..." } else { "" };
+            Some(format!("finished without {} of its {} chunks ({}{more}): {reason}", missing.len(), manifest.total_chunks, shown.join(", ")))
+        }
+        (Some(reason), _) if placeholder => Some(format!(
+            "abandoned: {reason}; the submission never finished (no manifest): submitted and accepted count only the transactions of chunks that reported; files, rejected rows and tariff are unknown"
+        )),
+        (Some(reason), _) => {
+            fail_missing(&job.cp, manifest, &mut failed, &format!("no result before the job was abandoned: {reason}"));
+            Some(format!("abandoned: {reason}"))
+        }
+    };
+    for f in &mut failed {
+        if let Some(&n) = manifest.chunk_transactions.get(f.chunk as usize) {
+            f.transactions = n;
+        }
+    }
+    job.cp.status = match (&job.abandon, failed.is_empty()) {
+        (Some(_), _) => JobStatus::Abandoned,
+        (None, true) => JobStatus::Complete,
+        (None, false) => JobStatus::Partial,
+    };
+    job.cp.failed_chunks = failed;
+    job.cp.note = note;
+    job.cp.finishing = true;
 }
 
 /// Lists every chunk the manifest names that the checkpoint has not accounted for as failed with

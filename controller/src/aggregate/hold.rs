@@ -23,6 +23,8 @@ struct Waiting {
     source: Source,
     kept: Kept,
     extended: Instant,
+    /// Its job (`None`: an unreadable message waiting for the quarantine).
+    job: Option<String>,
 }
 
 /// The messages held, and when to try them again.
@@ -55,7 +57,10 @@ impl Aggregator {
             h.retry_at = now + retry_delay(h.failures);
         }
         let n = msgs.len();
-        h.waiting.extend(msgs.into_iter().map(|(source, kept)| Waiting { source, kept, extended: now }));
+        h.waiting.extend(msgs.into_iter().map(|(source, kept)| {
+            let job = parse(source, &kept).ok().map(|i| i.job_id().to_string());
+            Waiting { source, kept, extended: now, job }
+        }));
         tracing::warn!(messages = n, held = h.waiting.len(), error = %why, "store unavailable: messages held (visibility kept, no receive spent) until it answers");
     }
 
@@ -63,6 +68,11 @@ impl Aggregator {
     pub fn held(&self, source: Option<Source>) -> usize {
         let h = lock(&self.hold);
         h.waiting.iter().filter(|w| source.is_none_or(|s| s == w.source)).count()
+    }
+
+    /// The jobs that have messages held (nothing is finished for them until those are applied).
+    pub(super) fn held_jobs(&self) -> BTreeSet<String> {
+        lock(&self.hold).waiting.iter().filter_map(|w| w.job.clone()).collect()
     }
 
     /// Extends the visibility of held messages that are due (cheap: batched calls on their queues).

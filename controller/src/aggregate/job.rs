@@ -17,6 +17,13 @@ pub(super) enum Item {
     },
 }
 
+impl Job {
+    /// Sealed, with every chunk accounted for (processed or failed).
+    pub(super) fn all_in(&self) -> bool {
+        self.cp.total_chunks == Some(self.cp.accounted.len() as u32)
+    }
+}
+
 impl Item {
     pub(super) fn job_id(&self) -> &str {
         match self {
@@ -48,6 +55,10 @@ pub(super) struct Job {
     /// ETag of the checkpoint as last read or written (`None`: there is none yet): checkpoints are
     /// written only if it still matches (fencing).
     pub(super) cp_etag: Option<String>,
+    /// The aggregator's clock (a checkpoint's `updated_at`).
+    pub(super) clock: Clock,
+    /// The highest chunk number seen to exist (its chunk blob), before the seal (see `verify_chunks`).
+    pub(super) verified: Option<u32>,
 }
 
 /// Deliveries applied in memory and waiting for a checkpoint, counted for the whole aggregator (also
@@ -111,19 +122,36 @@ pub(super) struct Ready {
     pub(super) gets: u64,
 }
 
-pub(super) async fn prepare(mut item: Item, store: &dyn BlobStore) -> Ready {
+impl Ready {
+    /// The chunk it is about (a result or a dead-lettered work item).
+    pub(super) fn chunk(&self) -> Option<u32> {
+        match &self.item {
+            Item::Result(ResultMessage::Chunk(c)) => Some(c.chunk),
+            Item::Dead { item, .. } => Some(item.chunk),
+            Item::Result(_) => None,
+        }
+    }
+
+    pub(super) fn is_seal(&self) -> bool {
+        matches!(self.item, Item::Result(ResultMessage::Sealed { .. }))
+    }
+}
+
+pub(super) async fn prepare(mut item: Item, store: &dyn BlobStore, offload: bool) -> Ready {
     if let Item::Result(ResultMessage::Chunk(ChunkResult { job_id, chunk, transactions, outcome: Outcome::Processed { payload }, .. })) = &mut item {
         let payload = std::mem::replace(payload, AccountsPayload::Inline { accounts: Vec::new() });
         let gets = u64::from(matches!(payload, AccountsPayload::Blob { .. }));
         // What the payload may decompress to follows from the rows it declares (one account row per
-        // transaction at most), and its blob is the one its job and chunk name: a hostile result can
-        // neither make the controller inflate a gigabyte nor point it at another job's objects.
-        let cap = accounts_cap(*transactions, MAX_DOC_BYTES);
+        // transaction at most) but never exceeds what a chunk's account rows can be (a message cannot
+        // raise it by what it declares), and its blob is the one its job and chunk name: a hostile
+        // result can neither make the controller inflate a gigabyte nor point it at another job's
+        // objects.
+        let cap = accounts_cap(*transactions, MAX_RESULT_BYTES);
         let accounts = Some(match &payload {
             AccountsPayload::Blob { blob } if blob.key != result_key(job_id, *chunk) => {
                 Err(Error::corrupt(format!("result blob key {:?} is not the key of job {job_id} chunk {chunk}", blob.key)))
             }
-            _ => decode_payload(payload, store, cap).await,
+            _ => decode_payload(payload, store, cap, offload).await,
         });
         return Ready { item, accounts, gets };
     }
@@ -230,21 +258,34 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
     Ok(())
 }
 
-/// The accounts of a result's payload, decompressed to at most `cap` bytes.
-pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, cap: u64) -> Result<Vec<AccountTotals>> {
-    match payload {
-        AccountsPayload::Inline { accounts } => Ok(accounts),
-        AccountsPayload::ZstdCsv { data } => accounts_from_zstd_csv(&base64_decode(&data).map_err(Error::corrupt)?, cap).map_err(Error::corrupt),
+/// The accounts of a result's payload, decompressed to at most `cap` bytes. Decompression runs on
+/// the blocking pool (`offload`; the simulation decodes in place, on its one thread), at most
+/// [`DECODES`] at once: a batch of large results neither stalls the async workers nor holds more
+/// than that many inflated payloads.
+pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, cap: u64, offload: bool) -> Result<Vec<AccountTotals>> {
+    let (data, cap) = match payload {
+        AccountsPayload::Inline { accounts } => return Ok(accounts),
+        AccountsPayload::ZstdCsv { data } => (Bytes::from(base64_decode(&data).map_err(Error::corrupt)?), cap),
         AccountsPayload::Blob { blob } => {
+            // Compressed, a payload is never larger than it may inflate to (plus zstd's framing).
             let data = store
-                .get(&blob.key)
+                .get_capped(&blob.key, cap.saturating_add(1024))
                 .await?
                 .ok_or_else(|| Error::NotFound { service: fleet_io::error::Service::S3, what: format!("result blob {} does not exist", blob.key) })?;
             if sha256_hex(&data) != blob.sha256 {
                 return Err(Error::Corrupt(format!("result blob {} checksum mismatch", blob.key)));
             }
-            accounts_from_zstd_csv(&data, blob.raw_bytes.min(cap)).map_err(Error::corrupt)
+            (data, blob.raw_bytes.min(cap))
         }
+    };
+    static DECODES_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(DECODES);
+    let _permit = DECODES_AT_ONCE.acquire().await.map_err(|_| Error::Corrupt("decoder closed".into()))?;
+    if !offload {
+        return accounts_from_zstd_csv(&data, cap).map_err(Error::corrupt);
+    }
+    match tokio::task::spawn_blocking(move || accounts_from_zstd_csv(&data, cap)).await {
+        Ok(r) => r.map_err(Error::corrupt),
+        Err(e) => Err(Error::Corrupt(format!("result payload decoder failed: {e}"))),
     }
 }
 

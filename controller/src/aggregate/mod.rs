@@ -19,7 +19,7 @@
 //! `checkpoint` (flushing and the checkpoint format), `finalize` (the report), `scan` (dormant jobs and
 //! expiry); this file holds the aggregator and the path of one batch.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,12 +29,11 @@ use fleet_domain::billing::Tariff;
 use fleet_domain::billing::{AccountTotals, CheckedTotals};
 use fleet_domain::codec::{accounts_cap, accounts_from_zstd_csv, accounts_to_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
 use fleet_domain::layout::{
-    accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, quarantined_checkpoint_key, report_key, result_key,
+    accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, chunk_key, manifest_key, open_key, quarantined_checkpoint_key, report_key, result_key,
     MAX_MANIFEST_BYTES, OPEN_PREFIX,
 };
 use fleet_domain::model::{
-    now_rfc3339, AccountsPayload, Checkpoint, CheckpointPart, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, Progress, ResultMessage, WorkItem,
-    WIRE_VERSION,
+    AccountsPayload, Checkpoint, CheckpointPart, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, Progress, ResultMessage, WorkItem, WIRE_VERSION,
 };
 use fleet_domain::report;
 use fleet_domain::requests::RequestCounts;
@@ -44,6 +43,7 @@ use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 use tokio::time::Instant;
 
+use crate::clock::Clock;
 use crate::lease::{Acquired, Held, Leases};
 
 mod checkpoint;
@@ -60,8 +60,16 @@ use job::*;
 use quarantine::placeholder_manifest;
 use take::fresh_checkpoint;
 
-/// Largest decompressed checkpoint, result payload or manifest accepted.
+/// Largest decompressed checkpoint accepted.
 const MAX_DOC_BYTES: u64 = 1 << 30;
+/// Largest decompressed result payload accepted, whatever its message declares: the account rows of
+/// one chunk, which a processor reads only up to its `--max-chunk-bytes` (64 MiB by default) of
+/// transactions, and an account row is no longer than the transaction row it sums.
+pub const MAX_RESULT_BYTES: u64 = 64 << 20;
+/// How far past a chunk number the look for its chunk blob goes first (see `verify_chunks`).
+const PROBE_AHEAD: u32 = 16;
+/// Result payloads decompressed at once (on the blocking pool).
+const DECODES: usize = 2;
 /// Finished jobs remembered in memory (to drop late duplicates without an S3 read).
 const FINISHED_MEMORY: usize = 10_000;
 
@@ -157,20 +165,22 @@ struct Finished {
 /// is locked on its own, and no lock spans two jobs.
 pub struct Aggregator {
     store: Arc<dyn BlobStore>,
-    jobs: Mutex<HashMap<String, Slot>>,
+    /// Ordered maps throughout: the order jobs are visited in is the same on every run (the
+    /// simulation replays a seed exactly).
+    jobs: Mutex<BTreeMap<String, Slot>>,
     finished: Mutex<Finished>,
     queues: HashMap<Source, String>,
     leases: Leases,
     /// Unsealed jobs known only by their open marker, with their last checkpoint's time: loaded when
     /// they are due to be abandoned, or when a message of theirs arrives.
-    dormant: Mutex<HashMap<String, scan::Dormant>>,
+    dormant: Mutex<BTreeMap<String, scan::Dormant>>,
     /// When the open markers were last scanned.
     scanned: Mutex<Option<Instant>>,
     pending: Arc<AtomicUsize>,
     stats: CheckpointStats,
     /// Jobs whose S3 calls just failed (store unreachable or hung), until when: their messages are
     /// left for redelivery at once instead of each batch waiting out another call deadline.
-    failing: Mutex<HashMap<String, Instant>>,
+    failing: Mutex<BTreeMap<String, Instant>>,
     /// No job's idle time counts from before this: the aggregator's start (a controller that was down
     /// longer than `abandon_after` reads its queues before it abandons anything), or the end of the
     /// last store outage (results held through it are applied before anything is abandoned).
@@ -181,6 +191,13 @@ pub struct Aggregator {
     stall: Option<scan::StallLimit>,
     /// Told the id of each job whose report it wrote (the purge of its blobs); dropped at the stop.
     on_finished: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
+    /// Wall time: leases, checkpoint times, a dormant job's age.
+    clock: Clock,
+    /// Result payloads are decompressed on the blocking pool (off in the simulation, which runs on
+    /// one thread).
+    offload_decoding: bool,
+    /// A job with every chunk in, some of them failed, is finished this long after its last news.
+    settle: Duration,
 }
 
 /// A message of a job another controller owns goes back to the queue after this long (for its owner).
@@ -194,6 +211,14 @@ const FAILING_FOR: Duration = Duration::from_secs(2);
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
 /// ... and as soon as this many of its messages are pending.
 pub const FLUSH_MESSAGES: usize = 100;
+
+/// A job whose chunks are all accounted for, some of them failed (a failure report, a dead letter,
+/// an unreadable result), is finished only this long after its last news (`--settle-secs`): the
+/// chunk's real result may still be on its way (a work item dead-lettered after it was billed, a
+/// failure reported before a retry succeeded, a hostile result ahead of the real one), and a real
+/// result replaces a failure until the job is finished. Longer than a work item's visibility timeout
+/// (45 s as provisioned) plus its processing.
+pub const SETTLE: Duration = Duration::from_secs(120);
 
 /// Default lease time of a job (`--lease-secs`).
 pub const LEASE: Duration = Duration::from_secs(30);
@@ -213,8 +238,13 @@ impl Aggregator {
 
     /// An aggregator that holds job leases as `owner` for `lease` at a time.
     pub fn with_owner(store: Arc<dyn BlobStore>, owner: String, lease: Duration) -> Aggregator {
+        Self::with_clock(store, owner, lease, Clock::System)
+    }
+
+    /// An aggregator that reads wall time from `clock` (the simulation's, driven by tokio's clock).
+    pub fn with_clock(store: Arc<dyn BlobStore>, owner: String, lease: Duration, clock: Clock) -> Aggregator {
         let queues = Source::ALL.iter().map(|s| (*s, s.default_queue().to_string())).collect();
-        let leases = Leases::new(store.clone(), owner, lease);
+        let leases = Leases::new(store.clone(), owner, lease, clock);
         Aggregator {
             store,
             jobs: Mutex::default(),
@@ -230,6 +260,9 @@ impl Aggregator {
             hold: Mutex::default(),
             stall: None,
             on_finished: Mutex::new(None),
+            clock,
+            offload_decoding: !matches!(clock, Clock::Driven { .. }),
+            settle: SETTLE,
         }
     }
 
@@ -237,6 +270,12 @@ impl Aggregator {
     /// every one of `queues` is empty (see `scan`).
     pub fn set_stall_limit(&mut self, after: Duration, queues: Vec<Arc<dyn fleet_io::queue::Queue>>) {
         self.stall = Some(scan::StallLimit { after, queues });
+    }
+
+    /// Sets how long a job whose chunks are all in, some failed, waits without news for a real
+    /// result to replace a failure before it is finished (default [`SETTLE`]).
+    pub fn set_settle(&mut self, settle: Duration) {
+        self.settle = settle;
     }
 
     /// Names the queue of a source (recorded with what is quarantined from it).
@@ -297,7 +336,7 @@ impl Aggregator {
             let items = if self.is_finished(&job_id) {
                 Vec::new()
             } else {
-                futures::future::join_all(items.into_iter().map(|it| prepare(it, self.store.as_ref()))).await
+                futures::future::join_all(items.into_iter().map(|it| prepare(it, self.store.as_ref(), self.offload_decoding))).await
             };
             let step = self.apply_job(&job_id, source, items, kept).await;
             (job_id, step)
@@ -398,12 +437,30 @@ impl Aggregator {
         }
         let job = held.as_mut().expect("loaded above");
         job.last_activity = Instant::now();
+        // A seal first: the size it gives is a fact whatever the order, and a chunk number is checked
+        // against it. Before any seal, a chunk number is checked against the chunks the job has.
+        let mut items = items;
+        items.sort_by_key(|r| !r.is_seal());
+        let bogus = if job.cp.total_chunks.is_none() && !job.cp.finishing && !items.first().is_some_and(Ready::is_seal) {
+            self.verify_chunks(job_id, job, &items, &mut ctl).await?
+        } else {
+            BTreeSet::new()
+        };
+        // A job whose ending is committed takes nothing more (what arrives now is a late duplicate
+        // or comes too late); it is only finished.
+        let items = if job.cp.finishing { Vec::new() } else { items };
         for item in items {
+            if let Some(c) = item.chunk().filter(|c| bogus.contains(c)) {
+                tracing::error!(job = %job_id, chunk = c, "a result for a chunk the job does not have (no such chunk blob); ignored");
+                continue;
+            }
             apply_item(job, item, &mut ctl)?;
         }
         job.pending.extend(std::mem::take(kept));
         job.cp.requests.merge(&ctl);
-        if job.abandon.is_some() || job.cp.total_chunks == Some(job.cp.accounted.len() as u32) {
+        // Every chunk in: finished now, unless some of them failed, when a real result may still
+        // replace a failure (see `settle`).
+        if job.cp.finishing || job.abandon.is_some() || (job.all_in() && (job.cp.failed_chunks.is_empty() || self.settle.is_zero())) {
             return self.finish(job_id, held).await.map(Step::Delete);
         }
         // Under a steady stream the job is rarely idle when the timer looks: its own batches save it.
@@ -411,6 +468,31 @@ impl Aggregator {
             return Ok(Step::Delete(self.flush_job(job_id, held).await));
         }
         Ok(Step::Delete(Vec::new()))
+    }
+
+    /// Checks, before the job's seal tells its size, that the chunks these items name exist (their
+    /// chunk blobs, which the initiator writes before it enqueues their work items): a chunk number
+    /// beyond the job would otherwise be counted before the seal could refuse it, and nothing can
+    /// take it out of the totals after. Chunks at or below the highest one seen to exist need no look;
+    /// a look goes [`PROBE_AHEAD`] chunks further first (results arrive about in chunk order, so one
+    /// look covers the next results). Returns the chunk numbers the job does not have.
+    async fn verify_chunks(&self, job_id: &str, job: &mut Job, items: &[Ready], ctl: &mut RequestCounts) -> Result<BTreeSet<u32>> {
+        let mut unverified: Vec<u32> = items.iter().filter_map(Ready::chunk).filter(|&c| job.verified.is_none_or(|v| c > v)).collect();
+        unverified.sort_unstable();
+        unverified.dedup();
+        let mut bogus = BTreeSet::new();
+        while let Some(&c) = unverified.last() {
+            for probe in [c.saturating_add(PROBE_AHEAD), c] {
+                ctl.add("s3.HeadObject", 1);
+                if self.store.head(&chunk_key(job_id, probe)).await?.is_some() {
+                    job.verified = Some(probe);
+                    return Ok(bogus);
+                }
+            }
+            bogus.insert(c);
+            unverified.pop();
+        }
+        Ok(bogus)
     }
 
     /// Jobs held in memory (being aggregated).

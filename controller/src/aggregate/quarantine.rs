@@ -13,38 +13,42 @@
 use super::*;
 
 impl Aggregator {
-    /// Quarantines a job whose checkpoint cannot be read (its lease held, given back here).
-    pub(super) async fn quarantine_unreadable(&self, job_id: &str, lease: &Held, why: &Error) -> Result<()> {
-        tracing::error!(job = %job_id, error = %why, "the job's own state cannot be read: job quarantined");
+    /// Quarantines a job whose checkpoint (the document with ETag `etag`) cannot be read, its lease
+    /// held and given back here. The quarantined checkpoint replaces exactly the document that failed
+    /// (If-Match its ETag) before anything else is said of the job: when another controller wrote the
+    /// checkpoint since (it was not corrupt, only moving), nothing is written and the job is loaded
+    /// again later. The report is written only where there is none: a report another controller
+    /// wrote is never replaced.
+    pub(super) async fn quarantine_unreadable(&self, job_id: &str, lease: &Held, why: &Error, etag: &str) -> Result<()> {
         let manifest = match self.store.get_capped(&manifest_key(job_id), MAX_MANIFEST_BYTES).await {
             Ok(found) => found.and_then(|b| serde_json::from_slice::<Manifest>(&b).ok()),
             Err(e) if e.is_retryable() => return Err(e),
             Err(_) => None,
         };
         let kept_at = quarantined_checkpoint_key(job_id);
-        let etag = match self.store.get_tagged(&checkpoint_key(job_id)).await? {
-            Some((data, etag)) => {
-                self.store.put(&kept_at, data, "application/zstd").await?;
-                Some(etag)
+        let changed = || Error::Conflict(format!("the checkpoint of job {job_id} changed while it was being quarantined: it is loaded again"));
+        match self.store.get_tagged(&checkpoint_key(job_id)).await? {
+            Some((data, now)) if now == etag => self.store.put(&kept_at, data, "application/zstd").await?,
+            _ => {
+                let _ = self.leases.release(job_id, lease).await;
+                return Err(changed());
             }
-            None => None,
-        };
-        let note =
-            format!("quarantined: the job's checkpoint cannot be read ({why}); it is kept as it was at {kept_at}, and the job's messages in the quarantine");
-        self.write_quarantine_report(job_id, manifest, None, note).await?;
-        // Followers see the status once the report is there.
-        let mut cp = fresh_checkpoint(job_id);
+        }
+        let mut cp = fresh_checkpoint(job_id, &self.clock);
         cp.status = JobStatus::Quarantined;
         let meta = Progress::of(&cp).to_meta();
-        let cond = etag.map_or(Cond::Absent, Cond::Matches);
-        if self
-            .store
-            .put_if(&checkpoint_key(job_id), Bytes::from(to_zstd_json(&cp).map_err(Error::corrupt)?), "application/zstd", &meta, &cond)
+        let body = Bytes::from(to_zstd_json(&cp).map_err(Error::corrupt)?);
+        if fleet_io::blob::put_if_owned(self.store.as_ref(), &checkpoint_key(job_id), body, "application/zstd", &meta, &Cond::Matches(etag.to_string()))
             .await?
             .is_none()
         {
-            return Err(Error::Conflict(format!("the checkpoint of job {job_id} changed while it was quarantined")));
+            let _ = self.leases.release(job_id, lease).await;
+            return Err(changed());
         }
+        tracing::error!(job = %job_id, error = %why, "the job's own state cannot be read: job quarantined");
+        let note =
+            format!("quarantined: the job's checkpoint cannot be read ({why}); it is kept as it was at {kept_at}, and the job's messages in the quarantine");
+        self.write_quarantine_report(job_id, manifest, None, note, Cond::Absent).await?;
         self.close_quarantined(job_id, lease).await;
         Ok(())
     }
@@ -63,19 +67,24 @@ impl Aggregator {
             "quarantined: the job's manifest cannot be read ({why}); its checkpoint keeps the {} chunks accounted for and their rows",
             job.cp.accounted.len()
         );
-        self.write_quarantine_report(job_id, None, Some(&job.cp), note).await?;
+        self.write_quarantine_report(job_id, None, Some(&job.cp), note, Cond::Any).await?;
         self.close_quarantined(job_id, &job.lease).await;
         Ok(job.pending.take())
     }
 
-    async fn write_quarantine_report(&self, job_id: &str, manifest: Option<Manifest>, cp: Option<&Checkpoint>, note: String) -> Result<()> {
+    /// Writes a quarantined report if `cond` holds (`Absent`: never over another controller's report).
+    async fn write_quarantine_report(&self, job_id: &str, manifest: Option<Manifest>, cp: Option<&Checkpoint>, note: String, cond: Cond) -> Result<()> {
         let failed = cp.map(|c| c.failed_chunks.clone()).unwrap_or_default();
         let manifest = manifest.unwrap_or_else(|| placeholder_manifest(job_id, cp.map_or(0, |c| c.accounted.len() as u32), 0));
         let totals = CheckedTotals::new();
         let mut r = report::build_borrowed(&manifest, &totals, failed, &cp.map(|c| c.requests.clone()).unwrap_or_default());
         r.status = JobStatus::Quarantined;
         r.note = Some(note);
-        self.store.put(&report_key(job_id), Bytes::from(report::to_json(&r)?), "application/json").await
+        let body = Bytes::from(report::to_json(&r)?);
+        if fleet_io::blob::put_if_owned(self.store.as_ref(), &report_key(job_id), body, "application/json", &BTreeMap::new(), &cond).await?.is_none() {
+            tracing::warn!(job = %job_id, "the job already has a report; it is kept");
+        }
+        Ok(())
     }
 
     async fn close_quarantined(&self, job_id: &str, lease: &Held) {

@@ -23,12 +23,14 @@ impl Aggregator {
     /// empty; in memory, or dormant (known from its open marker only). Returns the messages the
     /// reports cover, for deletion. Scans the open markers again when the last scan is `after` old.
     pub async fn expire(&self, after: Duration) -> Vec<Kept> {
-        // Nothing is finished while the store does not answer or results are held through its outage,
-        // and no job's idle time counts from before it answered again.
-        if self.store.breaker().is_some_and(|b| b.is_open()) || self.held(None) > 0 {
+        // Nothing is finished while the store does not answer, and no job's idle time counts from
+        // before it answered again. A job with messages held (its own calls fail, the store answers
+        // others) is not finished until they are applied; the other jobs are not held up by it.
+        if self.store.breaker().is_some_and(|b| b.is_open()) {
             *lock(&self.idle_floor) = Instant::now();
             return Vec::new();
         }
+        let held_jobs = self.held_jobs();
         let floor = *lock(&self.idle_floor);
         // At start (the first tick) and every `after`: jobs whose owner died and whose messages never
         // come back are found here.
@@ -42,26 +44,25 @@ impl Aggregator {
         let now = Instant::now();
         let stall = self.stall.as_ref().map(|s| s.after);
         let limit = |sealed: bool| if sealed { stall } else { Some(after) };
+        // A dormant sealed job is loaded once it has been quiet for the settle time (one with every
+        // chunk in is then finished from memory; one still missing chunks waits for the stall rule).
+        let load_after = |sealed: bool| if sealed { Some(stall.map_or(self.settle, |s| s.min(self.settle))) } else { Some(after) };
         let due: Vec<(String, Dormant)> = lock(&self.dormant)
             .iter()
-            .filter(|(_, d)| limit(d.sealed).is_some_and(|l| now.saturating_duration_since(d.since.max(floor)) >= l))
+            .filter(|(k, d)| !held_jobs.contains(*k) && load_after(d.sealed).is_some_and(|l| now.saturating_duration_since(d.since.max(floor)) >= l))
             .map(|(k, d)| (k.clone(), *d))
             .collect();
-        // A sealed job is loaded only when nothing can still arrive for it (the queues are read once a
-        // tick, and only when a sealed job is due).
         let mut queues_seen = None;
-        let quiet_now = if due.iter().any(|(_, d)| d.sealed) { self.fleet_quiet(&mut queues_seen).await } else { false };
-        for (job_id, d) in due.into_iter().filter(|(_, d)| !d.sealed || quiet_now) {
+        for (job_id, d) in due {
             let mut ctl = RequestCounts::default();
             let slot = self.slot(&job_id);
             {
                 let mut held = slot.lock().await;
                 if held.is_none() {
                     match self.take(&job_id, &mut ctl).await {
-                        Ok(Taken::Open(mut job)) => {
-                            job.last_activity = d.since;
-                            *held = Some(*job);
-                        }
+                        // Its idle time is read again from the checkpoint just loaded (news on another
+                        // controller since the scan moved it), not from what the scan saw.
+                        Ok(Taken::Open(job)) => *held = Some(*job),
                         Ok(Taken::Finished) => {
                             let _ = self.store.delete(&open_key(&job_id)).await;
                         }
@@ -80,7 +81,10 @@ impl Aggregator {
         let slots = self.slots();
         let mut idle = Vec::new();
         for (job_id, slot) in &slots {
-            // A job being worked on is not idle.
+            // A job being worked on, or with messages held, is not idle.
+            if held_jobs.contains(job_id) {
+                continue;
+            }
             let Ok(held) = slot.try_lock() else { continue };
             let Some(job) = held.as_ref() else { continue };
             let quiet_for = now.saturating_duration_since(job.last_activity.max(floor));
@@ -107,12 +111,13 @@ impl Aggregator {
             match ending {
                 Ending::Abandon(reason) => {
                     tracing::warn!(job = %job_id, accounted = job.cp.accounted.len(), idle_secs = quiet_for.as_secs(), "job never sealed; abandoning it");
-                    job.abandon = Some(reason);
+                    // A finish that failed before is tried again with the ending it had (the same report).
+                    job.abandon.get_or_insert(reason);
                 }
                 Ending::Stalled(reason) => {
                     tracing::warn!(job = %job_id, accounted = job.cp.accounted.len(), total = ?job.cp.total_chunks, idle_secs = quiet_for.as_secs(),
                         "sealed job stalled with every queue empty; finishing it as partial");
-                    job.stalled = Some(reason);
+                    job.stalled.get_or_insert(reason);
                 }
             }
             match self.finish(&job_id, &mut held).await {
@@ -178,12 +183,13 @@ impl Aggregator {
                 continue;
             }
             open += 1;
-            let age = progress.map_or(Duration::ZERO, |p| p.age());
+            let age = progress.map_or(Duration::ZERO, |p| self.clock.since_unix(p.updated_unix));
             // Its news may be waiting on the queue since before this controller started (it was down):
             // its idle time counts from the start at the earliest.
             let since = Instant::now().checked_sub(age).unwrap_or_else(Instant::now).max(*lock(&self.idle_floor));
             let sealed = progress.is_some_and(|p| p.sealed);
-            lock(&self.dormant).entry(job_id.to_string()).or_insert(Dormant { since, sealed });
+            // A rescan refreshes what an earlier one saw (the job may have had news elsewhere since).
+            lock(&self.dormant).insert(job_id.to_string(), Dormant { since, sealed });
         }
         Ok(open)
     }

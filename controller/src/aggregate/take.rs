@@ -13,20 +13,20 @@ impl Aggregator {
             Acquired::Held(h) => h,
             Acquired::Busy { .. } => return Ok(Taken::Busy),
         };
-        let job = match self.load(job_id, lease.clone(), ctl).await {
+        let job = match self.load_unchanged(job_id, &lease, ctl).await {
             Ok(job) => job,
-            // Its checkpoint can never be read.
-            Err(e @ Error::Corrupt(_)) => {
-                self.quarantine_unreadable(job_id, &lease, &e).await?;
+            // Its checkpoint can never be read: the same document (ETag) failed twice.
+            Err((e @ Error::Corrupt(_), Some(etag))) => {
+                self.quarantine_unreadable(job_id, &lease, &e, &etag).await?;
                 return Ok(Taken::Finished);
             }
-            Err(e) => {
+            Err((e, _)) => {
                 // Not loaded: let another controller (or a later attempt) have it at once.
                 let _ = self.leases.release(job_id, &lease).await;
                 return Err(e);
             }
         };
-        if job.cp.status.is_finished() {
+        if job.cp.status.is_finished() && !job.cp.finishing {
             self.remember_finished(job_id, job.cp.status);
             let _ = self.leases.release(job_id, &job.lease).await;
             return Ok(Taken::Finished);
@@ -95,41 +95,70 @@ impl Aggregator {
         self.prune_all(slots);
     }
 
-    pub(super) async fn load(&self, job_id: &str, lease: Held, ctl: &mut RequestCounts) -> Result<Job> {
+    /// Loads a job; a checkpoint that cannot be read is read again, and only one that failed twice
+    /// as the same document (one ETag) is unreadable: `Err((Corrupt, Some(etag)))`. A read that fails
+    /// because the document changed under it (a stale owner finishing, replacing its base part and
+    /// deleting the old ones) is not corruption: the new document is read instead.
+    async fn load_unchanged(&self, job_id: &str, lease: &Held, ctl: &mut RequestCounts) -> std::result::Result<Job, (Error, Option<String>)> {
+        let mut failed_at: Option<String> = None;
+        for _ in 0..3 {
+            match self.load(job_id, lease.clone(), ctl).await {
+                Ok(job) => return Ok(job),
+                Err((e @ Error::Corrupt(_), Some(etag))) => {
+                    if failed_at.as_deref() == Some(etag.as_str()) {
+                        return Err((e, Some(etag)));
+                    }
+                    tracing::warn!(job = %job_id, error = %e, "the job's checkpoint could not be read; reading it again");
+                    failed_at = Some(etag);
+                }
+                Err((e, _)) => return Err((e, None)),
+            }
+        }
+        Err((Error::Conflict(format!("the checkpoint of job {job_id} changed on every read")), None))
+    }
+
+    /// Loads a job from its checkpoint (a new job when there is none); an error says which
+    /// checkpoint (ETag) it was reading.
+    pub(super) async fn load(&self, job_id: &str, lease: Held, ctl: &mut RequestCounts) -> std::result::Result<Job, (Error, Option<String>)> {
         ctl.add("s3.GetObject", 1);
         let new = |cp: Checkpoint, totals: CheckedTotals, etag: Option<String>| Job {
+            // The job's last news is its checkpoint's time (written by whichever controller had it),
+            // not when this one loaded it.
+            last_activity: if etag.is_some() { Clock::instant_ago(self.clock.since_rfc3339(&cp.updated_at)) } else { Instant::now() },
             marked_open: etag.is_some(),
             cp,
             totals,
             changed: HashSet::new(),
             pending: Pending::new(self.pending.clone()),
             saved: Instant::now(),
-            last_activity: Instant::now(),
             abandon: None,
             stalled: None,
             lease,
             cp_etag: etag,
+            clock: self.clock,
+            verified: None,
         };
-        match self.store.get_tagged(&checkpoint_key(job_id)).await? {
+        match self.store.get_tagged(&checkpoint_key(job_id)).await.map_err(|e| (e, None))? {
             Some((data, etag)) => {
-                let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES).map_err(Error::corrupt)?;
-                let totals = if cp.status.is_finished() {
+                let tagged = |e: Error| (e, Some(etag.clone()));
+                let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES).map_err(Error::corrupt).map_err(tagged)?;
+                let totals = if cp.status.is_finished() && !cp.finishing {
                     // Only its status is needed; its rows are in the warehouse.
                     CheckedTotals::new()
                 } else {
-                    restore_totals(&mut cp, self.store.as_ref(), ctl).await?
+                    restore_totals(&mut cp, self.store.as_ref(), ctl).await.map_err(tagged)?
                 };
                 cp.accounts = Vec::new();
                 tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, parts = cp.parts.len(), "resumed job from checkpoint");
                 Ok(new(cp, totals, Some(etag)))
             }
-            None => Ok(new(fresh_checkpoint(job_id), CheckedTotals::new(), None)),
+            None => Ok(new(fresh_checkpoint(job_id, &self.clock), CheckedTotals::new(), None)),
         }
     }
 }
 
 /// The checkpoint of a job nothing is known of yet.
-pub(super) fn fresh_checkpoint(job_id: &str) -> Checkpoint {
+pub(super) fn fresh_checkpoint(job_id: &str, clock: &Clock) -> Checkpoint {
     Checkpoint {
         v: WIRE_VERSION,
         job_id: job_id.to_string(),
@@ -141,6 +170,8 @@ pub(super) fn fresh_checkpoint(job_id: &str) -> Checkpoint {
         accounts: Vec::new(),
         parts: Vec::new(),
         requests: RequestCounts::default(),
-        updated_at: now_rfc3339(),
+        updated_at: clock.rfc3339(),
+        finishing: false,
+        note: None,
     }
 }

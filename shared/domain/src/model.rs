@@ -186,6 +186,15 @@ pub struct Checkpoint {
     /// Calls counted so far for this job by processors and the controller.
     pub requests: RequestCounts,
     pub updated_at: String,
+    /// The job's ending is decided and committed here (its status, the failed chunks it ends with,
+    /// its note), with its rows still kept, but its report may not be written yet: whichever
+    /// controller loads it writes the report from this state (always the same report), then clears
+    /// this and drops the rows.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub finishing: bool,
+    /// Why the job ended as it did, when that is not plain (abandoned, stalled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// One object of a checkpoint's totals (`jobs/{job}/checkpoint/...`): zstd CSV rows.
@@ -218,7 +227,8 @@ impl Progress {
     pub fn of(cp: &Checkpoint) -> Progress {
         let updated = time::OffsetDateTime::parse(&cp.updated_at, &time::format_description::well_known::Rfc3339);
         Progress {
-            status: cp.status,
+            // Finished for a follower once its report is there.
+            status: if cp.finishing { JobStatus::Running } else { cp.status },
             sealed: cp.total_chunks.is_some(),
             accounted: cp.accounted.len() as u32,
             failed: cp.failed_chunks.len() as u32,

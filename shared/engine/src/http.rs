@@ -143,44 +143,49 @@ pub fn router(engines: Vec<Engine>) -> Router {
         .with_state(engines)
 }
 
-/// The admin router: `PUT /throttle`, for requests that carry `token`.
+/// Largest body the admin endpoint reads (a limits change is a few dozen bytes).
+pub const ADMIN_BODY_LIMIT: usize = 4096;
+
+/// The admin router: `PUT /throttle`, for requests that carry `token`. The token is checked from the
+/// headers before a byte of the body is read, and a body is read only up to [`ADMIN_BODY_LIMIT`].
 pub fn admin_router(engines: Vec<Engine>, token: AdminToken) -> Router {
+    let guard = move |method: Method, uri: Uri, headers: HeaderMap, req: axum::extract::Request, next: axum::middleware::Next| {
+        let token = token.clone();
+        async move {
+            if !token.authorizes(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes())) {
+                // Method and path only: nothing of what was sent.
+                tracing::warn!(%method, path = uri.path(), "admin request refused: no valid bearer token");
+                return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "a bearer token is required").into_response();
+            }
+            next.run(req).await
+        }
+    };
     Router::new()
         .route(
             "/throttle",
-            put(
-                |State((e, token)): State<(Vec<Engine>, AdminToken)>,
-                 method: Method,
-                 uri: Uri,
-                 headers: HeaderMap,
-                 Query(w): Query<Which>,
-                 body: axum::body::Bytes| async move {
-                    if !token.authorizes(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes())) {
-                        // Method and path only: nothing of what was sent.
-                        tracing::warn!(%method, path = uri.path(), "admin request refused: no valid bearer token");
-                        return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "a bearer token is required").into_response();
-                    }
-                    let change: LimitsChange = match serde_json::from_slice(&body) {
-                        Ok(c) => c,
-                        Err(err) => return (StatusCode::BAD_REQUEST, format!("limits: {err}")).into_response(),
-                    };
-                    if let Err(why) = change.check() {
-                        return (StatusCode::BAD_REQUEST, why).into_response();
-                    }
-                    let changed: Vec<(String, ThrottleLimits)> = e
-                        .iter()
-                        .filter(|e| w.queue.as_deref().is_none_or(|q| q == e.queue_name()))
-                        .map(|e| (e.queue_name().to_string(), e.set_limits(&change)))
-                        .collect();
-                    if changed.is_empty() {
-                        return (StatusCode::NOT_FOUND, "no listener on that queue").into_response();
-                    }
-                    tracing::info!(?changed, "throttle limits changed");
-                    Json(changed).into_response()
-                },
-            ),
+            put(|State(e): State<Vec<Engine>>, Query(w): Query<Which>, body: axum::body::Bytes| async move {
+                let change: LimitsChange = match serde_json::from_slice(&body) {
+                    Ok(c) => c,
+                    Err(err) => return (StatusCode::BAD_REQUEST, format!("limits: {err}")).into_response(),
+                };
+                if let Err(why) = change.check() {
+                    return (StatusCode::BAD_REQUEST, why).into_response();
+                }
+                let changed: Vec<(String, ThrottleLimits)> = e
+                    .iter()
+                    .filter(|e| w.queue.as_deref().is_none_or(|q| q == e.queue_name()))
+                    .map(|e| (e.queue_name().to_string(), e.set_limits(&change)))
+                    .collect();
+                if changed.is_empty() {
+                    return (StatusCode::NOT_FOUND, "no listener on that queue").into_response();
+                }
+                tracing::info!(?changed, "throttle limits changed");
+                Json(changed).into_response()
+            }),
         )
-        .with_state((engines, token))
+        .layer(axum::extract::DefaultBodyLimit::max(ADMIN_BODY_LIMIT))
+        .route_layer(axum::middleware::from_fn(guard))
+        .with_state(engines)
 }
 
 async fn serve_router(what: &'static str, addr: SocketAddr, app: Router, stop: CancellationToken) -> std::io::Result<SocketAddr> {
@@ -205,6 +210,10 @@ pub async fn serve(addr: SocketAddr, engines: Vec<Engine>, stop: CancellationTok
 pub async fn serve_admin(addr: SocketAddr, engines: Vec<Engine>, token: AdminToken, stop: CancellationToken) -> std::io::Result<SocketAddr> {
     let bound = serve_router("admin", addr, admin_router(engines, token), stop).await?;
     tracing::info!(%bound, "admin endpoint: PUT /throttle (bearer token)");
+    if !bound.ip().is_loopback() {
+        tracing::warn!(%bound, "the admin endpoint listens beyond this host on plain HTTP: its bearer token crosses the network in clear; \
+            keep it behind TLS (a sidecar, an ingress, a service mesh) or bind it to 127.0.0.1");
+    }
     Ok(bound)
 }
 

@@ -81,7 +81,14 @@ impl Engine {
                             tracing::debug!(source = %ev.source, messages = ev.messages, "work-detected trigger");
                             engine.wake((ev.messages > 0).then_some(ev.messages)).await;
                         }
-                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        // Triggers were dropped unread (a burst outran this task): one of them may
+                        // have been for this queue, so its parked consumers poll now rather than at
+                        // their safety poll.
+                        Err(broadcast::error::RecvError::Lagged(missed)) => {
+                            tracing::debug!(queue = engine.queue_name(), missed, "triggers missed; waking to poll");
+                            engine.wake(None).await;
+                        }
+                        Ok(_) => {}
                         Err(broadcast::error::RecvError::Closed) => return,
                     }
                 }

@@ -61,6 +61,32 @@ pub trait BlobStore: Send + Sync + 'static {
     }
 }
 
+/// A conditional write that tells a lost answer from a lost race. [`BlobStore::put_if`] is retried
+/// by the call policy when an attempt gets no answer; when that attempt had in fact written the
+/// object, the retry finds its own write and fails the condition (412), which reads as "another
+/// writer came first". Here a failed condition is checked by reading the object back: when it holds
+/// exactly this body, the write was ours and its ETag is returned. (Every body the fleet writes
+/// conditionally carries a time or an epoch, so another writer's body is never byte-equal to ours.)
+pub async fn put_if_owned(
+    store: &dyn BlobStore,
+    key: &str,
+    body: Bytes,
+    content_type: &str,
+    meta: &BTreeMap<String, String>,
+    cond: &Cond,
+) -> Result<Option<String>> {
+    match store.put_if(key, body.clone(), content_type, meta, cond).await? {
+        Some(etag) => Ok(Some(etag)),
+        None => match store.get_tagged(key).await? {
+            Some((found, etag)) if found == body => {
+                tracing::debug!(key, "a conditional write's answer was lost: the object holds our write");
+                Ok(Some(etag))
+            }
+            _ => Ok(None),
+        },
+    }
+}
+
 /// The error of an object larger than a reader accepts.
 pub(crate) fn too_large(key: &str, max: u64) -> crate::Error {
     crate::Error::Corrupt(format!("{key} is larger than the {max} bytes accepted"))

@@ -1,0 +1,143 @@
+//! The invariants a run must keep, checked once it has settled: every job that the fleet heard of
+//! ends exactly once (every report written for it says the same), `complete` only with totals equal
+//! to the oracle, `partial` naming exactly the chunks that truly failed, nothing quarantined (no run
+//! makes a job's state unreadable), never abandoned with a result missing (every billed chunk's result
+//! arrives long before `--abandon-after`), no transaction counted twice, and every message deleted
+//! (or dead-lettered and then applied): all queues empty.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use fleet_domain::layout::report_key;
+use fleet_domain::model::JobStatus;
+use fleet_domain::report::Report;
+use fleet_io::blob::BlobStore;
+use fleet_io::memory::MemoryStore;
+use fleet_io::queue::Queue;
+use rust_decimal::Decimal;
+
+use crate::fleet::{Ending, Fate, JobPlan, Row};
+use crate::World;
+
+/// Whether the fleet hears of the job at all (a message of it reaches a results or dead-letter queue).
+fn known(job: &JobPlan) -> bool {
+    job.chunks.iter().any(|c| c.fate != Fate::Lost) || matches!(job.ending, Ending::Sealed | Ending::Abandoned)
+}
+
+async fn report(store: &MemoryStore, job: &str) -> Option<Report> {
+    let body = store.get(&report_key(job)).await.ok()??;
+    serde_json::from_slice(&body).ok()
+}
+
+async fn queues_empty(queues: &[Arc<dyn Queue>]) -> bool {
+    for q in queues {
+        match q.depth().await {
+            Ok(d) if d.visible + d.in_flight + d.delayed == 0 => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Every job the fleet knows has a report, and every queue is empty.
+pub async fn settled(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Arc<dyn Queue>]) -> bool {
+    for j in jobs.iter().filter(|j| known(j)) {
+        if !matches!(store.head(&report_key(&j.id)).await, Ok(Some(_))) {
+            return false;
+        }
+    }
+    queues_empty(queues).await
+}
+
+fn rows_of(r: &Report) -> Result<BTreeMap<(String, String), Row>, String> {
+    let mut out = BTreeMap::new();
+    for a in &r.accounts {
+        let gross: Decimal = a.gross.parse().map_err(|e| format!("gross {:?}: {e}", a.gross))?;
+        let fees: Decimal = a.fees.parse().map_err(|e| format!("fees {:?}: {e}", a.fees))?;
+        if out.insert((a.account_id.clone(), a.currency.clone()), (a.count, gross, fees)).is_some() {
+            return Err(format!("account {} {} listed twice", a.account_id, a.currency));
+        }
+    }
+    Ok(out)
+}
+
+/// The invariants; each broken one is a line.
+pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Arc<dyn Queue>], world: &World) -> Vec<String> {
+    let mut v = Vec::new();
+    let written = fleet_io::lock(&world.reports).clone();
+    for job in jobs {
+        let id = &job.id;
+        let Some(r) = report(store, id).await else {
+            if known(job) {
+                v.push(format!("job {id}: no report"));
+            }
+            continue;
+        };
+        if !known(job) {
+            v.push(format!("job {id}: a report for a job the fleet never heard of"));
+        }
+        // Ends exactly once: every report written says the same.
+        let versions: BTreeSet<String> = written
+            .iter()
+            .filter(|(_, k, _)| *k == report_key(id))
+            .filter_map(|(_, _, b)| serde_json::from_slice::<Report>(b).ok())
+            .map(|x| format!("{:?} {:?} {:?}", x.status, x.accounts, x.failed_chunks))
+            .collect();
+        if versions.len() > 1 {
+            let writers: Vec<usize> = written.iter().filter(|(_, k, _)| *k == report_key(id)).map(|(c, _, _)| *c).collect();
+            v.push(format!("job {id}: {} different reports written (by controllers {writers:?})", versions.len()));
+        }
+        let truly_failed = job.truly_failed();
+        let lost: BTreeSet<u32> = (0..job.chunks.len() as u32).filter(|&c| job.chunks[c as usize].fate == Fate::Lost).collect();
+        let reported_failed: BTreeSet<u32> = r.failed_chunks.iter().map(|f| f.chunk).collect();
+        let (expected_status, expected_failed) = match job.ending {
+            Ending::Sealed if truly_failed.is_empty() => (JobStatus::Complete, truly_failed.clone()),
+            Ending::Sealed => (JobStatus::Partial, truly_failed.clone()),
+            // Without a manifest nobody knows of the chunks that never reported.
+            Ending::DiedBeforeManifest => (JobStatus::Abandoned, truly_failed.difference(&lost).copied().collect()),
+            Ending::DiedAfterManifest => (JobStatus::Abandoned, truly_failed.clone()),
+            // Abandoned on request: what had no result by then is failed too (at least the truly
+            // failed chunks).
+            Ending::Abandoned if reported_failed.is_superset(&truly_failed) => (JobStatus::Abandoned, reported_failed.clone()),
+            Ending::Abandoned => (JobStatus::Abandoned, truly_failed.clone()),
+        };
+        if r.status != expected_status {
+            v.push(format!("job {id} ({}, {:?}): status {:?}, expected {expected_status:?} (note: {:?})", job.shape, job.ending, r.status, r.note));
+        }
+        if reported_failed != expected_failed {
+            v.push(format!("job {id}: failed chunks {reported_failed:?}, truly failed {expected_failed:?}"));
+        }
+        let billed = (0..job.chunks.len() as u32).filter(|c| !expected_failed.contains(c) && !truly_failed.contains(c));
+        let oracle = job.oracle(billed);
+        match rows_of(&r) {
+            Ok(rows) if rows == oracle => {}
+            Ok(rows) => {
+                let diff: Vec<String> = oracle
+                    .iter()
+                    .filter(|(k, o)| rows.get(*k) != Some(o))
+                    .map(|(k, o)| format!("{k:?}: reported {:?}, oracle {o:?}", rows.get(k)))
+                    .chain(rows.keys().filter(|k| !oracle.contains_key(*k)).map(|k| format!("{k:?}: reported, not in the oracle")))
+                    .take(3)
+                    .collect();
+                v.push(format!("job {id}: totals differ from the oracle ({} rows vs {}): {}", rows.len(), oracle.len(), diff.join("; ")));
+            }
+            Err(e) => v.push(format!("job {id}: unreadable report rows: {e}")),
+        }
+        let counted: u64 = r.accounts.iter().map(|a| a.count).sum();
+        if r.transactions.processed != counted {
+            v.push(format!("job {id}: processed {} but the accounts count {counted}", r.transactions.processed));
+        }
+    }
+    for q in queues {
+        if let Ok(d) = q.depth().await {
+            if d.visible + d.in_flight + d.delayed > 0 {
+                v.push(format!("queue {} not empty at the end: {d:?}", q.name()));
+            }
+        }
+    }
+    let quarantined: Vec<String> = store.keys().into_iter().filter(|k| k.starts_with("quarantine/") || k.contains("/quarantined/")).collect();
+    if !quarantined.is_empty() {
+        v.push(format!("quarantined without an unreadable state: {quarantined:?}"));
+    }
+    v
+}

@@ -1,0 +1,327 @@
+//! The fleet around the controllers, drawn from the seed: jobs of several shapes with their input
+//! transactions, an initiator that enqueues their work items, writes their manifests and seals them
+//! (or never does), and processors that bill the chunks and send results, each chunk with a fate
+//! (processed, sent twice, its delete lost, failed, dead-lettered, lost before it was enqueued, a
+//! failure report or a hostile result ahead of the real one). The oracle is computed from the input
+//! transactions, not from the results the controllers see.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fleet_domain::billing::{AccountTotals, Tariff};
+use fleet_domain::codec::{accounts_to_zstd_csv, base64_encode, sha256_hex};
+use fleet_domain::layout::{chunk_key, manifest_key, result_key};
+use fleet_domain::model::{AccountsPayload, BlobRef, ChunkResult, Manifest, Outcome, ResultMessage, WorkItem, WIRE_VERSION};
+use fleet_domain::requests::RequestCounts;
+use fleet_io::blob::BlobStore;
+use fleet_io::queue::Queue;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use rust_decimal::Decimal;
+
+use crate::World;
+
+/// What becomes of one chunk's work item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Billed, its result sent once, the item deleted.
+    Processed,
+    /// Its result sent twice (a send retried after a lost answer).
+    Duplicated,
+    /// Billed, but the first delete was lost: billed again on redelivery, its result sent again.
+    DeleteLost,
+    /// The processor reports it failed (bad input): truly failed.
+    Failed,
+    /// Fails on every receive until the work queue dead-letters it: truly failed.
+    Poison,
+    /// Never enqueued (lost to retention or FIFO de-duplication): the sealed job stalls without it.
+    Lost,
+    /// A failure report first, then, on the item's redelivery, the real result.
+    FailedFirst,
+    /// A hostile result (a payload that inflates far past what it declares) first, then the real one.
+    HostileFirst,
+}
+
+impl Fate {
+    /// Whether the chunk is truly billed (its real result is sent).
+    pub fn billed(self) -> bool {
+        !matches!(self, Fate::Failed | Fate::Poison | Fate::Lost)
+    }
+}
+
+/// How a job's submission ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    Sealed,
+    /// The initiator died after the manifest, before the seal.
+    DiedAfterManifest,
+    /// The initiator died before the manifest.
+    DiedBeforeManifest,
+    /// `initiator abandon` (an `Abandon` message) after the work items.
+    Abandoned,
+}
+
+#[derive(Debug)]
+pub struct ChunkPlan {
+    pub fate: Fate,
+    /// (account, currency, amount, fee)
+    pub rows: Vec<(String, &'static str, Decimal, Decimal)>,
+}
+
+#[derive(Debug)]
+pub struct JobPlan {
+    pub id: String,
+    pub shape: &'static str,
+    pub chunks: Vec<ChunkPlan>,
+    pub ending: Ending,
+    /// When the initiator starts it (simulated time from the run's start).
+    pub submit_at: Duration,
+    /// A hostile sender puts results for chunks beyond the job on the queue, before its seal.
+    pub forged_beyond: bool,
+}
+
+pub type Row = (u64, Decimal, Decimal);
+
+impl JobPlan {
+    /// The oracle: per (account, currency), count, gross and fees over the given chunks, from the
+    /// input transactions.
+    pub fn oracle(&self, chunks: impl Iterator<Item = u32>) -> BTreeMap<(String, String), Row> {
+        let mut out: BTreeMap<(String, String), Row> = BTreeMap::new();
+        for c in chunks {
+            for (a, cur, amount, fee) in &self.chunks[c as usize].rows {
+                let e = out.entry((a.clone(), cur.to_string())).or_insert((0, Decimal::ZERO, Decimal::ZERO));
+                e.0 += 1;
+                e.1 += amount;
+                e.2 += fee;
+            }
+        }
+        out
+    }
+
+    /// The chunks that truly failed (no real result is ever sent for them).
+    pub fn truly_failed(&self) -> BTreeSet<u32> {
+        (0..self.chunks.len() as u32).filter(|&c| !self.chunks[c as usize].fate.billed()).collect()
+    }
+
+    /// The chunk's totals as a processor computes them.
+    pub fn totals(&self, chunk: u32) -> Vec<AccountTotals> {
+        self.oracle(std::iter::once(chunk))
+            .into_iter()
+            .map(|((account_id, currency), (count, gross, fees))| AccountTotals { account_id, currency, count, gross, fees })
+            .collect()
+    }
+}
+
+fn fate(rng: &mut ChaCha8Rng, hostile: bool) -> Fate {
+    match rng.random_range(0..100) {
+        0..60 => Fate::Processed,
+        60..68 => Fate::Duplicated,
+        68..76 => Fate::DeleteLost,
+        76..80 => Fate::Failed,
+        80..84 => Fate::Poison,
+        84..87 => Fate::Lost,
+        87..94 => Fate::FailedFirst,
+        _ if hostile => Fate::HostileFirst,
+        _ => Fate::Processed,
+    }
+}
+
+/// The jobs of a run.
+pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool) -> Vec<JobPlan> {
+    let n = rng.random_range(1..=4);
+    (0..n)
+        .map(|j| {
+            let (shape, chunks, rows, accounts) = match rng.random_range(0..10) {
+                // More (account, currency) rows than one checkpoint document holds inline.
+                0 | 1 => ("large", rng.random_range(2..=3), 2200, 5000),
+                2 => ("empty", 0, 0, 1),
+                _ => ("small", rng.random_range(1..=6), rng.random_range(1..=20), rng.random_range(1..=12)),
+            };
+            let chunks = (0..chunks)
+                .map(|_| {
+                    let rows = (0..rows)
+                        .map(|_| {
+                            let a = format!("acct-{:05}", rng.random_range(0..accounts));
+                            let cur = if rng.random_bool(0.8) { "EUR" } else { "USD" };
+                            let amount = Decimal::new(rng.random_range(-5_000..100_000), 2);
+                            let fee = (amount.abs() * Decimal::new(1, 2)).round_dp(2);
+                            (a, cur, amount, fee)
+                        })
+                        .collect();
+                    ChunkPlan { fate: fate(rng, hostile), rows }
+                })
+                .collect();
+            let ending = match rng.random_range(0..20) {
+                0 => Ending::DiedAfterManifest,
+                1 => Ending::DiedBeforeManifest,
+                2 => Ending::Abandoned,
+                _ => Ending::Sealed,
+            };
+            let forged_beyond = hostile && rng.random_bool(0.15);
+            JobPlan { id: format!("sim{seed:x}-{j}"), shape, chunks, ending, submit_at: Duration::from_millis(rng.random_range(0..60_000)), forged_beyond }
+        })
+        .collect()
+}
+
+/// The initiator of one job: its work items (in chunk order, ten a batch), then its manifest and seal.
+pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>, results: Arc<dyn Queue>, store: Arc<dyn BlobStore>) {
+    tokio::time::sleep(job.submit_at).await;
+    // The chunk blobs first (every chunk's, also those whose work item is lost later), then the items.
+    for c in 0..job.chunks.len() as u32 {
+        store.put(&chunk_key(&job.id, c), Bytes::from_static(b"chunk"), "application/zstd").await.expect("the initiator's store does not fail");
+    }
+    let items: Vec<String> = (0..job.chunks.len() as u32)
+        .filter(|&c| job.chunks[c as usize].fate != Fate::Lost)
+        .map(|c| {
+            let item = WorkItem {
+                v: WIRE_VERSION,
+                job_id: job.id.clone(),
+                chunk: c,
+                transactions: job.chunks[c as usize].rows.len() as u64,
+                blob: BlobRef { key: chunk_key(&job.id, c), sha256: "0".repeat(64), compressed_bytes: 1, raw_bytes: 1 },
+                tariff: Tariff::default(),
+            };
+            serde_json::to_string(&item).expect("serializable")
+        })
+        .collect();
+    for batch in items.chunks(10) {
+        send(&*work, batch.to_vec()).await;
+    }
+    world.trace(format!("initiator: job {} ({}, {} chunks) enqueued", job.id, job.shape, job.chunks.len()));
+    if job.ending == Ending::DiedBeforeManifest {
+        return;
+    }
+    let counts: Vec<u64> = job.chunks.iter().map(|c| c.rows.len() as u64).collect();
+    let total: u64 = counts.iter().sum();
+    let manifest = Manifest {
+        v: WIRE_VERSION,
+        job_id: job.id.clone(),
+        created_at: "2026-11-26T00:00:00Z".into(),
+        files: vec!["sim.csv".into()],
+        submitted: total,
+        accepted: total,
+        rejected: Vec::new(),
+        total_chunks: job.chunks.len() as u32,
+        chunk_transactions: counts,
+        tariff: Tariff::default(),
+        requests: RequestCounts::default(),
+    };
+    store
+        .put(&manifest_key(&job.id), Bytes::from(serde_json::to_vec(&manifest).expect("serializable")), "application/json")
+        .await
+        .expect("the initiator's store does not fail");
+    let last = match job.ending {
+        Ending::Sealed => ResultMessage::Sealed { v: WIRE_VERSION, job_id: job.id.clone(), total_chunks: job.chunks.len() as u32 },
+        Ending::Abandoned => {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            ResultMessage::Abandon { v: WIRE_VERSION, job_id: job.id.clone(), reason: "simulated operator".into() }
+        }
+        Ending::DiedAfterManifest | Ending::DiedBeforeManifest => return,
+    };
+    send(&*results, vec![serde_json::to_string(&last).expect("serializable")]).await;
+}
+
+async fn send(q: &dyn Queue, bodies: Vec<String>) {
+    q.send(bodies).await.expect("the in-memory queue takes every message");
+}
+
+/// One processor: receives work items, bills them as their fate says, sends results, deletes.
+pub async fn process(jobs: Arc<BTreeMap<String, Arc<JobPlan>>>, mut rng: ChaCha8Rng, work: Arc<dyn Queue>, results: Arc<dyn Queue>, store: Arc<dyn BlobStore>) {
+    loop {
+        let got = work.receive(10, Duration::from_secs(5)).await.expect("in-memory receive");
+        for d in got {
+            let item: WorkItem = serde_json::from_str(&d.body).expect("the initiator's work item");
+            let job = &jobs[&item.job_id];
+            let fate = job.chunks[item.chunk as usize].fate;
+            let first = d.receive_count <= 1;
+            tokio::time::sleep(Duration::from_millis(rng.random_range(10..3_000))).await;
+            let (bodies, delete): (Vec<String>, bool) = match fate {
+                Fate::Processed => (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], true),
+                Fate::Duplicated => {
+                    let r = chunk_result(job, item.chunk, &mut rng, &*store).await;
+                    (vec![r.clone(), r], true)
+                }
+                Fate::DeleteLost => (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], !first),
+                Fate::Failed => (vec![failed(job, item.chunk)], true),
+                Fate::Poison => (Vec::new(), false),
+                Fate::Lost => unreachable!("never enqueued"),
+                Fate::FailedFirst if first => (vec![failed(job, item.chunk)], false),
+                Fate::HostileFirst if first => (vec![hostile(job, item.chunk)], false),
+                Fate::FailedFirst | Fate::HostileFirst => (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], true),
+            };
+            for b in bodies {
+                send(&*results, vec![b]).await;
+            }
+            if job.forged_beyond && item.chunk == 0 && first {
+                // Chunks the job does not have, with rows that look real, ahead of the seal.
+                let n = job.chunks.len() as u32;
+                for c in [n, n + 2, n + 40] {
+                    let mut forged: ChunkResult = match serde_json::from_str(&chunk_result(job, 0, &mut rng, &*store).await) {
+                        Ok(ResultMessage::Chunk(r)) => r,
+                        _ => unreachable!("a chunk result"),
+                    };
+                    forged.chunk = c;
+                    if let Outcome::Processed { payload: AccountsPayload::Blob { .. } } = forged.outcome {
+                        forged.outcome = Outcome::Processed { payload: AccountsPayload::Inline { accounts: job.totals(0) } };
+                    }
+                    send(&*results, vec![serde_json::to_string(&ResultMessage::Chunk(forged)).expect("serializable")]).await;
+                }
+            }
+            if delete {
+                work.delete(vec![d]).await.expect("in-memory delete");
+            }
+        }
+    }
+}
+
+fn failed(job: &JobPlan, chunk: u32) -> String {
+    let r = ChunkResult {
+        v: WIRE_VERSION,
+        job_id: job.id.clone(),
+        chunk,
+        transactions: job.chunks[chunk as usize].rows.len() as u64,
+        outcome: Outcome::Failed { reason: "simulated: invalid rows".into() },
+        requests: RequestCounts::default(),
+    };
+    serde_json::to_string(&ResultMessage::Chunk(r)).expect("serializable")
+}
+
+/// A result that declares a million rows and whose payload inflates to 4 MiB of nothing billable.
+fn hostile(job: &JobPlan, chunk: u32) -> String {
+    let bomb = zstd::bulk::compress(&vec![b'a'; 4 << 20], 3).expect("compressible");
+    let r = ChunkResult {
+        v: WIRE_VERSION,
+        job_id: job.id.clone(),
+        chunk,
+        transactions: 1 << 20,
+        outcome: Outcome::Processed { payload: AccountsPayload::ZstdCsv { data: base64_encode(&bomb) } },
+        requests: RequestCounts::default(),
+    };
+    serde_json::to_string(&ResultMessage::Chunk(r)).expect("serializable")
+}
+
+async fn chunk_result(job: &JobPlan, chunk: u32, rng: &mut ChaCha8Rng, store: &dyn BlobStore) -> String {
+    let accounts = job.totals(chunk);
+    let payload = match rng.random_range(0..3) {
+        0 if accounts.len() <= 50 => AccountsPayload::Inline { accounts },
+        1 => AccountsPayload::ZstdCsv { data: base64_encode(&accounts_to_zstd_csv(accounts.iter().map(AccountTotals::borrowed))) },
+        _ => {
+            let data = accounts_to_zstd_csv(accounts.iter().map(AccountTotals::borrowed));
+            let raw = accounts.iter().map(|a| a.account_id.len() as u64 + 64).sum::<u64>() + 64;
+            let blob = BlobRef { key: result_key(&job.id, chunk), sha256: sha256_hex(&data), compressed_bytes: data.len() as u64, raw_bytes: raw };
+            store.put(&blob.key, Bytes::from(data), "application/zstd").await.expect("the processors' store does not fail");
+            AccountsPayload::Blob { blob }
+        }
+    };
+    let r = ChunkResult {
+        v: WIRE_VERSION,
+        job_id: job.id.clone(),
+        chunk,
+        transactions: job.chunks[chunk as usize].rows.len() as u64,
+        outcome: Outcome::Processed { payload },
+        requests: RequestCounts::default(),
+    };
+    serde_json::to_string(&ResultMessage::Chunk(r)).expect("serializable")
+}
