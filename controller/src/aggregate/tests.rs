@@ -988,3 +988,191 @@ async fn a_sealed_job_that_stalls_is_finished_as_partial_once_nothing_can_arrive
     assert!(r.note.as_deref().is_some_and(|n| n.contains("without 1 of its 3 chunks (1)")), "{:?}", r.note);
     assert!(store.head(&open_key("st")).await.unwrap().is_none());
 }
+
+// The sequences of issue 30 that ended a job wrong with several controllers, each as it was found.
+
+/// A store that runs `after_read` once, right after the first read of `key` answered: another
+/// controller acting between two calls of this one.
+struct Interleaved {
+    inner: Arc<MemoryStore>,
+    key: String,
+    after_read: Mutex<Option<futures::future::BoxFuture<'static, ()>>>,
+    /// The next conditional write of `key` goes through, its answer is lost, and the retry meets it.
+    lose_answer: std::sync::atomic::AtomicBool,
+}
+
+impl Interleaved {
+    fn new(inner: Arc<MemoryStore>, key: String) -> Arc<Interleaved> {
+        Arc::new(Interleaved { inner, key, after_read: Mutex::new(None), lose_answer: Default::default() })
+    }
+}
+
+#[async_trait::async_trait]
+impl BlobStore for Interleaved {
+    fn bucket(&self) -> &str {
+        self.inner.bucket()
+    }
+    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+        let first = self.inner.put_if(key, body.clone(), content_type, meta, cond).await?;
+        if key == self.key && *cond != Cond::Any && self.lose_answer.swap(false, Ordering::SeqCst) {
+            assert!(first.is_some(), "the lost write went through");
+            return self.inner.put_if(key, body, content_type, meta, cond).await;
+        }
+        Ok(first)
+    }
+    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+        let found = self.inner.get_tagged(key).await;
+        if key == self.key {
+            let action = lock(&self.after_read).take();
+            if let Some(action) = action {
+                action.await;
+            }
+        }
+        found
+    }
+    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+        self.inner.head(key).await
+    }
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.inner.list(prefix, limit).await
+    }
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.inner.delete(key).await
+    }
+    fn calls(&self) -> &fleet_io::call::CallCounter {
+        self.inner.calls()
+    }
+}
+
+/// Sequence 1: B loads a large job just as A, its lease lapsed, finishes it (a finished checkpoint,
+/// its parts deleted): B's read of a part misses. That is a moving checkpoint, not a corrupt one: B
+/// reads it again, finds it finished, and A's complete report stands (it was once replaced by an
+/// empty quarantined one).
+#[tokio::test]
+async fn a_checkpoint_that_moves_while_it_is_read_is_read_again_not_quarantined() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("mv", &[INLINE_ROWS as u64 + 10, 1])).await;
+    let a = quick_owned(store.clone(), "a".into(), LEASE);
+    let r0 = result("mv", 0, many("acct", INLINE_ROWS + 10, 100));
+    a.apply(Source::Results, keep(Source::Results, std::slice::from_ref(&r0))).await;
+    assert_eq!(a.flush().await.len(), 1);
+    a.release_leases().await;
+    let cp: Checkpoint = from_zstd_json(&store.get(&checkpoint_key("mv")).await.unwrap().unwrap(), 1 << 30).unwrap();
+    assert!(!cp.parts.is_empty(), "a large job keeps its rows in parts");
+    // Right after B read the checkpoint, A (for the test, by hand) writes its report and a finished
+    // checkpoint, and deletes the parts.
+    let racing = Interleaved::new(store.clone(), checkpoint_key("mv"));
+    let (inner, parts) = (store.clone(), cp.parts.clone());
+    let mut finished = cp.clone();
+    (finished.status, finished.parts, finished.updated_at) = (JobStatus::Complete, Vec::new(), now_rfc3339());
+    *lock(&racing.after_read) = Some(Box::pin(async move {
+        inner.put(&report_key("mv"), Bytes::from_static(br#"{"status":"complete"}"#), "application/json").await.unwrap();
+        let meta = Progress::of(&finished).to_meta();
+        inner.put_if(&checkpoint_key("mv"), Bytes::from(to_zstd_json(&finished).unwrap()), "application/zstd", &meta, &Cond::Any).await.unwrap();
+        for p in parts {
+            inner.delete(&p.key).await.unwrap();
+        }
+    }));
+    let b = quick_owned(racing.clone(), "b".into(), LEASE);
+    let applied = b.apply(Source::Results, keep(Source::Results, &[r0])).await;
+    assert_eq!(applied.delete.len(), 1, "a late duplicate of a finished job");
+    assert_eq!(store.get(&report_key("mv")).await.unwrap().as_deref(), Some(&br#"{"status":"complete"}"#[..]), "A's report stands");
+    assert!(store.keys().iter().all(|k| !k.contains("quarantine")), "nothing quarantined: {:?}", store.keys());
+}
+
+/// Sequence 2: B's scan saw job J idle since t0; J then had news on A at t0+55 min, and A stopped
+/// (its lease given back). At t0+61 min B loads J as due: its idle time is read again from the
+/// checkpoint A wrote, so B does not abandon it (it once did, from the scan's stale time).
+#[tokio::test(start_paused = true)]
+async fn news_on_another_controller_keeps_a_job_from_being_abandoned() {
+    let store = MemoryStore::new();
+    put_chunks(&store, "nw", 4).await;
+    let clock = Clock::driven(1_800_000_000_000);
+    let hour = Duration::from_secs(3600);
+    let a = Aggregator::with_clock(store.clone(), "a".into(), LEASE, clock);
+    let b = Aggregator::with_clock(store.clone(), "b".into(), LEASE, clock);
+    a.apply(Source::Results, keep(Source::Results, &[result("nw", 0, vec![acct("x", 1, 100, 1)])])).await;
+    assert_eq!(a.flush().await.len(), 1);
+    tokio::time::advance(Duration::from_secs(50 * 60)).await;
+    assert_eq!(b.scan_open().await.unwrap(), 1, "B knows the job as dormant");
+    tokio::time::advance(Duration::from_secs(5 * 60)).await;
+    // Checkpointed by the batch itself (the last checkpoint is old) or by the flush.
+    let saved = a.apply(Source::Results, keep(Source::Results, &[result("nw", 1, vec![acct("x", 1, 100, 1)])])).await.delete.len();
+    assert_eq!(saved + a.flush().await.len(), 1);
+    a.release_leases().await;
+    tokio::time::advance(Duration::from_secs(6 * 60)).await;
+    b.expire(hour).await;
+    assert!(report_of(&store, "nw").await.is_none(), "abandoned 6 minutes after its last news");
+    tokio::time::advance(Duration::from_secs(55 * 60)).await;
+    b.expire(hour).await;
+    let r = report_of(&store, "nw").await.expect("abandoned an hour after its last news");
+    assert_eq!((r.status, r.transactions.processed), (JobStatus::Abandoned, 2));
+}
+
+/// Sequence 4: a checkpoint write goes through but its answer is lost, and the retry meets the first
+/// write (412). That is this controller's own write, not another's: the job stays its own, the
+/// messages it covers are deleted, and the job finishes.
+#[tokio::test]
+async fn a_conditional_write_whose_answer_was_lost_is_known_as_ours() {
+    let inner = MemoryStore::new();
+    put_manifest(&inner, &manifest("la", &[1, 1])).await;
+    let store = Interleaved::new(inner.clone(), checkpoint_key("la"));
+    let agg = quick(store.clone());
+    agg.apply(Source::Results, keep(Source::Results, &[result("la", 0, vec![acct("x", 1, 100, 1)])])).await;
+    assert_eq!(agg.flush().await.len(), 1);
+    store.lose_answer.store(true, Ordering::SeqCst);
+    agg.apply(Source::Results, keep(Source::Results, &[sealed("la", 2)])).await;
+    assert_eq!(agg.flush().await.len(), 1, "the seal is covered by the checkpoint whose answer was lost");
+    assert!(!store.lose_answer.load(Ordering::SeqCst), "the answer was lost");
+    assert_eq!(agg.open_jobs(), 1, "still this controller's job");
+    agg.apply(Source::Results, keep(Source::Results, &[result("la", 1, vec![acct("x", 1, 200, 1)])])).await;
+    let r = report_of(&inner, "la").await.expect("finished");
+    assert_eq!((r.status, r.transactions.processed), (JobStatus::Complete, 2));
+}
+
+/// Sequence 5: results for chunks 0, 1 and 5 of a three-chunk job arrive before its seal. Chunk 5
+/// has no chunk blob: it is not counted, so the seal of 3 does not complete the job without chunk 2,
+/// and the totals never hold chunk 5's rows (a 3-row job was once reported complete with 11).
+#[tokio::test]
+async fn a_chunk_beyond_the_job_before_its_seal_is_not_counted() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("bj", &[1, 1, 1])).await;
+    let agg = quick(store.clone());
+    let one = |c: u32| result("bj", c, vec![acct("a", 1, 100, 1)]);
+    let forged = result("bj", 5, vec![acct("a", 8, 800, 8), acct("evil", 1, 100, 0)]);
+    agg.apply(Source::Results, keep(Source::Results, &[one(0), one(1), forged])).await;
+    agg.apply(Source::Results, keep(Source::Results, &[sealed("bj", 3)])).await;
+    assert!(report_of(&store, "bj").await.is_none(), "complete without chunk 2");
+    agg.apply(Source::Results, keep(Source::Results, &[one(2)])).await;
+    let r = report_of(&store, "bj").await.expect("finished");
+    assert_eq!((r.status, r.transactions.processed), (JobStatus::Complete, 3));
+    assert_eq!(r.accounts.iter().map(|a| (a.account_id.as_str(), a.count)).collect::<Vec<_>>(), [("a", 3)]);
+}
+
+/// Sequence 6: a failure report on the last chunk lands before its real result. The job waits the
+/// settle time before it is finished, and the real result replaces the failure (it was once
+/// finished `partial` at once and the real result dropped). A failure with nothing after it
+/// finishes the job `partial` once the settle time has passed.
+#[tokio::test(start_paused = true)]
+async fn a_real_result_after_a_failure_on_the_last_chunk_still_counts() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("ff", &[1, 1])).await;
+    put_manifest(&store, &manifest("fp", &[1, 1])).await;
+    let agg = Aggregator::new(store.clone());
+    let one = |job: &str, c: u32| result(job, c, vec![acct("a", 1, 100, 1)]);
+    for job in ["ff", "fp"] {
+        agg.apply(Source::Results, keep(Source::Results, &[one(job, 0), sealed(job, 2), failed(job, 1, 1, "bad rows")])).await;
+    }
+    agg.flush_idle().await;
+    assert!(report_of(&store, "ff").await.is_none() && report_of(&store, "fp").await.is_none(), "finished before the settle time");
+    tokio::time::advance(SETTLE / 2).await;
+    agg.apply(Source::Results, keep(Source::Results, &[one("ff", 1)])).await;
+    let r = report_of(&store, "ff").await.expect("the real result completes it");
+    assert_eq!((r.status, r.transactions.processed, r.failed_chunks.len()), (JobStatus::Complete, 2, 0));
+    agg.flush_idle().await;
+    assert!(report_of(&store, "fp").await.is_none());
+    tokio::time::advance(SETTLE / 2).await;
+    agg.flush_idle().await;
+    let r = report_of(&store, "fp").await.expect("finished once settled");
+    assert_eq!((r.status, r.transactions.processed, r.transactions.failed), (JobStatus::Partial, 1, 1));
+}
