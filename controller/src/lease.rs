@@ -28,13 +28,46 @@ struct LeaseDoc {
     epoch: u64,
 }
 
-/// A lease this controller holds.
+/// A lease this controller holds: one shared handle per job, renewed by the controller's timer
+/// whether or not the job is busy (a finish longer than the lease keeps its lease), and by the job's
+/// own steps; renewals of one lease never overlap (its lock is held across the conditional write).
 #[derive(Debug, Clone)]
-pub struct Held {
+pub struct Held(Arc<tokio::sync::Mutex<HeldState>>);
+
+#[derive(Debug)]
+struct HeldState {
     etag: String,
     epoch: u64,
     /// When it was last written (taken or renewed).
     written: Instant,
+    /// Another controller wrote it since: the job is no longer this controller's.
+    lost: bool,
+}
+
+/// A handle that does not keep a lease alive (the timer's list of leases to renew): a job dropped
+/// from memory takes its lease with it.
+#[derive(Debug, Clone)]
+pub struct WeakHeld(std::sync::Weak<tokio::sync::Mutex<HeldState>>);
+
+impl WeakHeld {
+    pub fn upgrade(&self) -> Option<Held> {
+        self.0.upgrade().map(Held)
+    }
+}
+
+impl Held {
+    fn new(etag: String, epoch: u64, written: Instant) -> Held {
+        Held(Arc::new(tokio::sync::Mutex::new(HeldState { etag, epoch, written, lost: false })))
+    }
+
+    pub fn downgrade(&self) -> WeakHeld {
+        WeakHeld(Arc::downgrade(&self.0))
+    }
+
+    /// Its epoch (grows with every change of owner).
+    pub async fn epoch(&self) -> u64 {
+        self.0.lock().await.epoch
+    }
 }
 
 /// The answer to a request for a job's lease.
@@ -86,7 +119,7 @@ impl Leases {
         Ok(match self.write(job, &doc, cond).await? {
             Some(etag) => {
                 tracing::debug!(job, epoch, owner = %self.owner, "lease taken");
-                Acquired::Held(Held { etag, epoch, written })
+                Acquired::Held(Held::new(etag, epoch, written))
             }
             // Another controller wrote it between our read and write.
             None => Acquired::Busy { owner: "(another controller, just now)".into() },
@@ -94,33 +127,48 @@ impl Leases {
     }
 
     /// Whether a held lease is young enough to act on (a third of its life is kept as margin for
-    /// clock skew and slow calls).
-    pub fn fresh(&self, held: &Held) -> bool {
-        held.written.elapsed() < self.ttl * 2 / 3
+    /// clock skew and slow calls), and not lost.
+    pub async fn fresh(&self, held: &Held) -> bool {
+        let s = held.0.lock().await;
+        !s.lost && s.written.elapsed() < self.ttl * 2 / 3
     }
 
     /// Whether it is time to renew (a third of its life has passed).
-    pub fn due(&self, held: &Held) -> bool {
-        held.written.elapsed() >= self.ttl / 3
+    pub async fn due(&self, held: &Held) -> bool {
+        let s = held.0.lock().await;
+        !s.lost && s.written.elapsed() >= self.ttl / 3
     }
 
-    /// Extends a held lease; `false` when it was lost (someone else wrote it).
-    pub async fn renew(&self, job: &str, held: &mut Held) -> Result<bool> {
-        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: self.clock.now_ms() + self.ttl.as_millis() as u64, epoch: held.epoch };
+    /// Extends a held lease; `false` when it was lost (someone else wrote it), now or before.
+    pub async fn renew(&self, job: &str, held: &Held) -> Result<bool> {
+        let mut s = held.0.lock().await;
+        if s.lost {
+            return Ok(false);
+        }
+        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: self.clock.now_ms() + self.ttl.as_millis() as u64, epoch: s.epoch };
         let written = Instant::now();
-        match self.write(job, &doc, Cond::Matches(held.etag.clone())).await? {
+        match self.write(job, &doc, Cond::Matches(s.etag.clone())).await? {
             Some(etag) => {
-                *held = Held { etag, epoch: held.epoch, written };
+                (s.etag, s.written) = (etag, written);
                 Ok(true)
             }
-            None => Ok(false),
+            None => {
+                s.lost = true;
+                Ok(false)
+            }
         }
     }
 
     /// Gives a lease back (expired at once), so another controller can take the job without waiting.
     pub async fn release(&self, job: &str, held: &Held) -> Result<()> {
-        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: 0, epoch: held.epoch };
-        self.write(job, &doc, Cond::Matches(held.etag.clone())).await.map(drop)
+        let mut s = held.0.lock().await;
+        if s.lost {
+            return Ok(());
+        }
+        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: 0, epoch: s.epoch };
+        let out = self.write(job, &doc, Cond::Matches(s.etag.clone())).await.map(drop);
+        s.lost = true;
+        out
     }
 }
 
@@ -135,15 +183,17 @@ mod tests {
         let store = MemoryStore::new();
         let a = Leases::new(store.clone(), "a".into(), Duration::from_millis(200), Clock::System);
         let b = Leases::new(store.clone(), "b".into(), Duration::from_millis(200), Clock::System);
-        let Acquired::Held(mut ha) = a.acquire("j").await.unwrap() else { panic!("free lease") };
+        let Acquired::Held(ha) = a.acquire("j").await.unwrap() else { panic!("free lease") };
         assert!(matches!(b.acquire("j").await.unwrap(), Acquired::Busy { owner } if owner == "a"));
-        assert!(a.renew("j", &mut ha).await.unwrap());
+        assert!(a.renew("j", &ha).await.unwrap());
         assert!(matches!(a.acquire("j").await.unwrap(), Acquired::Held(_)), "ours: taken again");
         tokio::time::sleep(Duration::from_millis(250)).await;
         let Acquired::Held(hb) = b.acquire("j").await.unwrap() else { panic!("expired: b takes it") };
-        assert_eq!(hb.epoch, 2);
-        assert!(!a.renew("j", &mut ha).await.unwrap(), "a lost it");
+        assert_eq!(hb.epoch().await, 2);
+        assert!(!a.renew("j", &ha).await.unwrap(), "a lost it");
+        assert!(!a.fresh(&ha).await, "lost: not to be acted on");
         b.release("j", &hb).await.unwrap();
-        assert!(matches!(a.acquire("j").await.unwrap(), Acquired::Held(h) if h.epoch == 3), "released: free at once");
+        let Acquired::Held(h) = a.acquire("j").await.unwrap() else { panic!("released: free at once") };
+        assert_eq!(h.epoch().await, 3);
     }
 }

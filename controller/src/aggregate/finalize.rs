@@ -11,7 +11,7 @@ impl Aggregator {
         // Still the owner? (A paused owner whose lease lapsed must not write a report.)
         {
             let job = held.as_mut().expect("the job is in memory");
-            if !self.leases.renew(job_id, &mut job.lease).await? {
+            if !self.leases.renew(job_id, &job.lease).await? {
                 tracing::warn!(job = %job_id, "lease lost before the report; the new owner writes it");
                 self.hand_over(held);
                 return Ok(Vec::new());

@@ -44,7 +44,7 @@ use fleet_io::lock;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
-use crate::lease::{Acquired, Held, Leases};
+use crate::lease::{Acquired, Held, Leases, WeakHeld};
 
 mod checkpoint;
 mod finalize;
@@ -171,6 +171,9 @@ pub struct Aggregator {
     finished: Mutex<Finished>,
     queues: HashMap<Source, String>,
     leases: Leases,
+    /// The lease of every job in memory (weak: a job dropped takes its lease with it), renewed by the
+    /// timer without the job's lock.
+    held_leases: Mutex<BTreeMap<String, WeakHeld>>,
     /// Unsealed jobs known only by their open marker, with their last checkpoint's time: loaded when
     /// they are due to be abandoned, or when a message of theirs arrives.
     dormant: Mutex<BTreeMap<String, scan::Dormant>>,
@@ -251,6 +254,7 @@ impl Aggregator {
             finished: Mutex::default(),
             queues,
             leases,
+            held_leases: Mutex::default(),
             dormant: Mutex::default(),
             scanned: Mutex::default(),
             pending: Arc::default(),
@@ -422,7 +426,11 @@ impl Aggregator {
         let mut ctl = RequestCounts::default();
         ctl.add("sqs.ReceiveMessage", 1);
         // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
-        if held.as_ref().is_some_and(|j| !self.leases.fresh(&j.lease)) {
+        let stale = match held.as_ref() {
+            Some(j) => !self.leases.fresh(&j.lease).await,
+            None => false,
+        };
+        if stale {
             self.keep_lease(job_id, held).await;
         }
         if held.is_none() {

@@ -26,6 +26,7 @@ impl Aggregator {
                 return Err(e);
             }
         };
+        lock(&self.held_leases).insert(job_id.to_string(), job.lease.downgrade());
         if job.cp.status.is_finished() && !job.cp.finishing {
             self.remember_finished(job_id, job.cp.status);
             let _ = self.leases.release(job_id, &job.lease).await;
@@ -38,11 +39,11 @@ impl Aggregator {
     /// to the new owner) when the lease is lost, or could not be renewed and is no longer fresh.
     pub(super) async fn keep_lease(&self, job_id: &str, held: &mut Option<Job>) -> bool {
         let Some(job) = held.as_mut() else { return false };
-        let (kept, failed) = match self.leases.renew(job_id, &mut job.lease).await {
+        let (kept, failed) = match self.leases.renew(job_id, &job.lease).await {
             Ok(renewed) => (renewed, None),
             Err(e) => {
                 tracing::warn!(job = %job_id, error = %e, "could not renew a lease");
-                (self.leases.fresh(&job.lease), Some(e))
+                (self.leases.fresh(&job.lease).await, Some(e))
             }
         };
         if !kept {
@@ -61,13 +62,33 @@ impl Aggregator {
         kept
     }
 
-    /// Renews the leases that are due, all jobs at once (a job being worked on is skipped: its next
-    /// batch renews a lease that is no longer fresh itself).
+    /// Renews the leases that are due, all at once and whether or not their jobs are busy (a job in
+    /// the middle of a long finish keeps its lease); then lets go of the idle jobs whose lease was
+    /// lost (their messages go to the new owner) or could not be renewed and is no longer fresh.
     pub async fn renew_leases(&self) {
+        let held: Vec<(String, Held)> = {
+            let mut leases = lock(&self.held_leases);
+            leases.retain(|_, w| w.upgrade().is_some());
+            leases.iter().filter_map(|(k, w)| w.upgrade().map(|h| (k.clone(), h))).collect()
+        };
+        futures::future::join_all(held.iter().map(|(job_id, h)| async move {
+            if self.leases.due(h).await {
+                match self.leases.renew(job_id, h).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::warn!(job = %job_id, "lease lost to another controller; the job goes to it"),
+                    Err(e) => tracing::warn!(job = %job_id, error = %e, "could not renew a lease"),
+                }
+            }
+        }))
+        .await;
         let slots = self.slots();
         futures::future::join_all(slots.iter().map(|(job_id, slot)| async move {
             let Ok(mut held) = slot.try_lock() else { return };
-            if held.as_ref().is_some_and(|j| self.leases.due(&j.lease)) {
+            let stale = match held.as_ref() {
+                Some(j) => !self.leases.fresh(&j.lease).await,
+                None => false,
+            };
+            if stale {
                 self.keep_lease(job_id, &mut held).await;
             }
         }))

@@ -1176,3 +1176,74 @@ async fn a_real_result_after_a_failure_on_the_last_chunk_still_counts() {
     let r = report_of(&store, "fp").await.expect("finished once settled");
     assert_eq!((r.status, r.transactions.processed, r.transactions.failed), (JobStatus::Partial, 1, 1));
 }
+
+/// A store whose reads of manifests take `delay` (a slow S3 answer in the middle of a finish).
+struct SlowManifests {
+    inner: Arc<MemoryStore>,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl BlobStore for SlowManifests {
+    fn bucket(&self) -> &str {
+        self.inner.bucket()
+    }
+    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+        self.inner.put_if(key, body, content_type, meta, cond).await
+    }
+    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+        if key.ends_with("/manifest.json") {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.get_tagged(key).await
+    }
+    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+        self.inner.head(key).await
+    }
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.inner.list(prefix, limit).await
+    }
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.inner.delete(key).await
+    }
+    fn calls(&self) -> &fleet_io::call::CallCounter {
+        self.inner.calls()
+    }
+}
+
+/// A finish that takes three times the lease (its manifest read is slow) keeps the lease: the timer
+/// renews it while the job is busy, so another controller finds the job taken and hands its message
+/// back, and the owner writes the report (the busy job's lease once lapsed, and the job changed hands
+/// mid-finish).
+#[tokio::test(start_paused = true)]
+async fn a_lease_is_renewed_while_its_job_is_busy() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("lb", &[1])).await;
+    let clock = Clock::driven(1_800_000_000_000);
+    let lease = Duration::from_secs(3);
+    let slow: Arc<dyn BlobStore> = Arc::new(SlowManifests { inner: store.clone(), delay: lease * 3 });
+    let a = Arc::new(Aggregator::with_clock(slow, "a".into(), lease, clock));
+    let b = Aggregator::with_clock(store.clone(), "b".into(), lease, clock);
+    let timer = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(FLUSH_INTERVAL).await;
+                a.renew_leases().await;
+            }
+        })
+    };
+    let r0 = result("lb", 0, vec![acct("x", 1, 100, 1)]);
+    let finishing = {
+        let (a, batch) = (a.clone(), [r0.clone(), sealed("lb", 1)]);
+        tokio::spawn(async move { a.apply(Source::Results, keep(Source::Results, &batch)).await })
+    };
+    tokio::time::sleep(lease * 2).await;
+    assert!(!finishing.is_finished(), "the finish is still reading the manifest");
+    let turned = b.apply(Source::Results, keep(Source::Results, &[r0])).await;
+    assert_eq!(turned.release.len(), 1, "the job is still a's: b hands the message back");
+    assert_eq!(finishing.await.unwrap().delete.len(), 2, "a finished the job");
+    timer.abort();
+    let r = report_of(&store, "lb").await.expect("a wrote the report");
+    assert_eq!((r.status, r.transactions.processed), (JobStatus::Complete, 1));
+}
