@@ -60,6 +60,12 @@ impl Held {
         Held(Arc::new(tokio::sync::Mutex::new(HeldState { etag, epoch, written, lost: false })))
     }
 
+    /// A lease held of no store (unit tests of a job's transitions).
+    #[cfg(test)]
+    pub(crate) fn detached() -> Held {
+        Held::new("\"test\"".into(), 1, Instant::now())
+    }
+
     pub fn downgrade(&self) -> WeakHeld {
         WeakHeld(Arc::downgrade(&self.0))
     }
@@ -77,6 +83,8 @@ pub enum Acquired {
     /// Another controller holds it.
     Busy {
         owner: String,
+        /// How long its owner's lease still runs.
+        expires_in: Duration,
     },
 }
 
@@ -108,7 +116,10 @@ impl Leases {
         let (cond, epoch) = match self.store.get_tagged(&lease_key(job)).await? {
             None => (Cond::Absent, 1),
             Some((body, etag)) => match serde_json::from_slice::<LeaseDoc>(&body) {
-                Ok(doc) if doc.owner != self.owner && doc.expires_ms > self.clock.now_ms() => return Ok(Acquired::Busy { owner: doc.owner }),
+                Ok(doc) if doc.owner != self.owner && doc.expires_ms > self.clock.now_ms() => {
+                    let expires_in = Duration::from_millis(doc.expires_ms - self.clock.now_ms());
+                    return Ok(Acquired::Busy { owner: doc.owner, expires_in });
+                }
                 Ok(doc) => (Cond::Matches(etag), doc.epoch + u64::from(doc.owner != self.owner)),
                 // Unreadable: nobody can hold it.
                 Err(_) => (Cond::Matches(etag), 1),
@@ -122,8 +133,23 @@ impl Leases {
                 Acquired::Held(Held::new(etag, epoch, written))
             }
             // Another controller wrote it between our read and write.
-            None => Acquired::Busy { owner: "(another controller, just now)".into() },
+            None => Acquired::Busy { owner: "(another controller, just now)".into(), expires_in: self.ttl },
         })
+    }
+
+    /// How long to hand a message of a job another controller holds back to the queue. A live
+    /// owner renews its lease every third of its time, so more than half of it is always left: the
+    /// message comes back at once (`soon`) for the owner to receive. Less left means the owner
+    /// missed renewals (stopped, cut off): the message comes back when the lease has run out and
+    /// the job can be taken over, not every `soon` meanwhile (each receive spends one of its
+    /// maxReceiveCount, and an owner stopped for a few leases would push its job's results into
+    /// the dead-letter queue).
+    pub fn hand_back_after(&self, expires_in: Duration, soon: Duration) -> Duration {
+        if expires_in >= self.ttl / 2 {
+            soon
+        } else {
+            (expires_in + Duration::from_millis(250)).max(soon)
+        }
     }
 
     /// Whether a held lease is young enough to act on (a third of its life is kept as margin for
@@ -178,13 +204,26 @@ mod tests {
 
     use super::*;
 
+    /// A live owner (more than half its lease left) gets its job's messages back at once; one that
+    /// missed renewals gets them when its lease has run out, so a stopped owner does not make the
+    /// others spend a receive of each message every second.
+    #[test]
+    fn messages_of_a_late_owner_come_back_when_its_lease_runs_out() {
+        let l = Leases::new(MemoryStore::new(), "b".into(), Duration::from_secs(30), Clock::System);
+        let soon = Duration::from_secs(1);
+        assert_eq!(l.hand_back_after(Duration::from_secs(25), soon), soon);
+        assert_eq!(l.hand_back_after(Duration::from_secs(15), soon), soon);
+        assert_eq!(l.hand_back_after(Duration::from_secs(9), soon), Duration::from_millis(9_250));
+        assert_eq!(l.hand_back_after(Duration::from_millis(100), soon), soon, "never sooner than at once");
+    }
+
     #[tokio::test]
     async fn one_owner_at_a_time_and_takeover_after_expiry() {
         let store = MemoryStore::new();
         let a = Leases::new(store.clone(), "a".into(), Duration::from_millis(200), Clock::System);
         let b = Leases::new(store.clone(), "b".into(), Duration::from_millis(200), Clock::System);
         let Acquired::Held(ha) = a.acquire("j").await.unwrap() else { panic!("free lease") };
-        assert!(matches!(b.acquire("j").await.unwrap(), Acquired::Busy { owner } if owner == "a"));
+        assert!(matches!(b.acquire("j").await.unwrap(), Acquired::Busy { owner, .. } if owner == "a"));
         assert!(a.renew("j", &ha).await.unwrap());
         assert!(matches!(a.acquire("j").await.unwrap(), Acquired::Held(_)), "ours: taken again");
         tokio::time::sleep(Duration::from_millis(250)).await;

@@ -22,7 +22,6 @@ use fleet_io::trigger::{Notifier, Subscription, TriggerBus};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use aggregate::HAND_BACK;
 pub use aggregate::{Aggregator, Source, FLUSH_INTERVAL};
 
 /// Controller settings.
@@ -30,7 +29,9 @@ pub use aggregate::{Aggregator, Source, FLUSH_INTERVAL};
 pub struct Settings {
     #[command(flatten)]
     pub listener: ListenerArgs,
-    /// Grace period to finish the batch in hand on shutdown, seconds.
+    /// The whole stop, seconds from the signal: the batch in hand, the last checkpoint, the leases
+    /// given back and purges under way, under this one deadline (keep it below the pod's
+    /// terminationGracePeriodSeconds, 45 in deploy/k8s).
     #[arg(long, env = "CONTROLLER_DRAIN_SECS", default_value_t = 30)]
     pub drain_secs: u64,
     /// A job that has not sealed (its initiator stopped mid-submission) is finished as `abandoned`,
@@ -43,6 +44,11 @@ pub struct Settings {
     /// arrive. Needs the work queue (`Deps::work`).
     #[arg(long, env = "CONTROLLER_STALL_AFTER", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=30 * 86_400))]
     pub stall_after: u64,
+    /// A job whose chunks are all in but some failed (a failure report, a dead letter, an unreadable
+    /// result) is finished this many seconds after its last news, so that a real result still on its
+    /// way replaces a failure; keep it above the work queue's visibility timeout.
+    #[arg(long, env = "CONTROLLER_SETTLE_SECS", default_value_t = aggregate::SETTLE.as_secs(), value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub settle_secs: u64,
     /// Job lease time, seconds: several controllers may share the results queue, each job has one
     /// owner, and a dead owner's jobs are taken over this long after its last renewal.
     #[arg(long, env = "CONTROLLER_LEASE_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=3600))]
@@ -59,7 +65,16 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { listener: ListenerArgs::default(), drain_secs: 30, abandon_after: 3600, stall_after: 3600, lease_secs: 30, id: None, blob_retention_secs: 0 }
+        Settings {
+            listener: ListenerArgs::default(),
+            drain_secs: 30,
+            abandon_after: 3600,
+            stall_after: 3600,
+            settle_secs: aggregate::SETTLE.as_secs(),
+            lease_secs: 30,
+            id: None,
+            blob_retention_secs: 0,
+        }
     }
 }
 
@@ -92,8 +107,8 @@ fn complete(kept: Vec<Kept>) {
 /// Completes what applying held messages again gave back: deletes, and hand-backs to the job's owner.
 fn settle(applied: aggregate::Applied) {
     complete(applied.delete);
-    for k in applied.release {
-        k.release(HAND_BACK);
+    for (k, after) in applied.release {
+        k.release(after);
     }
 }
 
@@ -127,12 +142,52 @@ impl Handler for ResultsHandler {
         // What `apply` does not return waits in its job for the next checkpoint (or, when the job
         // could not be saved, is dropped and comes back after the visibility timeout).
         let applied = self.agg.apply(self.source, msgs.into_iter().map(|d| done.keep(d)).collect()).await;
-        if let (Some(n), false) = (&self.handed_back, applied.release.is_empty()) {
-            n.notify(applied.release.len() as u64);
+        if let (Some(n), Some(after)) = (&self.handed_back, applied.release.iter().map(|(_, after)| *after).max()) {
+            // Announced when they are visible again, so that the owner's parked listener finds them.
+            n.notify_after(applied.release.len() as u64, after + Duration::from_millis(100));
         }
-        let release = applied.release.into_iter().map(|k| (k.into_delivery(), Outcome::Release(HAND_BACK)));
+        let release = applied.release.into_iter().map(|(k, after)| (k.into_delivery(), Outcome::Release(after)));
         let delete = applied.delete.into_iter().map(|k| (k.into_delivery(), Outcome::Done));
         release.chain(delete).collect()
+    }
+}
+
+/// The stop, under one deadline (`--drain-secs` from the signal, below the pod's
+/// terminationGracePeriodSeconds): listeners quiesce (the batch in hand finishes), the timers stop,
+/// every job with pending messages is checkpointed (or finished) and those messages deleted, the
+/// leases are given back so other controllers take the jobs at once, and purges under way end.
+/// Whatever the deadline cuts off is safe to lose: unsaved messages come back after their
+/// visibility timeout, a lease not given back expires, a purge left halfway is redone from its
+/// marker or the bucket's lifecycle rule.
+async fn stop(settings: &Settings, engines: &[Engine], agg: &Arc<Aggregator>, tracker: TaskTracker, purger: tokio::task::JoinHandle<()>) {
+    let started = tokio::time::Instant::now();
+    let deadline = started + Duration::from_secs(settings.drain_secs);
+    let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
+    // All at once: each may wait for its long poll to end (up to 20 s).
+    let quiesced = futures::future::join_all(engines.iter().map(|e| e.quiesce(left()))).await;
+    if quiesced.iter().any(|done| !done) {
+        tracing::warn!("the stop deadline passed with batches in hand; their messages come back after their visibility timeout");
+    }
+    tracker.close();
+    let steps = async {
+        tracker.wait().await;
+        complete(agg.flush().await);
+        for e in engines {
+            e.finish(true).await;
+        }
+        // Other controllers may take this one's jobs over at once.
+        agg.release_leases().await;
+        agg.stop_notifying();
+        let _ = purger.await;
+    };
+    match tokio::time::timeout_at(deadline, steps).await {
+        Ok(()) => tracing::info!(secs = started.elapsed().as_secs_f64(), "stopped within the deadline"),
+        Err(_) => tracing::warn!(
+            drain_secs = settings.drain_secs,
+            pending = agg.pending(),
+            "the stop deadline passed: what was not checkpointed comes back after its visibility timeout, leases not given back expire, \
+             a purge left halfway is redone from its marker (or by the bucket's lifecycle rule)"
+        ),
     }
 }
 
@@ -147,6 +202,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         _ => format!("controller-{}", std::process::id()),
     });
     let mut aggregator = Aggregator::with_owner(deps.store.clone(), owner.clone(), Duration::from_secs(settings.lease_secs));
+    aggregator.set_settle(Duration::from_secs(settings.settle_secs));
     let queues = [(Source::Results, &deps.results), (Source::WorkDeadLetter, &deps.work_dlq), (Source::ResultsDeadLetter, &deps.results_dlq)];
     for (source, q) in queues {
         aggregator.set_queue(source, q.name());
@@ -257,21 +313,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         "controller started"
     );
     shutdown.cancelled().await;
-    let grace = Duration::from_secs(settings.drain_secs);
-    // All at once: each may wait for its long poll to end (up to 20 s).
-    futures::future::join_all(engines.iter().map(|e| e.quiesce(grace))).await;
-    tracker.close();
-    tracker.wait().await;
-    complete(agg.flush().await);
-    for e in &engines {
-        e.finish(true).await;
-    }
-    // Other controllers may take this one's jobs over at once.
-    agg.release_leases().await;
-    agg.stop_notifying();
-    if tokio::time::timeout(grace, purger).await.is_err() {
-        tracing::warn!("purges of finished jobs still under way at the stop; the bucket's lifecycle rule expires what is left");
-    }
+    stop(&settings, &engines, &agg, tracker, purger).await;
     let stats = agg.stats();
     tracing::info!(
         checkpoint_writes = stats.writes.load(Ordering::Relaxed),

@@ -104,6 +104,23 @@ pub struct Run {
     pub simulated_secs: f64,
 }
 
+impl Run {
+    /// What a failing run says: how to rerun it, its fault schedule, its broken invariants.
+    pub fn failure(&self) -> String {
+        let mut out = format!(
+            "seed {} FAILED ({} controllers): rerun alone with `cargo run --release -p fleet-sim -- --seed {}`\n",
+            self.seed, self.controllers, self.seed
+        );
+        for l in self.schedule.iter().filter(|l| l.contains("CHAOS")) {
+            out += &format!("  {l}\n");
+        }
+        for v in &self.violations {
+            out += &format!("  VIOLATION {v}\n");
+        }
+        out
+    }
+}
+
 /// Options of a run beyond its seed.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Options {
@@ -184,8 +201,8 @@ fn start_controller(seed: u64, idx: usize, owner: &str, lease: Duration, store: 
                 for k in applied.delete {
                     k.delete();
                 }
-                for k in applied.release {
-                    k.release(controller::aggregate::HAND_BACK);
+                for (k, after) in applied.release {
+                    k.release(after);
                 }
             }
         }));
@@ -207,7 +224,7 @@ fn start_controller(seed: u64, idx: usize, owner: &str, lease: Duration, store: 
                     1 => {
                         let a = agg.retry_held().await;
                         a.delete.into_iter().for_each(|k| k.delete());
-                        a.release.into_iter().for_each(|k| k.release(controller::aggregate::HAND_BACK));
+                        a.release.into_iter().for_each(|(k, after)| k.release(after));
                     }
                     2 => agg.extend_held(),
                     _ => {

@@ -68,13 +68,7 @@ fn main() -> ExitCode {
         ran += 1;
         simulated += run.simulated_secs;
         if !run.violations.is_empty() {
-            println!("seed {seed} FAILED ({} controllers): rerun alone with `cargo run --release -p fleet-sim -- --seed {seed}`", run.controllers);
-            for l in run.schedule.iter().filter(|l| l.contains("CHAOS")) {
-                println!("  {l}");
-            }
-            for v in &run.violations {
-                println!("  VIOLATION {v}");
-            }
+            print!("{}", run.failure());
             failed.push(seed);
             if args.fail_fast {
                 break;

@@ -17,13 +17,7 @@ fn seeds_keep_every_invariant() {
     for seed in from..from + n {
         let run = run_seed(seed, Options::default());
         if !run.violations.is_empty() {
-            eprintln!("seed {seed} ({} controllers): rerun alone with `cargo run --release -p fleet-sim -- --seed {seed}`", run.controllers);
-            for l in run.schedule.iter().filter(|l| l.contains("CHAOS")) {
-                eprintln!("  {l}");
-            }
-            for v in &run.violations {
-                eprintln!("  VIOLATION {v}");
-            }
+            eprint!("{}", run.failure());
             failed.push(seed);
         }
     }

@@ -35,11 +35,7 @@ impl Aggregator {
             match held.as_ref() {
                 // Every chunk in, some failed, and no news for the settle time: no real result is
                 // coming any more.
-                Some(job)
-                    if job.cp.finishing
-                        || (job.all_in()
-                            && (job.cp.failed_chunks.is_empty() || Instant::now().saturating_duration_since(job.last_activity.max(floor)) >= self.settle)) =>
-                {
+                Some(job) if job.due_to_finish(Instant::now(), floor, self.settle) => {
                     tracing::info!(job = %job_id, failed = job.cp.failed_chunks.len(), "every chunk in, some failed, nothing new since: finishing");
                     match self.finish(job_id, &mut held).await {
                         Ok(done) => done,

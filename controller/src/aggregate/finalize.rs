@@ -90,7 +90,7 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
     };
     if !job.cp.finishing {
         let before = (job.cp.failed_chunks.clone(), job.cp.status, job.cp.note.clone());
-        decide(job, &manifest);
+        job.decide(&manifest);
         if let Err(e) = save_checkpoint(job, store, stats, Rows::Keep).await {
             // Not committed: nothing is decided yet.
             (job.cp.failed_chunks, job.cp.status, job.cp.note) = before;
@@ -133,52 +133,4 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
     tracing::info!(job = %job_id, status = ?r.status, processed = r.transactions.processed, failed = r.transactions.failed,
         requests = r.requests.total, "job finished; report written");
     Ok(r.status)
-}
-
-/// Decides how a job ends (in its checkpoint, not yet written): the chunks it ends with as failed
-/// (for an abandoned or stalled job also those its manifest names without a result; each counting
-/// the transactions its manifest gives it, not what a result declared), its status and its note.
-fn decide(job: &mut Job, manifest: &Manifest) {
-    let placeholder = manifest.created_at.is_empty();
-    let mut failed = std::mem::take(&mut job.cp.failed_chunks);
-    let note = match (&job.abandon, &job.stalled) {
-        (None, None) => None,
-        (None, Some(reason)) => {
-            let missing = fail_missing(&job.cp, manifest, &mut failed, &format!("no result: {reason}"));
-            let shown: Vec<String> = missing.iter().take(20).map(u32::to_string).collect();
-            let more = if missing.len() > shown.len() { ", ..." } else { "" };
-            Some(format!("finished without {} of its {} chunks ({}{more}): {reason}", missing.len(), manifest.total_chunks, shown.join(", ")))
-        }
-        (Some(reason), _) if placeholder => Some(format!(
-            "abandoned: {reason}; the submission never finished (no manifest): submitted and accepted count only the transactions of chunks that reported; files, rejected rows and tariff are unknown"
-        )),
-        (Some(reason), _) => {
-            fail_missing(&job.cp, manifest, &mut failed, &format!("no result before the job was abandoned: {reason}"));
-            Some(format!("abandoned: {reason}"))
-        }
-    };
-    for f in &mut failed {
-        if let Some(&n) = manifest.chunk_transactions.get(f.chunk as usize) {
-            f.transactions = n;
-        }
-    }
-    job.cp.status = match (&job.abandon, failed.is_empty()) {
-        (Some(_), _) => JobStatus::Abandoned,
-        (None, true) => JobStatus::Complete,
-        (None, false) => JobStatus::Partial,
-    };
-    job.cp.failed_chunks = failed;
-    job.cp.note = note;
-    job.cp.finishing = true;
-}
-
-/// Lists every chunk the manifest names that the checkpoint has not accounted for as failed with
-/// `reason`; returns those chunks.
-fn fail_missing(cp: &Checkpoint, m: &Manifest, failed: &mut Vec<FailedChunk>, reason: &str) -> Vec<u32> {
-    let missing: Vec<u32> = (0..m.total_chunks).filter(|c| !cp.accounted.contains(c)).collect();
-    for &chunk in &missing {
-        let transactions = m.chunk_transactions.get(chunk as usize).copied().unwrap_or(0);
-        failed.push(FailedChunk { chunk, transactions, reason: reason.to_string() });
-    }
-    missing
 }

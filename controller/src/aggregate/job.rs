@@ -17,10 +17,75 @@ pub(super) enum Item {
     },
 }
 
+/// The job as a state machine: its transitions are these methods, pure (no I/O, no clock but the
+/// instants they are given); the aggregator takes, saves and finishes jobs around them.
 impl Job {
     /// Sealed, with every chunk accounted for (processed or failed).
     pub(super) fn all_in(&self) -> bool {
         self.cp.total_chunks == Some(self.cp.accounted.len() as u32)
+    }
+
+    /// How long the job has had no news at `now` (never counted from before `floor`).
+    pub(super) fn quiet_for(&self, now: Instant, floor: Instant) -> Duration {
+        now.saturating_duration_since(self.last_activity.max(floor))
+    }
+
+    /// Whether it is to be finished now from memory: its ending is committed, or every chunk is in
+    /// and none failed, or some failed and nothing came for `settle` (no real result is coming).
+    pub(super) fn due_to_finish(&self, now: Instant, floor: Instant, settle: Duration) -> bool {
+        self.cp.finishing || (self.all_in() && (self.cp.failed_chunks.is_empty() || self.quiet_for(now, floor) >= settle))
+    }
+
+    /// Ends it as abandoned for `reason` (a finish that failed before keeps the reason it had).
+    pub(super) fn abandon(&mut self, reason: String) {
+        self.abandon.get_or_insert(reason);
+    }
+
+    /// Ends it as stalled for `reason`: its missing chunks fail (the first reason is kept).
+    pub(super) fn stall(&mut self, reason: String) {
+        self.stalled.get_or_insert(reason);
+    }
+
+    /// Decides how a job ends (in its checkpoint, not yet written): the chunks it ends with as failed
+    /// (for an abandoned or stalled job also those its manifest names without a result; each counting
+    /// the transactions its manifest gives it, not what a result declared), its status and its note.
+    pub(super) fn decide(&mut self, manifest: &Manifest) {
+        let placeholder = manifest.created_at.is_empty();
+        let mut failed = std::mem::take(&mut self.cp.failed_chunks);
+        let note = match (&self.abandon, &self.stalled) {
+            (None, None) => None,
+            (None, Some(reason)) => {
+                let missing = fail_missing(&self.cp, manifest, &mut failed, &format!("no result: {reason}"));
+                let shown: Vec<String> = missing.iter().take(20).map(u32::to_string).collect();
+                let more = if missing.len() > shown.len() { ", ..." } else { "" };
+                Some(format!("finished without {} of its {} chunks ({}{more}): {reason}", missing.len(), manifest.total_chunks, shown.join(", ")))
+            }
+            (Some(reason), _) if placeholder => Some(format!(
+                "abandoned: {reason}; the submission never finished (no manifest): submitted and accepted count only the transactions of chunks that reported; files, rejected rows and tariff are unknown"
+            )),
+            (Some(reason), _) => {
+                fail_missing(&self.cp, manifest, &mut failed, &format!("no result before the job was abandoned: {reason}"));
+                Some(format!("abandoned: {reason}"))
+            }
+        };
+        for f in &mut failed {
+            if let Some(&n) = manifest.chunk_transactions.get(f.chunk as usize) {
+                f.transactions = n;
+            }
+        }
+        self.cp.status = match (&self.abandon, failed.is_empty()) {
+            (Some(_), _) => JobStatus::Abandoned,
+            (None, true) => JobStatus::Complete,
+            (None, false) => JobStatus::Partial,
+        };
+        self.cp.failed_chunks = failed;
+        self.cp.note = note;
+        self.cp.finishing = true;
+    }
+
+    /// Applies one item (see [`apply_item`]).
+    pub(super) fn apply(&mut self, ready: Ready, ctl: &mut RequestCounts) -> Result<()> {
+        apply_item(self, ready, ctl)
     }
 }
 
@@ -292,4 +357,125 @@ pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobSto
 /// The sum of the rows' counts, unless it does not fit.
 pub(super) fn checked_count(accounts: &[AccountTotals]) -> Option<u64> {
     accounts.iter().try_fold(0u64, |n, a| n.checked_add(a.count))
+}
+
+/// Lists every chunk the manifest names that the checkpoint has not accounted for as failed with
+/// `reason`; returns those chunks.
+fn fail_missing(cp: &Checkpoint, m: &Manifest, failed: &mut Vec<FailedChunk>, reason: &str) -> Vec<u32> {
+    let missing: Vec<u32> = (0..m.total_chunks).filter(|c| !cp.accounted.contains(c)).collect();
+    for &chunk in &missing {
+        let transactions = m.chunk_transactions.get(chunk as usize).copied().unwrap_or(0);
+        failed.push(FailedChunk { chunk, transactions, reason: reason.to_string() });
+    }
+    missing
+}
+
+#[cfg(test)]
+mod tests {
+    //! The job's transitions alone: no store, no queue, no clock but the instants given.
+    use super::*;
+    use rust_decimal::Decimal;
+
+    fn job() -> Job {
+        let clock = Clock::System;
+        Job {
+            cp: super::super::take::fresh_checkpoint("j", &clock),
+            totals: CheckedTotals::new(),
+            changed: HashSet::new(),
+            pending: Pending::new(Arc::default()),
+            saved: Instant::now(),
+            last_activity: Instant::now(),
+            marked_open: false,
+            abandon: None,
+            stalled: None,
+            lease: Held::detached(),
+            cp_etag: None,
+            clock,
+            verified: None,
+        }
+    }
+
+    fn ready(msg: ResultMessage) -> Ready {
+        let accounts = match &msg {
+            ResultMessage::Chunk(ChunkResult { outcome: Outcome::Processed { payload: AccountsPayload::Inline { accounts } }, .. }) => {
+                Some(Ok(accounts.clone()))
+            }
+            _ => None,
+        };
+        Ready { item: Item::Result(msg), accounts, gets: 0 }
+    }
+
+    fn chunk(c: u32, n: u64) -> Ready {
+        let a = AccountTotals { account_id: "a".into(), currency: "EUR".into(), count: n, gross: Decimal::new(100 * n as i64, 2), fees: Decimal::ZERO };
+        ready(ResultMessage::Chunk(ChunkResult {
+            v: 1,
+            job_id: "j".into(),
+            chunk: c,
+            transactions: n,
+            outcome: Outcome::Processed { payload: AccountsPayload::Inline { accounts: vec![a] } },
+            requests: RequestCounts::default(),
+        }))
+    }
+
+    fn failed(c: u32) -> Ready {
+        ready(ResultMessage::Chunk(ChunkResult {
+            v: 1,
+            job_id: "j".into(),
+            chunk: c,
+            transactions: 99,
+            outcome: Outcome::Failed { reason: "bad".into() },
+            requests: RequestCounts::default(),
+        }))
+    }
+
+    fn manifest(chunks: &[u64]) -> Manifest {
+        let mut m = super::super::quarantine::placeholder_manifest("j", chunks.len() as u32, chunks.iter().sum());
+        m.created_at = "2026-11-26T00:00:00Z".into();
+        m.chunk_transactions = chunks.to_vec();
+        m
+    }
+
+    #[test]
+    fn a_chunk_counts_once_a_real_result_replaces_a_failure_and_the_seal_bounds_the_job() {
+        let mut j = job();
+        let mut ctl = RequestCounts::default();
+        j.apply(chunk(0, 2), &mut ctl).unwrap();
+        j.apply(chunk(0, 2), &mut ctl).unwrap();
+        j.apply(failed(1), &mut ctl).unwrap();
+        assert!(!j.all_in(), "not sealed");
+        j.apply(ready(ResultMessage::Sealed { v: 1, job_id: "j".into(), total_chunks: 2 }), &mut ctl).unwrap();
+        assert!(j.all_in());
+        assert_eq!(j.cp.failed_chunks.len(), 1);
+        j.apply(chunk(1, 3), &mut ctl).unwrap();
+        assert_eq!((j.cp.failed_chunks.len(), j.cp.processed_transactions), (0, 5), "the real result replaced the failure");
+        j.apply(chunk(7, 50), &mut ctl).unwrap();
+        assert_eq!(j.cp.processed_transactions, 5, "beyond the sealed size: ignored");
+        j.decide(&manifest(&[2, 3]));
+        assert_eq!((j.cp.status, j.cp.finishing, j.cp.note.as_deref()), (JobStatus::Complete, true, None));
+    }
+
+    #[test]
+    fn a_job_with_a_failure_finishes_only_once_settled_and_its_ending_is_kept() {
+        let mut j = job();
+        let mut ctl = RequestCounts::default();
+        for r in [chunk(0, 1), failed(1), ready(ResultMessage::Sealed { v: 1, job_id: "j".into(), total_chunks: 2 })] {
+            j.apply(r, &mut ctl).unwrap();
+        }
+        let settle = Duration::from_secs(120);
+        let t0 = j.last_activity;
+        assert!(!j.due_to_finish(t0 + Duration::from_secs(119), t0, settle));
+        assert!(j.due_to_finish(t0 + settle, t0, settle));
+        assert!(!j.due_to_finish(t0 + settle, t0 + Duration::from_secs(60), settle), "no idle time from before the floor");
+        j.decide(&manifest(&[1, 4]));
+        assert_eq!(j.cp.status, JobStatus::Partial);
+        assert_eq!(j.cp.failed_chunks[0].transactions, 4, "the manifest's count, not the 99 the result declared");
+        let mut a = job();
+        a.apply(chunk(0, 1), &mut ctl).unwrap();
+        a.abandon("first".into());
+        a.abandon("second".into());
+        a.decide(&manifest(&[1, 2, 3]));
+        assert_eq!(a.cp.status, JobStatus::Abandoned);
+        assert_eq!(a.cp.failed_chunks.iter().map(|f| (f.chunk, f.transactions)).collect::<Vec<_>>(), [(1, 2), (2, 3)]);
+        assert_eq!(a.cp.note.as_deref(), Some("abandoned: first"), "a retried finish keeps its ending");
+    }
 }

@@ -109,8 +109,9 @@ impl Source {
 pub struct Applied {
     /// Durably applied (or duplicates of finished jobs, or quarantined): delete.
     pub delete: Vec<Kept>,
-    /// Messages of jobs another controller owns: hand them back to the queue for their owner.
-    pub release: Vec<Kept>,
+    /// Messages of jobs another controller owns: hand them back to the queue for their owner, visible
+    /// again after the time given.
+    pub release: Vec<(Kept, Duration)>,
 }
 
 /// What taking a job's lease found.
@@ -119,8 +120,8 @@ enum Taken {
     Open(Box<Job>),
     /// Finished before (remembered; its lease given back).
     Finished,
-    /// Another controller holds it.
-    Busy,
+    /// Another controller holds it: its messages go back to the queue for this long.
+    Busy(Duration),
 }
 
 /// What became of a job's messages.
@@ -128,7 +129,7 @@ enum Step {
     /// Applied (deletable now, or after the next checkpoint when empty).
     Delete(Vec<Kept>),
     /// The job is another controller's: its messages, to hand back.
-    NotMine(Vec<Kept>),
+    NotMine(Vec<Kept>, Duration),
 }
 
 /// One job's place in memory: `None` while it is not loaded (or was dropped after a failure). Each job
@@ -349,7 +350,7 @@ impl Aggregator {
         for (job_id, step) in steps {
             match step {
                 Ok(Step::Delete(deletable)) => applied.delete.extend(deletable),
-                Ok(Step::NotMine(kept)) => applied.release.extend(kept),
+                Ok(Step::NotMine(kept, after)) => applied.release.extend(kept.into_iter().map(|k| (k, after))),
                 // Held (see `hold`) when the failure may pass.
                 Err(e) if e.is_retryable() => tracing::debug!(job = %job_id, error = %e, "could not apply results; held"),
                 Err(e) => tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered"),
@@ -437,9 +438,9 @@ impl Aggregator {
             match self.take(job_id, &mut ctl).await? {
                 Taken::Open(job) => *held = Some(*job),
                 Taken::Finished => return Ok(Step::Delete(self.settle_finished(job_id, std::mem::take(kept)).await)),
-                Taken::Busy => {
-                    tracing::debug!(job = %job_id, n = kept.len(), "job owned by another controller; messages handed back");
-                    return Ok(Step::NotMine(unpaired(kept)));
+                Taken::Busy(after) => {
+                    tracing::debug!(job = %job_id, n = kept.len(), after_ms = after.as_millis() as u64, "job owned by another controller; messages handed back");
+                    return Ok(Step::NotMine(unpaired(kept), after));
                 }
             }
         }
@@ -462,7 +463,7 @@ impl Aggregator {
                 tracing::error!(job = %job_id, chunk = c, "a result for a chunk the job does not have (no such chunk blob); ignored");
                 continue;
             }
-            apply_item(job, item, &mut ctl)?;
+            job.apply(item, &mut ctl)?;
         }
         job.pending.extend(std::mem::take(kept));
         job.cp.requests.merge(&ctl);

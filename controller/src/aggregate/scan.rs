@@ -67,7 +67,7 @@ impl Aggregator {
                             let _ = self.store.delete(&open_key(&job_id)).await;
                         }
                         // Its owner finishes it.
-                        Ok(Taken::Busy) => {}
+                        Ok(Taken::Busy(_)) => {}
                         Err(e) => {
                             tracing::warn!(job = %job_id, error = %e, "could not load a job due to be finished; trying again later");
                             lock(&self.dormant).insert(job_id.clone(), d);
@@ -87,7 +87,7 @@ impl Aggregator {
             }
             let Ok(held) = slot.try_lock() else { continue };
             let Some(job) = held.as_ref() else { continue };
-            let quiet_for = now.saturating_duration_since(job.last_activity.max(floor));
+            let quiet_for = job.quiet_for(now, floor);
             if limit(job.cp.total_chunks.is_some()).is_some_and(|l| quiet_for >= l) {
                 idle.push((job_id.clone(), slot.clone(), job.cp.total_chunks.is_some(), quiet_for));
             }
@@ -111,13 +111,12 @@ impl Aggregator {
             match ending {
                 Ending::Abandon(reason) => {
                     tracing::warn!(job = %job_id, accounted = job.cp.accounted.len(), idle_secs = quiet_for.as_secs(), "job never sealed; abandoning it");
-                    // A finish that failed before is tried again with the ending it had (the same report).
-                    job.abandon.get_or_insert(reason);
+                    job.abandon(reason);
                 }
                 Ending::Stalled(reason) => {
                     tracing::warn!(job = %job_id, accounted = job.cp.accounted.len(), total = ?job.cp.total_chunks, idle_secs = quiet_for.as_secs(),
                         "sealed job stalled with every queue empty; finishing it as partial");
-                    job.stalled.get_or_insert(reason);
+                    job.stall(reason);
                 }
             }
             match self.finish(&job_id, &mut held).await {

@@ -11,7 +11,7 @@ impl Aggregator {
         ctl.add("s3.PutObject", 1);
         let lease = match self.leases.acquire(job_id).await? {
             Acquired::Held(h) => h,
-            Acquired::Busy { .. } => return Ok(Taken::Busy),
+            Acquired::Busy { expires_in, .. } => return Ok(Taken::Busy(self.leases.hand_back_after(expires_in, HAND_BACK))),
         };
         let job = match self.load_unchanged(job_id, &lease, ctl).await {
             Ok(job) => job,

@@ -273,11 +273,8 @@ async fn idle_back_off_then_park_makes_zero_requests() {
     e.shutdown(Duration::from_secs(5)).await;
 }
 
-/// A burst of triggers for other queues outruns the follower, and the one for this queue is dropped
-/// with them: the parked consumer still wakes at once (a lagged subscription is a possible trigger),
-/// not at its safety poll.
-#[tokio::test(start_paused = true)]
-async fn a_lagged_trigger_subscription_wakes_parked_consumers() {
+/// An engine with triggers (2 s idle cap) following an in-memory bus, a minute after its start.
+async fn following_a_bus() -> (Arc<MemoryQueue>, Arc<TestHandler>, Engine, Arc<fleet_io::trigger::MemoryTriggers>, CancellationToken) {
     let q = MemoryQueue::new("work", Duration::from_secs(30));
     let h = Arc::new(TestHandler::new(Duration::ZERO));
     let c = EngineConfig { backoff: IdleBackoff { min_idle: Duration::ZERO, max_idle: Duration::from_secs(2) }, triggers: true, ..cfg() };
@@ -286,6 +283,15 @@ async fn a_lagged_trigger_subscription_wakes_parked_consumers() {
     let stop = CancellationToken::new();
     e.follow_triggers(&bus.subscription(), stop.clone());
     tokio::time::sleep(Duration::from_secs(60)).await;
+    (q, h, e, bus, stop)
+}
+
+/// A burst of triggers for other queues outruns the follower, and the one for this queue is dropped
+/// with them: the parked consumer still wakes at once (a lagged subscription is a possible trigger),
+/// not at its safety poll.
+#[tokio::test(start_paused = true)]
+async fn a_lagged_trigger_subscription_wakes_parked_consumers() {
+    let (q, h, e, bus, stop) = following_a_bus().await;
     assert_eq!(e.state().consumers_parked, 1, "parked while a trigger can reach it");
     send(&q, plain(1)).await;
     let ev = |queue: &str| fleet_io::trigger::WorkDetected { queue: queue.into(), messages: 1, source: "test".into() };
@@ -301,14 +307,7 @@ async fn a_lagged_trigger_subscription_wakes_parked_consumers() {
 
 #[tokio::test(start_paused = true)]
 async fn while_the_bus_is_down_no_consumer_parks_and_it_parks_again_once_back() {
-    let q = MemoryQueue::new("work", Duration::from_secs(30));
-    let h = Arc::new(TestHandler::new(Duration::ZERO));
-    let c = EngineConfig { backoff: IdleBackoff { min_idle: Duration::ZERO, max_idle: Duration::from_secs(2) }, triggers: true, ..cfg() };
-    let e = start(&q, &h, c).await;
-    let bus = fleet_io::trigger::MemoryTriggers::new();
-    let stop = CancellationToken::new();
-    e.follow_triggers(&bus.subscription(), stop.clone());
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    let (q, h, e, bus, stop) = following_a_bus().await;
     let parked = e.stats().receives.load(Ordering::Relaxed);
     assert!(e.triggers_live());
     assert_eq!(e.state().consumers_parked, 1, "parked while a trigger can reach it");

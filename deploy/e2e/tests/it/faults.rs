@@ -81,7 +81,7 @@ async fn a_controller_whose_store_hangs_still_stops_in_time() {
         triggers: None,
         publish: None,
     };
-    let settings = controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 2, ..Default::default() };
+    let settings = controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 2, settle_secs: 3, ..Default::default() };
     let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
     let body = serde_json::to_string(&fleet_domain::model::ResultMessage::Sealed { v: 1, job_id: "hung-store".into(), total_chunks: 3 }).unwrap();
     s.results.send(vec![body]).await.unwrap();
@@ -126,7 +126,7 @@ async fn s3_frozen_for_three_minutes_under_the_controller_the_job_completes_exac
         triggers: s.names.subscribe(keys, &stop),
         publish: s.names.trigger_bus(),
     };
-    let settings = controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, ..Default::default() };
+    let settings = controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 10, settle_secs: 3, ..Default::default() };
     let controller = tokio::spawn(controller::run(settings, deps, stop.clone()));
     let agent = s.start_agent();
     let processor = s.start_processor(fast_processor());

@@ -34,7 +34,13 @@ async fn large_results_travel_as_blobs() {
     let p = tokio::spawn(processor::run(crate::support::fast_processor(), processor::Deps::new(work.clone(), results.clone(), store.clone()), stop.clone()));
     let c = tokio::spawn(controller::run(
         // A day's retention keeps the job's blobs (and leaves a purge marker), so the result blob can be seen.
-        controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 5, blob_retention_secs: 86_400, ..Default::default() },
+        controller::Settings {
+            listener: fleet_engine::args::ListenerArgs::quick(),
+            drain_secs: 5,
+            settle_secs: 3,
+            blob_retention_secs: 86_400,
+            ..Default::default()
+        },
         controller::Deps {
             results: results.clone(),
             work_dlq: work_dlq.clone(),

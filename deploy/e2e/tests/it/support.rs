@@ -97,6 +97,8 @@ impl Fleet for Stack {
             listener: fleet_engine::args::ListenerArgs::quick(),
             drain_secs: 10,
             id: Some(TEST_CONTROLLER.into()),
+            // A job with failed chunks is finished 3 s after its last news (tests wait less than the 120 s default).
+            settle_secs: 3,
             ..Default::default()
         };
         let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
@@ -138,6 +140,7 @@ pub fn controller_process(st: &Stack, id: &str, envs: &[(&str, &str)]) -> std::p
     let mut cmd = fleet_command(st, "controller");
     cmd.env("CONTROLLER_ID", id)
         .env("CONTROLLER_LEASE_SECS", "5")
+        .env("CONTROLLER_SETTLE_SECS", "3")
         .env("LISTENER_RECEIVE_WAIT_SECS", "1")
         .env("LISTENER_MAX_IDLE_MS", "1000")
         .env("RUST_LOG", std::env::var("FLEET_TEST_CONTROLLER_LOG").unwrap_or_else(|_| "warn".into()))
@@ -180,6 +183,7 @@ pub fn start_processor_and_controller(
         controller::Settings {
             listener: fleet_engine::args::ListenerArgs { http_addr: Some(controller_http), ..fleet_engine::args::ListenerArgs::quick() },
             drain_secs: 10,
+            settle_secs: 3,
             ..Default::default()
         },
         controller::Deps {

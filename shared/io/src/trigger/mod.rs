@@ -139,6 +139,20 @@ impl Notifier {
         }
     }
 
+    /// `messages` become visible on the queue after `delay` (handed back with a visibility delay):
+    /// announced then, not before, since a parked listener woken before would find nothing and
+    /// park again while busier listeners take them.
+    pub fn notify_after(&self, messages: u64, delay: Duration) {
+        if delay.is_zero() {
+            return self.notify(messages);
+        }
+        let me = Notifier { inner: self.inner.clone() };
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            me.notify(messages);
+        });
+    }
+
     /// `messages` were put on the queue.
     pub fn notify(&self, messages: u64) {
         let wait = {
