@@ -66,6 +66,9 @@ const MAX_DOC_BYTES: u64 = 1 << 30;
 /// one chunk, which a processor reads only up to its `--max-chunk-bytes` (64 MiB by default) of
 /// transactions, and an account row is no longer than the transaction row it sums.
 pub const MAX_RESULT_BYTES: u64 = 64 << 20;
+/// A result for a chunk the job is not known to have goes back to the queue for this long (until the
+/// job's seal says how many chunks it has).
+const UNKNOWN_CHUNK_WAITS: Duration = Duration::from_secs(30);
 /// How far past a chunk number the look for its chunk blob goes first (see `verify_chunks`).
 const PROBE_AHEAD: u32 = 16;
 /// Result payloads decompressed at once (on the blocking pool).
@@ -445,27 +448,49 @@ impl Aggregator {
             }
         }
         let job = held.as_mut().expect("loaded above");
-        job.last_activity = Instant::now();
         // A seal first: the size it gives is a fact whatever the order, and a chunk number is checked
         // against it. Before any seal, a chunk number is checked against the chunks the job has.
-        let mut items = items;
-        items.sort_by_key(|r| !r.is_seal());
-        let bogus = if job.cp.total_chunks.is_none() && !job.cp.finishing && !items.first().is_some_and(Ready::is_seal) {
-            self.verify_chunks(job_id, job, &items, &mut ctl).await?
+        let taken = std::mem::take(kept);
+        debug_assert_eq!(taken.len(), items.len(), "one message per item");
+        let mut pairs: Vec<(Ready, (Source, Kept))> = items.into_iter().zip(taken).collect();
+        pairs.sort_by_key(|(r, _)| !r.is_seal());
+        let unknown = if job.cp.total_chunks.is_none() && !job.cp.finishing && !pairs.first().is_some_and(|(r, _)| r.is_seal()) {
+            let items: Vec<&Ready> = pairs.iter().map(|(r, _)| r).collect();
+            self.verify_chunks(job_id, job, &items, &mut ctl).await.inspect_err(|_| *kept = pairs.drain(..).map(|(_, k)| k).collect())?
         } else {
             BTreeSet::new()
         };
-        // A job whose ending is committed takes nothing more (what arrives now is a late duplicate
-        // or comes too late); it is only finished.
-        let items = if job.cp.finishing { Vec::new() } else { items };
-        for item in items {
-            if let Some(c) = item.chunk().filter(|c| bogus.contains(c)) {
-                tracing::error!(job = %job_id, chunk = c, "a result for a chunk the job does not have (no such chunk blob); ignored");
+        let mut applied = Vec::with_capacity(pairs.len());
+        let mut pairs = pairs.into_iter();
+        while let Some((item, k)) = pairs.next() {
+            // A job whose ending is committed takes nothing more (what arrives now is a late
+            // duplicate or comes too late); it is only finished.
+            if job.cp.finishing {
+                applied.push(k);
                 continue;
             }
-            job.apply(item, &mut ctl)?;
+            // A chunk the job is not known to have: back to the queue until the seal says how many
+            // chunks it has (then it is counted, or refused as beyond the job). A failure report for a
+            // chunk whose blob is gone is real; a forged chunk number is not.
+            if let Some(c) = item.chunk().filter(|c| unknown.contains(c)) {
+                tracing::warn!(job = %job_id, chunk = c, "a result for a chunk the job is not known to have (no chunk blob) before its seal: it waits for the seal");
+                k.1.release(UNKNOWN_CHUNK_WAITS);
+                continue;
+            }
+            if let Err(e) = job.apply(item, &mut ctl) {
+                applied.push(k);
+                applied.extend(pairs.map(|(_, k)| k));
+                *kept = applied;
+                return Err(e);
+            }
+            applied.push(k);
         }
-        job.pending.extend(std::mem::take(kept));
+        // News, unless all of it waits for the seal (a forged chunk number coming back again and
+        // again keeps no job from being abandoned).
+        if !applied.is_empty() {
+            job.last_activity = Instant::now();
+        }
+        job.pending.extend(applied);
         job.cp.requests.merge(&ctl);
         // Every chunk in: finished now, unless some of them failed, when a real result may still
         // replace a failure (see `settle`).
@@ -484,9 +509,9 @@ impl Aggregator {
     /// beyond the job would otherwise be counted before the seal could refuse it, and nothing can
     /// take it out of the totals after. Chunks at or below the highest one seen to exist need no look;
     /// a look goes [`PROBE_AHEAD`] chunks further first (results arrive about in chunk order, so one
-    /// look covers the next results). Returns the chunk numbers the job does not have.
-    async fn verify_chunks(&self, job_id: &str, job: &mut Job, items: &[Ready], ctl: &mut RequestCounts) -> Result<BTreeSet<u32>> {
-        let mut unverified: Vec<u32> = items.iter().filter_map(Ready::chunk).filter(|&c| job.verified.is_none_or(|v| c > v)).collect();
+    /// look covers the next results). Returns the chunk numbers the job is not known to have.
+    async fn verify_chunks(&self, job_id: &str, job: &mut Job, items: &[&Ready], ctl: &mut RequestCounts) -> Result<BTreeSet<u32>> {
+        let mut unverified: Vec<u32> = items.iter().filter_map(|r| r.chunk()).filter(|&c| job.verified.is_none_or(|v| c > v)).collect();
         unverified.sort_unstable();
         unverified.dedup();
         let mut bogus = BTreeSet::new();

@@ -1147,6 +1147,22 @@ async fn a_chunk_beyond_the_job_before_its_seal_is_not_counted() {
     let r = report_of(&store, "bj").await.expect("finished");
     assert_eq!((r.status, r.transactions.processed), (JobStatus::Complete, 3));
     assert_eq!(r.accounts.iter().map(|a| (a.account_id.as_str(), a.count)).collect::<Vec<_>>(), [("a", 3)]);
+    // A real failure report for a chunk whose blob is gone, before the seal: it waits for the seal
+    // (back on the queue), then counts.
+    put_manifest(&store, &manifest("gone", &[1, 1])).await;
+    store.delete(&fleet_domain::layout::chunk_key("gone", 1)).await.unwrap();
+    let report = failed("gone", 1, 1, "blob does not exist");
+    let first = agg.apply(Source::Results, keep(Source::Results, &[one_of("gone", 0), report.clone()])).await;
+    assert!(first.release.is_empty() && first.delete.is_empty(), "waits in the job, or on the queue");
+    agg.apply(Source::Results, keep(Source::Results, &[sealed("gone", 2)])).await;
+    assert!(report_of(&store, "gone").await.is_none(), "the failure report was not counted before the seal");
+    agg.apply(Source::Results, keep(Source::Results, &[report])).await;
+    let r = report_of(&store, "gone").await.expect("finished once the report came back");
+    assert_eq!((r.status, r.failed_chunks.len(), r.failed_chunks[0].chunk), (JobStatus::Partial, 1, 1));
+}
+
+fn one_of(job: &str, c: u32) -> Message {
+    result(job, c, vec![acct("a", 1, 100, 1)])
 }
 
 /// Sequence 6: a failure report on the last chunk lands before its real result. The job waits the
