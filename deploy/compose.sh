@@ -52,6 +52,13 @@ export DOCKER_GID
 # from the compose file's directory. A broker keeps the user it made on first boot, so the file stays
 # as it is while the fleet exists; `down` removes the broker with its data.
 env_file="$repo/deploy/.env"
+# The socket's group is recorded there too (refreshed each run), so plain `docker compose` commands
+# find it as they find the password.
+if grep -q '^DOCKER_GID=' "$env_file" 2>/dev/null; then
+  sed -i "s/^DOCKER_GID=.*/DOCKER_GID=$DOCKER_GID/" "$env_file"
+else
+  (umask 077; printf 'DOCKER_GID=%s\n' "$DOCKER_GID" >>"$env_file")
+fi
 if [ -z "${FLEET_AMQP_PASSWORD:-}" ] && ! grep -q '^FLEET_AMQP_PASSWORD=.' "$env_file" 2>/dev/null; then
   (umask 077; printf 'FLEET_AMQP_PASSWORD=%s\n' "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >>"$env_file")
   echo "compose: generated the broker's password into $env_file" >&2
