@@ -165,6 +165,9 @@ async fn abandon_quarantine_and_dlq_commands() {
         outcome: Outcome::Processed { payload: AccountsPayload::Inline { accounts: vec![acct("a", 2), acct("b", 3)] } },
         requests: Default::default(),
     });
+    // Its chunk blob, as the initiator writes it before the work item (a result for a chunk without
+    // one waits for the job's seal).
+    st.store.put(&fleet_domain::layout::chunk_key(&job, 3), bytes::Bytes::from_static(b"chunk"), "application/zstd").await.unwrap();
     st.results.send(vec![serde_json::to_string(&result).unwrap()]).await.unwrap();
     until(Duration::from_secs(30), async || initiator::follow::progress(st.store.as_ref(), &job).await.is_ok_and(|p| p.accounted_chunks == 1)).await;
     let out = initiator(&st, &["abandon", &job, "--reason", "the submitting host died", "--json"]);
