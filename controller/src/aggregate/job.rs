@@ -1,3 +1,6 @@
+//! Long because the job is one state machine and its transitions belong together (with their unit
+//! tests at the end): a newcomer reads `impl Job` first, then `apply_item`.
+//!
 //! A job in memory and the items applied to it: parsing a message into an item (a chunk result, a
 //! seal, an abandon, a dead-lettered work item), fetching and decoding a result's payload before the
 //! job is locked, and applying an item to the job exactly once (a chunk already accounted for is a
@@ -81,11 +84,6 @@ impl Job {
         self.cp.failed_chunks = failed;
         self.cp.note = note;
         self.cp.finishing = true;
-    }
-
-    /// Applies one item (see [`apply_item`]).
-    pub(super) fn apply(&mut self, ready: Ready, ctl: &mut RequestCounts) -> Result<()> {
-        apply_item(self, ready, ctl)
     }
 }
 
@@ -223,6 +221,7 @@ pub(super) async fn prepare(mut item: Item, store: &dyn BlobStore, offload: bool
     Ready { item, accounts: None, gets: 0 }
 }
 
+/// Applies one item to the job (the transition every message makes).
 pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -> Result<()> {
     ctl.add("s3.GetObject", ready.gets);
     let Ready { item, accounts, .. } = ready;
@@ -439,16 +438,16 @@ mod tests {
     fn a_chunk_counts_once_a_real_result_replaces_a_failure_and_the_seal_bounds_the_job() {
         let mut j = job();
         let mut ctl = RequestCounts::default();
-        j.apply(chunk(0, 2), &mut ctl).unwrap();
-        j.apply(chunk(0, 2), &mut ctl).unwrap();
-        j.apply(failed(1), &mut ctl).unwrap();
+        apply_item(&mut j, chunk(0, 2), &mut ctl).unwrap();
+        apply_item(&mut j, chunk(0, 2), &mut ctl).unwrap();
+        apply_item(&mut j, failed(1), &mut ctl).unwrap();
         assert!(!j.all_in(), "not sealed");
-        j.apply(ready(ResultMessage::Sealed { v: 1, job_id: "j".into(), total_chunks: 2 }), &mut ctl).unwrap();
+        apply_item(&mut j, ready(ResultMessage::Sealed { v: 1, job_id: "j".into(), total_chunks: 2 }), &mut ctl).unwrap();
         assert!(j.all_in());
         assert_eq!(j.cp.failed_chunks.len(), 1);
-        j.apply(chunk(1, 3), &mut ctl).unwrap();
+        apply_item(&mut j, chunk(1, 3), &mut ctl).unwrap();
         assert_eq!((j.cp.failed_chunks.len(), j.cp.processed_transactions), (0, 5), "the real result replaced the failure");
-        j.apply(chunk(7, 50), &mut ctl).unwrap();
+        apply_item(&mut j, chunk(7, 50), &mut ctl).unwrap();
         assert_eq!(j.cp.processed_transactions, 5, "beyond the sealed size: ignored");
         j.decide(&manifest(&[2, 3]));
         assert_eq!((j.cp.status, j.cp.finishing, j.cp.note.as_deref()), (JobStatus::Complete, true, None));
@@ -459,7 +458,7 @@ mod tests {
         let mut j = job();
         let mut ctl = RequestCounts::default();
         for r in [chunk(0, 1), failed(1), ready(ResultMessage::Sealed { v: 1, job_id: "j".into(), total_chunks: 2 })] {
-            j.apply(r, &mut ctl).unwrap();
+            apply_item(&mut j, r, &mut ctl).unwrap();
         }
         let settle = Duration::from_secs(120);
         let t0 = j.last_activity;
@@ -470,7 +469,7 @@ mod tests {
         assert_eq!(j.cp.status, JobStatus::Partial);
         assert_eq!(j.cp.failed_chunks[0].transactions, 4, "the manifest's count, not the 99 the result declared");
         let mut a = job();
-        a.apply(chunk(0, 1), &mut ctl).unwrap();
+        apply_item(&mut a, chunk(0, 1), &mut ctl).unwrap();
         a.abandon("first".into());
         a.abandon("second".into());
         a.decide(&manifest(&[1, 2, 3]));

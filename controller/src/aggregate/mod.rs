@@ -477,7 +477,7 @@ impl Aggregator {
                 k.1.release(UNKNOWN_CHUNK_WAITS);
                 continue;
             }
-            if let Err(e) = job.apply(item, &mut ctl) {
+            if let Err(e) = apply_item(job, item, &mut ctl) {
                 applied.push(k);
                 applied.extend(pairs.map(|(_, k)| k));
                 *kept = applied;

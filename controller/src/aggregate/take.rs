@@ -68,8 +68,9 @@ impl Aggregator {
     pub async fn renew_leases(&self) {
         let held: Vec<(String, Held)> = {
             let mut leases = lock(&self.held_leases);
-            leases.retain(|_, w| w.upgrade().is_some());
-            leases.iter().filter_map(|(k, w)| w.upgrade().map(|h| (k.clone(), h))).collect()
+            let mut live = Vec::with_capacity(leases.len());
+            leases.retain(|k, w| w.upgrade().map(|h| live.push((k.clone(), h))).is_some());
+            live
         };
         futures::future::join_all(held.iter().map(|(job_id, h)| async move {
             if self.leases.due(h).await {
