@@ -106,6 +106,11 @@ impl Leases {
         &self.owner
     }
 
+    /// How long a lease runs from its last renewal.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     async fn write(&self, job: &str, doc: &LeaseDoc, cond: Cond) -> Result<Option<String>> {
         let body = Bytes::from(serde_json::to_vec(doc)?);
         fleet_io::blob::put_if_owned(self.store.as_ref(), &lease_key(job), body, "application/json", &BTreeMap::new(), &cond).await

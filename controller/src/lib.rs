@@ -38,10 +38,11 @@ pub struct Settings {
     /// with what was processed, after this many seconds without a result.
     #[arg(long, env = "CONTROLLER_ABANDON_AFTER", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=30 * 86_400))]
     pub abandon_after: u64,
-    /// A sealed job that gets no news for this many seconds while every queue of the fleet (work,
-    /// results, their dead-letter queues) is empty is finished as `partial`, its missing chunks named
-    /// as failed: their work items were lost (queue retention, FIFO de-duplication) and can no longer
-    /// arrive. Needs the work queue (`Deps::work`).
+    /// A sealed job that gets no news for this many seconds, once every message that was in the
+    /// fleet's queues (work, results, their dead-letter queues) at its last news has left them (each
+    /// queue seen empty in turn, in the order messages move), is finished as `partial`, its missing
+    /// chunks named as failed: their work items were lost (queue retention, FIFO de-duplication) and
+    /// can no longer arrive. Needs the work queue (`Deps::work`).
     #[arg(long, env = "CONTROLLER_STALL_AFTER", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=30 * 86_400))]
     pub stall_after: u64,
     /// A job whose chunks are all in but some failed (a failure report, a dead letter, an unreadable
@@ -104,11 +105,21 @@ fn complete(kept: Vec<Kept>) {
     }
 }
 
-/// Completes what applying held messages again gave back: deletes, and hand-backs to the job's owner.
-fn settle(applied: aggregate::Applied) {
+/// Completes what applying held messages again gave back: deletes, and hand-backs (to the job's
+/// owner, or to any controller that reaches the store), announced on their queue's notifier so that
+/// a parked listener wakes when they are visible.
+fn settle(applied: aggregate::Applied, notifiers: &std::collections::BTreeMap<String, Notifier>) {
     complete(applied.delete);
+    let mut per_queue: std::collections::BTreeMap<String, (u64, Duration)> = std::collections::BTreeMap::new();
     for (k, after) in applied.release {
+        let e = per_queue.entry(k.queue().to_string()).or_default();
+        *e = (e.0 + 1, e.1.max(after));
         k.release(after);
+    }
+    for (queue, (n, after)) in per_queue {
+        if let Some(notifier) = notifiers.get(&queue) {
+            notifier.notify_after(n, after + Duration::from_millis(100));
+        }
     }
 }
 
@@ -210,7 +221,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     match &deps.work {
         Some(work) => aggregator.set_stall_limit(
             Duration::from_secs(settings.stall_after),
-            vec![work.clone(), deps.results.clone(), deps.work_dlq.clone(), deps.results_dlq.clone()],
+            aggregate::FleetQueues { work: work.clone(), work_dlq: deps.work_dlq.clone(), results: deps.results.clone(), results_dlq: deps.results_dlq.clone() },
         ),
         None => tracing::info!("no work queue given: sealed jobs that stall are not finished"),
     }
@@ -258,6 +269,10 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         // Results held through a store outage: their visibility kept (on its own timer: a retry may
         // wait out several call deadlines), applied again when it answers.
         let (agg, stop) = (agg.clone(), shutdown.clone());
+        let notifiers: std::collections::BTreeMap<String, Notifier> = match &deps.publish {
+            Some(bus) => queues.iter().map(|(_, q)| (q.name().to_string(), Notifier::new(bus.clone(), q.name(), "controller", Duration::from_millis(100)))).collect(),
+            None => Default::default(),
+        };
         tracker.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(250));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -268,7 +283,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
                     // hand comes back after its extended visibility).
                     _ = tick.tick() => tokio::select! {
                         _ = stop.cancelled() => return,
-                        applied = agg.retry_held() => settle(applied),
+                        applied = agg.retry_held() => settle(applied, &notifiers),
                     },
                 }
             }

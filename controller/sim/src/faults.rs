@@ -12,6 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use fleet_io::blob::{BlobStore, Cond};
+use fleet_io::breaker::{Breaker, BreakerPolicy};
 use fleet_io::call::CallCounter;
 use fleet_io::error::{Error, Result, Service};
 use fleet_io::memory::MemoryStore;
@@ -35,11 +36,14 @@ pub struct Faults {
     pub rates: Rates,
     /// The controller is stopped (SIGSTOP) until then: none of its calls starts or ends before.
     pub paused_until: Option<Instant>,
+    /// The controller is cut off from the store until then (the others are not): its calls hang
+    /// until their deadline and fail.
+    pub cut_off_until: Option<Instant>,
 }
 
 impl Faults {
     pub fn new(seed: u64, rates: Rates) -> Faults {
-        Faults { rng: ChaCha8Rng::seed_from_u64(seed), rates, paused_until: None }
+        Faults { rng: ChaCha8Rng::seed_from_u64(seed), rates, paused_until: None, cut_off_until: None }
     }
 }
 
@@ -51,18 +55,31 @@ enum Fate {
     Lost,
 }
 
-/// One controller's way to the shared store.
+/// One controller's way to the shared store, with the breaker its S3 client would have (every call's
+/// result reported; no probe task of its own, whose jitter is not the seed's: the simulation probes).
 pub struct FaultyStore {
     inner: Arc<MemoryStore>,
     ctl: usize,
     faults: Arc<Mutex<Faults>>,
     world: Arc<World>,
     calls: CallCounter,
+    breaker: Arc<Breaker>,
 }
 
 impl FaultyStore {
     pub fn new(inner: Arc<MemoryStore>, ctl: usize, faults: Arc<Mutex<Faults>>, world: Arc<World>) -> Arc<FaultyStore> {
-        Arc::new(FaultyStore { inner, ctl, faults, world, calls: CallCounter::default() })
+        let breaker = Breaker::new(Service::S3, BreakerPolicy::default());
+        Arc::new(FaultyStore { inner, ctl, faults, world, calls: CallCounter::default(), breaker })
+    }
+
+    /// Asks the store a cheap question (as the breaker's probe does), reporting the answer.
+    pub async fn probe(&self) {
+        let _ = self.head("probe").await;
+    }
+
+    fn record<T>(&self, r: Result<T>) -> Result<T> {
+        self.breaker.record(&r);
+        r
     }
 
     /// Waits out a pause or an outage, then draws the call's fate.
@@ -74,7 +91,8 @@ impl FaultyStore {
                 _ => break,
             }
         }
-        if let Some(end) = self.world.outage_until() {
+        let cut_off = fleet_io::lock(&self.faults).cut_off_until.filter(|t| *t > Instant::now());
+        if let Some(end) = self.world.outage_until().max(cut_off) {
             // A hung store: the call waits out its deadline (or the outage), then fails.
             let deadline = Instant::now() + Duration::from_secs(30);
             tokio::time::sleep_until(end.min(deadline)).await;
@@ -130,6 +148,41 @@ impl BlobStore for FaultyStore {
     }
 
     async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+        let r = self.put_if_inner(key, body, content_type, meta, cond).await;
+        self.record(r)
+    }
+
+    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+        let r = self.get_tagged_inner(key).await;
+        self.record(r)
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+        let r = self.head_inner(key).await;
+        self.record(r)
+    }
+
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        let r = self.list_inner(prefix, limit).await;
+        self.record(r)
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        let r = self.delete_inner(key).await;
+        self.record(r)
+    }
+
+    fn calls(&self) -> &CallCounter {
+        &self.calls
+    }
+
+    fn breaker(&self) -> Option<Arc<Breaker>> {
+        Some(self.breaker.clone())
+    }
+}
+
+impl FaultyStore {
+    async fn put_if_inner(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
         let fate = self.before("PutObject", key).await;
         if matches!(fate, Fate::Fail) {
             return Err(Self::failed("PutObject"));
@@ -145,36 +198,32 @@ impl BlobStore for FaultyStore {
         Ok(out)
     }
 
-    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+    async fn get_tagged_inner(&self, key: &str) -> Result<Option<(Bytes, String)>> {
         if matches!(self.before("GetObject", key).await, Fate::Fail) {
             return Err(Self::failed("GetObject"));
         }
         self.inner.get_tagged(key).await
     }
 
-    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+    async fn head_inner(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
         if matches!(self.before("HeadObject", key).await, Fate::Fail) {
             return Err(Self::failed("HeadObject"));
         }
         self.inner.head(key).await
     }
 
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+    async fn list_inner(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
         if matches!(self.before("ListObjectsV2", prefix).await, Fate::Fail) {
             return Err(Self::failed("ListObjectsV2"));
         }
         self.inner.list(prefix, limit).await
     }
 
-    async fn delete(&self, key: &str) -> Result<()> {
+    async fn delete_inner(&self, key: &str) -> Result<()> {
         let fate = self.before("DeleteObject", key).await;
         if matches!(fate, Fate::Fail) {
             return Err(Self::failed("DeleteObject"));
         }
         self.inner.delete(key).await
-    }
-
-    fn calls(&self) -> &CallCounter {
-        &self.calls
     }
 }

@@ -6,7 +6,9 @@
 //! thread under tokio's paused clock, which every clock of the controller reads (`controller::clock`).
 //! Faults are drawn from the seed at any step (`faults`, and the chaos schedule here): a controller
 //! crashes and restarts (under its own name or a new one), is paused past its lease, its S3 calls
-//! fail, hang, or succeed with the answer lost and are retried, S3 goes out for everyone; results are
+//! fail, hang, or succeed with the answer lost and are retried, it alone is cut off from S3 for up to
+//! one and a half abandon times (its breaker opens; it receives nothing until a probe gets an
+//! answer), S3 goes out for everyone; results are
 //! duplicated, reordered, redelivered after their visibility timeout, dead-lettered, preceded by
 //! failure reports and hostile payloads. After the run the invariants are checked (`check`).
 //!
@@ -169,12 +171,17 @@ async fn unpaused(faults: &Mutex<Faults>) {
 }
 
 /// Starts a controller as `controller::run` does, on the simulated store and queues.
-fn start_controller(seed: u64, idx: usize, owner: &str, lease: Duration, store: Arc<dyn BlobStore>, queues: &Queues, faults: Arc<Mutex<Faults>>) -> Ctl {
+fn start_controller(seed: u64, idx: usize, owner: &str, lease: Duration, faulty: Arc<FaultyStore>, queues: &Queues, faults: Arc<Mutex<Faults>>) -> Ctl {
+    let store: Arc<dyn BlobStore> = faulty.clone();
+    let breaker = store.breaker().expect("the simulated store has a breaker");
     let mut agg = Aggregator::with_clock(store, owner.to_string(), lease, Clock::driven(1_800_000_000_000));
     for s in Source::ALL {
         agg.set_queue(s, queues.of(s).name());
     }
-    agg.set_stall_limit(STALL_AFTER, queues.all());
+    agg.set_stall_limit(
+        STALL_AFTER,
+        controller::aggregate::FleetQueues { work: queues.work.clone(), work_dlq: queues.work_dlq.clone(), results: queues.results.clone(), results_dlq: queues.results_dlq.clone() },
+    );
     let agg = Arc::new(agg);
     let mut tasks = Vec::new();
     let mut completions = Vec::new();
@@ -182,7 +189,7 @@ fn start_controller(seed: u64, idx: usize, owner: &str, lease: Duration, store: 
         let q = queues.of(source);
         let done = Completions::start(q.clone(), BatchSettings::default());
         completions.push(done.clone());
-        let (agg, faults) = (agg.clone(), faults.clone());
+        let (agg, faults, breaker) = (agg.clone(), faults.clone(), breaker.clone());
         // Which receiver gets a message is SQS's choice, not the order of the calls: each receive
         // starts after a network delay of its own.
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((idx as u64) << 8) ^ source as u64);
@@ -190,6 +197,8 @@ fn start_controller(seed: u64, idx: usize, owner: &str, lease: Duration, store: 
             loop {
                 tokio::time::sleep(Duration::from_millis(rng.random_range(1..150))).await;
                 unpaused(&faults).await;
+                // As the listener engine does: nothing is received while the store's breaker is open.
+                breaker.wait_closed().await;
                 let got = match q.receive(10, Duration::from_secs(1)).await {
                     Ok(got) => got,
                     Err(_) => continue,
@@ -239,7 +248,18 @@ fn start_controller(seed: u64, idx: usize, owner: &str, lease: Duration, store: 
     tasks.push(ticker(controller::FLUSH_INTERVAL, agg.clone(), faults.clone(), 0));
     tasks.push(ticker(Duration::from_millis(250), agg.clone(), faults.clone(), 1));
     tasks.push(ticker(Duration::from_secs(1), agg.clone(), faults.clone(), 2));
-    tasks.push(ticker((ABANDON_AFTER / 10).clamp(Duration::from_millis(200), Duration::from_secs(60)), agg, faults, 3));
+    tasks.push(ticker((ABANDON_AFTER / 10).clamp(Duration::from_millis(200), Duration::from_secs(60)), agg, faults.clone(), 3));
+    // The breaker's probe, with the seed's jitter: asks the store while the breaker is open.
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((idx as u64) << 8) ^ 0x9e0b);
+    tasks.push(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(500..10_000))).await;
+            unpaused(&faults).await;
+            if breaker.is_open() {
+                faulty.probe().await;
+            }
+        }
+    }));
     Ctl { tasks, completions }
 }
 
@@ -296,7 +316,7 @@ async fn simulate(seed: u64, opts: Options) -> Run {
         world.trace(format!("CHAOS ctl{i} store faults {rates:?}"));
         let f = Arc::new(Mutex::new(Faults::new(seed.wrapping_mul(31).wrapping_add(i as u64), rates)));
         let owner = format!("ctl{i}");
-        let s: Arc<dyn BlobStore> = FaultyStore::new(store.clone(), i, f.clone(), world.clone());
+        let s = FaultyStore::new(store.clone(), i, f.clone(), world.clone());
         ctls.push(Some(start_controller(seed ^ 0x5eed, i, &owner, lease, s, &queues, f.clone())));
         faults.push(f);
         owners.push(owner);
@@ -317,7 +337,7 @@ async fn simulate(seed: u64, opts: Options) -> Run {
                     owners[i] = format!("ctl{i}-{}", generation[i]);
                 }
                 world.trace(format!("CHAOS ctl{i} restarts as {}", owners[i]));
-                let s: Arc<dyn BlobStore> = FaultyStore::new(store.clone(), i, faults[i].clone(), world.clone());
+                let s = FaultyStore::new(store.clone(), i, faults[i].clone(), world.clone());
                 ctls[i] = Some(start_controller(seed ^ ((elapsed.as_millis() as u64) << 20), i, &owners[i], lease, s, &queues, faults[i].clone()));
             }
         }
@@ -359,6 +379,13 @@ async fn simulate(seed: u64, opts: Options) -> Run {
                     let d = Duration::from_millis(rng.random_range(1_000..120_000));
                     world.trace(format!("CHAOS S3 out for {:.1} s", d.as_secs_f64()));
                     *fleet_io::lock(&world.outage) = Some(Instant::now() + d);
+                }
+                7 => {
+                    // Longer than the abandon time at most: the others must not abandon a job whose
+                    // seal or results wait with the one cut off.
+                    let d = Duration::from_millis(rng.random_range(1_000..(ABANDON_AFTER.as_millis() as u64 * 3 / 2)));
+                    world.trace(format!("CHAOS ctl{i} cut off from S3 for {:.1} s", d.as_secs_f64()));
+                    fleet_io::lock(&faults[i]).cut_off_until = Some(Instant::now() + d);
                 }
                 _ => {}
             }

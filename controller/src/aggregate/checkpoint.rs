@@ -4,7 +4,23 @@
 //! base part with every row plus change parts with the rows of the accounts changed since, each under
 //! a key of its own; restoring is "later rows replace earlier ones".
 
-use super::*;
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use fleet_domain::billing::CheckedTotals;
+use fleet_domain::codec::{accounts_from_zstd_csv, accounts_to_zstd_csv, sha256_hex, to_zstd_json};
+use fleet_domain::layout::{checkpoint_key, checkpoint_parts_prefix, open_key};
+use fleet_domain::model::{Checkpoint, CheckpointPart, Progress};
+use fleet_domain::requests::RequestCounts;
+use fleet_engine::Kept;
+use fleet_io::blob::{BlobStore, Cond};
+use fleet_io::error::{Error, Result};
+use fleet_io::lock;
+use tokio::time::Instant;
+
+use super::job::Job;
+use super::{Aggregator, CheckpointStats, FAILING_FOR, INLINE_ROWS, MAX_DOC_BYTES, MAX_PARTS, delete_calls};
 
 impl Aggregator {
     /// Checkpoints every job with pending messages (concurrently) and returns those messages for

@@ -2,7 +2,19 @@
 //! and accounts are written to the warehouse, its checkpoint is marked finished without rows, its
 //! parts and `open/{job}` marker are removed, and its messages are handed back for deletion.
 
-use super::*;
+use bytes::Bytes;
+use fleet_domain::layout::{MAX_MANIFEST_BYTES, accounts_key, checkpoint_parts_prefix, manifest_key, open_key, report_key};
+use fleet_domain::model::{JobStatus, Manifest};
+use fleet_domain::report;
+use fleet_domain::requests::RequestCounts;
+use fleet_engine::Kept;
+use fleet_io::blob::BlobStore;
+use fleet_io::error::{Error, Result};
+
+use super::checkpoint::{Rows, save_checkpoint};
+use super::job::Job;
+use super::quarantine::placeholder_manifest;
+use super::{Aggregator, CheckpointStats, MAX_OPEN_JOBS, delete_calls};
 
 impl Aggregator {
     /// Writes the report of a job in memory (complete, or abandoned when it says so) and forgets it;

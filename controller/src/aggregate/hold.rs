@@ -7,8 +7,24 @@
 //! job since its last checkpoint are held with it when that job is dropped for such a failure (they
 //! are applied again to the job reloaded from its last checkpoint: an item already counted is a
 //! duplicate).
+//!
+//! A hold never outlasts the lease of the jobs it holds for while the store stays out of reach: with
+//! the store's breaker open this controller receives nothing, and its messages go back to their queue
+//! once held for a lease time (visible at once), so that a peer that reaches the store (this one is cut
+//! off, the others are not) applies them, and takes over their jobs, instead of abandoning a job whose
+//! seal or results wait here. When every controller is cut off, nobody receives them, and none of
+//! their receives is spent, until the store answers.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use fleet_engine::Kept;
+use fleet_io::error::Error;
+use fleet_io::lock;
+use tokio::time::Instant;
+
+use super::job::parse;
+use super::{Aggregator, Applied, Source};
 
 /// A held message is kept invisible this long from each extension ...
 pub(super) const HOLD_VISIBILITY: Duration = Duration::from_secs(120);
@@ -22,6 +38,8 @@ const MAX_RETRY: Duration = Duration::from_secs(30);
 struct Waiting {
     source: Source,
     kept: Kept,
+    /// When it was first held (a retry that fails again keeps it).
+    since: Instant,
     extended: Instant,
     /// Its job (`None`: an unreadable message waiting for the quarantine).
     job: Option<String>,
@@ -59,7 +77,7 @@ impl Aggregator {
         let n = msgs.len();
         h.waiting.extend(msgs.into_iter().map(|(source, kept)| {
             let job = parse(source, &kept).ok().map(|i| i.job_id().to_string());
-            Waiting { source, kept, extended: now, job }
+            Waiting { source, kept, since: now, extended: now, job }
         }));
         tracing::warn!(messages = n, held = h.waiting.len(), error = %why, "store unavailable: messages held (visibility kept, no receive spent) until it answers");
     }
@@ -87,6 +105,8 @@ impl Aggregator {
 
     /// Applies the held messages again when it is time: the store's breaker is closed (at once when it
     /// closes) and the back-off since the last failure has passed. What fails again is held again.
+    /// While the breaker is open, the messages held for a lease time go back to their queue for a
+    /// peer (returned to release, visible at once).
     pub async fn retry_held(&self) -> Applied {
         let breaker_open = self.store.breaker().is_some_and(|b| b.is_open());
         let taken = {
@@ -97,7 +117,7 @@ impl Aggregator {
             if breaker_open {
                 // Tried as soon as it closes.
                 h.retry_at = Instant::now();
-                return Applied::default();
+                return Applied { delete: Vec::new(), release: self.hand_over_held(&mut h) };
             }
             if Instant::now() < h.retry_at {
                 return Applied::default();
@@ -114,7 +134,9 @@ impl Aggregator {
         // The retry is the try: jobs turned back for a failure just before are tried now.
         lock(&self.failing).clear();
         let mut by_source: BTreeMap<Source, Vec<Kept>> = BTreeMap::new();
+        let mut since: BTreeMap<String, Instant> = BTreeMap::new();
         for w in taken {
+            since.insert(w.kept.id.clone(), w.since);
             by_source.entry(w.source).or_default().push(w.kept);
         }
         let mut applied = Applied::default();
@@ -124,6 +146,12 @@ impl Aggregator {
             applied.release.extend(a.release);
         }
         let mut h = lock(&self.hold);
+        // Held again: since when they were first held still counts.
+        for w in h.waiting.iter_mut() {
+            if let Some(t) = since.get(&w.kept.id) {
+                w.since = w.since.min(*t);
+            }
+        }
         if h.waiting.is_empty() {
             h.failures = 0;
         } else {
@@ -132,6 +160,26 @@ impl Aggregator {
             tracing::warn!(retried = n, held = h.waiting.len(), next_in_s = retry_delay(h.failures).as_secs_f64(), "store still unavailable");
         }
         applied
+    }
+}
+
+impl Aggregator {
+    /// Takes out of the hold the messages held for a lease time (their jobs' leases have lapsed, as
+    /// this controller could not renew them): they go back to their queue, visible at once.
+    fn hand_over_held(&self, h: &mut Hold) -> Vec<(Kept, Duration)> {
+        let lease = self.leases.ttl();
+        let now = Instant::now();
+        let (gone, stay): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut h.waiting).into_iter().partition(|w| now.saturating_duration_since(w.since) >= lease);
+        h.waiting = stay;
+        if !gone.is_empty() {
+            tracing::warn!(
+                messages = gone.len(),
+                held = h.waiting.len(),
+                lease_s = lease.as_secs_f64(),
+                "store out of reach for a lease time: held messages go back to their queue for a controller that reaches it"
+            );
+        }
+        gone.into_iter().map(|w| (w.kept, Duration::ZERO)).collect()
     }
 }
 

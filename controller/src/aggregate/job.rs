@@ -7,7 +7,25 @@
 //! duplicate however often it arrives). `Pending` holds the deliveries applied but not yet covered by a
 //! checkpoint.
 
-use super::*;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use fleet_domain::billing::{AccountTotals, CheckedTotals};
+use fleet_domain::codec::{accounts_cap, accounts_from_zstd_csv, base64_decode, sha256_hex};
+use fleet_domain::layout::{check_job_id, result_key};
+use fleet_domain::model::{AccountsPayload, Checkpoint, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, ResultMessage, WorkItem};
+use fleet_domain::requests::RequestCounts;
+use fleet_engine::Kept;
+use fleet_io::blob::BlobStore;
+use fleet_io::error::{Error, Result};
+use tokio::time::Instant;
+
+use crate::clock::Clock;
+use crate::lease::Held;
+use super::{DEAD_LETTER_REASON, DECODES, MAX_RESULT_BYTES, Source};
 use fleet_io::queue::Message;
 
 pub(super) enum Item {

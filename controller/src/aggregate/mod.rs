@@ -19,32 +19,22 @@
 //! `checkpoint` (flushing and the checkpoint format), `finalize` (the report), `scan` (dormant jobs and
 //! expiry); this file holds the aggregator and the path of one batch.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use fleet_domain::billing::Tariff;
-use fleet_domain::billing::{AccountTotals, CheckedTotals};
-use fleet_domain::codec::{accounts_cap, accounts_from_zstd_csv, accounts_to_zstd_csv, base64_decode, from_zstd_json, sha256_hex, to_zstd_json};
-use fleet_domain::layout::{
-    accounts_key, check_job_id, checkpoint_key, checkpoint_parts_prefix, chunk_key, manifest_key, open_key, quarantined_checkpoint_key, report_key, result_key,
-    MAX_MANIFEST_BYTES, OPEN_PREFIX,
-};
-use fleet_domain::model::{
-    AccountsPayload, Checkpoint, CheckpointPart, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, Progress, ResultMessage, WorkItem, WIRE_VERSION,
-};
-use fleet_domain::report;
+use fleet_domain::layout::chunk_key;
+use fleet_domain::model::JobStatus;
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
-use fleet_io::blob::{BlobStore, Cond};
+use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
-use crate::lease::{Acquired, Held, Leases, WeakHeld};
+use crate::lease::{Leases, WeakHeld};
 
 mod checkpoint;
 mod finalize;
@@ -54,11 +44,9 @@ mod quarantine;
 mod scan;
 mod take;
 
-use checkpoint::*;
 use hold::Hold;
-use job::*;
-use quarantine::placeholder_manifest;
-use take::fresh_checkpoint;
+use job::{apply_item, parse, prepare, Item, Job, Ready};
+pub use scan::{Drain, FleetQueues, Look, DEPTH_LAG};
 
 /// Largest decompressed checkpoint accepted.
 const MAX_DOC_BYTES: u64 = 1 << 30;
@@ -196,6 +184,8 @@ pub struct Aggregator {
     hold: Mutex<Hold>,
     /// When sealed jobs that no longer progress are finished (none: never).
     stall: Option<scan::StallLimit>,
+    /// How far the fleet's queues have drained (for the stall rule).
+    drain: Mutex<scan::Drain>,
     /// Told the id of each job whose report it wrote (the purge of its blobs); dropped at the stop.
     on_finished: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
     /// Wall time: leases, checkpoint times, a dormant job's age.
@@ -267,6 +257,7 @@ impl Aggregator {
             idle_floor: Mutex::new(Instant::now()),
             hold: Mutex::default(),
             stall: None,
+            drain: Mutex::default(),
             on_finished: Mutex::new(None),
             clock,
             offload_decoding: !matches!(clock, Clock::Driven { .. }),
@@ -275,8 +266,9 @@ impl Aggregator {
     }
 
     /// Finishes sealed jobs that no longer progress as `partial` after `after` without news, once
-    /// every one of `queues` is empty (see `scan`).
-    pub fn set_stall_limit(&mut self, after: Duration, queues: Vec<Arc<dyn fleet_io::queue::Queue>>) {
+    /// every message that was in the fleet's `queues` at their last news has left them (see
+    /// `scan::Drain`).
+    pub fn set_stall_limit(&mut self, after: Duration, queues: FleetQueues) {
         self.stall = Some(scan::StallLimit { after, queues });
     }
 

@@ -1,13 +1,26 @@
 //! The dormant and expiry scan: open jobs are found by their `open/{job}` markers at start and every
 //! `abandon_after` (one HEAD each, remembered dormant until due). A job without news for
 //! `abandon_after` that never sealed is finished as `abandoned`; a sealed job without news for
-//! `stall_after` while every queue the fleet uses is empty (nothing can still arrive for it: a work
-//! item lost to retention, a FIFO de-duplication drop) is finished as `partial`, naming the chunks it
-//! never got. News counts since the controller started, or since the store answered again after an
-//! outage, at the earliest, so that a controller that was down (or could not reach S3) does not finish
-//! a job whose seal or results wait on its queue (or in its hold).
+//! `stall_after`, once every message that was in the fleet's queues at its last news has left them
+//! (`Drain`: nothing can still arrive for it, its work item was lost to retention or a FIFO
+//! de-duplication drop), is finished as `partial`, naming the chunks it never got. News counts since
+//! the controller started, or since the store answered again after an outage, at the earliest, so
+//! that a controller that was down (or could not reach S3) does not finish a job whose seal or results
+//! wait on its queue (or in its hold).
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_domain::layout::{check_job_id, checkpoint_key, open_key, OPEN_PREFIX};
+use fleet_domain::model::Progress;
+use fleet_domain::requests::RequestCounts;
+use fleet_engine::Kept;
+use fleet_io::error::Result;
+use fleet_io::lock;
+use fleet_io::queue::Queue;
+use tokio::time::Instant;
+
+use super::{Aggregator, Taken, MAX_OPEN_JOBS};
 
 /// Why an idle job is finished.
 enum Ending {
@@ -52,7 +65,7 @@ impl Aggregator {
             .filter(|(k, d)| !held_jobs.contains(*k) && load_after(d.sealed).is_some_and(|l| now.saturating_duration_since(d.since.max(floor)) >= l))
             .map(|(k, d)| (k.clone(), *d))
             .collect();
-        let mut queues_seen = None;
+        let mut looked = false;
         for (job_id, d) in due {
             let mut ctl = RequestCounts::default();
             let slot = self.slot(&job_id);
@@ -92,14 +105,14 @@ impl Aggregator {
                 idle.push((job_id.clone(), slot.clone(), job.cp.total_chunks.is_some(), quiet_for));
             }
         }
-        let quiet = if idle.iter().any(|(_, _, sealed, _)| *sealed) { self.fleet_quiet(&mut queues_seen).await } else { false };
         let mut out = Vec::new();
         for (job_id, slot, sealed, quiet_for) in idle {
-            if sealed && !quiet {
-                continue;
-            }
             let Ok(mut held) = slot.try_lock() else { continue };
             let Some(job) = held.as_mut() else { continue };
+            if sealed && !self.drained_since(job.last_activity, &mut looked).await {
+                tracing::debug!(job = %job_id, "a sealed job waits: the fleet's queues have not drained since its last news");
+                continue;
+            }
             let ending = if sealed {
                 Ending::Stalled(format!(
                     "no result for {} s after the job's last news, with every queue of the fleet empty: its work item was lost (queue retention, FIFO de-duplication) and can no longer arrive",
@@ -128,34 +141,16 @@ impl Aggregator {
         out
     }
 
-    /// Whether every queue the fleet uses is empty (visible, in flight and delayed): nothing can still
-    /// arrive for a job. Approximate counts lag by about a minute; the stall limit is far longer. Asks
-    /// the queues once per `seen` (one expiry tick).
-    async fn fleet_quiet(&self, seen: &mut Option<bool>) -> bool {
-        if let Some(q) = *seen {
-            return q;
-        }
-        let q = self.queues_empty().await;
-        *seen = Some(q);
-        q
-    }
-
-    async fn queues_empty(&self) -> bool {
+    /// Looks at the fleet's queues (once per expiry tick, `looked`) and says whether every message
+    /// that was in them at the job's last news has left them since (see [`Drain`]).
+    async fn drained_since(&self, news: Instant, looked: &mut bool) -> bool {
         let Some(stall) = &self.stall else { return false };
-        for q in &stall.queues {
-            match q.depth().await {
-                Ok(d) if d.visible + d.in_flight + d.delayed == 0 => {}
-                Ok(d) => {
-                    tracing::debug!(queue = q.name(), ?d, "a sealed job waits: the fleet's queues are not empty");
-                    return false;
-                }
-                Err(e) => {
-                    tracing::warn!(queue = q.name(), error = %e, "could not read a queue's depth; no stalled job finished");
-                    return false;
-                }
-            }
+        if !*looked {
+            *looked = true;
+            let look = stall.queues.look().await;
+            lock(&self.drain).observe(Instant::now(), look);
         }
-        true
+        lock(&self.drain).drained_after(news)
     }
 
     /// Reads the open-job markers: finished jobs lose theirs, unfinished jobs not in memory are
@@ -202,10 +197,108 @@ pub(super) struct Dormant {
     pub(super) sealed: bool,
 }
 
-/// When a sealed job that no longer progresses is finished as `partial`, and the queues that must be
-/// empty first.
+/// When a sealed job that no longer progresses is finished as `partial`, and the queues that must
+/// have drained first.
 pub struct StallLimit {
     pub after: Duration,
-    /// Every queue a message of a job may still sit in: work, results and their dead-letter queues.
-    pub queues: Vec<Arc<dyn fleet_io::queue::Queue>>,
+    pub queues: FleetQueues,
+}
+
+/// Every queue a message of a job may still sit in, in the order a message moves through them.
+#[derive(Clone)]
+pub struct FleetQueues {
+    pub work: Arc<dyn Queue>,
+    pub work_dlq: Arc<dyn Queue>,
+    pub results: Arc<dyn Queue>,
+    pub results_dlq: Arc<dyn Queue>,
+}
+
+impl FleetQueues {
+    /// Reads which queues are empty (visible, in flight and delayed), in the order [`Drain`] needs:
+    /// the work queue before its dead-letter queue and the results queue, the results queue before
+    /// its dead-letter queue. A queue that cannot be read counts as not empty, and so does every
+    /// queue after it.
+    async fn look(&self) -> Look {
+        let mut empty = [false; 4];
+        for (i, q) in [&self.work, &self.work_dlq, &self.results, &self.results_dlq].into_iter().enumerate() {
+            match q.depth().await {
+                Ok(d) => empty[i] = d.visible + d.in_flight + d.delayed == 0,
+                Err(e) => {
+                    tracing::warn!(queue = q.name(), error = %e, "could not read a queue's depth; no stalled job finished on this look");
+                    break;
+                }
+            }
+        }
+        let [work, work_dlq, results, results_dlq] = empty;
+        tracing::debug!(work, work_dlq, results, results_dlq, "the fleet's queues looked at for stalled jobs");
+        Look { work, work_dlq, results, results_dlq }
+    }
+}
+
+/// Which queues one look found empty, read in the order of the fields.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Look {
+    pub work: bool,
+    pub work_dlq: bool,
+    pub results: bool,
+    pub results_dlq: bool,
+}
+
+/// SQS's approximate counts may miss a message sent this recently: an empty queue counts only for
+/// what was sent this long before the look.
+pub const DEPTH_LAG: Duration = Duration::from_secs(60);
+
+/// Passes over the fleet's queues in the order a message moves through them, so that a sealed job
+/// stalls on a busy fleet too, whose queues are never all empty at one instant. A pass starts when the
+/// work queue is seen empty (at `w`: every work item sent before is done, dead-lettered or lost); it
+/// completes once, later, the work dead-letter queue has been seen empty (what was dead-lettered was
+/// applied) and the results queue has been seen empty (at `r`: every result sent before `w` was
+/// applied or dead-lettered) and after that its dead-letter queue (applied). Each look counts only
+/// [`DEPTH_LAG`] after the one it follows. A completed pass says: every message that was in the
+/// fleet's queues at `w - DEPTH_LAG` has left them for good, so a job whose last news is older than
+/// that can get nothing more. Pure: `observe` is fed what `FleetQueues::look` read.
+#[derive(Debug, Default)]
+pub struct Drain {
+    pass: Option<Pass>,
+    /// The start (`w`) of the last pass completed.
+    drained: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pass {
+    work: Instant,
+    work_dlq: bool,
+    results: Option<Instant>,
+    results_dlq: bool,
+}
+
+impl Drain {
+    /// Takes one look, made at `at`.
+    pub fn observe(&mut self, at: Instant, look: Look) {
+        if let Some(p) = self.pass.as_mut() {
+            let lagged = |since: Instant| at.saturating_duration_since(since) >= DEPTH_LAG;
+            if look.work_dlq && lagged(p.work) {
+                p.work_dlq = true;
+            }
+            if let Some(r) = p.results {
+                if look.results_dlq && lagged(r) {
+                    p.results_dlq = true;
+                }
+            } else if look.results && lagged(p.work) {
+                p.results = Some(at);
+            }
+            if p.work_dlq && p.results_dlq {
+                self.drained = Some(p.work);
+                self.pass = None;
+            }
+        }
+        if self.pass.is_none() && look.work {
+            self.pass = Some(Pass { work: at, work_dlq: false, results: None, results_dlq: false });
+        }
+    }
+
+    /// Whether a pass that started at least [`DEPTH_LAG`] after `news` has completed.
+    pub fn drained_after(&self, news: Instant) -> bool {
+        self.drained.is_some_and(|w| w.saturating_duration_since(news) >= DEPTH_LAG)
+    }
 }

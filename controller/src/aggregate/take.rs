@@ -1,7 +1,22 @@
 //! Taking a job (its lease, then its state from the checkpoint) and keeping it (renewing the lease;
 //! dropping the job when the lease is lost), and giving every lease back on shutdown (seed 003).
 
-use super::*;
+use std::collections::HashSet;
+
+use fleet_domain::billing::CheckedTotals;
+use fleet_domain::codec::from_zstd_json;
+use fleet_domain::layout::checkpoint_key;
+use fleet_domain::model::{Checkpoint, JobStatus, WIRE_VERSION};
+use fleet_domain::requests::RequestCounts;
+use fleet_io::error::{Error, Result};
+use fleet_io::lock;
+use tokio::time::Instant;
+
+use crate::clock::Clock;
+use crate::lease::{Acquired, Held};
+use super::checkpoint::restore_totals;
+use super::job::{Job, Pending};
+use super::{Aggregator, HAND_BACK, MAX_DOC_BYTES, Slot, Taken};
 
 impl Aggregator {
     /// Takes a job's lease and loads it from its checkpoint (a new job when there is none).

@@ -1,6 +1,13 @@
 //! Unit tests of the aggregation rules with the in-memory blob store.
 
 use super::*;
+use bytes::Bytes;
+use fleet_domain::billing::AccountTotals;
+use fleet_domain::codec::{accounts_to_zstd_csv, from_zstd_json, sha256_hex, to_zstd_json};
+use fleet_domain::layout::{accounts_key, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, quarantined_checkpoint_key, report_key};
+use fleet_domain::model::{AccountsPayload, Checkpoint, CheckpointPart, Manifest, Outcome, Progress, ResultMessage, WorkItem};
+use fleet_domain::report;
+use fleet_io::blob::Cond;
 use fleet_domain::billing::Tariff;
 use fleet_domain::model::{now_rfc3339, BlobRef, ChunkResult, Rejected};
 use fleet_engine::completion::BatchSettings;
@@ -941,18 +948,24 @@ async fn a_job_whose_manifest_cannot_be_read_is_quarantined_with_its_checkpoint_
     assert_eq!(quarantined_of(&store, "mq").await.len(), 1);
 }
 
+fn fleet_queues() -> (FleetQueues, Arc<MemoryQueue>) {
+    let q = |name: &str| MemoryQueue::new(name, Duration::from_secs(30));
+    let work = q("billing-work");
+    (FleetQueues { work: work.clone(), work_dlq: q("billing-work-dlq"), results: q("billing-results"), results_dlq: q("billing-results-dlq") }, work)
+}
+
 /// A sealed job whose work item was lost (retention, FIFO de-duplication) is finished as `partial`,
-/// naming the chunk it never got, once it had no news for the stall limit *and* the fleet's queues are
-/// empty; not while a queue still holds something; and also when it is only known from its open
-/// marker after a restart.
+/// naming the chunk it never got, once it had no news for the stall limit *and* the fleet's queues
+/// have drained since its last news; not while a queue still holds something; and also when it is
+/// only known from its open marker after a restart.
 #[tokio::test(start_paused = true)]
 async fn a_sealed_job_that_stalls_is_finished_as_partial_once_nothing_can_arrive() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("st", &[1, 2, 1])).await;
-    let work = MemoryQueue::new("billing-work", Duration::from_secs(30));
+    let (queues, work) = fleet_queues();
     let stall = Duration::from_secs(600);
     let mut agg = quick(store.clone());
-    agg.set_stall_limit(stall, vec![work.clone()]);
+    agg.set_stall_limit(stall, queues.clone());
     // Chunk 1 never comes.
     agg.apply(
         Source::Results,
@@ -973,12 +986,18 @@ async fn a_sealed_job_that_stalls_is_finished_as_partial_once_nothing_can_arrive
     agg.release_leases().await;
     drop(agg);
     let mut restarted = quick(store.clone());
-    restarted.set_stall_limit(stall, vec![work.clone()]);
+    restarted.set_stall_limit(stall, queues);
     assert!(restarted.expire(Duration::from_secs(3600)).await.is_empty(), "scanned; not due yet");
     tokio::time::sleep(stall / 2).await;
     assert!(restarted.expire(Duration::from_secs(3600)).await.is_empty());
     assert!(report_of(&store, "st").await.is_none());
+    // Due: the queues are looked at in turn, each look counting a lag after the one before.
     tokio::time::sleep(stall / 2 + Duration::from_secs(1)).await;
+    assert!(restarted.expire(Duration::from_secs(3600)).await.is_empty(), "the work queue seen empty: a pass starts");
+    tokio::time::sleep(DEPTH_LAG).await;
+    assert!(restarted.expire(Duration::from_secs(3600)).await.is_empty(), "the results queue seen empty after it");
+    assert!(report_of(&store, "st").await.is_none());
+    tokio::time::sleep(DEPTH_LAG).await;
     restarted.expire(Duration::from_secs(3600)).await;
     let r = report_of(&store, "st").await.expect("finished once stalled with the queues empty");
     assert_eq!(r.status, JobStatus::Partial);
@@ -987,6 +1006,39 @@ async fn a_sealed_job_that_stalls_is_finished_as_partial_once_nothing_can_arrive
     assert!(r.failed_chunks[0].reason.contains("can no longer arrive"), "{}", r.failed_chunks[0].reason);
     assert!(r.note.as_deref().is_some_and(|n| n.contains("without 1 of its 3 chunks (1)")), "{:?}", r.note);
     assert!(store.head(&open_key("st")).await.unwrap().is_none());
+}
+
+/// The stall rule on a busy fleet (issue 30, sequence 6): the queues are never all empty at one
+/// instant, but each is seen empty in turn, in the order messages move, and that is enough; a look in
+/// the wrong order, or too soon after the one it follows, is not.
+#[test]
+fn the_fleet_drains_in_turn_without_every_queue_empty_at_once() {
+    let t0 = Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let look = |work, work_dlq, results, results_dlq| Look { work, work_dlq, results, results_dlq };
+    let news = at(0);
+    let mut d = Drain::default();
+    // Results and their dead letters empty, but the work queue busy: nothing starts.
+    d.observe(at(100), look(false, true, true, true));
+    assert!(!d.drained_after(news));
+    // The work queue empties for a moment while results are in flight: a pass starts.
+    d.observe(at(200), look(true, true, false, false));
+    assert!(!d.drained_after(news), "results were in flight");
+    // The results queue seen empty within the lag of the work queue's look does not count ...
+    d.observe(at(230), look(false, true, true, false));
+    assert!(!d.drained_after(news));
+    // ... past it, it does; the work queue busy again does not matter.
+    d.observe(at(300), look(false, false, true, false));
+    assert!(!d.drained_after(news), "the results dead-letter queue not yet seen empty after the results queue");
+    // The results DLQ seen empty at the same look as the results queue would not count (it may hold
+    // what the results queue just moved there): a lag after it, it does.
+    d.observe(at(330), look(false, true, false, true));
+    assert!(!d.drained_after(news));
+    d.observe(at(361), look(false, false, false, true));
+    assert!(d.drained_after(news), "work at 200, results at 300, both dead-letter queues after: drained");
+    // News after the pass started is not covered by it.
+    assert!(!d.drained_after(at(150)));
+    assert!(d.drained_after(at(140)), "a lag before the pass started");
 }
 
 // The sequences of issue 30 that ended a job wrong with several controllers, each as it was found.
