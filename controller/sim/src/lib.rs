@@ -43,6 +43,12 @@ use fleet::JobPlan;
 /// Settings of the simulated fleet (fixed; what varies is drawn from the seed).
 pub const ABANDON_AFTER: Duration = Duration::from_secs(600);
 pub const STALL_AFTER: Duration = Duration::from_secs(300);
+/// A job whose chunks are all in, some failed, waits this long without news for a real result to
+/// replace a failure (`--settle-secs`). A timing assumption, like any failure detector's: it must
+/// exceed the longest a real result can be delayed, and the faults here delay one by more than the
+/// default 120 s (seed 2362: two S3 calls hung 30 s each on a controller being cut off, a 13 s pause,
+/// three hand-backs between controllers: 100 s after the failure report).
+pub const SETTLE: Duration = Duration::from_secs(300);
 /// Faults are drawn for this long; then the fleet runs without them until every job has ended.
 pub const CHAOS: Duration = Duration::from_secs(600);
 /// A run that has not settled by then fails.
@@ -178,6 +184,7 @@ fn start_controller(seed: u64, idx: usize, owner: &str, lease: Duration, faulty:
     for s in Source::ALL {
         agg.set_queue(s, queues.of(s).name());
     }
+    agg.set_settle(SETTLE);
     agg.set_stall_limit(
         STALL_AFTER,
         controller::aggregate::FleetQueues { work: queues.work.clone(), work_dlq: queues.work_dlq.clone(), results: queues.results.clone(), results_dlq: queues.results_dlq.clone() },

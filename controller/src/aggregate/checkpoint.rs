@@ -47,7 +47,7 @@ impl Aggregator {
                     Err(_) => return Vec::new(),
                 }
             };
-            let floor = *lock(&self.idle_floor);
+            let floor = lock(&self.expiry).idle_floor;
             match held.as_ref() {
                 // Every chunk in, some failed, and no news for the settle time: no real result is
                 // coming any more.
@@ -102,7 +102,7 @@ impl Aggregator {
             Err(e) => {
                 tracing::warn!(job = %job_id, error = %e, "checkpoint failed; its messages are held when the store may answer later, else redelivered");
                 if e.is_retryable() {
-                    lock(&self.failing).insert(job_id.to_string(), Instant::now() + FAILING_FOR);
+                    lock(&self.memory).failing.insert(job_id.to_string(), Instant::now() + FAILING_FOR);
                 }
                 self.drop_job(held, Vec::new(), &e);
                 Vec::new()

@@ -8,12 +8,13 @@
 //! are applied again to the job reloaded from its last checkpoint: an item already counted is a
 //! duplicate).
 //!
-//! A hold never outlasts the lease of the jobs it holds for while the store stays out of reach: with
-//! the store's breaker open this controller receives nothing, and its messages go back to their queue
-//! once held for a lease time (visible at once), so that a peer that reaches the store (this one is cut
-//! off, the others are not) applies them, and takes over their jobs, instead of abandoning a job whose
-//! seal or results wait here. When every controller is cut off, nobody receives them, and none of
-//! their receives is spent, until the store answers.
+//! A hold never outlasts the lease of the jobs it holds for while the store stays out of reach: once
+//! held for a lease time, with the store's breaker open or after a retry of the hold failed again,
+//! its messages go back to their queue (visible at once), so that a peer that reaches the store (this
+//! one is cut off, the others are not) applies them, and takes over their jobs, instead of settling or
+//! abandoning a job whose seal or last results wait here. A controller whose breaker is open receives
+//! nothing, so when every controller is cut off nobody spends their receives until the store answers
+//! (before a breaker opens, calls that hang may cost a receive or two, well within maxReceiveCount).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -105,8 +106,8 @@ impl Aggregator {
 
     /// Applies the held messages again when it is time: the store's breaker is closed (at once when it
     /// closes) and the back-off since the last failure has passed. What fails again is held again.
-    /// While the breaker is open, the messages held for a lease time go back to their queue for a
-    /// peer (returned to release, visible at once).
+    /// While the breaker is open, or after a retry failed again, the messages held for a lease time
+    /// go back to their queue for a peer (returned to release, visible at once).
     pub async fn retry_held(&self) -> Applied {
         let breaker_open = self.store.breaker().is_some_and(|b| b.is_open());
         let taken = {
@@ -119,11 +120,15 @@ impl Aggregator {
                 h.retry_at = Instant::now();
                 return Applied { delete: Vec::new(), release: self.hand_over_held(&mut h) };
             }
-            if Instant::now() < h.retry_at {
-                return Applied::default();
+            // After a retry that failed: out of reach still, so what was held for a lease time goes
+            // to a peer rather than into another retry.
+            let release = if h.failures > 0 { self.hand_over_held(&mut h) } else { Vec::new() };
+            if h.waiting.is_empty() || Instant::now() < h.retry_at {
+                return Applied { delete: Vec::new(), release };
             }
-            std::mem::take(&mut h.waiting)
+            (std::mem::take(&mut h.waiting), release)
         };
+        let (taken, handed_over) = taken;
         let n = taken.len();
         tracing::info!(messages = n, "applying held messages again");
         // Out of the hold while they are tried (which may wait out several call deadlines): kept
@@ -132,14 +137,14 @@ impl Aggregator {
             w.kept.extend(HOLD_VISIBILITY);
         }
         // The retry is the try: jobs turned back for a failure just before are tried now.
-        lock(&self.failing).clear();
+        lock(&self.memory).failing.clear();
         let mut by_source: BTreeMap<Source, Vec<Kept>> = BTreeMap::new();
         let mut since: BTreeMap<String, Instant> = BTreeMap::new();
         for w in taken {
             since.insert(w.kept.id.clone(), w.since);
             by_source.entry(w.source).or_default().push(w.kept);
         }
-        let mut applied = Applied::default();
+        let mut applied = Applied { delete: Vec::new(), release: handed_over };
         for (source, kept) in by_source {
             let a = self.apply(source, kept).await;
             applied.delete.extend(a.delete);

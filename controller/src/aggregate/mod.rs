@@ -147,47 +147,70 @@ impl CheckpointStats {
     }
 }
 
+/// Finished jobs remembered (the last [`FINISHED_MEMORY`]).
 #[derive(Default)]
 struct Finished {
     status: HashMap<String, JobStatus>,
     order: VecDeque<String>,
 }
 
-/// The controller's in-memory view of the jobs it is aggregating. Shared by every listener: each job
-/// is locked on its own, and no lock spans two jobs.
-pub struct Aggregator {
-    store: Arc<dyn BlobStore>,
+/// The jobs in memory, under one lock (never held across an await): their slots, their leases (weak:
+/// a job dropped takes its lease with it; renewed by the timer without the job's lock), and those
+/// whose S3 calls just failed (store unreachable or hung), until when: their messages are left for
+/// redelivery at once instead of each batch waiting out another call deadline.
+#[derive(Default)]
+struct InMemory {
     /// Ordered maps throughout: the order jobs are visited in is the same on every run (the
     /// simulation replays a seed exactly).
-    jobs: Mutex<BTreeMap<String, Slot>>,
-    finished: Mutex<Finished>,
+    slots: BTreeMap<String, Slot>,
+    leases: BTreeMap<String, WeakHeld>,
+    failing: BTreeMap<String, Instant>,
+}
+
+/// What this controller knows of jobs not in memory, under one lock.
+#[derive(Default)]
+struct Known {
+    /// Finished before (to drop late duplicates without an S3 read).
+    finished: Finished,
+    /// Unsealed or sealed jobs known only by their open marker, with their last checkpoint's time:
+    /// loaded when they are due to be finished, or when a message of theirs arrives.
+    dormant: BTreeMap<String, scan::Dormant>,
+}
+
+/// The expiry's own clock, under one lock: when the open markers were last scanned; the idle floor
+/// (no job's idle time counts from before it: the aggregator's start, so that a controller that was
+/// down longer than `abandon_after` reads its queues before it abandons anything, or the end of the
+/// last store outage, so that results held through it are applied first); how far the fleet's queues
+/// have drained (for the stall rule).
+struct Expiry {
+    scanned: Option<Instant>,
+    idle_floor: Instant,
+    drain: scan::Drain,
+}
+
+/// The controller's in-memory view of the jobs it is aggregating. Shared by every listener: each job
+/// is locked on its own, and no lock spans two jobs.
+///
+/// Its state is grouped by what each lock guards, and no lock is held across an await except a job's
+/// own: the jobs in memory (`memory`), what is known of the others (`known`), the expiry's clock
+/// (`expiry`), the messages held through an outage (`hold`), where finished jobs are announced
+/// (`on_finished`). The rest is set at construction.
+pub struct Aggregator {
+    store: Arc<dyn BlobStore>,
     queues: HashMap<Source, String>,
     leases: Leases,
-    /// The lease of every job in memory (weak: a job dropped takes its lease with it), renewed by the
-    /// timer without the job's lock.
-    held_leases: Mutex<BTreeMap<String, WeakHeld>>,
-    /// Unsealed jobs known only by their open marker, with their last checkpoint's time: loaded when
-    /// they are due to be abandoned, or when a message of theirs arrives.
-    dormant: Mutex<BTreeMap<String, scan::Dormant>>,
-    /// When the open markers were last scanned.
-    scanned: Mutex<Option<Instant>>,
-    pending: Arc<AtomicUsize>,
-    stats: CheckpointStats,
-    /// Jobs whose S3 calls just failed (store unreachable or hung), until when: their messages are
-    /// left for redelivery at once instead of each batch waiting out another call deadline.
-    failing: Mutex<BTreeMap<String, Instant>>,
-    /// No job's idle time counts from before this: the aggregator's start (a controller that was down
-    /// longer than `abandon_after` reads its queues before it abandons anything), or the end of the
-    /// last store outage (results held through it are applied before anything is abandoned).
-    idle_floor: Mutex<Instant>,
+    memory: Mutex<InMemory>,
+    known: Mutex<Known>,
+    expiry: Mutex<Expiry>,
     /// Messages held through a store outage (see `hold`).
     hold: Mutex<Hold>,
-    /// When sealed jobs that no longer progress are finished (none: never).
-    stall: Option<scan::StallLimit>,
-    /// How far the fleet's queues have drained (for the stall rule).
-    drain: Mutex<scan::Drain>,
     /// Told the id of each job whose report it wrote (the purge of its blobs); dropped at the stop.
     on_finished: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
+    /// Messages applied in memory and waiting for a checkpoint (shared with each job's `Pending`).
+    pending: Arc<AtomicUsize>,
+    stats: CheckpointStats,
+    /// When sealed jobs that no longer progress are finished (none: never).
+    stall: Option<scan::StallLimit>,
     /// Wall time: leases, checkpoint times, a dormant job's age.
     clock: Clock,
     /// Result payloads are decompressed on the blocking pool (off in the simulation, which runs on
@@ -244,21 +267,16 @@ impl Aggregator {
         let leases = Leases::new(store.clone(), owner, lease, clock);
         Aggregator {
             store,
-            jobs: Mutex::default(),
-            finished: Mutex::default(),
             queues,
             leases,
-            held_leases: Mutex::default(),
-            dormant: Mutex::default(),
-            scanned: Mutex::default(),
+            memory: Mutex::default(),
+            known: Mutex::default(),
+            expiry: Mutex::new(Expiry { scanned: None, idle_floor: Instant::now(), drain: scan::Drain::default() }),
+            hold: Mutex::default(),
+            on_finished: Mutex::new(None),
             pending: Arc::default(),
             stats: CheckpointStats::default(),
-            failing: Mutex::default(),
-            idle_floor: Mutex::new(Instant::now()),
-            hold: Mutex::default(),
             stall: None,
-            drain: Mutex::default(),
-            on_finished: Mutex::new(None),
             clock,
             offload_decoding: !matches!(clock, Clock::Driven { .. }),
             settle: SETTLE,
@@ -289,13 +307,14 @@ impl Aggregator {
     }
 
     fn slot(&self, job_id: &str) -> Slot {
-        lock(&self.jobs).entry(job_id.to_string()).or_default().clone()
+        lock(&self.memory).slots.entry(job_id.to_string()).or_default().clone()
     }
 
     /// Forgets a job's slot when it is empty and nobody else holds it (clones are only made under the
     /// map's lock, so a count of one there means no task can be about to use it).
     fn prune(&self, job_id: &str) {
-        let mut jobs = lock(&self.jobs);
+        let mut memory = lock(&self.memory);
+        let jobs = &mut memory.slots;
         let unused = jobs.get(job_id).is_some_and(|s| Arc::strong_count(s) == 1 && s.try_lock().is_ok_and(|j| j.is_none()));
         if unused {
             jobs.remove(job_id);
@@ -303,11 +322,11 @@ impl Aggregator {
     }
 
     fn slots(&self) -> Vec<(String, Slot)> {
-        lock(&self.jobs).iter().map(|(k, s)| (k.clone(), s.clone())).collect()
+        lock(&self.memory).slots.iter().map(|(k, s)| (k.clone(), s.clone())).collect()
     }
 
     fn is_finished(&self, job_id: &str) -> bool {
-        lock(&self.finished).status.contains_key(job_id)
+        lock(&self.known).finished.status.contains_key(job_id)
     }
 
     /// Applies one received batch. Messages of a job whose state could not be saved are not deleted
@@ -367,7 +386,7 @@ impl Aggregator {
         let slot = self.slot(job_id);
         let step = {
             let mut held = slot.lock().await;
-            let marked = lock(&self.failing).get(job_id).copied();
+            let marked = lock(&self.memory).failing.get(job_id).copied();
             let failing = marked.is_some_and(|until| Instant::now() < until);
             let step = if held.is_none() && failing {
                 Err(Error::Timeout { service: fleet_io::error::Service::S3, operation: "(job state, failed just before)", after: FAILING_FOR, attempts: 0 })
@@ -377,12 +396,12 @@ impl Aggregator {
             match &step {
                 Err(e) => {
                     if e.is_retryable() && !failing {
-                        lock(&self.failing).insert(job_id.to_string(), Instant::now() + FAILING_FOR);
+                        lock(&self.memory).failing.insert(job_id.to_string(), Instant::now() + FAILING_FOR);
                     }
                     self.drop_job(&mut held, std::mem::take(&mut kept), e);
                 }
                 Ok(_) if marked.is_some() => {
-                    lock(&self.failing).remove(job_id);
+                    lock(&self.memory).failing.remove(job_id);
                 }
                 Ok(_) => {}
             }
@@ -523,7 +542,7 @@ impl Aggregator {
 
     /// Jobs held in memory (being aggregated).
     pub fn open_jobs(&self) -> usize {
-        lock(&self.jobs).values().filter(|s| s.try_lock().map_or(true, |j| j.is_some())).count()
+        lock(&self.memory).slots.values().filter(|s| s.try_lock().map_or(true, |j| j.is_some())).count()
     }
 
     /// Messages applied in memory and waiting for a checkpoint.
@@ -549,7 +568,8 @@ impl Aggregator {
     }
 
     fn remember_finished(&self, job_id: &str, status: JobStatus) {
-        let mut f = lock(&self.finished);
+        let mut known = lock(&self.known);
+        let f = &mut known.finished;
         if f.status.insert(job_id.to_string(), status).is_none() {
             f.order.push_back(job_id.to_string());
             if f.order.len() > FINISHED_MEMORY {

@@ -116,7 +116,7 @@ impl Aggregator {
     /// Completes the messages of a finished job: deleted; a quarantined job's are first kept in the
     /// quarantine of unreadable messages (held when the store does not answer).
     pub(super) async fn settle_finished(&self, job_id: &str, kept: Vec<(Source, Kept)>) -> Vec<Kept> {
-        if lock(&self.finished).status.get(job_id) != Some(&JobStatus::Quarantined) {
+        if lock(&self.known).finished.status.get(job_id) != Some(&JobStatus::Quarantined) {
             return kept.into_iter().map(|(_, k)| k).collect();
         }
         let mut delete = Vec::with_capacity(kept.len());

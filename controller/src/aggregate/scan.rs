@@ -40,17 +40,17 @@ impl Aggregator {
         // before it answered again. A job with messages held (its own calls fail, the store answers
         // others) is not finished until they are applied; the other jobs are not held up by it.
         if self.store.breaker().is_some_and(|b| b.is_open()) {
-            *lock(&self.idle_floor) = Instant::now();
+            lock(&self.expiry).idle_floor = Instant::now();
             return Vec::new();
         }
         let held_jobs = self.held_jobs();
-        let floor = *lock(&self.idle_floor);
+        let floor = lock(&self.expiry).idle_floor;
         // At start (the first tick) and every `after`: jobs whose owner died and whose messages never
         // come back are found here.
-        let scan = lock(&self.scanned).is_none_or(|t| t.elapsed() >= after);
+        let scan = lock(&self.expiry).scanned.is_none_or(|t| t.elapsed() >= after);
         if scan {
             match self.scan_open().await {
-                Ok(n) => tracing::info!(open = n, dormant = lock(&self.dormant).len(), "open jobs scanned"),
+                Ok(n) => tracing::info!(open = n, dormant = lock(&self.known).dormant.len(), "open jobs scanned"),
                 Err(e) => tracing::warn!(error = %e, "could not scan the open jobs; trying again later"),
             }
         }
@@ -60,7 +60,8 @@ impl Aggregator {
         // A dormant sealed job is loaded once it has been quiet for the settle time (one with every
         // chunk in is then finished from memory; one still missing chunks waits for the stall rule).
         let load_after = |sealed: bool| if sealed { Some(stall.map_or(self.settle, |s| s.min(self.settle))) } else { Some(after) };
-        let due: Vec<(String, Dormant)> = lock(&self.dormant)
+        let due: Vec<(String, Dormant)> = lock(&self.known)
+            .dormant
             .iter()
             .filter(|(k, d)| !held_jobs.contains(*k) && load_after(d.sealed).is_some_and(|l| now.saturating_duration_since(d.since.max(floor)) >= l))
             .map(|(k, d)| (k.clone(), *d))
@@ -83,7 +84,7 @@ impl Aggregator {
                         Ok(Taken::Busy(_)) => {}
                         Err(e) => {
                             tracing::warn!(job = %job_id, error = %e, "could not load a job due to be finished; trying again later");
-                            lock(&self.dormant).insert(job_id.clone(), d);
+                            lock(&self.known).dormant.insert(job_id.clone(), d);
                         }
                     }
                 }
@@ -148,9 +149,9 @@ impl Aggregator {
         if !*looked {
             *looked = true;
             let look = stall.queues.look().await;
-            lock(&self.drain).observe(Instant::now(), look);
+            lock(&self.expiry).drain.observe(Instant::now(), look);
         }
-        lock(&self.drain).drained_after(news)
+        lock(&self.expiry).drain.drained_after(news)
     }
 
     /// Reads the open-job markers: finished jobs lose theirs, unfinished jobs not in memory are
@@ -158,7 +159,7 @@ impl Aggregator {
     /// each: no lease is taken and no checkpoint loaded until one is due). Returns how many unfinished
     /// jobs it found.
     pub async fn scan_open(&self) -> Result<usize> {
-        *lock(&self.scanned) = Some(Instant::now());
+        lock(&self.expiry).scanned = Some(Instant::now());
         let keys = self.store.list(OPEN_PREFIX, MAX_OPEN_JOBS).await?;
         let mut open = 0;
         for key in keys {
@@ -166,7 +167,7 @@ impl Aggregator {
             if check_job_id(job_id).is_err() || self.is_finished(job_id) {
                 continue;
             }
-            if lock(&self.jobs).contains_key(job_id) {
+            if lock(&self.memory).slots.contains_key(job_id) {
                 open += 1;
                 continue;
             }
@@ -180,10 +181,10 @@ impl Aggregator {
             let age = progress.map_or(Duration::ZERO, |p| self.clock.since_unix(p.updated_unix));
             // Its news may be waiting on the queue since before this controller started (it was down):
             // its idle time counts from the start at the earliest.
-            let since = Instant::now().checked_sub(age).unwrap_or_else(Instant::now).max(*lock(&self.idle_floor));
+            let since = Instant::now().checked_sub(age).unwrap_or_else(Instant::now).max(lock(&self.expiry).idle_floor);
             let sealed = progress.is_some_and(|p| p.sealed);
             // A rescan refreshes what an earlier one saw (the job may have had news elsewhere since).
-            lock(&self.dormant).insert(job_id.to_string(), Dormant { since, sealed });
+            lock(&self.known).dormant.insert(job_id.to_string(), Dormant { since, sealed });
         }
         Ok(open)
     }

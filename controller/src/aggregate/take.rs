@@ -21,7 +21,7 @@ use super::{Aggregator, HAND_BACK, MAX_DOC_BYTES, Slot, Taken};
 impl Aggregator {
     /// Takes a job's lease and loads it from its checkpoint (a new job when there is none).
     pub(super) async fn take(&self, job_id: &str, ctl: &mut RequestCounts) -> Result<Taken> {
-        lock(&self.dormant).remove(job_id);
+        lock(&self.known).dormant.remove(job_id);
         ctl.add("s3.GetObject", 1);
         ctl.add("s3.PutObject", 1);
         let lease = match self.leases.acquire(job_id).await? {
@@ -41,7 +41,7 @@ impl Aggregator {
                 return Err(e);
             }
         };
-        lock(&self.held_leases).insert(job_id.to_string(), job.lease.downgrade());
+        lock(&self.memory).leases.insert(job_id.to_string(), job.lease.downgrade());
         if job.cp.status.is_finished() && !job.cp.finishing {
             self.remember_finished(job_id, job.cp.status);
             let _ = self.leases.release(job_id, &job.lease).await;
@@ -82,7 +82,8 @@ impl Aggregator {
     /// lost (their messages go to the new owner) or could not be renewed and is no longer fresh.
     pub async fn renew_leases(&self) {
         let held: Vec<(String, Held)> = {
-            let mut leases = lock(&self.held_leases);
+            let mut memory = lock(&self.memory);
+            let leases = &mut memory.leases;
             let mut live = Vec::with_capacity(leases.len());
             leases.retain(|k, w| w.upgrade().map(|h| live.push((k.clone(), h))).is_some());
             live

@@ -567,19 +567,43 @@ struct BrokenStore {
     job: &'static str,
     failed: AtomicUsize,
     down: std::sync::atomic::AtomicBool,
+    /// The breaker its S3 client would have (none: the store has none).
+    breaker: Option<Arc<fleet_io::breaker::Breaker>>,
 }
 
 impl BrokenStore {
     fn new(job: &'static str) -> Arc<BrokenStore> {
-        Arc::new(BrokenStore { inner: MemoryStore::new(), job, failed: AtomicUsize::new(0), down: Default::default() })
+        Arc::new(BrokenStore { inner: MemoryStore::new(), job, failed: AtomicUsize::new(0), down: Default::default(), breaker: None })
+    }
+
+    /// With a breaker whose probe asks the store (as the S3 client's does).
+    fn with_breaker(job: &'static str) -> Arc<BrokenStore> {
+        let breaker = fleet_io::breaker::Breaker::new(fleet_io::error::Service::S3, Default::default());
+        let store = Arc::new(BrokenStore { inner: MemoryStore::new(), job, failed: AtomicUsize::new(0), down: Default::default(), breaker: Some(breaker.clone()) });
+        let weak = Arc::downgrade(&store);
+        breaker.set_probe(Arc::new(move || {
+            let weak = weak.clone();
+            Box::pin(async move {
+                match weak.upgrade() {
+                    Some(s) => s.check("probe"),
+                    None => Ok(()),
+                }
+            })
+        }));
+        store
     }
 
     fn check(&self, key: &str) -> Result<()> {
-        if key.contains(self.job) || self.down.load(Ordering::Relaxed) {
+        let r = if key.contains(self.job) || self.down.load(Ordering::Relaxed) {
             self.failed.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::Timeout { service: fleet_io::error::Service::S3, operation: "GetObject", after: Duration::from_secs(30), attempts: 3 });
+            Err(Error::Timeout { service: fleet_io::error::Service::S3, operation: "GetObject", after: Duration::from_secs(30), attempts: 3 })
+        } else {
+            Ok(())
+        };
+        if let Some(b) = &self.breaker {
+            b.record(&r);
         }
-        Ok(())
+        r
     }
 }
 
@@ -609,6 +633,9 @@ impl BlobStore for BrokenStore {
     }
     fn calls(&self) -> &fleet_io::call::CallCounter {
         self.inner.calls()
+    }
+    fn breaker(&self) -> Option<Arc<fleet_io::breaker::Breaker>> {
+        self.breaker.clone()
     }
 }
 
@@ -791,18 +818,29 @@ async fn a_checkpoint_deletes_each_message_on_the_queue_it_came_from() {
 }
 
 /// A store outage far longer than maxReceiveCount x the visibility timeout: the results in hand, and
-/// those applied to a job since its last checkpoint, are held with their visibility kept (none is
-/// received again, none reaches the dead-letter queue), retried with a back-off, and applied once the
-/// store answers: the job's report is exact.
+/// those applied to a job since its last checkpoint, are held with their visibility kept; once the
+/// breaker is open (listeners receive nothing) and they were held for a lease time, they go back to
+/// the queue for a controller that reaches the store (issue 30, sequence 3: a peer cut off alone must
+/// not keep them from the others). Nobody receives them while the store is down (none reaches the
+/// dead-letter queue); once it answers, they are received again and applied: the job's report is
+/// exact.
 #[tokio::test(start_paused = true)]
-async fn results_are_held_through_a_store_outage_without_spending_receives() {
-    let store = BrokenStore::new("no-such-job");
+async fn results_are_held_through_a_store_outage_then_handed_back_without_spending_receives() {
+    let store = BrokenStore::with_breaker("no-such-job");
+    let breaker = store.breaker().unwrap();
     put_manifest(&store.inner, &manifest("h", &[1, 2, 1])).await;
     let dlq = MemoryQueue::new("billing-results-dlq", Duration::from_secs(10));
     let queue = MemoryQueue::with_dlq("billing-results", Duration::from_secs(10), 2, dlq.clone());
     let done = Completions::start(queue.clone(), BatchSettings::default());
-    let agg = quick(store.clone());
-    let receive = || async { queue.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done.keep(d)).collect::<Vec<_>>() };
+    let lease = Duration::from_secs(30);
+    let agg = quick_owned(store.clone(), "c".into(), lease);
+    // As the listener engine does: nothing is received while the store's breaker is open.
+    let receive = || async {
+        if breaker.is_open() {
+            return Vec::new();
+        }
+        queue.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done.keep(d)).collect::<Vec<_>>()
+    };
 
     // Chunk 0 is applied while the store answers; it waits in its job for a checkpoint.
     queue.send(vec![result("h", 0, vec![acct("a", 1, 100, 1)]).body]).await.unwrap();
@@ -823,32 +861,48 @@ async fn results_are_held_through_a_store_outage_without_spending_receives() {
     assert_eq!(agg.pending(), 0);
 
     // Ten minutes down: sixty visibility timeouts.
-    for _ in 0..600 {
+    let mut handed_back = 0;
+    for s in 1..=600u64 {
         tokio::time::sleep(Duration::from_secs(1)).await;
         agg.extend_held();
         let a = agg.retry_held().await;
-        assert!(a.delete.is_empty() && a.release.is_empty(), "nothing applied while the store is down");
+        assert!(a.delete.is_empty(), "nothing applied while the store is down");
+        if !a.release.is_empty() {
+            assert!(Duration::from_secs(s) >= lease, "held for a lease time first ({s} s)");
+            assert!(a.release.iter().all(|(_, after)| after.is_zero()), "visible at once");
+            handed_back += a.release.len();
+            for (k, after) in a.release {
+                k.release(after);
+            }
+        }
         assert!(agg.expire(Duration::from_secs(60)).await.is_empty(), "nothing abandoned during the outage");
-        assert!(receive().await.is_empty(), "a held message became visible again");
+        assert!(receive().await.is_empty(), "received while the breaker is open");
     }
-    assert_eq!(agg.held(None), 4);
+    assert!(breaker.is_open());
+    assert_eq!((handed_back, agg.held(None)), (4, 0), "every held message went back to the queue");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(queue.depth().await.unwrap().visible, 4, "waiting, visible, for any controller");
     assert_eq!(dlq.depth().await.unwrap().visible, 0, "nothing dead-lettered");
     let tries = store.failed.load(Ordering::Relaxed);
-    assert!(tries < 60, "retries back off (the store was called {tries} times in 10 minutes)");
+    assert!(tries < 100, "retries back off, the probe asks at most every 10 s (the store was called {tries} times in 10 minutes)");
 
-    // The store answers again: within the longest back-off, the held results are applied and the job
-    // finishes exactly.
+    // The store answers again: the probe closes the breaker, the messages are received (their second
+    // receive) and applied, and the job finishes exactly.
     store.down.store(false, Ordering::Relaxed);
     let mut deleted = Vec::new();
-    for _ in 0..31 {
+    for _ in 0..60 {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        deleted.extend(agg.retry_held().await.delete);
-        if !deleted.is_empty() {
+        let got = receive().await;
+        if !got.is_empty() {
+            let a = agg.apply(Source::Results, got).await;
+            deleted.extend(a.delete);
+            deleted.extend(agg.flush().await);
+        }
+        if deleted.len() == 4 {
             break;
         }
     }
-    assert_eq!(deleted.len(), 4, "every held message is covered by the report");
-    assert_eq!(agg.held(None), 0);
+    assert_eq!(deleted.len(), 4, "every message is covered by the report");
     let r = report_of(&store.inner, "h").await.expect("the job finished");
     assert_eq!(r.status, JobStatus::Complete);
     assert_eq!(r.transactions.processed, 4);
@@ -859,7 +913,8 @@ async fn results_are_held_through_a_store_outage_without_spending_receives() {
     }
     done.finish(true).await;
     let depth = queue.depth().await.unwrap();
-    assert_eq!((depth.visible, depth.in_flight), (0, 0), "every message deleted, none received twice");
+    assert_eq!((depth.visible, depth.in_flight), (0, 0), "every message deleted");
+    assert_eq!(dlq.depth().await.unwrap().visible, 0, "nothing dead-lettered");
 }
 
 /// The quarantined messages of a job (their reasons), from the quarantine of unreadable messages.
