@@ -221,7 +221,12 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     match &deps.work {
         Some(work) => aggregator.set_stall_limit(
             Duration::from_secs(settings.stall_after),
-            aggregate::FleetQueues { work: work.clone(), work_dlq: deps.work_dlq.clone(), results: deps.results.clone(), results_dlq: deps.results_dlq.clone() },
+            aggregate::FleetQueues {
+                work: work.clone(),
+                work_dlq: deps.work_dlq.clone(),
+                results: deps.results.clone(),
+                results_dlq: deps.results_dlq.clone(),
+            },
         ),
         None => tracing::info!("no work queue given: sealed jobs that stall are not finished"),
     }
@@ -270,7 +275,9 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         // wait out several call deadlines), applied again when it answers.
         let (agg, stop) = (agg.clone(), shutdown.clone());
         let notifiers: std::collections::BTreeMap<String, Notifier> = match &deps.publish {
-            Some(bus) => queues.iter().map(|(_, q)| (q.name().to_string(), Notifier::new(bus.clone(), q.name(), "controller", Duration::from_millis(100)))).collect(),
+            Some(bus) => {
+                queues.iter().map(|(_, q)| (q.name().to_string(), Notifier::new(bus.clone(), q.name(), "controller", Duration::from_millis(100)))).collect()
+            }
             None => Default::default(),
         };
         tracker.spawn(async move {

@@ -187,7 +187,12 @@ fn start_controller(seed: u64, idx: usize, owner: &str, lease: Duration, faulty:
     agg.set_settle(SETTLE);
     agg.set_stall_limit(
         STALL_AFTER,
-        controller::aggregate::FleetQueues { work: queues.work.clone(), work_dlq: queues.work_dlq.clone(), results: queues.results.clone(), results_dlq: queues.results_dlq.clone() },
+        controller::aggregate::FleetQueues {
+            work: queues.work.clone(),
+            work_dlq: queues.work_dlq.clone(),
+            results: queues.results.clone(),
+            results_dlq: queues.results_dlq.clone(),
+        },
     );
     let agg = Arc::new(agg);
     let mut tasks = Vec::new();

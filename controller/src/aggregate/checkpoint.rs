@@ -20,7 +20,7 @@ use fleet_io::lock;
 use tokio::time::Instant;
 
 use super::job::Job;
-use super::{Aggregator, CheckpointStats, FAILING_FOR, INLINE_ROWS, MAX_DOC_BYTES, MAX_PARTS, delete_calls};
+use super::{delete_calls, Aggregator, CheckpointStats, FAILING_FOR, INLINE_ROWS, MAX_DOC_BYTES, MAX_PARTS};
 
 impl Aggregator {
     /// Checkpoints every job with pending messages (concurrently) and returns those messages for

@@ -3,7 +3,7 @@
 //! parts and `open/{job}` marker are removed, and its messages are handed back for deletion.
 
 use bytes::Bytes;
-use fleet_domain::layout::{MAX_MANIFEST_BYTES, accounts_key, checkpoint_parts_prefix, manifest_key, open_key, report_key};
+use fleet_domain::layout::{accounts_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{JobStatus, Manifest};
 use fleet_domain::report;
 use fleet_domain::requests::RequestCounts;
@@ -11,10 +11,10 @@ use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 
-use super::checkpoint::{Rows, save_checkpoint};
+use super::checkpoint::{save_checkpoint, Rows};
 use super::job::Job;
 use super::quarantine::placeholder_manifest;
-use super::{Aggregator, CheckpointStats, MAX_OPEN_JOBS, delete_calls};
+use super::{delete_calls, Aggregator, CheckpointStats, MAX_OPEN_JOBS};
 
 impl Aggregator {
     /// Writes the report of a job in memory (complete, or abandoned when it says so) and forgets it;

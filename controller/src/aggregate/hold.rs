@@ -174,7 +174,8 @@ impl Aggregator {
     fn hand_over_held(&self, h: &mut Hold) -> Vec<(Kept, Duration)> {
         let lease = self.leases.ttl();
         let now = Instant::now();
-        let (gone, stay): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut h.waiting).into_iter().partition(|w| now.saturating_duration_since(w.since) >= lease);
+        let (gone, stay): (Vec<Waiting>, Vec<Waiting>) =
+            std::mem::take(&mut h.waiting).into_iter().partition(|w| now.saturating_duration_since(w.since) >= lease);
         h.waiting = stay;
         if !gone.is_empty() {
             tracing::warn!(

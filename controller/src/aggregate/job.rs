@@ -8,8 +8,8 @@
 //! checkpoint.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -23,9 +23,9 @@ use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 use tokio::time::Instant;
 
+use super::{Source, DEAD_LETTER_REASON, DECODES, MAX_RESULT_BYTES};
 use crate::clock::Clock;
 use crate::lease::Held;
-use super::{DEAD_LETTER_REASON, DECODES, MAX_RESULT_BYTES, Source};
 use fleet_io::queue::Message;
 
 pub(super) enum Item {

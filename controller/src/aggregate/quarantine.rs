@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use fleet_domain::billing::{CheckedTotals, Tariff};
 use fleet_domain::codec::to_zstd_json;
-use fleet_domain::layout::{MAX_MANIFEST_BYTES, checkpoint_key, manifest_key, open_key, quarantined_checkpoint_key, report_key};
+use fleet_domain::layout::{checkpoint_key, manifest_key, open_key, quarantined_checkpoint_key, report_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{Checkpoint, JobStatus, Manifest, Progress, WIRE_VERSION};
 use fleet_domain::report;
 use fleet_domain::requests::RequestCounts;
@@ -24,11 +24,11 @@ use fleet_io::blob::Cond;
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 
-use crate::lease::Held;
-use super::checkpoint::{Rows, save_checkpoint};
+use super::checkpoint::{save_checkpoint, Rows};
 use super::job::Job;
 use super::take::fresh_checkpoint;
 use super::{Aggregator, Source};
+use crate::lease::Held;
 
 impl Aggregator {
     /// Quarantines a job whose checkpoint (the document with ETag `etag`) cannot be read, its lease

@@ -12,11 +12,11 @@ use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 use tokio::time::Instant;
 
-use crate::clock::Clock;
-use crate::lease::{Acquired, Held};
 use super::checkpoint::restore_totals;
 use super::job::{Job, Pending};
-use super::{Aggregator, HAND_BACK, MAX_DOC_BYTES, Slot, Taken};
+use super::{Aggregator, Slot, Taken, HAND_BACK, MAX_DOC_BYTES};
+use crate::clock::Clock;
+use crate::lease::{Acquired, Held};
 
 impl Aggregator {
     /// Takes a job's lease and loads it from its checkpoint (a new job when there is none).

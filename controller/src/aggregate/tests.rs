@@ -3,15 +3,15 @@
 use super::*;
 use bytes::Bytes;
 use fleet_domain::billing::AccountTotals;
+use fleet_domain::billing::Tariff;
 use fleet_domain::codec::{accounts_to_zstd_csv, from_zstd_json, sha256_hex, to_zstd_json};
 use fleet_domain::layout::{accounts_key, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, quarantined_checkpoint_key, report_key};
+use fleet_domain::model::{now_rfc3339, BlobRef, ChunkResult, Rejected};
 use fleet_domain::model::{AccountsPayload, Checkpoint, CheckpointPart, Manifest, Outcome, Progress, ResultMessage, WorkItem};
 use fleet_domain::report;
-use fleet_io::blob::Cond;
-use fleet_domain::billing::Tariff;
-use fleet_domain::model::{now_rfc3339, BlobRef, ChunkResult, Rejected};
 use fleet_engine::completion::BatchSettings;
 use fleet_engine::Completions;
+use fleet_io::blob::Cond;
 use fleet_io::memory::{MemoryQueue, MemoryStore};
 use fleet_io::queue::{Delivery, Message, Queue};
 use rust_decimal::Decimal;
@@ -579,7 +579,8 @@ impl BrokenStore {
     /// With a breaker whose probe asks the store (as the S3 client's does).
     fn with_breaker(job: &'static str) -> Arc<BrokenStore> {
         let breaker = fleet_io::breaker::Breaker::new(fleet_io::error::Service::S3, Default::default());
-        let store = Arc::new(BrokenStore { inner: MemoryStore::new(), job, failed: AtomicUsize::new(0), down: Default::default(), breaker: Some(breaker.clone()) });
+        let store =
+            Arc::new(BrokenStore { inner: MemoryStore::new(), job, failed: AtomicUsize::new(0), down: Default::default(), breaker: Some(breaker.clone()) });
         let weak = Arc::downgrade(&store);
         breaker.set_probe(Arc::new(move || {
             let weak = weak.clone();
