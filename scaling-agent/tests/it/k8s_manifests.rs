@@ -177,6 +177,30 @@ fn the_overlays_agree_on_what_the_fleet_relies_on() {
         let push = triggers.iter().find(|t| t["type"].as_str() == Some("external-push")).expect("no external-push trigger");
         let expected = format!("scaling-agent.{NS}.svc.cluster.local:{}", sp["port"].as_i64().unwrap());
         assert_eq!(push["metadata"]["scalerAddress"].as_str(), Some(expected.as_str()), "the push trigger does not reach the agent's Service");
+        // The scaler port: mutual TLS on AWS (the agent serves the certificate and requires KEDA's, from
+        // one Secret the operator creates; KEDA's TriggerAuthentication takes the CA and its client
+        // certificate from the same Secret); plaintext on a laptop cluster, where the NetworkPolicy alone
+        // guards it.
+        let agent_tls: Vec<Option<&str>> = ["AGENT_KEDA_TLS_CERT", "AGENT_KEDA_TLS_KEY", "AGENT_KEDA_TLS_CLIENT_CA"].iter().map(|k| env(agent, k)).collect();
+        if overlay == "aws" {
+            let auth = find(docs, "TriggerAuthentication", push["authenticationRef"]["name"].as_str().expect("aws: KEDA reaches the agent without TLS"));
+            let refs = auth["spec"]["secretTargetRef"].as_vec().expect("aws: the scaler's TriggerAuthentication takes nothing from a Secret");
+            let param = |p: &str| refs.iter().find(|r| r["parameter"].as_str() == Some(p)).unwrap_or_else(|| panic!("aws: KEDA has no {p}"));
+            let secret = param("caCert")["name"].as_str().unwrap();
+            for p in ["tlsClientCert", "tlsClientKey"] {
+                assert_eq!(param(p)["name"].as_str(), Some(secret), "aws: KEDA's {p} is not from the Secret its CA comes from");
+            }
+            assert!(!docs.iter().any(|d| kind_is(d, "Secret")), "aws: a Secret rendered (the operator creates it)");
+            let agent_pod = pod(find(docs, "Deployment", "scaling-agent"));
+            let volume = agent_pod["volumes"].as_vec().unwrap().iter().find(|v| v["secret"]["secretName"].as_str() == Some(secret)).expect("aws: the agent does not mount the TLS Secret");
+            let mount = agent["volumeMounts"].as_vec().unwrap().iter().find(|m| m["name"] == volume["name"]).expect("aws: the TLS volume is not mounted");
+            assert_eq!(mount["readOnly"].as_bool(), Some(true));
+            let dir = mount["mountPath"].as_str().unwrap();
+            let expected = [format!("{dir}/tls.crt"), format!("{dir}/tls.key"), format!("{dir}/{}", param("caCert")["key"].as_str().unwrap())];
+            assert_eq!(agent_tls, expected.iter().map(|e| Some(e.as_str())).collect::<Vec<_>>(), "aws: the agent does not serve the mounted certificate, key and client CA");
+        } else {
+            assert!(push["authenticationRef"].is_badvalue() && agent_tls.iter().all(Option::is_none), "local: the scaler port is plaintext there");
+        }
         let sqs = triggers.iter().find(|t| t["type"].as_str() == Some("aws-sqs-queue")).expect("no aws-sqs-queue fallback trigger");
         assert_eq!(
             sqs["metadata"]["queueLength"].as_str(),
@@ -367,7 +391,8 @@ fn keda_objects_match_their_published_crds() {
     for (overlay, docs) in overlays() {
         let docs = &docs[..];
         let keda: Vec<&Yaml> = docs.iter().filter(|d| d["apiVersion"].as_str().is_some_and(|a| a.starts_with("keda.sh/"))).collect();
-        assert_eq!(keda.len(), 2, "{overlay}: KEDA objects");
+        // The ScaledObject and the fallback's TriggerAuthentication; on AWS also the scaler's mTLS one.
+        assert_eq!(keda.len(), if overlay == "aws" { 3 } else { 2 }, "{overlay}: KEDA objects");
         for d in keda {
             let what = format!("{overlay} {} {}", d["kind"].as_str().unwrap(), name(d));
             assert_eq!(d["apiVersion"].as_str(), Some("keda.sh/v1alpha1"), "{what}");
@@ -492,13 +517,24 @@ fn keda_objects_match_their_published_crds() {
                         let p = pi["provider"].as_str().unwrap();
                         assert!(["none", "azure-workload", "gcp", "aws", "aws-eks", "aws-kiam"].contains(&p), "{what}: provider {p}");
                     }
+                    // The parameters of the scaler that names it: the SQS scaler's keys, or the external
+                    // scaler's TLS material.
+                    let user = docs
+                        .iter()
+                        .filter(|d| kind_is(d, "ScaledObject"))
+                        .flat_map(|d| d["spec"]["triggers"].as_vec().into_iter().flatten())
+                        .find(|t| t["authenticationRef"]["name"].as_str() == Some(name(d)))
+                        .and_then(|t| t["type"].as_str())
+                        .unwrap_or_else(|| panic!("{what}: no trigger names it"));
+                    let known: &[&str] = match user {
+                        "aws-sqs-queue" => &["awsAccessKeyID", "awsSecretAccessKey", "awsSessionToken", "awsRoleArn"],
+                        "external-push" | "external" => &["caCert", "tlsClientCert", "tlsClientKey"],
+                        other => panic!("{what}: named by a {other} trigger"),
+                    };
                     for r in spec["secretTargetRef"].as_vec().into_iter().flatten() {
                         schema(&format!("{what}.secretTargetRef[]"), r, &["parameter", "name", "key"], &["parameter", "name", "key"]);
                         let param = r["parameter"].as_str().unwrap();
-                        assert!(
-                            ["awsAccessKeyID", "awsSecretAccessKey", "awsSessionToken", "awsRoleArn"].contains(&param),
-                            "{what}: the SQS scaler reads no {param}"
-                        );
+                        assert!(known.contains(&param), "{what}: the {user} scaler reads no {param}");
                     }
                 }
                 other => panic!("{what}: unexpected KEDA kind {other}"),
