@@ -8,7 +8,7 @@
 //! the purge finds no chunk and reports it failed, which the finished job ignores.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -17,6 +17,8 @@ use tokio::sync::mpsc;
 use fleet_domain::layout::JOBS_PREFIX;
 use fleet_io::blob::BlobStore;
 use fleet_io::error::Result;
+
+use crate::clock::Clock;
 
 /// Where the markers of purges not yet due live.
 pub const PURGE_PREFIX: &str = "purge/";
@@ -31,10 +33,6 @@ pub const SET_ASIDE_PREFIX: &str = "purge-unreadable/";
 
 fn marker_key(job: &str) -> String {
     format!("{PURGE_PREFIX}{job}")
-}
-
-fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// Deletes job `job`'s chunk and result blobs; returns how many were deleted.
@@ -68,11 +66,22 @@ pub async fn purge_job(store: &Arc<dyn BlobStore>, job: &str) -> Result<usize> {
 pub struct Purger {
     store: Arc<dyn BlobStore>,
     retention: Duration,
+    /// Wall time: when a marker is due (the simulation's clock in tests).
+    clock: Clock,
 }
 
 impl Purger {
     pub fn new(store: Arc<dyn BlobStore>, retention: Duration) -> Purger {
-        Purger { store, retention }
+        Purger::with_clock(store, retention, Clock::System)
+    }
+
+    /// A purger that reads wall time from `clock`.
+    pub fn with_clock(store: Arc<dyn BlobStore>, retention: Duration, clock: Clock) -> Purger {
+        Purger { store, retention, clock }
+    }
+
+    fn now_unix(&self) -> u64 {
+        u64::try_from(self.clock.now_unix()).unwrap_or(0)
     }
 
     /// Job `job` finished (its report is written): purge it now, or leave a marker due after the
@@ -148,7 +157,7 @@ impl Purger {
                     None => return,
                 },
                 _ = timer.tick(), if !self.retention.is_zero() => {
-                    if let Err(e) = self.due(now_unix()).await {
+                    if let Err(e) = self.due(self.now_unix()).await {
                         tracing::warn!(error = %e, "could not purge the jobs whose retention passed; next tick");
                     }
                 }
@@ -157,7 +166,7 @@ impl Purger {
     }
 
     async fn finished_logged(&self, job: &str) {
-        if let Err(e) = self.finished(job, now_unix()).await {
+        if let Err(e) = self.finished(job, self.now_unix()).await {
             tracing::warn!(job, error = %e, "could not purge the finished job's blobs; the bucket's lifecycle rule expires them");
         }
     }
@@ -185,7 +194,7 @@ mod tests {
         let (job, other) = ("0190a000-0000-7000-8000-000000000001", "0190a000-0000-7000-8000-000000000002");
         job_blobs(store.as_ref(), job, 1500).await;
         job_blobs(store.as_ref(), other, 3).await;
-        Purger::new(store.clone(), Duration::ZERO).finished(job, now_unix()).await.unwrap();
+        Purger::new(store.clone(), Duration::ZERO).finished(job, Clock::System.now_unix() as u64).await.unwrap();
         assert!(store.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap().is_empty());
         assert!(store.list(&format!("jobs/{job}/results/"), 10).await.unwrap().is_empty());
         for k in [manifest_key(job), checkpoint_key(job), report_key(job), accounts_key(job)] {

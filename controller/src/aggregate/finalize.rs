@@ -115,6 +115,7 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
     let mut r = report::build_borrowed(&manifest, &job.totals, job.cp.failed_chunks.clone(), &requests);
     r.status = job.cp.status;
     r.note = job.cp.note.clone();
+    r.finished_at = job.clock.rfc3339();
     if r.transactions.processed.checked_add(r.transactions.failed) != Some(r.transactions.accepted) {
         tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
             "accepted != processed + failed: the results disagree with the manifest");

@@ -57,6 +57,19 @@ impl Job {
         self.cp.finishing || (self.all_in() && (self.cp.failed_chunks.is_empty() || self.quiet_for(now, floor) >= settle))
     }
 
+    /// Hands it over to the controller that owns it now (fenced, or its lease lost): what it had applied
+    /// since its last checkpoint, to go back to the queue for the owner.
+    pub(super) fn hand_over(mut self) -> Vec<Kept> {
+        self.pending.take()
+    }
+
+    /// Drops it after a failure: the messages it had applied since its last checkpoint, with the
+    /// queue each came from (held, to be applied again to the job reloaded from that checkpoint, or
+    /// left to come back after their visibility timeout).
+    pub(super) fn drop_unsaved(mut self) -> Vec<(Source, Kept)> {
+        self.pending.take_all()
+    }
+
     /// Ends it as abandoned for `reason` (a finish that failed before keeps the reason it had).
     pub(super) fn abandon(&mut self, reason: String) {
         self.abandon.get_or_insert(reason);
@@ -494,5 +507,32 @@ mod tests {
         assert_eq!(a.cp.status, JobStatus::Abandoned);
         assert_eq!(a.cp.failed_chunks.iter().map(|f| (f.chunk, f.transactions)).collect::<Vec<_>>(), [(1, 2), (2, 3)]);
         assert_eq!(a.cp.note.as_deref(), Some("abandoned: first"), "a retried finish keeps its ending");
+    }
+
+    /// Handing a job over gives back exactly the messages applied since its last checkpoint (for the
+    /// new owner), dropping it gives them back with their queues (to hold), and the aggregator's count
+    /// of pending messages follows both.
+    #[tokio::test]
+    async fn a_job_handed_over_or_dropped_gives_back_exactly_its_unsaved_messages() {
+        let q = fleet_io::memory::MemoryQueue::new("billing-results", Duration::from_secs(30));
+        let done = fleet_engine::Completions::start(q, Default::default());
+        let kept = |id: &str| {
+            let m = Message { id: id.into(), body: String::new(), receive_count: 1, attrs: Default::default() };
+            done.keep(fleet_io::queue::Delivery::new(m, format!("r-{id}")))
+        };
+        let count = Arc::new(AtomicUsize::new(0));
+        let mut a = job();
+        a.pending = Pending::new(count.clone());
+        a.pending.extend(vec![(Source::Results, kept("1")), (Source::ResultsDeadLetter, kept("2"))]);
+        let mut b = job();
+        b.pending = Pending::new(count.clone());
+        b.pending.extend(vec![(Source::WorkDeadLetter, kept("3"))]);
+        assert_eq!(count.load(Ordering::Relaxed), 3);
+        let handed: Vec<String> = a.hand_over().iter().map(|k| k.id.clone()).collect();
+        assert_eq!(handed, ["1", "2"]);
+        assert_eq!(count.load(Ordering::Relaxed), 1);
+        let dropped: Vec<(Source, String)> = b.drop_unsaved().into_iter().map(|(s, k)| (s, k.id.clone())).collect();
+        assert_eq!(dropped, [(Source::WorkDeadLetter, "3".to_string())]);
+        assert_eq!(count.load(Ordering::Relaxed), 0);
     }
 }

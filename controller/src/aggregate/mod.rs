@@ -416,8 +416,8 @@ impl Aggregator {
     /// messages are held when the failure may pass (applied again to the job reloaded from its last
     /// checkpoint), else left to come back after their visibility timeout.
     fn drop_job(&self, held: &mut Option<Job>, mut also: Vec<(Source, Kept)>, e: &Error) {
-        if let Some(mut job) = held.take() {
-            also.extend(job.pending.take_all());
+        if let Some(job) = held.take() {
+            also.extend(job.drop_unsaved());
         }
         if e.is_retryable() {
             self.hold(also, e);
@@ -428,8 +428,8 @@ impl Aggregator {
     /// messages applied to it since its last checkpoint go back to the queue for the owner at once
     /// (they may have been kept invisible for minutes by a hold).
     fn hand_over(&self, held: &mut Option<Job>) {
-        if let Some(mut job) = held.take() {
-            for k in job.pending.take() {
+        if let Some(job) = held.take() {
+            for k in job.hand_over() {
                 k.release(HAND_BACK);
             }
         }

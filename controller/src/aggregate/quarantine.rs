@@ -98,6 +98,7 @@ impl Aggregator {
         let mut r = report::build_borrowed(&manifest, &totals, failed, &cp.map(|c| c.requests.clone()).unwrap_or_default());
         r.status = JobStatus::Quarantined;
         r.note = Some(note);
+        r.finished_at = self.clock.rfc3339();
         let body = Bytes::from(report::to_json(&r)?);
         if fleet_io::blob::put_if_owned(self.store.as_ref(), &report_key(job_id), body, "application/json", &BTreeMap::new(), &cond).await?.is_none() {
             tracing::warn!(job = %job_id, "the job already has a report; it is kept");

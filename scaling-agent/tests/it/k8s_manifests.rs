@@ -192,12 +192,21 @@ fn the_overlays_agree_on_what_the_fleet_relies_on() {
             }
             assert!(!docs.iter().any(|d| kind_is(d, "Secret")), "aws: a Secret rendered (the operator creates it)");
             let agent_pod = pod(find(docs, "Deployment", "scaling-agent"));
-            let volume = agent_pod["volumes"].as_vec().unwrap().iter().find(|v| v["secret"]["secretName"].as_str() == Some(secret)).expect("aws: the agent does not mount the TLS Secret");
+            let volume = agent_pod["volumes"]
+                .as_vec()
+                .unwrap()
+                .iter()
+                .find(|v| v["secret"]["secretName"].as_str() == Some(secret))
+                .expect("aws: the agent does not mount the TLS Secret");
             let mount = agent["volumeMounts"].as_vec().unwrap().iter().find(|m| m["name"] == volume["name"]).expect("aws: the TLS volume is not mounted");
             assert_eq!(mount["readOnly"].as_bool(), Some(true));
             let dir = mount["mountPath"].as_str().unwrap();
             let expected = [format!("{dir}/tls.crt"), format!("{dir}/tls.key"), format!("{dir}/{}", param("caCert")["key"].as_str().unwrap())];
-            assert_eq!(agent_tls, expected.iter().map(|e| Some(e.as_str())).collect::<Vec<_>>(), "aws: the agent does not serve the mounted certificate, key and client CA");
+            assert_eq!(
+                agent_tls,
+                expected.iter().map(|e| Some(e.as_str())).collect::<Vec<_>>(),
+                "aws: the agent does not serve the mounted certificate, key and client CA"
+            );
         } else {
             assert!(push["authenticationRef"].is_badvalue() && agent_tls.iter().all(Option::is_none), "local: the scaler port is plaintext there");
         }
