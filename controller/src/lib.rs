@@ -87,8 +87,8 @@ pub struct Deps {
     /// Where results go after maxReceiveCount failed attempts (S3 down for minutes): read too.
     pub results_dlq: Arc<dyn Queue>,
     pub store: Arc<dyn BlobStore>,
-    /// The work queue, read for its depth only: a sealed job is finished as stalled only while it is
-    /// empty (none: stalled jobs are never finished).
+    /// The work queue, read for its depth only: a sealed job is finished as stalled only once it and
+    /// the other queues have drained since the job's last news (none: stalled jobs are never finished).
     pub work: Option<Arc<dyn Queue>>,
     /// Work-detected triggers (RabbitMQ subscription): with them, idle listeners park (no requests)
     /// until processors or initiators announce results or dead letters.
