@@ -47,7 +47,8 @@ pub struct Settings {
     pub stall_after: u64,
     /// A job whose chunks are all in but some failed (a failure report, a dead letter, an unreadable
     /// result) is finished this many seconds after its last news, so that a real result still on its
-    /// way replaces a failure; keep it above the work queue's visibility timeout.
+    /// way replaces a failure; keep it above the work queue's visibility timeout plus an S3 call
+    /// deadline or two (the longest a controller losing S3 sits on a result before a peer gets it).
     #[arg(long, env = "CONTROLLER_SETTLE_SECS", default_value_t = aggregate::SETTLE.as_secs(), value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub settle_secs: u64,
     /// Job lease time, seconds: several controllers may share the results queue, each job has one
