@@ -177,6 +177,10 @@ impl Aggregator {
         let (gone, stay): (Vec<Waiting>, Vec<Waiting>) =
             std::mem::take(&mut h.waiting).into_iter().partition(|w| now.saturating_duration_since(w.since) >= lease);
         h.waiting = stay;
+        if h.waiting.is_empty() {
+            // Nothing held any more: the next hold starts afresh (its own retry must fail first).
+            h.failures = 0;
+        }
         if !gone.is_empty() {
             tracing::warn!(
                 messages = gone.len(),
