@@ -8,6 +8,7 @@ pub mod clock;
 pub mod lease;
 pub mod purge;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,29 +107,39 @@ fn complete(kept: Vec<Kept>) {
     }
 }
 
-/// Completes what applying held messages again gave back: deletes, and hand-backs (to the job's
-/// owner, or to any controller that reaches the store), announced on their queue's notifier so that
-/// a parked listener wakes when they are visible.
-fn settle(applied: aggregate::Applied, notifiers: &std::collections::BTreeMap<String, Notifier>) {
-    complete(applied.delete);
-    let mut per_queue: std::collections::BTreeMap<String, (u64, Duration)> = std::collections::BTreeMap::new();
-    for (k, after) in applied.release {
-        let e = per_queue.entry(k.queue().to_string()).or_default();
+/// One notifier per queue (by name): announces messages handed back to it, so that the parked
+/// listener of the controller they are for wakes when they are visible again.
+type Notifiers = BTreeMap<String, Notifier>;
+
+/// Announces hand-backs (each message with when it is visible again) on their queue's notifier.
+fn announce<'a>(notifiers: &Notifiers, released: impl IntoIterator<Item = (&'a str, Duration)>) {
+    let mut per_queue: BTreeMap<&str, (u64, Duration)> = BTreeMap::new();
+    for (queue, after) in released {
+        let e = per_queue.entry(queue).or_default();
         *e = (e.0 + 1, e.1.max(after));
-        k.release(after);
     }
     for (queue, (n, after)) in per_queue {
-        if let Some(notifier) = notifiers.get(&queue) {
+        if let Some(notifier) = notifiers.get(queue) {
             notifier.notify_after(n, after + Duration::from_millis(100));
         }
+    }
+}
+
+/// Completes what applying held messages again gave back: deletes, and hand-backs (to the job's
+/// owner, or to any controller that reaches the store), announced.
+fn settle(applied: aggregate::Applied, notifiers: &Notifiers) {
+    complete(applied.delete);
+    announce(notifiers, applied.release.iter().map(|(k, after)| (k.queue(), *after)));
+    for (k, after) in applied.release {
+        k.release(after);
     }
 }
 
 struct ResultsHandler {
     source: Source,
     agg: Arc<Aggregator>,
-    /// Announces messages handed back for another controller.
-    handed_back: Option<Notifier>,
+    /// Announces messages handed back for another controller (shared with the hold's retry).
+    notifiers: Arc<Notifiers>,
     /// The store's breaker: while S3 does not answer, nothing is received (checkpoints cannot be
     /// written).
     store_breaker: Option<Arc<fleet_io::breaker::Breaker>>,
@@ -154,10 +165,8 @@ impl Handler for ResultsHandler {
         // What `apply` does not return waits in its job for the next checkpoint (or, when the job
         // could not be saved, is dropped and comes back after the visibility timeout).
         let applied = self.agg.apply(self.source, msgs.into_iter().map(|d| done.keep(d)).collect()).await;
-        if let (Some(n), Some(after)) = (&self.handed_back, applied.release.iter().map(|(_, after)| *after).max()) {
-            // Announced when they are visible again, so that the owner's parked listener finds them.
-            n.notify_after(applied.release.len() as u64, after + Duration::from_millis(100));
-        }
+        // Announced when they are visible again, so that the owner's parked listener finds them.
+        announce(&self.notifiers, applied.release.iter().map(|(k, after)| (k.queue(), *after)));
         let release = applied.release.into_iter().map(|(k, after)| (k.into_delivery(), Outcome::Release(after)));
         let delete = applied.delete.into_iter().map(|k| (k.into_delivery(), Outcome::Done));
         release.chain(delete).collect()
@@ -241,10 +250,15 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     let cfg = settings.listener.engine(deps.triggers.is_some());
     // Dead letters are rare: one consumer each is plenty.
     let dlq_cfg = fleet_engine::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg.clone() };
+    let notifiers: Arc<Notifiers> = Arc::new(match &deps.publish {
+        Some(bus) => {
+            queues.iter().map(|(_, q)| (q.name().to_string(), Notifier::new(bus.clone(), q.name(), "controller", Duration::from_millis(100)))).collect()
+        }
+        None => Notifiers::new(),
+    });
     let mut engines = Vec::with_capacity(queues.len());
     for (source, q) in queues {
-        let handed_back = deps.publish.clone().map(|bus| Notifier::new(bus, q.name(), "controller", Duration::from_millis(100)));
-        let handler = Arc::new(ResultsHandler { source, agg: agg.clone(), handed_back, store_breaker: deps.store.breaker() });
+        let handler = Arc::new(ResultsHandler { source, agg: agg.clone(), notifiers: notifiers.clone(), store_breaker: deps.store.breaker() });
         let cfg = if source == Source::Results { cfg.clone() } else { dlq_cfg.clone() };
         engines.push(Engine::start(q.clone(), None, handler, cfg).await?);
     }
@@ -275,12 +289,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         // Results held through a store outage: their visibility kept (on its own timer: a retry may
         // wait out several call deadlines), applied again when it answers.
         let (agg, stop) = (agg.clone(), shutdown.clone());
-        let notifiers: std::collections::BTreeMap<String, Notifier> = match &deps.publish {
-            Some(bus) => {
-                queues.iter().map(|(_, q)| (q.name().to_string(), Notifier::new(bus.clone(), q.name(), "controller", Duration::from_millis(100)))).collect()
-            }
-            None => Default::default(),
-        };
+        let notifiers = notifiers.clone();
         tracker.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(250));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

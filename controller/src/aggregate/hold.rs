@@ -166,9 +166,7 @@ impl Aggregator {
         }
         applied
     }
-}
 
-impl Aggregator {
     /// Takes out of the hold the messages held for a lease time (their jobs' leases have lapsed, as
     /// this controller could not renew them): they go back to their queue, visible at once.
     fn hand_over_held(&self, h: &mut Hold) -> Vec<(Kept, Duration)> {

@@ -116,7 +116,7 @@ impl Aggregator {
             }
             let ending = if sealed {
                 Ending::Stalled(format!(
-                    "no result for {} s after the job's last news, with every queue of the fleet empty: its work item was lost (queue retention, FIFO de-duplication) and can no longer arrive",
+                    "no result for {} s after the job's last news, and every queue of the fleet has drained since: its work item was lost (queue retention, FIFO de-duplication) and can no longer arrive",
                     quiet_for.as_secs()
                 ))
             } else {
@@ -129,7 +129,7 @@ impl Aggregator {
                 }
                 Ending::Stalled(reason) => {
                     tracing::warn!(job = %job_id, accounted = job.cp.accounted.len(), total = ?job.cp.total_chunks, idle_secs = quiet_for.as_secs(),
-                        "sealed job stalled with every queue empty; finishing it as partial");
+                        "sealed job stalled, the fleet's queues drained since its last news; finishing it as partial");
                     job.stall(reason);
                 }
             }
