@@ -3,7 +3,8 @@
 //! to the oracle, `partial` naming exactly the chunks that truly failed, nothing quarantined (no run
 //! makes a job's state unreadable), never abandoned with a result missing (every billed chunk's result
 //! arrives long before `--abandon-after`), no transaction counted twice, and every message deleted
-//! (or dead-lettered and then applied): all queues empty.
+//! (or dead-lettered and then applied): all queues empty. On a FIFO work queue, a job's chunks of one
+//! account partition were first billed in the order they were sent.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use fleet_io::memory::MemoryStore;
 use fleet_io::queue::Queue;
 use rust_decimal::Decimal;
 
-use crate::fleet::{Ending, Fate, JobPlan, Row};
+use crate::fleet::{Ending, Fate, Groups, JobPlan, Row};
 use crate::World;
 
 /// Whether the fleet hears of the job at all (a message of it reaches a results or dead-letter queue).
@@ -138,6 +139,25 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
     let quarantined: Vec<String> = store.keys().into_iter().filter(|k| k.starts_with("quarantine/") || k.contains("/quarantined/")).collect();
     if !quarantined.is_empty() {
         v.push(format!("quarantined without an unreadable state: {quarantined:?}"));
+    }
+    v
+}
+
+/// On a FIFO work queue with `--group-by account`: each job's chunks of one partition were first
+/// handled in chunk order (the order the initiator sent them in).
+pub fn group_order(jobs: &[Arc<JobPlan>], world: &World) -> Vec<String> {
+    let handled = fleet_io::lock(&world.handled).clone();
+    let mut v = Vec::new();
+    for job in jobs.iter().filter(|j| matches!(j.groups, Some(Groups::Accounts(_)))) {
+        let mut seen: BTreeMap<&str, u32> = BTreeMap::new();
+        for (_, c) in handled.iter().filter(|(j, _)| *j == job.id) {
+            let Some(group) = job.chunks[*c as usize].group.as_deref() else { continue };
+            if let Some(before) = seen.insert(group, *c) {
+                if before > *c {
+                    v.push(format!("job {}: group {group} billed chunk {c} after chunk {before}", job.id));
+                }
+            }
+        }
     }
     v
 }

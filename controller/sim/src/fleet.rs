@@ -4,6 +4,13 @@
 //! (processed, sent twice, its delete lost, failed, dead-lettered, lost before it was enqueued, a
 //! failure report or a hostile result ahead of the real one). The oracle is computed from the input
 //! transactions, not from the results the controllers see.
+//!
+//! On a FIFO work queue (a third of the runs: the whole fleet points at `billing-work.fifo`, as the
+//! README's *FIFO work queues* says) every work item carries its message group as the initiator
+//! gives it: each chunk its own group, or, with `--group-by account`, one of a few account
+//! partitions shared by every job of the run, whose chunks the processors then bill one at a time in
+//! send order; a work item sent twice (a batch retried after a lost answer) is dropped by the queue's
+//! de-duplication.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -16,12 +23,12 @@ use fleet_domain::layout::{chunk_key, manifest_key, result_key};
 use fleet_domain::model::{AccountsPayload, BlobRef, ChunkResult, Manifest, Outcome, ResultMessage, WorkItem, WIRE_VERSION};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::blob::BlobStore;
-use fleet_io::queue::Queue;
+use fleet_io::queue::{Attrs, Outgoing, Queue};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rust_decimal::Decimal;
 
-use crate::World;
+use crate::{World, MAX_RECEIVES};
 
 /// What becomes of one chunk's work item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +49,8 @@ pub enum Fate {
     FailedFirst,
     /// A hostile result (a payload that inflates far past what it declares) first, then the real one.
     HostileFirst,
+    /// Its work item sent twice (on a FIFO queue: the second dropped by de-duplication), then billed.
+    Resent,
 }
 
 impl Fate {
@@ -63,9 +72,21 @@ pub enum Ending {
     Abandoned,
 }
 
+/// How a job's work items are grouped on a FIFO work queue (the initiator's `--group-by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Groups {
+    /// Without `--group-by`: each chunk is its own group (no order).
+    PerChunk,
+    /// `--group-by account --groups n`: each chunk holds one partition's accounts, and a partition's
+    /// work items are billed one at a time, in send order.
+    Accounts(u32),
+}
+
 #[derive(Debug)]
 pub struct ChunkPlan {
     pub fate: Fate,
+    /// Its work item's message group, on a FIFO work queue.
+    pub group: Option<String>,
     /// (account, currency, amount, fee)
     pub rows: Vec<(String, &'static str, Decimal, Decimal)>,
 }
@@ -80,6 +101,8 @@ pub struct JobPlan {
     pub submit_at: Duration,
     /// A hostile sender puts results for chunks beyond the job on the queue, before its seal.
     pub forged_beyond: bool,
+    /// Its grouping, on a FIFO work queue.
+    pub groups: Option<Groups>,
 }
 
 pub type Row = (u64, Decimal, Decimal);
@@ -114,8 +137,9 @@ impl JobPlan {
     }
 }
 
-fn fate(rng: &mut ChaCha8Rng, hostile: bool) -> Fate {
+fn fate(rng: &mut ChaCha8Rng, hostile: bool, fifo: bool) -> Fate {
     match rng.random_range(0..100) {
+        0..6 if fifo => Fate::Resent,
         0..60 => Fate::Processed,
         60..68 => Fate::Duplicated,
         68..76 => Fate::DeleteLost,
@@ -128,8 +152,8 @@ fn fate(rng: &mut ChaCha8Rng, hostile: bool) -> Fate {
     }
 }
 
-/// The jobs of a run.
-pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool) -> Vec<JobPlan> {
+/// The jobs of a run (grouped when the work queue is FIFO).
+pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, fifo: bool) -> Vec<JobPlan> {
     let n = rng.random_range(1..=4);
     (0..n)
         .map(|j| {
@@ -139,18 +163,33 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool) -> Vec<JobPlan> {
                 2 => ("empty", 0, 0, 1),
                 _ => ("small", rng.random_range(1..=6), rng.random_range(1..=20), rng.random_range(1..=12)),
             };
+            let id = format!("sim{seed:x}-{j}");
+            let groups = fifo.then(|| if rng.random_bool(0.5) { Groups::PerChunk } else { Groups::Accounts(rng.random_range(1..=3)) });
             let chunks = (0..chunks)
-                .map(|_| {
+                .map(|c| {
+                    let (group, partition) = match groups {
+                        None => (None, None),
+                        Some(Groups::PerChunk) => (Some(format!("{id}-{c}")), None),
+                        Some(Groups::Accounts(n)) => {
+                            let p = rng.random_range(0..n);
+                            (Some(format!("accounts-{p}-of-{n}")), Some((p, n)))
+                        }
+                    };
                     let rows = (0..rows)
                         .map(|_| {
-                            let a = format!("acct-{:05}", rng.random_range(0..accounts));
+                            let mut a = rng.random_range(0..accounts);
+                            if let Some((p, n)) = partition {
+                                // Only the partition's accounts.
+                                a = a / n * n + p;
+                            }
+                            let a = format!("acct-{a:05}");
                             let cur = if rng.random_bool(0.8) { "EUR" } else { "USD" };
                             let amount = Decimal::new(rng.random_range(-5_000..100_000), 2);
                             let fee = (amount.abs() * Decimal::new(1, 2)).round_dp(2);
                             (a, cur, amount, fee)
                         })
                         .collect();
-                    ChunkPlan { fate: fate(rng, hostile), rows }
+                    ChunkPlan { fate: fate(rng, hostile, fifo), group, rows }
                 })
                 .collect();
             let ending = match rng.random_range(0..20) {
@@ -160,7 +199,7 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool) -> Vec<JobPlan> {
                 _ => Ending::Sealed,
             };
             let forged_beyond = hostile && rng.random_bool(0.15);
-            JobPlan { id: format!("sim{seed:x}-{j}"), shape, chunks, ending, submit_at: Duration::from_millis(rng.random_range(0..60_000)), forged_beyond }
+            JobPlan { id, shape, chunks, ending, submit_at: Duration::from_millis(rng.random_range(0..60_000)), forged_beyond, groups }
         })
         .collect()
 }
@@ -172,9 +211,9 @@ pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>
     for c in 0..job.chunks.len() as u32 {
         store.put(&chunk_key(&job.id, c), Bytes::from_static(b"chunk"), "application/zstd").await.expect("the initiator's store does not fail");
     }
-    let items: Vec<String> = (0..job.chunks.len() as u32)
+    let items: Vec<Outgoing> = (0..job.chunks.len() as u32)
         .filter(|&c| job.chunks[c as usize].fate != Fate::Lost)
-        .map(|c| {
+        .flat_map(|c| {
             let item = WorkItem {
                 v: WIRE_VERSION,
                 job_id: job.id.clone(),
@@ -183,11 +222,15 @@ pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>
                 blob: BlobRef { key: chunk_key(&job.id, c), sha256: "0".repeat(64), compressed_bytes: 1, raw_bytes: 1 },
                 tariff: Tariff::default(),
             };
-            serde_json::to_string(&item).expect("serializable")
+            let chunk = &job.chunks[c as usize];
+            let out = Outgoing { body: serde_json::to_string(&item).expect("serializable"), attrs: Attrs { group: chunk.group.clone(), ..Attrs::default() } };
+            let copies = if chunk.fate == Fate::Resent { 2 } else { 1 };
+            std::iter::repeat_n(out, copies)
         })
         .collect();
+    // One batch at a time, in chunk order (as the initiator sends on a FIFO queue).
     for batch in items.chunks(10) {
-        send(&*work, batch.to_vec()).await;
+        work.send_messages(batch).await.expect("the in-memory queue takes every message");
     }
     world.trace(format!("initiator: job {} ({}, {} chunks) enqueued", job.id, job.shape, job.chunks.len()));
     if job.ending == Ending::DiedBeforeManifest {
@@ -227,24 +270,50 @@ async fn send(q: &dyn Queue, bodies: Vec<String>) {
     q.send(bodies).await.expect("the in-memory queue takes every message");
 }
 
-/// One processor: receives work items, bills them as their fate says, sends results, deletes.
-pub async fn process(jobs: Arc<BTreeMap<String, Arc<JobPlan>>>, mut rng: ChaCha8Rng, work: Arc<dyn Queue>, results: Arc<dyn Queue>, store: Arc<dyn BlobStore>) {
+/// One processor: receives work items, bills them as their fate says, sends results, deletes. On a
+/// FIFO queue it keeps a group's order as the listener engine does: a failing item is retried in
+/// place with back-off and, on its last attempt, dead-lettered by the processor itself; an item that
+/// stays undeleted otherwise (the processor died after a failure report) takes the batch's later
+/// items of its group back with it.
+pub async fn process(
+    jobs: Arc<BTreeMap<String, Arc<JobPlan>>>,
+    world: Arc<World>,
+    mut rng: ChaCha8Rng,
+    work: Arc<dyn Queue>,
+    work_dlq: Arc<dyn Queue>,
+    results: Arc<dyn Queue>,
+    store: Arc<dyn BlobStore>,
+) {
     loop {
         let got = work.receive(10, Duration::from_secs(5)).await.expect("in-memory receive");
+        let mut stuck: Vec<String> = Vec::new();
         for d in got {
+            if d.attrs.group.as_ref().is_some_and(|g| stuck.contains(g)) {
+                work.release(vec![d], Duration::ZERO).await.expect("in-memory release");
+                continue;
+            }
             let item: WorkItem = serde_json::from_str(&d.body).expect("the initiator's work item");
             let job = &jobs[&item.job_id];
             let fate = job.chunks[item.chunk as usize].fate;
-            let first = d.receive_count <= 1;
+            let first = world.handling(&job.id, item.chunk);
             tokio::time::sleep(Duration::from_millis(rng.random_range(10..3_000))).await;
             let (bodies, delete): (Vec<String>, bool) = match fate {
-                Fate::Processed => (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], true),
+                Fate::Processed | Fate::Resent => (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], true),
                 Fate::Duplicated => {
                     let r = chunk_result(job, item.chunk, &mut rng, &*store).await;
                     (vec![r.clone(), r], true)
                 }
                 Fate::DeleteLost => (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], !first),
                 Fate::Failed => (vec![failed(job, item.chunk)], true),
+                Fate::Poison if d.attrs.group.is_some() => {
+                    for attempt in d.receive_count..MAX_RECEIVES {
+                        world.trace(format!("processor: {} chunk {} failed (attempt {attempt}), retried in place", job.id, item.chunk));
+                        tokio::time::sleep(Duration::from_secs(2 << attempt.min(6))).await;
+                    }
+                    world.trace(format!("processor: {} chunk {} dead-lettered", job.id, item.chunk));
+                    d.dead_letter(&*work, &*work_dlq, "failed").await.map_err(|(e, _)| e).expect("in-memory dead letter");
+                    continue;
+                }
                 Fate::Poison => (Vec::new(), false),
                 Fate::Lost => unreachable!("never enqueued"),
                 Fate::FailedFirst if first => (vec![failed(job, item.chunk)], false),
@@ -271,6 +340,8 @@ pub async fn process(jobs: Arc<BTreeMap<String, Arc<JobPlan>>>, mut rng: ChaCha8
             }
             if delete {
                 work.delete(vec![d]).await.expect("in-memory delete");
+            } else if let (Some(g), false) = (&d.attrs.group, fate == Fate::DeleteLost) {
+                stuck.push(g.clone());
             }
         }
     }

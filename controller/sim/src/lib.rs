@@ -54,7 +54,8 @@ pub const CHAOS: Duration = Duration::from_secs(600);
 /// A run that has not settled by then fails.
 pub const HORIZON: Duration = Duration::from_secs(4 * 3600);
 const VISIBILITY: Duration = Duration::from_secs(30);
-const MAX_RECEIVES: u32 = 4;
+/// The queues' maxReceiveCount.
+pub const MAX_RECEIVES: u32 = 4;
 
 /// What a run shares: its trace (every fault and store call, in order) and the reports written.
 pub struct World {
@@ -62,6 +63,8 @@ pub struct World {
     trace: Mutex<Vec<String>>,
     outage: Mutex<Option<Instant>>,
     reports: Mutex<Vec<(usize, String, Bytes)>>,
+    /// (job, chunk) in the order the processors first handled each work item.
+    handled: Mutex<Vec<(String, u32)>>,
     echo: bool,
 }
 
@@ -78,6 +81,16 @@ impl World {
     /// When the store outage under way ends.
     pub fn outage_until(&self) -> Option<Instant> {
         fleet_io::lock(&self.outage).filter(|t| *t > Instant::now())
+    }
+
+    /// Records that a processor handles the chunk's work item; whether it is the first time.
+    pub fn handling(&self, job: &str, chunk: u32) -> bool {
+        let mut h = fleet_io::lock(&self.handled);
+        let first = !h.iter().any(|(j, c)| j == job && *c == chunk);
+        if first {
+            h.push((job.to_string(), chunk));
+        }
+        first
     }
 
     pub fn report_written(&self, ctl: usize, key: &str, body: Bytes) {
@@ -283,24 +296,39 @@ pub fn run_seed(seed: u64, opts: Options) -> Run {
 
 async fn simulate(seed: u64, opts: Options) -> Run {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let world = Arc::new(World { start: Instant::now(), trace: Mutex::default(), outage: Mutex::default(), reports: Mutex::default(), echo: opts.echo });
+    let world = Arc::new(World {
+        start: Instant::now(),
+        trace: Mutex::default(),
+        outage: Mutex::default(),
+        reports: Mutex::default(),
+        handled: Mutex::default(),
+        echo: opts.echo,
+    });
     let store = MemoryStore::new();
-    let work_dlq = MemoryQueue::new("billing-work-dlq", VISIBILITY);
+    // A third of the runs point the whole fleet at a FIFO work queue (drawn apart, so that the other
+    // runs are what they were before FIFO runs existed).
+    let fifo = ChaCha8Rng::seed_from_u64(seed ^ 0xf1f0_f1f0).random_bool(1.0 / 3.0);
+    let (work, work_dlq) = if fifo { ("billing-work.fifo", "billing-work-dlq.fifo") } else { ("billing-work", "billing-work-dlq") };
+    let work_dlq = MemoryQueue::new(work_dlq, VISIBILITY);
     let results_dlq = MemoryQueue::new("billing-results-dlq", VISIBILITY);
     let queues = Queues {
-        work: MemoryQueue::with_dlq("billing-work", VISIBILITY, MAX_RECEIVES, work_dlq.clone()),
+        work: MemoryQueue::with_dlq(work, VISIBILITY, MAX_RECEIVES, work_dlq.clone()),
         results: MemoryQueue::with_dlq("billing-results", VISIBILITY, MAX_RECEIVES, results_dlq.clone()),
         work_dlq,
         results_dlq,
     };
     let n_ctl = rng.random_range(1..=3usize);
     let lease = Duration::from_millis(rng.random_range(3_000..=10_000));
-    let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, !opts.no_hostile).into_iter().map(Arc::new).collect();
+    let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, !opts.no_hostile, fifo).into_iter().map(Arc::new).collect();
     world.trace(format!(
-        "CHAOS setup: {n_ctl} controllers, lease {:.1} s, jobs: {}",
+        "CHAOS setup: {n_ctl} controllers, lease {:.1} s, work queue {work}, jobs: {}",
         lease.as_secs_f64(),
         jobs.iter()
-            .map(|j| format!("{} {} {:?} [{}]", j.id, j.shape, j.ending, j.chunks.iter().map(|c| format!("{:?}", c.fate)).collect::<Vec<_>>().join(" ")))
+            .map(|j| {
+                let groups = j.groups.map(|g| format!(" {g:?}")).unwrap_or_default();
+                let chunks = j.chunks.iter().map(|c| format!("{:?}", c.fate)).collect::<Vec<_>>().join(" ");
+                format!("{} {}{groups} {:?} [{chunks}]", j.id, j.shape, j.ending)
+            })
             .collect::<Vec<_>>()
             .join("; ")
     ));
@@ -313,7 +341,7 @@ async fn simulate(seed: u64, opts: Options) -> Run {
     }
     for p in 0..2u64 {
         let rng = ChaCha8Rng::seed_from_u64(seed ^ (0xfeed_0000 + p));
-        fleet_tasks.push(tokio::spawn(fleet::process(by_id.clone(), rng, queues.work.clone(), queues.results.clone(), plain.clone())));
+        fleet_tasks.push(tokio::spawn(fleet::process(by_id.clone(), world.clone(), rng, queues.work.clone(), queues.work_dlq.clone(), queues.results.clone(), plain.clone())));
     }
     // The controllers, each with its own faults.
     let mut faults = Vec::new();
@@ -412,7 +440,8 @@ async fn simulate(seed: u64, opts: Options) -> Run {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let simulated_secs = world.start.elapsed().as_secs_f64();
-    let violations = check::invariants(&jobs, &store, &queues.all(), &world).await;
+    let mut violations = check::invariants(&jobs, &store, &queues.all(), &world).await;
+    violations.extend(check::group_order(&jobs, &world));
     for c in ctls.into_iter().flatten() {
         for t in c.tasks {
             t.abort();

@@ -1,10 +1,13 @@
 //! Dispatch: takes ready messages from the throttle (priority order, FIFO groups one at a time), runs
 //! the handler on them in batches as work tasks, and turns each outcome into its completion (delete,
-//! release after a delay, retry with back-off, poison on the last receive). A delivery a dependency's
+//! release after a delay, retry with back-off, poison on the last receive; on a FIFO queue a failed
+//! delivery is retried in place and dead-lettered by the listener on its last attempt, so that its
+//! group's later messages never go back with it). A delivery a dependency's
 //! outage stopped (`Outcome::Unavailable`) is held in its slot, its visibility kept by the heartbeat,
 //! and handled again once the dependency's breaker closes: an outage spends no receive count and
 //! poisons nothing. Expired messages are handed to `expiry`.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,20 +77,23 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
     // Deliveries a dependency's outage stopped, and how often in a row none of the breakers was open
     // when that happened.
     let mut unopened: u32 = 0;
+    // FIFO deliveries that failed here and are tried again in place: failures so far, by receipt.
+    let mut tried: HashMap<String, u32> = HashMap::new();
     loop {
         // Every delivery handed over leaves the heartbeat when the handler returns, given back or kept
         // (a kept one is completed soon, e.g. by the next checkpoint, or comes back by its timeout),
-        // except those held through an outage.
+        // except those held through an outage or retried in place.
         let receipts: Vec<String> = msgs.iter().map(|m| m.receipt().to_string()).collect();
         let handed = msgs.len();
         let given_back = inner.handler.handle(msgs, &inner.completions).await;
         let (held, given_back): (Vec<_>, Vec<_>) = given_back.into_iter().partition(|(_, o)| matches!(o, Outcome::Unavailable(_)));
+        let (mut again, given_back): (Vec<_>, Vec<_>) = given_back.into_iter().partition(|(m, o)| retry_in_place(&inner, m, o, &tried));
         {
             let mut hb = lock(&inner.heartbeat);
             let now = Instant::now();
             for r in &receipts {
-                if held.iter().any(|(m, _)| m.receipt() == r) {
-                    // Waiting out an outage is not processing: its clock starts again.
+                if held.iter().chain(&again).any(|(m, _)| m.receipt() == r) {
+                    // Waiting out an outage or a back-off is not processing: its clock starts again.
                     hb.restart(r, now);
                 } else {
                     hb.untrack(r);
@@ -95,41 +101,74 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
             }
         }
         // A handler may give back deliveries of earlier batches (kept ones it completes now).
-        bump(&inner.stats.processed, handed.saturating_sub(held.len() + given_back.len()) as u64);
+        bump(&inner.stats.processed, handed.saturating_sub(held.len() + given_back.len() + again.len()) as u64);
         for (m, outcome) in given_back {
-            complete(&inner, m, outcome).await;
+            let attempt = attempt(&m, &tried);
+            complete(&inner, m, outcome, attempt).await;
         }
-        if held.is_empty() {
-            break;
-        }
-        let open = any_open(&inner.breakers);
-        unopened = if open { 0 } else { unopened + 1 };
-        let reason = match &held[0].1 {
-            Outcome::Unavailable(r) => r.clone(),
-            _ => String::new(),
-        };
-        if unopened > HELD_WITHOUT_OUTAGE {
-            // The dependency answers everyone else: this one's failures are its own.
-            tracing::warn!(queue = inner.queue.name(), held = held.len(), %reason, "a dependency keeps failing for these messages only: treated as failures");
-            for (m, o) in held {
-                let Outcome::Unavailable(reason) = o else { continue };
-                complete(&inner, m, Outcome::Failed(reason)).await;
+        let mut outage = None;
+        if !held.is_empty() {
+            let open = any_open(&inner.breakers);
+            unopened = if open { 0 } else { unopened + 1 };
+            let reason = match &held[0].1 {
+                Outcome::Unavailable(r) => r.clone(),
+                _ => String::new(),
+            };
+            if unopened > HELD_WITHOUT_OUTAGE {
+                // The dependency answers everyone else: this one's failures are its own.
+                tracing::warn!(queue = inner.queue.name(), held = held.len(), %reason, "a dependency keeps failing for these messages only: treated as failures");
+                for (m, o) in held {
+                    let Outcome::Unavailable(reason) = o else { continue };
+                    let failed = Outcome::Failed(reason);
+                    if retry_in_place(&inner, &m, &failed, &tried) {
+                        again.push((m, failed));
+                    } else {
+                        let attempt = attempt(&m, &tried);
+                        complete(&inner, m, failed, attempt).await;
+                    }
+                }
+            } else {
+                bump(&inner.stats.held, held.len() as u64);
+                tracing::info!(
+                    queue = inner.queue.name(), held = held.len(), dependency_down = open, %reason,
+                    "a dependency failed: holding the messages (visibility kept, receive count unspent) until it answers"
+                );
+                outage = Some((open, held));
             }
+        }
+        if outage.is_none() && again.is_empty() {
             break;
         }
-        msgs = held.into_iter().map(|(m, _)| m).collect();
-        bump(&inner.stats.held, msgs.len() as u64);
-        tracing::info!(
-            queue = inner.queue.name(), held = msgs.len(), dependency_down = open, %reason,
-            "a dependency failed: holding the messages (visibility kept, receive count unspent) until it answers"
-        );
+        // The back-off of the earliest retry in place.
+        let mut back_off: Option<Duration> = None;
+        for (m, o) in &again {
+            let failures = tried.entry(m.receipt().to_string()).or_default();
+            *failures += 1;
+            let attempt = m.receive_count + *failures;
+            let delay = inner.cfg.retry.delay(attempt - 1);
+            back_off = Some(back_off.map_or(delay, |b| b.min(delay)));
+            bump(&inner.stats.failed, 1);
+            let reason = match o {
+                Outcome::Failed(r) => r.as_str(),
+                _ => "",
+            };
+            tracing::warn!(
+                queue = inner.queue.name(), message_id = %m.id, receive_count = m.receive_count, attempt,
+                retry_in_s = delay.as_secs(), %reason, "message failed; retried in place (FIFO: its group waits, no receive spent)"
+            );
+        }
+        let open = outage.as_ref().is_some_and(|(open, _)| *open);
+        let waits_outage = outage.is_some();
+        msgs = outage.map(|(_, held)| held).unwrap_or_default().into_iter().chain(again).map(|(m, _)| m).collect();
         let wait = async {
             if open {
                 all_closed(&inner.breakers).await;
                 // Not every held batch at the same instant.
                 tokio::time::sleep(Duration::from_millis(rand::random_range(0..1000))).await;
-            } else {
+            } else if waits_outage {
                 tokio::time::sleep(inner.cfg.retry.delay(unopened).min(HELD_RETRY_CAP)).await;
+            } else {
+                tokio::time::sleep(back_off.unwrap_or_default()).await;
             }
         };
         inner.holding.fetch_add(msgs.len(), Ordering::SeqCst);
@@ -149,6 +188,24 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
     drop(running);
 }
 
+/// Which attempt this is of a delivery: its receive count plus its failures retried in place.
+fn attempt(m: &Delivery, tried: &HashMap<String, u32>) -> u32 {
+    m.receive_count + tried.get(m.receipt()).copied().unwrap_or(0)
+}
+
+/// Whether a failed delivery is tried again here rather than given back: on a FIFO queue, while
+/// attempts are left. Given back, it would take its group's later messages with it, and each of
+/// them would spend a receive on every retry until the queue's redrive dead-lettered them too
+/// (found by the fleet simulation on a FIFO work queue: a poison chunk took the chunks behind it in
+/// its account partition to the dead-letter queue, and the job ended `partial` with them).
+fn retry_in_place(inner: &Inner, m: &Delivery, outcome: &Outcome, tried: &HashMap<String, u32>) -> bool {
+    matches!(outcome, Outcome::Failed(_)) && fifo_group(inner, m).is_some() && !last_attempt(inner, attempt(m, tried))
+}
+
+fn last_attempt(inner: &Inner, attempt: u32) -> bool {
+    inner.info.max_receive_count.is_some_and(|max| attempt >= max)
+}
+
 /// Consecutive failures of a dependency, none with an open breaker, that a held message waits out
 /// before they count as its own failure.
 const HELD_WITHOUT_OUTAGE: u32 = 5;
@@ -156,32 +213,51 @@ const HELD_WITHOUT_OUTAGE: u32 = 5;
 const HELD_RETRY_CAP: Duration = Duration::from_secs(30);
 
 /// Completes a delivery the handler gave back.
-async fn complete(inner: &Arc<Inner>, m: Delivery, outcome: Outcome) {
+async fn complete(inner: &Arc<Inner>, m: Delivery, outcome: Outcome, attempt: u32) {
     match outcome {
         Outcome::Done => {
             bump(&inner.stats.processed, 1);
             inner.completions.delete(m);
         }
         Outcome::Release(after) => inner.completions.release(m, after),
-        // Handled by `process` (held); as a failure when it gets here.
+        // Handled by `process` (held, or retried in place); as a failure when it gets here.
         Outcome::Failed(reason) | Outcome::Unavailable(reason) => {
             bump(&inner.stats.failed, 1);
-            let last = inner.info.max_receive_count.is_some_and(|max| m.receive_count >= max);
+            let last = last_attempt(inner, attempt);
             let delay = if last {
                 inner.handler.on_poison(&m, &reason).await;
                 Duration::ZERO
             } else {
-                inner.cfg.retry.delay(m.receive_count)
+                inner.cfg.retry.delay(attempt)
             };
             tracing::warn!(
-                queue = inner.queue.name(), message_id = %m.id, receive_count = m.receive_count, last_attempt = last,
+                queue = inner.queue.name(), message_id = %m.id, receive_count = m.receive_count, attempt, last_attempt = last,
                 retry_in_s = delay.as_secs(), %reason, "message failed"
             );
+            let group = fifo_group(inner, &m);
+            // FIFO, last attempt: to the dead-letter queue now, so that the group's later messages
+            // go on in order without going back (each would spend a receive).
+            let m = match (&group, &inner.dead_letter) {
+                (Some(_), Some(dlq)) if last => {
+                    let receipt = m.receipt().to_string();
+                    match m.dead_letter(inner.queue.as_ref(), dlq.as_ref(), "failed").await {
+                        Ok(()) => {
+                            lock(&inner.heartbeat).untrack(&receipt);
+                            return;
+                        }
+                        Err((e, m)) => {
+                            tracing::warn!(queue = inner.queue.name(), error = %e, "could not dead-letter a failed FIFO message; returning it with its group");
+                            m
+                        }
+                    }
+                }
+                _ => m,
+            };
             // FIFO: the group's later messages must not overtake it; they go back too, and become
             // visible no later than it (a visible message behind an invisible one of its group
             // could be received first): a second earlier on a delayed retry, right after it on
             // the last attempt.
-            let successors = match fifo_group(inner, &m) {
+            let successors = match group {
                 Some(g) => lock(&inner.throttle).take_group(&g),
                 None => Vec::new(),
             };

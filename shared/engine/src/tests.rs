@@ -561,6 +561,32 @@ async fn fifo_groups_are_processed_one_at_a_time_in_order() {
     e.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A poison message at the head of a FIFO group (found by the fleet simulation: given back with each
+/// retry, the group's later messages spent a receive every time and the redrive dead-lettered them
+/// with it). Retried in place, then dead-lettered by the listener: only it reaches the dead-letter
+/// queue; the rest of its group follows in order, each received once.
+#[tokio::test(start_paused = true)]
+async fn a_poison_message_does_not_take_its_fifo_group_to_the_dead_letter_queue() {
+    let dlq = MemoryQueue::new("work-dlq.fifo", Duration::from_secs(30));
+    let q = MemoryQueue::with_dlq("work.fifo", Duration::from_secs(30), 3, dlq.clone());
+    let h = Arc::new(TestHandler::new(Duration::from_millis(100)));
+    lock(&h.fail).insert("a1".into(), u32::MAX);
+    lock(&h.fail).insert("a3".into(), 1);
+    let g = |s: &str| Attrs { group: Some(s.to_string()), ..Attrs::default() };
+    send(&q, (1..=5).map(|i| (format!("a{i}"), g("a"))).chain((1..=3).map(|i| (format!("b{i}"), g("b"))))).await;
+    let e = Engine::start(q.clone(), Some(dlq.clone()), h.clone(), cfg()).await.unwrap();
+    assert!(until(Duration::from_secs(120), || lock(&h.handled).len() == 7).await, "handled: {:?}", h.handled_bodies());
+    let handled: Vec<String> = h.handled_bodies().into_iter().filter(|b| b.starts_with('a')).collect();
+    assert_eq!(handled, ["a2", "a3", "a4", "a5"], "the group went on in order after its poison message");
+    let attempts: Vec<Duration> = lock(&h.attempts).iter().filter(|(_, b)| b == "a1").map(|(t, _)| *t).collect();
+    assert_eq!(attempts.len(), 3, "a1 tried as often as the redrive allows: {attempts:?}");
+    assert!(attempts[1] - attempts[0] >= Duration::from_secs(2) && attempts[2] - attempts[1] >= Duration::from_secs(4), "with back-off: {attempts:?}");
+    assert_eq!(lock(&h.poisoned).clone(), ["a1"]);
+    assert!(until(Duration::from_secs(5), || q.bodies().is_empty()).await, "left: {:?}", q.bodies());
+    assert_eq!(dlq.bodies(), ["a1"], "only the poison message is dead-lettered");
+    e.shutdown(Duration::from_secs(5)).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn drain_returns_buffered_finishes_in_flight_and_flushes_deletes() {
     let q = MemoryQueue::new("work", Duration::from_secs(30));

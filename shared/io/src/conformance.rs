@@ -75,7 +75,8 @@ pub async fn queue_semantics(q: &dyn Queue, dlq: &dyn Queue) {
 }
 
 /// A FIFO queue, empty: messages of one group come in order, and while one is in flight the group's
-/// later messages are not delivered; other groups are.
+/// later messages are not delivered; other groups are; a body sent twice within the de-duplication
+/// window is delivered once.
 pub async fn fifo_order(q: &dyn Queue) {
     assert!(q.info().await.expect("info").fifo, "{} is not FIFO", q.name());
     let msg = |group: &str, i: u32| {
@@ -107,6 +108,14 @@ pub async fn fifo_order(q: &dyn Queue) {
     }
     q.delete(first).await.expect("delete");
     q.delete(receive_n(q, 1).await).await.expect("delete");
+    // The same body sent again within the de-duplication window (a send retried after a lost
+    // answer, or a redrive too soon) is accepted and dropped: one copy is delivered.
+    q.send_messages(&[msg("d", 1)]).await.expect("send");
+    q.send_messages(&[msg("d", 1)]).await.expect("a duplicate send is accepted");
+    let got = receive_n(q, 1).await;
+    assert_eq!(got.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["d1"]);
+    q.delete(got).await.expect("delete");
+    assert!(q.receive(10, Duration::from_secs(2)).await.expect("receive").is_empty(), "the duplicate was dropped");
 }
 
 /// A blob store with nothing under `prefix`: a missing object reads as `None`; conditional writes

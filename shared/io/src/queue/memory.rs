@@ -1,6 +1,7 @@
 //! In-memory queue and blob store with SQS/S3 semantics (visibility timeouts, receive counts,
-//! dead-letter redrive, long polls), for fast deterministic tests. They use tokio's clock, so tests
-//! can run them under paused time. Never a substitute for the real services in integration tests.
+//! dead-letter redrive, long polls, and on a queue named `*.fifo` per-group order and the 5-minute
+//! de-duplication window), for fast deterministic tests. They use tokio's clock, so tests can run
+//! them under paused time. Never a substitute for the real services in integration tests.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -27,7 +28,13 @@ struct Stored {
 struct State {
     messages: VecDeque<Stored>,
     next_id: u64,
+    /// FIFO: de-duplication ids (the body's hash, as the SQS backend sends them) and when each was
+    /// first sent; a send of the same id within [`DEDUP_WINDOW`] is accepted and dropped.
+    sent: VecDeque<(u128, Instant)>,
 }
+
+/// SQS FIFO's de-duplication interval.
+pub const DEDUP_WINDOW: Duration = Duration::from_secs(300);
 
 /// An in-memory queue.
 pub struct MemoryQueue {
@@ -58,7 +65,7 @@ impl MemoryQueue {
             name: name.to_string(),
             visibility,
             redrive,
-            state: Mutex::new(State { messages: VecDeque::new(), next_id: 0 }),
+            state: Mutex::new(State { messages: VecDeque::new(), next_id: 0, sent: VecDeque::new() }),
             arrived: Notify::new(),
             calls: CallCounter::default(),
             fail_entries: Default::default(),
@@ -98,6 +105,26 @@ impl MemoryQueue {
         s.messages.push_back(Stored { id, body, attrs, receive_count, visible_at: Instant::now(), receipt: None });
         drop(s);
         self.arrived.notify_waiters();
+    }
+
+    /// Whether a message with this body is to be kept: always on a standard queue; on a FIFO queue,
+    /// unless the same de-duplication id was sent within the window (SQS accepts such a send and
+    /// drops it).
+    fn first_send(&self, body: &str) -> bool {
+        if !self.name.ends_with(".fifo") {
+            return true;
+        }
+        let id = xxhash_rust::xxh3::xxh3_128(body.as_bytes());
+        let now = Instant::now();
+        let mut s = self.lock();
+        while s.sent.front().is_some_and(|(_, at)| now.duration_since(*at) >= DEDUP_WINDOW) {
+            s.sent.pop_front();
+        }
+        if s.sent.iter().any(|(d, _)| *d == id) {
+            return false;
+        }
+        s.sent.push_back((id, now));
+        true
     }
 
     /// Bodies of all messages, visible or not (for assertions).
@@ -153,8 +180,11 @@ impl MemoryQueue {
         out
     }
 
+    /// When the next message in flight becomes visible again. A visible message that a FIFO group
+    /// holds back waits for that (or for a delete, which wakes the long polls).
     fn next_visible_at(&self) -> Option<Instant> {
-        self.lock().messages.iter().map(|m| m.visible_at).min()
+        let now = Instant::now();
+        self.lock().messages.iter().map(|m| m.visible_at).filter(|t| *t > now).min()
     }
 }
 
@@ -171,6 +201,9 @@ impl Queue for MemoryQueue {
             self.calls.bump("sqs.SendMessageBatch");
         }
         for m in msgs {
+            if !self.first_send(&m.body) {
+                continue;
+            }
             self.push(m.body.clone(), m.attrs.clone(), 0);
         }
         Ok(plan.len() as u64)
@@ -205,6 +238,8 @@ impl Queue for MemoryQueue {
         let (failed, ok): (Vec<usize>, Vec<usize>) = (0..receipts.len()).partition(|_| self.entry_fails());
         let ok: Vec<&str> = ok.into_iter().map(|i| receipts[i].as_str()).collect();
         self.lock().messages.retain(|m| m.receipt.as_deref().is_none_or(|r| !ok.contains(&r)));
+        // A delete may free a FIFO group whose next message is waiting.
+        self.arrived.notify_waiters();
         Ok(failed)
     }
 
