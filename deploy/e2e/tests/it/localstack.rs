@@ -177,6 +177,42 @@ async fn fifo_groups_keep_their_order_across_instances_and_retries() {
     assert!(overlapping, "different groups ran in parallel: {log:?}");
 }
 
+/// A poison message at the head of a group on a real SQS FIFO queue with a real redrive policy
+/// (maxReceiveCount 3): retried in place and dead-lettered by the listener, it goes to the
+/// dead-letter queue alone; its group's later messages follow in order, each received once. (Given
+/// back with every retry, as before, they spent a receive each time and SQS dead-lettered them too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_on_a_fifo_queue_is_dead_lettered_alone() {
+    let Some(st) = crate::support::fifo_stack(QueueSettings { max_receive_count: 3, ..QueueSettings::default() }).await else { return };
+    let mut out = Vec::new();
+    for i in 1..=4 {
+        for g in ["p", "q"] {
+            out.push(fleet_io::queue::Outgoing { body: format!("{g}{i}"), attrs: fleet_io::queue::Attrs { group: Some(g.into()), ..Default::default() } });
+        }
+    }
+    st.work.send_messages(&out).await.unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let cfg = EngineConfig { retry: fleet_engine::backoff::RetryBackoff { base: Duration::from_secs(1), max: Duration::from_secs(2) }, ..engine_cfg() };
+    let fail = Arc::new(Mutex::new(vec!["p1".to_string(); 3]));
+    let h = Arc::new(Timed { instance: 0, epoch: Instant::now(), fail_once: fail.clone(), log: log.clone() });
+    let engine = Engine::start(st.work.clone(), Some(st.work_dlq.clone()), h, cfg).await.unwrap();
+    let start = Instant::now();
+    while log.lock().unwrap().iter().filter(|x| x.4).count() < 7 {
+        assert!(start.elapsed() < Duration::from_secs(60), "not all handled: {:?}", log.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    engine.shutdown(Duration::from_secs(5)).await;
+    st.wait_depth(st.work.as_ref(), 0, Duration::from_secs(10)).await;
+    let log = log.lock().unwrap().clone();
+    let done: Vec<&str> = log.iter().filter(|x| x.4 && x.2.starts_with('p')).map(|x| x.2.as_str()).collect();
+    assert_eq!(done, ["p2", "p3", "p4"], "{log:?}");
+    assert_eq!(log.iter().filter(|x| x.2 == "p1").count(), 3, "p1 tried as often as the redrive allows: {log:?}");
+    assert!(fail.lock().unwrap().is_empty());
+    let dead = st.work_dlq.receive(10, Duration::from_secs(2)).await.unwrap();
+    assert_eq!(dead.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["p1"], "only the poison message is dead-lettered");
+    assert!(st.work_dlq.receive(10, Duration::from_secs(1)).await.unwrap().is_empty(), "nothing else in the dead-letter queue");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_processor_killed_with_sigkill_mid_job_loses_nothing() {
     let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(3) }).await else { return };
