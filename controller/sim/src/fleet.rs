@@ -272,9 +272,9 @@ async fn send(q: &dyn Queue, bodies: Vec<String>) {
 
 /// One processor: receives work items, bills them as their fate says, sends results, deletes. On a
 /// FIFO queue it keeps a group's order as the listener engine does: a failing item is retried in
-/// place with back-off and, on its last attempt, dead-lettered by the processor itself; an item that
-/// stays undeleted otherwise (the processor died after a failure report) takes the batch's later
-/// items of its group back with it.
+/// place with back-off (a failure report or hostile result first, then the real one after the
+/// retry) and, on its last attempt, dead-lettered by the processor itself; the group's later items
+/// never go back with it.
 pub async fn process(
     jobs: Arc<BTreeMap<String, Arc<JobPlan>>>,
     world: Arc<World>,
@@ -286,12 +286,7 @@ pub async fn process(
 ) {
     loop {
         let got = work.receive(10, Duration::from_secs(5)).await.expect("in-memory receive");
-        let mut stuck: Vec<String> = Vec::new();
         for d in got {
-            if d.attrs.group.as_ref().is_some_and(|g| stuck.contains(g)) {
-                work.release(vec![d], Duration::ZERO).await.expect("in-memory release");
-                continue;
-            }
             let item: WorkItem = serde_json::from_str(&d.body).expect("the initiator's work item");
             let job = &jobs[&item.job_id];
             let fate = job.chunks[item.chunk as usize].fate;
@@ -316,6 +311,13 @@ pub async fn process(
                 }
                 Fate::Poison => (Vec::new(), false),
                 Fate::Lost => unreachable!("never enqueued"),
+                Fate::FailedFirst | Fate::HostileFirst if first && d.attrs.group.is_some() => {
+                    let wrong = if fate == Fate::FailedFirst { failed(job, item.chunk) } else { hostile(job, item.chunk) };
+                    send(&*results, vec![wrong]).await;
+                    world.trace(format!("processor: {} chunk {} failed (attempt {}), retried in place", job.id, item.chunk, d.receive_count));
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], true)
+                }
                 Fate::FailedFirst if first => (vec![failed(job, item.chunk)], false),
                 Fate::HostileFirst if first => (vec![hostile(job, item.chunk)], false),
                 Fate::FailedFirst | Fate::HostileFirst => (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], true),
@@ -340,8 +342,6 @@ pub async fn process(
             }
             if delete {
                 work.delete(vec![d]).await.expect("in-memory delete");
-            } else if let (Some(g), false) = (&d.attrs.group, fate == Fate::DeleteLost) {
-                stuck.push(g.clone());
             }
         }
     }

@@ -341,7 +341,15 @@ async fn simulate(seed: u64, opts: Options) -> Run {
     }
     for p in 0..2u64 {
         let rng = ChaCha8Rng::seed_from_u64(seed ^ (0xfeed_0000 + p));
-        fleet_tasks.push(tokio::spawn(fleet::process(by_id.clone(), world.clone(), rng, queues.work.clone(), queues.work_dlq.clone(), queues.results.clone(), plain.clone())));
+        fleet_tasks.push(tokio::spawn(fleet::process(
+            by_id.clone(),
+            world.clone(),
+            rng,
+            queues.work.clone(),
+            queues.work_dlq.clone(),
+            queues.results.clone(),
+            plain.clone(),
+        )));
     }
     // The controllers, each with its own faults.
     let mut faults = Vec::new();
