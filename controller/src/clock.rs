@@ -8,19 +8,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 /// Wall-clock time as the controller sees it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub enum Clock {
     /// The system's wall clock.
+    #[default]
     System,
     /// Wall time that starts at `epoch_ms` when `start` was read and moves with tokio's clock (so a
     /// simulation under paused time ages leases and checkpoints as it advances that clock).
     Driven { epoch_ms: u64, start: Instant },
-}
-
-impl Default for Clock {
-    fn default() -> Self {
-        Clock::System
-    }
 }
 
 impl Clock {

@@ -5,6 +5,7 @@
 
 pub mod aggregate;
 pub mod clock;
+pub mod events;
 pub mod lease;
 pub mod purge;
 
@@ -222,6 +223,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         Ok(h) if !h.is_empty() => h,
         _ => format!("controller-{}", std::process::id()),
     });
+    events::register_metrics();
     let mut aggregator = Aggregator::with_owner(deps.store.clone(), owner.clone(), Duration::from_secs(settings.lease_secs));
     aggregator.set_settle(Duration::from_secs(settings.settle_secs));
     let queues = [(Source::Results, &deps.results), (Source::WorkDeadLetter, &deps.work_dlq), (Source::ResultsDeadLetter, &deps.results_dlq)];

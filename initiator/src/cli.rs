@@ -8,7 +8,10 @@ use fleet_io::config::{FleetArgs, LogArgs};
 
 /// Billing fleet initiator: submit transaction files as a job and read jobs back.
 #[derive(Parser)]
-#[command(version)]
+#[command(
+    version,
+    after_help = "Exit codes: 0 complete (or done); 1 usage or input error; 2 job partial or abandoned; 3 infrastructure (unreachable, credentials, missing queue or bucket); 4 --wait timed out (the job goes on)."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -77,7 +80,17 @@ pub enum Command {
         /// Seconds a received message stays hidden from other consumers.
         #[arg(long, env = "FLEET_VISIBILITY_TIMEOUT", default_value_t = 30)]
         visibility_timeout: u64,
+        /// Print what was provisioned as JSON.
+        #[arg(long)]
+        json: bool,
     },
+    /// Print a shell completion script (e.g. `initiator completions bash > /etc/bash_completion.d/initiator`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) on stdout (e.g. `initiator man > initiator.1; man ./initiator.1`).
+    Man,
     /// Write a deterministic sample CSV to stdout.
     Generate {
         /// Number of transactions.
@@ -117,6 +130,9 @@ pub enum DlqCommand {
         /// Most messages moved per place.
         #[arg(long, default_value_t = 1000)]
         limit: usize,
+        /// Print the counts moved per place as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -166,7 +182,7 @@ pub struct SubmitArgs {
     /// Tariff JSON file overriding the default (0.30 + 2.9%, refunds free).
     #[arg(long)]
     pub tariff: Option<PathBuf>,
-    /// Give up waiting after this many seconds.
+    /// Give up waiting after this many seconds (exit 4; the job goes on).
     #[arg(long, default_value_t = 3600)]
     pub wait_timeout_secs: u64,
     /// Concurrent chunk uploads.

@@ -1,6 +1,8 @@
 //! The initiator's commands as flows over the library: submit (and follow), status, report, local,
-//! abandon, generate, provision, and the dead-letter commands. Exit codes: 0 job complete; 1 usage or input
-//! error (nothing enqueued); 2 job finished partial; 3 infrastructure error.
+//! abandon, generate, provision, the dead-letter commands, completions and the man page. Every
+//! command checks what it can locally (files, flags, tariff, job id) before it contacts anything,
+//! then checks the AWS settings (region, credentials) and reaches the stack within
+//! [`REACH_WITHIN`] before its real calls. Exit codes: [`crate::Exit`].
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -8,6 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use fleet_domain::billing::Tariff;
+use fleet_io::call::CallPolicy;
 use fleet_io::config::{Aws, FleetArgs};
 use fleet_io::provision::QueueSettings;
 
@@ -15,18 +18,52 @@ use crate::cli::{Cli, Command, DlqCommand, RedriveFrom, SubmitArgs};
 use crate::submit::{Clients, SubmitOptions};
 use crate::{follow, job_exit_code, CliError};
 
+/// How long an interactive command gives the stack to answer its first call before it says it cannot
+/// be reached (later calls have the full `--call-deadline`).
+pub const REACH_WITHIN: Duration = Duration::from_secs(2);
+
+/// The AWS settings, checked (region, credentials), with every call bounded by the fleet's policy.
+async fn aws(fleet: &FleetArgs) -> Result<Aws, CliError> {
+    let aws = Aws::load().await;
+    aws.check_identity(REACH_WITHIN).await?;
+    Ok(aws.with_policy(fleet.call_policy()))
+}
+
+/// The first call, bounded by [`REACH_WITHIN`] with its retries: an unreachable endpoint is said
+/// at once, not after the call deadline's retries.
+fn quick(aws: &Aws) -> Aws {
+    aws.clone().with_policy(CallPolicy { attempt_timeout: REACH_WITHIN, deadline: REACH_WITHIN, ..CallPolicy::default() })
+}
+
+/// The bucket, reached quickly first.
+async fn store(aws: &Aws, fleet: &FleetArgs) -> Result<std::sync::Arc<fleet_io::blob::S3Store>, CliError> {
+    quick(aws).store(&fleet.bucket).check().await?;
+    Ok(aws.store(&fleet.bucket))
+}
+
 /// Runs one command; the exit code says how the job (if any) ended.
 pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let fleet = cli.fleet;
     match cli.command {
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "initiator", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            clap_mangen::Man::new(cmd).render(&mut std::io::stdout()).map_err(|e| CliError::Input(format!("writing stdout: {e}")))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Generate { rows, accounts, seed, every_account } => {
             let mut out = std::io::stdout().lock();
             fleet_domain::generate::write_csv(&mut out, rows, accounts, seed, every_account).map_err(|e| CliError::Input(format!("writing stdout: {e}")))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { job, json } => {
-            let aws = Aws::load().await.with_policy(fleet.call_policy());
-            let p = follow::progress(aws.store(&fleet.bucket).as_ref(), &job).await?;
+            follow::checked(&job)?;
+            let aws = aws(&fleet).await?;
+            let p = follow::progress(store(&aws, &fleet).await?.as_ref(), &job).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&p).map_err(fleet_io::Error::from)?);
             } else {
@@ -35,8 +72,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Report { job, json } => {
-            let aws = Aws::load().await.with_policy(fleet.call_policy());
-            let r = follow::report(aws.store(&fleet.bucket).as_ref(), &job).await?;
+            follow::checked(&job)?;
+            let aws = aws(&fleet).await?;
+            let r = follow::report(store(&aws, &fleet).await?.as_ref(), &job).await?;
             print_report(&r, json)?;
             Ok(job_exit_code(r.status))
         }
@@ -53,8 +91,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Submit(args) => submit(args, &fleet).await,
         Command::Abandon { job, reason, no_wait, json } => {
-            let aws = Aws::load().await.with_policy(fleet.call_policy());
-            let store = aws.store(&fleet.bucket);
+            follow::checked(&job)?;
+            let aws = aws(&fleet).await?;
+            let store = store(&aws, &fleet).await?;
             // Refuses an unknown job (a typo must not create an empty abandoned job).
             let p = follow::progress(store.as_ref(), &job).await?;
             if p.status.is_finished() {
@@ -68,6 +107,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             crate::ops::abandon(results.as_ref(), bus.as_deref(), &job, &reason).await?;
             if no_wait {
                 eprintln!("job {job}: abandon requested");
+                if json {
+                    println!("{}", serde_json::json!({ "job_id": job, "abandon_requested": true }));
+                }
                 return Ok(ExitCode::SUCCESS);
             }
             let r = follow::wait(store.as_ref(), &job, 0, Duration::from_secs(600), false).await?;
@@ -75,11 +117,16 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(job_exit_code(r.status))
         }
         Command::Dlq { command } => dlq(command, &fleet).await,
-        Command::Provision { max_receive_count, visibility_timeout } => {
+        Command::Provision { max_receive_count, visibility_timeout, json } => {
             if max_receive_count == 0 {
                 return Err(CliError::Input("--max-receive-count must be at least 1".into()));
             }
-            let aws = Aws::load().await.with_policy(fleet.call_policy());
+            let aws = aws(&fleet).await?;
+            // Reached quickly (a missing bucket answers too: it is what this creates).
+            match quick(&aws).store(&fleet.bucket).check().await {
+                Ok(()) | Err(fleet_io::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
             let settings = QueueSettings { max_receive_count, visibility_timeout: Duration::from_secs(visibility_timeout) };
             fleet_io::provision::ensure_fleet(&aws, &fleet, settings).await?;
             eprintln!(
@@ -90,6 +137,18 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 fleet_io::config::dlq_name(&fleet.results_queue),
                 fleet.bucket
             );
+            if json {
+                let v = serde_json::json!({
+                    "queues": [
+                        { "name": fleet.work_queue, "dead_letter": fleet.work_dlq() },
+                        { "name": fleet.results_queue, "dead_letter": fleet_io::config::dlq_name(&fleet.results_queue) },
+                    ],
+                    "bucket": fleet.bucket,
+                    "max_receive_count": max_receive_count,
+                    "visibility_timeout_secs": visibility_timeout,
+                });
+                println!("{v}");
+            }
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -97,9 +156,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
 
 async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliError> {
     use fleet_io::queue::Queue;
-    let aws = Aws::load().await.with_policy(fleet.call_policy());
-    let store = aws.store(&fleet.bucket);
+    let aws = aws(fleet).await?;
+    quick(&aws).queue(&fleet.work_dlq()).await?;
     let work_dlq = aws.queue(&fleet.work_dlq()).await?;
+    let store = aws.store(&fleet.bucket);
     let results_dlq = aws.queue(&fleet.results_dlq()).await?;
     let dlqs: [&dyn Queue; 2] = [work_dlq.as_ref(), results_dlq.as_ref()];
     match command {
@@ -121,17 +181,20 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
             let e = crate::ops::show(&dlqs, store.as_ref(), &id).await?;
             println!("{}", serde_json::to_string_pretty(&e).map_err(fleet_io::Error::from)?);
         }
-        DlqCommand::Redrive { from, limit } => {
+        DlqCommand::Redrive { from, limit, json } => {
             let work = aws.queue(&fleet.work_queue).await?;
             let results = aws.queue(&fleet.results_queue).await?;
             let all = from == RedriveFrom::All;
+            let mut moved = serde_json::Map::new();
             if all || from == RedriveFrom::WorkDlq {
                 let n = crate::ops::redrive_queue(work_dlq.as_ref(), work.as_ref(), limit).await?;
                 eprintln!("{n} messages moved from {} to {}", work_dlq.name(), work.name());
+                moved.insert("work_dlq".into(), n.into());
             }
             if all || from == RedriveFrom::ResultsDlq {
                 let n = crate::ops::redrive_queue(results_dlq.as_ref(), results.as_ref(), limit).await?;
                 eprintln!("{n} messages moved from {} to {}", results_dlq.name(), results.name());
+                moved.insert("results_dlq".into(), n.into());
             }
             if all || from == RedriveFrom::Quarantine {
                 // Quarantined from a queue: back to the queue whose consumer reads it (a dead letter
@@ -144,6 +207,10 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
                 ];
                 let n = crate::ops::redrive_quarantine(store.as_ref(), &targets, limit).await?;
                 eprintln!("{n} quarantined messages sent back");
+                moved.insert("quarantine".into(), n.into());
+            }
+            if json {
+                println!("{}", serde_json::Value::Object(moved));
             }
         }
     }
@@ -167,9 +234,13 @@ fn print_report(r: &fleet_domain::report::Report, json: bool) -> Result<(), CliE
 }
 
 async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliError> {
+    // Everything local first: nothing is contacted for a submission that cannot go.
     let tariff = load_tariff(args.tariff.as_ref())?;
+    let grouping = crate::grouping::Grouping::new(args.group_by, args.groups);
+    crate::submit::preflight(&args.files, args.chunk_size, grouping, &fleet.work_queue)?;
     let show = std::io::stderr().is_terminal();
-    let aws = Aws::load().await.with_policy(fleet.call_policy());
+    let aws = aws(fleet).await?;
+    quick(&aws).queue(&fleet.work_queue).await?;
     let work = aws.queue(&fleet.work_queue).await?;
     let store = aws.store(&fleet.bucket);
     store.check().await?;
@@ -184,7 +255,7 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
         progress: show,
         priority: args.priority,
         deadline: args.deadline_secs.map(|s| std::time::SystemTime::now() + std::time::Duration::from_secs(s)),
-        grouping: crate::grouping::Grouping::new(args.group_by, args.groups),
+        grouping,
         ..SubmitOptions::new(args.files)
     };
     let s = crate::submit::submit(opts, &clients).await?;

@@ -28,7 +28,7 @@ pub struct JobProgress {
 }
 
 /// A job id from the command line, checked before it becomes part of a key.
-fn checked(job_id: &str) -> Result<(), CliError> {
+pub fn checked(job_id: &str) -> Result<(), CliError> {
     check_job_id(job_id).map_err(|fleet_domain::Error::Corrupt(msg)| CliError::Input(msg))
 }
 
@@ -139,13 +139,7 @@ pub async fn wait(store: &dyn BlobStore, job_id: &str, total_chunks: u32, timeou
         }
         if start.elapsed() > timeout {
             bar.abandon();
-            return Err(CliError::Infra(fleet_io::Error::Service {
-                service: fleet_io::error::Service::S3,
-                operation: "wait",
-                detail: format!("job {job_id} not finished after {} s; is the controller running? (`initiator status {job_id}`)", timeout.as_secs()),
-                retryable: true,
-                source: None,
-            }));
+            return Err(CliError::WaitTimedOut { job_id: job_id.to_string(), after: timeout });
         }
         let pause = if start.elapsed() < Duration::from_secs(10) { 100 } else { 500 };
         tokio::time::sleep(Duration::from_millis(pause)).await;

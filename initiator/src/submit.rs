@@ -7,7 +7,8 @@
 //! items are sent in chunk order, one batch at a time, so that each group's order is the file order.
 
 use std::cell::Cell;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -143,11 +144,14 @@ struct Enqueue<'a> {
     groups: Option<Grouping>,
     bar: ProgressBar,
     trigger: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Work items whose send was attempted, and those acknowledged.
+    attempted: AtomicU64,
+    sent: AtomicU64,
 }
 
 impl<'a> Enqueue<'a> {
     fn new(clients: &'a Clients, job_id: &'a str, tariff: &'a Tariff, attrs: fleet_io::queue::Attrs, groups: Option<Grouping>, bar: ProgressBar) -> Self {
-        Enqueue { clients, job_id, tariff, attrs, groups, bar, trigger: std::sync::Mutex::new(None) }
+        Enqueue { clients, job_id, tariff, attrs, groups, bar, trigger: std::sync::Mutex::new(None), attempted: AtomicU64::new(0), sent: AtomicU64::new(0) }
     }
 
     async fn run(&self, stored: impl Stream<Item = Result<Chunk, CliError>> + Send) -> Result<Vec<Chunk>, CliError> {
@@ -178,7 +182,9 @@ impl<'a> Enqueue<'a> {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| CliError::Input(e.to_string()))?;
+        self.attempted.fetch_add(bodies.len() as u64, Ordering::SeqCst);
         self.clients.work.send_messages(&bodies).await?;
+        self.sent.fetch_add(bodies.len() as u64, Ordering::SeqCst);
         self.bar.inc(bodies.len() as u64);
         let mut trigger = self.trigger.lock().unwrap_or_else(|e| e.into_inner());
         if trigger.is_none() {
@@ -211,23 +217,33 @@ fn bar(mp: &MultiProgress, len: u64, template: &str) -> ProgressBar {
     b
 }
 
-pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted, CliError> {
-    if opts.files.is_empty() {
+/// What a submission can check without the stack, before it contacts anything: the files (each
+/// opened, its header checked), the chunk size, and `--group-by` against the work queue's kind (known
+/// from its name).
+pub fn preflight(files: &[PathBuf], chunk_size: u64, grouping: Grouping, work_queue: &str) -> Result<Vec<InputFile>, CliError> {
+    if files.is_empty() {
         return Err(CliError::Input("no input files".into()));
     }
-    if opts.chunk_size == 0 {
+    if chunk_size == 0 {
         return Err(CliError::Input("--chunk-size must be at least 1".into()));
     }
-    let fifo = fleet_io::config::is_fifo(clients.work.name());
-    if matches!(opts.grouping, Grouping::Account { .. }) && !fifo {
+    if matches!(grouping, Grouping::Account { .. }) && !fleet_io::config::is_fifo(work_queue) {
         return Err(CliError::Input(format!(
-            "--group-by account needs a FIFO work queue (a name ending in .fifo, e.g. --work-queue billing-work.fifo); {} is a standard queue, which keeps no order",
-            clients.work.name()
+            "--group-by account needs a FIFO work queue (a name ending in .fifo, e.g. --work-queue billing-work.fifo); {work_queue} is a standard queue, which keeps no order"
         )));
     }
+    files.iter().map(|p| open(p)).collect()
+}
+
+fn open(p: &Path) -> Result<InputFile, CliError> {
+    InputFile::open(p).map_err(|e| CliError::Input(e.to_string()))
+}
+
+pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted, CliError> {
+    let fifo = fleet_io::config::is_fifo(clients.work.name());
     let grouping = opts.grouping;
     // Every header is checked before any row is read or anything is stored.
-    let files = opts.files.iter().map(|p| InputFile::open(p)).collect::<Result<Vec<_>, _>>().map_err(|e| CliError::Input(e.to_string()))?;
+    let files = preflight(&opts.files, opts.chunk_size, grouping, clients.work.name())?;
     let job_id = new_job_id();
     let started = std::time::Instant::now();
     let mp = MultiProgress::with_draw_target(if opts.progress { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
@@ -236,7 +252,7 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
 
     // Reading and validation run on a blocking thread and hand finished chunks over a small channel;
     // compression and uploads overlap with reading.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, usize, ChunkWriter)>(8);
+    let (tx, rx) = tokio::sync::mpsc::channel::<(u32, usize, ChunkWriter)>(8);
     let (chunk_size, chunk_bytes) = (opts.chunk_size, opts.chunk_bytes);
     let rb = read_bar.clone();
     let reader = tokio::task::spawn_blocking(move || {
@@ -277,14 +293,46 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
         Ok::<_, fleet_domain::input::InputError>((v.counts, rejected))
     });
 
-    let store = clients.store.clone();
-    let n = opts.upload_concurrency.max(1);
     let attrs = fleet_io::queue::Attrs {
         priority: opts.priority,
         deadline_ms: opts.deadline.and_then(|d| d.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_millis() as u64),
         ..Default::default()
     };
     let enqueue = Enqueue::new(clients, &job_id, &opts.tariff, attrs, fifo.then_some(grouping), bar(&mp, 0, "enqueued  {pos} work items"));
+    let outcome = submit_enqueued(&opts, clients, &job_id, &enqueue, reader, rx, store_bar, read_bar, started, fifo).await;
+    match outcome {
+        Ok(s) => Ok(s),
+        Err(cause) if enqueue.attempted.load(Ordering::SeqCst) == 0 => Err(cause),
+        Err(cause) => {
+            // Work items are out: the job must not wait an abandon time for a seal that never comes.
+            let reason = format!("the submission failed: {cause}");
+            let fate = match crate::ops::abandon(clients.results.as_ref(), clients.triggers.as_deref(), &job_id, &reason).await {
+                Ok(()) => format!("so it was abandoned: the controller finishes it as `abandoned` with what was billed (`initiator report {job_id}`)"),
+                Err(e) => format!("and abandoning it failed too ({e}): run `initiator abandon {job_id}`, or the controller abandons it after --abandon-after"),
+            };
+            Err(CliError::Enqueued { job_id: job_id.clone(), enqueued: enqueue.sent.load(Ordering::SeqCst), fate, cause: Box::new(cause) })
+        }
+    }
+}
+
+/// The rest of a submission once work items may go out: store and enqueue the chunks while reading,
+/// then the manifest and the seal.
+#[allow(clippy::too_many_arguments)]
+async fn submit_enqueued(
+    opts: &SubmitOptions,
+    clients: &Clients,
+    job_id: &str,
+    enqueue: &Enqueue<'_>,
+    reader: tokio::task::JoinHandle<Result<(Counts, Vec<Rejected>), fleet_domain::input::InputError>>,
+    mut rx: tokio::sync::mpsc::Receiver<(u32, usize, ChunkWriter)>,
+    store_bar: ProgressBar,
+    read_bar: ProgressBar,
+    started: std::time::Instant,
+    fifo: bool,
+) -> Result<Submitted, CliError> {
+    let store = clients.store.clone();
+    let n = opts.upload_concurrency.max(1);
+    let job_id = job_id.to_string();
     // The stream owns the receiver: when a failure ends the stream early, the channel closes and the
     // reader stops handing over chunks instead of blocking on a full channel.
     let chunks = futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).map(|(number, p, w)| encode(number, p, w, &job_id, &store_bar));

@@ -30,32 +30,39 @@ fn counter(reg: &mut Registry, name: &str, help: &str, v: u64) {
     reg.register(name, help, c);
 }
 
-/// Renders the state in the Prometheus text format.
+/// A gauge whose value may be unknown: left out then (not a made-up -1).
+fn maybe_gauge(reg: &mut Registry, name: &str, help: &str, v: Option<f64>) {
+    if let Some(v) = v {
+        gauge(reg, name, help, v);
+    }
+}
+
+/// Renders the state in the OpenMetrics text format, with `fleet_build_info`. A series whose value
+/// is unknown (no decision yet, nothing waiting) is left out.
 pub fn render_metrics(s: &AgentState) -> String {
-    let mut reg = Registry::with_prefix("agent");
+    let mut root = Registry::default();
+    let info = Family::<Labels, Gauge>::default();
+    info.get_or_create(&fleet_io::telemetry::build_info().to_vec()).set(1);
+    root.register("fleet_build_info", "Which binary and version this is (always 1)", info);
+    let reg = root.sub_registry_with_prefix("agent");
     let d = s.last_decision;
-    gauge(&mut reg, "desired_instances", "Instances the last decision asked for", d.map_or(-1.0, |d| f64::from(d.desired)));
-    gauge(&mut reg, "actual_instances", "Instances running at the last decision", d.map_or(-1.0, |d| f64::from(d.actual)));
+    maybe_gauge(reg, "desired_instances", "Instances the last decision asked for", d.map(|d| f64::from(d.desired)));
+    maybe_gauge(reg, "actual_instances", "Instances running at the last decision", d.map(|d| f64::from(d.actual)));
+    maybe_gauge(reg, "recommended_instances", "Instances the workload needs now (before stabilization and step limits)", d.map(|d| f64::from(d.recommended)));
+    gauge(reg, "stopping_instances", "Instances draining", f64::from(s.stopping));
+    gauge(reg, "reporting_instances", "Instances that reported work lately", f64::from(s.observed.reporting_instances));
+    gauge(reg, "busy_instances", "Instances holding work", f64::from(s.observed.busy_instances));
+    gauge(reg, "arrival_rate", "Work items arriving per second (smoothed)", s.observed.arrival_rate);
     gauge(
-        &mut reg,
-        "recommended_instances",
-        "Instances the workload needs now (before stabilization and step limits)",
-        d.map_or(-1.0, |d| f64::from(d.recommended)),
-    );
-    gauge(&mut reg, "stopping_instances", "Instances draining", f64::from(s.stopping));
-    gauge(&mut reg, "reporting_instances", "Instances that reported work lately", f64::from(s.observed.reporting_instances));
-    gauge(&mut reg, "busy_instances", "Instances holding work", f64::from(s.observed.busy_instances));
-    gauge(&mut reg, "arrival_rate", "Work items arriving per second (smoothed)", s.observed.arrival_rate);
-    gauge(
-        &mut reg,
+        reg,
         "instance_throughput",
         "Work items per second of one saturated instance (measured, else the default)",
         d.map_or(s.policy.default_throughput, |d| d.throughput),
     );
-    gauge(&mut reg, "oldest_age_seconds", "Age of the oldest waiting work item (-1: none waiting)", s.observed.oldest_age.map_or(-1.0, |a| a.as_secs_f64()));
-    gauge(&mut reg, "sla_seconds", "The SLA's maximum delay", s.policy.sla.as_secs_f64());
-    gauge(&mut reg, "interval_seconds", "Time until the agent's next look", s.interval_s);
-    gauge(&mut reg, "bus_live", "1 while the agent's bus subscription is live", f64::from(u8::from(s.bus_live)));
+    maybe_gauge(reg, "oldest_age_seconds", "Age of the oldest waiting work item (absent: none waiting)", s.observed.oldest_age.map(|a| a.as_secs_f64()));
+    gauge(reg, "sla_seconds", "The SLA's maximum delay", s.policy.sla.as_secs_f64());
+    gauge(reg, "interval_seconds", "Time until the agent's next look", s.interval_s);
+    gauge(reg, "bus_live", "1 while the agent's bus subscription is live", f64::from(u8::from(s.bus_live)));
     let depth = Family::<Labels, Gauge>::default();
     if let Some(q) = s.depths {
         for (name, d) in [("work", q.work), ("work_dlq", q.work_dlq), ("results", q.results), ("results_dlq", q.results_dlq)] {
@@ -65,14 +72,14 @@ pub fn render_metrics(s: &AgentState) -> String {
         }
     }
     reg.register("queue_messages", "Approximate messages of the watched queues", depth);
-    counter(&mut reg, "decisions", "Scaling decisions taken", s.decisions);
-    counter(&mut reg, "scale_ups", "Decisions that added instances", s.scale_ups);
-    counter(&mut reg, "scale_downs", "Decisions that removed instances", s.scale_downs);
-    counter(&mut reg, "sqs_requests", "SQS requests the agent made", s.requests);
-    counter(&mut reg, "triggers_received", "Work-detected triggers received", s.triggers_received);
+    counter(reg, "decisions", "Scaling decisions taken", s.decisions);
+    counter(reg, "scale_ups", "Decisions that added instances", s.scale_ups);
+    counter(reg, "scale_downs", "Decisions that removed instances", s.scale_downs);
+    counter(reg, "sqs_requests", "SQS requests the agent made", s.requests);
+    counter(reg, "triggers_received", "Work-detected triggers received", s.triggers_received);
     let mut out = String::new();
     // Writing to a String cannot fail.
-    let _ = encode(&mut out, &reg);
+    let _ = encode(&mut out, &root);
     out
 }
 
@@ -89,7 +96,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/state", get(|State(s): State<SharedState>| async move { Json(lock(&s).clone()) }))
         .route(
             "/metrics",
-            get(|State(s): State<SharedState>| async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render_metrics(&lock(&s))) }),
+            get(|State(s): State<SharedState>| async move { ([(header::CONTENT_TYPE, fleet_io::telemetry::OPENMETRICS_CONTENT_TYPE)], render_metrics(&lock(&s))) }),
         )
         .route("/livez", get(|State(s): State<SharedState>| async move { probe(&s, |h| h.live) }))
         .route("/readyz", get(|State(s): State<SharedState>| async move { probe(&s, |h| h.ready) }))

@@ -242,3 +242,21 @@ fn a_target_per_instance_sets_the_starting_throughput() {
         assert!(e.to_string().contains("not a positive number"), "{e}");
     }
 }
+
+/// `/metrics` in OpenMetrics: build info, and series whose value is not known yet (no decision, no
+/// waiting item) left out rather than set to -1; once a decision is made they appear.
+#[tokio::test(start_paused = true)]
+async fn metrics_leave_unknown_series_out_and_carry_build_info() {
+    let settings = Settings { min_instances: 1, interval_secs: 1, ..Settings::quick() };
+    let state = new_state(&settings, "none");
+    let m = crate::http::render_metrics(&lock(&state));
+    assert!(m.contains("# TYPE fleet_build_info gauge") && m.contains("fleet_build_info{service="), "{m}");
+    assert!(!m.contains("agent_desired_instances") && !m.contains("agent_oldest_age_seconds") && !m.contains(" -1"), "{m}");
+    assert!(m.trim_end().ends_with("# EOF"), "{m}");
+    let f = start(settings);
+    f.work.send(bodies(3)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let m = crate::http::render_metrics(&lock(&f.state));
+    assert!(m.contains("agent_desired_instances "), "{m}");
+    f.stop().await;
+}

@@ -143,7 +143,12 @@ pub(super) enum Rows {
 pub(super) async fn save_checkpoint(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats, rows: Rows) -> Result<()> {
     job.cp.updated_at = job.clock.rfc3339();
     let before = job.cp.parts.clone();
+    let started = tokio::time::Instant::now();
     let result = write_checkpoint(job, store, stats, rows).await;
+    if result.is_ok() {
+        let part_bytes = job.cp.parts.iter().filter(|p| !before.iter().any(|b| b.key == p.key)).map(|p| p.bytes).sum();
+        crate::events::CheckpointWritten { job: &job.cp.job_id, part_bytes, took: started.elapsed() }.emit();
+    }
     job.cp.accounts = Vec::new();
     match result {
         Ok(()) if rows == Rows::Drop => Ok(()),

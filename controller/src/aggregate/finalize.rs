@@ -2,6 +2,8 @@
 //! and accounts are written to the warehouse, its checkpoint is marked finished without rows, its
 //! parts and `open/{job}` marker are removed, and its messages are handed back for deletion.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use fleet_domain::layout::{accounts_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{JobStatus, Manifest};
@@ -143,7 +145,17 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
             Err(e) => tracing::warn!(job = %job_id, error = %e, "could not list the checkpoint parts of a finished job"),
         }
     }
-    tracing::info!(job = %job_id, status = ?r.status, processed = r.transactions.processed, failed = r.transactions.failed,
-        requests = r.requests.total, "job finished; report written");
+    let submitted = time::OffsetDateTime::parse(&r.created_at, &time::format_description::well_known::Rfc3339).ok();
+    let latency =
+        submitted.and_then(|t| u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()).map(|ms| Duration::from_millis(job.clock.now_ms().saturating_sub(ms)));
+    crate::events::JobFinished {
+        job: &job_id,
+        status: r.status,
+        processed: r.transactions.processed,
+        failed: r.transactions.failed,
+        requests: r.requests.total,
+        latency,
+    }
+    .emit();
     Ok(r.status)
 }

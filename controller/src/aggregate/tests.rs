@@ -202,10 +202,10 @@ async fn a_real_result_beats_a_dead_letter_or_a_failure_report_in_either_order()
     let r2 = result("j9", 2, vec![acct("c", 4, 400, 40)]);
     // Chunk 1: dead-lettered (its delete failed after it was billed), then its real result.
     agg.apply(Source::WorkDeadLetter, keep(Source::WorkDeadLetter, &[dead_letter("j9", 1, 3)])).await;
-    agg.apply(Source::Results, keep(Source::Results, &[r1.clone()])).await;
+    agg.apply(Source::Results, keep(Source::Results, std::slice::from_ref(&r1))).await;
     // Chunk 2: a failure report (a processor that gave up), then the real result of another try.
     agg.apply(Source::Results, keep(Source::Results, &[failed("j9", 2, 4, "S3 GetObject: no answer")])).await;
-    agg.apply(Source::Results, keep(Source::Results, &[r2.clone()])).await;
+    agg.apply(Source::Results, keep(Source::Results, std::slice::from_ref(&r2))).await;
     // Chunk 3: the real result first, then a dead letter of it: the result stays.
     agg.apply(Source::Results, keep(Source::Results, &[result("j9", 3, vec![acct("d", 5, 500, 50)])])).await;
     agg.apply(Source::WorkDeadLetter, keep(Source::WorkDeadLetter, &[dead_letter("j9", 3, 5)])).await;

@@ -85,7 +85,12 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
         // except those held through an outage or retried in place.
         let receipts: Vec<String> = msgs.iter().map(|m| m.receipt().to_string()).collect();
         let handed = msgs.len();
+        let started = Instant::now();
         let given_back = inner.handler.handle(msgs, &inner.completions).await;
+        let took = started.elapsed().as_secs_f64();
+        for _ in 0..handed {
+            crate::metrics::observe_handling(inner.queue.name(), took);
+        }
         let (held, given_back): (Vec<_>, Vec<_>) = given_back.into_iter().partition(|(_, o)| matches!(o, Outcome::Unavailable(_)));
         let (mut again, given_back): (Vec<_>, Vec<_>) = given_back.into_iter().partition(|(m, o)| retry_in_place(&inner, m, o, &tried));
         {

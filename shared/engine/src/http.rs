@@ -29,12 +29,39 @@ use super::Engine;
 /// A metric: name, help text and how to read it from a state.
 type Metric<T> = (&'static str, &'static str, fn(&ListenerState) -> T);
 
-/// Renders states in the Prometheus text format.
+/// A breaker metric: name, help text and how to read it from a breaker's state.
+type BreakerMetric<T> = (&'static str, &'static str, fn(&fleet_io::breaker::BreakerState) -> T);
+
+/// Renders states in the OpenMetrics text format, with the process's own metrics
+/// ([`crate::metrics`]). A series whose value is unknown (no depth looked at yet) is left out.
 pub fn render_metrics(states: &[ListenerState]) -> String {
-    let mut reg = Registry::with_prefix("listener");
-    let gauges: [Metric<i64>; 13] = [
-        ("queue_visible", "Approximate visible messages in the queue", |s| s.depth.map_or(-1, |d| d.visible as i64)),
-        ("queue_in_flight", "Approximate in-flight messages of the queue", |s| s.depth.map_or(-1, |d| d.in_flight as i64)),
+    let mut root = Registry::default();
+    crate::metrics::register_build_info(&mut root);
+    crate::metrics::register_service(&mut root);
+    let listener = root.sub_registry_with_prefix("listener");
+    render_listeners(states, listener);
+    crate::metrics::register_handling(listener);
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut out, &root);
+    out
+}
+
+fn render_listeners(states: &[ListenerState], reg: &mut Registry) {
+    let depths: [Metric<Option<i64>>; 2] = [
+        ("queue_visible", "Approximate visible messages in the queue", |s| s.depth.map(|d| d.visible as i64)),
+        ("queue_in_flight", "Approximate in-flight messages of the queue", |s| s.depth.map(|d| d.in_flight as i64)),
+    ];
+    for (name, help, f) in depths {
+        let fam = Family::<Vec<(String, String)>, Gauge>::default();
+        for s in states {
+            if let Some(v) = f(s) {
+                fam.get_or_create(&vec![("queue".to_string(), s.queue.clone())]).set(v);
+            }
+        }
+        reg.register(name, help, fam);
+    }
+    let gauges: [Metric<i64>; 11] = [
         ("consumers_active", "Consumers receiving now", |s| s.consumers_active as i64),
         ("consumers_total", "Consumer tasks alive (active, parked or stopping)", |s| s.consumers_total as i64),
         ("consumers_max", "Upper bound of consumers", |s| s.consumers_max as i64),
@@ -80,7 +107,7 @@ pub fn render_metrics(states: &[ListenerState]) -> String {
         }
     }
     reg.register("dependency_down", "1 for each dependency whose breaker is open", down);
-    let breaker_gauges: [(&str, &str, fn(&fleet_io::breaker::BreakerState) -> i64); 2] = [
+    let breaker_gauges: [BreakerMetric<i64>; 2] = [
         ("breaker_open", "1 while the dependency's breaker is open", |b| i64::from(b.open)),
         ("breaker_failures", "Failed calls in a row to the dependency", |b| i64::from(b.failures)),
     ];
@@ -93,7 +120,7 @@ pub fn render_metrics(states: &[ListenerState]) -> String {
         }
         reg.register(name, help, fam);
     }
-    let breaker_counters: [(&str, &str, fn(&fleet_io::breaker::BreakerState) -> u64); 2] =
+    let breaker_counters: [BreakerMetric<u64>; 2] =
         [("breaker_trips", "Times the dependency's breaker opened", |b| b.trips), ("breaker_probes", "Probes sent while the breaker was open", |b| b.probes)];
     for (name, help, f) in breaker_counters {
         let fam = Family::<Vec<(String, String)>, Counter>::default();
@@ -104,10 +131,6 @@ pub fn render_metrics(states: &[ListenerState]) -> String {
         }
         reg.register(name, help, fam);
     }
-    let mut out = String::new();
-    // Writing to a String cannot fail.
-    let _ = encode(&mut out, &reg);
-    out
 }
 
 #[derive(Deserialize)]
@@ -134,7 +157,7 @@ pub fn router(engines: Vec<Engine>) -> Router {
         .route(
             "/metrics",
             get(|State(e): State<Vec<Engine>>, Query(w): Query<Which>| async move {
-                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render_metrics(&states(&e, &w)))
+                ([(header::CONTENT_TYPE, fleet_io::telemetry::OPENMETRICS_CONTENT_TYPE)], render_metrics(&states(&e, &w)))
             }),
         )
         .route("/livez", get(|State(e): State<Vec<Engine>>| async move { probe(&e, |h| h.live) }))

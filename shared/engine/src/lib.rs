@@ -17,6 +17,7 @@ mod expiry;
 pub mod heartbeat;
 #[cfg(feature = "http")]
 pub mod http;
+pub mod metrics;
 pub mod report;
 pub mod state;
 pub mod throttle;

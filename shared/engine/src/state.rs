@@ -235,7 +235,7 @@ impl Engine {
             }
             now - p.1
         };
-        let in_hand = lock(&inner.heartbeat).len() > 0;
+        let in_hand = !lock(&inner.heartbeat).is_empty();
         let bound = self.stall_bound(in_hand);
         if quiet > bound {
             live = false;

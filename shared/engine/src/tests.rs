@@ -558,6 +558,15 @@ async fn fifo_groups_are_processed_one_at_a_time_in_order() {
         assert!(end(g) < a2[1], "{g} ended at {:?}, after a2's retry began at {:?}", end(g), a2[1]);
     }
     assert!(end("a5") > a2[1], "a3..a5 waited for a2's retry");
+    // Each handling is observed in the histogram (other tests may add to the same queue name).
+    let m = http::render_metrics(&[e.state()]);
+    let count = m
+        .lines()
+        .find_map(|l| l.strip_prefix("listener_handling_seconds_count{queue=\"work.fifo\"} "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no handling histogram: {m}"));
+    assert!(count >= 16, "15 handled and one failure: {count}");
+    assert!(m.contains("# TYPE listener_handling_seconds histogram"), "{m}");
     e.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -657,7 +666,9 @@ async fn state_reports_consumers_concurrency_and_buffer_and_metrics_render() {
     for _ in 0..5 {
         let s = e.state();
         assert_eq!((s.depth, s.depth_age_ms), (None, None));
-        let _ = http::render_metrics(&[s]);
+        let m = http::render_metrics(&[s]);
+        // An unknown depth is left out, not made up.
+        assert!(!m.contains("listener_queue_visible{") && !m.contains(" -1"), "{m}");
     }
     assert_eq!(q.calls().snapshot().get("sqs.GetQueueAttributes"), None, "a state read made a request");
     // While the listener receives, the depth is looked at every DEPTH_REFRESH.
@@ -674,6 +685,10 @@ async fn state_reports_consumers_concurrency_and_buffer_and_metrics_render() {
     assert!(m.contains("listener_concurrency_in_use{queue=\"work\"} 2"), "{m}");
     assert!(m.contains("listener_buffer_capacity{queue=\"work\"} 3"), "{m}");
     assert!(m.contains("listener_received_total{queue=\"work\"} 5"), "{m}");
+    assert!(m.contains("listener_queue_visible{queue=\"work\"} 5"), "{m}");
+    // OpenMetrics: build info on every service, the closing `# EOF`.
+    assert!(m.contains("# TYPE fleet_build_info gauge") && m.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))), "{m}");
+    assert!(m.trim_end().ends_with("# EOF"), "{m}");
     e.quiesce(Duration::ZERO).await;
     e.finish(false).await;
 }
@@ -765,6 +780,8 @@ async fn throttle_changes_need_the_admin_token_and_absurd_limits_are_refused_wit
         let r = http_request(state, "GET", path, "", "").await;
         assert_eq!(status(&r), 200, "{path}: {r}");
     }
+    let r = http_request(state, "GET", "/metrics", "", "").await;
+    assert!(r.to_ascii_lowercase().contains("content-type: application/openmetrics-text; version=1.0.0; charset=utf-8"), "{r}");
     assert_eq!(q.calls().snapshot().get("sqs.GetQueueAttributes"), None, "a scrape asked the queue");
     stop.cancel();
     e.shutdown(Duration::from_secs(5)).await;

@@ -11,7 +11,7 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use crate::blob::S3Store;
 use crate::breaker::Breakers;
 use crate::call::{CallArgs, CallPolicy};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::queue::SqsQueue;
 use crate::trigger::{redact_url, spawn_subscription, AmqpCa, RabbitTriggers, Subscription, TriggerBus};
 
@@ -183,6 +183,22 @@ impl Aws {
             None => format!("the AWS endpoint for region {}", sdk.region().map(|r| r.to_string()).unwrap_or_else(|| "(none set)".into())),
         };
         Aws { sdk, endpoint, custom_endpoint, policy: CallPolicy::default(), breakers: Breakers::default() }
+    }
+
+    /// Checks what every call needs and the SDK would find missing only at the first call, after its
+    /// lookups: a region and credentials. Each missing one is said in a line that says what to set.
+    pub async fn check_identity(&self, within: Duration) -> Result<()> {
+        use aws_sdk_sqs::config::ProvideCredentials;
+        if self.sdk.region().is_none() {
+            return Err(Error::Config("no AWS region: set AWS_REGION (e.g. us-east-1), or a region in your AWS profile".into()));
+        }
+        let missing =
+            || Error::Config("no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (any values for LocalStack), or AWS_PROFILE".into());
+        let provider = self.sdk.credentials_provider().ok_or_else(missing)?;
+        match tokio::time::timeout(within, provider.provide_credentials()).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(missing()),
+        }
     }
 
     /// The same configuration with every call bounded by `policy`.

@@ -112,6 +112,22 @@ impl From<serde_json::Error> for Error {
     }
 }
 
+/// The innermost cause of an error, the one a person can act on ("Connection refused (os error
+/// 111)", "dns error: failed to lookup address"), instead of the SDK's whole chain of wrappers (the
+/// full chain stays the error's `source`).
+pub fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    let s = cur.to_string();
+    if s.is_empty() || s == "dispatch failure" {
+        format!("{}", DisplayErrorContext(e))
+    } else {
+        s
+    }
+}
+
 /// Maps an SDK error to the library error, telling unreachable endpoints apart from service errors.
 pub(crate) fn sdk_error<E>(service: Service, operation: &'static str, endpoint: &str, e: SdkError<E, HttpResponse>) -> Error
 where
@@ -119,7 +135,7 @@ where
 {
     match &e {
         SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
-            Error::Unreachable { service, endpoint: endpoint.to_string(), detail: format!("{}", DisplayErrorContext(&e)), source: Some(Box::new(e)) }
+            Error::Unreachable { service, endpoint: endpoint.to_string(), detail: root_cause(&e), source: Some(Box::new(e)) }
         }
         SdkError::ServiceError(se) => {
             let code = se.err().code().unwrap_or("");

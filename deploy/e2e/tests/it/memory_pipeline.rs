@@ -160,6 +160,33 @@ async fn failure_mid_submission_is_an_error_not_a_hang() {
     }
 }
 
+/// A submission that fails after work items went out says so, and what became of the job: it is
+/// abandoned at once (an `Abandon` on the results queue), not left for the controller's abandon time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_after_work_items_went_out_abandons_the_job_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("in.csv");
+    fleet_domain::generate::write_csv(&mut std::fs::File::create(&path).unwrap(), 5_000, 10, 1, false).unwrap();
+    let store = Arc::new(UploadStore { inner: MemoryStore::new(), ok: Some(40.into()), jitter: false });
+    let work = MemoryQueue::new("work", Duration::from_secs(30));
+    let results = MemoryQueue::new("results", Duration::from_secs(30));
+    let clients =
+        Clients { work: work.clone() as Arc<dyn Queue>, results: results.clone() as Arc<dyn Queue>, store: store as Arc<dyn BlobStore>, triggers: None };
+    let opts = SubmitOptions { chunk_size: 5, ..SubmitOptions::new(vec![path]) };
+    let r = tokio::time::timeout(Duration::from_secs(20), initiator::submit::submit(opts, &clients)).await.expect("submit returned");
+    let Err(e @ initiator::CliError::Enqueued { .. }) = r else { panic!("expected an error after enqueueing, got {r:?}") };
+    let initiator::CliError::Enqueued { job_id, enqueued, cause, .. } = &e else { unreachable!() };
+    assert!(matches!(**cause, initiator::CliError::Infra(_)), "{cause:?}");
+    assert_eq!(e.exit(), initiator::Exit::Infra, "the cause's exit code");
+    assert_eq!(*enqueued as usize, work.bodies().len(), "the count said is what is on the queue");
+    assert!(*enqueued > 0);
+    let line = e.to_string();
+    assert!(line.contains(&format!("job {job_id} had {enqueued} work item(s) enqueued")) && line.contains("abandoned"), "{line}");
+    let abandon: Vec<String> = results.bodies().into_iter().filter(|b| b.contains("\"abandon\"") || b.contains("Abandon")).collect();
+    assert_eq!(abandon.len(), 1, "one abandon request: {:?}", results.bodies());
+    assert!(abandon[0].contains(job_id.as_str()) && abandon[0].contains("the submission failed"), "{}", abandon[0]);
+}
+
 /// `--group-by account` on a FIFO queue: each account's rows are in one group, in file order, and the
 /// groups' chunks arrive in order; on a standard queue it is refused before anything is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

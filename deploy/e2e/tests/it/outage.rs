@@ -83,7 +83,13 @@ async fn run(o: Outage) {
     let store = s3.store(&n.bucket);
     let stop = tokio_util::sync::CancellationToken::new();
     let queues = Queues { work: work.clone(), work_dlq, results, results_dlq, store };
-    let (processor, controller, controller_http) = start_processor_and_controller(&n, &queues, &stop);
+    // One work item at a time: the job takes seconds, so the outage starts while it is under way (at
+    // full width the fleet billed its 120 chunks between two looks at its progress once).
+    let narrow = processor::Settings {
+        listener: fleet_engine::args::ListenerArgs { max_concurrency: 1, max_consumers: 1, ..fleet_engine::args::ListenerArgs::quick() },
+        ..fast_processor()
+    };
+    let (processor, controller, controller_http) = start_processor_and_controller(&n, &queues, &stop, narrow);
     let agent = s.start_agent();
     let dir = tempfile::tempdir().unwrap();
     let files = vec![generated(dir.path(), &format!("{}.csv", o.name), 60_000, 500, 21)];

@@ -49,7 +49,7 @@ async fn the_whole_stack_frozen_for_10_s_mid_job_totals_exact_services_alive() {
     let store = via.store(&n.bucket);
     let stop = tokio_util::sync::CancellationToken::new();
     let queues = Queues { work: work.clone(), work_dlq: work_dlq.clone(), results: results.clone(), results_dlq: results_dlq.clone(), store: store.clone() };
-    let (processor, controller, _) = start_processor_and_controller(n, &queues, &stop);
+    let (processor, controller, _) = start_processor_and_controller(n, &queues, &stop, fast_processor());
     let agent = tokio::spawn(scaling_agent::run(
         scaling_agent::Settings::quick(),
         scaling_agent::Deps {

@@ -165,10 +165,11 @@ pub fn start_processor_and_controller(
     names: &fleet_io::config::FleetArgs,
     q: &Queues,
     stop: &CancellationToken,
+    processor: processor::Settings,
 ) -> (JoinHandle<fleet_io::Result<()>>, JoinHandle<fleet_io::Result<()>>, std::net::SocketAddr) {
     let controller_http = free_addr();
     let processor = tokio::spawn(processor::run(
-        fast_processor(),
+        processor,
         processor::Deps {
             work: q.work.clone(),
             work_dlq: Some(q.work_dlq.clone()),
