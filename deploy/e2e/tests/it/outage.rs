@@ -144,6 +144,11 @@ async fn run(o: Outage) {
     assert_eq!(report.status, fleet_domain::model::JobStatus::Complete, "[{}] {:?}", o.name, report.failed_chunks);
     assert_eq!(report_accounts(&report), expected_accounts(&files), "[{}] exact totals after the outage", o.name);
     assert_eq!(dead_letters(&s).await, (0, 0), "[{}] no work item and no result dead-lettered", o.name);
+    // The controller's typed events reached its metrics (OpenMetrics): the job, its latency.
+    let m = crate::support::get(&controller_http.to_string(), "/metrics").await.expect("the controller's /metrics");
+    assert!(m.to_ascii_lowercase().contains("content-type: application/openmetrics-text"), "{m}");
+    assert!(m.contains("controller_jobs_finished_total{status=\"complete\"}") && m.contains("controller_job_latency_seconds_count"), "{m}");
+    assert!(m.contains("listener_handling_seconds_bucket") && m.contains("fleet_build_info"), "{m}");
     stop.cancel();
     processor.await.unwrap().unwrap();
     controller.await.unwrap().unwrap();

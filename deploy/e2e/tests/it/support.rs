@@ -208,13 +208,17 @@ pub fn free_addr() -> std::net::SocketAddr {
 
 /// GET on a service's state endpoint (`/state?depth=false`): its JSON.
 pub async fn get_state(addr: &str) -> Option<serde_json::Value> {
+    serde_json::from_str(get(addr, "/state?depth=false").await?.split("\r\n\r\n").nth(1)?).ok()
+}
+
+/// The whole HTTP/1.0 answer (status line, headers, body) to a GET of `path`.
+pub async fn get(addr: &str, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(b"GET /state?depth=false HTTP/1.0\r\nHost: x\r\n\r\n").await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await.ok()?;
-    let text = String::from_utf8_lossy(&buf);
-    serde_json::from_str(text.split("\r\n\r\n").nth(1)?).ok()
+    Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
 /// Fast processor settings for tests.
