@@ -29,15 +29,15 @@ async fn aws(fleet: &FleetArgs) -> Result<Aws, CliError> {
     Ok(aws.with_policy(fleet.call_policy()))
 }
 
-/// The first call, bounded by [`REACH_WITHIN`] with its retries: an unreachable endpoint is said
-/// at once, not after the call deadline's retries.
-fn quick(aws: &Aws) -> Aws {
-    aws.clone().with_policy(CallPolicy { attempt_timeout: REACH_WITHIN, deadline: REACH_WITHIN, ..CallPolicy::default() })
+/// The bound on a command's first call, retries included: an unreachable endpoint is said at once,
+/// not after the call deadline's retries.
+fn quick() -> CallPolicy {
+    CallPolicy { attempt_timeout: REACH_WITHIN, deadline: REACH_WITHIN, ..CallPolicy::default() }
 }
 
 /// The bucket, reached quickly first.
 async fn store(aws: &Aws, fleet: &FleetArgs) -> Result<std::sync::Arc<fleet_io::blob::S3Store>, CliError> {
-    quick(aws).store(&fleet.bucket).check().await?;
+    aws.clone().with_policy(quick()).store(&fleet.bucket).check().await?;
     Ok(aws.store(&fleet.bucket))
 }
 
@@ -123,7 +123,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
             let aws = aws(&fleet).await?;
             // Reached quickly (a missing bucket answers too: it is what this creates).
-            match quick(&aws).store(&fleet.bucket).check().await {
+            match aws.clone().with_policy(quick()).store(&fleet.bucket).check().await {
                 Ok(()) | Err(fleet_io::Error::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -157,8 +157,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
 async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliError> {
     use fleet_io::queue::Queue;
     let aws = aws(fleet).await?;
-    quick(&aws).queue(&fleet.work_dlq()).await?;
-    let work_dlq = aws.queue(&fleet.work_dlq()).await?;
+    let work_dlq = aws.queue_within(&fleet.work_dlq(), quick()).await?;
     let store = aws.store(&fleet.bucket);
     let results_dlq = aws.queue(&fleet.results_dlq()).await?;
     let dlqs: [&dyn Queue; 2] = [work_dlq.as_ref(), results_dlq.as_ref()];
@@ -240,8 +239,7 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     crate::submit::preflight(&args.files, args.chunk_size, grouping, &fleet.work_queue)?;
     let show = std::io::stderr().is_terminal();
     let aws = aws(fleet).await?;
-    quick(&aws).queue(&fleet.work_queue).await?;
-    let work = aws.queue(&fleet.work_queue).await?;
+    let work = aws.queue_within(&fleet.work_queue, quick()).await?;
     let store = aws.store(&fleet.bucket);
     store.check().await?;
     let results = aws.queue(&fleet.results_queue).await?;

@@ -1,3 +1,9 @@
+//! Why: exactness with several controllers depends on interleavings (a peer paused past its lease,
+//! cut off from S3, a result redelivered behind a failure report) that no hand-written test orders
+//! all of; this explores them by the thousand and checks every job's report against an oracle.
+//! This file sets up one run (queues, controllers as `controller::run` drives them, the chaos
+//! schedule) and returns its verdict; the fleet, the faults and the invariants are in their own modules.
+//!
 //! A deterministic simulation of the fleet around its controllers, in the manner of FoundationDB's
 //! simulator and TigerBeetle's VOPR: one seed fixes a whole run. One to three controllers (the real
 //! `controller::Aggregator`, driven as `controller::run` drives it: listeners on the results queue and

@@ -87,10 +87,7 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
         let handed = msgs.len();
         let started = Instant::now();
         let given_back = inner.handler.handle(msgs, &inner.completions).await;
-        let took = started.elapsed().as_secs_f64();
-        for _ in 0..handed {
-            crate::metrics::observe_handling(inner.queue.name(), took);
-        }
+        crate::metrics::observe_handling(inner.queue.name(), handed, started.elapsed().as_secs_f64());
         let (held, given_back): (Vec<_>, Vec<_>) = given_back.into_iter().partition(|(_, o)| matches!(o, Outcome::Unavailable(_)));
         let (mut again, given_back): (Vec<_>, Vec<_>) = given_back.into_iter().partition(|(m, o)| retry_in_place(&inner, m, o, &tried));
         {
@@ -258,25 +255,16 @@ async fn complete(inner: &Arc<Inner>, m: Delivery, outcome: Outcome, attempt: u3
                 }
                 _ => m,
             };
-            // FIFO: the group's later messages must not overtake it; they go back too, and become
-            // visible no later than it (a visible message behind an invisible one of its group
-            // could be received first): a second earlier on a delayed retry, right after it on
-            // the last attempt.
+            // FIFO (its last attempt, not dead-lettered here): the group's later messages must not
+            // overtake it; they go back right after it. (A FIFO failure with attempts left is
+            // retried in place by `process` and never gets here.)
             let successors = match group {
                 Some(g) => lock(&inner.throttle).take_group(&g),
                 None => Vec::new(),
             };
-            let ahead = if delay > Duration::from_secs(1) { delay - Duration::from_secs(1) } else { delay };
-            if delay.is_zero() {
-                inner.completions.release(m, delay);
-                for b in successors {
-                    release(inner, b, ahead);
-                }
-            } else {
-                for b in successors {
-                    release(inner, b, ahead);
-                }
-                inner.completions.release(m, delay);
+            inner.completions.release(m, delay);
+            for b in successors {
+                release(inner, b, Duration::ZERO);
             }
         }
     }

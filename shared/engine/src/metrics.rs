@@ -26,9 +26,12 @@ type Registration = Box<dyn Fn(&mut Registry) + Send + Sync>;
 
 static EXTRA: Mutex<Vec<Registration>> = Mutex::new(Vec::new());
 
-/// How long one message of `queue` took to handle (a batch's time for each of its messages).
-pub(crate) fn observe_handling(queue: &str, seconds: f64) {
-    HANDLING.get_or_create(&vec![("queue".to_string(), queue.to_string())]).observe(seconds);
+/// A batch of `messages` of `queue` took `seconds` to handle: each of them is observed with it.
+pub(crate) fn observe_handling(queue: &str, messages: usize, seconds: f64) {
+    let h = HANDLING.get_or_create(&vec![("queue".to_string(), queue.to_string())]);
+    for _ in 0..messages {
+        h.observe(seconds);
+    }
 }
 
 /// Adds metrics of the service's own to every exposition: `f` registers (clones of) them.

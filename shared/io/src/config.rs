@@ -240,7 +240,14 @@ impl Aws {
     }
 
     pub async fn queue(&self, name_or_url: &str) -> Result<Arc<SqsQueue>> {
-        let q = SqsQueue::open(self.sqs(), &self.endpoint, name_or_url, self.policy).await?;
+        self.queue_within(name_or_url, self.policy).await
+    }
+
+    /// A queue whose lookup (GetQueueUrl, its first call) is bounded by `first` (e.g. a short bound
+    /// for an interactive command, so an unreachable endpoint is said at once); its later calls by
+    /// this configuration's policy.
+    pub async fn queue_within(&self, name_or_url: &str, first: CallPolicy) -> Result<Arc<SqsQueue>> {
+        let q = SqsQueue::open(self.sqs(), &self.endpoint, name_or_url, first).await?.with_policy(self.policy);
         Ok(Arc::new(q.with_breaker(self.breakers.sqs.clone())))
     }
 

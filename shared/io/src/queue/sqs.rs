@@ -51,6 +51,12 @@ impl SqsQueue {
         Ok(SqsQueue { client, name, url, endpoint: endpoint.to_string(), calls, policy: Guarded::new(policy) })
     }
 
+    /// The same queue with its calls bounded by `policy` from now on.
+    pub fn with_policy(mut self, policy: CallPolicy) -> SqsQueue {
+        self.policy.policy = policy;
+        self
+    }
+
     /// Reports every call to `breaker` (SQS's of the process) and offers it a probe: this queue's
     /// GetQueueAttributes.
     pub fn with_breaker(mut self, breaker: std::sync::Arc<Breaker>) -> SqsQueue {
