@@ -2,14 +2,17 @@
 //! a metric is one value whose `emit` writes both, so they cannot drift apart. Their metrics are
 //! registered once ([`register_metrics`]) into every `/metrics` exposition of the process.
 
-use std::sync::{LazyLock, Once};
+use std::collections::VecDeque;
+use std::sync::{LazyLock, Mutex, Once};
 use std::time::Duration;
 
 use fleet_domain::model::JobStatus;
 use fleet_engine::metrics::{seconds_histogram, Labels};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use serde::Serialize;
 
 static JOBS: LazyLock<Family<Labels, Counter>> = LazyLock::new(Family::default);
 static BILLED: LazyLock<Counter> = LazyLock::new(Counter::default);
@@ -17,6 +20,38 @@ static FAILED: LazyLock<Counter> = LazyLock::new(Counter::default);
 static LATENCY: LazyLock<Histogram> = LazyLock::new(|| Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(0.5, 2.0, 16)));
 static CHECKPOINT: LazyLock<Histogram> = LazyLock::new(seconds_histogram);
 static CHECKPOINT_BYTES: LazyLock<Counter> = LazyLock::new(Counter::default);
+static QUARANTINED: LazyLock<Family<Labels, Counter>> = LazyLock::new(Family::default);
+static LAST_RESULT: LazyLock<Gauge> = LazyLock::new(Gauge::default);
+static OPEN_JOBS: LazyLock<Gauge> = LazyLock::new(Gauge::default);
+
+/// The jobs this controller finished last (newest last), for the status page.
+static RECENT: Mutex<VecDeque<FinishedView>> = Mutex::new(VecDeque::new());
+/// How many finished jobs the status page remembers.
+pub const RECENT_JOBS: usize = 50;
+/// Failed chunk numbers kept per finished job for the status page (the report has them all).
+const FAILED_SHOWN: usize = 20;
+
+/// A finished job as the status page shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct FinishedView {
+    pub job_id: String,
+    pub status: JobStatus,
+    pub total_chunks: Option<u32>,
+    pub processed: u64,
+    pub failed: u64,
+    /// The first failed chunks' numbers (at most 20; `failed_chunk_count` says how many).
+    pub failed_chunks: Vec<u32>,
+    pub failed_chunk_count: usize,
+    pub latency_s: Option<f64>,
+    /// Unix seconds.
+    pub finished_unix: i64,
+    pub note: Option<String>,
+}
+
+/// The jobs this controller finished last, newest first.
+pub fn recent_finished() -> Vec<FinishedView> {
+    fleet_io::lock(&RECENT).iter().rev().cloned().collect()
+}
 
 /// Adds the controller's metrics to the process's `/metrics` (once).
 pub fn register_metrics() {
@@ -29,6 +64,13 @@ pub fn register_metrics() {
             r.register("controller_job_latency_seconds", "From a job's submission (its manifest) to its report", LATENCY.clone());
             r.register("controller_checkpoint_seconds", "Time to write one checkpoint (document and parts)", CHECKPOINT.clone());
             r.register("controller_checkpoint_part_bytes", "Bytes of checkpoint parts written", CHECKPOINT_BYTES.clone());
+            r.register("controller_messages_quarantined", "Unreadable messages moved to the quarantine (S3), by queue", QUARANTINED.clone());
+            r.register(
+                "controller_last_result_timestamp_seconds",
+                "When this controller last applied a message of a job (Unix seconds; 0: never)",
+                LAST_RESULT.clone(),
+            );
+            r.register("controller_open_jobs", "Jobs this controller holds in memory, not finished", OPEN_JOBS.clone());
         });
     });
 }
@@ -52,6 +94,9 @@ pub struct JobFinished<'a> {
     pub requests: u64,
     /// From its submission, when its manifest says when that was.
     pub latency: Option<Duration>,
+    pub total_chunks: Option<u32>,
+    pub failed_chunks: &'a [fleet_domain::model::FailedChunk],
+    pub note: Option<&'a str>,
 }
 
 impl JobFinished<'_> {
@@ -64,7 +109,58 @@ impl JobFinished<'_> {
         if let Some(l) = self.latency {
             LATENCY.observe(l.as_secs_f64());
         }
+        let view = FinishedView {
+            job_id: self.job.to_string(),
+            status: self.status,
+            total_chunks: self.total_chunks,
+            processed: self.processed,
+            failed: self.failed,
+            failed_chunks: self.failed_chunks.iter().take(FAILED_SHOWN).map(|c| c.chunk).collect(),
+            failed_chunk_count: self.failed_chunks.len(),
+            latency_s: self.latency.map(|l| l.as_secs_f64()),
+            finished_unix: time::OffsetDateTime::now_utc().unix_timestamp(),
+            note: self.note.map(str::to_string),
+        };
+        let mut recent = fleet_io::lock(&RECENT);
+        recent.retain(|v| v.job_id != view.job_id);
+        recent.push_back(view);
+        while recent.len() > RECENT_JOBS {
+            recent.pop_front();
+        }
     }
+}
+
+/// An unreadable message was moved to the quarantine (`initiator dlq list` shows it).
+pub struct MessageQuarantined<'a> {
+    pub queue: &'a str,
+    pub message_id: &'a str,
+    pub key: &'a str,
+    pub reason: &'a str,
+}
+
+impl MessageQuarantined<'_> {
+    pub fn emit(&self) {
+        tracing::warn!(queue = self.queue, message_id = self.message_id, key = self.key, reason = self.reason, "unreadable message quarantined");
+        QUARANTINED.get_or_create(&vec![("queue".to_string(), self.queue.to_string())]).inc();
+    }
+}
+
+/// A batch of a job's messages was applied (the job moved, or a duplicate was dropped).
+pub struct ResultsApplied {
+    /// Jobs this controller holds in memory after the batch.
+    pub open_jobs: usize,
+}
+
+impl ResultsApplied {
+    pub fn emit(&self) {
+        LAST_RESULT.set(time::OffsetDateTime::now_utc().unix_timestamp());
+        OPEN_JOBS.set(i64::try_from(self.open_jobs).unwrap_or(i64::MAX));
+    }
+}
+
+/// The jobs in memory were counted again (the timer, so that the gauge falls as jobs finish).
+pub fn open_jobs(n: usize) {
+    OPEN_JOBS.set(i64::try_from(n).unwrap_or(i64::MAX));
 }
 
 /// A checkpoint was written.

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod events;
 pub mod lease;
 pub mod purge;
+pub mod status;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -65,6 +66,11 @@ pub struct Settings {
     /// its report is written (0: at once); the report, accounts, manifest and checkpoint stay.
     #[arg(long, env = "CONTROLLER_BLOB_RETENTION_SECS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=365 * 86_400))]
     pub blob_retention_secs: u64,
+    /// The scaling agent's state endpoint (e.g. http://scaling-agent:9090), read by the status page
+    /// (`GET /` on `--http-addr`) for the fleet, its decisions and the queues' depths; without it
+    /// the page reads the depths from SQS and shows no fleet.
+    #[arg(long, env = "CONTROLLER_AGENT_URL")]
+    pub agent_url: Option<String>,
 }
 
 impl Default for Settings {
@@ -78,6 +84,7 @@ impl Default for Settings {
             lease_secs: 30,
             id: None,
             blob_retention_secs: 0,
+            agent_url: None,
         }
     }
 }
@@ -166,6 +173,7 @@ impl Handler for ResultsHandler {
         // What `apply` does not return waits in its job for the next checkpoint (or, when the job
         // could not be saved, is dropped and comes back after the visibility timeout).
         let applied = self.agg.apply(self.source, msgs.into_iter().map(|d| done.keep(d)).collect()).await;
+        events::ResultsApplied { open_jobs: self.agg.open_jobs() }.emit();
         // Announced when they are visible again, so that the owner's parked listener finds them.
         announce(&self.notifiers, applied.release.iter().map(|(k, after)| (k.queue(), *after)));
         let release = applied.release.into_iter().map(|(k, after)| (k.into_delivery(), Outcome::Release(after)));
@@ -269,7 +277,13 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
             e.follow_triggers(sub, shutdown.clone());
         }
     }
-    http::serve_from_args(&settings.listener, &engines, &shutdown).await?;
+    let mut roles: Vec<(&'static str, Arc<dyn Queue>)> =
+        vec![("results", deps.results.clone()), ("work_dlq", deps.work_dlq.clone()), ("results_dlq", deps.results_dlq.clone())];
+    if let Some(work) = &deps.work {
+        roles.insert(0, ("work", work.clone()));
+    }
+    let page = status::StatusSource::new(owner.clone(), deps.store.clone(), roles, engines.clone(), settings.agent_url.clone());
+    http::serve_from_args_with(&settings.listener, &engines, Some(page.router()), &shutdown).await?;
     let tracker = TaskTracker::new();
     {
         let (agg, stop) = (agg.clone(), shutdown.clone());
@@ -282,6 +296,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
                     _ = tick.tick() => {
                         complete(agg.flush_idle().await);
                         agg.renew_leases().await;
+                        events::open_jobs(agg.open_jobs());
                     }
                 }
             }

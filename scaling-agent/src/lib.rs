@@ -194,6 +194,23 @@ pub struct AgentState {
     /// When the last look ended (liveness: the loop keeps looking).
     #[serde(skip)]
     pub last_look: Option<Instant>,
+    /// The last [`HISTORY`] looks that decided, oldest first (the status page's chart).
+    pub history: std::collections::VecDeque<Look>,
+}
+
+/// Looks kept in [`AgentState::history`].
+pub const HISTORY: usize = 180;
+
+/// One look of the agent, as the status page charts it.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Look {
+    /// Seconds since the agent started.
+    pub t: f64,
+    /// Work items waiting and in flight.
+    pub visible: u64,
+    pub in_flight: u64,
+    pub actual: u32,
+    pub desired: u32,
 }
 
 /// Shared handle on the agent's state.
@@ -233,6 +250,7 @@ pub fn new_state(settings: &Settings, backend: &'static str) -> SharedState {
         bus_configured: false,
         last_look_ok: false,
         last_look: None,
+        history: std::collections::VecDeque::new(),
     }))
 }
 
@@ -335,10 +353,15 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 } else if d.desired < d.actual {
                     st.scale_downs += 1;
                 }
+                let t = now.duration_since(started).as_secs_f64();
                 if d.desired != d.actual {
-                    st.last_change = Some((now.duration_since(started).as_secs_f64(), d));
+                    st.last_change = Some((t, d));
                 }
                 st.last_decision = Some(d);
+                st.history.push_back(Look { t, visible: s.work.visible, in_flight: s.work.in_flight, actual: d.actual, desired: d.desired });
+                if st.history.len() > HISTORY {
+                    st.history.pop_front();
+                }
             }
         }
         interval = if idle { (interval * 2).min(idle_cap) } else { busy_interval };

@@ -155,6 +155,9 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
         failed: r.transactions.failed,
         requests: r.requests.total,
         latency,
+        total_chunks: job.cp.total_chunks,
+        failed_chunks: &r.failed_chunks,
+        note: r.note.as_deref(),
     }
     .emit();
     Ok(r.status)

@@ -342,8 +342,12 @@ impl Aggregator {
                 Ok(item) => groups.entry(item.job_id().to_string()).or_default().push((m, item)),
                 Err(e) => {
                     let queue = self.queues.get(&source).map_or("unknown", String::as_str);
-                    match fleet_io::quarantine::put(self.store.as_ref(), queue, &m, &e.to_string()).await {
-                        Ok(_) => applied.delete.push(m),
+                    let reason = e.to_string();
+                    match fleet_io::quarantine::put(self.store.as_ref(), queue, &m, &reason).await {
+                        Ok(key) => {
+                            crate::events::MessageQuarantined { queue, message_id: &m.id, key: &key, reason: &reason }.emit();
+                            applied.delete.push(m)
+                        }
                         Err(qe) if qe.is_retryable() => self.hold(vec![(source, m)], &qe),
                         Err(qe) => tracing::warn!(queue, message_id = %m.id, error = %qe, "could not quarantine an unreadable message; it will be redelivered"),
                     }

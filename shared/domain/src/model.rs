@@ -216,6 +216,8 @@ pub struct Progress {
     pub status: JobStatus,
     /// Its `Sealed` message has arrived (the number of chunks is known).
     pub sealed: bool,
+    /// The job's number of chunks, once sealed (absent from checkpoints of older controllers).
+    pub total: Option<u32>,
     pub accounted: u32,
     pub failed: u32,
     pub processed: u64,
@@ -230,6 +232,7 @@ impl Progress {
             // Finished for a follower once its report is there.
             status: if cp.finishing { JobStatus::Running } else { cp.status },
             sealed: cp.total_chunks.is_some(),
+            total: cp.total_chunks,
             accounted: cp.accounted.len() as u32,
             failed: cp.failed_chunks.len() as u32,
             processed: cp.processed_transactions,
@@ -239,6 +242,7 @@ impl Progress {
 
     pub fn to_meta(self) -> std::collections::BTreeMap<String, String> {
         let status = serde_json::to_value(self.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+        let total = self.total.map(|t| ("total", t.to_string()));
         [
             ("status", status),
             ("sealed", self.sealed.to_string()),
@@ -248,6 +252,7 @@ impl Progress {
             ("updated", self.updated_unix.to_string()),
         ]
         .into_iter()
+        .chain(total)
         .map(|(k, v)| (k.to_string(), v))
         .collect()
     }
@@ -263,6 +268,7 @@ impl Progress {
         Some(Progress {
             status: serde_json::from_value(serde_json::Value::String(m.get("status")?.clone())).ok()?,
             sealed: m.get("sealed")?.parse().ok()?,
+            total: m.get("total").and_then(|t| t.parse().ok()),
             accounted: m.get("accounted")?.parse().ok()?,
             failed: m.get("failed")?.parse().ok()?,
             processed: m.get("processed")?.parse().ok()?,

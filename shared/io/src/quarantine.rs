@@ -67,12 +67,12 @@ impl Quarantined {
     }
 }
 
-/// Stores `m` in the quarantine; the caller deletes it from its queue once this returned `Ok`.
+/// Stores `m` in the quarantine and returns its key; the caller deletes it from its queue once this
+/// returned `Ok`, and says so (the controller's `MessageQuarantined` event: its log line and metric).
 pub async fn put(store: &dyn BlobStore, queue: &str, m: &Message, reason: &str) -> Result<String> {
     let q = Quarantined::of(queue, m, reason);
     let key = q.key();
     store.put(&key, Bytes::from(serde_json::to_vec_pretty(&q)?), "application/json").await?;
-    tracing::warn!(queue, message_id = %m.id, receive_count = m.receive_count, %reason, %key, "unreadable message quarantined");
     Ok(key)
 }
 

@@ -17,5 +17,6 @@ mod outage;
 mod pipeline;
 mod reliability;
 mod scaling;
+mod status_page;
 mod trigger;
 mod wakeup;

@@ -1,0 +1,425 @@
+//! The status page, served by the controller on its state endpoint (`--http-addr`): `GET /` is one
+//! HTML page with its script and style inline (no build step, nothing fetched from elsewhere) that
+//! reads `GET /status.json` every two seconds. The document is made on demand and kept for
+//! [`FRESH_FOR`], so a page left open costs a few requests per refresh, and nothing when no one looks:
+//!
+//! - jobs: every open job of the fleet (the `open/` markers in the bucket, whichever controller owns
+//!   them, with the progress its checkpoint's metadata carries: one HEAD each), and the jobs this
+//!   controller finished last (its `JobFinished` events), each linking to `/jobs/{id}/report`;
+//! - queues: depth of the work, results and both dead-letter queues, the oldest waiting work item's
+//!   age against the SLA: from the scaling agent's `/state` when `--agent-url` is given and it
+//!   answers (no request of ours), else read from SQS;
+//! - the fleet: the agent's instances, its last decisions as a chart, the breakers of this
+//!   controller and of the instances;
+//! - dead letters and the quarantine count.
+//!
+//! Every source is read under its own short deadline and reported on its own: a source that is down
+//! (the agent, S3, SQS) leaves its section saying so, since when, and the rest of the page working.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use fleet_domain::layout::{check_job_id, checkpoint_key, report_key, OPEN_PREFIX};
+use fleet_domain::model::Progress;
+use fleet_engine::Engine;
+use fleet_io::blob::BlobStore;
+use fleet_io::queue::Queue;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::events::{recent_finished, FinishedView};
+
+/// The page itself.
+const PAGE: &str = include_str!("status.html");
+
+/// A status document is served again for this long before it is made anew.
+pub const FRESH_FOR: Duration = Duration::from_secs(2);
+
+/// Each source's deadline: the page never waits on a hung dependency for longer.
+const SOURCE_DEADLINE: Duration = Duration::from_millis(1500);
+
+/// Most open jobs shown (a HEAD request each).
+const MAX_OPEN_SHOWN: usize = 100;
+
+/// Most quarantined messages counted (a LIST page).
+const MAX_QUARANTINE_COUNTED: usize = 1000;
+
+type Http = Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>;
+
+/// What the page reads, shared by its handlers.
+#[derive(Clone)]
+pub struct StatusSource {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    owner: String,
+    store: Arc<dyn BlobStore>,
+    /// The four queues by role, read when the agent does not answer.
+    queues: Vec<(&'static str, Arc<dyn Queue>)>,
+    engines: Vec<Engine>,
+    agent_url: Option<String>,
+    http: Http,
+    cache: tokio::sync::Mutex<Option<(Instant, Bytes)>>,
+    /// When each failing source started failing (Unix seconds), for "down since".
+    down_since: Mutex<std::collections::BTreeMap<&'static str, i64>>,
+}
+
+/// One queue's line.
+#[derive(Debug, Serialize)]
+struct QueueLine {
+    role: &'static str,
+    name: String,
+    visible: u64,
+    in_flight: u64,
+    delayed: u64,
+    /// The oldest waiting item's age (the work queue, from the agent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    oldest_age_s: Option<f64>,
+}
+
+/// An open job's line.
+#[derive(Debug, Serialize)]
+struct OpenJob {
+    job_id: String,
+    /// `None`: no checkpoint yet (being submitted, or its first results not saved).
+    #[serde(flatten)]
+    progress: Option<ProgressView>,
+}
+
+#[derive(Debug, Serialize)]
+struct ProgressView {
+    status: fleet_domain::model::JobStatus,
+    sealed: bool,
+    total_chunks: Option<u32>,
+    accounted: u32,
+    failed: u32,
+    processed: u64,
+    updated_unix: i64,
+}
+
+impl From<Progress> for ProgressView {
+    fn from(p: Progress) -> Self {
+        ProgressView {
+            status: p.status,
+            sealed: p.sealed,
+            total_chunks: p.total,
+            accounted: p.accounted,
+            failed: p.failed,
+            processed: p.processed,
+            updated_unix: p.updated_unix,
+        }
+    }
+}
+
+/// A section that could not be read: why, and since when.
+#[derive(Debug, Serialize)]
+struct Down {
+    error: String,
+    since_unix: i64,
+}
+
+/// `/status.json`.
+#[derive(Debug, Serialize)]
+struct StatusDoc {
+    generated_unix: i64,
+    controller: String,
+    open_jobs: Result<Vec<OpenJob>, Down>,
+    /// More open jobs than shown.
+    open_jobs_more: bool,
+    finished: Vec<FinishedView>,
+    queues: Result<Vec<QueueLine>, Down>,
+    /// Where the queue depths come from: `agent` or `sqs`.
+    queues_from: &'static str,
+    quarantined: Result<usize, Down>,
+    quarantined_more: bool,
+    breakers: Vec<fleet_io::breaker::BreakerState>,
+    /// The agent's `/state`, as it sent it (`None`: no `--agent-url`).
+    agent: Option<Result<Value, Down>>,
+}
+
+fn now_unix() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+impl StatusSource {
+    /// `queues` by role: `work`, `results`, `work_dlq`, `results_dlq`.
+    pub fn new(
+        owner: String,
+        store: Arc<dyn BlobStore>,
+        queues: Vec<(&'static str, Arc<dyn Queue>)>,
+        engines: Vec<Engine>,
+        agent_url: Option<String>,
+    ) -> StatusSource {
+        let http = Client::builder(TokioExecutor::new()).build_http();
+        let agent_url = agent_url.map(|u| u.trim_end_matches('/').to_string()).filter(|u| !u.is_empty());
+        StatusSource {
+            inner: Arc::new(Inner {
+                owner,
+                store,
+                queues,
+                engines,
+                agent_url,
+                http,
+                cache: tokio::sync::Mutex::new(None),
+                down_since: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The page's routes: `/`, `/status.json`, `/jobs/{id}`, `/jobs/{id}/report`.
+    pub fn router(self) -> Router {
+        Router::new()
+            .route("/", get(page))
+            .route("/status", get(page))
+            .route("/status.json", get(status_json))
+            .route("/jobs/{id}", get(job))
+            .route("/jobs/{id}/report", get(report))
+            .with_state(self)
+    }
+
+    /// Notes a source's outcome: `Err` keeps the time it first failed.
+    fn outcome<T>(&self, source: &'static str, r: Result<T, String>) -> Result<T, Down> {
+        let mut down = fleet_io::lock(&self.inner.down_since);
+        match r {
+            Ok(v) => {
+                down.remove(source);
+                Ok(v)
+            }
+            Err(error) => {
+                let since_unix = *down.entry(source).or_insert_with(now_unix);
+                Err(Down { error, since_unix })
+            }
+        }
+    }
+
+    async fn agent_state(&self) -> Option<Result<Value, String>> {
+        let base = self.inner.agent_url.as_ref()?;
+        let get = async {
+            let uri: hyper::Uri = format!("{base}/state").parse().map_err(|e| format!("agent URL {base}: {e}"))?;
+            let resp = self.inner.http.get(uri).await.map_err(|e| format!("{base}: {}", fleet_io::error::root_cause(&e)))?;
+            if !resp.status().is_success() {
+                return Err(format!("{base}/state answered {}", resp.status()));
+            }
+            let body = resp.into_body().collect().await.map_err(|e| format!("{base}: {e}"))?.to_bytes();
+            serde_json::from_slice::<Value>(&body).map_err(|e| format!("{base}/state: {e}"))
+        };
+        Some(match tokio::time::timeout(SOURCE_DEADLINE, get).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("{base} did not answer within {} ms", SOURCE_DEADLINE.as_millis())),
+        })
+    }
+
+    async fn open_jobs(&self) -> Result<(Vec<OpenJob>, bool), String> {
+        let store = self.inner.store.as_ref();
+        let keys = bounded(store.list(OPEN_PREFIX, MAX_OPEN_SHOWN + 1)).await?;
+        let more = keys.len() > MAX_OPEN_SHOWN;
+        let ids: Vec<String> = keys.iter().take(MAX_OPEN_SHOWN).filter_map(|k| k.strip_prefix(OPEN_PREFIX)).map(str::to_string).collect();
+        let heads = futures::future::join_all(ids.iter().map(|id| async move { bounded(store.head(&checkpoint_key(id))).await })).await;
+        let mut jobs = Vec::with_capacity(ids.len());
+        for (job_id, head) in ids.into_iter().zip(heads) {
+            // A job whose checkpoint cannot be read now is shown without progress.
+            let progress = head.ok().flatten().and_then(|m| Progress::from_meta(&m)).map(ProgressView::from);
+            jobs.push(OpenJob { job_id, progress });
+        }
+        Ok((jobs, more))
+    }
+
+    async fn queues_from_sqs(&self) -> Result<Vec<QueueLine>, String> {
+        let reads = self.inner.queues.iter().map(|(role, q)| async move {
+            let d = bounded(q.depth()).await?;
+            Ok::<_, String>(QueueLine { role, name: q.name().to_string(), visible: d.visible, in_flight: d.in_flight, delayed: d.delayed, oldest_age_s: None })
+        });
+        futures::future::join_all(reads).await.into_iter().collect()
+    }
+
+    async fn make(&self) -> StatusDoc {
+        let (agent, open, quarantine) = tokio::join!(self.agent_state(), self.open_jobs(), bounded(fleet_io::quarantine::list(self.inner.store.as_ref(), MAX_QUARANTINE_COUNTED + 1)));
+        let agent = agent.map(|r| self.outcome("agent", r));
+        let from_agent = match &agent {
+            Some(Ok(state)) => queues_from_agent(state, &self.inner.queues),
+            _ => None,
+        };
+        let (queues, queues_from) = match from_agent {
+            Some(q) => (Ok(q), "agent"),
+            None => (self.queues_from_sqs().await, "sqs"),
+        };
+        let (open_jobs, open_jobs_more) = match self.outcome("store", open) {
+            Ok((jobs, more)) => (Ok(jobs), more),
+            Err(d) => (Err(d), false),
+        };
+        let quarantine = quarantine.map(|keys| keys.len());
+        let quarantined_more = quarantine.as_ref().is_ok_and(|n| *n > MAX_QUARANTINE_COUNTED);
+        let mut breakers: Vec<fleet_io::breaker::BreakerState> = Vec::new();
+        for e in &self.inner.engines {
+            for b in e.state().breakers {
+                if !breakers.iter().any(|x| x.dependency == b.dependency) {
+                    breakers.push(b);
+                }
+            }
+        }
+        StatusDoc {
+            generated_unix: now_unix(),
+            controller: self.inner.owner.clone(),
+            open_jobs,
+            open_jobs_more,
+            finished: recent_finished(),
+            queues: self.outcome("queues", queues),
+            queues_from,
+            quarantined: self.outcome("quarantine", quarantine.map(|n| n.min(MAX_QUARANTINE_COUNTED))),
+            quarantined_more,
+            breakers,
+            agent,
+        }
+    }
+
+    /// The status document, made anew at most every [`FRESH_FOR`] (one maker at a time).
+    async fn document(&self) -> Bytes {
+        let mut cache = self.inner.cache.lock().await;
+        if let Some((at, doc)) = cache.as_ref() {
+            if at.elapsed() < FRESH_FOR {
+                return doc.clone();
+            }
+        }
+        let doc = Bytes::from(serde_json::to_vec(&self.make().await).unwrap_or_default());
+        *cache = Some((Instant::now(), doc.clone()));
+        doc
+    }
+}
+
+/// A call under the page's deadline, its error as text (no credentials: errors name endpoints).
+async fn bounded<T>(f: impl std::future::Future<Output = fleet_io::Result<T>>) -> Result<T, String> {
+    match tokio::time::timeout(SOURCE_DEADLINE, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {} ms", SOURCE_DEADLINE.as_millis())),
+    }
+}
+
+/// The queue lines from the agent's last look (`depths`, `observed.oldest_age`), named as ours.
+fn queues_from_agent(state: &Value, queues: &[(&'static str, Arc<dyn Queue>)]) -> Option<Vec<QueueLine>> {
+    let depths = state.get("depths")?.as_object()?;
+    let oldest = state.get("observed").and_then(|o| o.get("oldest_age")).and_then(duration_secs);
+    queues
+        .iter()
+        .map(|(role, q)| {
+            let d = depths.get(*role)?;
+            let n = |k: &str| d.get(k).and_then(Value::as_u64).unwrap_or(0);
+            Some(QueueLine {
+                role,
+                name: q.name().to_string(),
+                visible: n("visible"),
+                in_flight: n("in_flight"),
+                delayed: n("delayed"),
+                oldest_age_s: if *role == "work" { oldest } else { None },
+            })
+        })
+        .collect()
+}
+
+/// A serde `Duration` (`{"secs":..,"nanos":..}`) as seconds.
+fn duration_secs(v: &Value) -> Option<f64> {
+    let secs = v.get("secs")?.as_f64()?;
+    let nanos = v.get("nanos").and_then(Value::as_f64).unwrap_or(0.0);
+    Some(secs + nanos / 1e9)
+}
+
+async fn page() -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")], PAGE).into_response()
+}
+
+async fn status_json(State(s): State<StatusSource>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-store")], s.document().await).into_response()
+}
+
+fn problem(code: StatusCode, msg: String) -> Response {
+    (code, [(header::CONTENT_TYPE, "application/json")], serde_json::json!({ "error": msg }).to_string()).into_response()
+}
+
+/// One job's progress, whoever owns it (its checkpoint's metadata).
+async fn job(State(s): State<StatusSource>, Path(id): Path<String>) -> Response {
+    if let Err(e) = check_job_id(&id) {
+        return problem(StatusCode::BAD_REQUEST, e.to_string());
+    }
+    let store = s.inner.store.as_ref();
+    let (cp_key, report_key) = (checkpoint_key(&id), report_key(&id));
+    let (head, report) = tokio::join!(bounded(store.head(&cp_key)), bounded(store.head(&report_key)));
+    match (head, report) {
+        (Err(e), _) | (_, Err(e)) => problem(StatusCode::SERVICE_UNAVAILABLE, format!("the bucket does not answer: {e}")),
+        (Ok(None), Ok(None)) => problem(StatusCode::NOT_FOUND, format!("no checkpoint or report of job {id} (yet)")),
+        (Ok(meta), Ok(report)) => {
+            let progress = meta.as_ref().and_then(Progress::from_meta).map(ProgressView::from);
+            let body = serde_json::json!({ "job_id": id, "progress": progress, "report": report.is_some().then(|| format!("/jobs/{id}/report")) });
+            axum::Json(body).into_response()
+        }
+    }
+}
+
+/// A finished job's report, as the warehouse holds it.
+async fn report(State(s): State<StatusSource>, Path(id): Path<String>) -> Response {
+    if let Err(e) = check_job_id(&id) {
+        return problem(StatusCode::BAD_REQUEST, e.to_string());
+    }
+    match tokio::time::timeout(Duration::from_secs(10), s.inner.store.get(&report_key(&id))).await {
+        Ok(Ok(Some(body))) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(Ok(None)) => problem(StatusCode::NOT_FOUND, format!("job {id} has no report (yet)")),
+        Ok(Err(e)) => problem(StatusCode::SERVICE_UNAVAILABLE, format!("the bucket does not answer: {e}")),
+        Err(_) => problem(StatusCode::SERVICE_UNAVAILABLE, "the bucket did not answer within 10 s".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_io::blob::memory::MemoryStore;
+    use fleet_io::queue::memory::MemoryQueue;
+
+    fn source(store: Arc<MemoryStore>, agent_url: Option<String>) -> StatusSource {
+        let q = |n: &str| -> Arc<dyn Queue> { MemoryQueue::new(n, Duration::from_secs(30)) };
+        let queues = vec![("work", q("w")), ("results", q("r")), ("work_dlq", q("wd")), ("results_dlq", q("rd"))];
+        StatusSource::new("c1".into(), store, queues, Vec::new(), agent_url)
+    }
+
+    #[tokio::test]
+    async fn the_document_lists_open_jobs_with_progress_and_says_which_source_is_down() {
+        let store = MemoryStore::new();
+        store.put("open/j1", Bytes::new(), "text/plain").await.unwrap();
+        store.put("open/j2", Bytes::new(), "text/plain").await.unwrap();
+        let p = Progress { status: fleet_domain::model::JobStatus::Running, sealed: true, total: Some(8), accounted: 3, failed: 1, processed: 15, updated_unix: 7 };
+        store.put_if(&checkpoint_key("j1"), Bytes::from_static(b"{}"), "application/json", &p.to_meta(), &fleet_io::blob::Cond::Any).await.unwrap();
+        // An agent URL where nothing listens: its section is down, the rest is there.
+        let s = source(store, Some("http://127.0.0.1:9".into()));
+        let doc: Value = serde_json::from_slice(&s.document().await).unwrap();
+        let open = doc["open_jobs"]["Ok"].as_array().unwrap();
+        assert_eq!(open.len(), 2, "{doc}");
+        assert_eq!((open[0]["job_id"].as_str(), open[0]["total_chunks"].as_u64(), open[0]["accounted"].as_u64()), (Some("j1"), Some(8), Some(3)));
+        assert!(open[1].get("status").is_none(), "j2 has no checkpoint: no progress");
+        assert!(doc["agent"]["Err"]["error"].as_str().unwrap().contains("127.0.0.1:9"), "{doc}");
+        assert_eq!(doc["queues_from"], "sqs");
+        assert_eq!(doc["queues"]["Ok"].as_array().unwrap().len(), 4);
+        assert_eq!(doc["quarantined"]["Ok"], 0);
+    }
+
+    #[test]
+    fn queue_lines_come_from_the_agents_last_look() {
+        let q = |n: &str| -> Arc<dyn Queue> { MemoryQueue::new(n, Duration::from_secs(30)) };
+        let queues = vec![("work", q("w")), ("results", q("r"))];
+        let state = serde_json::json!({
+            "depths": { "work": {"visible": 5, "in_flight": 2, "delayed": 0}, "results": {"visible": 1, "in_flight": 0, "delayed": 3} },
+            "observed": { "oldest_age": {"secs": 4, "nanos": 500_000_000} }
+        });
+        let lines = queues_from_agent(&state, &queues).unwrap();
+        assert_eq!((lines[0].visible, lines[0].in_flight, lines[0].oldest_age_s), (5, 2, Some(4.5)));
+        assert_eq!((lines[1].delayed, lines[1].oldest_age_s), (3, None));
+        assert!(queues_from_agent(&serde_json::json!({ "depths": null }), &queues).is_none(), "no look yet: read SQS");
+    }
+}
