@@ -21,6 +21,8 @@
 #   FLEET_IMAGE_SOURCE       local (default: images built here by deploy/images.sh, no registry needed) or
 #                            registry (official LocalStack and RabbitMQ images, fleet built from deploy/Dockerfile)
 #   FLEET_PROCESSORS         processors started by `up` (1; a running fleet keeps its count); `scale` changes it
+#   FLEET_MONITORING         1: `up` also starts Prometheus (profile "monitoring": every service scraped,
+#                            deploy/prometheus/alerts.yml loaded) on 127.0.0.1:FLEET_PROMETHEUS_PORT (9090)
 #   AGENT_BACKEND            docker (the agent scales the processor containers) or none (it only decides)
 #   AGENT_MIN_INSTANCES, AGENT_MAX_INSTANCES, AGENT_SLA_SECS, ...: the agent's policy (scaling-agent --help)
 #   FLEET_LOCALSTACK_PORT    LocalStack on 127.0.0.1 (4566; empty: a free port)
@@ -36,7 +38,7 @@ source_kind=${FLEET_IMAGE_SOURCE:-local}
 case "$source_kind" in
   local)
     export FLEET_IMAGE=${FLEET_IMAGE:-$fleet_image} LOCALSTACK_IMAGE=${LOCALSTACK_IMAGE:-$localstack_image}
-    export RABBITMQ_IMAGE=${RABBITMQ_IMAGE:-$rabbitmq_image}
+    export RABBITMQ_IMAGE=${RABBITMQ_IMAGE:-$rabbitmq_image} PROMETHEUS_IMAGE=${PROMETHEUS_IMAGE:-$prometheus_image}
     build_flag=--no-build ;;
   registry) build_flag=--build ;;
   *) die "FLEET_IMAGE_SOURCE must be local or registry (is '$source_kind')" ;;
@@ -93,8 +95,9 @@ show() {
     port=$(host_port "$id" 15672); [ -z "$port" ] || echo "  RabbitMQ UI    http://$port   (user fleet, password FLEET_AMQP_PASSWORD in deploy/.env)"
   done
   for id in $(running processor); do n=$((n + 1)); echo "  processor      http://$(host_port "$id" 9101)/state  /metrics   ($(name_of "$id"))"; done
-  for id in $(running controller); do echo "  controller     http://$(host_port "$id" 9102)/state  /metrics   ($(name_of "$id"))"; done
+  for id in $(running controller); do echo "  status page    http://$(host_port "$id" 9102)/   (controller $(name_of "$id"): /state  /metrics  /status.json)"; done
   for id in $(running scaling-agent); do echo "  scaling-agent  http://$(host_port "$id" 9100)/state  /metrics   (scaling decisions: logs -f scaling-agent)"; done
+  for id in $(running prometheus); do echo "  Prometheus     http://$(host_port "$id" 9090)   (targets: /targets, alerts: /alerts)"; done
   echo "  submit:  deploy/compose.sh submit FILE... --wait     logs: deploy/compose.sh logs -f [SERVICE]"
 }
 
@@ -120,13 +123,19 @@ wait_running() {
 
 up() {
   need_docker; find_compose
-  [ "$source_kind" = registry ] || "$repo/deploy/images.sh"
+  local profile=() extra=()
+  if [ "${FLEET_MONITORING:-0}" = 1 ]; then profile=(--profile monitoring); extra=(prometheus); fi
+  if [ "$source_kind" != registry ]; then
+    "$repo/deploy/images.sh"
+    [ ${#extra[@]} = 0 ] || "$repo/deploy/images.sh" prometheus
+  fi
   check_port FLEET_LOCALSTACK_PORT 4566 localstack 4566
   check_port FLEET_RABBITMQ_UI_PORT 15672 rabbitmq 15672
+  [ ${#extra[@]} = 0 ] || check_port FLEET_PROMETHEUS_PORT 9090 prometheus 9090
   local n; n=$(count processor); [ "$n" -gt 0 ] || n=${FLEET_PROCESSORS:-1}
   local t0; t0=$(date +%s)
   echo "starting $COMPOSE_PROJECT_NAME (LocalStack and RabbitMQ first, until healthy; $n processor(s))"
-  if ! compose up -d $build_flag --remove-orphans --scale "processor=$n" localstack rabbitmq "${fleet_services[@]}"; then
+  if ! compose "${profile[@]}" up -d $build_flag --remove-orphans --scale "processor=$n" localstack rabbitmq "${fleet_services[@]}" "${extra[@]}"; then
     for s in localstack rabbitmq; do for id in $(ids "$s"); do echo "--- $s:" >&2; docker logs --tail 30 "$id" >&2 || true; done; done
     die "compose up failed (the last log lines of LocalStack and RabbitMQ are above)"
   fi
@@ -183,7 +192,7 @@ scale() {
 
 down() {
   need_docker; find_compose
-  compose --profile cli down -v --remove-orphans --timeout 45
+  compose --profile cli --profile monitoring down -v --remove-orphans --timeout 45
 }
 
 demo() {

@@ -10,6 +10,8 @@
 #               Built once; FLEET_REBUILD_BASE=1 rebuilds it.
 #   localstack  deploy/images/localstack: localstack-core from PyPI on the base's Python 3.11.
 #   rabbitmq    deploy/images/rabbitmq: Debian's rabbitmq-server + management plugin.
+#   prometheus  deploy/images/prometheus: Debian's prometheus with deploy/prometheus's configuration and
+#               rules (only for `compose.sh up` with FLEET_MONITORING=1, or asked for by name).
 #   fleet       deploy/Dockerfile, stage `prebuilt`: `cargo build --release` on this host (incremental),
 #               binaries copied onto the base. Seconds after a code change (plus cargo's own time).
 # localstack, rabbitmq and fleet carry a label with a hash of their inputs (files and base image), and
@@ -90,6 +92,14 @@ build_dir() {
   took "$name" "built $image" "$t0"
 }
 
+# Prometheus: its image's Dockerfile and entrypoint with the fleet's scrape configuration and rules.
+build_prometheus() {
+  scratch
+  rm -rf "$work/prometheus-context" && mkdir -p "$work/prometheus-context"
+  cp "$repo"/deploy/images/prometheus/* "$repo"/deploy/prometheus/prometheus.yml "$repo"/deploy/prometheus/alerts.yml "$work/prometheus-context/"
+  build_dir "$prometheus_image" prometheus "$work/prometheus-context"
+}
+
 build_fleet() {
   local t0 target inputs
   t0=$(date +%s)
@@ -125,11 +135,11 @@ build_fleet() {
 
 case "${1:-}" in
   --print)
-    printf 'FLEET_IMAGE=%s\nLOCALSTACK_IMAGE=%s\nRABBITMQ_IMAGE=%s\n' "$fleet_image" "$localstack_image" "$rabbitmq_image"
+    printf 'FLEET_IMAGE=%s\nLOCALSTACK_IMAGE=%s\nRABBITMQ_IMAGE=%s\nPROMETHEUS_IMAGE=%s\n' "$fleet_image" "$localstack_image" "$rabbitmq_image" "$prometheus_image"
     exit 0 ;;
   --remove)
     need_docker
-    for i in "$fleet_image" "$localstack_image" "$rabbitmq_image" "$base_image"; do
+    for i in "$fleet_image" "$localstack_image" "$rabbitmq_image" "$prometheus_image" "$base_image"; do
       image_exists "$i" && docker image rm "$i" >/dev/null && echo "removed $i"
     done
     docker image prune -f --filter "label=$label" >/dev/null || true
@@ -144,7 +154,8 @@ for what in "$@"; do
     localstack) build_base; build_dir "$localstack_image" localstack "$repo/deploy/images/localstack" ;;
     rabbitmq) build_base; build_dir "$rabbitmq_image" rabbitmq "$repo/deploy/images/rabbitmq" ;;
     fleet) build_base; build_fleet ;;
-    *) die "usage: $0 [base|localstack|rabbitmq|fleet]... | --print | --remove" ;;
+    prometheus) build_base; build_prometheus ;;
+    *) die "usage: $0 [base|localstack|rabbitmq|fleet|prometheus]... | --print | --remove" ;;
   esac
 done
 # Earlier builds of these images, untagged by the ones just built.

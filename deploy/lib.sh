@@ -5,6 +5,7 @@
 #   $prefix/localstack:4.13.1      localstack-core from PyPI on the base (SQS, S3)
 #   $prefix/rabbitmq:3.10          Debian's rabbitmq-server with the management plugin
 #   $prefix/fleet:latest           the four binaries, built on this host, on the base
+#   $prefix/prometheus:2.42        Debian's prometheus with the fleet's scrape config and alert rules
 # docker-compose.yml names the official images by default; FLEET_IMAGE_SOURCE=local (compose.sh's
 # default) swaps in these through FLEET_IMAGE, LOCALSTACK_IMAGE and RABBITMQ_IMAGE.
 
@@ -15,6 +16,7 @@ base_image="$prefix/debian:bookworm"
 localstack_image="$prefix/localstack:$localstack_version"
 rabbitmq_image="$prefix/rabbitmq:3.10"
 fleet_image="$prefix/fleet:latest"
+prometheus_image="$prefix/prometheus:2.42"
 
 die() { echo "$*" >&2; exit 1; }
 

@@ -63,6 +63,7 @@ pub fn render_metrics(s: &AgentState) -> String {
     gauge(reg, "sla_seconds", "The SLA's maximum delay", s.policy.sla.as_secs_f64());
     gauge(reg, "interval_seconds", "Time until the agent's next look", s.interval_s);
     gauge(reg, "bus_live", "1 while the agent's bus subscription is live", f64::from(u8::from(s.bus_live)));
+    gauge(reg, "bus_configured", "1 when the agent subscribes to the bus (AMQP_URL given)", f64::from(u8::from(s.bus_configured)));
     let depth = Family::<Labels, Gauge>::default();
     if let Some(q) = s.depths {
         for (name, d) in [("work", q.work), ("work_dlq", q.work_dlq), ("results", q.results), ("results_dlq", q.results_dlq)] {

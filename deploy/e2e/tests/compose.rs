@@ -240,7 +240,7 @@ impl Fleet {
         // The fleet image takes the binaries this test build made (not a second, release build of them).
         cmd.env("FLEET_BINARIES", binaries());
         // Free host ports (a LocalStack or RabbitMQ of the host may hold the default ones).
-        cmd.env("FLEET_LOCALSTACK_PORT", "").env("FLEET_RABBITMQ_UI_PORT", "");
+        cmd.env("FLEET_LOCALSTACK_PORT", "").env("FLEET_RABBITMQ_UI_PORT", "").env("FLEET_PROMETHEUS_PORT", "");
         for v in
             ["FLEET_IMAGE", "LOCALSTACK_IMAGE", "RABBITMQ_IMAGE", "FLEET_IMAGE_SOURCE", "FLEET_WORK_QUEUE", "FLEET_RESULTS_QUEUE", "FLEET_BUCKET", "RUST_LOG"]
         {
@@ -335,6 +335,42 @@ impl Fleet {
             assert!(out.status.success(), "scale {n}: {}", text(&out.stderr));
         }
         assert!(self.running("processor").len() >= n, "fewer than {n} processor containers after scale {n}");
+    }
+
+    /// The compose Prometheus (profile "monitoring") scrapes every processor container running now
+    /// (those the agent added too), the controller and the agent, all up, with the fleet's alert rules
+    /// loaded and evaluated.
+    fn prometheus_scrapes_every_service(&self) {
+        let prom = self.running("prometheus");
+        assert_eq!(prom.len(), 1, "no Prometheus container (FLEET_MONITORING=1)");
+        let addr = self.host_addr(&prom[0], 9090);
+        let get = |path: &str| -> Option<Value> {
+            let o = Command::new("curl").args(["-fsS", "--max-time", "3", &format!("http://{addr}{path}")]).output().ok()?;
+            serde_json::from_slice(&o.stdout).ok()
+        };
+        let processors = self.running("processor").len();
+        let want = |svc: &str| if svc == "processor" { processors } else { 1 };
+        let t = Instant::now();
+        let targets = loop {
+            let targets: Vec<(String, String)> = get("/api/v1/targets?state=active")
+                .and_then(|v| v["data"]["activeTargets"].as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .map(|t| (t["labels"]["service"].as_str().unwrap_or("").to_string(), t["health"].as_str().unwrap_or("").to_string()))
+                .collect();
+            let up = |svc: &str| targets.iter().filter(|(s, h)| s == svc && h == "up").count();
+            if ["processor", "controller", "scaling-agent"].iter().all(|s| up(s) == want(s)) {
+                break targets;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "Prometheus does not scrape every service ({processors} processors): {targets:?}");
+            std::thread::sleep(Duration::from_secs(1));
+        };
+        println!("[agent] Prometheus scrapes {} targets, all up, {:.1} s after the third processor", targets.len(), t.elapsed().as_secs_f64());
+        let rules = get("/api/v1/rules").expect("Prometheus /api/v1/rules");
+        let names: Vec<&str> = rules["data"]["groups"].as_array().into_iter().flatten().flat_map(|g| g["rules"].as_array().into_iter().flatten()).filter_map(|r| r["name"].as_str()).collect();
+        assert!(names.contains(&"FleetOldestWorkOverSla") && names.len() >= 7, "the fleet's alert rules are not loaded: {names:?}");
+        let build = get("/api/v1/query?query=count(fleet_build_info)").expect("Prometheus query");
+        assert_eq!(build["data"]["result"][0]["value"][1].as_str(), Some((processors + 2).to_string().as_str()), "build_info of every service: {build}");
     }
 
     /// Prints the fleet's last log lines, then brings it down (a failed scenario's fleet).
@@ -617,6 +653,8 @@ fn agent_scales_containers() {
         ("LISTENER_MAX_CONCURRENCY", "1"),
         ("LISTENER_BUFFER", "0"),
         ("PROCESSOR_DRAIN_SECS", "10"),
+        // Prometheus too (profile "monitoring"): it must scrape the processors the agent adds.
+        ("FLEET_MONITORING", "1"),
     ];
     let mut fleet = Fleet::up_with("agent", 1, &env);
     let first = fleet.running("processor")[0].clone();
@@ -645,6 +683,7 @@ fn agent_scales_containers() {
     println!("[agent] submit -> 3 processor containers running: {:.1} s", scaled.as_secs_f64());
     let ps = fleet.compose(&["ps", "-q", "processor"]);
     assert_eq!(text(&ps.stdout).lines().count(), 3, "compose ps does not list the agent's containers:\n{}", text(&ps.stdout));
+    fleet.prometheus_scrapes_every_service();
 
     // One of the added containers stopped mid-job: it drains; the agent replaces it.
     let added: Vec<String> = fleet.running("processor").into_iter().filter(|id| *id != first).collect();
