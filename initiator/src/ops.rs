@@ -151,8 +151,16 @@ pub async fn redrive_queue(from: &dyn Queue, to: &dyn Queue, limit: usize) -> Re
         if got.is_empty() {
             break;
         }
-        let out: Vec<Outgoing> =
-            got.iter().map(|m| Outgoing { body: m.body.clone(), attrs: fleet_io::queue::Attrs { reason: None, ..m.attrs.clone() } }).collect();
+        // Each with a de-duplication id of its own on a FIFO queue: a message dead-lettered within 5
+        // minutes of its first send would otherwise be dropped as that send's duplicate.
+        let out: Vec<Outgoing> = got
+            .iter()
+            .map(|m| Outgoing {
+                body: m.body.clone(),
+                attrs: fleet_io::queue::Attrs { reason: None, ..m.attrs.clone() },
+                dedup: Some(Outgoing::redrive_dedup(&m.body, &m.id)),
+            })
+            .collect();
         to.send_messages(&out).await?;
         moved += got.len();
         from.delete(got).await?;

@@ -177,7 +177,7 @@ impl<'a> Enqueue<'a> {
                 })
                 .map(|body| {
                     let group = self.groups.map(|g| g.group_id(self.job_id, c.number, c.partition));
-                    fleet_io::queue::Outgoing { body, attrs: fleet_io::queue::Attrs { group, ..self.attrs.clone() } }
+                    fleet_io::queue::Outgoing { body, attrs: fleet_io::queue::Attrs { group, ..self.attrs.clone() }, dedup: None }
                 })
             })
             .collect::<Result<Vec<_>, _>>()

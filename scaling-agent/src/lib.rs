@@ -18,6 +18,7 @@ pub mod keda;
 pub mod policy;
 pub mod signals;
 pub mod simulate;
+pub mod simulate_svg;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

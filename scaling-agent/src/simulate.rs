@@ -76,6 +76,10 @@ pub struct SimArgs {
     /// S3 Standard GET, USD per 1,000 requests.
     #[arg(long, default_value_t = 0.0004)]
     pub price_s3_get_thousand: f64,
+    /// Also draw the day as an SVG into FILE: waiting work items, instances and the cost so far over
+    /// the day, per volume, for each strategy.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<std::path::PathBuf>,
 }
 
 impl Default for SimArgs {
@@ -96,6 +100,7 @@ impl Default for SimArgs {
             price_sqs_million: 0.40,
             price_s3_put_thousand: 0.005,
             price_s3_get_thousand: 0.0004,
+            svg: None,
         }
     }
 }
@@ -161,7 +166,8 @@ pub enum Strategy {
 }
 
 impl Strategy {
-    fn label(self) -> &'static str {
+    /// How the table and the picture name it.
+    pub fn label(self) -> &'static str {
         match self {
             Strategy::Agent => "this agent",
             Strategy::KedaDefault => "KEDA-like default",
@@ -186,16 +192,37 @@ pub struct Outcome {
     pub idle_requests: u64,
     /// Empty receives before parking (this fleet's listeners), not yet counted.
     park_receives: u64,
+    /// The day every [`SAMPLE_EVERY`] seconds (what `--svg` draws).
+    pub timeline: Vec<Sample>,
+}
+
+/// Seconds between two [`Sample`]s of a day.
+pub const SAMPLE_EVERY: u64 = 60;
+
+/// One moment of a strategy's day.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Sample {
+    /// Seconds since midnight.
+    pub t: u64,
+    /// Work items waiting or in flight.
+    pub waiting: u64,
+    /// Instances asked for (starting or running).
+    pub instances: u32,
+    /// Instances and requests so far, USD (the work's own S3 and SQS requests counted at the end).
+    pub cost: f64,
 }
 
 impl Outcome {
     pub fn cost(&self, a: &SimArgs) -> (f64, f64) {
-        let instances = self.instance_seconds as f64 / 3600.0 * a.price_instance_hour;
-        let requests = self.sqs_requests as f64 / 1e6 * a.price_sqs_million
-            + self.s3_puts as f64 / 1e3 * a.price_s3_put_thousand
-            + self.s3_gets as f64 / 1e3 * a.price_s3_get_thousand;
-        (instances, requests)
+        cost_of(a, self.instance_seconds, self.sqs_requests, self.s3_puts, self.s3_gets)
     }
+}
+
+/// Instances' and requests' cost, USD.
+fn cost_of(a: &SimArgs, instance_seconds: u64, sqs: u64, s3_puts: u64, s3_gets: u64) -> (f64, f64) {
+    let instances = instance_seconds as f64 / 3600.0 * a.price_instance_hour;
+    let requests = sqs as f64 / 1e6 * a.price_sqs_million + s3_puts as f64 / 1e3 * a.price_s3_put_thousand + s3_gets as f64 / 1e3 * a.price_s3_get_thousand;
+    (instances, requests)
 }
 
 struct Instance {
@@ -436,6 +463,12 @@ pub fn run_strategy(a: &SimArgs, w: &Workload, strategy: Strategy, max: u32) -> 
             Strategy::FixedPeak => {}
         }
         sim.process(t);
+        if t % SAMPLE_EVERY == 0 {
+            let live: u64 = sim.instances.iter().map(|i| t.saturating_sub(i.asked)).sum();
+            let (ci, cr) = cost_of(a, sim.out.instance_seconds + live, sim.out.sqs_requests, sim.out.s3_puts, sim.out.s3_gets);
+            let sample = Sample { t, waiting: sim.visible() + sim.in_flight, instances: sim.instances.len() as u32, cost: ci + cr };
+            sim.out.timeline.push(sample);
+        }
         // Idle listeners: this fleet's park (no requests); the others long-poll, one receive per
         // 20 s per instance.
         if strategy != Strategy::Agent {
@@ -474,8 +507,39 @@ fn report(i: &Instance, rate: f64) -> InstanceReport {
     }
 }
 
+/// The strategies, in the order they are shown.
+pub const STRATEGIES: [Strategy; 3] = [Strategy::Agent, Strategy::KedaDefault, Strategy::FixedPeak];
+
+/// One volume's day under every strategy.
+pub struct Day {
+    pub scale: u32,
+    pub workload: Workload,
+    pub fixed: u32,
+    pub max: u32,
+    pub outcomes: Vec<(Strategy, Outcome)>,
+}
+
+/// Replays every volume under every strategy.
+pub fn run_all(a: &SimArgs) -> Vec<Day> {
+    a.scales
+        .iter()
+        .map(|&scale| {
+            let workload = Workload::generate(a, scale);
+            let fixed = workload.peak_instances(a);
+            let max = a.max_instances.unwrap_or(fixed * 2).max(1);
+            let outcomes = STRATEGIES.iter().map(|&s| (s, run_strategy(a, &workload, s, max))).collect();
+            Day { scale, workload, fixed, max, outcomes }
+        })
+        .collect()
+}
+
 /// Runs every scale and strategy; returns the table.
 pub fn report_table(a: &SimArgs) -> String {
+    table(a, &run_all(a))
+}
+
+/// The table of days already run.
+pub fn table(a: &SimArgs, days: &[Day]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -494,10 +558,8 @@ pub fn report_table(a: &SimArgs) -> String {
         a.price_s3_put_thousand,
         a.price_s3_get_thousand
     );
-    for &scale in &a.scales {
-        let w = Workload::generate(a, scale);
-        let fixed = w.peak_instances(a);
-        let max = a.max_instances.unwrap_or(fixed * 2).max(1);
+    for day in days {
+        let (scale, w, fixed, max) = (day.scale, &day.workload, day.fixed, day.max);
         let _ = writeln!(
             out,
             "\n{scale}x: {} transactions in {} packages, {} work items; fixed fleet {fixed}, dynamic max {max}",
@@ -510,8 +572,7 @@ pub fn report_table(a: &SimArgs) -> String {
             "{:<20} {:>10} {:>7} {:>8} {:>8} {:>10} {:>6} {:>12} {:>11} {:>10} {:>10} {:>10} {:>10}",
             "strategy", "SLA miss", "miss %", "p99 s", "max s", "inst-hours", "peak", "SQS req", "idle req", "S3 req", "$ inst", "$ req", "$ total"
         );
-        for s in [Strategy::Agent, Strategy::KedaDefault, Strategy::FixedPeak] {
-            let o = run_strategy(a, &w, s, max);
+        for (s, o) in &day.outcomes {
             let (ci, cr) = o.cost(a);
             let _ = writeln!(
                 out,

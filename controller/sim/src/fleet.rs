@@ -223,7 +223,7 @@ pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>
                 tariff: Tariff::default(),
             };
             let chunk = &job.chunks[c as usize];
-            let out = Outgoing { body: serde_json::to_string(&item).expect("serializable"), attrs: Attrs { group: chunk.group.clone(), ..Attrs::default() } };
+            let out = Outgoing { body: serde_json::to_string(&item).expect("serializable"), attrs: Attrs { group: chunk.group.clone(), ..Attrs::default() }, dedup: None };
             let copies = if chunk.fate == Fate::Resent { 2 } else { 1 };
             std::iter::repeat_n(out, copies)
         })

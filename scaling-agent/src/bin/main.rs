@@ -33,7 +33,8 @@ struct Cli {
 #[derive(clap::Subcommand)]
 enum Cmd {
     /// Replay a simulated day of seed 004's workload at several volumes under this agent's policy, a
-    /// KEDA-like default and a fixed fleet; print SLA misses, instance-hours, requests and cost.
+    /// KEDA-like default and a fixed fleet; print SLA misses, instance-hours, requests and cost
+    /// (`--svg FILE`: also draw the day).
     Simulate(scaling_agent::simulate::SimArgs),
 }
 
@@ -41,7 +42,15 @@ enum Cmd {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Cmd::Simulate(args)) = &cli.command {
-        print!("{}", scaling_agent::simulate::report_table(args));
+        let days = scaling_agent::simulate::run_all(args);
+        print!("{}", scaling_agent::simulate::table(args, &days));
+        if let Some(path) = &args.svg {
+            if let Err(e) = scaling_agent::simulate_svg::draw(args, &days, path) {
+                eprintln!("scaling-agent simulate: cannot write the picture: {e}");
+                return ExitCode::from(1);
+            }
+            eprintln!("drawn into {}", path.display());
+        }
         return ExitCode::SUCCESS;
     }
     fleet_io::shutdown::serve(cli.log.log_json, |shutdown| start(cli, shutdown)).await

@@ -103,7 +103,7 @@ fn cfg() -> EngineConfig {
 }
 
 async fn send(q: &MemoryQueue, bodies: impl IntoIterator<Item = (String, Attrs)>) {
-    let msgs: Vec<Outgoing> = bodies.into_iter().map(|(body, attrs)| Outgoing { body, attrs }).collect();
+    let msgs: Vec<Outgoing> = bodies.into_iter().map(|(body, attrs)| Outgoing { body, attrs, dedup: None }).collect();
     q.send_messages(&msgs).await.unwrap();
 }
 

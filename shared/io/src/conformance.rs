@@ -76,7 +76,7 @@ pub async fn queue_semantics(q: &dyn Queue, dlq: &dyn Queue) {
 
 /// A FIFO queue, empty: messages of one group come in order, and while one is in flight the group's
 /// later messages are not delivered; other groups are; a body sent twice within the de-duplication
-/// window is delivered once.
+/// window is delivered once, and again when it is sent with a de-duplication id of its own (a redrive).
 pub async fn fifo_order(q: &dyn Queue) {
     assert!(q.info().await.expect("info").fifo, "{} is not FIFO", q.name());
     let msg = |group: &str, i: u32| {
@@ -116,6 +116,15 @@ pub async fn fifo_order(q: &dyn Queue) {
     assert_eq!(got.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["d1"]);
     q.delete(got).await.expect("delete");
     assert!(q.receive(10, Duration::from_secs(2)).await.expect("receive").is_empty(), "the duplicate was dropped");
+    // A redrive of it, still within the window, carries its own de-duplication id: delivered again;
+    // the redrive's own retry is dropped.
+    let redrive = Outgoing { dedup: Some(Outgoing::redrive_dedup("d1", "dlq-message-1")), ..msg("d", 1) };
+    q.send_messages(std::slice::from_ref(&redrive)).await.expect("send the redrive");
+    q.send_messages(&[redrive]).await.expect("a retried redrive is accepted");
+    let got = receive_n(q, 1).await;
+    assert_eq!(got.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["d1"], "the redrive is delivered");
+    q.delete(got).await.expect("delete");
+    assert!(q.receive(10, Duration::from_secs(2)).await.expect("receive").is_empty(), "the redrive's retry was dropped");
 }
 
 /// A blob store with nothing under `prefix`: a missing object reads as `None`; conditional writes

@@ -63,7 +63,12 @@ impl Quarantined {
 
     /// The message as it was sent (for a redrive).
     pub fn outgoing(&self) -> Outgoing {
-        Outgoing { body: self.body.clone(), attrs: Attrs { priority: self.priority, deadline_ms: self.deadline_ms, group: self.group.clone(), reason: None } }
+        Outgoing {
+            body: self.body.clone(),
+            attrs: Attrs { priority: self.priority, deadline_ms: self.deadline_ms, group: self.group.clone(), reason: None },
+            // Sent back later than a first send's window may be, or not: never dropped as its duplicate.
+            dedup: Some(Outgoing::redrive_dedup(&self.body, &self.message_id)),
+        }
     }
 }
 

@@ -30,6 +30,7 @@ struct State {
     next_id: u64,
     /// FIFO: de-duplication ids (the body's hash, as the SQS backend sends them) and when each was
     /// first sent; a send of the same id within [`DEDUP_WINDOW`] is accepted and dropped.
+    /// De-duplication ids (hashed) sent within the window, with when.
     sent: VecDeque<(u128, Instant)>,
 }
 
@@ -110,11 +111,11 @@ impl MemoryQueue {
     /// Whether a message with this body is to be kept: always on a standard queue; on a FIFO queue,
     /// unless the same de-duplication id was sent within the window (SQS accepts such a send and
     /// drops it).
-    fn first_send(&self, body: &str) -> bool {
+    fn first_send(&self, m: &Outgoing) -> bool {
         if !self.name.ends_with(".fifo") {
             return true;
         }
-        let id = xxhash_rust::xxh3::xxh3_128(body.as_bytes());
+        let id = xxhash_rust::xxh3::xxh3_128(m.dedup_id().as_bytes());
         let now = Instant::now();
         let mut s = self.lock();
         while s.sent.front().is_some_and(|(_, at)| now.duration_since(*at) >= DEDUP_WINDOW) {
@@ -201,7 +202,7 @@ impl Queue for MemoryQueue {
             self.calls.bump("sqs.SendMessageBatch");
         }
         for m in msgs {
-            if !self.first_send(&m.body) {
+            if !self.first_send(m) {
                 continue;
             }
             self.push(m.body.clone(), m.attrs.clone(), 0);

@@ -37,11 +37,30 @@ pub struct Attrs {
 pub struct Outgoing {
     pub body: String,
     pub attrs: Attrs,
+    /// FIFO queues: the de-duplication id (`None`: the body's hash, so the same work item sent twice
+    /// within SQS's 5-minute window is kept once). A redrive gives its own, so that a message sent
+    /// back soon after its first send is not dropped as that send's duplicate.
+    pub dedup: Option<String>,
 }
 
 impl Outgoing {
     pub fn plain(body: String) -> Outgoing {
-        Outgoing { body, attrs: Attrs::default() }
+        Outgoing { body, attrs: Attrs::default(), dedup: None }
+    }
+
+    /// The FIFO de-duplication id this message is sent with.
+    pub fn dedup_id(&self) -> String {
+        self.dedup.clone().unwrap_or_else(|| format!("{:032x}", xxhash_rust::xxh3::xxh3_128(self.body.as_bytes())))
+    }
+
+    /// A de-duplication id for sending `body` again as a redrive of the message `message_id` (its id
+    /// in the queue it is moved from): a retry of the same move is still kept once.
+    pub fn redrive_dedup(body: &str, message_id: &str) -> String {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(body.as_bytes());
+        h.update(b"\0redrive\0");
+        h.update(message_id.as_bytes());
+        format!("{:032x}", h.digest128())
     }
 }
 
@@ -141,7 +160,7 @@ impl Delivery {
     /// delete fails after the copy was sent, the delivery comes back with the error: releasing it then
     /// means a second copy later, which every consumer of a dead-letter queue tolerates (idempotent).
     pub async fn dead_letter(self, queue: &dyn Queue, dlq: &dyn Queue, reason: &str) -> std::result::Result<(), (Error, Delivery)> {
-        let out = Outgoing { body: self.body.clone(), attrs: Attrs { reason: Some(reason.to_string()), ..self.attrs.clone() } };
+        let out = Outgoing { body: self.body.clone(), attrs: Attrs { reason: Some(reason.to_string()), ..self.attrs.clone() }, dedup: None };
         if let Err(e) = dlq.send_messages(&[out]).await {
             return Err((e, self));
         }

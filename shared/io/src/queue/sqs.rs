@@ -122,9 +122,9 @@ impl SqsQueue {
                     e = e.message_attributes(name, value);
                 }
                 if fifo {
-                    // The body names the job and chunk, so its hash is a stable de-duplication id.
-                    let dedup = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(m.body.as_bytes()));
-                    e = e.message_group_id(m.attrs.group.as_deref().unwrap_or("default")).message_deduplication_id(dedup);
+                    // The body names the job and chunk, so its hash is a stable de-duplication id
+                    // (a redrive brings its own).
+                    e = e.message_group_id(m.attrs.group.as_deref().unwrap_or("default")).message_deduplication_id(m.dedup_id());
                 }
                 e.build()
             })
