@@ -127,13 +127,26 @@ pub enum DlqCommand {
         /// Which place to redrive.
         #[arg(long, value_enum, default_value = "all")]
         from: RedriveFrom,
-        /// Most messages moved per place.
-        #[arg(long, default_value_t = 1000)]
-        limit: usize,
-        /// Print the counts moved per place as JSON.
+        /// Most messages moved per place (copy only) [default: 1000].
+        #[arg(long)]
+        limit: Option<usize>,
+        /// How a dead-letter queue is moved back: `move-task` (SQS's StartMessageMoveTask: SQS moves
+        /// every message back to the queue it came from and the command follows the task to its end),
+        /// `copy` (received, sent back with a de-duplication id of its own, deleted; what FIFO queues
+        /// and `--limit` need), or `auto`: a move task for a standard queue without `--limit`, else copy.
+        #[arg(long, value_enum, default_value = "auto")]
+        method: RedriveMethod,
+        /// Print the counts moved per place (and each dead-letter queue's method) as JSON.
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum RedriveMethod {
+    Auto,
+    MoveTask,
+    Copy,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -14,7 +14,7 @@ use fleet_io::call::CallPolicy;
 use fleet_io::config::{Aws, FleetArgs};
 use fleet_io::provision::QueueSettings;
 
-use crate::cli::{Cli, Command, DlqCommand, RedriveFrom, SubmitArgs};
+use crate::cli::{Cli, Command, DlqCommand, RedriveFrom, RedriveMethod, SubmitArgs};
 use crate::submit::{Clients, SubmitOptions};
 use crate::{follow, job_exit_code, CliError};
 
@@ -180,21 +180,30 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
             let e = crate::ops::show(&dlqs, store.as_ref(), &id).await?;
             println!("{}", serde_json::to_string_pretty(&e).map_err(fleet_io::Error::from)?);
         }
-        DlqCommand::Redrive { from, limit, json } => {
+        DlqCommand::Redrive { from, limit, method, json } => {
             let work = aws.queue(&fleet.work_queue).await?;
             let results = aws.queue(&fleet.results_queue).await?;
             let all = from == RedriveFrom::All;
             let mut moved = serde_json::Map::new();
-            if all || from == RedriveFrom::WorkDlq {
-                let n = crate::ops::redrive_queue(work_dlq.as_ref(), work.as_ref(), limit).await?;
-                eprintln!("{n} messages moved from {} to {}", work_dlq.name(), work.name());
-                moved.insert("work_dlq".into(), n.into());
+            let mut methods = serde_json::Map::new();
+            for (place, wanted, dlq, target) in [
+                ("work_dlq", all || from == RedriveFrom::WorkDlq, &work_dlq, &work),
+                ("results_dlq", all || from == RedriveFrom::ResultsDlq, &results_dlq, &results),
+            ] {
+                if !wanted {
+                    continue;
+                }
+                let how = crate::ops::redrive_method(method, dlq.name(), limit)?;
+                let n = match how {
+                    RedriveMethod::MoveTask => crate::ops::move_back(dlq, target, Duration::from_secs(600)).await?,
+                    _ => crate::ops::redrive_queue(dlq.as_ref(), target.as_ref(), limit.unwrap_or(1000)).await?,
+                };
+                let how = if how == RedriveMethod::MoveTask { "move-task" } else { "copy" };
+                eprintln!("{n} messages moved from {} to {} ({how})", dlq.name(), target.name());
+                moved.insert(place.into(), n.into());
+                methods.insert(place.into(), how.into());
             }
-            if all || from == RedriveFrom::ResultsDlq {
-                let n = crate::ops::redrive_queue(results_dlq.as_ref(), results.as_ref(), limit).await?;
-                eprintln!("{n} messages moved from {} to {}", results_dlq.name(), results.name());
-                moved.insert("results_dlq".into(), n.into());
-            }
+            let limit = limit.unwrap_or(1000);
             if all || from == RedriveFrom::Quarantine {
                 // Quarantined from a queue: back to the queue whose consumer reads it (a dead letter
                 // goes to its source queue).
@@ -209,6 +218,9 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
                 moved.insert("quarantine".into(), n.into());
             }
             if json {
+                if !methods.is_empty() {
+                    moved.insert("method".into(), serde_json::Value::Object(methods));
+                }
                 println!("{}", serde_json::Value::Object(moved));
             }
         }

@@ -8,10 +8,11 @@ use fleet_domain::layout::check_job_id;
 use fleet_domain::model::{ResultMessage, WIRE_VERSION};
 use fleet_io::blob::BlobStore;
 use fleet_io::quarantine::{self, Quarantined};
-use fleet_io::queue::{Delivery, Message, Outgoing, Queue};
+use fleet_io::queue::{Delivery, Message, Outgoing, Queue, SqsQueue};
 use fleet_io::trigger::{announce, TriggerBus, WorkDetected};
 use serde::Serialize;
 
+use crate::cli::RedriveMethod;
 use crate::CliError;
 
 /// Sends the job's `Abandon` message: the controller finishes it as `abandoned` when it reads it.
@@ -140,6 +141,56 @@ pub async fn show(dlqs: &[&dyn Queue], store: &dyn BlobStore, id: &str) -> Resul
         }
     }
     Err(CliError::Input(format!("no message {id} in {} (nor a quarantine key)", dlqs.iter().map(|q| q.name()).collect::<Vec<_>>().join(", "))))
+}
+
+/// The method `dlq redrive` uses for the dead-letter queue `dlq`: `auto` is a move task for a standard
+/// queue without a limit, else a copy; a move task is refused for a FIFO queue (its messages would
+/// keep their de-duplication ids: one dead-lettered within 5 minutes of its first send would be
+/// dropped on arrival) and with a limit (a move task moves them all).
+pub fn redrive_method(asked: RedriveMethod, dlq: &str, limit: Option<usize>) -> Result<RedriveMethod, CliError> {
+    let fifo = dlq.ends_with(".fifo");
+    match asked {
+        RedriveMethod::Auto if fifo || limit.is_some() => Ok(RedriveMethod::Copy),
+        RedriveMethod::Auto => Ok(RedriveMethod::MoveTask),
+        RedriveMethod::MoveTask if fifo => Err(CliError::Input(format!(
+            "{dlq} is a FIFO queue: a move task would keep each message's de-duplication id, and SQS would drop those sent again within 5 minutes \
+             of their first send; use --method copy (or auto), which sends each with an id of its own"
+        ))),
+        RedriveMethod::MoveTask if limit.is_some() => Err(CliError::Input("--limit applies to --method copy: a move task moves every message".into())),
+        m => Ok(m),
+    }
+}
+
+/// Moves every message of the dead-letter queue `dlq` to `to` with SQS's message move task, and follows
+/// the task (progress on stderr) until it ends or `within` passes. Returns how many it moved; a failed
+/// task is an infrastructure error naming its reason.
+pub async fn move_back(dlq: &SqsQueue, to: &SqsQueue, within: Duration) -> Result<usize, CliError> {
+    let handle = dlq.start_move_to(to).await?;
+    tracing::debug!(queue = dlq.name(), %handle, "message move task started");
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let task = dlq.move_task().await?;
+        let Some(task) = task else { continue };
+        let to_move = task.to_move.map_or_else(|| "?".to_string(), |n| n.to_string());
+        eprintln!("{}: move task {}, {} of {to_move} moved", dlq.name(), task.status.to_lowercase(), task.moved);
+        if task.ended() {
+            return match task.status.as_str() {
+                "COMPLETED" => Ok(usize::try_from(task.moved).unwrap_or(0)),
+                _ => Err(CliError::Infra(fleet_io::Error::Config(format!(
+                    "the move task from {} ended {}: {} (moved {})",
+                    dlq.name(),
+                    task.status,
+                    task.failure.as_deref().unwrap_or("no reason given"),
+                    task.moved
+                )))),
+            };
+        }
+        if tokio::time::Instant::now() >= until {
+            eprintln!("{}: the move task goes on without us ({} moved so far); `initiator dlq list` shows what is left", dlq.name(), task.moved);
+            return Ok(usize::try_from(task.moved).unwrap_or(0));
+        }
+    }
 }
 
 /// Moves up to `limit` messages from `from` back to `to` (sent first, then deleted: a crash between

@@ -418,3 +418,54 @@ async fn provision_creates_queues_with_redrive_and_the_bucket_idempotently() {
     let ids: Vec<&str> = rules.iter().filter_map(|r| r.id()).collect();
     assert!(ids.contains(&"expire-jobs") && ids.contains(&"abort-incomplete-uploads"), "lifecycle rules {ids:?}");
 }
+
+/// Dead letters made by SQS itself (received past maxReceiveCount) sent back by `initiator dlq redrive`:
+/// on a standard queue with SQS's message move task (followed to its end); on a FIFO queue by copy,
+/// each with a de-duplication id of its own, so a message dead-lettered seconds after its first send
+/// is not dropped as that send's duplicate; a move task asked for a FIFO queue is refused (exit 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_redrive_moves_dead_letters_back_with_a_move_task_or_a_fifo_safe_copy() {
+    let settings = QueueSettings { max_receive_count: 1, visibility_timeout: Duration::from_secs(1) };
+    for fifo in [false, true] {
+        let st = if fifo { fifo_stack(settings).await } else { stack(settings).await };
+        let Some(st) = st else { return };
+        let bodies: Vec<String> = (0..3).map(|i| format!("{{\"dead\":{i}}}")).collect();
+        let out: Vec<fleet_io::queue::Outgoing> = bodies
+            .iter()
+            .map(|b| fleet_io::queue::Outgoing { body: b.clone(), attrs: fleet_io::queue::Attrs { group: fifo.then(|| "g".into()), ..Default::default() }, dedup: None })
+            .collect();
+        st.work.send_messages(&out).await.unwrap();
+        // Received once and not deleted: SQS dead-letters each at its next receive.
+        let t = std::time::Instant::now();
+        while st.work_dlq.depth().await.unwrap().visible < 3 {
+            assert!(t.elapsed() < Duration::from_secs(30), "SQS did not dead-letter the messages");
+            let got = st.work.receive(10, Duration::from_secs(1)).await.unwrap();
+            drop(got);
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+        if fifo {
+            let out = initiator(&st, &["dlq", "redrive", "--from", "work-dlq", "--method", "move-task"]);
+            assert_eq!(out.status.code(), Some(1), "a move task on a FIFO queue: {}", text(&out.stderr));
+            assert!(text(&out.stderr).contains("de-duplication"), "{}", text(&out.stderr));
+        }
+        let out = initiator(&st, &["dlq", "redrive", "--from", "work-dlq", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let moved: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let method = if fifo { "copy" } else { "move-task" };
+        assert_eq!((moved["work_dlq"].as_u64(), moved["method"]["work_dlq"].as_str()), (Some(3), Some(method)), "{moved}");
+        if !fifo {
+            assert!(text(&out.stderr).contains("move task completed, 3 of"), "the task's progress is shown: {}", text(&out.stderr));
+        }
+        st.wait_depth(st.work_dlq.as_ref(), 0, Duration::from_secs(10)).await;
+        let mut back = Vec::new();
+        let t = std::time::Instant::now();
+        while back.len() < 3 && t.elapsed() < Duration::from_secs(20) {
+            for m in st.work.receive(10, Duration::from_secs(1)).await.unwrap() {
+                back.push(m.body.clone());
+                m.delete(st.work.as_ref()).await.map_err(|(e, _)| e).unwrap();
+            }
+        }
+        back.sort();
+        assert_eq!(back, bodies, "fifo={fifo}: every dead letter is back on the work queue once");
+    }
+}

@@ -17,6 +17,25 @@ use crate::call::CallCounter;
 use crate::call::{CallPolicy, Guarded};
 use crate::error::{sdk_error, Error, Result, Service};
 
+/// A message move task's state, as `ListMessageMoveTasks` says it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MoveTask {
+    /// `RUNNING`, `COMPLETED`, `CANCELLING`, `CANCELLED` or `FAILED`.
+    pub status: String,
+    pub moved: i64,
+    pub to_move: Option<i64>,
+    pub failure: Option<String>,
+    /// Given while it runs (to cancel it with `CancelMessageMoveTask`).
+    pub handle: Option<String>,
+}
+
+impl MoveTask {
+    /// Whether it has ended (completed, cancelled or failed).
+    pub fn ended(&self) -> bool {
+        !matches!(self.status.as_str(), "RUNNING" | "CANCELLING")
+    }
+}
+
 /// An SQS queue. Every call is bounded by its [`CallPolicy`] (attempt timeout, deadline, jittered
 /// back-off).
 pub struct SqsQueue {
@@ -95,6 +114,57 @@ impl SqsQueue {
 
     fn is_fifo(&self) -> bool {
         self.name.ends_with(".fifo")
+    }
+
+    /// The queue's ARN.
+    pub async fn arn(&self) -> Result<String> {
+        let out = self.attributes(&[QueueAttributeName::QueueArn]).await?;
+        out.attributes()
+            .and_then(|a| a.get(&QueueAttributeName::QueueArn))
+            .cloned()
+            .ok_or_else(|| Error::Config(format!("SQS gave no ARN for queue {}", self.name)))
+    }
+
+    /// Starts moving every message of this dead-letter queue to `to` (SQS's `StartMessageMoveTask`,
+    /// the destination named: a message sent to the dead-letter queue directly has no source for SQS
+    /// to find), at SQS's own pace. Returns the task's handle. A standard queue's only: a FIFO queue's
+    /// move would keep each message's de-duplication id, and one sent again within 5 minutes of its
+    /// first send would be dropped (see `initiator dlq redrive`).
+    pub async fn start_move_to(&self, to: &SqsQueue) -> Result<String> {
+        let (arn, to_arn) = (self.arn().await?, to.arn().await?);
+        self.policy
+            .run(Service::Sqs, "StartMessageMoveTask", Duration::ZERO, || async {
+                self.calls.bump("sqs.StartMessageMoveTask");
+                let out = self
+                    .client
+                    .start_message_move_task()
+                    .source_arn(&arn)
+                    .destination_arn(&to_arn)
+                    .send()
+                    .await
+                    .map_err(|e| self.err("StartMessageMoveTask", e))?;
+                Ok(out.task_handle().unwrap_or_default().to_string())
+            })
+            .await
+    }
+
+    /// The most recent message move task from this queue, if any (`ListMessageMoveTasks`).
+    pub async fn move_task(&self) -> Result<Option<MoveTask>> {
+        let arn = self.arn().await?;
+        self.policy
+            .run(Service::Sqs, "ListMessageMoveTasks", Duration::ZERO, || async {
+                self.calls.bump("sqs.ListMessageMoveTasks");
+                let out =
+                    self.client.list_message_move_tasks().source_arn(&arn).max_results(1).send().await.map_err(|e| self.err("ListMessageMoveTasks", e))?;
+                Ok(out.results().first().map(|t| MoveTask {
+                    status: t.status().unwrap_or("UNKNOWN").to_string(),
+                    moved: t.approximate_number_of_messages_moved(),
+                    to_move: t.approximate_number_of_messages_to_move(),
+                    failure: t.failure_reason().map(str::to_string),
+                    handle: t.task_handle().map(str::to_string),
+                }))
+            })
+            .await
     }
 
     async fn attributes(&self, names: &[QueueAttributeName]) -> Result<aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesOutput> {
