@@ -163,16 +163,7 @@ impl StatusSource {
         let http = Client::builder(TokioExecutor::new()).build_http();
         let agent_url = agent_url.map(|u| u.trim_end_matches('/').to_string()).filter(|u| !u.is_empty());
         StatusSource {
-            inner: Arc::new(Inner {
-                owner,
-                store,
-                queues,
-                engines,
-                agent_url,
-                http,
-                cache: tokio::sync::Mutex::new(None),
-                down_since: Mutex::default(),
-            }),
+            inner: Arc::new(Inner { owner, store, queues, engines, agent_url, http, cache: tokio::sync::Mutex::new(None), down_since: Mutex::default() }),
         }
     }
 
@@ -243,7 +234,8 @@ impl StatusSource {
     }
 
     async fn make(&self) -> StatusDoc {
-        let (agent, open, quarantine) = tokio::join!(self.agent_state(), self.open_jobs(), bounded(fleet_io::quarantine::list(self.inner.store.as_ref(), MAX_QUARANTINE_COUNTED + 1)));
+        let (agent, open, quarantine) =
+            tokio::join!(self.agent_state(), self.open_jobs(), bounded(fleet_io::quarantine::list(self.inner.store.as_ref(), MAX_QUARANTINE_COUNTED + 1)));
         let agent = agent.map(|r| self.outcome("agent", r));
         let from_agent = match &agent {
             Some(Ok(state)) => queues_from_agent(state, &self.inner.queues),
@@ -394,7 +386,8 @@ mod tests {
         let store = MemoryStore::new();
         store.put("open/j1", Bytes::new(), "text/plain").await.unwrap();
         store.put("open/j2", Bytes::new(), "text/plain").await.unwrap();
-        let p = Progress { status: fleet_domain::model::JobStatus::Running, sealed: true, total: Some(8), accounted: 3, failed: 1, processed: 15, updated_unix: 7 };
+        let p =
+            Progress { status: fleet_domain::model::JobStatus::Running, sealed: true, total: Some(8), accounted: 3, failed: 1, processed: 15, updated_unix: 7 };
         store.put_if(&checkpoint_key("j1"), Bytes::from_static(b"{}"), "application/json", &p.to_meta(), &fleet_io::blob::Cond::Any).await.unwrap();
         // An agent URL where nothing listens: its section is down, the rest is there.
         let s = source(store, Some("http://127.0.0.1:9".into()));

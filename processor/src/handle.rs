@@ -6,7 +6,7 @@ use bytes::Bytes;
 use fleet_domain::billing::Totals;
 use fleet_domain::codec::{accounts_to_zstd_csv, base64_encode, decode_chunk, sha256_hex, MAX_ACCOUNT_ROW_BYTES};
 use fleet_domain::layout::result_key;
-use fleet_domain::model::{AccountsPayload, BlobRef, ChunkResult, Outcome, WorkItem, WIRE_VERSION};
+use fleet_domain::model::{AccountsPayload, BlobRef, ChunkOutcome, ChunkResult, WorkItem, WIRE_VERSION};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
@@ -56,7 +56,7 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
         job_id: item.job_id.clone(),
         chunk: item.chunk,
         transactions: item.transactions,
-        outcome: Outcome::Processed { payload },
+        outcome: ChunkOutcome::Processed { payload },
         requests,
     })
 }
@@ -70,7 +70,7 @@ pub fn failed_result(item: &WorkItem, reason: String) -> ChunkResult {
         job_id: item.job_id.clone(),
         chunk: item.chunk,
         transactions: item.transactions,
-        outcome: Outcome::Failed { reason },
+        outcome: ChunkOutcome::Failed { reason },
         requests,
     }
 }

@@ -176,9 +176,9 @@ impl Strategy {
     }
 }
 
-/// One strategy's day.
+/// One strategy's day: what it cost and how late the work was.
 #[derive(Debug, Clone, Default)]
-pub struct Outcome {
+pub struct DayOutcome {
     pub items: u64,
     pub sla_misses: u64,
     pub p99_delay: u64,
@@ -212,7 +212,7 @@ pub struct Sample {
     pub cost: f64,
 }
 
-impl Outcome {
+impl DayOutcome {
     pub fn cost(&self, a: &SimArgs) -> (f64, f64) {
         cost_of(a, self.instance_seconds, self.sqs_requests, self.s3_puts, self.s3_gets)
     }
@@ -246,13 +246,13 @@ struct Sim<'a> {
     instances: Vec<Instance>,
     next_id: u64,
     delays: Vec<u64>,
-    out: Outcome,
+    out: DayOutcome,
     in_flight: u64,
 }
 
 impl<'a> Sim<'a> {
     fn new(a: &'a SimArgs) -> Sim<'a> {
-        Sim { a, queue: VecDeque::new(), instances: Vec::new(), next_id: 0, delays: vec![0; DAY as usize * 2], out: Outcome::default(), in_flight: 0 }
+        Sim { a, queue: VecDeque::new(), instances: Vec::new(), next_id: 0, delays: vec![0; DAY as usize * 2], out: DayOutcome::default(), in_flight: 0 }
     }
 
     fn visible(&self) -> u64 {
@@ -327,7 +327,7 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn finish(mut self, t: u64) -> Outcome {
+    fn finish(mut self, t: u64) -> DayOutcome {
         let n = 0;
         self.scale_to(t, n, 0);
         let total: u64 = self.delays.iter().sum();
@@ -356,7 +356,7 @@ impl<'a> Sim<'a> {
 }
 
 /// Replays the workload under one strategy.
-pub fn run_strategy(a: &SimArgs, w: &Workload, strategy: Strategy, max: u32) -> Outcome {
+pub fn run_strategy(a: &SimArgs, w: &Workload, strategy: Strategy, max: u32) -> DayOutcome {
     let mut sim = Sim::new(a);
     let t0 = Instant::now();
     let at = |t: u64| t0 + Duration::from_secs(t);
@@ -516,7 +516,7 @@ pub struct Day {
     pub workload: Workload,
     pub fixed: u32,
     pub max: u32,
-    pub outcomes: Vec<(Strategy, Outcome)>,
+    pub outcomes: Vec<(Strategy, DayOutcome)>,
 }
 
 /// Replays every volume under every strategy.

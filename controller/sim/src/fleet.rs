@@ -20,7 +20,7 @@ use bytes::Bytes;
 use fleet_domain::billing::{AccountTotals, Tariff};
 use fleet_domain::codec::{accounts_to_zstd_csv, base64_encode, sha256_hex};
 use fleet_domain::layout::{chunk_key, manifest_key, result_key};
-use fleet_domain::model::{AccountsPayload, BlobRef, ChunkResult, Manifest, Outcome, ResultMessage, WorkItem, WIRE_VERSION};
+use fleet_domain::model::{AccountsPayload, BlobRef, ChunkOutcome, ChunkResult, Manifest, ResultMessage, WorkItem, WIRE_VERSION};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::blob::BlobStore;
 use fleet_io::queue::{Attrs, Outgoing, Queue};
@@ -223,7 +223,11 @@ pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>
                 tariff: Tariff::default(),
             };
             let chunk = &job.chunks[c as usize];
-            let out = Outgoing { body: serde_json::to_string(&item).expect("serializable"), attrs: Attrs { group: chunk.group.clone(), ..Attrs::default() }, dedup: None };
+            let out = Outgoing {
+                body: serde_json::to_string(&item).expect("serializable"),
+                attrs: Attrs { group: chunk.group.clone(), ..Attrs::default() },
+                dedup: None,
+            };
             let copies = if chunk.fate == Fate::Resent { 2 } else { 1 };
             std::iter::repeat_n(out, copies)
         })
@@ -334,8 +338,8 @@ pub async fn process(
                         _ => unreachable!("a chunk result"),
                     };
                     forged.chunk = c;
-                    if let Outcome::Processed { payload: AccountsPayload::Blob { .. } } = forged.outcome {
-                        forged.outcome = Outcome::Processed { payload: AccountsPayload::Inline { accounts: job.totals(0) } };
+                    if let ChunkOutcome::Processed { payload: AccountsPayload::Blob { .. } } = forged.outcome {
+                        forged.outcome = ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts: job.totals(0) } };
                     }
                     send(&*results, vec![serde_json::to_string(&ResultMessage::Chunk(forged)).expect("serializable")]).await;
                 }
@@ -353,7 +357,7 @@ fn failed(job: &JobPlan, chunk: u32) -> String {
         job_id: job.id.clone(),
         chunk,
         transactions: job.chunks[chunk as usize].rows.len() as u64,
-        outcome: Outcome::Failed { reason: "simulated: invalid rows".into() },
+        outcome: ChunkOutcome::Failed { reason: "simulated: invalid rows".into() },
         requests: RequestCounts::default(),
     };
     serde_json::to_string(&ResultMessage::Chunk(r)).expect("serializable")
@@ -367,7 +371,7 @@ fn hostile(job: &JobPlan, chunk: u32) -> String {
         job_id: job.id.clone(),
         chunk,
         transactions: 1 << 20,
-        outcome: Outcome::Processed { payload: AccountsPayload::ZstdCsv { data: base64_encode(&bomb) } },
+        outcome: ChunkOutcome::Processed { payload: AccountsPayload::ZstdCsv { data: base64_encode(&bomb) } },
         requests: RequestCounts::default(),
     };
     serde_json::to_string(&ResultMessage::Chunk(r)).expect("serializable")
@@ -391,7 +395,7 @@ async fn chunk_result(job: &JobPlan, chunk: u32, rng: &mut ChaCha8Rng, store: &d
         job_id: job.id.clone(),
         chunk,
         transactions: job.chunks[chunk as usize].rows.len() as u64,
-        outcome: Outcome::Processed { payload },
+        outcome: ChunkOutcome::Processed { payload },
         requests: RequestCounts::default(),
     };
     serde_json::to_string(&ResultMessage::Chunk(r)).expect("serializable")

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use fleet_domain::billing::{AccountTotals, CheckedTotals};
 use fleet_domain::codec::{accounts_cap, accounts_from_zstd_csv, base64_decode, sha256_hex};
 use fleet_domain::layout::{check_job_id, result_key};
-use fleet_domain::model::{AccountsPayload, Checkpoint, ChunkResult, FailedChunk, JobStatus, Manifest, Outcome, ResultMessage, WorkItem};
+use fleet_domain::model::{AccountsPayload, Checkpoint, ChunkOutcome, ChunkResult, FailedChunk, JobStatus, Manifest, ResultMessage, WorkItem};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
@@ -232,7 +232,7 @@ impl Ready {
 }
 
 pub(super) async fn prepare(mut item: Item, store: &dyn BlobStore, offload: bool) -> Ready {
-    if let Item::Result(ResultMessage::Chunk(ChunkResult { job_id, chunk, transactions, outcome: Outcome::Processed { payload }, .. })) = &mut item {
+    if let Item::Result(ResultMessage::Chunk(ChunkResult { job_id, chunk, transactions, outcome: ChunkOutcome::Processed { payload }, .. })) = &mut item {
         let payload = std::mem::replace(payload, AccountsPayload::Inline { accounts: Vec::new() });
         let gets = u64::from(matches!(payload, AccountsPayload::Blob { .. }));
         // What the payload may decompress to follows from the rows it declares (one account row per
@@ -285,7 +285,7 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
         return Ok(());
     }
     if cp.accounted.contains(&chunk) {
-        let real = matches!(&item, Item::Result(ResultMessage::Chunk(ChunkResult { outcome: Outcome::Processed { .. }, .. })));
+        let real = matches!(&item, Item::Result(ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Processed { .. }, .. })));
         match cp.failed_chunks.iter().position(|f| f.chunk == chunk) {
             // A real result beats a dead letter or a failure report (a work item dead-lettered after
             // it was billed, a processor that died between sending a result and deleting its item):
@@ -297,7 +297,7 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
             }
             failed => {
                 // The processor's own failure report says more than the dead letter: keep its reason.
-                if let (Some(i), Item::Result(ResultMessage::Chunk(ChunkResult { outcome: Outcome::Failed { reason }, .. }))) = (failed, &item) {
+                if let (Some(i), Item::Result(ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Failed { reason }, .. }))) = (failed, &item) {
                     if cp.failed_chunks[i].reason == DEAD_LETTER_REASON {
                         cp.failed_chunks[i].reason = reason.clone();
                     }
@@ -310,7 +310,7 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
     match item {
         Item::Result(ResultMessage::Chunk(c)) => {
             match c.outcome {
-                Outcome::Processed { .. } => match accounts.expect("prepared with its payload") {
+                ChunkOutcome::Processed { .. } => match accounts.expect("prepared with its payload") {
                     Ok(accounts) => match checked_count(&accounts) {
                         Some(counted) if counted == c.transactions => match job.totals.try_add_all(accounts.iter()) {
                             Ok(()) => {
@@ -339,7 +339,7 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
                         cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result unreadable: {e}") })
                     }
                 },
-                Outcome::Failed { reason } => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason }),
+                ChunkOutcome::Failed { reason } => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason }),
             }
             cp.requests.merge(&c.requests);
         }
@@ -427,7 +427,7 @@ mod tests {
 
     fn ready(msg: ResultMessage) -> Ready {
         let accounts = match &msg {
-            ResultMessage::Chunk(ChunkResult { outcome: Outcome::Processed { payload: AccountsPayload::Inline { accounts } }, .. }) => {
+            ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts } }, .. }) => {
                 Some(Ok(accounts.clone()))
             }
             _ => None,
@@ -442,7 +442,7 @@ mod tests {
             job_id: "j".into(),
             chunk: c,
             transactions: n,
-            outcome: Outcome::Processed { payload: AccountsPayload::Inline { accounts: vec![a] } },
+            outcome: ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts: vec![a] } },
             requests: RequestCounts::default(),
         }))
     }
@@ -453,7 +453,7 @@ mod tests {
             job_id: "j".into(),
             chunk: c,
             transactions: 99,
-            outcome: Outcome::Failed { reason: "bad".into() },
+            outcome: ChunkOutcome::Failed { reason: "bad".into() },
             requests: RequestCounts::default(),
         }))
     }

@@ -7,7 +7,7 @@ use fleet_domain::billing::Tariff;
 use fleet_domain::codec::{accounts_to_zstd_csv, from_zstd_json, sha256_hex, to_zstd_json};
 use fleet_domain::layout::{accounts_key, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, quarantined_checkpoint_key, report_key};
 use fleet_domain::model::{now_rfc3339, BlobRef, ChunkResult, Rejected};
-use fleet_domain::model::{AccountsPayload, Checkpoint, CheckpointPart, Manifest, Outcome, Progress, ResultMessage, WorkItem};
+use fleet_domain::model::{AccountsPayload, Checkpoint, CheckpointPart, ChunkOutcome, Manifest, Progress, ResultMessage, WorkItem};
 use fleet_domain::report;
 use fleet_engine::completion::BatchSettings;
 use fleet_engine::Completions;
@@ -48,7 +48,7 @@ fn result(job: &str, chunk: u32, accounts: Vec<AccountTotals>) -> Message {
         job_id: job.into(),
         chunk,
         transactions: n,
-        outcome: Outcome::Processed { payload: AccountsPayload::Inline { accounts } },
+        outcome: ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts } },
         requests: RequestCounts::default(),
     });
     msg(serde_json::to_string(&r).unwrap())
@@ -187,7 +187,7 @@ fn failed(job: &str, chunk: u32, transactions: u64, reason: &str) -> Message {
         job_id: job.into(),
         chunk,
         transactions,
-        outcome: Outcome::Failed { reason: reason.into() },
+        outcome: ChunkOutcome::Failed { reason: reason.into() },
         requests: RequestCounts::default(),
     });
     msg(serde_json::to_string(&r).unwrap())
@@ -367,7 +367,7 @@ fn with_payload(job: &str, chunk: u32, transactions: u64, payload: AccountsPaylo
         job_id: job.into(),
         chunk,
         transactions,
-        outcome: Outcome::Processed { payload },
+        outcome: ChunkOutcome::Processed { payload },
         requests: RequestCounts::default(),
     });
     msg(serde_json::to_string(&r).unwrap())
@@ -437,7 +437,7 @@ async fn a_result_whose_blob_is_gone_fails_its_chunk_and_stranded_results_count(
         job_id: "s1".into(),
         chunk: 1,
         transactions: 1,
-        outcome: Outcome::Processed {
+        outcome: ChunkOutcome::Processed {
             payload: AccountsPayload::Blob {
                 blob: BlobRef { key: fleet_domain::layout::result_key("s1", 1), sha256: "0".repeat(64), compressed_bytes: 9, raw_bytes: 9 },
             },

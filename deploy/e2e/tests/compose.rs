@@ -367,7 +367,13 @@ impl Fleet {
         };
         println!("[agent] Prometheus scrapes {} targets, all up, {:.1} s after the third processor", targets.len(), t.elapsed().as_secs_f64());
         let rules = get("/api/v1/rules").expect("Prometheus /api/v1/rules");
-        let names: Vec<&str> = rules["data"]["groups"].as_array().into_iter().flatten().flat_map(|g| g["rules"].as_array().into_iter().flatten()).filter_map(|r| r["name"].as_str()).collect();
+        let names: Vec<&str> = rules["data"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+            .filter_map(|r| r["name"].as_str())
+            .collect();
         assert!(names.contains(&"FleetOldestWorkOverSla") && names.len() >= 7, "the fleet's alert rules are not loaded: {names:?}");
         let build = get("/api/v1/query?query=count(fleet_build_info)").expect("Prometheus query");
         assert_eq!(build["data"]["result"][0]["value"][1].as_str(), Some((processors + 2).to_string().as_str()), "build_info of every service: {build}");

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use fleet_io::config::{Aws, FleetArgs, LogArgs};
-use fleet_io::trigger::{report_key, ALL_WORK};
+use fleet_io::trigger::{instance_report_key, ALL_WORK};
 use scaling_agent::factory::BackendArgs;
 
 /// Billing fleet scaling agent: watches queue depths and instance reports, scales processor instances
@@ -69,7 +69,7 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
         return Ok(());
     }
     let backend = cli.backend.build(&cli.fleet, &cli.settings, &shutdown).await?;
-    let subscription = cli.fleet.subscribe(vec![ALL_WORK.to_string(), report_key(watched.work.name())], &shutdown);
+    let subscription = cli.fleet.subscribe(vec![ALL_WORK.to_string(), instance_report_key(watched.work.name())], &shutdown);
     let deps = scaling_agent::Deps { watched, publish: cli.fleet.trigger_bus(), subscription, backend };
     scaling_agent::run(cli.settings, deps, shutdown).await?;
     Ok(())

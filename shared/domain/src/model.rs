@@ -55,10 +55,11 @@ pub enum AccountsPayload {
     },
 }
 
-/// What happened to a chunk.
+/// What happened to a chunk (in its result message). Not the listener's `fleet_engine::Outcome`
+/// (what becomes of a received message).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
-pub enum Outcome {
+pub enum ChunkOutcome {
     Processed { payload: AccountsPayload },
     Failed { reason: String },
 }
@@ -99,7 +100,7 @@ pub struct ChunkResult {
     pub chunk: u32,
     pub transactions: u64,
     #[serde(flatten)]
-    pub outcome: Outcome,
+    pub outcome: ChunkOutcome,
     /// SQS and S3 calls the processor made for this chunk.
     pub requests: RequestCounts,
 }

@@ -237,7 +237,7 @@ async fn abandon_quarantine_and_dlq_commands() {
     if !crate::support::stack_running() {
         return;
     }
-    use fleet_domain::model::{AccountsPayload, ChunkResult, Outcome, ResultMessage};
+    use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, ResultMessage};
     use fleet_io::blob::BlobStore;
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let c = st.start_controller();
@@ -254,7 +254,7 @@ async fn abandon_quarantine_and_dlq_commands() {
         job_id: job.clone(),
         chunk: 3,
         transactions: 5,
-        outcome: Outcome::Processed { payload: AccountsPayload::Inline { accounts: vec![acct("a", 2), acct("b", 3)] } },
+        outcome: ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts: vec![acct("a", 2), acct("b", 3)] } },
         requests: Default::default(),
     });
     // Its chunk blob, as the initiator writes it before the work item (a result for a chunk without
@@ -432,7 +432,11 @@ async fn dlq_redrive_moves_dead_letters_back_with_a_move_task_or_a_fifo_safe_cop
         let bodies: Vec<String> = (0..3).map(|i| format!("{{\"dead\":{i}}}")).collect();
         let out: Vec<fleet_io::queue::Outgoing> = bodies
             .iter()
-            .map(|b| fleet_io::queue::Outgoing { body: b.clone(), attrs: fleet_io::queue::Attrs { group: fifo.then(|| "g".into()), ..Default::default() }, dedup: None })
+            .map(|b| fleet_io::queue::Outgoing {
+                body: b.clone(),
+                attrs: fleet_io::queue::Attrs { group: fifo.then(|| "g".into()), ..Default::default() },
+                dedup: None,
+            })
             .collect();
         st.work.send_messages(&out).await.unwrap();
         // Received once and not deleted: SQS dead-letters each at its next receive.

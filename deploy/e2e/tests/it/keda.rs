@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use fleet_io::provision::QueueSettings;
 use fleet_io::queue::Queue;
-use fleet_io::trigger::{announce, report_key, WorkDetected, ALL_WORK};
+use fleet_io::trigger::{announce, instance_report_key, WorkDetected, ALL_WORK};
 use scaling_agent::keda::proto::external_scaler_client::ExternalScalerClient;
 use scaling_agent::keda::proto::{GetMetricsRequest, ScaledObjectRef};
 use scaling_agent::keda::KedaBackend;
@@ -43,7 +43,7 @@ async fn keda_external_scaler_serves_the_policy_and_pushes_activity_on_a_trigger
     let deps = scaling_agent::Deps {
         watched: scaling_agent::Watched { work: s.work.clone(), work_dlq: s.work_dlq.clone(), results: s.results.clone(), results_dlq: s.results_dlq.clone() },
         publish: s.names.trigger_bus(),
-        subscription: s.names.subscribe(vec![ALL_WORK.into(), report_key(s.work.name())], &stop),
+        subscription: s.names.subscribe(vec![ALL_WORK.into(), instance_report_key(s.work.name())], &stop),
         backend: keda.clone(),
     };
     let state = scaling_agent::new_state(&settings, "keda");

@@ -141,7 +141,11 @@ async fn fifo_groups_keep_their_order_across_instances_and_retries() {
     let mut out = Vec::new();
     for i in 1..=8 {
         for g in ["a", "b", "c"] {
-            out.push(fleet_io::queue::Outgoing { body: format!("{g}{i}"), attrs: fleet_io::queue::Attrs { group: Some(g.into()), ..Default::default() }, dedup: None });
+            out.push(fleet_io::queue::Outgoing {
+                body: format!("{g}{i}"),
+                attrs: fleet_io::queue::Attrs { group: Some(g.into()), ..Default::default() },
+                dedup: None,
+            });
         }
     }
     st.work.send_messages(&out).await.unwrap();
@@ -187,7 +191,11 @@ async fn a_poison_message_on_a_fifo_queue_is_dead_lettered_alone() {
     let mut out = Vec::new();
     for i in 1..=4 {
         for g in ["p", "q"] {
-            out.push(fleet_io::queue::Outgoing { body: format!("{g}{i}"), attrs: fleet_io::queue::Attrs { group: Some(g.into()), ..Default::default() }, dedup: None });
+            out.push(fleet_io::queue::Outgoing {
+                body: format!("{g}{i}"),
+                attrs: fleet_io::queue::Attrs { group: Some(g.into()), ..Default::default() },
+                dedup: None,
+            });
         }
     }
     st.work.send_messages(&out).await.unwrap();

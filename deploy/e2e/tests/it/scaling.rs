@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use fleet_io::provision::QueueSettings;
 use fleet_io::queue::Queue;
-use fleet_io::trigger::{report_key, ALL_WORK};
+use fleet_io::trigger::{instance_report_key, ALL_WORK};
 use scaling_agent::backend::{Backend, ProcessBackend, ProcessSpec};
 use tokio_util::sync::CancellationToken;
 
@@ -68,7 +68,7 @@ async fn a_burst_scales_processes_up_and_back_to_the_minimum_with_exact_totals()
     let deps = scaling_agent::Deps {
         watched: scaling_agent::Watched { work: s.work.clone(), work_dlq: s.work_dlq.clone(), results: s.results.clone(), results_dlq: s.results_dlq.clone() },
         publish: s.names.trigger_bus(),
-        subscription: s.names.subscribe(vec![ALL_WORK.into(), report_key(s.work.name())], &stop),
+        subscription: s.names.subscribe(vec![ALL_WORK.into(), instance_report_key(s.work.name())], &stop),
         backend: backend.clone(),
     };
     let state = scaling_agent::new_state(&settings, "process");

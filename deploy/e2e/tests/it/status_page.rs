@@ -79,12 +79,8 @@ async fn the_status_page_shows_a_job_to_completion_and_keeps_working_without_the
     let agent_http = free_addr();
     let agent_stop = CancellationToken::new();
     let agent = {
-        let watched = scaling_agent::Watched {
-            work: s.work.clone(),
-            work_dlq: s.work_dlq.clone(),
-            results: s.results.clone(),
-            results_dlq: s.results_dlq.clone(),
-        };
+        let watched =
+            scaling_agent::Watched { work: s.work.clone(), work_dlq: s.work_dlq.clone(), results: s.results.clone(), results_dlq: s.results_dlq.clone() };
         let deps = scaling_agent::Deps {
             watched,
             publish: s.names.trigger_bus(),
@@ -128,10 +124,9 @@ async fn the_status_page_shows_a_job_to_completion_and_keeps_working_without_the
     let files = vec![generated(dir.path(), "status.csv", 4_000, 50, 7)];
     let job = s.submit(&files, 500).await;
     let row = format!(r#"data-job="{}""#, job.job_id);
-    let d = until(browser, &url, Duration::from_secs(30), "the job under way", |d| {
-        d.split(r#"id="jobs-finished""#).next().is_some_and(|open| open.contains(&row))
-    })
-    .await;
+    let d =
+        until(browser, &url, Duration::from_secs(30), "the job under way", |d| d.split(r#"id="jobs-finished""#).next().is_some_and(|open| open.contains(&row)))
+            .await;
     assert!(d.contains(&format!("0 / {}", job.total_chunks)) || d.contains("no checkpoint yet"), "the job's progress: {d}");
     screenshot(browser, url.clone(), "1-under-way").await;
 

@@ -58,7 +58,7 @@ pub fn work_key(queue: &str) -> String {
 }
 
 /// Routing key of the instance reports of listeners on `queue`.
-pub fn report_key(queue: &str) -> String {
+pub fn instance_report_key(queue: &str) -> String {
     format!("report.{queue}")
 }
 

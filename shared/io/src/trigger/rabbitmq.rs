@@ -15,7 +15,7 @@ use tokio::sync::{broadcast, watch, Mutex};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{redact_url, report_key, work_key, InstanceReport, Subscription, TriggerBus, WorkDetected};
+use super::{instance_report_key, redact_url, work_key, InstanceReport, Subscription, TriggerBus, WorkDetected};
 use crate::call::CallPolicy;
 use crate::error::{Error, Result, Service};
 use crate::pem::PemFile;
@@ -189,7 +189,7 @@ impl TriggerBus for RabbitTriggers {
     }
 
     async fn report(&self, report: &InstanceReport) -> Result<()> {
-        self.send(&report_key(&report.queue), &serde_json::to_vec(report)?).await
+        self.send(&instance_report_key(&report.queue), &serde_json::to_vec(report)?).await
     }
 }
 
