@@ -3,6 +3,7 @@
 //! and only then completes (deletes, batched) the work items. A failing work item goes back with a
 //! growing back-off and reaches the dead-letter queue after maxReceiveCount.
 
+pub mod events;
 pub mod handle;
 pub mod listener;
 
@@ -65,6 +66,7 @@ pub const REPORT_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Starts the listener on the work queue (and the state endpoint when configured).
 pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken) -> fleet_io::Result<Engine> {
+    events::register_metrics();
     let cfg = settings.listener.engine(deps.triggers.is_some());
     let announce = match &deps.publish {
         Some(bus) => listener::Announce {

@@ -15,6 +15,7 @@ use fleet_io::queue::{plan_batches, Delivery, Message, Queue};
 use fleet_io::trigger::Notifier;
 use futures::future::join_all;
 
+use crate::events;
 use crate::handle::{failed_result, parse_work_item, process};
 
 /// Work-detected triggers the processor publishes for the queues it puts work on, so that a parked
@@ -58,18 +59,22 @@ impl WorkHandler {
     /// cycling through every receive and back-off on its way to the dead-letter queue.
     async fn handle_one(&self, m: &Message) -> Result<ChunkResult, Failure> {
         let item = parse_work_item(&m.body).map_err(|e| Failure::Own(format!("unreadable work item: {e}")))?;
+        let (job, chunk) = (item.job_id.as_str(), item.chunk);
         match process(&item, self.store.as_ref(), self.max_chunk_bytes).await {
-            Ok(r) => Ok(r),
+            Ok(r) => {
+                events::ChunkBilled { job, chunk, transactions: r.transactions }.emit();
+                Ok(r)
+            }
             Err(e @ Error::Corrupt(_)) => {
-                tracing::warn!(job = %item.job_id, chunk = item.chunk, receive_count = m.receive_count, error = %e, "chunk can never succeed: failed at once");
+                events::ChunkFailedForGood { job, chunk, receive_count: m.receive_count, error: &e }.emit();
                 Ok(failed_result(&item, format!("{e} (attempt {}; not retried: it can never succeed)", m.receive_count)))
             }
             Err(e) if e.is_outage() => {
-                tracing::debug!(job = %item.job_id, chunk = item.chunk, error = %e, "a dependency failed; the work item is held");
+                events::WorkItemHeld { job, chunk, error: &e }.emit();
                 Err(Failure::Outage(e.to_string()))
             }
             Err(e) => {
-                tracing::warn!(job = %item.job_id, chunk = item.chunk, receive_count = m.receive_count, retryable = e.is_retryable(), error = %e, "work item failed");
+                events::WorkItemRetried { job, chunk, receive_count: m.receive_count, retryable: e.is_retryable(), error: &e }.emit();
                 Err(Failure::Own(failure_reason(&e, m.receive_count)))
             }
         }
@@ -92,7 +97,7 @@ impl WorkHandler {
         let bodies: Vec<String> = std::iter::once(head).chain(rest).collect();
         let chunks = bodies.len();
         self.results.send(bodies).await?;
-        tracing::debug!(%job, chunks, "results sent");
+        events::ResultsSent { job, chunks }.emit();
         Ok(())
     }
 }
@@ -154,7 +159,7 @@ impl Handler for WorkHandler {
                 }
                 Err(e) => {
                     // Not sent: not deleted; the work items come back and are processed again.
-                    tracing::warn!(%job, error = %e, "sending results failed; work items will be redelivered");
+                    events::ResultsNotSent { job: &job, outage: e.is_outage(), error: &e }.emit();
                     let failure = if e.is_outage() { Failure::Outage(format!("sending results: {e}")) } else { Failure::Own(format!("sending results: {e}")) };
                     let outcome = failure.outcome();
                     out.extend(deliveries.into_iter().map(|m| (m, outcome.clone())));

@@ -74,6 +74,13 @@ async fn bills_good_items_and_fails_corrupt_ones_at_once() {
     let ResultMessage::Chunk(failed) = &outcomes[1] else { panic!("chunk result expected") };
     let ChunkOutcome::Failed { reason } = &failed.outcome else { panic!("failure expected") };
     assert!(reason.starts_with("corrupt data: blob jobs/j1/chunks/000001") && reason.contains("attempt 1; not retried"), "{reason}");
+    // The typed events counted what they logged (this test binary's only processor).
+    let metrics = fleet_engine::http::render_metrics(&[]);
+    let value = |series: &str| metrics.lines().find_map(|l| l.strip_prefix(series)).and_then(|v| v.trim().parse::<u64>().ok());
+    assert_eq!(value(r#"processor_chunks_total{result="billed"} "#), Some(1), "{metrics}");
+    assert_eq!(value(r#"processor_chunks_total{result="failed"} "#), Some(1), "{metrics}");
+    assert_eq!(value("processor_transactions_billed_total "), Some(ok.transactions), "{metrics}");
+    assert_eq!(value("processor_results_sent_total "), Some(2), "{metrics}");
     stop.cancel();
     running.await.unwrap().unwrap();
 }
