@@ -172,7 +172,12 @@ impl Handler for ResultsHandler {
         // the messages and the checkpoint makes the replay a no-op. Only this batch's jobs are locked.
         // What `apply` does not return waits in its job for the next checkpoint (or, when the job
         // could not be saved, is dropped and comes back after the visibility timeout).
-        let applied = self.agg.apply(self.source, msgs.into_iter().map(|d| done.keep(d)).collect()).await;
+        // A child of the span that billed (or sent) the batch's first traced message: the job's trace
+        // goes on here (exported when OTEL_EXPORTER_OTLP_ENDPOINT is set).
+        let span = tracing::info_span!("apply_results", source = ?self.source, messages = msgs.len());
+        fleet_io::telemetry::follow(&span, msgs.iter().find_map(|m| m.attrs.trace.as_deref()));
+        let kept = msgs.into_iter().map(|d| done.keep(d)).collect();
+        let applied = tracing::Instrument::instrument(self.agg.apply(self.source, kept), span).await;
         events::ResultsApplied { open_jobs: self.agg.open_jobs() }.emit();
         // Announced when they are visible again, so that the owner's parked listener finds them.
         announce(&self.notifiers, applied.release.iter().map(|(k, after)| (k.queue(), *after)));

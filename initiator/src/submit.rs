@@ -293,13 +293,18 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
         Ok::<_, fleet_domain::input::InputError>((v.counts, rejected))
     });
 
+    // The job's trace starts here (exported when OTEL_EXPORTER_OTLP_ENDPOINT is set): every work item
+    // carries its context, so the processors' and the controller's spans join it.
+    let span = tracing::info_span!("submit", job_id = %job_id, files = opts.files.len());
     let attrs = fleet_io::queue::Attrs {
         priority: opts.priority,
         deadline_ms: opts.deadline.and_then(|d| d.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_millis() as u64),
+        trace: fleet_io::telemetry::traceparent(&span),
         ..Default::default()
     };
     let enqueue = Enqueue::new(clients, &job_id, &opts.tariff, attrs, fifo.then_some(grouping), bar(&mp, 0, "enqueued  {pos} work items"));
-    let outcome = submit_enqueued(&opts, clients, &job_id, &enqueue, reader, rx, store_bar, read_bar, started, fifo).await;
+    let outcome =
+        tracing::Instrument::instrument(submit_enqueued(&opts, clients, &job_id, &enqueue, reader, rx, store_bar, read_bar, started, fifo), span).await;
     match outcome {
         Ok(s) => Ok(s),
         Err(cause) if enqueue.attempted.load(Ordering::SeqCst) == 0 => Err(cause),

@@ -11,7 +11,7 @@ use fleet_engine::{Completions, ErrorEvent, Handler, Outcome};
 use fleet_io::blob::BlobStore;
 use fleet_io::breaker::Breaker;
 use fleet_io::error::Error;
-use fleet_io::queue::{plan_batches, Delivery, Message, Queue};
+use fleet_io::queue::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue};
 use fleet_io::trigger::Notifier;
 use futures::future::join_all;
 
@@ -80,8 +80,10 @@ impl WorkHandler {
         }
     }
 
-    /// Sends one job's results; the first carries the batch's calls (receive, sends, deletes).
-    async fn send_job(&self, job: &str, mut results: Vec<ChunkResult>) -> fleet_io::Result<()> {
+    /// Sends one job's results, each with the trace context of the span that billed it; the first
+    /// carries the batch's calls (receive, sends, deletes).
+    async fn send_job(&self, job: &str, results: Vec<(ChunkResult, Option<String>)>) -> fleet_io::Result<()> {
+        let (mut results, traces): (Vec<ChunkResult>, Vec<Option<String>>) = results.into_iter().unzip();
         let rest: Vec<String> = results.drain(1..).map(|r| serde_json::to_string(&ResultMessage::Chunk(r))).collect::<Result<_, _>>()?;
         let Some(mut first) = results.pop() else { return Ok(()) };
         // Size the first before adding the counts (the slack covers the enum tag and the digits).
@@ -94,9 +96,13 @@ impl WorkHandler {
         batch_calls.add("sqs.DeleteMessageBatch", n.div_ceil(10));
         first.requests.merge(&batch_calls);
         let head = serde_json::to_string(&ResultMessage::Chunk(first))?;
-        let bodies: Vec<String> = std::iter::once(head).chain(rest).collect();
+        let bodies: Vec<Outgoing> = std::iter::once(head)
+            .chain(rest)
+            .zip(traces)
+            .map(|(body, trace)| Outgoing { body, attrs: Attrs { trace, ..Attrs::default() }, dedup: None })
+            .collect();
         let chunks = bodies.len();
-        self.results.send(bodies).await?;
+        self.results.send_messages(&bodies).await?;
         events::ResultsSent { job, chunks }.emit();
         Ok(())
     }
@@ -135,22 +141,26 @@ impl Handler for WorkHandler {
 
     async fn handle(&self, msgs: Vec<Delivery>, _done: &Completions) -> Vec<(Delivery, Outcome)> {
         let handled = join_all(msgs.into_iter().map(|m| async move {
-            let r = self.handle_one(&m).await;
-            (m, r)
+            // A child of the submission's span (its context came with the work item).
+            let span = tracing::info_span!("bill_chunk", receive_count = m.receive_count);
+            fleet_io::telemetry::follow(&span, m.attrs.trace.as_deref());
+            let trace = fleet_io::telemetry::traceparent(&span);
+            let r = tracing::Instrument::instrument(self.handle_one(&m), span).await;
+            (m, r.map(|r| (r, trace)))
         }))
         .await;
         let mut out = Vec::with_capacity(handled.len());
         // Group by job so that per-job request counts are exact enough: each job's results go in
         // their own batch calls.
-        let mut by_job: BTreeMap<String, Vec<(Delivery, ChunkResult)>> = BTreeMap::new();
+        let mut by_job: BTreeMap<String, Vec<(Delivery, (ChunkResult, Option<String>))>> = BTreeMap::new();
         for (m, r) in handled {
             match r {
-                Ok(r) => by_job.entry(r.job_id.clone()).or_default().push((m, r)),
+                Ok(r) => by_job.entry(r.0.job_id.clone()).or_default().push((m, r)),
                 Err(f) => out.push((m, f.outcome())),
             }
         }
         for (job, items) in by_job {
-            let (deliveries, results): (Vec<Delivery>, Vec<ChunkResult>) = items.into_iter().unzip();
+            let (deliveries, results): (Vec<Delivery>, Vec<(ChunkResult, Option<String>)>) = items.into_iter().unzip();
             let n = results.len() as u64;
             match self.send_job(&job, results).await {
                 Ok(()) => {

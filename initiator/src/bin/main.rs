@@ -19,14 +19,17 @@ async fn main() -> ExitCode {
             return if e.use_stderr() { Exit::Input.into() } else { Exit::Complete.into() };
         }
     };
-    fleet_io::telemetry::init_cli(cli.log.log_json);
+    let telemetry = fleet_io::telemetry::init_cli(cli.log.log_json);
     let outcome = initiator::commands::run(cli).await;
     fleet_io::call::write_called();
-    match outcome {
+    let code = match outcome {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
             e.exit_code()
         }
-    }
+    };
+    // The job's spans still buffered are sent before the process ends.
+    drop(telemetry);
+    code
 }

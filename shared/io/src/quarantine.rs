@@ -65,7 +65,7 @@ impl Quarantined {
     pub fn outgoing(&self) -> Outgoing {
         Outgoing {
             body: self.body.clone(),
-            attrs: Attrs { priority: self.priority, deadline_ms: self.deadline_ms, group: self.group.clone(), reason: None },
+            attrs: Attrs { priority: self.priority, deadline_ms: self.deadline_ms, group: self.group.clone(), reason: None, trace: None },
             // Sent back later than a first send's window may be, or not: never dropped as its duplicate.
             dedup: Some(Outgoing::redrive_dedup(&self.body, &self.message_id)),
         }
@@ -124,7 +124,7 @@ mod tests {
             id: "id/1".into(),
             body: "{not json".into(),
             receive_count: 3,
-            attrs: Attrs { priority: 2, deadline_ms: Some(9), group: None, reason: Some("x".into()) },
+            attrs: Attrs { priority: 2, deadline_ms: Some(9), group: None, reason: Some("x".into()), trace: None },
         };
         let key = put(store.as_ref(), "billing-results-dlq", &m, "invalid JSON").await.unwrap();
         assert_eq!(key, "quarantine/billing-results-dlq/id_1.json");

@@ -59,7 +59,7 @@ where
     F: FnOnce(CancellationToken) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    crate::telemetry::init(log_json, "info");
+    let _telemetry = crate::telemetry::init(log_json, "info");
     let outcome = start(on_signals()).await;
     crate::call::write_called();
     match outcome {

@@ -55,7 +55,7 @@ pub fn test_log() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
         if let Ok(filter) = std::env::var("FLEET_TEST_LOG") {
-            fleet_io::telemetry::init(false, &filter);
+            std::mem::forget(fleet_io::telemetry::init(false, &filter));
         }
     });
 }

@@ -18,5 +18,6 @@ mod pipeline;
 mod reliability;
 mod scaling;
 mod status_page;
+mod traces;
 mod trigger;
 mod wakeup;

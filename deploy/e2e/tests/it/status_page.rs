@@ -63,7 +63,8 @@ async fn until(browser: &'static str, url: &str, within: Duration, what: &str, p
             return d;
         }
         assert!(t0.elapsed() < within, "the page did not show {what} within {within:?}; its DOM:\n{d}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // A browser start is heavy on two cores shared with the other tests: a look a second.
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

@@ -30,6 +30,9 @@ pub struct Attrs {
     pub group: Option<String>,
     /// Why a listener moved the message to a dead-letter queue (e.g. `expired`).
     pub reason: Option<String>,
+    /// The W3C trace context (`traceparent`) of the span that sent it: the receiver's span joins the
+    /// job's trace (see `telemetry`).
+    pub trace: Option<String>,
 }
 
 /// A message to send.

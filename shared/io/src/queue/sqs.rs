@@ -244,6 +244,9 @@ fn attribute_values(attrs: &Attrs) -> Vec<(&'static str, MessageAttributeValue)>
     if let Some(r) = &attrs.reason {
         out.extend(text(r).map(|v| ("reason", v)));
     }
+    if let Some(t) = &attrs.trace {
+        out.extend(text(t).map(|v| ("traceparent", v)));
+    }
     out
 }
 
@@ -254,7 +257,8 @@ impl Queue for SqsQueue {
     }
 
     async fn send_messages(&self, msgs: &[Outgoing]) -> Result<u64> {
-        let sizes: Vec<usize> = msgs.iter().map(|m| m.body.len() + 64).collect();
+        // The body and its attributes (priority, deadline, reason, traceparent: under 200 bytes).
+        let sizes: Vec<usize> = msgs.iter().map(|m| m.body.len() + 200).collect();
         let mut calls = 0;
         for range in plan_batches(&sizes) {
             let mut pending: Vec<(usize, &Outgoing)> = range.map(|i| (i, &msgs[i])).collect();
@@ -319,6 +323,7 @@ impl Queue for SqsQueue {
                             deadline_ms: attr("deadline").and_then(|v| v.parse().ok()),
                             group: m.attributes().and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId)).cloned(),
                             reason: attr("reason").map(str::to_string),
+                            trace: attr("traceparent").map(str::to_string),
                         }
                     },
                 };
