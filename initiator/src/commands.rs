@@ -196,14 +196,14 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
                 let how = crate::ops::redrive_method(method, dlq.name(), limit)?;
                 let n = match how {
                     RedriveMethod::MoveTask => crate::ops::move_back(dlq, target, Duration::from_secs(600)).await?,
-                    _ => crate::ops::redrive_queue(dlq.as_ref(), target.as_ref(), limit.unwrap_or(1000)).await?,
+                    _ => crate::ops::redrive_queue(dlq.as_ref(), target.as_ref(), limit.unwrap_or(crate::ops::REDRIVE_LIMIT)).await?,
                 };
                 let how = if how == RedriveMethod::MoveTask { "move-task" } else { "copy" };
                 eprintln!("{n} messages moved from {} to {} ({how})", dlq.name(), target.name());
                 moved.insert(place.into(), n.into());
                 methods.insert(place.into(), how.into());
             }
-            let limit = limit.unwrap_or(1000);
+            let limit = limit.unwrap_or(crate::ops::REDRIVE_LIMIT);
             if all || from == RedriveFrom::Quarantine {
                 // Quarantined from a queue: back to the queue whose consumer reads it (a dead letter
                 // goes to its source queue).

@@ -143,6 +143,9 @@ pub async fn show(dlqs: &[&dyn Queue], store: &dyn BlobStore, id: &str) -> Resul
     Err(CliError::Input(format!("no message {id} in {} (nor a quarantine key)", dlqs.iter().map(|q| q.name()).collect::<Vec<_>>().join(", "))))
 }
 
+/// Most messages `dlq redrive` copies per place when `--limit` is not given.
+pub const REDRIVE_LIMIT: usize = 1000;
+
 /// The method `dlq redrive` uses for the dead-letter queue `dlq`: `auto` is a move task for a standard
 /// queue without a limit, else a copy; a move task is refused for a FIFO queue (its messages would
 /// keep their de-duplication ids: one dead-lettered within 5 minutes of its first send would be
@@ -165,12 +168,14 @@ pub fn redrive_method(asked: RedriveMethod, dlq: &str, limit: Option<usize>) -> 
 /// the task (progress on stderr) until it ends or `within` passes. Returns how many it moved; a failed
 /// task is an infrastructure error naming its reason.
 pub async fn move_back(dlq: &SqsQueue, to: &SqsQueue, within: Duration) -> Result<usize, CliError> {
-    let handle = dlq.start_move_to(to).await?;
+    // Read once: the task is followed with it every 500 ms.
+    let arn = dlq.arn().await?;
+    let handle = dlq.start_move_to(&arn, to).await?;
     tracing::debug!(queue = dlq.name(), %handle, "message move task started");
     let until = tokio::time::Instant::now() + within;
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let task = dlq.move_task().await?;
+        let task = dlq.move_task(&arn).await?;
         let Some(task) = task else { continue };
         let to_move = task.to_move.map_or_else(|| "?".to_string(), |n| n.to_string());
         eprintln!("{}: move task {}, {} of {to_move} moved", dlq.name(), task.status.to_lowercase(), task.moved);

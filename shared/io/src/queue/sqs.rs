@@ -129,16 +129,17 @@ impl SqsQueue {
     /// the destination named: a message sent to the dead-letter queue directly has no source for SQS
     /// to find), at SQS's own pace. Returns the task's handle. A standard queue's only: a FIFO queue's
     /// move would keep each message's de-duplication id, and one sent again within 5 minutes of its
-    /// first send would be dropped (see `initiator dlq redrive`).
-    pub async fn start_move_to(&self, to: &SqsQueue) -> Result<String> {
-        let (arn, to_arn) = (self.arn().await?, to.arn().await?);
+    /// first send would be dropped (see `initiator dlq redrive`). `arn` is this queue's ([`Self::arn`],
+    /// read once by the caller, which follows the task with it).
+    pub async fn start_move_to(&self, arn: &str, to: &SqsQueue) -> Result<String> {
+        let to_arn = to.arn().await?;
         self.policy
             .run(Service::Sqs, "StartMessageMoveTask", Duration::ZERO, || async {
                 self.calls.bump("sqs.StartMessageMoveTask");
                 let out = self
                     .client
                     .start_message_move_task()
-                    .source_arn(&arn)
+                    .source_arn(arn)
                     .destination_arn(&to_arn)
                     .send()
                     .await
@@ -148,14 +149,12 @@ impl SqsQueue {
             .await
     }
 
-    /// The most recent message move task from this queue, if any (`ListMessageMoveTasks`).
-    pub async fn move_task(&self) -> Result<Option<MoveTask>> {
-        let arn = self.arn().await?;
+    /// The most recent message move task from this queue (its `arn`), if any (`ListMessageMoveTasks`).
+    pub async fn move_task(&self, arn: &str) -> Result<Option<MoveTask>> {
         self.policy
             .run(Service::Sqs, "ListMessageMoveTasks", Duration::ZERO, || async {
                 self.calls.bump("sqs.ListMessageMoveTasks");
-                let out =
-                    self.client.list_message_move_tasks().source_arn(&arn).max_results(1).send().await.map_err(|e| self.err("ListMessageMoveTasks", e))?;
+                let out = self.client.list_message_move_tasks().source_arn(arn).max_results(1).send().await.map_err(|e| self.err("ListMessageMoveTasks", e))?;
                 Ok(out.results().first().map(|t| MoveTask {
                     status: t.status().unwrap_or("UNKNOWN").to_string(),
                     moved: t.approximate_number_of_messages_moved(),
