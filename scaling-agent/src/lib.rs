@@ -1,3 +1,7 @@
+//! Why: the agent's one loop (look, decide, scale, announce) and the state `/state`, `/metrics` and the
+//! controller's status page read are here, together; what it decides with (`policy`, `signals`) and
+//! what it scales (`backend`, `docker`, `keda`) are each in their own module.
+//!
 //! The scaling agent (seed 004's Dynamic Scaling Agent): watches the fleet's queues and the instance
 //! reports processors publish while they hold work, decides with [`policy`] how many processor
 //! instances the workload needs within the SLA, and has a [`backend`] start or stop them. It also
