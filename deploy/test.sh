@@ -2,6 +2,7 @@
 # Runs the whole test suite: installs and starts what the tests need (RabbitMQ, LocalStack) when they are
 # missing, then `cargo test --workspace`. Extra arguments go to cargo test.
 set -euo pipefail
+t0=$(date +%s)
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # The Kubernetes manifests against the Kubernetes schemas (strict).
 "$repo/deploy/k8s/validate.sh"
@@ -22,6 +23,8 @@ scrape=$(mktemp) && sed -e 's/@PROJECT@/test/g' -e "s#/etc/prometheus/alerts.yml
 promtool check config "$scrape" && rm -f "$scrape"
 "$repo/deploy/rabbitmq.sh"
 "$repo/localstack/start.sh"
+phase() { echo "test.sh: $1 ($(( $(date +%s) - t0 )) s since the start)"; }
+phase "stack up"
 # A test that needs LocalStack or RabbitMQ fails here when they are missing (outside this script it skips).
 export FLEET_REQUIRE_STACK=1
 export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
@@ -32,4 +35,30 @@ cd "$repo"
 # The end-to-end tests run the four binaries; `cargo test` builds only those of packages with tests
 # (--tests: the same features as `cargo test`, so nothing is compiled twice).
 cargo build --workspace --bins --tests --locked
-cargo test --workspace --locked "$@"
+phase "built"
+if [ $# -gt 0 ]; then
+  exec cargo test --workspace --locked "$@"
+fi
+# The four long outage scenarios (a dependency frozen for ten and three minutes; the tests mostly wait)
+# run beside the rest, from the start, each through its own proxies on the same LocalStack and
+# RabbitMQ; their output follows the rest's.
+long=(outage::s3_hung_for outage::sqs_hung_for outage::rabbitmq_and_s3_down faults::s3_frozen_for)
+# (The binary as `cargo test --workspace` builds it: the whole workspace's features, nothing rebuilt.)
+it=$(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+print(next(m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact"
+           and m["target"]["name"] == "it" and m["manifest_path"].endswith("deploy/e2e/Cargo.toml") and m.get("executable")))')
+long_log=$(mktemp "${TMPDIR:-/tmp}/fleet-long-tests.XXXXXX")
+(cd deploy/e2e && "$it" --test-threads=${#long[@]} "${long[@]}") >"$long_log" 2>&1 &
+long_pid=$!
+skips=()
+for t in "${long[@]}"; do skips+=(--skip "$t"); done
+rc=0
+cargo test --workspace --locked -- "${skips[@]}" || rc=$?
+phase "the rest done (exit $rc); waiting for the long outage tests"
+long_rc=0
+wait "$long_pid" || long_rc=$?
+echo "---- the long outage tests (exit $long_rc) ----"
+cat "$long_log" && rm -f "$long_log"
+phase "done"
+[ "$rc" = 0 ] && [ "$long_rc" = 0 ]

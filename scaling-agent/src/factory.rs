@@ -164,11 +164,10 @@ mod tests {
         assert!(parse(&[]).unwrap().keda_tls().is_none());
 
         let missing = dir.join("nope.pem");
-        let e = parse(&["--keda-tls-cert", missing.to_str().unwrap(), "--keda-tls-key", k]).err().expect("a missing file accepted").to_string();
+        let e = parse(&["--keda-tls-cert", missing.to_str().unwrap(), "--keda-tls-key", k]).expect_err("a missing file accepted").to_string();
         assert!(e.contains("nope.pem") && e.contains("--keda-tls-cert"), "{e}");
         let e = parse(&["--keda-tls-cert", c, "--keda-tls-key", k, "--keda-tls-client-ca", plain.to_str().unwrap()])
-            .err()
-            .expect("a non-PEM CA accepted")
+            .expect_err("a non-PEM CA accepted")
             .to_string();
         assert!(e.contains("plain.txt: no PEM block in it"), "{e}");
         assert!(parse(&["--keda-tls-cert", c]).is_err(), "a certificate without its key accepted");

@@ -23,6 +23,7 @@ pub mod policy;
 pub mod signals;
 pub mod simulate;
 pub mod simulate_svg;
+pub mod step;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -36,8 +37,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
-use crate::policy::{Decision, Policy, PolicyConfig, Reason, Signals};
-use crate::signals::{InstanceView, Observed, Tracker};
+use crate::policy::{Decision, PolicyConfig, Reason};
+use crate::signals::{InstanceView, Observed};
+use crate::step::{Brain, Cadence, Seen};
 
 pub use health::{AgentHealth, LOOK_SLACK};
 
@@ -48,23 +50,23 @@ pub const SOURCE: &str = "scaling-agent";
 #[derive(Debug, Clone, clap::Args)]
 pub struct Settings {
     /// Seconds between two looks at the queues while there is work.
-    #[arg(long, env = "AGENT_INTERVAL_SECS", default_value_t = 5)]
+    #[arg(long, env = "AGENT_INTERVAL_SECS", default_value_t = Settings::DEFAULT.interval_secs)]
     pub interval_secs: u64,
     /// Longest time between two looks while every queue is empty (the interval doubles up to it; a
     /// work-detected trigger brings the agent back at once). Each look is 3 requests.
-    #[arg(long, env = "AGENT_IDLE_INTERVAL_SECS", default_value_t = 120)]
+    #[arg(long, env = "AGENT_IDLE_INTERVAL_SECS", default_value_t = Settings::DEFAULT.idle_interval_secs)]
     pub idle_interval_secs: u64,
     /// Fewest processor instances (0: none while there is no work).
-    #[arg(long, env = "AGENT_MIN_INSTANCES", default_value_t = 1)]
+    #[arg(long, env = "AGENT_MIN_INSTANCES", default_value_t = Settings::DEFAULT.min_instances)]
     pub min_instances: u32,
     /// Most processor instances.
-    #[arg(long, env = "AGENT_MAX_INSTANCES", default_value_t = 10)]
+    #[arg(long, env = "AGENT_MAX_INSTANCES", default_value_t = Settings::DEFAULT.max_instances)]
     pub max_instances: u32,
     /// The SLA: the longest a work item may wait before it is processed, seconds.
-    #[arg(long, env = "AGENT_SLA_SECS", default_value_t = 60)]
+    #[arg(long, env = "AGENT_SLA_SECS", default_value_t = Settings::DEFAULT.sla_secs)]
     pub sla_secs: u64,
     /// Work items per second one instance processes, until instances report their own figure.
-    #[arg(long, env = "AGENT_INSTANCE_THROUGHPUT", default_value_t = 10.0)]
+    #[arg(long, env = "AGENT_INSTANCE_THROUGHPUT", default_value_t = Settings::DEFAULT.instance_throughput)]
     pub instance_throughput: f64,
     /// The same starting figure as work items per instance within the SLA (throughput x SLA): the
     /// target KEDA's queue-length fallback uses, so Kubernetes can take both from one setting.
@@ -72,10 +74,10 @@ pub struct Settings {
     #[arg(long, env = "AGENT_TARGET_PER_INSTANCE", conflicts_with = "instance_throughput", value_parser = positive)]
     pub target_per_instance: Option<f64>,
     /// Most instances added at once beyond doubling the fleet.
-    #[arg(long, env = "AGENT_STEP_UP", default_value_t = 4)]
+    #[arg(long, env = "AGENT_STEP_UP", default_value_t = Settings::DEFAULT.step_up)]
     pub step_up: u32,
     /// A scale-down waits until fewer instances have been enough for this long, seconds.
-    #[arg(long, env = "AGENT_STABILIZATION_SECS", default_value_t = 120)]
+    #[arg(long, env = "AGENT_STABILIZATION_SECS", default_value_t = Settings::DEFAULT.stabilization_secs)]
     pub stabilization_secs: u64,
     /// State endpoint address (`GET /state`, `GET /metrics`); unset: none.
     #[arg(long, env = "AGENT_HTTP_ADDR")]
@@ -83,6 +85,20 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The defaults of every flag (what the simulation replays too).
+    pub const DEFAULT: Settings = Settings {
+        interval_secs: 5,
+        idle_interval_secs: 120,
+        min_instances: 1,
+        max_instances: 10,
+        sla_secs: 60,
+        instance_throughput: 10.0,
+        target_per_instance: None,
+        step_up: 4,
+        stabilization_secs: 120,
+        http_addr: None,
+    };
+
     pub fn policy(&self) -> PolicyConfig {
         PolicyConfig {
             min: self.min_instances,
@@ -92,6 +108,11 @@ impl Settings {
             step_up: self.step_up,
             stabilization: Duration::from_secs(self.stabilization_secs),
         }
+    }
+
+    /// How often it looks, busy and idle.
+    pub fn cadence(&self) -> Cadence {
+        Cadence::from_secs(self.interval_secs, self.idle_interval_secs)
     }
 
     /// Items per second per instance until instances report theirs: --target-per-instance / SLA when
@@ -105,18 +126,7 @@ impl Settings {
 
     /// Settings for tests: one look per second, no HTTP endpoint.
     pub fn quick() -> Settings {
-        Settings {
-            interval_secs: 1,
-            idle_interval_secs: 1,
-            min_instances: 0,
-            max_instances: 10,
-            sla_secs: 60,
-            instance_throughput: 10.0,
-            target_per_instance: None,
-            step_up: 4,
-            stabilization_secs: 120,
-            http_addr: None,
-        }
+        Settings { interval_secs: 1, idle_interval_secs: 1, min_instances: 0, ..Settings::DEFAULT }
     }
 }
 
@@ -263,14 +273,9 @@ pub fn new_state(settings: &Settings, backend: &'static str) -> SharedState {
 pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, shutdown: CancellationToken) -> fleet_io::Result<()> {
     let started = Instant::now();
     lock(&state).bus_configured = deps.subscription.is_some();
-    let busy_interval = Duration::from_secs(settings.interval_secs.max(1));
-    let idle_cap = Duration::from_secs(settings.idle_interval_secs.max(settings.interval_secs).max(1));
-    let mut policy = Policy::new(settings.policy(), started);
-    let mut tracker = Tracker::new();
+    let mut brain = Brain::new(settings.policy(), settings.cadence(), started);
     let w = &deps.watched;
     let mut was_empty = [true; 4];
-    let mut interval = busy_interval;
-    let mut work_detected = false;
     let (mut events, mut reports) = match &deps.subscription {
         Some(s) => (Some(s.events.subscribe()), Some(s.reports.subscribe())),
         None => (None, None),
@@ -280,7 +285,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
         if let Some(rx) = reports.as_mut() {
             loop {
                 match rx.try_recv() {
-                    Ok(r) if r.queue == w.work.name() => tracker.report(now, r),
+                    Ok(r) if r.queue == w.work.name() => brain.report(now, r),
                     Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
                     Err(_) => break,
                 }
@@ -293,8 +298,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 None
             }
         };
-        let looked = snap.is_some();
-        let mut paused_for = tracker.paused_for(now);
+        let mut paused_for = brain.paused_for(now);
         if w.work.breaker().is_some_and(|b| b.is_open()) && !paused_for.iter().any(|d| d == "SQS") {
             paused_for.push("SQS".into());
         }
@@ -305,36 +309,28 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
         }
         lock(&state).paused_for = paused_for.clone();
         let requests: u64 = [&w.work, &w.work_dlq, &w.results, &w.results_dlq].iter().map(|q| q.calls().snapshot().values().sum::<u64>()).sum();
-        let mut idle = false;
-        if let Some(s) = snap {
-            let observed = tracker.observe(now, s.work);
-            let signals = Signals {
-                backlog: s.work.visible + s.work.delayed,
-                in_flight: s.work.in_flight,
-                arrival_rate: observed.arrival_rate,
-                throughput: observed.throughput,
-                busy_instances: observed.busy_instances,
-                oldest_age: observed.oldest_age,
-                work_detected: std::mem::take(&mut work_detected),
-                paused: !paused_for.is_empty(),
-            };
-            let decision = match deps.backend.actual().await {
-                Ok(actual) => {
-                    let d = policy.decide(now, actual, &signals);
-                    log_decision(&d);
-                    deps.backend.sla_target(d.throughput * policy.cfg.sla.as_secs_f64());
-                    if d.desired != actual {
-                        if let Err(e) = deps.backend.scale(d.desired).await {
-                            tracing::warn!(error = %e, desired = d.desired, "the backend could not scale");
-                        }
-                    }
-                    Some(d)
-                }
+        let actual = match snap {
+            None => None,
+            Some(_) => match deps.backend.actual().await {
+                Ok(actual) => Some(actual),
                 Err(e) => {
                     tracing::warn!(error = %e, "the backend could not count instances");
                     None
                 }
-            };
+            },
+        };
+        let seen = snap.map(|s| Seen { work: s.work, all_empty: s.all_empty(), actual, paused: !paused_for.is_empty() });
+        let step = brain.step(now, seen);
+        if let Some(d) = step.decision {
+            log_decision(&d);
+            deps.backend.sla_target(d.throughput * brain.policy().sla.as_secs_f64());
+            if d.desired != d.actual {
+                if let Err(e) = deps.backend.scale(d.desired).await {
+                    tracing::warn!(error = %e, desired = d.desired, "the backend could not scale");
+                }
+            }
+        }
+        if let (Some(s), Some(observed)) = (snap, step.observed) {
             let seen = [(&w.work, s.work.visible), (&w.results, s.results.visible), (&w.work_dlq, s.work_dlq.visible), (&w.results_dlq, s.results_dlq.visible)];
             for ((queue, visible), was_empty) in seen.into_iter().zip(was_empty.iter_mut()) {
                 if *was_empty && visible > 0 {
@@ -344,14 +340,13 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 }
                 *was_empty = visible == 0;
             }
-            idle = s.all_empty() && observed.reporting_instances == 0 && decision.is_none_or(|d| d.desired == d.actual);
             let stopping = deps.backend.stopping().await;
             let mut st = lock(&state);
             st.depths = Some(s);
             st.observed = observed;
-            st.instances = tracker.instances(now);
+            st.instances = brain.instances(now);
             st.stopping = stopping;
-            if let Some(d) = decision {
+            if let Some(d) = step.decision {
                 st.decisions += 1;
                 if d.desired > d.actual {
                     st.scale_ups += 1;
@@ -369,16 +364,15 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 }
             }
         }
-        interval = if idle { (interval * 2).min(idle_cap) } else { busy_interval };
         {
             let mut st = lock(&state);
-            st.interval_s = interval.as_secs_f64();
+            st.interval_s = step.interval.as_secs_f64();
             st.requests = requests;
             st.bus_live = deps.subscription.as_ref().is_some_and(|s| *s.live.borrow());
-            st.last_look_ok = looked;
+            st.last_look_ok = snap.is_some();
             st.last_look = Some(Instant::now());
         }
-        let wake_at = Instant::now() + interval;
+        let wake_at = Instant::now() + step.interval;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => {
@@ -390,13 +384,14 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                     match ev {
                         Some(ev) if ev.source != SOURCE => {
                             lock(&state).triggers_received += 1;
-                            if ev.queue == w.work.name() {
-                                work_detected = true;
+                            let at_once = if ev.queue == w.work.name() {
                                 deps.backend.work_detected();
-                            }
+                                brain.work_detected()
+                            } else {
+                                brain.trigger()
+                            };
                             // Idle: look at once, work is coming. Busy: the next look is near anyway.
-                            if interval > busy_interval {
-                                interval = busy_interval;
+                            if at_once {
                                 break;
                             }
                         }

@@ -3,7 +3,7 @@
 //!
 //! A day of seed 004's workload, simulated second by second on a virtual clock (deterministic: a seeded
 //! generator, no wall time), to compare scaling strategies at internet scale: this agent (the real
-//! [`Policy`] and [`Tracker`] code, fed simulated depths and instance reports, looking when a trigger
+//! [`Brain::step`] `scaling-agent run` runs, fed simulated depths and instance reports, looking when a trigger
 //! announces a package and slowing its looks while idle), a KEDA-like default (SQS queue length target
 //! 5 per replica, 30 s polling, HPA steps, 300 s scale-down window and cooldown) and a fixed fleet
 //! sized for the peak. For each: SLA misses, instance-hours, SQS and S3 requests and their cost.
@@ -26,8 +26,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::time::Instant;
 
-use crate::policy::{Policy, PolicyConfig, Signals};
-use crate::signals::Tracker;
+use crate::step::{Brain, Seen};
+use crate::Settings;
 
 /// `scaling-agent simulate` settings.
 #[derive(Debug, Clone, clap::Args)]
@@ -355,112 +355,165 @@ impl<'a> Sim<'a> {
     }
 }
 
+/// A strategy as the simulation drives it: once a simulated second, before the instances work, it may
+/// ask for another instance count; after they worked, it may read what they did.
+trait Scaler {
+    /// Second `t`, with `arriving` work items just enqueued: the instance count it asks for, if it
+    /// changes it (its own requests counted into `sim.out`).
+    fn decide(&mut self, t: u64, arriving: u64, sim: &mut Sim) -> Option<u32>;
+    /// After second `t`'s processing.
+    fn after(&mut self, _t: u64, _sim: &mut Sim) {}
+    /// Whether its idle listeners park (this fleet) rather than long-poll (one receive per 20 s each).
+    fn parks(&self) -> bool {
+        false
+    }
+}
+
+/// The virtual clock's second `t` as the agent's time.
+fn at(t0: Instant, t: u64) -> Instant {
+    t0 + Duration::from_secs(t)
+}
+
+/// This agent: [`Brain::step`], the code `scaling-agent run` runs, with the agent's default settings
+/// but for the simulated SLA, throughput, maximum and no minimum.
+struct AgentScaler {
+    brain: Brain,
+    t0: Instant,
+    next_look: u64,
+}
+
+impl AgentScaler {
+    fn new(a: &SimArgs, max: u32) -> AgentScaler {
+        let settings = Settings { min_instances: 0, max_instances: max, sla_secs: a.sla_secs, instance_throughput: a.instance_throughput, ..Settings::DEFAULT };
+        let t0 = Instant::now();
+        AgentScaler { brain: Brain::new(settings.policy(), settings.cadence(), t0), t0, next_look: 0 }
+    }
+}
+
+impl Scaler for AgentScaler {
+    fn decide(&mut self, t: u64, arriving: u64, sim: &mut Sim) -> Option<u32> {
+        // Each arrival comes with a work-detected trigger from the initiator: it brings a look at once
+        // while the agent is idle (busy, it looks at its busy interval anyway).
+        let at_once = arriving > 0 && self.brain.work_detected();
+        if t < self.next_look && !at_once {
+            return None;
+        }
+        // A look: GetQueueAttributes of the work queue, its DLQ and the results queue.
+        sim.out.sqs_requests += 3;
+        let depth = sim.depth();
+        if depth.visible + depth.in_flight == 0 {
+            sim.out.idle_requests += 3;
+        }
+        let actual = sim.instances.len() as u32;
+        let now = at(self.t0, t);
+        let step = self.brain.step(now, Some(Seen { work: depth, all_empty: depth.visible + depth.in_flight == 0, actual: Some(actual), paused: false }));
+        self.next_look = t + step.interval.as_secs();
+        let d = step.decision.filter(|d| d.desired != actual)?;
+        // The instances stopped say so in their last report.
+        for i in sim.instances.iter().skip(d.desired as usize) {
+            self.brain.report(now, InstanceReport { leaving: true, ..report(i, 0.0) });
+        }
+        Some(d.desired)
+    }
+
+    fn after(&mut self, t: u64, sim: &mut Sim) {
+        for i in sim.instances.iter_mut() {
+            if t >= i.ready && (t - i.ready) % REPORT_EVERY == 0 && i.processed != i.reported {
+                let rate = (i.processed - i.reported) as f64 / REPORT_EVERY as f64;
+                i.reported = i.processed;
+                self.brain.report(at(self.t0, t), report(i, rate));
+            }
+        }
+    }
+
+    fn parks(&self) -> bool {
+        true
+    }
+}
+
+/// KEDA's aws-sqs-queue scaler with its defaults: the metric polled every 30 s, the HPA syncing every
+/// 15 s with its default behaviour (target 5 per replica, up by at most max(4, 100 %), down to the
+/// highest of the last 300 s), to zero after a 300 s cooldown.
+#[derive(Default)]
+struct KedaScaler {
+    metric: u64,
+    last_active: Option<u64>,
+    history: VecDeque<(u64, u32)>,
+    max: u32,
+}
+
+impl Scaler for KedaScaler {
+    fn decide(&mut self, t: u64, _arriving: u64, sim: &mut Sim) -> Option<u32> {
+        if t % 30 == 0 {
+            self.metric = sim.visible() + sim.in_flight;
+            sim.out.sqs_requests += 1;
+            if self.metric == 0 {
+                sim.out.idle_requests += 1;
+            } else {
+                self.last_active = Some(t);
+            }
+        }
+        if t % 15 != 0 {
+            return None;
+        }
+        let current = sim.instances.len() as u32;
+        if current > 0 {
+            // The HPA asks the external metric at each sync.
+            sim.out.sqs_requests += 1;
+        }
+        let raw = (self.metric.div_ceil(5) as u32).min(self.max);
+        let desired = if current == 0 {
+            u32::from(self.metric > 0)
+        } else if self.metric == 0 && self.last_active.is_none_or(|l| t - l >= 300) {
+            0
+        } else {
+            self.history.push_back((t, raw.max(1)));
+            while self.history.front().is_some_and(|(h, _)| t - h >= 300) {
+                self.history.pop_front();
+            }
+            let stable = self.history.iter().map(|(_, n)| *n).max().unwrap_or(1);
+            if raw > current {
+                raw.min(current + current.max(4))
+            } else {
+                stable.min(current)
+            }
+        };
+        (desired != current).then_some(desired)
+    }
+}
+
+/// A fixed fleet sized for the peak, started before the day.
+struct FixedScaler(u32);
+
+impl Scaler for FixedScaler {
+    fn decide(&mut self, t: u64, _arriving: u64, _sim: &mut Sim) -> Option<u32> {
+        (t == 0).then_some(self.0)
+    }
+}
+
+impl Strategy {
+    fn scaler(self, a: &SimArgs, w: &Workload, max: u32) -> Box<dyn Scaler> {
+        match self {
+            Strategy::Agent => Box::new(AgentScaler::new(a, max)),
+            Strategy::KedaDefault => Box::new(KedaScaler { max, ..KedaScaler::default() }),
+            Strategy::FixedPeak => Box::new(FixedScaler(w.peak_instances(a))),
+        }
+    }
+}
+
 /// Replays the workload under one strategy.
 pub fn run_strategy(a: &SimArgs, w: &Workload, strategy: Strategy, max: u32) -> DayOutcome {
     let mut sim = Sim::new(a);
-    let t0 = Instant::now();
-    let at = |t: u64| t0 + Duration::from_secs(t);
-    let fixed = w.peak_instances(a);
-    let mut policy = Policy::new(
-        PolicyConfig {
-            min: 0,
-            max,
-            sla: Duration::from_secs(a.sla_secs),
-            default_throughput: a.instance_throughput,
-            step_up: 4,
-            stabilization: Duration::from_secs(120),
-        },
-        at(0),
-    );
-    let mut tracker = Tracker::new();
-    // Agent looks: 5 s while busy, doubling to 120 s while idle; a trigger brings it at once.
-    let (mut next_look, mut interval, mut detected) = (0u64, 5u64, false);
-    // KEDA: metric polled every 30 s, HPA syncs every 15 s, 300 s down-stabilization and cooldown.
-    let (mut metric, mut last_active) = (0u64, None::<u64>);
-    let mut hpa_history: VecDeque<(u64, u32)> = VecDeque::new();
-    if strategy == Strategy::FixedPeak {
-        sim.scale_to(0, fixed, 0);
-    }
+    let mut scaler = strategy.scaler(a, w, max);
     for t in 0..DAY {
         let arriving = w.items_at[t as usize];
         if arriving > 0 {
             sim.queue.push_back((t, arriving));
         }
-        match strategy {
-            Strategy::Agent => {
-                detected |= arriving > 0;
-                // Each arrival comes with a work-detected trigger from the initiator: it brings a look
-                // at once while the agent is idle (busy, it looks every 5 s anyway).
-                if t >= next_look || (arriving > 0 && interval > 5) {
-                    sim.out.sqs_requests += 3;
-                    let depth = sim.depth();
-                    if depth.visible + depth.in_flight == 0 {
-                        sim.out.idle_requests += 3;
-                    }
-                    let o = tracker.observe(at(t), depth);
-                    let s = Signals {
-                        backlog: depth.visible,
-                        in_flight: depth.in_flight,
-                        arrival_rate: o.arrival_rate,
-                        throughput: o.throughput,
-                        busy_instances: o.busy_instances,
-                        oldest_age: o.oldest_age,
-                        work_detected: std::mem::take(&mut detected) || arriving > 0,
-                        paused: false,
-                    };
-                    let actual = sim.instances.len() as u32;
-                    let d = policy.decide(at(t), actual, &s);
-                    if d.desired != actual {
-                        for i in sim.instances.iter().skip(d.desired as usize) {
-                            tracker.report(at(t), InstanceReport { leaving: true, ..report(i, 0.0) });
-                        }
-                        sim.scale_to(t, d.desired, a.startup_secs);
-                    }
-                    let idle = depth.visible + depth.in_flight == 0 && o.reporting_instances == 0 && d.desired == actual;
-                    interval = if idle { (interval * 2).min(120) } else { 5 };
-                    next_look = t + interval;
-                }
-            }
-            Strategy::KedaDefault => {
-                if t % 30 == 0 {
-                    metric = sim.visible() + sim.in_flight;
-                    sim.out.sqs_requests += 1;
-                    if metric == 0 {
-                        sim.out.idle_requests += 1;
-                    }
-                    if metric > 0 {
-                        last_active = Some(t);
-                    }
-                }
-                if t % 15 == 0 {
-                    let current = sim.instances.len() as u32;
-                    if current > 0 {
-                        // The HPA asks the external metric at each sync.
-                        sim.out.sqs_requests += 1;
-                    }
-                    let raw = (metric.div_ceil(5) as u32).min(max);
-                    let desired = if current == 0 {
-                        u32::from(metric > 0)
-                    } else if metric == 0 && last_active.is_none_or(|l| t - l >= 300) {
-                        0
-                    } else {
-                        hpa_history.push_back((t, raw.max(1)));
-                        while hpa_history.front().is_some_and(|(h, _)| t - h >= 300) {
-                            hpa_history.pop_front();
-                        }
-                        let stable = hpa_history.iter().map(|(_, n)| *n).max().unwrap_or(1);
-                        if raw > current {
-                            raw.min(current + current.max(4))
-                        } else {
-                            stable.min(current)
-                        }
-                    };
-                    if desired != current {
-                        sim.scale_to(t, desired, a.startup_secs);
-                    }
-                }
-            }
-            Strategy::FixedPeak => {}
+        if let Some(n) = scaler.decide(t, arriving, &mut sim) {
+            // The fixed fleet runs from before the day: no start-up.
+            let startup = if strategy == Strategy::FixedPeak { 0 } else { a.startup_secs };
+            sim.scale_to(t, n, startup);
         }
         sim.process(t);
         if t % SAMPLE_EVERY == 0 {
@@ -469,26 +522,19 @@ pub fn run_strategy(a: &SimArgs, w: &Workload, strategy: Strategy, max: u32) -> 
             let sample = Sample { t, waiting: sim.visible() + sim.in_flight, instances: sim.instances.len() as u32, cost: ci + cr };
             sim.out.timeline.push(sample);
         }
-        // Idle listeners: this fleet's park (no requests); the others long-poll, one receive per
-        // 20 s per instance.
-        if strategy != Strategy::Agent {
+        if scaler.parks() {
+            // A parked listener's one empty long poll before it parks.
+            let parks = std::mem::take(&mut sim.out.park_receives);
+            sim.out.sqs_requests += parks;
+            sim.out.idle_requests += parks;
+        } else {
             let idle = sim.instances.iter().filter(|i| t >= i.ready && i.idle).count() as u64;
             if t % 20 == 0 {
                 sim.out.sqs_requests += idle;
                 sim.out.idle_requests += idle;
             }
-        } else {
-            let parks = std::mem::take(&mut sim.out.park_receives);
-            sim.out.sqs_requests += parks;
-            sim.out.idle_requests += parks;
-            for i in sim.instances.iter_mut() {
-                if t >= i.ready && (t - i.ready) % REPORT_EVERY == 0 && i.processed != i.reported {
-                    let rate = (i.processed - i.reported) as f64 / REPORT_EVERY as f64;
-                    i.reported = i.processed;
-                    tracker.report(at(t), report(i, rate));
-                }
-            }
         }
+        scaler.after(t, &mut sim);
     }
     sim.finish(DAY)
 }

@@ -235,7 +235,7 @@ fn a_target_per_instance_sets_the_starting_throughput() {
     let s = parse(&["--sla-secs", "30", "--instance-throughput", "4"]).unwrap();
     assert_eq!(s.starting_throughput(), 4.0);
     assert_eq!(s.policy().per_instance_within_sla(), 120.0);
-    let both = parse(&["--target-per-instance", "600", "--instance-throughput", "4"]).err().expect("both accepted");
+    let both = parse(&["--target-per-instance", "600", "--instance-throughput", "4"]).expect_err("both accepted");
     assert!(both.to_string().contains("cannot be used with"), "{both}");
     for bad in ["0", "-5", "lots"] {
         let e = parse(&[&format!("--target-per-instance={bad}")]).err().unwrap_or_else(|| panic!("{bad} accepted"));
