@@ -51,6 +51,9 @@ print(f"fleet overhead        {ft - lt:8.3f} s   ({ft / lt:.1f}x the one-process
 print(f"SQS requests          {sqs:8d}     {sqs * 1000 / n:8.3f} per 1,000 transactions  {req['sqs']}")
 print(f"S3 requests           {s3:8d}     {s3 * 1000 / n:8.3f} per 1,000 transactions  {req['s3']}")
 print(f"SQS+S3                {sqs + s3:8d}     {(sqs + s3) * 1000 / n:8.3f} per 1,000 transactions")
+cost = req.get("cost")
+if cost:
+    print(f"request cost          ${cost['total_usd']} (SQS ${cost['sqs_usd']}, S3 ${cost['s3_usd']}), ${cost['per_million_transactions_usd']} per million transactions at {cost['prices']}")
 print(f"totals identical      {'yes' if same else 'NO'}")
 sys.exit(0 if same else 1)
 PY

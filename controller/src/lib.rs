@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use fleet_domain::prices::Prices;
 use fleet_engine::args::ListenerArgs;
 use fleet_engine::dynamic_consumers::ScalingPolicy;
 use fleet_engine::{http, Completions, Engine, Handler, Kept, Outcome};
@@ -71,6 +72,10 @@ pub struct Settings {
     /// the page reads the depths from SQS and shows no fleet.
     #[arg(long, env = "CONTROLLER_AGENT_URL")]
     pub agent_url: Option<String>,
+    /// The price table each report's request cost is computed with, USD: `key=value` pairs overriding
+    /// AWS's us-east-1 list prices (`sqs` per million requests, `s3_put` and `s3_get` per thousand).
+    #[arg(long, env = "FLEET_PRICES", default_value = "sqs=0.40,s3_put=0.005,s3_get=0.0004")]
+    pub prices: Prices,
 }
 
 impl Default for Settings {
@@ -85,6 +90,7 @@ impl Default for Settings {
             id: None,
             blob_retention_secs: 0,
             agent_url: None,
+            prices: Prices::default(),
         }
     }
 }
@@ -239,6 +245,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     events::register_metrics();
     let mut aggregator = Aggregator::with_owner(deps.store.clone(), owner.clone(), Duration::from_secs(settings.lease_secs));
     aggregator.set_settle(Duration::from_secs(settings.settle_secs));
+    aggregator.set_prices(settings.prices);
     let queues = [(Source::Results, &deps.results), (Source::WorkDeadLetter, &deps.work_dlq), (Source::ResultsDeadLetter, &deps.results_dlq)];
     for (source, q) in queues {
         aggregator.set_queue(source, q.name());

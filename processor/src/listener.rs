@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use fleet_domain::model::{ChunkResult, ResultMessage};
+use fleet_domain::prices::{sqs_extra_chunks, SQS_EXTRA_64K};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::{Completions, ErrorEvent, Handler, Outcome};
 use fleet_io::blob::BlobStore;
@@ -92,7 +93,10 @@ impl WorkHandler {
         let n = sizes.len() as u64;
         let mut batch_calls = RequestCounts::default();
         batch_calls.add("sqs.ReceiveMessage", 1);
-        batch_calls.add("sqs.SendMessageBatch", plan_batches(&sizes).len() as u64);
+        let batches = plan_batches(&sizes);
+        batch_calls.add("sqs.SendMessageBatch", batches.len() as u64);
+        // SQS bills each further 64 KiB of a batch's payload as one more request.
+        batch_calls.add(SQS_EXTRA_64K, batches.iter().map(|b| sqs_extra_chunks(sizes[b.clone()].iter().sum())).sum());
         batch_calls.add("sqs.DeleteMessageBatch", n.div_ceil(10));
         first.requests.merge(&batch_calls);
         let head = serde_json::to_string(&ResultMessage::Chunk(first))?;

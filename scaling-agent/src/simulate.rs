@@ -26,6 +26,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::time::Instant;
 
+use fleet_domain::prices::Prices;
+
 use crate::step::{Brain, Seen};
 use crate::Settings;
 
@@ -67,15 +69,10 @@ pub struct SimArgs {
     /// Instance price per hour, USD (default: an on-demand t3.medium, us-east-1).
     #[arg(long, default_value_t = 0.0416)]
     pub price_instance_hour: f64,
-    /// SQS standard queue, USD per million requests.
-    #[arg(long, default_value_t = 0.40)]
-    pub price_sqs_million: f64,
-    /// S3 Standard PUT, USD per 1,000 requests.
-    #[arg(long, default_value_t = 0.005)]
-    pub price_s3_put_thousand: f64,
-    /// S3 Standard GET, USD per 1,000 requests.
-    #[arg(long, default_value_t = 0.0004)]
-    pub price_s3_get_thousand: f64,
+    /// The requests' price table, USD: the controller's (`key=value` pairs overriding AWS's us-east-1
+    /// list prices: `sqs` per million requests, `s3_put` and `s3_get` per thousand).
+    #[arg(long, env = "FLEET_PRICES", default_value = "sqs=0.40,s3_put=0.005,s3_get=0.0004")]
+    pub prices: Prices,
     /// Also draw the day as an SVG into FILE: waiting work items, instances and the cost so far over
     /// the day, per volume, for each strategy.
     #[arg(long, value_name = "FILE")]
@@ -97,9 +94,7 @@ impl Default for SimArgs {
             max_instances: None,
             seed: 4,
             price_instance_hour: 0.0416,
-            price_sqs_million: 0.40,
-            price_s3_put_thousand: 0.005,
-            price_s3_get_thousand: 0.0004,
+            prices: Prices::default(),
             svg: None,
         }
     }
@@ -221,7 +216,8 @@ impl DayOutcome {
 /// Instances' and requests' cost, USD.
 fn cost_of(a: &SimArgs, instance_seconds: u64, sqs: u64, s3_puts: u64, s3_gets: u64) -> (f64, f64) {
     let instances = instance_seconds as f64 / 3600.0 * a.price_instance_hour;
-    let requests = sqs as f64 / 1e6 * a.price_sqs_million + s3_puts as f64 / 1e3 * a.price_s3_put_thousand + s3_gets as f64 / 1e3 * a.price_s3_get_thousand;
+    let (sqs_price, put_price, get_price) = a.prices.per_request();
+    let requests = sqs as f64 * sqs_price + s3_puts as f64 * put_price + s3_gets as f64 * get_price;
     (instances, requests)
 }
 
@@ -590,7 +586,7 @@ pub fn table(a: &SimArgs, days: &[Day]) -> String {
     let _ = writeln!(
         out,
         "A simulated day (seed {}): packages of {}-{} transactions, {} per work item, arriving in {} busy hours of 08:00-16:00; \
-         SLA {} s; {} work items/s per instance, {} s to start; prices: ${}/instance-hour, ${}/M SQS requests, ${}/1k S3 PUT, ${}/1k S3 GET.",
+         SLA {} s; {} work items/s per instance, {} s to start; prices: ${}/instance-hour, requests (USD) {}.",
         a.seed,
         a.min_package,
         a.max_package,
@@ -600,9 +596,7 @@ pub fn table(a: &SimArgs, days: &[Day]) -> String {
         a.instance_throughput,
         a.startup_secs,
         a.price_instance_hour,
-        a.price_sqs_million,
-        a.price_s3_put_thousand,
-        a.price_s3_get_thousand
+        a.prices
     );
     for day in days {
         let (scale, w, fixed, max) = (day.scale, &day.workload, day.fixed, day.max);

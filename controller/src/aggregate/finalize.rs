@@ -8,6 +8,7 @@ use bytes::Bytes;
 use fleet_domain::layout::{accounts_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{JobStatus, Manifest};
 use fleet_domain::report;
+use fleet_domain::prices::Prices;
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
@@ -46,7 +47,7 @@ impl Aggregator {
             done = RequestCounts::default();
         }
         job.cp.requests.merge(&done);
-        let status = match finalize(&mut job, self.store.as_ref(), &self.stats).await {
+        let status = match finalize(&mut job, self.store.as_ref(), &self.stats, &self.prices).await {
             Ok(s) => s,
             Err(Error::Conflict(why)) => {
                 tracing::warn!(job = %job_id, %why, "fenced while finishing: another controller owns the job now");
@@ -87,7 +88,7 @@ impl Aggregator {
 /// of this decision, never one of its own. (2) The report and accounts.csv are written from the
 /// committed state. (3) The checkpoint drops its rows and its parts are deleted. Without a manifest
 /// (the submission never finished) an abandoned job's report holds what was processed.
-pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats) -> Result<JobStatus> {
+pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats, prices: &Prices) -> Result<JobStatus> {
     let job_id = job.cp.job_id.clone();
     let manifest: Option<Manifest> = match store.get_capped(&manifest_key(&job_id), MAX_MANIFEST_BYTES).await? {
         Some(b) => Some(serde_json::from_slice(&b)?),
@@ -115,6 +116,7 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
     let mut requests = manifest.requests.clone();
     requests.merge(&job.cp.requests);
     let mut r = report::build_borrowed(&manifest, &job.totals, job.cp.failed_chunks.clone(), &requests);
+    r.requests.set_cost(prices, manifest.submitted);
     r.status = job.cp.status;
     r.note = job.cp.note.clone();
     r.finished_at = job.clock.rfc3339();

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use fleet_domain::layout::chunk_key;
 use fleet_domain::model::JobStatus;
+use fleet_domain::prices::{sqs_extra_chunks, Prices, SQS_EXTRA_64K};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
@@ -218,6 +219,8 @@ pub struct Aggregator {
     offload_decoding: bool,
     /// A job with every chunk in, some of them failed, is finished this long after its last news.
     settle: Duration,
+    /// The price table reports' request costs are computed with.
+    prices: Prices,
 }
 
 /// A message of a job another controller owns goes back to the queue after this long (for its owner).
@@ -280,6 +283,7 @@ impl Aggregator {
             clock,
             offload_decoding: !matches!(clock, Clock::Driven { .. }),
             settle: SETTLE,
+            prices: Prices::default(),
         }
     }
 
@@ -294,6 +298,11 @@ impl Aggregator {
     /// result to replace a failure before it is finished (default [`SETTLE`]).
     pub fn set_settle(&mut self, settle: Duration) {
         self.settle = settle;
+    }
+
+    /// Sets the price table reports' request costs are computed with (default: list prices).
+    pub fn set_prices(&mut self, prices: Prices) {
+        self.prices = prices;
     }
 
     /// Names the queue of a source (recorded with what is quarantined from it).
@@ -444,6 +453,8 @@ impl Aggregator {
     async fn apply_locked(&self, job_id: &str, held: &mut Option<Job>, items: Vec<Ready>, kept: &mut Vec<(Source, Kept)>) -> Result<Step> {
         let mut ctl = RequestCounts::default();
         ctl.add("sqs.ReceiveMessage", 1);
+        // SQS bills each further 64 KiB of what the receive brought as one more request.
+        ctl.add(SQS_EXTRA_64K, sqs_extra_chunks(kept.iter().map(|(_, k)| k.body.len()).sum()));
         // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
         let stale = match held.as_ref() {
             Some(j) => !self.leases.fresh(&j.lease).await,

@@ -96,6 +96,7 @@ impl Aggregator {
         let manifest = manifest.unwrap_or_else(|| placeholder_manifest(job_id, cp.map_or(0, |c| c.accounted.len() as u32), 0));
         let totals = CheckedTotals::new();
         let mut r = report::build_borrowed(&manifest, &totals, failed, &cp.map(|c| c.requests.clone()).unwrap_or_default());
+        r.requests.set_cost(&self.prices, manifest.submitted);
         r.status = JobStatus::Quarantined;
         r.note = Some(note);
         r.finished_at = self.clock.rfc3339();

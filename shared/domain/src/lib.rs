@@ -4,7 +4,7 @@
 //! service and the fuzzers can use it, and its tests run in microseconds.
 //!
 //! Module graph (no cycles): `transaction` <- `validate` <- `billing` <- `model` (wire documents) <-
-//! `codec`, `report`; `layout` and `requests` stand alone.
+//! `codec`, `report`; `requests` <- `prices` <- `report`; `layout` stands alone.
 
 pub mod billing;
 pub mod codec;
@@ -16,6 +16,7 @@ pub mod generate;
 pub mod input;
 pub mod layout;
 pub mod model;
+pub mod prices;
 pub mod report;
 pub mod requests;
 pub mod transaction;

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::billing::{money, RowRef, Tariff, Totals};
 use crate::model::{FailedChunk, JobStatus, Manifest, Rejected};
+use crate::prices::{Billed, Prices};
 use crate::requests::RequestCounts;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,13 +46,61 @@ pub struct RequestsReport {
     pub total: u64,
     /// Total per 1,000 submitted transactions, three decimals.
     pub per_1000_transactions: String,
+    /// What these requests cost at the controller's price table (absent from reports written before
+    /// it had one, and from `initiator local`'s, which makes none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostReport>,
+}
+
+/// A job's requests as billed and what they cost, USD (decimal strings, at most 8 places).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CostReport {
+    /// SQS requests as billed: calls plus their payloads' further 64 KiB chunks.
+    pub sqs_requests: u64,
+    /// S3 PUT-class (PUT, COPY, POST, LIST) and GET-class (GET, HEAD, the rest) requests; DELETE is free.
+    pub s3_put_requests: u64,
+    pub s3_get_requests: u64,
+    pub sqs_usd: String,
+    pub s3_usd: String,
+    pub total_usd: String,
+    /// The total per million submitted transactions (none for an empty job).
+    pub per_million_transactions_usd: Option<String>,
+    /// The prices used.
+    pub prices: Prices,
+}
+
+/// A USD amount as the report shows it: at most 8 decimal places, no trailing zeros.
+fn usd(d: rust_decimal::Decimal) -> String {
+    d.round_dp(8).normalize().to_string()
 }
 
 impl RequestsReport {
     pub fn from_counts(c: &RequestCounts, transactions: u64) -> RequestsReport {
         let total = c.total();
         let per = if transactions == 0 { 0 } else { (u128::from(total) * 1_000_000 / u128::from(transactions)) as u64 };
-        RequestsReport { sqs: c.by_service("sqs"), s3: c.by_service("s3"), total, per_1000_transactions: format!("{}.{:03}", per / 1000, per % 1000) }
+        RequestsReport { sqs: c.by_service("sqs"), s3: c.by_service("s3"), total, per_1000_transactions: format!("{}.{:03}", per / 1000, per % 1000), cost: None }
+    }
+
+    /// Prices these requests (of a job of `transactions` submitted transactions) at `prices`.
+    pub fn set_cost(&mut self, prices: &Prices, transactions: u64) {
+        let mut counts = RequestCounts::default();
+        for (service, ops) in [("sqs", &self.sqs), ("s3", &self.s3)] {
+            for (op, n) in ops {
+                counts.add(&format!("{service}.{op}"), *n);
+            }
+        }
+        let billed = Billed::of(&counts);
+        let cost = prices.cost(billed);
+        self.cost = Some(CostReport {
+            sqs_requests: billed.sqs,
+            s3_put_requests: billed.s3_put,
+            s3_get_requests: billed.s3_get,
+            sqs_usd: usd(cost.sqs),
+            s3_usd: usd(cost.s3),
+            total_usd: usd(cost.total()),
+            per_million_transactions_usd: cost.per_million(transactions).map(usd),
+            prices: *prices,
+        });
     }
 }
 
@@ -302,6 +351,10 @@ pub fn summary<A: AccountRows>(r: &Report<A>) -> String {
         r.requests.s3.values().sum::<u64>(),
         r.requests.per_1000_transactions
     );
+    if let Some(c) = &r.requests.cost {
+        let per_million = c.per_million_transactions_usd.as_deref().map(|p| format!(", ${p} per million transactions")).unwrap_or_default();
+        let _ = writeln!(s, "request cost: ${} (SQS ${}, S3 ${}){per_million}, at {}", c.total_usd, c.sqs_usd, c.s3_usd, c.prices);
+    }
     let _ = write!(s, "report: warehouse/{}/report.json, warehouse/{}/accounts.csv", r.job_id, r.job_id);
     s
 }
@@ -349,6 +402,18 @@ mod tests {
         assert_eq!(json["status"], "partial");
         assert_eq!(json["accounts"][0]["gross"], "10.00");
         assert!(summary(&r).contains("failed chunk 1"));
+        assert!(json["requests"].get("cost").is_none() && !summary(&r).contains("request cost"), "unpriced: no cost shown");
+
+        // Priced: 2 SQS requests at $0.40/M and a PUT at $0.005/k, for 6 transactions.
+        let mut r = r;
+        r.requests.set_cost(&Prices::default(), r.transactions.submitted);
+        let c = r.requests.cost.clone().unwrap();
+        assert_eq!((c.sqs_requests, c.s3_put_requests, c.s3_get_requests), (2, 1, 0));
+        assert_eq!((c.sqs_usd.as_str(), c.s3_usd.as_str(), c.total_usd.as_str()), ("0.0000008", "0.000005", "0.0000058"));
+        assert_eq!(c.per_million_transactions_usd.as_deref(), Some("0.96666667"));
+        assert!(summary(&r).contains("request cost: $0.0000058 (SQS $0.0000008, S3 $0.000005), $0.96666667 per million transactions, at sqs=0.40,s3_put=0.005,s3_get=0.0004"), "{}", summary(&r));
+        let back: Report = serde_json::from_slice(&to_json(&r).unwrap()).unwrap();
+        assert_eq!(back.requests.cost, r.requests.cost, "the cost reads back");
     }
 
     #[test]

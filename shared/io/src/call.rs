@@ -217,8 +217,15 @@ pub struct CallCounter {
 
 impl CallCounter {
     pub fn bump(&self, op: &'static str) {
-        let mut calls = crate::lock(&self.calls);
-        *calls.entry(op).or_default() += 1;
+        self.add(op, 1);
+    }
+
+    /// Counts `n` more of `op` (none for 0).
+    pub fn add(&self, op: &'static str, n: u64) {
+        if n > 0 {
+            let mut calls = crate::lock(&self.calls);
+            *calls.entry(op).or_default() += n;
+        }
     }
 
     /// Calls so far by `"service.Operation"` name.

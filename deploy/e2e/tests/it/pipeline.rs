@@ -57,6 +57,18 @@ async fn whole_pipeline_bills_exactly() {
     assert!(r.requests.s3.get("GetObject").copied().unwrap_or(0) >= 21);
     assert!(r.requests.sqs.get("SendMessageBatch").copied().unwrap_or(0) >= 3);
     assert!(r.requests.sqs.get("DeleteMessageBatch").copied().unwrap_or(0) >= 3);
+    // Their cost at the controller's (list) prices: every SQS call billed, S3 by class, DELETE free.
+    let cost = r.requests.cost.clone().expect("the report prices its requests");
+    let (sqs, s3_put, s3_get) = {
+        let s3 = |ops: &[&str]| r.requests.s3.iter().filter(|(op, _)| ops.contains(&op.as_str())).map(|(_, n)| *n).sum::<u64>();
+        (r.requests.sqs.values().sum::<u64>(), s3(&["PutObject", "ListObjectsV2"]), s3(&["GetObject", "HeadObject"]))
+    };
+    assert_eq!((cost.sqs_requests, cost.s3_put_requests, cost.s3_get_requests), (sqs, s3_put, s3_get), "{:?}", r.requests);
+    let usd = |s: &str| s.parse::<rust_decimal::Decimal>().unwrap();
+    let expected = rust_decimal::Decimal::from(sqs) * usd("0.40") / usd("1000000") + rust_decimal::Decimal::from(s3_put) * usd("0.005") / usd("1000")
+        + rust_decimal::Decimal::from(s3_get) * usd("0.0004") / usd("1000");
+    assert_eq!(usd(&cost.total_usd), expected.round_dp(8), "{cost:?}");
+    assert_eq!(usd(cost.per_million_transactions_usd.as_deref().unwrap()), (expected * usd("1000000") / usd("20006")).round_dp(8), "{cost:?}");
     // The warehouse holds the report and accounts.csv.
     let csv = st.store.get(&accounts_key(&s.job_id)).await.unwrap().unwrap();
     assert_eq!(csv.iter().filter(|&&b| b == b'\n').count(), r.accounts.len() + 1);

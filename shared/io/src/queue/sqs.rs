@@ -11,6 +11,8 @@ use aws_sdk_sqs::types::{
     SendMessageBatchRequestEntry,
 };
 
+use fleet_domain::prices::{sqs_extra_chunks, SQS_EXTRA_64K};
+
 use super::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
 use crate::breaker::Breaker;
 use crate::call::CallCounter;
@@ -199,10 +201,13 @@ impl SqsQueue {
             })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::Config(e.to_string()))?;
+        // What SQS bills: one request per 64 KiB of the call's payload (bodies and attributes).
+        let payload: usize = msgs.iter().map(|(_, m)| m.body.len() + attrs_len(&m.attrs)).sum();
         let out = self
             .policy
             .run(Service::Sqs, "SendMessageBatch", Duration::ZERO, || async {
                 self.calls.bump("sqs.SendMessageBatch");
+                self.calls.add(SQS_EXTRA_64K, sqs_extra_chunks(payload));
                 self.client
                     .send_message_batch()
                     .queue_url(&self.url)
@@ -230,6 +235,11 @@ impl SqsQueue {
 }
 
 /// The message attributes that carry `attrs` (none for defaults, to keep messages small).
+/// The bytes `attrs` add to a message's payload, as SQS counts them (names, types and values).
+fn attrs_len(attrs: &Attrs) -> usize {
+    attribute_values(attrs).iter().map(|(name, v)| name.len() + v.data_type().len() + v.string_value().map_or(0, str::len)).sum()
+}
+
 fn attribute_values(attrs: &Attrs) -> Vec<(&'static str, MessageAttributeValue)> {
     let num = |v: String| MessageAttributeValue::builder().data_type("Number").string_value(v).build().ok();
     let text = |v: &str| MessageAttributeValue::builder().data_type("String").string_value(v).build().ok();
@@ -303,6 +313,8 @@ impl Queue for SqsQueue {
                     .map_err(|e| self.err("ReceiveMessage", e))
             })
             .await?;
+        let payload: usize = out.messages().iter().map(|m| m.body().map_or(0, str::len)).sum();
+        self.calls.add(SQS_EXTRA_64K, sqs_extra_chunks(payload));
         Ok(out
             .messages()
             .iter()

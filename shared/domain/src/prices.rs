@@ -1,0 +1,204 @@
+//! What a job's requests cost: a table of list prices (AWS's, us-east-1, as published in 2026; an
+//! operator overrides any of them with `--prices`/`FLEET_PRICES`) and the cost of a job's
+//! [`RequestCounts`] at them, as its report shows it. The scaling agent's simulated day prices its
+//! requests with the same table.
+//!
+//! SQS bills every 64 KiB of a call's payload as one request: the pipelines count the chunks beyond
+//! the first under [`SQS_EXTRA_64K`], so that a job's SQS figure is what SQS bills. S3 bills PUT, COPY,
+//! POST and LIST at one price, GET, HEAD and the rest at another; DELETE is free.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+use crate::requests::RequestCounts;
+
+/// The requests SQS bills beyond one per call: each further 64 KiB of a call's payload.
+pub const SQS_EXTRA_64K: &str = "sqs.Extra64KiBChunks";
+
+/// Bytes of payload SQS bills as one request.
+pub const SQS_BILLING_CHUNK: usize = 64 * 1024;
+
+/// The requests SQS bills for one call carrying `bytes` of payload beyond the first: `ceil(bytes /
+/// 64 KiB) - 1`.
+pub fn sqs_extra_chunks(bytes: usize) -> u64 {
+    (bytes.div_ceil(SQS_BILLING_CHUNK) as u64).saturating_sub(1)
+}
+
+/// List prices of requests, USD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prices {
+    /// SQS standard queue, per million requests (`sqs`).
+    pub sqs_per_million: Decimal,
+    /// S3 Standard PUT, COPY, POST and LIST, per thousand requests (`s3_put`).
+    pub s3_put_per_thousand: Decimal,
+    /// S3 Standard GET, HEAD and every other request but DELETE, per thousand requests (`s3_get`).
+    pub s3_get_per_thousand: Decimal,
+}
+
+impl Default for Prices {
+    /// AWS's list prices, us-east-1: SQS standard $0.40 per million requests (after the free tier),
+    /// S3 Standard $0.005 per 1,000 PUT-class and $0.0004 per 1,000 GET-class requests.
+    fn default() -> Self {
+        Prices { sqs_per_million: Decimal::new(40, 2), s3_put_per_thousand: Decimal::new(5, 3), s3_get_per_thousand: Decimal::new(4, 4) }
+    }
+}
+
+/// The keys `Prices::from_str` takes.
+const KEYS: &str = "sqs (USD per million requests), s3_put and s3_get (USD per thousand requests)";
+
+impl FromStr for Prices {
+    type Err = String;
+
+    /// `key=value` pairs, comma-separated, each overriding one list price: `sqs=0.50,s3_put=0.0054`.
+    fn from_str(s: &str) -> Result<Prices, String> {
+        let mut p = Prices::default();
+        for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').ok_or_else(|| format!("'{pair}' is not key=value (keys: {KEYS})"))?;
+            let value: Decimal = value.trim().parse().map_err(|_| format!("{}: '{}' is not a price in USD", key.trim(), value.trim()))?;
+            if value.is_sign_negative() {
+                return Err(format!("{}: a price cannot be negative ({value})", key.trim()));
+            }
+            match key.trim() {
+                "sqs" => p.sqs_per_million = value,
+                "s3_put" => p.s3_put_per_thousand = value,
+                "s3_get" => p.s3_get_per_thousand = value,
+                other => return Err(format!("'{other}' is not a price this table has (keys: {KEYS})")),
+            }
+        }
+        Ok(p)
+    }
+}
+
+impl fmt::Display for Prices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sqs={},s3_put={},s3_get={}", self.sqs_per_million, self.s3_put_per_thousand, self.s3_get_per_thousand)
+    }
+}
+
+/// What S3 charges an operation as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum S3Class {
+    Put,
+    Get,
+    Free,
+}
+
+/// An S3 operation's price class (by its API name).
+pub fn s3_class(op: &str) -> S3Class {
+    match op {
+        "PutObject" | "CopyObject" | "PostObject" | "ListObjects" | "ListObjectsV2" | "CreateMultipartUpload" | "UploadPart" | "CompleteMultipartUpload" => S3Class::Put,
+        "DeleteObject" | "DeleteObjects" => S3Class::Free,
+        _ => S3Class::Get,
+    }
+}
+
+/// Billed requests of a job, by price class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Billed {
+    /// SQS requests as billed (calls plus their payloads' further 64 KiB chunks).
+    pub sqs: u64,
+    pub s3_put: u64,
+    pub s3_get: u64,
+}
+
+impl Billed {
+    pub fn of(counts: &RequestCounts) -> Billed {
+        let mut b = Billed::default();
+        for (op, n) in &counts.0 {
+            if op.starts_with("sqs.") {
+                b.sqs = b.sqs.saturating_add(*n);
+            } else if let Some(op) = op.strip_prefix("s3.") {
+                match s3_class(op) {
+                    S3Class::Put => b.s3_put = b.s3_put.saturating_add(*n),
+                    S3Class::Get => b.s3_get = b.s3_get.saturating_add(*n),
+                    S3Class::Free => {}
+                }
+            }
+        }
+        b
+    }
+}
+
+/// A job's requests at a price table, USD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cost {
+    pub sqs: Decimal,
+    pub s3: Decimal,
+}
+
+impl Cost {
+    pub fn total(&self) -> Decimal {
+        self.sqs + self.s3
+    }
+
+    /// The cost per million of `transactions` (none for none).
+    pub fn per_million(&self, transactions: u64) -> Option<Decimal> {
+        (transactions > 0).then(|| self.total() * Decimal::from(1_000_000u64) / Decimal::from(transactions))
+    }
+}
+
+impl Prices {
+    /// What `billed` costs at these prices.
+    pub fn cost(&self, billed: Billed) -> Cost {
+        let million = Decimal::from(1_000_000u64);
+        let thousand = Decimal::from(1_000u64);
+        Cost {
+            sqs: Decimal::from(billed.sqs) * self.sqs_per_million / million,
+            s3: Decimal::from(billed.s3_put) * self.s3_put_per_thousand / thousand + Decimal::from(billed.s3_get) * self.s3_get_per_thousand / thousand,
+        }
+    }
+
+    /// The same as `f64`s, for the simulation (USD per request: SQS, S3 PUT, S3 GET).
+    pub fn per_request(&self) -> (f64, f64, f64) {
+        use rust_decimal::prelude::ToPrimitive;
+        let f = |d: Decimal| d.to_f64().unwrap_or(0.0);
+        (f(self.sqs_per_million) / 1e6, f(self.s3_put_per_thousand) / 1e3, f(self.s3_get_per_thousand) / 1e3)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_prices_overrides_and_errors_that_say_what() {
+        let p: Prices = "".parse().unwrap();
+        assert_eq!(p, Prices::default());
+        assert_eq!(p.to_string(), "sqs=0.40,s3_put=0.005,s3_get=0.0004");
+        let p: Prices = "sqs=0.50, s3_get=0.00044".parse().unwrap();
+        assert_eq!((p.sqs_per_million.to_string(), p.s3_put_per_thousand.to_string(), p.s3_get_per_thousand.to_string()), ("0.50".into(), "0.005".into(), "0.00044".into()));
+        assert_eq!(p.to_string().parse::<Prices>().unwrap(), p, "Display reads back");
+        let e = "sqs=cheap".parse::<Prices>().unwrap_err();
+        assert!(e.contains("sqs") && e.contains("'cheap'"), "{e}");
+        let e = "lambda=0.2".parse::<Prices>().unwrap_err();
+        assert!(e.contains("'lambda'") && e.contains("keys:"), "{e}");
+        assert!("sqs".parse::<Prices>().unwrap_err().contains("key=value"));
+        assert!("s3_put=-1".parse::<Prices>().unwrap_err().contains("negative"));
+    }
+
+    #[test]
+    fn a_jobs_requests_are_billed_by_class_with_sqs_payload_chunks() {
+        assert_eq!((sqs_extra_chunks(0), sqs_extra_chunks(1), sqs_extra_chunks(65_536), sqs_extra_chunks(65_537), sqs_extra_chunks(262_144)), (0, 0, 0, 1, 3));
+        let mut c = RequestCounts::default();
+        c.add("sqs.SendMessageBatch", 100);
+        c.add("sqs.ReceiveMessage", 400);
+        c.add(SQS_EXTRA_64K, 500);
+        c.add("s3.PutObject", 150);
+        c.add("s3.ListObjectsV2", 50);
+        c.add("s3.GetObject", 1_000);
+        c.add("s3.HeadObject", 250);
+        c.add("s3.DeleteObject", 99);
+        let b = Billed::of(&c);
+        assert_eq!(b, Billed { sqs: 1_000, s3_put: 200, s3_get: 1_250 });
+        let cost = Prices::default().cost(b);
+        // 1,000 x 0.40/M + 200 x 0.005/k + 1,250 x 0.0004/k
+        assert_eq!(cost.sqs, Decimal::new(4, 4));
+        assert_eq!(cost.s3, Decimal::new(15, 4));
+        assert_eq!(cost.total(), Decimal::new(19, 4));
+        assert_eq!(cost.per_million(500_000), Some(Decimal::new(38, 4)));
+        assert_eq!(cost.per_million(0), None);
+    }
+}
