@@ -414,7 +414,7 @@ impl Scaler for AgentScaler {
 
     fn after(&mut self, t: u64, sim: &mut Sim) {
         for i in sim.instances.iter_mut() {
-            if t >= i.ready && (t - i.ready) % REPORT_EVERY == 0 && i.processed != i.reported {
+            if t >= i.ready && (t - i.ready).is_multiple_of(REPORT_EVERY) && i.processed != i.reported {
                 let rate = (i.processed - i.reported) as f64 / REPORT_EVERY as f64;
                 i.reported = i.processed;
                 self.brain.report(at(self.t0, t), report(i, rate));
@@ -440,7 +440,7 @@ struct KedaScaler {
 
 impl Scaler for KedaScaler {
     fn decide(&mut self, t: u64, _arriving: u64, sim: &mut Sim) -> Option<u32> {
-        if t % 30 == 0 {
+        if t.is_multiple_of(30) {
             self.metric = sim.visible() + sim.in_flight;
             sim.out.sqs_requests += 1;
             if self.metric == 0 {
@@ -449,7 +449,7 @@ impl Scaler for KedaScaler {
                 self.last_active = Some(t);
             }
         }
-        if t % 15 != 0 {
+        if !t.is_multiple_of(15) {
             return None;
         }
         let current = sim.instances.len() as u32;
@@ -512,7 +512,7 @@ pub fn run_strategy(a: &SimArgs, w: &Workload, strategy: Strategy, max: u32) -> 
             sim.scale_to(t, n, startup);
         }
         sim.process(t);
-        if t % SAMPLE_EVERY == 0 {
+        if t.is_multiple_of(SAMPLE_EVERY) {
             let live: u64 = sim.instances.iter().map(|i| t.saturating_sub(i.asked)).sum();
             let (ci, cr) = cost_of(a, sim.out.instance_seconds + live, sim.out.sqs_requests, sim.out.s3_puts, sim.out.s3_gets);
             let sample = Sample { t, waiting: sim.visible() + sim.in_flight, instances: sim.instances.len() as u32, cost: ci + cr };
@@ -525,7 +525,7 @@ pub fn run_strategy(a: &SimArgs, w: &Workload, strategy: Strategy, max: u32) -> 
             sim.out.idle_requests += parks;
         } else {
             let idle = sim.instances.iter().filter(|i| t >= i.ready && i.idle).count() as u64;
-            if t % 20 == 0 {
+            if t.is_multiple_of(20) {
                 sim.out.sqs_requests += idle;
                 sim.out.idle_requests += idle;
             }
