@@ -587,16 +587,7 @@ pub fn table(a: &SimArgs, days: &[Day]) -> String {
         out,
         "A simulated day (seed {}): packages of {}-{} transactions, {} per work item, arriving in {} busy hours of 08:00-16:00; \
          SLA {} s; {} work items/s per instance, {} s to start; prices: ${}/instance-hour, requests (USD) {}.",
-        a.seed,
-        a.min_package,
-        a.max_package,
-        a.chunk,
-        a.busy_hours,
-        a.sla_secs,
-        a.instance_throughput,
-        a.startup_secs,
-        a.price_instance_hour,
-        a.prices
+        a.seed, a.min_package, a.max_package, a.chunk, a.busy_hours, a.sla_secs, a.instance_throughput, a.startup_secs, a.price_instance_hour, a.prices
     );
     for day in days {
         let (scale, w, fixed, max) = (day.scale, &day.workload, day.fixed, day.max);

@@ -89,7 +89,9 @@ pub enum S3Class {
 /// An S3 operation's price class (by its API name).
 pub fn s3_class(op: &str) -> S3Class {
     match op {
-        "PutObject" | "CopyObject" | "PostObject" | "ListObjects" | "ListObjectsV2" | "CreateMultipartUpload" | "UploadPart" | "CompleteMultipartUpload" => S3Class::Put,
+        "PutObject" | "CopyObject" | "PostObject" | "ListObjects" | "ListObjectsV2" | "CreateMultipartUpload" | "UploadPart" | "CompleteMultipartUpload" => {
+            S3Class::Put
+        }
         "DeleteObject" | "DeleteObjects" => S3Class::Free,
         _ => S3Class::Get,
     }
@@ -169,7 +171,10 @@ mod tests {
         assert_eq!(p, Prices::default());
         assert_eq!(p.to_string(), "sqs=0.40,s3_put=0.005,s3_get=0.0004");
         let p: Prices = "sqs=0.50, s3_get=0.00044".parse().unwrap();
-        assert_eq!((p.sqs_per_million.to_string(), p.s3_put_per_thousand.to_string(), p.s3_get_per_thousand.to_string()), ("0.50".into(), "0.005".into(), "0.00044".into()));
+        assert_eq!(
+            (p.sqs_per_million.to_string(), p.s3_put_per_thousand.to_string(), p.s3_get_per_thousand.to_string()),
+            ("0.50".into(), "0.005".into(), "0.00044".into())
+        );
         assert_eq!(p.to_string().parse::<Prices>().unwrap(), p, "Display reads back");
         let e = "sqs=cheap".parse::<Prices>().unwrap_err();
         assert!(e.contains("sqs") && e.contains("'cheap'"), "{e}");

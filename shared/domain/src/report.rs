@@ -78,7 +78,13 @@ impl RequestsReport {
     pub fn from_counts(c: &RequestCounts, transactions: u64) -> RequestsReport {
         let total = c.total();
         let per = if transactions == 0 { 0 } else { (u128::from(total) * 1_000_000 / u128::from(transactions)) as u64 };
-        RequestsReport { sqs: c.by_service("sqs"), s3: c.by_service("s3"), total, per_1000_transactions: format!("{}.{:03}", per / 1000, per % 1000), cost: None }
+        RequestsReport {
+            sqs: c.by_service("sqs"),
+            s3: c.by_service("s3"),
+            total,
+            per_1000_transactions: format!("{}.{:03}", per / 1000, per % 1000),
+            cost: None,
+        }
     }
 
     /// Prices these requests (of a job of `transactions` submitted transactions) at `prices`.
@@ -411,7 +417,13 @@ mod tests {
         assert_eq!((c.sqs_requests, c.s3_put_requests, c.s3_get_requests), (2, 1, 0));
         assert_eq!((c.sqs_usd.as_str(), c.s3_usd.as_str(), c.total_usd.as_str()), ("0.0000008", "0.000005", "0.0000058"));
         assert_eq!(c.per_million_transactions_usd.as_deref(), Some("0.96666667"));
-        assert!(summary(&r).contains("request cost: $0.0000058 (SQS $0.0000008, S3 $0.000005), $0.96666667 per million transactions, at sqs=0.40,s3_put=0.005,s3_get=0.0004"), "{}", summary(&r));
+        assert!(
+            summary(&r).contains(
+                "request cost: $0.0000058 (SQS $0.0000008, S3 $0.000005), $0.96666667 per million transactions, at sqs=0.40,s3_put=0.005,s3_get=0.0004"
+            ),
+            "{}",
+            summary(&r)
+        );
         let back: Report = serde_json::from_slice(&to_json(&r).unwrap()).unwrap();
         assert_eq!(back.requests.cost, r.requests.cost, "the cost reads back");
     }

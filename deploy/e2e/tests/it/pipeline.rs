@@ -65,7 +65,8 @@ async fn whole_pipeline_bills_exactly() {
     };
     assert_eq!((cost.sqs_requests, cost.s3_put_requests, cost.s3_get_requests), (sqs, s3_put, s3_get), "{:?}", r.requests);
     let usd = |s: &str| s.parse::<rust_decimal::Decimal>().unwrap();
-    let expected = rust_decimal::Decimal::from(sqs) * usd("0.40") / usd("1000000") + rust_decimal::Decimal::from(s3_put) * usd("0.005") / usd("1000")
+    let expected = rust_decimal::Decimal::from(sqs) * usd("0.40") / usd("1000000")
+        + rust_decimal::Decimal::from(s3_put) * usd("0.005") / usd("1000")
         + rust_decimal::Decimal::from(s3_get) * usd("0.0004") / usd("1000");
     assert_eq!(usd(&cost.total_usd), expected.round_dp(8), "{cost:?}");
     assert_eq!(usd(cost.per_million_transactions_usd.as_deref().unwrap()), (expected * usd("1000000") / usd("20006")).round_dp(8), "{cost:?}");
