@@ -4,7 +4,8 @@
 # rows take in one process with no queues (parse, validate, bill). Also checks both give the same
 # per-account totals.
 #
-#   deploy/bench.sh [--compose] [ROWS] [CHUNK_SIZE]     defaults: 1000000 transactions, chunks of 5000
+#   deploy/bench.sh [--compose] [ROWS] [CHUNK_SIZE]     defaults: 1000000 transactions, the initiator's
+#                                                       chunk size (chosen per job)
 #
 # Host mode brings the fleet up with deploy/local.sh first; --compose with deploy/compose.sh up (the
 # initiator then runs as a one-off container: the time it takes to start one is measured and shown).
@@ -13,7 +14,9 @@ set -euo pipefail
 mode=host
 if [ "${1:-}" = --compose ]; then mode=compose; shift; fi
 rows=${1:-1000000}
-chunk=${2:-5000}
+chunk=${2:-}
+chunk_flags=()
+[ -z "$chunk" ] || chunk_flags=(--chunk-size "$chunk")
 source "$(dirname "${BASH_SOURCE[0]}")/bench-setup.sh"
 if [ "$mode" = host ]; then
   fleet_submit=("$bin" submit)
@@ -28,10 +31,10 @@ t0=$(date +%s.%N)
 "$bin" local "$data" --json >"$run/bench-local.json"
 t1=$(date +%s.%N)
 
-echo "== fleet ($mode): submit -> report, chunks of $chunk"
+echo "== fleet ($mode): submit -> report, chunks of ${chunk:-the default size}"
 t2=$(date +%s.%N)
 code=0
-"${fleet_submit[@]}" "$data" --chunk-size "$chunk" --wait --json >"$run/bench-fleet.json" 2>"$run/bench-submit.log" || code=$?
+"${fleet_submit[@]}" "$data" "${chunk_flags[@]}" --wait --json >"$run/bench-fleet.json" 2>"$run/bench-submit.log" || code=$?
 t3=$(date +%s.%N)
 [ "$code" = 0 ] || { echo "submit failed (exit $code):"; cat "$run/bench-submit.log"; exit 1; }
 

@@ -162,9 +162,10 @@ pub struct SubmitArgs {
     /// CSV files (header row with txn_id, account_id, amount, currency, timestamp); one job for all.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
-    /// Most transactions per chunk.
-    #[arg(long, env = "INITIATOR_CHUNK_SIZE", default_value_t = 5000)]
-    pub chunk_size: u64,
+    /// Most transactions per chunk [default: chosen per job, about 16 chunks of 5,000 to 50,000
+    /// transactions, from the files' sizes].
+    #[arg(long, env = "INITIATOR_CHUNK_SIZE")]
+    pub chunk_size: Option<u64>,
     /// Most uncompressed bytes per chunk.
     #[arg(long, env = "INITIATOR_CHUNK_BYTES", default_value_t = 4 << 20)]
     pub chunk_bytes: usize,

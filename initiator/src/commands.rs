@@ -248,7 +248,8 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     // Everything local first: nothing is contacted for a submission that cannot go.
     let tariff = load_tariff(args.tariff.as_ref())?;
     let grouping = crate::grouping::Grouping::new(args.group_by, args.groups);
-    crate::submit::preflight(&args.files, args.chunk_size, grouping, &fleet.work_queue)?;
+    let chunk_size = args.chunk_size.unwrap_or_else(|| crate::submit::auto_chunk_size(&args.files));
+    crate::submit::preflight(&args.files, chunk_size, grouping, &fleet.work_queue)?;
     let show = std::io::stderr().is_terminal();
     let aws = aws(fleet).await?;
     let work = aws.queue_within(&fleet.work_queue, quick()).await?;
@@ -257,7 +258,7 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     let results = aws.queue(&fleet.results_queue).await?;
     let clients = Clients { work, results, store: store.clone(), triggers: fleet.trigger_bus() };
     let opts = SubmitOptions {
-        chunk_size: args.chunk_size,
+        chunk_size,
         chunk_bytes: args.chunk_bytes,
         strict: args.strict,
         tariff,
@@ -270,7 +271,7 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     };
     let s = crate::submit::submit(opts, &clients).await?;
     eprintln!(
-        "job {}: {} rows read, {} accepted, {} rejected; {} chunks enqueued",
+        "job {}: {} rows read, {} accepted, {} rejected; {} chunks of up to {chunk_size} transactions enqueued",
         s.job_id, s.counts.submitted, s.counts.accepted, s.counts.rejected, s.total_chunks
     );
     if !args.wait {

@@ -290,10 +290,6 @@ impl Fleet {
     }
 
     /// `compose.sh submit FILE --wait --json` in the background (stdout to a file).
-    fn submit_bg(&self, file: &Path, out: &Path) -> Child {
-        self.submit_bg_with(file, out, &[])
-    }
-
     fn submit_bg_with(&self, file: &Path, out: &Path, flags: &[&str]) -> Child {
         let mut args = vec!["submit", file.to_str().unwrap(), "--wait", "--json"];
         args.extend_from_slice(flags);
@@ -547,13 +543,18 @@ fn nothing_enqueued(endpoint: &str) {
 /// has billed part of it, and checks that the job then completes with totals identical to `initiator
 /// local`, its report written after the fault. Returns the seconds from submission to report.
 fn million_job(fleet: &Fleet, fault: impl FnOnce(&Fleet)) -> f64 {
+    // Chunks of 5,000 (200 work items): the job lasts long enough for a fault to land mid-job.
+    million_job_with(fleet, &["--chunk-size", "5000"], fault)
+}
+
+fn million_job_with(fleet: &Fleet, flags: &[&str], fault: impl FnOnce(&Fleet)) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("report.json");
     // Generated (and billed locally) on first use: outside the timed window.
     let file = &input().million;
     let before = fleet.processed();
     let t0 = SystemTime::now();
-    let child = fleet.submit_bg(file, &out);
+    let child = fleet.submit_bg_with(file, &out, flags);
     let at = fleet.wait_mid_job(&before);
     fault(fleet);
     let report = finish(child, &out, Duration::from_secs(600));
@@ -565,9 +566,10 @@ fn million_job(fleet: &Fleet, fault: impl FnOnce(&Fleet)) -> f64 {
     secs
 }
 
-/// A million transactions through the initiator container: totals identical to `initiator local`.
+/// A million transactions through the initiator container at its default (per-job) chunk size:
+/// totals identical to `initiator local`.
 fn million_matches_local(fleet: &mut Fleet) {
-    million_job(fleet, |_| {});
+    million_job_with(fleet, &[], |_| {});
 }
 
 /// A processor container killed (SIGKILL) mid-job: its work items come back after their visibility
