@@ -7,6 +7,7 @@
 //! the first under [`SQS_EXTRA_64K`], so that a job's SQS figure is what SQS bills. S3 bills PUT, COPY,
 //! POST and LIST at one price, GET, HEAD and the rest at another; DELETE is free.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -107,20 +108,16 @@ pub struct Billed {
 }
 
 impl Billed {
+    /// From a job's counts.
     pub fn of(counts: &RequestCounts) -> Billed {
-        let mut b = Billed::default();
-        for (op, n) in &counts.0 {
-            if op.starts_with("sqs.") {
-                b.sqs = b.sqs.saturating_add(*n);
-            } else if let Some(op) = op.strip_prefix("s3.") {
-                match s3_class(op) {
-                    S3Class::Put => b.s3_put = b.s3_put.saturating_add(*n),
-                    S3Class::Get => b.s3_get = b.s3_get.saturating_add(*n),
-                    S3Class::Free => {}
-                }
-            }
-        }
-        b
+        Billed::of_services(&counts.by_service("sqs"), &counts.by_service("s3"))
+    }
+
+    /// From calls by bare operation name, per service (as a report lists them).
+    pub fn of_services(sqs: &BTreeMap<String, u64>, s3: &BTreeMap<String, u64>) -> Billed {
+        let sum = |ops: &mut dyn Iterator<Item = u64>| ops.fold(0u64, u64::saturating_add);
+        let class = |c: S3Class| sum(&mut s3.iter().filter(|(op, _)| s3_class(op) == c).map(|(_, n)| *n));
+        Billed { sqs: sum(&mut sqs.values().copied()), s3_put: class(S3Class::Put), s3_get: class(S3Class::Get) }
     }
 }
 

@@ -1,3 +1,7 @@
+//! Why: the report is the job's one answer, read by people (the summary), programs (`--json`, the
+//! status page) and the warehouse (`accounts.csv`); its shape, its sort orders and its request cost are
+//! decided here once, so every reader sees the same document.
+//!
 //! The job report: the JSON document written to `warehouse/{job}/report.json`, the `accounts.csv`
 //! beside it, and the human summary the initiator prints.
 
@@ -89,13 +93,7 @@ impl RequestsReport {
 
     /// Prices these requests (of a job of `transactions` submitted transactions) at `prices`.
     pub fn set_cost(&mut self, prices: &Prices, transactions: u64) {
-        let mut counts = RequestCounts::default();
-        for (service, ops) in [("sqs", &self.sqs), ("s3", &self.s3)] {
-            for (op, n) in ops {
-                counts.add(&format!("{service}.{op}"), *n);
-            }
-        }
-        let billed = Billed::of(&counts);
+        let billed = Billed::of_services(&self.sqs, &self.s3);
         let cost = prices.cost(billed);
         self.cost = Some(CostReport {
             sqs_requests: billed.sqs,
