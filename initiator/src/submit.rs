@@ -1,3 +1,7 @@
+//! Why: reading, validating, chunking, storing and enqueuing overlap (a chunk is on SQS before the file
+//! is read to the end), so they live in one pipeline here with the chunk size they share; the commands
+//! around it (`commands.rs`) only parse flags and print.
+//!
 //! `initiator submit`: reads and validates the files, de-duplicates `txn_id`s, splits accepted rows into
 //! chunks (by count and by bytes) and, while reading goes on, compresses and stores each chunk on S3 and
 //! sends its work item (SendMessageBatch, up to ten at a time; a work-detected trigger after the first).

@@ -1,3 +1,6 @@
+//! Why: everything SQS-specific (batch limits, attributes, FIFO ids, move tasks, what SQS bills) stays
+//! behind the [`Queue`] trait in this one file, so the engine and the services never see the SDK.
+//!
 //! The SQS implementation of [`Queue`]: every call bounded by its [`CallPolicy`], sends, deletes and
 //! visibility changes batched, engine metadata carried as message attributes.
 
