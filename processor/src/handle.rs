@@ -30,7 +30,7 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
         decode_chunk(&data, &blob, rows, max_chunk_bytes, |t| totals.add_txn(t, &fees)).map_err(Error::corrupt)?;
         // Many rows are packed straight from the totals; a few travel inline.
         let n = totals.len();
-        Ok::<_, Error>(if n > INLINE_ROWS { (Vec::new(), Some(accounts_to_zstd_csv(totals.sorted_rows().into_iter())), n) } else { (totals.rows(), None, n) })
+        Ok::<_, Error>(if n > INLINE_ROWS { (Vec::new(), Some(accounts_to_zstd_csv(totals.sorted_rows().iter())), n) } else { (totals.rows(), None, n) })
     })
     .await
     .map_err(|e| Error::Corrupt(format!("billing task failed: {e}")))??;

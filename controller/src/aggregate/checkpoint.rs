@@ -181,15 +181,15 @@ pub(super) async fn write_checkpoint(job: &mut Job, store: &dyn BlobStore, stats
             let since_base: usize = job.cp.parts.iter().skip(1).map(|p| p.rows as usize).sum();
             let full = job.cp.parts.is_empty() || job.cp.parts.len() >= MAX_PARTS || since_base + job.changed.len() > n;
             // Borrowed from the totals: a base of a million rows is not copied before it is encoded.
-            let part_rows = if full {
-                job.totals.sorted_rows()
+            let (rows, data) = if full {
+                let sorted = job.totals.sorted_rows();
+                (sorted.len() as u64, accounts_to_zstd_csv(sorted.iter()))
             } else {
                 let mut changed: Vec<&String> = job.changed.iter().collect();
                 changed.sort_unstable();
-                changed.into_iter().flat_map(|a| job.totals.account_rows(a)).collect()
+                let part_rows: Vec<_> = changed.into_iter().flat_map(|a| job.totals.account_rows(a)).collect();
+                (part_rows.len() as u64, accounts_to_zstd_csv(part_rows.into_iter()))
             };
-            let rows = part_rows.len() as u64;
-            let data = accounts_to_zstd_csv(part_rows.into_iter());
             let part = CheckpointPart {
                 key: format!("{}{}.csv.zst", checkpoint_parts_prefix(&job.cp.job_id), uuid::Uuid::now_v7().simple()),
                 rows,

@@ -124,8 +124,13 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
         tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
             "accepted != processed + failed: the results disagree with the manifest");
     }
-    store.put(&report_key(&job_id), Bytes::from(report::to_json(&r)?), "application/json").await?;
-    store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
+    if fleet_domain::report::AccountRows::len(&r.accounts) <= IN_MEMORY_ACCOUNTS {
+        store.put(&report_key(&job_id), Bytes::from(report::to_json(&r)?), "application/json").await?;
+        store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
+    } else {
+        put_through_file(store, &report_key(&job_id), "application/json", |w| report::write_json(&r, w).map_err(std::io::Error::from)).await?;
+        put_through_file(store, &accounts_key(&job_id), "text/csv", |w| report::write_accounts_csv(&r, w)).await?;
+    }
     // Written: the rows borrowed from the job's totals are let go before the job is changed.
     let r = r.map_accounts(|_| ());
     job.cp.finishing = false;
@@ -163,4 +168,25 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
     }
     .emit();
     Ok(r.status)
+}
+
+/// Up to this many accounts, a report and its accounts.csv are made in memory; a larger job's go
+/// through a temporary file each (`report.json` of a million accounts is about 135 MB).
+const IN_MEMORY_ACCOUNTS: usize = 20_000;
+
+/// Writes an object through a temporary file (in `TMPDIR`), streamed to the store from there: the
+/// object is never whole in memory.
+async fn put_through_file(
+    store: &dyn BlobStore,
+    key: &str,
+    content_type: &str,
+    write: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>,
+) -> Result<()> {
+    use std::io::Write as _;
+    let tmp = tempfile::NamedTempFile::new().map_err(|e| Error::LocalFile(format!("creating a temporary file in {}: {e}", std::env::temp_dir().display())))?;
+    {
+        let mut w = std::io::BufWriter::with_capacity(1 << 16, tmp.as_file());
+        write(&mut w).and_then(|()| w.flush()).map_err(|e| Error::local_file(tmp.path(), e))?;
+    }
+    store.put_file(key, tmp.path(), content_type).await
 }

@@ -133,8 +133,10 @@ pub fn decode_chunk(data: &[u8], blob: &BlobRef, expected_rows: u64, max_raw_byt
 /// Per-account totals as compact CSV (`account_id,currency,count,gross,fees`, no header), zstd-compressed:
 /// the encoding of large chunk results, about a third of the JSON size and much cheaper to produce
 /// and parse.
-pub fn accounts_to_zstd_csv<'a>(rows: impl ExactSizeIterator<Item = RowRef<'a>>) -> Vec<u8> {
-    let mut w = csv::WriterBuilder::new().terminator(csv::Terminator::Any(b'\n')).from_writer(Vec::with_capacity(rows.len() * 40));
+pub fn accounts_to_zstd_csv<'a>(rows: impl Iterator<Item = RowRef<'a>>) -> Vec<u8> {
+    // Compressed as it is written: a million rows' CSV is never whole in memory.
+    let enc = zstd::stream::write::Encoder::new(Vec::with_capacity(rows.size_hint().0 * 12), 1).expect("a zstd encoder over a Vec");
+    let mut w = csv::WriterBuilder::new().terminator(csv::Terminator::Any(b'\n')).from_writer(enc);
     let (mut c, mut g, mut f) = (String::new(), String::new(), String::new());
     for r in rows {
         use std::fmt::Write as _;
@@ -144,8 +146,8 @@ pub fn accounts_to_zstd_csv<'a>(rows: impl ExactSizeIterator<Item = RowRef<'a>>)
         let _ = (write!(c, "{}", r.count), write!(g, "{}", r.gross), write!(f, "{}", r.fees));
         let _ = w.write_record([r.account_id, r.currency, &c, &g, &f]);
     }
-    let raw = w.into_inner().unwrap_or_default();
-    zstd::bulk::compress(&raw, 1).expect("zstd compression of an in-memory buffer")
+    let enc = w.into_inner().unwrap_or_else(|e| panic!("writing CSV into memory: {}", e.error()));
+    enc.finish().expect("zstd compression into memory")
 }
 
 /// The longest account-totals CSV row a valid chunk can produce: an account id of

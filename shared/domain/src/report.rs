@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::billing::{money, RowRef, Tariff, Totals};
+use crate::billing::{money, SortedRows, Tariff, Totals};
 use crate::model::{FailedChunk, JobStatus, Manifest, Rejected};
 use crate::prices::{Billed, Prices};
 use crate::requests::RequestCounts;
@@ -133,7 +133,7 @@ pub struct Report<A = Vec<AccountRow>> {
 /// The account rows of a report as it is written: borrowed from the job's totals and sorted, each
 /// row's money formatted only as it is serialized (JSON) or written (CSV).
 #[derive(Debug)]
-pub struct Accounts<'a>(Vec<RowRef<'a>>);
+pub struct Accounts<'a>(SortedRows<'a>);
 
 /// One account row as the report shows it (serialized exactly as an [`AccountRow`]).
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -180,7 +180,7 @@ impl AccountRows for Accounts<'_> {
     }
 
     fn each(&self, f: &mut dyn FnMut(RowText<'_>)) {
-        for r in &self.0 {
+        for r in self.0.iter() {
             let (gross, fees, net) = (money(r.gross), money(r.fees), money(r.net()));
             f(RowText { account_id: r.account_id, currency: r.currency, count: r.count, gross: &gross, fees: &fees, net: &net });
         }
@@ -288,23 +288,42 @@ impl<A> Report<A> {
 /// resident.
 pub fn to_json<A: AccountRows + Serialize>(r: &Report<A>) -> serde_json::Result<Vec<u8>> {
     let mut out = Vec::with_capacity(64 * 1024 + r.accounts.len() * 200 + r.accounts.text_bytes());
-    serde_json::to_writer_pretty(&mut out, r)?;
+    write_json(r, &mut out)?;
     Ok(out)
+}
+
+/// `report.json` written as it is made (to a file: a report of a million accounts is never whole in
+/// memory).
+pub fn write_json<A: AccountRows + Serialize>(r: &Report<A>, w: impl std::io::Write) -> serde_json::Result<()> {
+    serde_json::to_writer_pretty(w, r)
 }
 
 /// `accounts.csv`: the per-account rows of the report (its buffer sized up front as [`to_json`]'s).
 pub fn accounts_csv<A: AccountRows>(r: &Report<A>) -> Vec<u8> {
-    let mut w =
-        csv::WriterBuilder::new().terminator(csv::Terminator::Any(b'\n')).from_writer(Vec::with_capacity(64 + r.accounts.len() * 64 + r.accounts.text_bytes()));
-    let _ = w.write_record(["account_id", "currency", "count", "gross", "fees", "net"]);
+    let mut out = Vec::with_capacity(64 + r.accounts.len() * 64 + r.accounts.text_bytes());
+    let _ = write_accounts_csv(r, &mut out);
+    out
+}
+
+/// `accounts.csv` written as it is made (see [`write_json`]).
+pub fn write_accounts_csv<A: AccountRows>(r: &Report<A>, out: impl std::io::Write) -> std::io::Result<()> {
+    let mut w = csv::WriterBuilder::new().terminator(csv::Terminator::Any(b'\n')).from_writer(out);
+    w.write_record(["account_id", "currency", "count", "gross", "fees", "net"])?;
     let mut count = String::new();
+    let mut failed = None;
     r.accounts.each(&mut |a| {
         use std::fmt::Write as _;
+        if failed.is_some() {
+            return;
+        }
         count.clear();
         let _ = write!(count, "{}", a.count);
-        let _ = w.write_record([a.account_id, a.currency, &count, a.gross, a.fees, a.net]);
+        failed = w.write_record([a.account_id, a.currency, &count, a.gross, a.fees, a.net]).err();
     });
-    w.into_inner().unwrap_or_default()
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    w.flush()
 }
 
 /// A short human summary.

@@ -68,13 +68,17 @@ pub enum Error {
     /// Bad configuration or arguments.
     #[error("configuration: {0}")]
     Config(String),
+    /// A local temporary file (what a large object is written through on its way to the store) could
+    /// not be written or read: the disk is full or not writable. Retryable: space may free up.
+    #[error("local file: {0}")]
+    LocalFile(String),
 }
 
 impl Error {
     /// Whether retrying the same operation later may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Unreachable { .. } | Error::Timeout { .. } => true,
+            Error::Unreachable { .. } | Error::Timeout { .. } | Error::LocalFile(_) => true,
             Error::Service { retryable, .. } => *retryable,
             Error::NotFound { .. } | Error::Corrupt(_) | Error::Config(_) | Error::Conflict(_) => false,
         }
@@ -98,6 +102,11 @@ impl Error {
             }
             _ => None,
         }
+    }
+
+    /// A local file operation that failed, naming the file.
+    pub fn local_file(path: &std::path::Path, e: std::io::Error) -> Error {
+        Error::LocalFile(format!("{}: {e}", path.display()))
     }
 
     /// Data a caller's own checks found corrupt (e.g. the domain's: `.map_err(Error::corrupt)`).

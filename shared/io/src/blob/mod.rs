@@ -33,6 +33,12 @@ pub trait BlobStore: Send + Sync + 'static {
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>>;
     /// The user metadata of an object, without its body; `None` when the object does not exist.
     async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>>;
+    /// Writes an object from a local file. The S3 store streams it (a report of a million accounts is
+    /// never whole in memory); this default reads it whole (the in-memory twin).
+    async fn put_file(&self, key: &str, path: &std::path::Path, content_type: &str) -> Result<()> {
+        let body = tokio::fs::read(path).await.map_err(|e| crate::Error::local_file(path, e))?;
+        self.put(key, Bytes::from(body), content_type).await
+    }
     async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
         self.put_if(key, body, content_type, &BTreeMap::new(), &Cond::Any).await.map(drop)
     }
