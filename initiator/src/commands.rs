@@ -129,20 +129,20 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
             let settings = QueueSettings { max_receive_count, visibility_timeout: Duration::from_secs(visibility_timeout) };
             fleet_io::provision::ensure_fleet(&aws, &fleet, settings).await?;
+            let shards = fleet.work_shard_names();
+            let work: Vec<String> = shards.iter().map(|(q, dlq)| format!("{q} (dead letters: {dlq})")).collect();
             eprintln!(
-                "provisioned: queues {} (dead letters: {}) and {} (dead letters: {}), bucket {} with its lifecycle rules",
-                fleet.work_queue,
-                fleet.work_dlq(),
+                "provisioned: queues {} and {} (dead letters: {}), bucket {} with its lifecycle rules",
+                work.join(", "),
                 fleet.results_queue,
                 fleet_io::config::dlq_name(&fleet.results_queue),
                 fleet.bucket
             );
             if json {
+                let mut queues: Vec<serde_json::Value> = shards.iter().map(|(q, dlq)| serde_json::json!({ "name": q, "dead_letter": dlq })).collect();
+                queues.push(serde_json::json!({ "name": fleet.results_queue, "dead_letter": fleet_io::config::dlq_name(&fleet.results_queue) }));
                 let v = serde_json::json!({
-                    "queues": [
-                        { "name": fleet.work_queue, "dead_letter": fleet.work_dlq() },
-                        { "name": fleet.results_queue, "dead_letter": fleet_io::config::dlq_name(&fleet.results_queue) },
-                    ],
+                    "queues": queues,
                     "bucket": fleet.bucket,
                     "max_receive_count": max_receive_count,
                     "visibility_timeout_secs": visibility_timeout,
@@ -157,10 +157,11 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
 async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliError> {
     use fleet_io::queue::Queue;
     let aws = aws(fleet).await?;
-    let work_dlq = aws.queue_within(&fleet.work_dlq(), quick()).await?;
+    // Each shard of the work queue with its own dead-letter queue (one pair unless --work-shards).
+    let shards = aws.work_shards(fleet, quick()).await?;
     let store = aws.store(&fleet.bucket);
     let results_dlq = aws.queue(&fleet.results_dlq()).await?;
-    let dlqs: [&dyn Queue; 2] = [work_dlq.as_ref(), results_dlq.as_ref()];
+    let dlqs: Vec<&dyn Queue> = shards.iter().map(|(_, d)| d.as_ref() as &dyn Queue).chain([results_dlq.as_ref() as &dyn Queue]).collect();
     match command {
         DlqCommand::List { limit, json } => {
             let entries = crate::ops::list(&dlqs, store.as_ref(), limit).await?;
@@ -181,15 +182,18 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
             println!("{}", serde_json::to_string_pretty(&e).map_err(fleet_io::Error::from)?);
         }
         DlqCommand::Redrive { from, limit, method, json } => {
-            let work = aws.queue(&fleet.work_queue).await?;
             let results = aws.queue(&fleet.results_queue).await?;
             let all = from == RedriveFrom::All;
             let mut moved = serde_json::Map::new();
             let mut methods = serde_json::Map::new();
-            for (place, wanted, dlq, target) in [
-                ("work_dlq", all || from == RedriveFrom::WorkDlq, &work_dlq, &work),
-                ("results_dlq", all || from == RedriveFrom::ResultsDlq, &results_dlq, &results),
-            ] {
+            // Every shard's dead letters go back to that shard (a FIFO group stays where it was).
+            let pairs = shards.iter().map(|(work, dlq)| ("work_dlq", all || from == RedriveFrom::WorkDlq, dlq, work)).chain([(
+                "results_dlq",
+                all || from == RedriveFrom::ResultsDlq,
+                &results_dlq,
+                &results,
+            )]);
+            for (place, wanted, dlq, target) in pairs {
                 if !wanted {
                     continue;
                 }
@@ -200,19 +204,21 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
                 };
                 let how = if how == RedriveMethod::MoveTask { "move-task" } else { "copy" };
                 eprintln!("{n} messages moved from {} to {} ({how})", dlq.name(), target.name());
-                moved.insert(place.into(), n.into());
+                let so_far = moved.get(place).and_then(serde_json::Value::as_u64).unwrap_or(0);
+                moved.insert(place.into(), (so_far + n as u64).into());
                 methods.insert(place.into(), how.into());
             }
             let limit = limit.unwrap_or(crate::ops::REDRIVE_LIMIT);
             if all || from == RedriveFrom::Quarantine {
                 // Quarantined from a queue: back to the queue whose consumer reads it (a dead letter
                 // goes to its source queue).
-                let targets: [(&str, &dyn Queue); 4] = [
-                    (work.name(), work.as_ref()),
-                    (work_dlq.name(), work.as_ref()),
-                    (results.name(), results.as_ref()),
-                    (results_dlq.name(), results.as_ref()),
-                ];
+                let mut targets: Vec<(&str, &dyn Queue)> = Vec::new();
+                for (work, dlq) in &shards {
+                    targets.push((work.name(), work.as_ref()));
+                    targets.push((dlq.name(), work.as_ref()));
+                }
+                targets.push((results.name(), results.as_ref()));
+                targets.push((results_dlq.name(), results.as_ref()));
                 let n = crate::ops::redrive_quarantine(store.as_ref(), &targets, limit).await?;
                 eprintln!("{n} quarantined messages sent back");
                 moved.insert("quarantine".into(), n.into());
@@ -252,7 +258,8 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     crate::submit::preflight(&args.files, chunk_size, grouping, &fleet.work_queue)?;
     let show = std::io::stderr().is_terminal();
     let aws = aws(fleet).await?;
-    let work = aws.queue_within(&fleet.work_queue, quick()).await?;
+    // The work queue, or its shards as one queue (work items spread over them).
+    let (work, _) = aws.work_queues(fleet, quick()).await?;
     let store = aws.store(&fleet.bucket);
     store.check().await?;
     let results = aws.queue(&fleet.results_queue).await?;

@@ -193,8 +193,19 @@ impl<'a> Enqueue<'a> {
         let mut trigger = self.trigger.lock().unwrap_or_else(|e| e.into_inner());
         if trigger.is_none() {
             if let Some(t) = self.clients.triggers.clone() {
-                let ev = WorkDetected { queue: self.clients.work.name().to_string(), messages: bodies.len() as u64, source: "initiator".into() };
-                *trigger = Some(tokio::spawn(async move { announce(t.as_ref(), &ev).await }));
+                // One per shard of the work queue (items spread over all of them).
+                let evs: Vec<WorkDetected> = self
+                    .clients
+                    .work
+                    .shard_names()
+                    .into_iter()
+                    .map(|queue| WorkDetected { queue, messages: bodies.len() as u64, source: "initiator".into() })
+                    .collect();
+                *trigger = Some(tokio::spawn(async move {
+                    for ev in &evs {
+                        announce(t.as_ref(), ev).await;
+                    }
+                }));
             }
         }
         Ok(batch)

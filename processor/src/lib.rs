@@ -39,12 +39,15 @@ impl Default for Settings {
 /// The services a processor talks to.
 #[derive(Clone)]
 pub struct Deps {
+    /// The work queue: a [`fleet_io::queue::Sharded`] one gets a listener per shard.
     pub work: Arc<dyn Queue>,
-    /// Where expired work items of jobs past their deadline go (reason `expired`).
+    /// Where expired work items of jobs past their deadline go (reason `expired`): sharded like the
+    /// work queue, each shard's to its own.
     pub work_dlq: Option<Arc<dyn Queue>>,
     pub results: Arc<dyn Queue>,
     pub store: Arc<dyn BlobStore>,
-    /// Work-detected triggers (bus subscription to the work queue's key), when enabled.
+    /// Work-detected triggers (bus subscription to the key of each of the work queue's shards), when
+    /// enabled.
     pub triggers: Option<Subscription>,
     /// Where this processor announces the results (and dead letters) it puts on queues, and reports its
     /// throughput and work in hand to the scaling agent while it has work, when enabled.
@@ -64,35 +67,58 @@ const ANNOUNCE_INTERVAL: Duration = Duration::from_millis(100);
 /// An instance holding work reports to the scaling agent this often.
 pub const REPORT_INTERVAL: Duration = Duration::from_secs(2);
 
-/// Starts the listener on the work queue (and the state endpoint when configured).
-pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken) -> fleet_io::Result<Engine> {
+/// Starts a listener on each shard of the work queue (one for a queue that is not sharded), and the
+/// state endpoint when configured. Each shard's consumers scale and back off on their own; expired work
+/// items go to the shard's own dead-letter queue.
+pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken) -> fleet_io::Result<Vec<Engine>> {
     events::register_metrics();
     let cfg = settings.listener.engine(deps.triggers.is_some());
-    let announce = match &deps.publish {
-        Some(bus) => listener::Announce {
-            results: Some(Notifier::new(bus.clone(), deps.results.name(), "processor", ANNOUNCE_INTERVAL)),
-            dead_letters: deps.work_dlq.as_ref().map(|q| Notifier::new(bus.clone(), q.name(), "processor", ANNOUNCE_INTERVAL)),
-        },
-        None => listener::Announce::default(),
-    };
-    let handler = Arc::new(listener::WorkHandler::new(deps.results.clone(), deps.store.clone(), settings.max_chunk_bytes, announce));
-    let engine = Engine::start(deps.work.clone(), deps.work_dlq.clone(), handler, cfg).await?;
-    if let Some(sub) = &deps.triggers {
-        engine.follow_triggers(sub, shutdown.clone());
+    let shards = shards(&deps);
+    let mut engines = Vec::with_capacity(shards.len());
+    for (work, dlq) in shards {
+        let announce = match &deps.publish {
+            Some(bus) => listener::Announce {
+                results: Some(Notifier::new(bus.clone(), deps.results.name(), "processor", ANNOUNCE_INTERVAL)),
+                dead_letters: dlq.as_ref().map(|q| Notifier::new(bus.clone(), q.name(), "processor", ANNOUNCE_INTERVAL)),
+            },
+            None => listener::Announce::default(),
+        };
+        let handler = Arc::new(listener::WorkHandler::new(deps.results.clone(), deps.store.clone(), settings.max_chunk_bytes, announce));
+        let engine = Engine::start(work, dlq, handler, cfg.clone()).await?;
+        if let Some(sub) = &deps.triggers {
+            engine.follow_triggers(sub, shutdown.clone());
+        }
+        engines.push(engine);
     }
     if let Some(bus) = &deps.publish {
-        fleet_engine::report::spawn_reporter(engine.clone(), bus.clone(), fleet_engine::report::instance_id(), REPORT_INTERVAL, shutdown.clone());
+        fleet_engine::report::spawn_reporter(engines.clone(), bus.clone(), fleet_engine::report::instance_id(), REPORT_INTERVAL, shutdown.clone());
     }
-    http::serve_from_args(&settings.listener, std::slice::from_ref(&engine), shutdown).await?;
-    Ok(engine)
+    http::serve_from_args(&settings.listener, &engines, shutdown).await?;
+    Ok(engines)
+}
+
+/// The work queue's shards, each with its dead-letter queue (the same one for every shard when the
+/// dead-letter queue given is not sharded alike).
+fn shards(deps: &Deps) -> Vec<(Arc<dyn Queue>, Option<Arc<dyn Queue>>)> {
+    let work: Vec<Arc<dyn Queue>> = match deps.work.as_sharded() {
+        Some(s) => s.shards().to_vec(),
+        None => vec![deps.work.clone()],
+    };
+    let dlqs: Option<Vec<Arc<dyn Queue>>> = deps.work_dlq.as_ref().map(|d| match d.as_sharded() {
+        Some(s) if s.shards().len() == work.len() => s.shards().to_vec(),
+        _ => vec![d.clone(); work.len()],
+    });
+    work.into_iter().enumerate().map(|(i, w)| (w, dlqs.as_ref().map(|d| d[i].clone()))).collect()
 }
 
 /// Runs the processor until `shutdown`, then drains: stops receiving, returns buffered work items,
-/// finishes in-flight ones within the grace period and flushes completions.
+/// finishes in-flight ones within the grace period and flushes completions (every shard's listener
+/// under the one grace period).
 pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> fleet_io::Result<()> {
-    let engine = start(&settings, deps, &shutdown).await?;
+    let engines = start(&settings, deps, &shutdown).await?;
     shutdown.cancelled().await;
-    engine.shutdown(Duration::from_secs(settings.drain_secs)).await;
+    let grace = Duration::from_secs(settings.drain_secs);
+    futures::future::join_all(engines.iter().map(|e| e.shutdown(grace))).await;
     tracing::info!("processor stopped");
     Ok(())
 }

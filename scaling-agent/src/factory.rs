@@ -107,6 +107,7 @@ impl BackendArgs {
                     ("--bucket", f.bucket.clone()),
                     ("--work-queue", f.work_queue.clone()),
                     ("--work-dlq", f.work_dlq()),
+                    ("--work-shards", f.work_shards.to_string()),
                     ("--results-queue", f.results_queue.clone()),
                     ("--trigger-exchange", f.trigger_exchange.clone()),
                 ]

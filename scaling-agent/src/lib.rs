@@ -285,7 +285,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
         if let Some(rx) = reports.as_mut() {
             loop {
                 match rx.try_recv() {
-                    Ok(r) if r.queue == w.work.name() => brain.report(now, r),
+                    Ok(r) if w.work.shard_names().contains(&r.queue) => brain.report(now, r),
                     Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
                     Err(_) => break,
                 }
@@ -335,7 +335,10 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
             for ((queue, visible), was_empty) in seen.into_iter().zip(was_empty.iter_mut()) {
                 if *was_empty && visible > 0 {
                     if let Some(t) = &deps.publish {
-                        announce(t.as_ref(), &WorkDetected { queue: queue.name().to_string(), messages: visible, source: SOURCE.into() }).await;
+                        // A sharded queue's depth is its shards' sum: every shard's listeners look.
+                        for name in queue.shard_names() {
+                            announce(t.as_ref(), &WorkDetected { queue: name, messages: visible, source: SOURCE.into() }).await;
+                        }
                     }
                 }
                 *was_empty = visible == 0;
@@ -384,7 +387,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                     match ev {
                         Some(ev) if ev.source != SOURCE => {
                             lock(&state).triggers_received += 1;
-                            let at_once = if ev.queue == w.work.name() {
+                            let at_once = if w.work.shard_names().contains(&ev.queue) {
                                 deps.backend.work_detected();
                                 brain.work_detected()
                             } else {

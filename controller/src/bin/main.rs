@@ -27,12 +27,14 @@ async fn main() -> ExitCode {
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
     let aws = Aws::load().await.with_policy(cli.fleet.call_policy());
     let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
-    let work_dlq = aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?;
+    let (work, work_dlq) = aws.work_queues(&cli.fleet, aws.policy).await.context("opening the work queue, its shards and their dead-letter queues")?;
     let results_dlq = aws.queue(&cli.fleet.results_dlq()).await.context("opening the results dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
-    let work = aws.queue(&cli.fleet.work_queue).await.context("opening the work queue")?;
     use fleet_io::queue::Queue;
-    let keys = [results.name(), work_dlq.name(), results_dlq.name()].map(fleet_io::trigger::work_key).to_vec();
+    // The work dead-letter queue's every shard: a processor announces dead letters on its shard's.
+    let mut names = vec![results.name().to_string(), results_dlq.name().to_string()];
+    names.extend(work_dlq.shard_names());
+    let keys = names.iter().map(|q| fleet_io::trigger::work_key(q)).collect();
     let triggers = cli.fleet.subscribe(keys, &shutdown);
     controller::run(
         cli.settings,

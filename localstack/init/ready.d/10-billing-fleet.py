@@ -3,7 +3,8 @@
 Runs as a LocalStack `ready.d` init hook (LocalStack executes *.py hooks with its own interpreter, which
 has boto3) and on the host with the LocalStack virtualenv's python (localstack/init-resources.sh).
 
-Besides the standard work queue it creates a FIFO one (`billing-work.fifo`, dead letters to
+With FLEET_WORK_SHARDS=N (default 1) it creates the work queue's shards 1..N-1 too (`billing-work-1`, ...,
+each with its dead-letter queue). Besides the standard work queue it creates a FIFO one (`billing-work.fifo`, dead letters to
 `billing-work-dlq.fifo`) for per-account ordered jobs (`initiator submit --group-by account`). A queue
 named *.fifo is created as FIFO, and so is its dead-letter queue (SQS requires both to match).
 
@@ -39,6 +40,7 @@ def dlq_name(queue):
 work = env("FLEET_WORK_QUEUE") or "billing-work"
 work_dlq = env("FLEET_WORK_DLQ") or dlq_name(work)
 results = env("FLEET_RESULTS_QUEUE") or "billing-results"
+shards = int(env("FLEET_WORK_SHARDS") or "1")
 max_receive = env("FLEET_MAX_RECEIVE_COUNT") or "5"
 visibility = env("FLEET_VISIBILITY_TIMEOUT") or "30"
 
@@ -61,9 +63,21 @@ def queue_with_dlq(name, dlq):
     print(f"queue {name} (dead letters to {dlq} after {max_receive} receives)")
 
 
+def shard_name(queue, i):
+    """Shard i of a work queue: shard 0 is the queue itself, shard i its name with `-i`, before `.fifo`
+    (as the fleet's binaries derive it with --work-shards)."""
+    if i == 0:
+        return queue
+    return queue[: -len(".fifo")] + f"-{i}.fifo" if queue.endswith(".fifo") else f"{queue}-{i}"
+
+
 queue_with_dlq(work, work_dlq)
+for i in range(1, shards):
+    queue_with_dlq(shard_name(work, i), dlq_name(shard_name(work, i)))
 if not work.endswith(".fifo") and not env("FLEET_WORK_DLQ"):
-    queue_with_dlq(work + ".fifo", dlq_name(work + ".fifo"))
+    fifo = work + ".fifo"
+    for i in range(shards):
+        queue_with_dlq(shard_name(fifo, i), dlq_name(shard_name(fifo, i)))
 queue_with_dlq(results, dlq_name(results))
 try:
     s3.create_bucket(Bucket=bucket)

@@ -26,11 +26,10 @@ async fn main() -> ExitCode {
 
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
     let aws = Aws::load().await.with_policy(cli.fleet.call_policy());
-    let work = aws.queue(&cli.fleet.work_queue).await.context("opening the work queue")?;
+    let (work, work_dlq) = aws.work_queues(&cli.fleet, aws.policy).await.context("opening the work queue, its shards and their dead-letter queues")?;
     let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
-    let work_dlq = aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
-    let triggers = cli.fleet.subscribe(vec![fleet_io::trigger::work_key(fleet_io::queue::Queue::name(work.as_ref()))], &shutdown);
+    let triggers = cli.fleet.subscribe(work.shard_names().iter().map(|q| fleet_io::trigger::work_key(q)).collect(), &shutdown);
     let publish = cli.fleet.trigger_bus();
     processor::run(cli.settings, processor::Deps { work, work_dlq: Some(work_dlq), results, store, triggers, publish }, shutdown).await?;
     Ok(())

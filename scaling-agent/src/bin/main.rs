@@ -58,9 +58,10 @@ async fn main() -> ExitCode {
 
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
     let aws = Aws::load().await.with_policy(cli.fleet.call_policy());
+    let (work, work_dlq) = aws.work_queues(&cli.fleet, aws.policy).await.context("opening the work queue, its shards and their dead-letter queues")?;
     let watched = scaling_agent::Watched {
-        work: aws.queue(&cli.fleet.work_queue).await.context("opening the work queue")?,
-        work_dlq: aws.queue(&cli.fleet.work_dlq()).await.context("opening the work dead-letter queue")?,
+        work: work.clone(),
+        work_dlq,
         results: aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?,
         results_dlq: aws.queue(&cli.fleet.results_dlq()).await.context("opening the results dead-letter queue")?,
     };
@@ -69,7 +70,7 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
         return Ok(());
     }
     let backend = cli.backend.build(&cli.fleet, &cli.settings, &shutdown).await?;
-    let subscription = cli.fleet.subscribe(vec![ALL_WORK.to_string(), instance_report_key(watched.work.name())], &shutdown);
+    let subscription = cli.fleet.subscribe(vec![ALL_WORK.to_string(), instance_report_key(work.name())], &shutdown);
     let deps = scaling_agent::Deps { watched, publish: cli.fleet.trigger_bus(), subscription, backend };
     scaling_agent::run(cli.settings, deps, shutdown).await?;
     Ok(())

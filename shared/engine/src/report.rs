@@ -20,27 +20,51 @@ pub fn instance_id() -> String {
 }
 
 /// What one report says, from two engine snapshots `dt` apart.
-fn report(engine: &Engine, instance: &str, processed: u64, last: u64, dt: Duration, leaving: bool) -> InstanceReport {
-    let c = engine.counts();
+/// The counts of an instance's engines (one per shard of the work queue) together.
+fn counts(engines: &[Engine]) -> crate::state::Counts {
+    engines.iter().map(Engine::counts).fold(crate::state::Counts { in_hand: 0, processed: 0, consumers_active: 0, concurrency_limit: 0 }, |a, c| {
+        crate::state::Counts {
+            in_hand: a.in_hand + c.in_hand,
+            processed: a.processed + c.processed,
+            consumers_active: a.consumers_active + c.consumers_active,
+            concurrency_limit: a.concurrency_limit + c.concurrency_limit,
+        }
+    })
+}
+
+fn report(engines: &[Engine], instance: &str, processed: u64, last: u64, dt: Duration, leaving: bool) -> InstanceReport {
+    let c = counts(engines);
+    let mut paused_for: Vec<String> = engines.iter().flat_map(Engine::paused_for).collect();
+    paused_for.sort();
+    paused_for.dedup();
     InstanceReport {
         instance: instance.to_string(),
-        queue: engine.queue_name().to_string(),
+        // Shard 0's name is the work queue's: the agent knows the instance by it.
+        queue: engines[0].queue_name().to_string(),
         processed,
         rate: if dt.is_zero() { 0.0 } else { processed.saturating_sub(last) as f64 / dt.as_secs_f64() },
         in_hand: c.in_hand as u64,
         consumers: c.consumers_active as u32,
         saturated: c.in_hand >= c.concurrency_limit,
         leaving,
-        paused_for: engine.paused_for(),
+        paused_for,
     }
 }
 
-/// Publishes the engine's reports every `interval` while it has work in hand or completed some since
-/// the last report, until `stop`; then one `leaving` report. Failures are logged at debug level (a
-/// report is a hint; the next one replaces it).
-pub fn spawn_reporter(engine: Engine, bus: Arc<dyn TriggerBus>, instance: String, interval: Duration, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+/// Publishes the instance's reports every `interval` while its engines (one per shard of the work
+/// queue; at least one) have work in hand or completed some since the last report, until `stop`; then
+/// one `leaving` report. Failures are logged at debug level (a report is a hint; the next one replaces
+/// it).
+pub fn spawn_reporter(
+    engines: Vec<Engine>,
+    bus: Arc<dyn TriggerBus>,
+    instance: String,
+    interval: Duration,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    assert!(!engines.is_empty(), "an instance report needs an engine");
     tokio::spawn(async move {
-        let mut last = engine.counts().processed;
+        let mut last = counts(&engines).processed;
         let mut last_at = Instant::now();
         let mut reported_any = false;
         loop {
@@ -48,18 +72,18 @@ pub fn spawn_reporter(engine: Engine, bus: Arc<dyn TriggerBus>, instance: String
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(interval) => {}
             }
-            let c = engine.counts();
+            let c = counts(&engines);
             if c.in_hand == 0 && c.processed == last {
                 last_at = Instant::now();
                 continue;
             }
-            let r = report(&engine, &instance, c.processed, last, last_at.elapsed(), false);
+            let r = report(&engines, &instance, c.processed, last, last_at.elapsed(), false);
             (last, last_at, reported_any) = (c.processed, Instant::now(), true);
             publish(bus.as_ref(), &r).await;
         }
         if reported_any {
-            let c = engine.counts();
-            let r = report(&engine, &instance, c.processed, last, last_at.elapsed(), true);
+            let c = counts(&engines);
+            let r = report(&engines, &instance, c.processed, last, last_at.elapsed(), true);
             publish(bus.as_ref(), &r).await;
         }
     })

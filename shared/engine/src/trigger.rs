@@ -77,7 +77,7 @@ impl Engine {
                         was_live = now_live;
                     }
                     ev = rx.recv() => match ev {
-                        Ok(ev) if ev.queue == engine.queue_name() => {
+                        Ok(ev) if engine.answers_to(&ev.queue) => {
                             tracing::debug!(source = %ev.source, messages = ev.messages, "work-detected trigger");
                             engine.wake((ev.messages > 0).then_some(ev.messages)).await;
                         }

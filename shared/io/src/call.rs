@@ -209,10 +209,11 @@ fn jitter(cap: Duration) -> Duration {
     Duration::from_nanos(rand::rng().random_range(0..=cap.as_nanos() as u64))
 }
 
-/// Process-wide call counter kept inside a client. Cheap to bump from many tasks.
-#[derive(Debug, Default)]
+/// Process-wide call counter kept inside a client. Cheap to bump from many tasks. A clone counts into
+/// the same totals (the shards of a sharded queue share one).
+#[derive(Debug, Default, Clone)]
 pub struct CallCounter {
-    calls: Mutex<BTreeMap<&'static str, u64>>,
+    calls: std::sync::Arc<Mutex<BTreeMap<&'static str, u64>>>,
 }
 
 impl CallCounter {

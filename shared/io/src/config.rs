@@ -10,9 +10,9 @@ use aws_config::{BehaviorVersion, SdkConfig};
 
 use crate::blob::S3Store;
 use crate::breaker::Breakers;
-use crate::call::{CallArgs, CallPolicy};
+use crate::call::{CallArgs, CallCounter, CallPolicy};
 use crate::error::{Error, Result};
-use crate::queue::SqsQueue;
+use crate::queue::{Queue, Sharded, SqsQueue};
 use crate::trigger::{redact_url, spawn_subscription, AmqpCa, RabbitTriggers, Subscription, TriggerBus};
 
 /// Names of the fleet's queues, bucket and trigger exchange.
@@ -28,6 +28,12 @@ pub struct FleetArgs {
     /// before `.fifo` for a FIFO queue: billing-work-dlq, billing-work-dlq.fifo].
     #[arg(long = "work-dlq", global = true, env = "FLEET_WORK_DLQ")]
     pub work_dlq_override: Option<String>,
+    /// Shards of the work queue: work items spread over this many queues (shard 0 is the work queue,
+    /// shard i is its name with `-i`, before `.fifo`: billing-work-1, billing-work-1.fifo; each with its
+    /// dead-letter queue), for when one queue's limits are reached (in-flight messages, FIFO
+    /// throughput). A FIFO message group stays on one shard. Every process of a fleet takes the same.
+    #[arg(long, global = true, env = "FLEET_WORK_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub work_shards: u16,
     /// Results queue (name or URL).
     #[arg(long, global = true, env = "FLEET_RESULTS_QUEUE", default_value = "billing-results")]
     pub results_queue: String,
@@ -53,6 +59,7 @@ impl std::fmt::Debug for FleetArgs {
             .field("bucket", &self.bucket)
             .field("work_queue", &self.work_queue)
             .field("work_dlq", &self.work_dlq())
+            .field("work_shards", &self.work_shards)
             .field("results_queue", &self.results_queue)
             .field("amqp_url", &redact_url(&self.amqp_url))
             .field("amqp_ca", &self.amqp_ca)
@@ -69,6 +76,7 @@ impl FleetArgs {
             bucket: "billing-fleet".into(),
             work_queue: "billing-work".into(),
             work_dlq_override: None,
+            work_shards: 1,
             results_queue: "billing-results".into(),
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             amqp_ca: None,
@@ -103,6 +111,26 @@ impl FleetArgs {
         self.work_dlq_override.clone().unwrap_or_else(|| dlq_name(&self.work_queue))
     }
 
+    /// The work queue's shards, each with its dead-letter queue: `(queue, dead-letter queue)`, shard 0
+    /// first (the work queue itself and [`FleetArgs::work_dlq`]).
+    pub fn work_shard_names(&self) -> Vec<(String, String)> {
+        (0..self.work_shards.max(1))
+            .map(|i| match i {
+                0 => (self.work_queue.clone(), self.work_dlq()),
+                i => {
+                    let q = suffixed(&self.work_queue, &i.to_string());
+                    let dlq = dlq_name(&q);
+                    (q, dlq)
+                }
+            })
+            .collect()
+    }
+
+    /// The same fleet with its work queue in `n` shards.
+    pub fn sharded(&self, n: u16) -> FleetArgs {
+        FleetArgs { work_shards: n, ..self.clone() }
+    }
+
     /// The results queue's dead-letter queue (derived from its name, as provisioning creates it).
     pub fn results_dlq(&self) -> String {
         dlq_name(&self.results_queue)
@@ -120,6 +148,7 @@ impl FleetArgs {
             bucket: format!("{}-{suffix}", self.bucket),
             work_queue: suffixed(&self.work_queue, suffix),
             work_dlq_override: self.work_dlq_override.as_deref().map(|q| suffixed(q, suffix)),
+            work_shards: self.work_shards,
             results_queue: suffixed(&self.results_queue, suffix),
             amqp_url: self.amqp_url.clone(),
             amqp_ca: self.amqp_ca.clone(),
@@ -249,6 +278,30 @@ impl Aws {
     pub async fn queue_within(&self, name_or_url: &str, first: CallPolicy) -> Result<Arc<SqsQueue>> {
         let q = SqsQueue::open(self.sqs(), &self.endpoint, name_or_url, first).await?.with_policy(self.policy);
         Ok(Arc::new(q.with_breaker(self.breakers.sqs.clone())))
+    }
+
+    /// The work queue's shards and their dead-letter queues, opened (lookups bounded by `first`); the
+    /// shards count their calls into one counter, their dead-letter queues into another.
+    pub async fn work_shards(&self, fleet: &FleetArgs, first: CallPolicy) -> Result<Vec<(Arc<SqsQueue>, Arc<SqsQueue>)>> {
+        let (work_calls, dlq_calls) = (CallCounter::default(), CallCounter::default());
+        let mut out = Vec::new();
+        for (q, dlq) in fleet.work_shard_names() {
+            let open = |name: String, calls: CallCounter| async move {
+                let q = SqsQueue::open(self.sqs(), &self.endpoint, &name, first).await?.with_policy(self.policy).counting_into(&calls);
+                Ok::<_, Error>(Arc::new(q.with_breaker(self.breakers.sqs.clone())))
+            };
+            out.push((open(q, work_calls.clone()).await?, open(dlq, dlq_calls.clone()).await?));
+        }
+        Ok(out)
+    }
+
+    /// The work queue and its dead-letter queue, each one queue to its users: the queue itself, or its
+    /// shards as one [`Sharded`] queue when `--work-shards` is over 1.
+    pub async fn work_queues(&self, fleet: &FleetArgs, first: CallPolicy) -> Result<(Arc<dyn Queue>, Arc<dyn Queue>)> {
+        let shards = self.work_shards(fleet, first).await?;
+        let work: Vec<Arc<dyn Queue>> = shards.iter().map(|(q, _)| q.clone() as Arc<dyn Queue>).collect();
+        let dlqs: Vec<Arc<dyn Queue>> = shards.iter().map(|(_, d)| d.clone() as Arc<dyn Queue>).collect();
+        Ok((Sharded::of(work, shards[0].0.calls().clone())?, Sharded::of(dlqs, shards[0].1.calls().clone())?))
     }
 
     pub fn store(&self, bucket: &str) -> Arc<S3Store> {

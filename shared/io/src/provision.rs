@@ -119,9 +119,11 @@ pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
     Ok(())
 }
 
-/// Creates every resource of a fleet: work queue + DLQ, results queue + DLQ, bucket.
+/// Creates every resource of a fleet: work queue + DLQ (each shard's), results queue + DLQ, bucket.
 pub async fn ensure_fleet(aws: &Aws, names: &FleetArgs, s: QueueSettings) -> Result<()> {
-    ensure_queue_with_dlq(aws, &names.work_queue, &names.work_dlq(), s).await?;
+    for (q, dlq) in names.work_shard_names() {
+        ensure_queue_with_dlq(aws, &q, &dlq, s).await?;
+    }
     ensure_queue_with_dlq(aws, &names.results_queue, &dlq_name(&names.results_queue), s).await?;
     ensure_bucket(aws, &names.bucket).await
 }

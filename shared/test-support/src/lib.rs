@@ -41,6 +41,8 @@ pub struct Stack {
     pub results: Arc<SqsQueue>,
     pub results_dlq: Arc<SqsQueue>,
     pub store: Arc<S3Store>,
+    /// The work queue's shards with their dead-letter queues (shard 0 is `work`, `work_dlq`).
+    pub shards: Vec<(Arc<SqsQueue>, Arc<SqsQueue>)>,
 }
 
 /// Creates a fresh fleet with unique names; `None` when LocalStack or RabbitMQ is not running (see the
@@ -58,6 +60,12 @@ pub fn test_log() {
             std::mem::forget(fleet_io::telemetry::init(false, &filter));
         }
     });
+}
+
+/// Creates a fresh fleet with unique names and its work queue in `n` shards (on FIFO queues if `fifo`).
+pub async fn sharded_stack(n: u16, fifo: bool, settings: QueueSettings) -> Option<Stack> {
+    let base = if fifo { FleetArgs::defaults().fifo() } else { FleetArgs::defaults() };
+    stack_of(base.sharded(n), settings).await
 }
 
 /// Creates a fresh fleet with unique names on a FIFO work queue (and FIFO work dead-letter queue).
@@ -103,9 +111,11 @@ async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Option<Stack> {
         .await
         .unwrap_or_else(|e| panic!("cannot create test resources on {LOCALSTACK} ({e}); start the stack with deploy/test.sh"));
     let store = aws.store(&names.bucket);
+    let shards = aws.work_shards(&names, aws.policy).await.unwrap();
     Some(Stack {
-        work: aws.queue(&names.work_queue).await.unwrap(),
-        work_dlq: aws.queue(&names.work_dlq()).await.unwrap(),
+        work: shards[0].0.clone(),
+        work_dlq: shards[0].1.clone(),
+        shards,
         results: aws.queue(&names.results_queue).await.unwrap(),
         results_dlq: aws.queue(&names.results_dlq()).await.unwrap(),
         store,
@@ -115,6 +125,17 @@ async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Option<Stack> {
 }
 
 impl Stack {
+    /// The work queue and its dead-letter queue as the fleet's binaries open them: one queue each, or
+    /// its shards as one [`fleet_io::queue::Sharded`] queue.
+    pub fn work_queues(&self) -> (Arc<dyn Queue>, Arc<dyn Queue>) {
+        let work = self.shards.iter().map(|(q, _)| q.clone() as Arc<dyn Queue>).collect();
+        let dlqs = self.shards.iter().map(|(_, d)| d.clone() as Arc<dyn Queue>).collect();
+        (
+            fleet_io::queue::Sharded::of(work, self.shards[0].0.calls().clone()).unwrap(),
+            fleet_io::queue::Sharded::of(dlqs, self.shards[0].1.calls().clone()).unwrap(),
+        )
+    }
+
     /// Polls until the queue shows `visible` messages and nothing in flight.
     pub async fn wait_depth(&self, q: &dyn Queue, visible: u64, timeout: Duration) {
         let start = Instant::now();

@@ -45,7 +45,7 @@ async fn with_the_broker_down_listeners_poll_and_the_job_completes() {
         triggers: s.names.subscribe(vec![work_key(s.work.name())], &stop),
         publish: s.names.trigger_bus(),
     };
-    let engine = processor::start(&crate::support::fast_processor(), deps, &stop).await.unwrap();
+    let engine = processor::start(&crate::support::fast_processor(), deps, &stop).await.unwrap().remove(0);
     let controller = s.start_controller();
     assert!(until(Duration::from_secs(15), async || engine.triggers_live() && engine.state().consumers_parked == 1).await, "parked while the bus is up");
 

@@ -17,6 +17,7 @@ mod outage;
 mod pipeline;
 mod reliability;
 mod scaling;
+mod shards;
 mod status_page;
 mod traces;
 mod trigger;

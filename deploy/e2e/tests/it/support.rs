@@ -41,17 +41,19 @@ pub trait Fleet {
 
 impl Fleet for Stack {
     fn clients(&self) -> Clients {
-        Clients { work: self.work.clone(), results: self.results.clone(), store: self.store.clone(), triggers: self.names.trigger_bus() }
+        Clients { work: self.work_queues().0, results: self.results.clone(), store: self.store.clone(), triggers: self.names.trigger_bus() }
     }
 
     fn start_processor(&self, settings: processor::Settings) -> Running {
         let stop = CancellationToken::new();
+        let (work, work_dlq) = self.work_queues();
+        let keys = work.shard_names().iter().map(|q| fleet_io::trigger::work_key(q)).collect();
         let deps = processor::Deps {
-            work: self.work.clone(),
-            work_dlq: Some(self.work_dlq.clone()),
+            work,
+            work_dlq: Some(work_dlq),
             results: self.results.clone(),
             store: self.store.clone(),
-            triggers: self.names.subscribe(vec![fleet_io::trigger::work_key(self.work.name())], &stop),
+            triggers: self.names.subscribe(keys, &stop),
             publish: self.names.trigger_bus(),
         };
         let handle = tokio::spawn(processor::run(settings, deps, stop.clone()));
@@ -62,12 +64,8 @@ impl Fleet for Stack {
     /// items coming back after a killed processor's visibility timeout (nobody announces those).
     fn start_agent(&self) -> Running {
         let stop = CancellationToken::new();
-        let watched = scaling_agent::Watched {
-            work: self.work.clone(),
-            work_dlq: self.work_dlq.clone(),
-            results: self.results.clone(),
-            results_dlq: self.results_dlq.clone(),
-        };
+        let (work, work_dlq) = self.work_queues();
+        let watched = scaling_agent::Watched { work, work_dlq, results: self.results.clone(), results_dlq: self.results_dlq.clone() };
         let deps = scaling_agent::Deps {
             watched,
             publish: self.names.trigger_bus(),
@@ -82,15 +80,16 @@ impl Fleet for Stack {
     /// only on triggers (processors and the initiator announce what they put on its queues).
     fn start_controller(&self) -> Running {
         let stop = CancellationToken::new();
+        let (work, work_dlq) = self.work_queues();
+        let mut names = vec![self.results.name().to_string(), self.results_dlq.name().to_string()];
+        names.extend(work_dlq.shard_names());
         let deps = controller::Deps {
             results: self.results.clone(),
-            work_dlq: self.work_dlq.clone(),
+            work_dlq,
             results_dlq: self.results_dlq.clone(),
             store: self.store.clone(),
-            work: Some(self.work.clone()),
-            triggers: self
-                .names
-                .subscribe([self.results.name(), self.work_dlq.name(), self.results_dlq.name()].map(fleet_io::trigger::work_key).to_vec(), &stop),
+            work: Some(work),
+            triggers: self.names.subscribe(names.iter().map(|q| fleet_io::trigger::work_key(q)).collect(), &stop),
             publish: self.names.trigger_bus(),
         };
         let settings = controller::Settings {

@@ -210,6 +210,15 @@ pub struct QueueDepth {
 pub trait Queue: Send + Sync + 'static {
     /// Queue name, for logs.
     fn name(&self) -> &str;
+    /// The names of the queues messages really go to: this one's, or each shard's of a
+    /// [`sharded::Sharded`] queue (triggers and instance reports name those).
+    fn shard_names(&self) -> Vec<String> {
+        vec![self.name().to_string()]
+    }
+    /// This queue as a [`sharded::Sharded`] one, if it is (a processor runs a listener per shard).
+    fn as_sharded(&self) -> Option<&sharded::Sharded> {
+        None
+    }
     /// Sends the messages with as few SendMessageBatch calls as the limits allow; failed entries are
     /// retried. Returns the number of calls made.
     async fn send_messages(&self, msgs: &[Outgoing]) -> Result<u64>;
@@ -326,8 +335,10 @@ pub fn plan_batches(sizes: &[usize]) -> Vec<Range<usize>> {
 
 #[cfg(feature = "test-util")]
 pub mod memory;
+pub mod sharded;
 pub mod sqs;
 
+pub use sharded::Sharded;
 pub use sqs::SqsQueue;
 
 #[cfg(test)]

@@ -75,6 +75,13 @@ impl SqsQueue {
         Ok(SqsQueue { client, name, url, endpoint: endpoint.to_string(), calls, policy: Guarded::new(policy) })
     }
 
+    /// The same queue counting its calls into `calls` from now on (the shards of a sharded queue share
+    /// one counter).
+    pub fn counting_into(mut self, calls: &CallCounter) -> SqsQueue {
+        self.calls = calls.clone();
+        self
+    }
+
     /// The same queue with its calls bounded by `policy` from now on.
     pub fn with_policy(mut self, policy: CallPolicy) -> SqsQueue {
         self.policy.policy = policy;
