@@ -97,9 +97,12 @@ pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken
     Ok(engines)
 }
 
+/// A shard of the work queue and its dead-letter queue.
+type Shard = (Arc<dyn Queue>, Option<Arc<dyn Queue>>);
+
 /// The work queue's shards, each with its dead-letter queue (the same one for every shard when the
 /// dead-letter queue given is not sharded alike).
-fn shards(deps: &Deps) -> Vec<(Arc<dyn Queue>, Option<Arc<dyn Queue>>)> {
+fn shards(deps: &Deps) -> Vec<Shard> {
     let work: Vec<Arc<dyn Queue>> = match deps.work.as_sharded() {
         Some(s) => s.shards().to_vec(),
         None => vec![deps.work.clone()],

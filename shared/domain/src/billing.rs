@@ -148,11 +148,14 @@ impl<'a> RowRef<'a> {
     }
 }
 
+/// One account of a [`Totals`], borrowed: its id and its rows (one per currency).
+#[allow(clippy::borrowed_box)] // the map's own keys, borrowed (no copy of a million ids)
+type AccountRef<'a> = (&'a Box<str>, &'a Vec<(String, Sums)>);
+
 /// The rows of a [`Totals`] in order (account_id, then currency, byte order), borrowed from it.
 #[derive(Debug)]
 pub struct SortedRows<'a> {
-    #[allow(clippy::borrowed_box)] // the map's own keys, borrowed (no copy of a million ids)
-    accounts: Vec<(&'a Box<str>, &'a Vec<(String, Sums)>)>,
+    accounts: Vec<AccountRef<'a>>,
     rows: usize,
 }
 
@@ -286,7 +289,7 @@ impl Totals {
     /// Rows sorted by account_id then currency (byte order), borrowed: two references per account
     /// (16 bytes; a million accounts' order is 16 MB, not a copy of their rows).
     pub fn sorted_rows(&self) -> SortedRows<'_> {
-        let mut accounts: Vec<(&Box<str>, &Vec<(String, Sums)>)> = self.by_account.iter().collect();
+        let mut accounts: Vec<AccountRef<'_>> = self.by_account.iter().collect();
         accounts.sort_unstable_by(|x, y| x.0.as_bytes().cmp(y.0.as_bytes()));
         SortedRows { rows: accounts.iter().map(|(_, v)| v.len()).sum(), accounts }
     }
