@@ -226,8 +226,9 @@ async fn a_processor_killed_with_sigkill_mid_job_loses_nothing() {
     let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(3) }).await else { return };
     let dir = tempfile::tempdir().unwrap();
     let file = crate::support::generated(dir.path(), "a.csv", 100_000, 300, 11);
-    let port = 20_000 + (std::process::id() % 20_000);
-    let addr = format!("127.0.0.1:{port}");
+    // A port free now (one derived from the pid could be taken by another test's listener, and the
+    // processor would exit at start: CI saw "no progress" once).
+    let addr = crate::support::free_addr().to_string();
     let mut cmd = Command::new(crate::support::bin("processor"));
     cmd.env("FLEET_BUCKET", &st.names.bucket)
         .env("FLEET_WORK_QUEUE", &st.names.work_queue)
