@@ -24,7 +24,7 @@ use fleet_domain::model::{now_rfc3339, BlobRef, Manifest, Rejected, ResultMessag
 use fleet_domain::requests::RequestCounts;
 use fleet_io::blob::BlobStore;
 use fleet_io::queue::Queue;
-use fleet_io::trigger::{announce, TriggerBus, WorkDetected};
+use fleet_io::trigger::{announce_on, TriggerBus};
 use futures::stream::BoxStream;
 use futures::{Future, Stream, StreamExt, TryStreamExt};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -194,18 +194,8 @@ impl<'a> Enqueue<'a> {
         if trigger.is_none() {
             if let Some(t) = self.clients.triggers.clone() {
                 // One per shard of the work queue (items spread over all of them).
-                let evs: Vec<WorkDetected> = self
-                    .clients
-                    .work
-                    .shard_names()
-                    .into_iter()
-                    .map(|queue| WorkDetected { queue, messages: bodies.len() as u64, source: "initiator".into() })
-                    .collect();
-                *trigger = Some(tokio::spawn(async move {
-                    for ev in &evs {
-                        announce(t.as_ref(), ev).await;
-                    }
-                }));
+                let (work, n) = (self.clients.work.clone(), bodies.len() as u64);
+                *trigger = Some(tokio::spawn(async move { announce_on(t.as_ref(), work.as_ref(), n, "initiator").await }));
             }
         }
         Ok(batch)
@@ -447,7 +437,7 @@ async fn submit_enqueued(
     // The seal may be the last message the controller gets for this job (or the only one, for a job
     // with no chunks): wake it if it is parked.
     if let Some(t) = &clients.triggers {
-        announce(t.as_ref(), &WorkDetected { queue: clients.results.name().to_string(), messages: 1, source: "initiator".into() }).await;
+        announce_on(t.as_ref(), clients.results.as_ref(), 1, "initiator").await;
     }
     Ok(Submitted { job_id, total_chunks, counts, rejected, requests })
 }

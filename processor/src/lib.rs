@@ -74,14 +74,13 @@ pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken
     events::register_metrics();
     let cfg = settings.listener.engine(deps.triggers.is_some());
     let shards = shards(&deps);
+    // One results notifier for every shard's listener (its rate limit is the instance's).
+    let results = deps.publish.as_ref().map(|bus| Notifier::new(bus.clone(), deps.results.name(), "processor", ANNOUNCE_INTERVAL));
     let mut engines = Vec::with_capacity(shards.len());
     for (work, dlq) in shards {
-        let announce = match &deps.publish {
-            Some(bus) => listener::Announce {
-                results: Some(Notifier::new(bus.clone(), deps.results.name(), "processor", ANNOUNCE_INTERVAL)),
-                dead_letters: dlq.as_ref().map(|q| Notifier::new(bus.clone(), q.name(), "processor", ANNOUNCE_INTERVAL)),
-            },
-            None => listener::Announce::default(),
+        let announce = listener::Announce {
+            results: results.clone(),
+            dead_letters: deps.publish.as_ref().zip(dlq.as_ref()).map(|(bus, q)| Notifier::new(bus.clone(), q.name(), "processor", ANNOUNCE_INTERVAL)),
         };
         let handler = Arc::new(listener::WorkHandler::new(deps.results.clone(), deps.store.clone(), settings.max_chunk_bytes, announce));
         let engine = Engine::start(work, dlq, handler, cfg.clone()).await?;

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_io::queue::{Queue, QueueDepth};
-use fleet_io::trigger::{announce, Subscription, TriggerBus, WorkDetected};
+use fleet_io::trigger::{announce_on, Subscription, TriggerBus, WorkDetected};
 use serde::Serialize;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -285,7 +285,8 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
         if let Some(rx) = reports.as_mut() {
             loop {
                 match rx.try_recv() {
-                    Ok(r) if w.work.shard_names().contains(&r.queue) => brain.report(now, r),
+                    // A processor reports once for all shards, under the work queue's name (shard 0's).
+                    Ok(r) if r.queue == w.work.name() => brain.report(now, r),
                     Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
                     Err(_) => break,
                 }
@@ -336,9 +337,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 if *was_empty && visible > 0 {
                     if let Some(t) = &deps.publish {
                         // A sharded queue's depth is its shards' sum: every shard's listeners look.
-                        for name in queue.shard_names() {
-                            announce(t.as_ref(), &WorkDetected { queue: name, messages: visible, source: SOURCE.into() }).await;
-                        }
+                        announce_on(t.as_ref(), queue.as_ref(), visible, SOURCE).await;
                     }
                 }
                 *was_empty = visible == 0;

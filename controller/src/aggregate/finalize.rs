@@ -8,7 +8,7 @@ use bytes::Bytes;
 use fleet_domain::layout::{accounts_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{JobStatus, Manifest};
 use fleet_domain::prices::Prices;
-use fleet_domain::report;
+use fleet_domain::report::{self, AccountRows as _};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
@@ -124,7 +124,7 @@ pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &Check
         tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
             "accepted != processed + failed: the results disagree with the manifest");
     }
-    if fleet_domain::report::AccountRows::len(&r.accounts) <= IN_MEMORY_ACCOUNTS {
+    if r.accounts.len() <= IN_MEMORY_ACCOUNTS {
         store.put(&report_key(&job_id), Bytes::from(report::to_json(&r)?), "application/json").await?;
         store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
     } else {
@@ -183,7 +183,7 @@ async fn put_through_file(
     write: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>,
 ) -> Result<()> {
     use std::io::Write as _;
-    let tmp = tempfile::NamedTempFile::new().map_err(|e| Error::LocalFile(format!("creating a temporary file in {}: {e}", std::env::temp_dir().display())))?;
+    let tmp = tempfile::NamedTempFile::new().map_err(|e| Error::local_file(&std::env::temp_dir(), format!("creating a temporary file: {e}")))?;
     {
         let mut w = std::io::BufWriter::with_capacity(1 << 16, tmp.as_file());
         write(&mut w).and_then(|()| w.flush()).map_err(|e| Error::local_file(tmp.path(), e))?;

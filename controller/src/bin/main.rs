@@ -36,12 +36,8 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     let (work, work_dlq) = aws.work_queues(&cli.fleet, aws.policy).await.context("opening the work queue, its shards and their dead-letter queues")?;
     let results_dlq = aws.queue(&cli.fleet.results_dlq()).await.context("opening the results dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
-    use fleet_io::queue::Queue;
     // The work dead-letter queue's every shard: a processor announces dead letters on its shard's.
-    let mut names = vec![results.name().to_string(), results_dlq.name().to_string()];
-    names.extend(work_dlq.shard_names());
-    let keys = names.iter().map(|q| fleet_io::trigger::work_key(q)).collect();
-    let triggers = cli.fleet.subscribe(keys, &shutdown);
+    let triggers = cli.fleet.subscribe(fleet_io::trigger::work_keys(&[results.as_ref(), work_dlq.as_ref(), results_dlq.as_ref()]), &shutdown);
     controller::run(
         cli.settings,
         controller::Deps { results, work_dlq, results_dlq, store, work: Some(work), triggers, publish: cli.fleet.trigger_bus() },

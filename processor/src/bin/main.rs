@@ -29,7 +29,7 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     let (work, work_dlq) = aws.work_queues(&cli.fleet, aws.policy).await.context("opening the work queue, its shards and their dead-letter queues")?;
     let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
     let store = aws.store(&cli.fleet.bucket);
-    let triggers = cli.fleet.subscribe(work.shard_names().iter().map(|q| fleet_io::trigger::work_key(q)).collect(), &shutdown);
+    let triggers = cli.fleet.subscribe(fleet_io::trigger::work_keys(&[work.as_ref()]), &shutdown);
     let publish = cli.fleet.trigger_bus();
     processor::run(cli.settings, processor::Deps { work, work_dlq: Some(work_dlq), results, store, triggers, publish }, shutdown).await?;
     Ok(())

@@ -169,15 +169,9 @@ impl<'a> SortedRows<'a> {
         self.rows == 0
     }
 
-    /// The rows, in order (an account's currencies sorted as they are read: most have one).
+    /// The rows, in order (an account's currencies are kept sorted by [`Totals`]).
     pub fn iter(&self) -> impl Iterator<Item = RowRef<'a>> + '_ {
-        self.accounts.iter().flat_map(|&(a, v)| {
-            let mut cur: Vec<&'a (String, Sums)> = v.iter().collect();
-            if cur.len() > 1 {
-                cur.sort_unstable_by(|x, y| x.0.as_bytes().cmp(y.0.as_bytes()));
-            }
-            cur.into_iter().map(move |(c, s)| RowRef::of(a, c, s))
-        })
+        self.accounts.iter().flat_map(|&(a, v)| v.iter().map(move |(c, s)| RowRef::of(a, c, s)))
     }
 }
 
@@ -225,11 +219,12 @@ impl Totals {
             self.by_account.insert(account.into(), Vec::with_capacity(1));
         }
         let v = self.by_account.get_mut(account).expect("inserted above");
-        let i = match v.iter().position(|(c, _)| c == currency) {
-            Some(i) => i,
-            None => {
-                v.push((currency.to_string(), Sums::default()));
-                v.len() - 1
+        // An account's currencies are kept in byte order, so rows read out sorted as they are.
+        let i = match v.binary_search_by(|(c, _)| c.as_bytes().cmp(currency.as_bytes())) {
+            Ok(i) => i,
+            Err(i) => {
+                v.insert(i, (currency.to_string(), Sums::default()));
+                i
             }
         };
         &mut v[i].1

@@ -305,7 +305,7 @@ impl Engine {
     /// Whether a trigger or report naming `queue` is about this engine's queue (one of its shards, for
     /// a sharded queue).
     pub fn answers_to(&self, queue: &str) -> bool {
-        queue == self.queue_name() || self.inner.queue.shard_names().iter().any(|s| s == queue)
+        self.inner.queue.shard_names().iter().any(|s| s == queue)
     }
 
     pub fn completions(&self) -> Completions {

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Engine;
+use crate::state::Counts;
 use fleet_io::trigger::{InstanceReport, TriggerBus};
 
 /// A stable id for this process: the host name (a container's id under Docker, the pod's name under
@@ -19,21 +20,19 @@ pub fn instance_id() -> String {
     format!("{}-{}", host.unwrap_or_else(|| "host".into()), std::process::id())
 }
 
-/// What one report says, from two engine snapshots `dt` apart.
 /// The counts of an instance's engines (one per shard of the work queue) together.
-fn counts(engines: &[Engine]) -> crate::state::Counts {
-    engines.iter().map(Engine::counts).fold(crate::state::Counts { in_hand: 0, processed: 0, consumers_active: 0, concurrency_limit: 0 }, |a, c| {
-        crate::state::Counts {
-            in_hand: a.in_hand + c.in_hand,
-            processed: a.processed + c.processed,
-            consumers_active: a.consumers_active + c.consumers_active,
-            concurrency_limit: a.concurrency_limit + c.concurrency_limit,
-        }
+fn counts(engines: &[Engine]) -> Counts {
+    engines.iter().map(Engine::counts).fold(Counts::default(), |a, c| Counts {
+        in_hand: a.in_hand + c.in_hand,
+        processed: a.processed + c.processed,
+        consumers_active: a.consumers_active + c.consumers_active,
+        concurrency_limit: a.concurrency_limit + c.concurrency_limit,
     })
 }
 
-fn report(engines: &[Engine], instance: &str, processed: u64, last: u64, dt: Duration, leaving: bool) -> InstanceReport {
-    let c = counts(engines);
+/// What one report says, from the engines' counts `c` and the processed count `last` of `dt` before.
+fn report(engines: &[Engine], instance: &str, c: &Counts, last: u64, dt: Duration, leaving: bool) -> InstanceReport {
+    let processed = c.processed;
     let mut paused_for: Vec<String> = engines.iter().flat_map(Engine::paused_for).collect();
     paused_for.sort();
     paused_for.dedup();
@@ -77,13 +76,13 @@ pub fn spawn_reporter(
                 last_at = Instant::now();
                 continue;
             }
-            let r = report(&engines, &instance, c.processed, last, last_at.elapsed(), false);
+            let r = report(&engines, &instance, &c, last, last_at.elapsed(), false);
             (last, last_at, reported_any) = (c.processed, Instant::now(), true);
             publish(bus.as_ref(), &r).await;
         }
         if reported_any {
             let c = counts(&engines);
-            let r = report(&engines, &instance, c.processed, last, last_at.elapsed(), true);
+            let r = report(&engines, &instance, &c, last, last_at.elapsed(), true);
             publish(bus.as_ref(), &r).await;
         }
     })

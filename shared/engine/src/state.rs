@@ -65,7 +65,7 @@ pub struct ListenerState {
 }
 
 /// The few figures an instance report needs, read without any request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
     pub in_hand: usize,
     pub processed: u64,

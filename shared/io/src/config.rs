@@ -284,24 +284,19 @@ impl Aws {
     /// shards count their calls into one counter, their dead-letter queues into another.
     pub async fn work_shards(&self, fleet: &FleetArgs, first: CallPolicy) -> Result<Vec<(Arc<SqsQueue>, Arc<SqsQueue>)>> {
         let (work_calls, dlq_calls) = (CallCounter::default(), CallCounter::default());
-        let mut out = Vec::new();
-        for (q, dlq) in fleet.work_shard_names() {
-            let open = |name: String, calls: CallCounter| async move {
-                let q = SqsQueue::open(self.sqs(), &self.endpoint, &name, first).await?.with_policy(self.policy).counting_into(&calls);
-                Ok::<_, Error>(Arc::new(q.with_breaker(self.breakers.sqs.clone())))
-            };
-            out.push((open(q, work_calls.clone()).await?, open(dlq, dlq_calls.clone()).await?));
-        }
-        Ok(out)
+        let open = |name: String, calls: CallCounter| async move {
+            let q = SqsQueue::open(self.sqs(), &self.endpoint, &name, first).await?.with_policy(self.policy).counting_into(&calls);
+            Ok::<_, Error>(Arc::new(q.with_breaker(self.breakers.sqs.clone())))
+        };
+        // Looked up at once: a fleet of 64 shards starts as fast as one of one.
+        let pairs = fleet.work_shard_names().into_iter().map(|(q, dlq)| futures::future::try_join(open(q, work_calls.clone()), open(dlq, dlq_calls.clone())));
+        futures::future::try_join_all(pairs).await
     }
 
     /// The work queue and its dead-letter queue, each one queue to its users: the queue itself, or its
     /// shards as one [`Sharded`] queue when `--work-shards` is over 1.
     pub async fn work_queues(&self, fleet: &FleetArgs, first: CallPolicy) -> Result<(Arc<dyn Queue>, Arc<dyn Queue>)> {
-        let shards = self.work_shards(fleet, first).await?;
-        let work: Vec<Arc<dyn Queue>> = shards.iter().map(|(q, _)| q.clone() as Arc<dyn Queue>).collect();
-        let dlqs: Vec<Arc<dyn Queue>> = shards.iter().map(|(_, d)| d.clone() as Arc<dyn Queue>).collect();
-        Ok((Sharded::of(work, shards[0].0.calls().clone())?, Sharded::of(dlqs, shards[0].1.calls().clone())?))
+        Sharded::pairs(&self.work_shards(fleet, first).await?)
     }
 
     pub fn store(&self, bucket: &str) -> Arc<S3Store> {

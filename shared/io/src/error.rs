@@ -105,7 +105,7 @@ impl Error {
     }
 
     /// A local file operation that failed, naming the file.
-    pub fn local_file(path: &std::path::Path, e: std::io::Error) -> Error {
+    pub fn local_file(path: &std::path::Path, e: impl std::fmt::Display) -> Error {
         Error::LocalFile(format!("{}: {e}", path.display()))
     }
 

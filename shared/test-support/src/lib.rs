@@ -128,12 +128,7 @@ impl Stack {
     /// The work queue and its dead-letter queue as the fleet's binaries open them: one queue each, or
     /// its shards as one [`fleet_io::queue::Sharded`] queue.
     pub fn work_queues(&self) -> (Arc<dyn Queue>, Arc<dyn Queue>) {
-        let work = self.shards.iter().map(|(q, _)| q.clone() as Arc<dyn Queue>).collect();
-        let dlqs = self.shards.iter().map(|(_, d)| d.clone() as Arc<dyn Queue>).collect();
-        (
-            fleet_io::queue::Sharded::of(work, self.shards[0].0.calls().clone()).unwrap(),
-            fleet_io::queue::Sharded::of(dlqs, self.shards[0].1.calls().clone()).unwrap(),
-        )
+        fleet_io::queue::Sharded::pairs(&self.shards).expect("a stack has at least one shard")
     }
 
     /// Polls until the queue shows `visible` messages and nothing in flight.

@@ -172,17 +172,8 @@ async fn group_by_account_on_a_fifo_queue_keeps_order_and_bills_exactly() {
     assert_eq!(delivered.iter().map(|d| d.group.as_str()).collect::<std::collections::BTreeSet<_>>().len(), 3);
     assert_accounts_in_order(&delivered, std::slice::from_ref(&f));
 
-    let p = st.start_processor(fast_processor());
-    let c = st.start_controller();
-    let s = st.submit_with(opts(500)).await;
-    let r = st.wait_report(&s, T).await;
-    assert_eq!(r.status, JobStatus::Complete);
-    assert_consistent(&r);
-    assert_eq!(r.transactions.processed, 8_000);
-    assert_eq!(report_accounts(&r), expected_accounts(&[f]));
+    bills_exactly(&st, opts(500), 8_000).await;
     st.wait_depth(st.work.as_ref(), 0, T).await;
-    p.stop().await;
-    c.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

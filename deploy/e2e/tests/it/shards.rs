@@ -84,14 +84,5 @@ async fn fifo_shards_keep_each_group_on_one_shard_in_order_and_bill_exactly() {
     assert!(groups_of_shard.iter().filter(|g| !g.is_empty()).count() >= 2, "groups spread over shards: {groups_of_shard:?}");
     assert_accounts_in_order(&delivered, std::slice::from_ref(&f));
 
-    let p = st.start_processor(fast_processor());
-    let c = st.start_controller();
-    let s = st.submit_with(opts(500)).await;
-    let r = st.wait_report(&s, T).await;
-    assert_eq!(r.status, JobStatus::Complete);
-    assert_consistent(&r);
-    assert_eq!(r.transactions.processed, 8_000);
-    assert_eq!(report_accounts(&r), expected_accounts(&[f]));
-    p.stop().await;
-    c.stop().await;
+    bills_exactly(&st, opts(500), 8_000).await;
 }

@@ -28,6 +28,24 @@ impl Running {
     }
 }
 
+/// Runs one job (`opts`) on a processor and a controller started for it and checks that it billed
+/// exactly: complete, consistent, `processed` transactions, every account as one process bills the
+/// files. Both services are stopped after.
+pub async fn bills_exactly(fleet: &impl Fleet, opts: SubmitOptions, processed: u64) -> Report {
+    let files = opts.files.clone();
+    let p = fleet.start_processor(fast_processor());
+    let c = fleet.start_controller();
+    let s = fleet.submit_with(opts).await;
+    let r = fleet.wait_report(&s, Duration::from_secs(90)).await;
+    assert_eq!(r.status, fleet_domain::model::JobStatus::Complete);
+    assert_consistent(&r);
+    assert_eq!(r.transactions.processed, processed);
+    assert_eq!(report_accounts(&r), expected_accounts(&files));
+    p.stop().await;
+    c.stop().await;
+    r
+}
+
 /// The services on a test stack.
 pub trait Fleet {
     fn clients(&self) -> Clients;
@@ -47,7 +65,7 @@ impl Fleet for Stack {
     fn start_processor(&self, settings: processor::Settings) -> Running {
         let stop = CancellationToken::new();
         let (work, work_dlq) = self.work_queues();
-        let keys = work.shard_names().iter().map(|q| fleet_io::trigger::work_key(q)).collect();
+        let keys = fleet_io::trigger::work_keys(&[work.as_ref()]);
         let deps = processor::Deps {
             work,
             work_dlq: Some(work_dlq),
@@ -81,15 +99,14 @@ impl Fleet for Stack {
     fn start_controller(&self) -> Running {
         let stop = CancellationToken::new();
         let (work, work_dlq) = self.work_queues();
-        let mut names = vec![self.results.name().to_string(), self.results_dlq.name().to_string()];
-        names.extend(work_dlq.shard_names());
+        let keys = fleet_io::trigger::work_keys(&[self.results.as_ref(), work_dlq.as_ref(), self.results_dlq.as_ref()]);
         let deps = controller::Deps {
             results: self.results.clone(),
             work_dlq,
             results_dlq: self.results_dlq.clone(),
             store: self.store.clone(),
             work: Some(work),
-            triggers: self.names.subscribe(names.iter().map(|q| fleet_io::trigger::work_key(q)).collect(), &stop),
+            triggers: self.names.subscribe(keys, &stop),
             publish: self.names.trigger_bus(),
         };
         let settings = controller::Settings {

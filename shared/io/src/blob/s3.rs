@@ -142,7 +142,7 @@ impl BlobStore for S3Store {
             .run(Service::S3, "PutObject", Duration::ZERO, || async {
                 self.calls.bump("s3.PutObject");
                 // Read as it is sent, a piece at a time (opened again by each attempt).
-                let body = ByteStream::from_path(path).await.map_err(|e| crate::Error::LocalFile(format!("{}: {e}", path.display())))?;
+                let body = ByteStream::from_path(path).await.map_err(|e| crate::Error::local_file(path, e))?;
                 match self.client.put_object().bucket(&self.bucket).key(key).content_type(content_type).body(body).send().await {
                     Ok(_) => Ok(()),
                     Err(e) => Err(sdk_error(Service::S3, "PutObject", &self.endpoint, e)),

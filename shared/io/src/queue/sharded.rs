@@ -31,19 +31,29 @@ pub struct Sharded {
 }
 
 impl Sharded {
-    /// The shards, in order (shard 0 first; its name is the sharded queue's). `calls` is the counter
-    /// they count into (see `SqsQueue::counting_into`).
-    pub fn new(shards: Vec<Arc<dyn Queue>>, calls: CallCounter) -> Result<Sharded> {
-        let name = shards.first().ok_or_else(|| Error::Config("a sharded queue needs at least one shard".into()))?.name().to_string();
+    /// The shards, in order (shard 0 first; its name is the sharded queue's). They are meant to count
+    /// their calls into one counter (`SqsQueue::counting_into`, as `Aws::work_shards` opens them):
+    /// shard 0's is this queue's.
+    pub fn new(shards: Vec<Arc<dyn Queue>>) -> Result<Sharded> {
+        let first = shards.first().ok_or_else(|| Error::Config("a sharded queue needs at least one shard".into()))?;
+        let (name, calls) = (first.name().to_string(), first.calls().clone());
         Ok(Sharded { name, shards, calls, next_send: AtomicUsize::new(0), next_receive: AtomicUsize::new(0) })
     }
 
     /// One queue as it is, several as one [`Sharded`].
-    pub fn of(mut shards: Vec<Arc<dyn Queue>>, calls: CallCounter) -> Result<Arc<dyn Queue>> {
+    pub fn of(mut shards: Vec<Arc<dyn Queue>>) -> Result<Arc<dyn Queue>> {
         if shards.len() == 1 {
             return Ok(shards.remove(0));
         }
-        Ok(Arc::new(Sharded::new(shards, calls)?))
+        Ok(Arc::new(Sharded::new(shards)?))
+    }
+
+    /// Shards paired with their dead-letter queues as two queues: the work queue and its dead-letter
+    /// queue (see [`Sharded::of`]).
+    pub fn pairs<Q: Queue>(shards: &[(Arc<Q>, Arc<Q>)]) -> Result<(Arc<dyn Queue>, Arc<dyn Queue>)> {
+        let work = shards.iter().map(|(q, _)| q.clone() as Arc<dyn Queue>).collect();
+        let dlqs = shards.iter().map(|(_, d)| d.clone() as Arc<dyn Queue>).collect();
+        Ok((Sharded::of(work)?, Sharded::of(dlqs)?))
     }
 
     /// The shards, for a listener each.
@@ -179,7 +189,7 @@ mod tests {
 
     fn sharded(n: usize) -> (Vec<Arc<MemoryQueue>>, Sharded) {
         let shards: Vec<Arc<MemoryQueue>> = (0..n).map(|i| MemoryQueue::new(&format!("work-{i}"), Duration::from_secs(30))).collect();
-        let q = Sharded::new(shards.iter().map(|s| s.clone() as Arc<dyn Queue>).collect(), CallCounter::default()).unwrap();
+        let q = Sharded::new(shards.iter().map(|s| s.clone() as Arc<dyn Queue>).collect()).unwrap();
         (shards, q)
     }
 

@@ -244,12 +244,12 @@ impl SqsQueue {
     }
 }
 
-/// The message attributes that carry `attrs` (none for defaults, to keep messages small).
 /// The bytes `attrs` add to a message's payload, as SQS counts them (names, types and values).
 fn attrs_len(attrs: &Attrs) -> usize {
     attribute_values(attrs).iter().map(|(name, v)| name.len() + v.data_type().len() + v.string_value().map_or(0, str::len)).sum()
 }
 
+/// The message attributes that carry `attrs` (none for defaults, to keep messages small).
 fn attribute_values(attrs: &Attrs) -> Vec<(&'static str, MessageAttributeValue)> {
     let num = |v: String| MessageAttributeValue::builder().data_type("Number").string_value(v).build().ok();
     let text = |v: &str| MessageAttributeValue::builder().data_type("String").string_value(v).build().ok();

@@ -57,6 +57,11 @@ pub fn work_key(queue: &str) -> String {
     format!("work.{queue}")
 }
 
+/// Routing keys of the work-detected triggers of these queues: each shard's, for a sharded one.
+pub fn work_keys(queues: &[&dyn crate::queue::Queue]) -> Vec<String> {
+    queues.iter().flat_map(|q| q.shard_names()).map(|q| work_key(&q)).collect()
+}
+
 /// Routing key of the instance reports of listeners on `queue`.
 pub fn instance_report_key(queue: &str) -> String {
     format!("report.{queue}")
@@ -81,6 +86,14 @@ pub async fn announce(bus: &dyn TriggerBus, ev: &WorkDetected) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(queue = %ev.queue, error = %e, "could not publish a work-detected trigger; listeners find the work by polling"),
         Err(_) => tracing::warn!(queue = %ev.queue, "publishing a work-detected trigger timed out; listeners find the work by polling"),
+    }
+}
+
+/// Announces `messages` on `queue`: one trigger per shard of a sharded queue (its listeners are per
+/// shard), one for any other.
+pub async fn announce_on(bus: &dyn TriggerBus, queue: &dyn crate::queue::Queue, messages: u64, source: &str) {
+    for name in queue.shard_names() {
+        announce(bus, &WorkDetected { queue: name, messages, source: source.to_string() }).await;
     }
 }
 
