@@ -290,7 +290,17 @@ impl Aws {
         };
         // Looked up at once: a fleet of 64 shards starts as fast as one of one.
         let pairs = fleet.work_shard_names().into_iter().map(|(q, dlq)| futures::future::try_join(open(q, work_calls.clone()), open(dlq, dlq_calls.clone())));
-        futures::future::try_join_all(pairs).await
+        futures::future::try_join_all(pairs).await.map_err(|e| match e {
+            // A shard that is missing: say where the count came from and what creates them.
+            Error::NotFound { service, what } if fleet.work_shards > 1 => Error::NotFound {
+                service,
+                what: format!(
+                    "{what} (the work queue is in {} shards: --work-shards / FLEET_WORK_SHARDS; `initiator provision` creates them)",
+                    fleet.work_shards
+                ),
+            },
+            e => e,
+        })
     }
 
     /// The work queue and its dead-letter queue, each one queue to its users: the queue itself, or its
