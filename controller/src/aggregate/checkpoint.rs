@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use fleet_domain::billing::CheckedTotals;
+use fleet_domain::billing::{AccountTotals, CheckedTotals, RowBatch};
 use fleet_domain::codec::{accounts_from_zstd_csv, accounts_to_zstd_csv, sha256_hex, to_zstd_json};
 use fleet_domain::layout::{checkpoint_key, checkpoint_parts_prefix, open_key};
 use fleet_domain::model::{Checkpoint, CheckpointPart, Progress};
@@ -123,8 +123,9 @@ pub(super) async fn restore_totals(cp: &mut Checkpoint, store: &dyn BlobStore, c
         accounts_from_zstd_csv(&data, MAX_DOC_BYTES).map_err(Error::corrupt)
     }))
     .await?;
-    let inline = std::mem::take(&mut cp.accounts);
-    CheckedTotals::restore(std::iter::once(&inline).chain(parts.iter())).map_err(|e| Error::Corrupt(format!("checkpoint of job {}: {e}", cp.job_id)))
+    // Inline rows are few (a job with more has parts).
+    let inline: RowBatch = std::mem::take(&mut cp.accounts).iter().map(AccountTotals::borrowed).collect();
+    CheckedTotals::restore(std::iter::once(&inline).chain(parts.iter()).map(RowBatch::iter)).map_err(|e| Error::Corrupt(format!("checkpoint of job {}: {e}", cp.job_id)))
 }
 
 /// What a checkpoint keeps of a job's totals.
@@ -153,7 +154,7 @@ pub(super) async fn save_checkpoint(job: &mut Job, store: &dyn BlobStore, stats:
     match result {
         Ok(()) if rows == Rows::Drop => Ok(()),
         Ok(()) => {
-            job.changed.clear();
+            job.totals.clear_changed();
             let kept: HashSet<&str> = job.cp.parts.iter().map(|p| p.key.as_str()).collect();
             let stale: Vec<String> = before.iter().filter(|p| !kept.contains(p.key.as_str())).map(|p| p.key.clone()).collect();
             for key in stale {
@@ -179,16 +180,14 @@ pub(super) async fn write_checkpoint(job: &mut Job, store: &dyn BlobStore, stats
         Rows::Keep if job.cp.parts.is_empty() && n <= INLINE_ROWS => job.cp.accounts = job.totals.rows(),
         Rows::Keep => {
             let since_base: usize = job.cp.parts.iter().skip(1).map(|p| p.rows as usize).sum();
-            let full = job.cp.parts.is_empty() || job.cp.parts.len() >= MAX_PARTS || since_base + job.changed.len() > n;
+            let full = job.cp.parts.is_empty() || job.cp.parts.len() >= MAX_PARTS || since_base + job.totals.changed_accounts() > n;
             // Borrowed from the totals: a base of a million rows is not copied before it is encoded.
             let (rows, data) = if full {
                 let sorted = job.totals.sorted_rows();
                 (sorted.len() as u64, accounts_to_zstd_csv(sorted.iter()))
             } else {
-                let mut changed: Vec<&String> = job.changed.iter().collect();
-                changed.sort_unstable();
-                let part_rows: Vec<_> = changed.into_iter().flat_map(|a| job.totals.account_rows(a)).collect();
-                (part_rows.len() as u64, accounts_to_zstd_csv(part_rows.into_iter()))
+                let rows = job.totals.changed_rows().count();
+                (rows as u64, accounts_to_zstd_csv(job.totals.changed_rows()))
             };
             let part = CheckpointPart {
                 key: format!("{}{}.csv.zst", checkpoint_parts_prefix(&job.cp.job_id), uuid::Uuid::now_v7().simple()),

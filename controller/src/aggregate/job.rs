@@ -7,13 +7,12 @@
 //! duplicate however often it arrives). `Pending` holds the deliveries applied but not yet covered by a
 //! checkpoint.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use fleet_domain::billing::{AccountTotals, CheckedTotals};
+use fleet_domain::billing::{AccountTotals, CheckedTotals, RowBatch};
 use fleet_domain::codec::{accounts_cap, accounts_from_zstd_csv, base64_decode, sha256_hex};
 use fleet_domain::layout::{check_job_id, result_key};
 use fleet_domain::model::{AccountsPayload, Checkpoint, ChunkOutcome, ChunkResult, FailedChunk, JobStatus, Manifest, ResultMessage, WorkItem};
@@ -130,8 +129,6 @@ impl Item {
 pub(super) struct Job {
     pub(super) cp: Checkpoint,
     pub(super) totals: CheckedTotals,
-    /// Accounts whose rows changed since the last checkpoint (large jobs write only these).
-    pub(super) changed: HashSet<String>,
     /// Applied in memory, not yet covered by a checkpoint: deleted after the next one.
     pub(super) pending: Pending,
     /// When it was last checkpointed (or loaded).
@@ -211,7 +208,7 @@ pub(super) fn parse(source: Source, m: &Message) -> Result<Item> {
 /// no payload).
 pub(super) struct Ready {
     pub(super) item: Item,
-    pub(super) accounts: Option<Result<Vec<AccountTotals>>>,
+    pub(super) accounts: Option<Result<RowBatch>>,
     /// GetObject calls made for it.
     pub(super) gets: u64,
 }
@@ -311,15 +308,9 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
         Item::Result(ResultMessage::Chunk(c)) => {
             match c.outcome {
                 ChunkOutcome::Processed { .. } => match accounts.expect("prepared with its payload") {
-                    Ok(accounts) => match checked_count(&accounts) {
+                    Ok(accounts) => match accounts.transactions() {
                         Some(counted) if counted == c.transactions => match job.totals.try_add_all(accounts.iter()) {
-                            Ok(()) => {
-                                cp.processed_transactions = cp.processed_transactions.saturating_add(counted);
-                                // Until a job has parts its next part is a base with every row: nothing to track.
-                                if !cp.parts.is_empty() {
-                                    job.changed.extend(accounts.into_iter().map(|a| a.account_id));
-                                }
-                            }
+                            Ok(()) => cp.processed_transactions = cp.processed_transactions.saturating_add(counted),
                             Err(e) => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result not added: {e}") }),
                         },
                         counted => cp.failed_chunks.push(FailedChunk {
@@ -357,9 +348,9 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
 /// the blocking pool (`offload`; the simulation decodes in place, on its one thread), at most
 /// [`DECODES`] at once: a batch of large results neither stalls the async workers nor holds more
 /// than that many inflated payloads.
-pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, cap: u64, offload: bool) -> Result<Vec<AccountTotals>> {
+pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, cap: u64, offload: bool) -> Result<RowBatch> {
     let (data, cap) = match payload {
-        AccountsPayload::Inline { accounts } => return Ok(accounts),
+        AccountsPayload::Inline { accounts } => return Ok(accounts.iter().map(AccountTotals::borrowed).collect()),
         AccountsPayload::ZstdCsv { data } => (Bytes::from(base64_decode(&data).map_err(Error::corrupt)?), cap),
         AccountsPayload::Blob { blob } => {
             // Compressed, a payload is never larger than it may inflate to (plus zstd's framing).
@@ -384,11 +375,6 @@ pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobSto
     }
 }
 
-/// The sum of the rows' counts, unless it does not fit.
-pub(super) fn checked_count(accounts: &[AccountTotals]) -> Option<u64> {
-    accounts.iter().try_fold(0u64, |n, a| n.checked_add(a.count))
-}
-
 /// Lists every chunk the manifest names that the checkpoint has not accounted for as failed with
 /// `reason`; returns those chunks.
 fn fail_missing(cp: &Checkpoint, m: &Manifest, failed: &mut Vec<FailedChunk>, reason: &str) -> Vec<u32> {
@@ -411,7 +397,6 @@ mod tests {
         Job {
             cp: super::super::take::fresh_checkpoint("j", &clock),
             totals: CheckedTotals::new(),
-            changed: HashSet::new(),
             pending: Pending::new(Arc::default()),
             saved: Instant::now(),
             last_activity: Instant::now(),
@@ -428,7 +413,7 @@ mod tests {
     fn ready(msg: ResultMessage) -> Ready {
         let accounts = match &msg {
             ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts } }, .. }) => {
-                Some(Ok(accounts.clone()))
+                Some(Ok(accounts.iter().map(AccountTotals::borrowed).collect()))
             }
             _ => None,
         };

@@ -1,7 +1,6 @@
 //! Taking a job (its lease, then its state from the checkpoint) and keeping it (renewing the lease;
 //! dropping the job when the lease is lost), and giving every lease back on shutdown (seed 003).
 
-use std::collections::HashSet;
 
 use fleet_domain::billing::CheckedTotals;
 use fleet_domain::codec::from_zstd_json;
@@ -166,7 +165,6 @@ impl Aggregator {
             marked_open: etag.is_some(),
             cp,
             totals,
-            changed: HashSet::new(),
             pending: Pending::new(self.pending.clone()),
             saved: Instant::now(),
             abandon: None,

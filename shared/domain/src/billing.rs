@@ -1,9 +1,10 @@
-//! Long because its unit tests sit below the code (the code is the first ~370 lines).
+//! Long because its unit tests sit below the code (the code is the first ~510 lines).
 //!
 //! Billing: the tariff, the per-transaction fee (exact decimals, rounded to cents half away from zero)
 //! and the per (account, currency) totals that chunks produce and the controller merges.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher as _;
 
 use std::path::Path;
 
@@ -148,30 +149,94 @@ impl<'a> RowRef<'a> {
     }
 }
 
-/// One account of a [`Totals`], borrowed: its id and its rows (one per currency).
-#[allow(clippy::borrowed_box)] // the map's own keys, borrowed (no copy of a million ids)
-type AccountRef<'a> = (&'a Box<str>, &'a Vec<(String, Sums)>);
+/// Rows decoded from a result's payload or a checkpoint part, packed: their ids and currencies end to
+/// end in one string and a fixed 56-byte entry per row, not two owned strings each (a batch of ten
+/// 50,000-row results held at once is 30 MB, not 75 MB in a million small allocations).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RowBatch {
+    text: String,
+    rows: Vec<Packed>,
+}
 
-/// The rows of a [`Totals`] in order (account_id, then currency, byte order), borrowed from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Packed {
+    start: usize,
+    id_len: u32,
+    currency_len: u32,
+    sums: Sums,
+}
+
+impl RowBatch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn push(&mut self, account_id: &str, currency: &str, count: u64, gross: Decimal, fees: Decimal) {
+        let len32 = |s: &str| u32::try_from(s.len()).expect("an id under 4 GB");
+        self.rows.push(Packed { start: self.text.len(), id_len: len32(account_id), currency_len: len32(currency), sums: Sums { count, gross, fees } });
+        self.text.push_str(account_id);
+        self.text.push_str(currency);
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The rows, borrowed, in the order they were pushed.
+    pub fn iter(&self) -> impl Iterator<Item = RowRef<'_>> + Clone + '_ {
+        self.rows.iter().map(|p| {
+            let (id_end, end) = (p.start + p.id_len as usize, p.start + p.id_len as usize + p.currency_len as usize);
+            RowRef::of(&self.text[p.start..id_end], &self.text[id_end..end], &p.sums)
+        })
+    }
+
+    /// The sum of the rows' counts, unless it does not fit.
+    pub fn transactions(&self) -> Option<u64> {
+        self.rows.iter().try_fold(0u64, |n, p| n.checked_add(p.sums.count))
+    }
+
+    /// Owned copies of the rows.
+    pub fn to_vec(&self) -> Vec<AccountTotals> {
+        self.iter().map(|r| r.to_totals()).collect()
+    }
+}
+
+impl<'a> FromIterator<RowRef<'a>> for RowBatch {
+    fn from_iter<I: IntoIterator<Item = RowRef<'a>>>(rows: I) -> Self {
+        let mut b = RowBatch::new();
+        for r in rows {
+            b.push(r.account_id, r.currency, r.count, r.gross, r.fees);
+        }
+        b
+    }
+}
+
+/// The rows of a [`Totals`] in order (account_id, then currency, byte order), borrowed from it:
+/// four bytes per account (a million accounts' order is 4 MB, not a copy of their rows).
 #[derive(Debug)]
 pub struct SortedRows<'a> {
-    accounts: Vec<AccountRef<'a>>,
-    rows: usize,
+    totals: &'a Totals,
+    accounts: Vec<u32>,
 }
 
 impl<'a> SortedRows<'a> {
     /// Number of (account, currency) rows.
     pub fn len(&self) -> usize {
-        self.rows
+        self.totals.rows.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows == 0
+        self.totals.rows.is_empty()
     }
 
     /// The rows, in order (an account's currencies are kept sorted by [`Totals`]).
     pub fn iter(&self) -> impl Iterator<Item = RowRef<'a>> + '_ {
-        self.accounts.iter().flat_map(|&(a, v)| v.iter().map(move |(c, s)| RowRef::of(a, c, s)))
+        let t = self.totals;
+        self.accounts.iter().flat_map(move |&a| t.chain(a))
     }
 }
 
@@ -202,11 +267,55 @@ pub struct Overflow {
 }
 
 /// Running per (account, currency) totals; merging is commutative and associative, so chunks may be
-/// added in any order. Looked up by `&str` (accounts first, then their few currencies), so adding a
-/// transaction allocates only when a new (account, currency) appears.
-#[derive(Debug, Clone, Default)]
+/// added in any order. Looked up by `&str`, so adding a transaction allocates only when a new
+/// (account, currency) appears.
+///
+/// Kept dense, because a job may have a million accounts and the controller holds every open job's:
+/// the account ids end to end in one string, a 16-byte entry per account, a table of `u32` indexes to
+/// find them, and a 48-byte row per (account, currency), chained per account in currency order, with
+/// the currency interned. About 80 bytes per account plus its id, against about 200 for a hash map of
+/// boxed ids to vectors of owned rows.
+#[derive(Clone, Default)]
 pub struct Totals {
-    by_account: foldhash::HashMap<Box<str>, Vec<(String, Sums)>>,
+    /// Every account id, end to end.
+    ids: String,
+    accounts: Vec<Account>,
+    /// Indexes into `accounts`, hashed by the account's id.
+    index: hashbrown::HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
+    rows: Vec<Row>,
+    /// Interned currencies, by index; `currency_ids` finds one by name.
+    currencies: Vec<Box<str>>,
+    currency_ids: foldhash::HashMap<Box<str>, u32>,
+}
+
+/// Where an account's id is in [`Totals::ids`], and its first row.
+#[derive(Debug, Clone, Copy)]
+struct Account {
+    id_start: u64,
+    id_len: u32,
+    first: u32,
+}
+
+/// One (account, currency)'s sums, and the account's next row ([`NO_ROW`] for none).
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    sums: Sums,
+    currency: u32,
+    next: u32,
+}
+
+const NO_ROW: u32 = u32::MAX;
+
+impl std::fmt::Debug for Totals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Totals").field("accounts", &self.accounts.len()).field("rows", &self.rows.len()).finish()
+    }
+}
+
+/// Counts that index a `u32` (rows, accounts, currencies): four billion would need hundreds of GB.
+fn index32(n: usize) -> u32 {
+    u32::try_from(n).ok().filter(|&i| i != NO_ROW).expect("fewer than 2^32 - 1 accounts, rows and currencies")
 }
 
 impl Totals {
@@ -214,20 +323,68 @@ impl Totals {
         Self::default()
     }
 
-    fn slot(&mut self, account: &str, currency: &str) -> &mut Sums {
-        if !self.by_account.contains_key(account) {
-            self.by_account.insert(account.into(), Vec::with_capacity(1));
-        }
-        let v = self.by_account.get_mut(account).expect("inserted above");
-        // An account's currencies are kept in byte order, so rows read out sorted as they are.
-        let i = match v.binary_search_by(|(c, _)| c.as_bytes().cmp(currency.as_bytes())) {
-            Ok(i) => i,
-            Err(i) => {
-                v.insert(i, (currency.to_string(), Sums::default()));
-                i
+    fn id(&self, a: u32) -> &str {
+        id_in(&self.ids, &self.accounts, a)
+    }
+
+    fn find(&self, account: &str) -> Option<u32> {
+        let h = self.hasher.hash_one(account);
+        self.index.find(h, |&a| self.id(a) == account).copied()
+    }
+
+    /// The account's index, added when it is new.
+    fn account(&mut self, account: &str) -> u32 {
+        let Totals { ids, accounts, index, hasher, .. } = self;
+        let h = hasher.hash_one(account);
+        match index.entry(h, |&a| id_in(ids, accounts, a) == account, |&a| hasher.hash_one(id_in(ids, accounts, a))) {
+            hashbrown::hash_table::Entry::Occupied(e) => *e.get(),
+            hashbrown::hash_table::Entry::Vacant(e) => {
+                let a = index32(accounts.len());
+                let id_len = u32::try_from(account.len()).expect("an account id under 4 GB");
+                accounts.push(Account { id_start: ids.len() as u64, id_len, first: NO_ROW });
+                ids.push_str(account);
+                e.insert(a);
+                a
             }
-        };
-        &mut v[i].1
+        }
+    }
+
+    fn intern(&mut self, currency: &str) -> u32 {
+        if let Some(&c) = self.currency_ids.get(currency) {
+            return c;
+        }
+        let c = index32(self.currencies.len());
+        self.currencies.push(currency.into());
+        self.currency_ids.insert(currency.into(), c);
+        c
+    }
+
+    fn slot(&mut self, account: &str, currency: &str) -> &mut Sums {
+        self.slot_of(account, currency).1
+    }
+
+    /// The account's index and the sums of its row in `currency`, both added when new.
+    fn slot_of(&mut self, account: &str, currency: &str) -> (u32, &mut Sums) {
+        let a = self.account(account);
+        // An account's rows are chained in currency byte order, so rows read out sorted as they are.
+        let (mut prev, mut cur) = (NO_ROW, self.accounts[a as usize].first);
+        while cur != NO_ROW {
+            let r = &self.rows[cur as usize];
+            match self.currencies[r.currency as usize].as_bytes().cmp(currency.as_bytes()) {
+                std::cmp::Ordering::Equal => return (a, &mut self.rows[cur as usize].sums),
+                std::cmp::Ordering::Greater => break,
+                std::cmp::Ordering::Less => (prev, cur) = (cur, r.next),
+            }
+        }
+        let c = self.intern(currency);
+        let new = index32(self.rows.len());
+        self.rows.push(Row { sums: Sums::default(), currency: c, next: cur });
+        if prev == NO_ROW {
+            self.accounts[a as usize].first = new;
+        } else {
+            self.rows[prev as usize].next = new;
+        }
+        (a, &mut self.rows[new as usize].sums)
     }
 
     /// Bills one transaction (validated amounts: at most 10 integer digits, so sums cannot overflow
@@ -254,39 +411,60 @@ impl Totals {
         }
     }
 
+    /// Adds a borrowed row; returns its account's index.
+    fn add_row(&mut self, r: RowRef<'_>) -> u32 {
+        let (a, s) = self.slot_of(r.account_id, r.currency);
+        s.count += r.count;
+        s.gross += r.gross;
+        s.fees += r.fees;
+        a
+    }
+
     /// Replaces the sums of the row's (account, currency) with the row's.
-    fn set(&mut self, a: &AccountTotals) {
-        *self.slot(&a.account_id, &a.currency) = Sums { count: a.count, gross: a.gross, fees: a.fees };
+    fn set(&mut self, r: RowRef<'_>) {
+        *self.slot(r.account_id, r.currency) = Sums { count: r.count, gross: r.gross, fees: r.fees };
+    }
+
+    /// The rows of account `a` (by index), in currency order.
+    fn chain(&self, a: u32) -> impl Iterator<Item = RowRef<'_>> + '_ {
+        let id = self.id(a);
+        let mut next = self.accounts[a as usize].first;
+        std::iter::from_fn(move || {
+            let r = self.rows.get(next as usize)?;
+            next = r.next;
+            Some(RowRef::of(id, &self.currencies[r.currency as usize], &r.sums))
+        })
     }
 
     /// The rows of one account (one per currency), empty when it has none.
-    pub fn account_rows<'a>(&'a self, account: &'a str) -> impl Iterator<Item = RowRef<'a>> + 'a {
-        self.by_account.get(account).into_iter().flatten().map(move |(c, s)| RowRef::of(account, c, s))
+    pub fn account_rows<'a>(&'a self, account: &str) -> impl Iterator<Item = RowRef<'a>> + 'a {
+        self.find(account).into_iter().flat_map(move |a| self.chain(a))
     }
 
     fn peek(&self, account: &str, currency: &str) -> Sums {
-        self.by_account.get(account).and_then(|v| v.iter().find(|(c, _)| c == currency)).map(|(_, s)| *s).unwrap_or_default()
+        let row = self.account_rows(account).find(|r| r.currency == currency);
+        row.map(|r| Sums { count: r.count, gross: r.gross, fees: r.fees }).unwrap_or_default()
     }
 
     /// Number of (account, currency) rows.
     pub fn len(&self) -> usize {
-        self.by_account.values().map(Vec::len).sum()
+        self.rows.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_account.is_empty()
+        self.rows.is_empty()
     }
 
-    fn iter(&self) -> impl Iterator<Item = (&str, &str, &Sums)> {
-        self.by_account.iter().flat_map(|(a, v)| v.iter().map(move |(c, s)| (a.as_ref(), c.as_str(), s)))
+    /// Every row, accounts in the order they came.
+    fn iter(&self) -> impl Iterator<Item = RowRef<'_>> {
+        (0..index32(self.accounts.len())).flat_map(move |a| self.chain(a))
     }
 
-    /// Rows sorted by account_id then currency (byte order), borrowed: two references per account
-    /// (16 bytes; a million accounts' order is 16 MB, not a copy of their rows).
+    /// Rows sorted by account_id then currency (byte order), borrowed.
     pub fn sorted_rows(&self) -> SortedRows<'_> {
-        let mut accounts: Vec<AccountRef<'_>> = self.by_account.iter().collect();
-        accounts.sort_unstable_by(|x, y| x.0.as_bytes().cmp(y.0.as_bytes()));
-        SortedRows { rows: accounts.iter().map(|(_, v)| v.len()).sum(), accounts }
+        let mut accounts: Vec<u32> = (0..index32(self.accounts.len())).collect();
+        accounts.sort_unstable_by(|&x, &y| self.id(x).as_bytes().cmp(self.id(y).as_bytes()));
+        SortedRows { totals: self, accounts }
     }
 
     /// Rows sorted by account_id then currency (byte order).
@@ -297,11 +475,11 @@ impl Totals {
     /// Per-currency sums, sorted by currency.
     pub fn by_currency(&self) -> Vec<AccountTotals> {
         let mut cur: BTreeMap<&str, Sums> = BTreeMap::new();
-        for (_, c, s) in self.iter() {
-            let t = cur.entry(c).or_default();
-            t.count += s.count;
-            t.gross += s.gross;
-            t.fees += s.fees;
+        for r in &self.rows {
+            let t = cur.entry(&self.currencies[r.currency as usize]).or_default();
+            t.count += r.sums.count;
+            t.gross += r.sums.gross;
+            t.fees += r.sums.fees;
         }
         cur.into_iter()
             .map(|(c, s)| AccountTotals { account_id: String::new(), currency: c.to_string(), count: s.count, gross: s.gross, fees: s.fees })
@@ -310,18 +488,28 @@ impl Totals {
 
     /// Transactions counted (saturating: each currency's count fits, their sum need not).
     pub fn transactions(&self) -> u64 {
-        self.iter().fold(0u64, |n, (_, _, s)| n.saturating_add(s.count))
+        self.rows.iter().fold(0u64, |n, r| n.saturating_add(r.sums.count))
     }
+}
+
+fn id_in<'a>(ids: &'a str, accounts: &[Account], a: u32) -> &'a str {
+    let acc = &accounts[a as usize];
+    let start = acc.id_start as usize;
+    &ids[start..start + acc.id_len as usize]
 }
 
 /// Totals fed with rows from queues (the controller's): every addition is checked, all or nothing,
 /// against the account's and the currency's running sums, so that no sum a report shows (an account,
 /// a currency over its accounts, their net) can overflow. The per-currency sums are kept here, off
-/// the per-transaction path of [`Totals::add_txn`].
+/// the per-transaction path of [`Totals::add_txn`]. It also marks the accounts that additions change
+/// (one bit each), for a checkpoint that writes only those.
 #[derive(Debug, Clone, Default)]
 pub struct CheckedTotals {
     totals: Totals,
     by_currency: Vec<(String, Sums)>,
+    /// One bit per account (by index): changed since [`CheckedTotals::clear_changed`].
+    changed: Vec<u64>,
+    changed_accounts: usize,
 }
 
 impl CheckedTotals {
@@ -330,17 +518,27 @@ impl CheckedTotals {
     }
 
     /// Adds the rows, or nothing when a sum would overflow (the first such row is named).
-    pub fn try_add_all<'a>(&mut self, rows: impl IntoIterator<Item = &'a AccountTotals> + Clone) -> Result<(), Overflow> {
+    pub fn try_add_all<'a>(&mut self, rows: impl IntoIterator<Item = RowRef<'a>> + Clone) -> Result<(), Overflow> {
         let mut accounts: HashMap<(&str, &str), Sums> = HashMap::new();
         let mut currencies: HashMap<&str, Sums> = HashMap::new();
         for a in rows.clone() {
-            let over = |what| Overflow { account: a.account_id.clone(), currency: a.currency.clone(), what };
-            let cur = accounts.get(&(a.account_id.as_str(), a.currency.as_str())).copied().unwrap_or_else(|| self.totals.peek(&a.account_id, &a.currency));
-            accounts.insert((&a.account_id, &a.currency), cur.checked_plus(a.count, a.gross, a.fees).ok_or_else(|| over("a sum"))?);
-            let cur = currencies.get(a.currency.as_str()).copied().unwrap_or_else(|| self.currency(&a.currency));
-            currencies.insert(&a.currency, cur.checked_plus(a.count, a.gross, a.fees).ok_or_else(|| over("the currency's sum"))?);
+            let over = |what| Overflow { account: a.account_id.to_string(), currency: a.currency.to_string(), what };
+            let cur = accounts.get(&(a.account_id, a.currency)).copied().unwrap_or_else(|| self.totals.peek(a.account_id, a.currency));
+            accounts.insert((a.account_id, a.currency), cur.checked_plus(a.count, a.gross, a.fees).ok_or_else(|| over("a sum"))?);
+            let cur = currencies.get(a.currency).copied().unwrap_or_else(|| self.currency(a.currency));
+            currencies.insert(a.currency, cur.checked_plus(a.count, a.gross, a.fees).ok_or_else(|| over("the currency's sum"))?);
         }
-        self.totals.add_all(rows);
+        for r in rows {
+            let a = self.totals.add_row(r) as usize;
+            if self.changed.len() <= a / 64 {
+                self.changed.resize(a / 64 + 1, 0);
+            }
+            let bit = 1u64 << (a % 64);
+            if self.changed[a / 64] & bit == 0 {
+                self.changed[a / 64] |= bit;
+                self.changed_accounts += 1;
+            }
+        }
         for (c, s) in currencies {
             match self.by_currency.iter_mut().find(|(k, _)| k == c) {
                 Some((_, t)) => *t = s,
@@ -350,12 +548,30 @@ impl CheckedTotals {
         Ok(())
     }
 
+    /// Accounts changed since the last [`CheckedTotals::clear_changed`] (or since the totals were
+    /// restored).
+    pub fn changed_accounts(&self) -> usize {
+        self.changed_accounts
+    }
+
+    /// The rows of the changed accounts, accounts in the order they first came.
+    pub fn changed_rows(&self) -> impl Iterator<Item = RowRef<'_>> + '_ {
+        let words = self.changed.iter().enumerate().filter(|(_, w)| **w != 0);
+        let accounts = words.flat_map(|(i, &w)| (0..64u32).filter(move |b| w & (1 << b) != 0).map(move |b| i as u32 * 64 + b));
+        accounts.flat_map(|a| self.totals.chain(a))
+    }
+
+    pub fn clear_changed(&mut self) {
+        self.changed.clear();
+        self.changed_accounts = 0;
+    }
+
     /// Totals restored from snapshots of rows (a checkpoint and the parts written after it): each row
     /// replaces what an earlier batch held for its (account, currency). Fails when a per-currency sum
     /// (or a row's net) would overflow, which only a corrupt or hostile snapshot can cause.
     pub fn restore<'a, B>(batches: impl IntoIterator<Item = B>) -> Result<CheckedTotals, Overflow>
     where
-        B: IntoIterator<Item = &'a AccountTotals>,
+        B: IntoIterator<Item = RowRef<'a>>,
     {
         let mut totals = Totals::new();
         for batch in batches {
@@ -364,19 +580,19 @@ impl CheckedTotals {
             }
         }
         let mut by_currency: Vec<(String, Sums)> = Vec::new();
-        for (a, c, s) in totals.iter() {
-            let over = |what| Overflow { account: a.to_string(), currency: c.to_string(), what };
-            Sums::default().checked_plus(s.count, s.gross, s.fees).ok_or_else(|| over("a sum"))?;
-            let i = match by_currency.iter().position(|(k, _)| k == c) {
+        for r in totals.iter() {
+            let over = |what| Overflow { account: r.account_id.to_string(), currency: r.currency.to_string(), what };
+            Sums::default().checked_plus(r.count, r.gross, r.fees).ok_or_else(|| over("a sum"))?;
+            let i = match by_currency.iter().position(|(k, _)| k == r.currency) {
                 Some(i) => i,
                 None => {
-                    by_currency.push((c.to_string(), Sums::default()));
+                    by_currency.push((r.currency.to_string(), Sums::default()));
                     by_currency.len() - 1
                 }
             };
-            by_currency[i].1 = by_currency[i].1.checked_plus(s.count, s.gross, s.fees).ok_or_else(|| over("the currency's sum"))?;
+            by_currency[i].1 = by_currency[i].1.checked_plus(r.count, r.gross, r.fees).ok_or_else(|| over("the currency's sum"))?;
         }
-        Ok(CheckedTotals { totals, by_currency })
+        Ok(CheckedTotals { totals, by_currency, changed: Vec::new(), changed_accounts: 0 })
     }
 
     fn currency(&self, currency: &str) -> Sums {
@@ -467,20 +683,60 @@ mod tests {
         assert_eq!(fwd.transactions(), 7);
     }
 
+    /// The dense table against a plain ordered map, on seeded rows: many accounts (the index grows
+    /// past several rehashes), several currencies per account arriving in any order, ids of any length.
+    #[test]
+    fn dense_totals_agree_with_an_ordered_map() {
+        use rand::{Rng, SeedableRng};
+        for seed in 0..20u64 {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let currencies = ["USD", "EUR", "GBP", "JPY", "AUD", "ZZZ", "A"];
+            let mut model: BTreeMap<(String, String), (u64, i64, i64)> = BTreeMap::new();
+            let mut t = Totals::new();
+            for _ in 0..rng.random_range(0..5_000) {
+                let n = rng.random_range(0..2_000u32);
+                let account = format!("{}{n}", "x".repeat(n as usize % 13));
+                let currency = currencies[rng.random_range(0..currencies.len())];
+                let (count, g, f) = (rng.random_range(1..5u64), rng.random_range(-10_000..10_000i64), rng.random_range(0..100i64));
+                let row = AccountTotals { account_id: account.clone(), currency: currency.into(), count, gross: Decimal::new(g, 2), fees: Decimal::new(f, 2) };
+                t.add(&row);
+                let m = model.entry((account, currency.into())).or_default();
+                *m = (m.0 + count, m.1 + g, m.2 + f);
+            }
+            let want: Vec<AccountTotals> = model
+                .iter()
+                .map(|((a, c), &(n, g, f))| AccountTotals { account_id: a.clone(), currency: c.clone(), count: n, gross: Decimal::new(g, 2), fees: Decimal::new(f, 2) })
+                .collect();
+            assert_eq!(t.rows(), want, "seed {seed}");
+            assert_eq!(t.len(), want.len());
+            assert_eq!(t.transactions(), want.iter().map(|r| r.count).sum::<u64>());
+            for r in want.iter().step_by(7) {
+                let mine: Vec<AccountTotals> = t.account_rows(&r.account_id).map(|x| x.to_totals()).collect();
+                assert_eq!(mine, want.iter().filter(|w| w.account_id == r.account_id).cloned().collect::<Vec<_>>());
+                assert_eq!(t.peek(&r.account_id, &r.currency).count, r.count);
+            }
+            assert_eq!(t.account_rows("absent").count(), 0);
+            assert_eq!(t.clone().rows(), want, "a clone finds its accounts with the same hasher");
+        }
+    }
+
     #[test]
     fn restore_lets_later_rows_replace_earlier_ones_and_checks_currency_sums() {
         let row =
             |a: &str, c: &str, n, g: i64| AccountTotals { account_id: a.into(), currency: c.into(), count: n, gross: Decimal::new(g, 2), fees: Decimal::ZERO };
         let mut live = CheckedTotals::new();
         let first = [row("a", "EUR", 1, 100), row("b", "EUR", 2, 200)];
-        live.try_add_all(first.iter()).unwrap();
+        live.try_add_all(first.iter().map(AccountTotals::borrowed)).unwrap();
         let base = live.rows();
+        live.clear_changed();
         let second = [row("a", "EUR", 4, 400), row("c", "USD", 1, 5)];
-        live.try_add_all(second.iter()).unwrap();
+        live.try_add_all(second.iter().map(AccountTotals::borrowed)).unwrap();
         // What changed since the base: the rows of the accounts touched, as they now stand.
-        let changed: Vec<AccountTotals> = ["a", "c"].iter().flat_map(|a| live.account_rows(a)).map(|r| r.to_totals()).collect();
+        let changed: RowBatch = live.changed_rows().collect();
         assert_eq!(changed.len(), 2);
-        let restored = CheckedTotals::restore([base.iter(), changed.iter()]).unwrap();
+        assert_eq!(live.changed_accounts(), 2);
+        let restored = CheckedTotals::restore([base.iter().map(AccountTotals::borrowed).collect::<RowBatch>().iter(), changed.iter()]).unwrap();
+        assert_eq!(restored.changed_accounts(), 0, "restored totals have changed nothing yet");
         assert_eq!(restored.rows(), live.rows());
         assert_eq!(restored.by_currency(), live.by_currency());
         // The restored currency sums are the ones later additions are checked against.
@@ -488,12 +744,12 @@ mod tests {
         let huge = [row("z", "EUR", 1, 0)];
         let mut near = huge.clone();
         near[0].gross = Decimal::MAX - Decimal::new(100, 2);
-        assert!(restored.try_add_all(near.iter()).is_err(), "EUR already sums 7.00: MAX - 1.00 more would overflow");
+        assert!(restored.try_add_all(near.iter().map(AccountTotals::borrowed)).is_err(), "EUR already sums 7.00: MAX - 1.00 more would overflow");
         let bad = [row("x", "EUR", 1, 0), row("y", "EUR", 1, 0)].map(|mut r| {
             r.gross = Decimal::MAX;
             r
         });
-        let e = CheckedTotals::restore([bad.iter()]).unwrap_err();
+        let e = CheckedTotals::restore([bad.iter().map(AccountTotals::borrowed)]).unwrap_err();
         assert_eq!(e.what, "the currency's sum");
     }
 

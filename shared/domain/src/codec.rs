@@ -7,7 +7,7 @@ use std::io::Read;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 
-use crate::billing::{AccountTotals, RowRef};
+use crate::billing::{RowBatch, RowRef};
 use crate::error::{Error, Result};
 use crate::model::BlobRef;
 use crate::transaction::Transaction;
@@ -163,23 +163,20 @@ pub fn accounts_cap(transactions: u64, limit: u64) -> u64 {
 }
 
 /// Inverse of [`accounts_to_zstd_csv`], capped at `cap` decompressed bytes.
-pub fn accounts_from_zstd_csv(data: &[u8], cap: u64) -> Result<Vec<AccountTotals>> {
+/// The rows come packed ([`RowBatch`]): a million-row checkpoint part is not a million pairs of owned
+/// strings.
+pub fn accounts_from_zstd_csv(data: &[u8], cap: u64) -> Result<RowBatch> {
     let raw = decompress_capped(data, cap)?;
     let mut rdr = csv::ReaderBuilder::new().has_headers(false).from_reader(raw.as_slice());
     let mut rec = csv::StringRecord::new();
-    let mut out = Vec::new();
+    let mut out = RowBatch::new();
     let bad = |what: &str| Error::corrupt(format!("account totals: bad {what}"));
     while rdr.read_record(&mut rec).map_err(|e| Error::corrupt(format!("account totals CSV: {e}")))? {
         if rec.len() != 5 {
             return Err(bad("row"));
         }
-        out.push(AccountTotals {
-            account_id: rec[0].to_string(),
-            currency: rec[1].to_string(),
-            count: rec[2].parse().map_err(|_| bad("count"))?,
-            gross: rec[3].parse().map_err(|_| bad("gross"))?,
-            fees: rec[4].parse().map_err(|_| bad("fees"))?,
-        });
+        let count = rec[2].parse().map_err(|_| bad("count"))?;
+        out.push(&rec[0], &rec[1], count, rec[3].parse().map_err(|_| bad("gross"))?, rec[4].parse().map_err(|_| bad("fees"))?);
     }
     Ok(out)
 }
@@ -270,6 +267,7 @@ mod tests {
 
     #[test]
     fn account_totals_round_trip() {
+        use crate::billing::AccountTotals;
         let rows = vec![
             AccountTotals { account_id: "a,\"b\"".into(), currency: "EUR".into(), count: 3, gross: "-12.50".parse().unwrap(), fees: "0.00".parse().unwrap() },
             AccountTotals {
@@ -281,7 +279,7 @@ mod tests {
             },
         ];
         let z = accounts_to_zstd_csv(rows.iter().map(AccountTotals::borrowed));
-        assert_eq!(accounts_from_zstd_csv(&z, 1 << 20).unwrap(), rows);
+        assert_eq!(accounts_from_zstd_csv(&z, 1 << 20).unwrap().to_vec(), rows);
         assert!(accounts_from_zstd_csv(&zstd::bulk::compress(b"a,EUR,x,1,1\n", 1).unwrap(), 1 << 20).is_err());
     }
 
