@@ -48,11 +48,14 @@ pub struct WorkHandler {
     store: Arc<dyn BlobStore>,
     max_chunk_bytes: u64,
     announce: Announce,
+    /// The work queue is a FIFO queue: its receives and deletes are counted as FIFO calls (SQS bills
+    /// them at its FIFO price).
+    work_fifo: bool,
 }
 
 impl WorkHandler {
-    pub fn new(results: Arc<dyn Queue>, store: Arc<dyn BlobStore>, max_chunk_bytes: u64, announce: Announce) -> WorkHandler {
-        WorkHandler { results, store, max_chunk_bytes, announce }
+    pub fn new(results: Arc<dyn Queue>, store: Arc<dyn BlobStore>, max_chunk_bytes: u64, announce: Announce, work_fifo: bool) -> WorkHandler {
+        WorkHandler { results, store, max_chunk_bytes, announce, work_fifo }
     }
 
     /// The chunk's result, or why it should be tried again. A chunk that can never succeed (its blob
@@ -92,12 +95,13 @@ impl WorkHandler {
         let sizes: Vec<usize> = std::iter::once(first_size).chain(rest.iter().map(String::len)).collect();
         let n = sizes.len() as u64;
         let mut batch_calls = RequestCounts::default();
-        batch_calls.add("sqs.ReceiveMessage", 1);
+        let (receive, delete) = if self.work_fifo { ("sqs.fifo.ReceiveMessage", "sqs.fifo.DeleteMessageBatch") } else { ("sqs.ReceiveMessage", "sqs.DeleteMessageBatch") };
+        batch_calls.add(receive, 1);
         let batches = plan_batches(&sizes);
         batch_calls.add("sqs.SendMessageBatch", batches.len() as u64);
         // SQS bills each further 64 KiB of a batch's payload as one more request.
         batch_calls.add(SQS_EXTRA_64K, batches.iter().map(|b| sqs_extra_chunks(sizes[b.clone()].iter().sum())).sum());
-        batch_calls.add("sqs.DeleteMessageBatch", n.div_ceil(10));
+        batch_calls.add(delete, n.div_ceil(10));
         first.requests.merge(&batch_calls);
         let head = serde_json::to_string(&ResultMessage::Chunk(first))?;
         let bodies: Vec<Outgoing> = std::iter::once(head)

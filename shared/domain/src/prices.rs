@@ -4,7 +4,9 @@
 //! requests with the same table.
 //!
 //! SQS bills every 64 KiB of a call's payload as one request: the pipelines count the chunks beyond
-//! the first under [`SQS_EXTRA_64K`], so that a job's SQS figure is what SQS bills. S3 bills PUT, COPY,
+//! the first under [`SQS_EXTRA_64K`], so that a job's SQS figure is what SQS bills. A FIFO queue's
+//! calls are counted apart (`sqs.fifo.<Operation>`, [`SQS_FIFO_EXTRA_64K`]) and priced at SQS's FIFO
+//! price. S3 bills PUT, COPY,
 //! POST and LIST at one price, GET, HEAD and the rest at another; DELETE is free.
 
 use std::collections::BTreeMap;
@@ -18,6 +20,12 @@ use crate::requests::RequestCounts;
 
 /// The requests SQS bills beyond one per call: each further 64 KiB of a call's payload.
 pub const SQS_EXTRA_64K: &str = "sqs.Extra64KiBChunks";
+
+/// The same for calls to FIFO queues.
+pub const SQS_FIFO_EXTRA_64K: &str = "sqs.fifo.Extra64KiBChunks";
+
+/// How a FIFO queue's calls are named within the `sqs` service: `fifo.ReceiveMessage`.
+pub const FIFO_OP_PREFIX: &str = "fifo.";
 
 /// Bytes of payload SQS bills as one request.
 pub const SQS_BILLING_CHUNK: usize = 64 * 1024;
@@ -33,6 +41,9 @@ pub fn sqs_extra_chunks(bytes: usize) -> u64 {
 pub struct Prices {
     /// SQS standard queue, per million requests (`sqs`).
     pub sqs_per_million: Decimal,
+    /// SQS FIFO queue, per million requests (`sqs_fifo`; absent from tables written before it was).
+    #[serde(default = "fifo_list_price")]
+    pub sqs_fifo_per_million: Decimal,
     /// S3 Standard PUT, COPY, POST and LIST, per thousand requests (`s3_put`).
     pub s3_put_per_thousand: Decimal,
     /// S3 Standard GET, HEAD and every other request but DELETE, per thousand requests (`s3_get`).
@@ -40,15 +51,24 @@ pub struct Prices {
 }
 
 impl Default for Prices {
-    /// AWS's list prices, us-east-1: SQS standard $0.40 per million requests (after the free tier),
-    /// S3 Standard $0.005 per 1,000 PUT-class and $0.0004 per 1,000 GET-class requests.
+    /// AWS's list prices, us-east-1: SQS standard $0.40 and FIFO $0.50 per million requests (after
+    /// the free tier), S3 Standard $0.005 per 1,000 PUT-class and $0.0004 per 1,000 GET-class requests.
     fn default() -> Self {
-        Prices { sqs_per_million: Decimal::new(40, 2), s3_put_per_thousand: Decimal::new(5, 3), s3_get_per_thousand: Decimal::new(4, 4) }
+        Prices {
+            sqs_per_million: Decimal::new(40, 2),
+            sqs_fifo_per_million: fifo_list_price(),
+            s3_put_per_thousand: Decimal::new(5, 3),
+            s3_get_per_thousand: Decimal::new(4, 4),
+        }
     }
 }
 
+fn fifo_list_price() -> Decimal {
+    Decimal::new(50, 2)
+}
+
 /// The keys `Prices::from_str` takes.
-const KEYS: &str = "sqs (USD per million requests), s3_put and s3_get (USD per thousand requests)";
+const KEYS: &str = "sqs and sqs_fifo (USD per million requests), s3_put and s3_get (USD per thousand requests)";
 
 impl FromStr for Prices {
     type Err = String;
@@ -64,6 +84,7 @@ impl FromStr for Prices {
             }
             match key.trim() {
                 "sqs" => p.sqs_per_million = value,
+                "sqs_fifo" => p.sqs_fifo_per_million = value,
                 "s3_put" => p.s3_put_per_thousand = value,
                 "s3_get" => p.s3_get_per_thousand = value,
                 other => return Err(format!("'{other}' is not a price this table has (keys: {KEYS})")),
@@ -75,7 +96,7 @@ impl FromStr for Prices {
 
 impl fmt::Display for Prices {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sqs={},s3_put={},s3_get={}", self.sqs_per_million, self.s3_put_per_thousand, self.s3_get_per_thousand)
+        write!(f, "sqs={},sqs_fifo={},s3_put={},s3_get={}", self.sqs_per_million, self.sqs_fifo_per_million, self.s3_put_per_thousand, self.s3_get_per_thousand)
     }
 }
 
@@ -101,8 +122,10 @@ pub fn s3_class(op: &str) -> S3Class {
 /// Billed requests of a job, by price class.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Billed {
-    /// SQS requests as billed (calls plus their payloads' further 64 KiB chunks).
+    /// SQS requests to standard queues as billed (calls plus their payloads' further 64 KiB chunks).
     pub sqs: u64,
+    /// The same to FIFO queues.
+    pub sqs_fifo: u64,
     pub s3_put: u64,
     pub s3_get: u64,
 }
@@ -117,7 +140,8 @@ impl Billed {
     pub fn of_services(sqs: &BTreeMap<String, u64>, s3: &BTreeMap<String, u64>) -> Billed {
         let sum = |ops: &mut dyn Iterator<Item = u64>| ops.fold(0u64, u64::saturating_add);
         let class = |c: S3Class| sum(&mut s3.iter().filter(|(op, _)| s3_class(op) == c).map(|(_, n)| *n));
-        Billed { sqs: sum(&mut sqs.values().copied()), s3_put: class(S3Class::Put), s3_get: class(S3Class::Get) }
+        let fifo = |want: bool| sum(&mut sqs.iter().filter(move |(op, _)| op.starts_with(FIFO_OP_PREFIX) == want).map(|(_, n)| *n));
+        Billed { sqs: fifo(false), sqs_fifo: fifo(true), s3_put: class(S3Class::Put), s3_get: class(S3Class::Get) }
     }
 }
 
@@ -145,7 +169,7 @@ impl Prices {
         let million = Decimal::from(1_000_000u64);
         let thousand = Decimal::from(1_000u64);
         Cost {
-            sqs: Decimal::from(billed.sqs) * self.sqs_per_million / million,
+            sqs: (Decimal::from(billed.sqs) * self.sqs_per_million + Decimal::from(billed.sqs_fifo) * self.sqs_fifo_per_million) / million,
             s3: Decimal::from(billed.s3_put) * self.s3_put_per_thousand / thousand + Decimal::from(billed.s3_get) * self.s3_get_per_thousand / thousand,
         }
     }
@@ -166,7 +190,7 @@ mod tests {
     fn list_prices_overrides_and_errors_that_say_what() {
         let p: Prices = "".parse().unwrap();
         assert_eq!(p, Prices::default());
-        assert_eq!(p.to_string(), "sqs=0.40,s3_put=0.005,s3_get=0.0004");
+        assert_eq!(p.to_string(), "sqs=0.40,sqs_fifo=0.50,s3_put=0.005,s3_get=0.0004");
         let p: Prices = "sqs=0.50, s3_get=0.00044".parse().unwrap();
         assert_eq!(
             (p.sqs_per_million.to_string(), p.s3_put_per_thousand.to_string(), p.s3_get_per_thousand.to_string()),
@@ -194,7 +218,7 @@ mod tests {
         c.add("s3.HeadObject", 250);
         c.add("s3.DeleteObject", 99);
         let b = Billed::of(&c);
-        assert_eq!(b, Billed { sqs: 1_000, s3_put: 200, s3_get: 1_250 });
+        assert_eq!(b, Billed { sqs: 1_000, sqs_fifo: 0, s3_put: 200, s3_get: 1_250 });
         let cost = Prices::default().cost(b);
         // 1,000 x 0.40/M + 200 x 0.005/k + 1,250 x 0.0004/k
         assert_eq!(cost.sqs, Decimal::new(4, 4));
@@ -202,5 +226,13 @@ mod tests {
         assert_eq!(cost.total(), Decimal::new(19, 4));
         assert_eq!(cost.per_million(500_000), Some(Decimal::new(38, 4)));
         assert_eq!(cost.per_million(0), None);
+        // A FIFO queue's calls at the FIFO price: 300 x 0.50/M more.
+        c.add("sqs.fifo.ReceiveMessage", 200);
+        c.add(SQS_FIFO_EXTRA_64K, 100);
+        let b = Billed::of(&c);
+        assert_eq!((b.sqs, b.sqs_fifo), (1_000, 300));
+        assert_eq!(Prices::default().cost(b).sqs, Decimal::new(4, 4) + Decimal::new(15, 5));
+        let old: Prices = serde_json::from_str(r#"{"sqs_per_million":"0.40","s3_put_per_thousand":"0.005","s3_get_per_thousand":"0.0004"}"#).unwrap();
+        assert_eq!(old, Prices::default(), "a table from before the FIFO price reads with the list price");
     }
 }

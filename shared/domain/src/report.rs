@@ -59,8 +59,11 @@ pub struct RequestsReport {
 /// A job's requests as billed and what they cost, USD (decimal strings, at most 8 places).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CostReport {
-    /// SQS requests as billed: calls plus their payloads' further 64 KiB chunks.
+    /// SQS requests to standard queues as billed: calls plus their payloads' further 64 KiB chunks.
     pub sqs_requests: u64,
+    /// The same to FIFO queues (a `--group-by` job's work queue), at the FIFO price.
+    #[serde(default)]
+    pub sqs_fifo_requests: u64,
     /// S3 PUT-class (PUT, COPY, POST, LIST) and GET-class (GET, HEAD, the rest) requests; DELETE is free.
     pub s3_put_requests: u64,
     pub s3_get_requests: u64,
@@ -97,6 +100,7 @@ impl RequestsReport {
         let cost = prices.cost(billed);
         self.cost = Some(CostReport {
             sqs_requests: billed.sqs,
+            sqs_fifo_requests: billed.sqs_fifo,
             s3_put_requests: billed.s3_put,
             s3_get_requests: billed.s3_get,
             sqs_usd: usd(cost.sqs),
@@ -436,7 +440,7 @@ mod tests {
         assert_eq!(c.per_million_transactions_usd.as_deref(), Some("0.96666667"));
         assert!(
             summary(&r).contains(
-                "request cost: $0.0000058 (SQS $0.0000008, S3 $0.000005), $0.96666667 per million transactions, at sqs=0.40,s3_put=0.005,s3_get=0.0004"
+                "request cost: $0.0000058 (SQS $0.0000008, S3 $0.000005), $0.96666667 per million transactions, at sqs=0.40,sqs_fifo=0.50,s3_put=0.005,s3_get=0.0004"
             ),
             "{}",
             summary(&r)

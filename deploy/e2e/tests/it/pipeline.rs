@@ -172,8 +172,14 @@ async fn group_by_account_on_a_fifo_queue_keeps_order_and_bills_exactly() {
     assert_eq!(delivered.iter().map(|d| d.group.as_str()).collect::<std::collections::BTreeSet<_>>().len(), 3);
     assert_accounts_in_order(&delivered, std::slice::from_ref(&f));
 
-    bills_exactly(&st, opts(500), 8_000).await;
+    let r = bills_exactly(&st, opts(500), 8_000).await;
     st.wait_depth(st.work.as_ref(), 0, T).await;
+    // The FIFO work queue's calls are counted apart and priced at SQS's FIFO price; the results
+    // queue's at the standard one.
+    assert!(r.requests.sqs.keys().any(|k| k.starts_with("fifo.")), "{:?}", r.requests.sqs);
+    let cost = r.requests.cost.as_ref().expect("the report is priced");
+    assert!(cost.sqs_fifo_requests > 0 && cost.sqs_requests > 0, "{cost:?}");
+    assert_eq!(cost.prices.sqs_fifo_per_million.to_string(), "0.50");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

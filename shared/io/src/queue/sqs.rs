@@ -14,7 +14,7 @@ use aws_sdk_sqs::types::{
     SendMessageBatchRequestEntry,
 };
 
-use fleet_domain::prices::{sqs_extra_chunks, SQS_EXTRA_64K};
+use fleet_domain::prices::{sqs_extra_chunks, SQS_EXTRA_64K, SQS_FIFO_EXTRA_64K};
 
 use super::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
 use crate::breaker::Breaker;
@@ -61,7 +61,7 @@ impl SqsQueue {
         } else {
             let out = policy
                 .run(Service::Sqs, "GetQueueUrl", Duration::ZERO, || async {
-                    calls.bump("sqs.GetQueueUrl");
+                    calls.bump(if name_or_url.ends_with(".fifo") { "sqs.fifo.GetQueueUrl" } else { "sqs.GetQueueUrl" });
                     client.get_queue_url().queue_name(name_or_url).send().await.map_err(|e| match sdk_error(Service::Sqs, "GetQueueUrl", endpoint, e) {
                         Error::NotFound { .. } => {
                             Error::NotFound { service: Service::Sqs, what: format!("queue {name_or_url:?} does not exist at {endpoint}") }
@@ -73,6 +73,12 @@ impl SqsQueue {
             (name_or_url.to_string(), out.queue_url().unwrap_or_default().to_string())
         };
         Ok(SqsQueue { client, name, url, endpoint: endpoint.to_string(), calls, policy: Guarded::new(policy) })
+    }
+
+    /// Counts `n` calls of an operation: a FIFO queue's under `fifo` (SQS bills them at its FIFO
+    /// price), a standard queue's under `standard`.
+    fn count(&self, standard: &'static str, fifo: &'static str, n: u64) {
+        self.calls.add(if self.name.ends_with(".fifo") { fifo } else { standard }, n);
     }
 
     /// The same queue counting its calls into `calls` from now on (the shards of a sharded queue share
@@ -147,7 +153,7 @@ impl SqsQueue {
         let to_arn = to.arn().await?;
         self.policy
             .run(Service::Sqs, "StartMessageMoveTask", Duration::ZERO, || async {
-                self.calls.bump("sqs.StartMessageMoveTask");
+                self.count("sqs.StartMessageMoveTask", "sqs.fifo.StartMessageMoveTask", 1);
                 let out = self
                     .client
                     .start_message_move_task()
@@ -165,7 +171,7 @@ impl SqsQueue {
     pub async fn move_task(&self, arn: &str) -> Result<Option<MoveTask>> {
         self.policy
             .run(Service::Sqs, "ListMessageMoveTasks", Duration::ZERO, || async {
-                self.calls.bump("sqs.ListMessageMoveTasks");
+                self.count("sqs.ListMessageMoveTasks", "sqs.fifo.ListMessageMoveTasks", 1);
                 let out = self.client.list_message_move_tasks().source_arn(arn).max_results(1).send().await.map_err(|e| self.err("ListMessageMoveTasks", e))?;
                 Ok(out.results().first().map(|t| MoveTask {
                     status: t.status().unwrap_or("UNKNOWN").to_string(),
@@ -181,7 +187,7 @@ impl SqsQueue {
     async fn attributes(&self, names: &[QueueAttributeName]) -> Result<aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesOutput> {
         self.policy
             .run(Service::Sqs, "GetQueueAttributes", Duration::ZERO, || async {
-                self.calls.bump("sqs.GetQueueAttributes");
+                self.count("sqs.GetQueueAttributes", "sqs.fifo.GetQueueAttributes", 1);
                 self.client
                     .get_queue_attributes()
                     .queue_url(&self.url)
@@ -216,8 +222,8 @@ impl SqsQueue {
         let out = self
             .policy
             .run(Service::Sqs, "SendMessageBatch", Duration::ZERO, || async {
-                self.calls.bump("sqs.SendMessageBatch");
-                self.calls.add(SQS_EXTRA_64K, sqs_extra_chunks(payload));
+                self.count("sqs.SendMessageBatch", "sqs.fifo.SendMessageBatch", 1);
+                self.count(SQS_EXTRA_64K, SQS_FIFO_EXTRA_64K, sqs_extra_chunks(payload));
                 self.client
                     .send_message_batch()
                     .queue_url(&self.url)
@@ -309,7 +315,7 @@ impl Queue for SqsQueue {
         let out = self
             .policy
             .once(Service::Sqs, "ReceiveMessage", wait, async {
-                self.calls.bump("sqs.ReceiveMessage");
+                self.count("sqs.ReceiveMessage", "sqs.fifo.ReceiveMessage", 1);
                 self.client
                     .receive_message()
                     .queue_url(&self.url)
@@ -324,7 +330,7 @@ impl Queue for SqsQueue {
             })
             .await?;
         let payload: usize = out.messages().iter().map(|m| m.body().map_or(0, str::len)).sum();
-        self.calls.add(SQS_EXTRA_64K, sqs_extra_chunks(payload));
+        self.count(SQS_EXTRA_64K, SQS_FIFO_EXTRA_64K, sqs_extra_chunks(payload));
         Ok(out
             .messages()
             .iter()
@@ -366,7 +372,7 @@ impl Queue for SqsQueue {
         let out = self
             .policy
             .run(Service::Sqs, "DeleteMessageBatch", Duration::ZERO, || async {
-                self.calls.bump("sqs.DeleteMessageBatch");
+                self.count("sqs.DeleteMessageBatch", "sqs.fifo.DeleteMessageBatch", 1);
                 self.client
                     .delete_message_batch()
                     .queue_url(&self.url)
@@ -399,7 +405,7 @@ impl Queue for SqsQueue {
         let out = self
             .policy
             .run(Service::Sqs, "ChangeMessageVisibilityBatch", Duration::ZERO, || async {
-                self.calls.bump("sqs.ChangeMessageVisibilityBatch");
+                self.count("sqs.ChangeMessageVisibilityBatch", "sqs.fifo.ChangeMessageVisibilityBatch", 1);
                 self.client
                     .change_message_visibility_batch()
                     .queue_url(&self.url)
