@@ -78,6 +78,7 @@ pub fn render_metrics(s: &AgentState) -> String {
     counter(reg, "scale_downs", "Decisions that removed instances", s.scale_downs);
     counter(reg, "sqs_requests", "SQS requests the agent made", s.requests);
     counter(reg, "triggers_received", "Work-detected triggers received", s.triggers_received);
+    counter(reg, "triggers_announced", "Work-detected triggers announced (a queue newly waiting, or waiting with nobody taking it)", s.announced);
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = encode(&mut out, &root);

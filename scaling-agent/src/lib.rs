@@ -11,7 +11,15 @@
 //!
 //! Its own polling slows down (doubling up to `--idle-interval-secs`) while every queue is empty and no
 //! instance reports work, and quickens at once on a work-detected trigger (while busy it looks every
-//! `--interval-secs` anyway: a trigger then only marks work as detected).
+//! `--interval-secs` anyway: a trigger then only marks work as detected). While idle it reads the work
+//! queue alone (one request a look, one per shard): nothing reaches the other queues but through work
+//! items, which it would see first. By default the idle interval is the SLA less two busy intervals,
+//! so that work arriving with no trigger at all is still seen, and processed, within the SLA. It is
+//! the fleet's one watcher while idle: listeners park, and their own safety poll is hourly.
+//!
+//! A trigger can be lost (the bus restarted between a publish and a listener's subscription): a queue
+//! that shows waiting messages and none in flight at two looks in a row is announced again, unless
+//! the fleet is paused for a dependency.
 
 pub mod backend;
 pub mod docker;
@@ -53,7 +61,9 @@ pub struct Settings {
     #[arg(long, env = "AGENT_INTERVAL_SECS", default_value_t = Settings::DEFAULT.interval_secs)]
     pub interval_secs: u64,
     /// Longest time between two looks while every queue is empty (the interval doubles up to it; a
-    /// work-detected trigger brings the agent back at once). Each look is 3 requests.
+    /// work-detected trigger brings the agent back at once). An idle look is one request per work
+    /// queue shard. 0: the SLA less two --interval-secs, so that work that arrives with no trigger is
+    /// still processed within the SLA (at the defaults, 50 s: 72 requests an hour).
     #[arg(long, env = "AGENT_IDLE_INTERVAL_SECS", default_value_t = Settings::DEFAULT.idle_interval_secs)]
     pub idle_interval_secs: u64,
     /// Fewest processor instances (0: none while there is no work).
@@ -88,7 +98,7 @@ impl Settings {
     /// The defaults of every flag (what the simulation replays too).
     pub const DEFAULT: Settings = Settings {
         interval_secs: 5,
-        idle_interval_secs: 120,
+        idle_interval_secs: 0,
         min_instances: 1,
         max_instances: 10,
         sla_secs: 60,
@@ -110,9 +120,28 @@ impl Settings {
         }
     }
 
-    /// How often it looks, busy and idle.
+    /// How often it looks, busy and idle (the idle interval from the SLA unless given).
     pub fn cadence(&self) -> Cadence {
-        Cadence::from_secs(self.interval_secs, self.idle_interval_secs)
+        Cadence::from_secs(self.interval_secs, self.idle_secs())
+    }
+
+    fn idle_secs(&self) -> u64 {
+        match self.idle_interval_secs {
+            0 => self.sla_secs.saturating_sub(2 * self.interval_secs),
+            s => s,
+        }
+    }
+
+    /// Why work that arrives at an idle fleet with no trigger could wait past the SLA, if it could.
+    pub fn idle_sla_warning(&self) -> Option<String> {
+        let worst = self.cadence().idle_cap.as_secs() + 2 * self.interval_secs.max(1);
+        (worst > self.sla_secs).then(|| {
+            format!(
+                "an idle look every {} s: work that arrives with no trigger may wait up to {worst} s, past the {} s SLA (set --idle-interval-secs 0 to derive it from the SLA)",
+                self.cadence().idle_cap.as_secs(),
+                self.sla_secs
+            )
+        })
     }
 
     /// Items per second per instance until instances report theirs: --target-per-instance / SLA when
@@ -167,6 +196,12 @@ pub async fn snapshot(w: &Watched) -> fleet_io::Result<Snapshot> {
     Ok(Snapshot { work, work_dlq, results, results_dlq })
 }
 
+/// An idle look: the work queue alone (the others were empty at the look that found the fleet idle,
+/// and only work items lead to messages on them).
+pub async fn work_snapshot(w: &Watched) -> fleet_io::Result<Snapshot> {
+    Ok(Snapshot { work: w.work.depth().await?, ..Snapshot::default() })
+}
+
 /// What the agent talks to.
 pub struct Deps {
     pub watched: Watched,
@@ -198,6 +233,8 @@ pub struct AgentState {
     /// SQS requests the agent made.
     pub requests: u64,
     pub triggers_received: u64,
+    /// Work-detected triggers it announced (a queue newly waiting, or waiting with nobody taking it).
+    pub announced: u64,
     pub bus_live: bool,
     /// Dependencies the fleet is paused for (instances' reports, the agent's own SQS breaker): no
     /// instance is added while this is not empty.
@@ -260,6 +297,7 @@ pub fn new_state(settings: &Settings, backend: &'static str) -> SharedState {
         interval_s: settings.interval_secs as f64,
         requests: 0,
         triggers_received: 0,
+        announced: 0,
         bus_live: false,
         paused_for: Vec::new(),
         bus_configured: false,
@@ -275,7 +313,12 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
     lock(&state).bus_configured = deps.subscription.is_some();
     let mut brain = Brain::new(settings.policy(), settings.cadence(), started);
     let w = &deps.watched;
+    if let Some(warning) = settings.idle_sla_warning() {
+        tracing::warn!("{warning}");
+    }
     let mut was_empty = [true; 4];
+    // Per queue: the last look saw messages waiting and none in flight (nobody is taking them).
+    let mut was_stuck = [false; 4];
     let (mut events, mut reports) = match &deps.subscription {
         Some(s) => (Some(s.events.subscribe()), Some(s.reports.subscribe())),
         None => (None, None),
@@ -292,7 +335,8 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
                 }
             }
         }
-        let snap = match snapshot(w).await {
+        let look = if brain.idle() { work_snapshot(w).await } else { snapshot(w).await };
+        let snap = match look {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(error = %e, "could not read queue depths");
@@ -332,15 +376,21 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
             }
         }
         if let (Some(s), Some(observed)) = (snap, step.observed) {
-            let seen = [(&w.work, s.work.visible), (&w.results, s.results.visible), (&w.work_dlq, s.work_dlq.visible), (&w.results_dlq, s.results_dlq.visible)];
-            for ((queue, visible), was_empty) in seen.into_iter().zip(was_empty.iter_mut()) {
-                if *was_empty && visible > 0 {
+            let seen = [(&w.work, s.work), (&w.results, s.results), (&w.work_dlq, s.work_dlq), (&w.results_dlq, s.results_dlq)];
+            for (((queue, depth), was_empty), was_stuck) in seen.into_iter().zip(was_empty.iter_mut()).zip(was_stuck.iter_mut()) {
+                let stuck = depth.visible > 0 && depth.in_flight == 0 && paused_for.is_empty();
+                // Newly waiting, or waiting with nobody taking it since the last look (a lost trigger).
+                if (*was_empty && depth.visible > 0) || (*was_stuck && stuck) {
                     if let Some(t) = &deps.publish {
                         // A sharded queue's depth is its shards' sum: every shard's listeners look.
-                        announce_on(t.as_ref(), queue.as_ref(), visible, SOURCE).await;
+                        announce_on(t.as_ref(), queue.as_ref(), depth.visible, SOURCE).await;
                     }
+                    lock(&state).announced += 1;
+                    *was_stuck = false;
+                } else {
+                    *was_stuck = stuck;
                 }
-                *was_empty = visible == 0;
+                *was_empty = depth.visible == 0;
             }
             let stopping = deps.backend.stopping().await;
             let mut st = lock(&state);

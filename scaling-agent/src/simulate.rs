@@ -394,11 +394,13 @@ impl Scaler for AgentScaler {
         if t < self.next_look && !at_once {
             return None;
         }
-        // A look: GetQueueAttributes of the work queue, its DLQ and the results queue.
-        sim.out.sqs_requests += 3;
+        // A look: GetQueueAttributes of the work queue, its dead-letter queue, the results queue and
+        // its dead-letter queue; an idle look, of the work queue alone.
+        let requests = if self.brain.idle() { 1 } else { 4 };
+        sim.out.sqs_requests += requests;
         let depth = sim.depth();
         if depth.visible + depth.in_flight == 0 {
-            sim.out.idle_requests += 3;
+            sim.out.idle_requests += requests;
         }
         let actual = sim.instances.len() as u32;
         let now = at(self.t0, t);

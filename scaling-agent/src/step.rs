@@ -89,6 +89,12 @@ impl Brain {
         self.trigger()
     }
 
+    /// Idle: the last look found every queue empty and nothing to do; the next reads the work queue
+    /// alone.
+    pub fn idle(&self) -> bool {
+        self.interval > self.cadence.busy
+    }
+
     /// A trigger for any queue: returns whether to look at once (as [`Brain::work_detected`]).
     pub fn trigger(&mut self) -> bool {
         if self.interval > self.cadence.busy {

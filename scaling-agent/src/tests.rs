@@ -68,14 +68,47 @@ async fn triggers_once_when_work_appears() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let ev = rx.try_recv().expect("a trigger when work appears");
     assert_eq!((ev.queue.as_str(), ev.messages, ev.source.as_str()), ("billing-work", 2, SOURCE));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(rx.try_recv().is_err(), "one look with nobody taking the work is not yet a lost trigger");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ev = rx.try_recv().expect("work waiting with none in flight at two looks in a row: announced again");
+    assert_eq!(ev.queue.as_str(), "billing-work");
+    // Taken (in flight): nothing more to announce.
+    let taken = f.work.receive(10, Duration::ZERO).await.unwrap();
+    assert_eq!(taken.len(), 2);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(rx.try_recv().is_err(), "one trigger per empty -> non-empty transition");
+    assert!(rx.try_recv().is_err(), "work in flight is being taken: no trigger");
+    assert_eq!(lock(&f.state).announced, 2);
     // A dead letter nobody announced wakes the controller's dead-letter listener.
     f.dlq.send(bodies(1)).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let ev = rx.try_recv().expect("a trigger for the dead-letter queue");
     assert_eq!((ev.queue.as_str(), ev.messages), ("dlq", 1));
     assert!(rx.try_recv().is_err());
+    f.stop().await;
+}
+
+/// Idle, the agent reads the work queue alone, at the SLA less two busy intervals by default, and
+/// still sees work that arrives with no trigger within that bound; busy again, it reads every queue.
+#[tokio::test(start_paused = true)]
+async fn idle_looks_read_the_work_queue_alone_within_the_sla() {
+    let settings = Settings { interval_secs: 5, idle_interval_secs: 0, sla_secs: 60, ..Settings::quick() };
+    assert_eq!(settings.cadence().idle_cap, Duration::from_secs(50));
+    assert!(settings.idle_sla_warning().is_none());
+    assert!(Settings { idle_interval_secs: 120, ..settings.clone() }.idle_sla_warning().unwrap().contains("past the 60 s SLA"));
+    let f = start(settings);
+    // Looks at 0 (every queue), then, idle, at 10, 30, 70 and every 50 s (the cap): 120, 170, 220, 270.
+    tokio::time::sleep(Duration::from_secs(301)).await;
+    let idle = f.requests();
+    assert_eq!(idle, 4 + 7, "the first look reads all four queues, the idle ones the work queue alone");
+    let mut rx = f.bus.tx.subscribe();
+    // Work with no trigger: seen at the next idle look, at most 50 s later.
+    f.work.send(bodies(1)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(50)).await;
+    let ev = rx.try_recv().expect("seen within the idle interval");
+    assert_eq!(ev.queue.as_str(), "billing-work");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(f.requests() >= idle + 1 + 4, "busy again: every queue is read");
     f.stop().await;
 }
 
@@ -117,8 +150,7 @@ async fn idle_polling_slows_down_and_a_trigger_brings_the_agent_back_at_once() {
     let before = f.requests();
     tokio::time::sleep(Duration::from_secs(3600)).await;
     let per_min = (f.requests() - before) as f64 / 60.0;
-    assert!(per_min < 4.0, "{per_min} requests per minute while idle");
-    assert!(per_min >= 1.4, "still looking every two minutes: {per_min}");
+    assert_eq!(f.requests() - before, 30, "an idle look every two minutes, of the work queue alone: {per_min} a minute");
     assert_eq!(f.actual().await, 0);
     // Work and its trigger: a look and a decision from zero within the same instant.
     f.work.send(bodies(3)).await.unwrap();

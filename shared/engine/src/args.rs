@@ -65,8 +65,10 @@ pub struct ListenerArgs {
     /// Visibility is extended while a message is in hand, up to this long, seconds.
     #[arg(long, env = "LISTENER_MAX_PROCESSING_SECS", default_value_t = 900)]
     pub max_processing_secs: u64,
-    /// A parked consumer polls anyway after this many seconds (0: only triggers wake it).
-    #[arg(long, env = "LISTENER_PARK_POLL_SECS", default_value_t = 600)]
+    /// A parked consumer polls anyway after this many seconds (0: only triggers wake it). A safety
+    /// net for a fleet whose scaling agent is not running: the agent watches the work queue while the
+    /// fleet is idle and announces work again that nobody takes.
+    #[arg(long, env = "LISTENER_PARK_POLL_SECS", default_value_t = 3600)]
     pub park_poll_secs: u64,
     /// Serve the read-only GET /state, /metrics, /livez, /readyz and /healthz on this address (e.g.
     /// 127.0.0.1:9101).

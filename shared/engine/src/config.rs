@@ -46,7 +46,7 @@ impl Default for EngineConfig {
             heartbeat: true,
             max_processing: Duration::from_secs(15 * 60),
             triggers: false,
-            park_poll: Some(Duration::from_secs(600)),
+            park_poll: Some(Duration::from_secs(3600)),
         }
     }
 }

@@ -90,8 +90,8 @@ fn render_listeners(states: &[ListenerState], reg: &mut Registry) {
         ("expired", "Messages expired in the buffer", |s| s.expired),
         ("evicted", "Messages evicted from a full buffer", |s| s.evicted),
         ("extended", "Visibility extensions", |s| s.extended),
-        ("held_total", "Times a message was held for a dependency's outage", |s| s.held_total),
-        ("paused_total", "Times a consumer paused for an open breaker", |s| s.paused_total),
+        ("holds", "Times a message was held for a dependency's outage", |s| s.held_total),
+        ("pauses", "Times a consumer paused for an open breaker", |s| s.paused_total),
     ];
     for (name, help, f) in counters {
         let fam = Family::<Vec<(String, String)>, Counter>::default();
