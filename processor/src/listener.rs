@@ -95,7 +95,8 @@ impl WorkHandler {
         let sizes: Vec<usize> = std::iter::once(first_size).chain(rest.iter().map(String::len)).collect();
         let n = sizes.len() as u64;
         let mut batch_calls = RequestCounts::default();
-        let (receive, delete) = if self.work_fifo { ("sqs.fifo.ReceiveMessage", "sqs.fifo.DeleteMessageBatch") } else { ("sqs.ReceiveMessage", "sqs.DeleteMessageBatch") };
+        let (receive, delete) =
+            if self.work_fifo { ("sqs.fifo.ReceiveMessage", "sqs.fifo.DeleteMessageBatch") } else { ("sqs.ReceiveMessage", "sqs.DeleteMessageBatch") };
         batch_calls.add(receive, 1);
         let batches = plan_batches(&sizes);
         batch_calls.add("sqs.SendMessageBatch", batches.len() as u64);

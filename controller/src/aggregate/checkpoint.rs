@@ -125,7 +125,8 @@ pub(super) async fn restore_totals(cp: &mut Checkpoint, store: &dyn BlobStore, c
     .await?;
     // Inline rows are few (a job with more has parts).
     let inline: RowBatch = std::mem::take(&mut cp.accounts).iter().map(AccountTotals::borrowed).collect();
-    CheckedTotals::restore(std::iter::once(&inline).chain(parts.iter()).map(RowBatch::iter)).map_err(|e| Error::Corrupt(format!("checkpoint of job {}: {e}", cp.job_id)))
+    CheckedTotals::restore(std::iter::once(&inline).chain(parts.iter()).map(RowBatch::iter))
+        .map_err(|e| Error::Corrupt(format!("checkpoint of job {}: {e}", cp.job_id)))
 }
 
 /// What a checkpoint keeps of a job's totals.

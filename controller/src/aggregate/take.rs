@@ -1,7 +1,6 @@
 //! Taking a job (its lease, then its state from the checkpoint) and keeping it (renewing the lease;
 //! dropping the job when the lease is lost), and giving every lease back on shutdown (seed 003).
 
-
 use fleet_domain::billing::CheckedTotals;
 use fleet_domain::codec::from_zstd_json;
 use fleet_domain::layout::checkpoint_key;

@@ -705,7 +705,13 @@ mod tests {
             }
             let want: Vec<AccountTotals> = model
                 .iter()
-                .map(|((a, c), &(n, g, f))| AccountTotals { account_id: a.clone(), currency: c.clone(), count: n, gross: Decimal::new(g, 2), fees: Decimal::new(f, 2) })
+                .map(|((a, c), &(n, g, f))| AccountTotals {
+                    account_id: a.clone(),
+                    currency: c.clone(),
+                    count: n,
+                    gross: Decimal::new(g, 2),
+                    fees: Decimal::new(f, 2),
+                })
                 .collect();
             assert_eq!(t.rows(), want, "seed {seed}");
             assert_eq!(t.len(), want.len());

@@ -61,7 +61,7 @@ impl SqsQueue {
         } else {
             let out = policy
                 .run(Service::Sqs, "GetQueueUrl", Duration::ZERO, || async {
-                    calls.bump(if name_or_url.ends_with(".fifo") { "sqs.fifo.GetQueueUrl" } else { "sqs.GetQueueUrl" });
+                    calls.bump(if crate::config::is_fifo(name_or_url) { "sqs.fifo.GetQueueUrl" } else { "sqs.GetQueueUrl" });
                     client.get_queue_url().queue_name(name_or_url).send().await.map_err(|e| match sdk_error(Service::Sqs, "GetQueueUrl", endpoint, e) {
                         Error::NotFound { .. } => {
                             Error::NotFound { service: Service::Sqs, what: format!("queue {name_or_url:?} does not exist at {endpoint}") }
@@ -78,7 +78,7 @@ impl SqsQueue {
     /// Counts `n` calls of an operation: a FIFO queue's under `fifo` (SQS bills them at its FIFO
     /// price), a standard queue's under `standard`.
     fn count(&self, standard: &'static str, fifo: &'static str, n: u64) {
-        self.calls.add(if self.name.ends_with(".fifo") { fifo } else { standard }, n);
+        self.calls.add(if self.is_fifo() { fifo } else { standard }, n);
     }
 
     /// The same queue counting its calls into `calls` from now on (the shards of a sharded queue share
