@@ -66,15 +66,21 @@ if [ -z "${FLEET_AMQP_PASSWORD:-}" ] && ! grep -q '^FLEET_AMQP_PASSWORD=.' "$env
   echo "compose: generated the broker's password into $env_file" >&2
 fi
 
-# Container ids of a service (running or not).
-ids() { compose ps -q "$1" 2>/dev/null || true; }
-running() { local id; for id in $(ids "$1"); do [ "$(docker inspect -f '{{.State.Running}}' "$id")" = true ] && echo "$id"; done; }
+# Container ids of a service (running or not; not one-off containers), read from the labels Compose
+# puts on them (the project name as Compose normalises it), without a Compose call (half a second each
+# for docker-compose 1.x).
+project_label=$(printf '%s' "$COMPOSE_PROJECT_NAME" | tr 'A-Z' 'a-z' | tr -cd 'a-z0-9_-')
+ids() {
+  docker ps -aq --filter "label=com.docker.compose.project=$project_label" \
+    --filter "label=com.docker.compose.service=$1" --filter "label=com.docker.compose.oneoff=False" "${@:2}" 2>/dev/null || true
+}
+running() { ids "$1" --filter status=running; }
 count() { running "$1" | grep -c . || true; }
 host_port() { docker port "$1" "$2/tcp" 2>/dev/null | grep -m1 -E '^127\.0\.0\.1:' || true; }
 name_of() { docker inspect -f '{{.Name}}' "$1" | sed 's#^/##'; }
 
 need_up() {
-  [ -n "$(running localstack)" ] || { echo "the fleet is not up (project $COMPOSE_PROJECT_NAME): run deploy/compose.sh up first" >&2; exit 3; }
+  [ -n "$(running localstack)" ] || { need_docker; echo "the fleet is not up (project $COMPOSE_PROJECT_NAME): run deploy/compose.sh up first" >&2; exit 3; }
 }
 
 # A host port asked for must be free, or already ours.
@@ -140,6 +146,10 @@ up() {
     die "compose up failed (the last log lines of LocalStack and RabbitMQ are above)"
   fi
   wait_running
+  # The initiator's container as Compose configures it, created and never started: `initiator` runs
+  # its one-off containers from this configuration.
+  compose --profile cli up --no-start --no-deps initiator >/dev/null 2>&1 \
+    || echo "compose: could not create the initiator's template container; submit falls back to compose run" >&2
   echo "up in $(( $(date +%s) - t0 )) s"
   show
 }
@@ -171,13 +181,56 @@ submit() {
 
 # initiator ARGS...: the initiator as a one-off container on the fleet's network, as the calling user,
 # in the current directory, with the extra `docker run` options in run_opts; returns its exit code.
+# It is `docker run` with the configuration Compose gave the initiator's template container at `up`
+# (image, network, environment, read-only root, capabilities), which starts in about 0.35 s where
+# `compose run` takes 1-1.5 s; without a template (a fleet started by plain Compose), `compose run`.
 run_opts=()
 initiator() {
-  need_docker; find_compose; need_up
-  local tty=() code=0
+  need_up
+  local tty=() code=0 template
+  template=$(ids initiator | head -n1)
+  if [ -n "$template" ]; then
+    # The environment (the broker's password among it) goes through a 0600 file, not the command line.
+    local from=() env_dir
+    env_dir=$(mktemp -d)
+    mapfile -t from < <(echo "$template" | template_args "$env_dir/env" | grep -v '^$') || from=()
+    if [ ${#from[@]} -gt 0 ]; then
+      [ -t 0 ] && [ -t 1 ] && tty=(-it)
+      docker run --rm "${tty[@]}" -u "$(id -u):$(id -g)" -w "$PWD" "${run_opts[@]}" --env-file "$env_dir/env" "${from[@]}" "$@" || code=$?
+      rm -rf "$env_dir"
+      return "$code"
+    fi
+    rm -rf "$env_dir"
+  fi
+  find_compose
   [ -t 0 ] && [ -t 1 ] || tty=(-T)
   compose run --rm --no-deps "${tty[@]}" -u "$(id -u):$(id -g)" -w "$PWD" "${run_opts[@]}" initiator "$@" || code=$?
   return "$code"
+}
+
+# template_args ENV_FILE: for a container (stdin: its id), the `docker run` options and image that make
+# another like it, one a line, ending with the image and the entrypoint's arguments; its environment
+# written to ENV_FILE (mode 0600) for --env-file.
+template_args() {
+  local id; read -r id
+  (umask 077; docker inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "$id" >"$1") || return 1
+  docker inspect -f '--network
+{{.HostConfig.NetworkMode}}
+{{if .HostConfig.ReadonlyRootfs}}--read-only
+{{end}}{{range $path, $opts := .HostConfig.Tmpfs}}--tmpfs
+{{$path}}{{if $opts}}:{{$opts}}{{end}}
+{{end}}{{range .HostConfig.CapDrop}}--cap-drop
+{{.}}
+{{end}}{{range .HostConfig.CapAdd}}--cap-add
+{{.}}
+{{end}}{{range .HostConfig.SecurityOpt}}--security-opt
+{{.}}
+{{end}}{{range $i, $e := .Config.Entrypoint}}{{if eq $i 0}}--entrypoint
+{{$e}}
+{{$.Config.Image}}
+{{else}}{{$e}}
+{{end}}{{else}}{{.Config.Image}}
+{{end}}' "$id"
 }
 
 scale() {

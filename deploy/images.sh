@@ -6,9 +6,10 @@
 #   deploy/images.sh --print                                 the image names, as compose.sh passes them
 #   deploy/images.sh --remove                                removes this prefix's images
 #
-#   base        Debian bookworm, `debootstrap --variant=minbase` (+ ca-certificates), `docker import`.
-#               Built once; FLEET_REBUILD_BASE=1 rebuilds it.
-#   localstack  deploy/images/localstack: localstack-core from PyPI on the base's Python 3.11.
+#   base        Debian bookworm, `debootstrap --variant=minbase` (+ ca-certificates), `docker import`;
+#               and the same of Debian trixie for LocalStack. Built once; FLEET_REBUILD_BASE=1 rebuilds them.
+#   localstack  deploy/images/localstack: localstack-core 2026.3.0 from PyPI (pinned by
+#               localstack/constraints.txt, as deploy/local.sh's) on trixie's Python 3.13.
 #   rabbitmq    deploy/images/rabbitmq: Debian's rabbitmq-server + management plugin.
 #   prometheus  deploy/images/prometheus: Debian's prometheus with deploy/prometheus's configuration and
 #               rules (only for `compose.sh up` with FLEET_MONITORING=1, or asked for by name).
@@ -30,13 +31,17 @@ trap cleanup EXIT
 scratch() { [ -n "$work" ] || work=$(mktemp -d "${TMPDIR:-/var/tmp}/billing-fleet-images.XXXXXX"); }
 
 hash_of() { sha256sum "$@" | sha256sum | cut -c1-16; }
-base_id() { docker image inspect -f '{{.Id}}' "$base_image"; }
+base_id() { docker image inspect -f '{{.Id}}' "${1:-$base_image}"; }
 took() { echo "$1: $2 ($(( $(date +%s) - $3 )) s)"; }
 
-base_done=0
+# build_base [SUITE]: $prefix/debian:SUITE (bookworm: the fleet's, RabbitMQ's and Prometheus's base;
+# trixie: LocalStack's, for Python 3.13).
+bases_done=" "
 build_base() {
-  [ "$base_done" = 0 ] || return 0
-  base_done=1
+  local suite=${1:-bookworm} base_image
+  base_image="$prefix/debian:$suite"
+  case "$bases_done" in *" $suite "*) return 0 ;; esac
+  bases_done="$bases_done$suite "
   if image_exists "$base_image" && [ "${FLEET_REBUILD_BASE:-0}" != 1 ]; then echo "base: $base_image exists"; return; fi
   local t0; t0=$(date +%s)
   [ "$(id -u)" = 0 ] || die "base: debootstrap needs root (run deploy/images.sh as root, or build $base_image elsewhere)"
@@ -46,14 +51,14 @@ build_base() {
   fi
   scratch
   local root="$work/rootfs"
-  echo "base: debootstrap --variant=minbase bookworm from $mirror (about half a minute)"
-  debootstrap --variant=minbase --include=ca-certificates bookworm "$root" "$mirror" >"$work/debootstrap.log" 2>&1 \
+  echo "base: debootstrap --variant=minbase $suite from $mirror (about half a minute)"
+  debootstrap --variant=minbase --include=ca-certificates "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 \
     || { tail -n 20 "$work/debootstrap.log" >&2; die "base: debootstrap failed (log above)"; }
   # As Debian's own slim images: no docs, man pages or locales, no apt caches; security updates on.
   cat >"$root/etc/apt/sources.list" <<EOF
-deb $mirror bookworm main
-deb $mirror bookworm-updates main
-deb http://deb.debian.org/debian-security bookworm-security main
+deb $mirror $suite main
+deb $mirror $suite-updates main
+deb http://deb.debian.org/debian-security $suite-security main
 EOF
   cat >"$root/etc/dpkg/dpkg.cfg.d/docker-slim" <<'EOF'
 path-exclude /usr/share/doc/*
@@ -69,15 +74,16 @@ EOF
     "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin "$root"/var/lib/apt/lists/* "$root"/var/log/* "$root"/tmp/*
   tar -C "$root" --numeric-owner -c . | docker import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' --change 'CMD ["bash"]' \
-    -m "debootstrap --variant=minbase bookworm $mirror" - "$base_image" >/dev/null
+    -m "debootstrap --variant=minbase $suite $mirror" - "$base_image" >/dev/null
   rm -rf "$root"
   took base "built $base_image" "$t0"
 }
 
-# build_dir IMAGE NAME CONTEXT_DIR: a Dockerfile in CONTEXT_DIR on the base, rebuilt when its inputs change.
+# build_dir IMAGE NAME CONTEXT_DIR [BASE]: a Dockerfile in CONTEXT_DIR on BASE (the bookworm base), rebuilt
+# when its inputs change.
 build_dir() {
-  local image=$1 name=$2 dir=$3 ca="" inputs t0
-  inputs=$( (cd "$dir" && hash_of $(find . -type f | sort); base_id) | sha256sum | cut -c1-16)
+  local image=$1 name=$2 dir=$3 base=${4:-$base_image} ca="" inputs t0
+  inputs=$( (cd "$dir" && hash_of $(find . -type f | sort); base_id "$base") | sha256sum | cut -c1-16)
   if [ "$(image_label "$image" "$label")" = "$inputs" ]; then echo "$name: $image is up to date"; return; fi
   t0=$(date +%s)
   scratch
@@ -87,9 +93,17 @@ build_dir() {
   for f in "${PIP_CERT:-}" "${SSL_CERT_FILE:-}"; do [ -n "$f" ] && [ -s "$f" ] && { ca=$f; break; }; done
   if [ -n "$ca" ]; then cp "$ca" "$work/$name/build-ca.crt"; else : >"$work/$name/build-ca.crt"; fi
   echo "$name: building $image"
-  docker build -q --build-arg "BASE_IMAGE=$base_image" --label "$label=$inputs" -t "$image" "$work/$name" >"$work/$name.log" 2>&1 \
+  docker build -q --build-arg "BASE_IMAGE=$base" --label "$label=$inputs" -t "$image" "$work/$name" >"$work/$name.log" 2>&1 \
     || { tail -n 30 "$work/$name.log" >&2; die "$name: docker build failed (log above)"; }
   took "$name" "built $image" "$t0"
+}
+
+# LocalStack: its image's Dockerfile with the pins deploy/local.sh's LocalStack installs with.
+build_localstack() {
+  scratch
+  rm -rf "$work/localstack-context" && mkdir -p "$work/localstack-context"
+  cp "$repo"/deploy/images/localstack/* "$repo"/localstack/constraints.txt "$work/localstack-context/"
+  build_dir "$localstack_image" localstack "$work/localstack-context" "$prefix/debian:trixie"
 }
 
 # Prometheus: its image's Dockerfile and entrypoint with the fleet's scrape configuration and rules.
@@ -139,7 +153,7 @@ case "${1:-}" in
     exit 0 ;;
   --remove)
     need_docker
-    for i in "$fleet_image" "$localstack_image" "$rabbitmq_image" "$prometheus_image" "$base_image"; do
+    for i in "$fleet_image" "$localstack_image" "$rabbitmq_image" "$prometheus_image" "$base_image" "$prefix/debian:trixie"; do
       image_exists "$i" && docker image rm "$i" >/dev/null && echo "removed $i"
     done
     docker image prune -f --filter "label=$label" >/dev/null || true
@@ -150,8 +164,8 @@ need_docker
 [ $# -gt 0 ] || set -- base localstack rabbitmq fleet
 for what in "$@"; do
   case "$what" in
-    base) build_base ;;
-    localstack) build_base; build_dir "$localstack_image" localstack "$repo/deploy/images/localstack" ;;
+    base) build_base; build_base trixie ;;
+    localstack) build_base trixie; build_localstack ;;
     rabbitmq) build_base; build_dir "$rabbitmq_image" rabbitmq "$repo/deploy/images/rabbitmq" ;;
     fleet) build_base; build_fleet ;;
     prometheus) build_base; build_prometheus ;;

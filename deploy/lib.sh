@@ -2,7 +2,8 @@
 #
 # Images (FLEET_IMAGE_PREFIX, default billing-fleet; the tests use their own prefix):
 #   $prefix/debian:bookworm        base: debootstrap --variant=minbase from Debian's packages
-#   $prefix/localstack:4.13.1      localstack-core from PyPI on the base (SQS, S3)
+#   $prefix/debian:trixie          the same of trixie (Python 3.13), LocalStack's base
+#   $prefix/localstack:2026.3.0    localstack-core from PyPI on the trixie base (SQS, S3)
 #   $prefix/rabbitmq:3.10          Debian's rabbitmq-server with the management plugin
 #   $prefix/fleet:latest           the four binaries, built on this host, on the base
 #   $prefix/prometheus:2.42        Debian's prometheus with the fleet's scrape config and alert rules
@@ -11,7 +12,7 @@
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 prefix=${FLEET_IMAGE_PREFIX:-billing-fleet}
-localstack_version=4.13.1
+localstack_version=2026.3.0
 base_image="$prefix/debian:bookworm"
 localstack_image="$prefix/localstack:$localstack_version"
 rabbitmq_image="$prefix/rabbitmq:3.10"
