@@ -23,7 +23,7 @@ if [ "$mode" = host ]; then
 else
   fleet_submit=("$repo/deploy/compose.sh" submit)
   s0=$(date +%s.%N); "$repo/deploy/compose.sh" initiator --version >/dev/null 2>&1; s1=$(date +%s.%N)
-  echo "== initiator container start: $(python3 -c "print(f'{$s1 - $s0:.2f}')") s (compose run of initiator --version)"
+  echo "== initiator container start: $(python3 -c "print(f'{$s1 - $s0:.2f}')") s (compose.sh initiator --version)"
 fi
 
 echo "== one process, no queues: $rows transactions"
