@@ -148,8 +148,9 @@ up() {
   wait_running
   # The initiator's container as Compose configures it, created and never started: `initiator` runs
   # its one-off containers from this configuration.
-  compose --profile cli up --no-start --no-deps initiator >/dev/null 2>&1 \
-    || echo "compose: could not create the initiator's template container; submit falls back to compose run" >&2
+  local out
+  out=$(compose --profile cli up --no-start --no-deps initiator 2>&1) \
+    || echo "compose: could not create the initiator's template container (submit falls back to compose run): ${out##*$'\n'}" >&2
   echo "up in $(( $(date +%s) - t0 )) s"
   show
 }

@@ -34,8 +34,8 @@ hash_of() { sha256sum "$@" | sha256sum | cut -c1-16; }
 base_id() { docker image inspect -f '{{.Id}}' "${1:-$base_image}"; }
 took() { echo "$1: $2 ($(( $(date +%s) - $3 )) s)"; }
 
-# build_base [SUITE]: $prefix/debian:SUITE (bookworm: the fleet's, RabbitMQ's and Prometheus's base;
-# trixie: LocalStack's, for Python 3.13).
+# build_base [SUITE]: $prefix/debian:SUITE (bookworm: $base_image, the fleet's, RabbitMQ's and
+# Prometheus's; trixie: $localstack_base_image, LocalStack's, for Python 3.13).
 bases_done=" "
 build_base() {
   local suite=${1:-bookworm} base_image
@@ -103,7 +103,14 @@ build_localstack() {
   scratch
   rm -rf "$work/localstack-context" && mkdir -p "$work/localstack-context"
   cp "$repo"/deploy/images/localstack/* "$repo"/localstack/constraints.txt "$work/localstack-context/"
-  build_dir "$localstack_image" localstack "$work/localstack-context" "$prefix/debian:trixie"
+  build_dir "$localstack_image" localstack "$work/localstack-context" "$localstack_base_image"
+  # An earlier version's image (4.13.1 before 2026-11-27) would stay on disk unused.
+  local old
+  for old in $(docker images "$prefix/localstack" --format '{{.Repository}}:{{.Tag}}'); do
+    [ "$old" != "$localstack_image" ] || continue
+    if docker image rm "$old" >/dev/null 2>&1; then echo "localstack: removed $old (an earlier version)"
+    else echo "localstack: kept $old (an earlier version, still used by a container)"; fi
+  done
 }
 
 # Prometheus: its image's Dockerfile and entrypoint with the fleet's scrape configuration and rules.
@@ -153,7 +160,7 @@ case "${1:-}" in
     exit 0 ;;
   --remove)
     need_docker
-    for i in "$fleet_image" "$localstack_image" "$rabbitmq_image" "$prometheus_image" "$base_image" "$prefix/debian:trixie"; do
+    for i in "$fleet_image" "$localstack_image" "$rabbitmq_image" "$prometheus_image" "$base_image" "$localstack_base_image"; do
       image_exists "$i" && docker image rm "$i" >/dev/null && echo "removed $i"
     done
     docker image prune -f --filter "label=$label" >/dev/null || true

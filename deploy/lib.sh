@@ -14,6 +14,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 prefix=${FLEET_IMAGE_PREFIX:-billing-fleet}
 localstack_version=2026.3.0
 base_image="$prefix/debian:bookworm"
+localstack_base_image="$prefix/debian:trixie"
 localstack_image="$prefix/localstack:$localstack_version"
 rabbitmq_image="$prefix/rabbitmq:3.10"
 fleet_image="$prefix/fleet:latest"
