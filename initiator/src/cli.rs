@@ -60,6 +60,7 @@ pub enum Command {
     },
     /// Bill FILEs in this process, without queues or storage (a dry run; the benchmark's baseline).
     Local {
+        /// CSV files; `-` reads one from standard input.
         #[arg(required = true)]
         files: Vec<PathBuf>,
         /// Tariff JSON file overriding the default.
@@ -160,8 +161,17 @@ pub enum RedriveFrom {
 #[derive(clap::Args)]
 pub struct SubmitArgs {
     /// CSV files (header row with txn_id, account_id, amount, currency, timestamp); one job for all.
+    /// `-` reads one from standard input (e.g. `zcat day.csv.gz | initiator submit - --stdin-name day.csv`).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+    /// The name standard input's rows are reported under (rejected rows' file, the report's files).
+    #[arg(long, default_value = "stdin")]
+    pub stdin_name: String,
+    /// Size of standard input in bytes, when known (as `pv -s`): the progress bar's total, and the
+    /// job's size the chunk size is chosen from [default: the file's, when standard input is a file;
+    /// otherwise unknown, and the largest chunks are used].
+    #[arg(long)]
+    pub stdin_size: Option<u64>,
     /// Most transactions per chunk [default: chosen per job, about 16 chunks of 5,000 to 50,000
     /// transactions, from the files' sizes].
     #[arg(long, env = "INITIATOR_CHUNK_SIZE")]

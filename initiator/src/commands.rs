@@ -254,8 +254,9 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     // Everything local first: nothing is contacted for a submission that cannot go.
     let tariff = load_tariff(args.tariff.as_ref())?;
     let grouping = crate::grouping::Grouping::new(args.group_by, args.groups);
-    let chunk_size = args.chunk_size.unwrap_or_else(|| crate::submit::auto_chunk_size(&args.files));
-    crate::submit::preflight(&args.files, chunk_size, grouping, &fleet.work_queue)?;
+    let stdin = crate::submit::Stdin { name: args.stdin_name.clone(), size: args.stdin_size };
+    let inputs = crate::submit::preflight(&args.files, &stdin, args.chunk_size, grouping, &fleet.work_queue)?;
+    let chunk_size = args.chunk_size.unwrap_or_else(|| crate::submit::auto_chunk_size(&inputs));
     let show = std::io::stderr().is_terminal();
     let aws = aws(fleet).await?;
     // The work queue, or its shards as one queue (work items spread over them).
@@ -274,9 +275,10 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
         priority: args.priority,
         deadline: args.deadline_secs.map(|s| std::time::SystemTime::now() + std::time::Duration::from_secs(s)),
         grouping,
+        stdin,
         ..SubmitOptions::new(args.files)
     };
-    let s = crate::submit::submit(opts, &clients).await?;
+    let s = crate::submit::submit_inputs(opts, inputs, &clients).await?;
     eprintln!(
         "job {}: {} rows read, {} accepted, {} rejected; {} chunks of up to {chunk_size} transactions enqueued",
         s.job_id, s.counts.submitted, s.counts.accepted, s.counts.rejected, s.total_chunks

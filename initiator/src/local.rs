@@ -4,16 +4,16 @@
 use std::path::PathBuf;
 
 use fleet_domain::billing::{Tariff, Totals};
-use fleet_domain::input::{InputFile, Validator};
+use fleet_domain::input::Validator;
 use fleet_domain::model::{now_rfc3339, Manifest, WIRE_VERSION};
 use fleet_domain::report::{self, Report};
 use fleet_domain::requests::RequestCounts;
 
 use crate::CliError;
 
-/// Reads, validates and bills `files`; the report has job id `local`.
+/// Reads, validates and bills `files` (`-`: standard input); the report has job id `local`.
 pub fn bill(files: &[PathBuf], tariff: &Tariff) -> Result<Report, CliError> {
-    let inputs = files.iter().map(|p| InputFile::open(p)).collect::<Result<Vec<_>, _>>().map_err(|e| CliError::Input(e.to_string()))?;
+    let inputs = crate::submit::open_inputs(files, &crate::submit::Stdin::default())?;
     let calc = tariff.calculator();
     let mut v = Validator::new();
     let mut rejected = Vec::new();
@@ -25,7 +25,7 @@ pub fn bill(files: &[PathBuf], tariff: &Tariff) -> Result<Report, CliError> {
         v: WIRE_VERSION,
         job_id: "local".into(),
         created_at: now_rfc3339(),
-        files: files.iter().map(|p| p.display().to_string()).collect(),
+        files: inputs.iter().map(|f| f.name.clone()).collect(),
         submitted: v.counts.submitted,
         accepted: v.counts.accepted,
         rejected,

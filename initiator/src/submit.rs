@@ -11,7 +11,7 @@
 //! items are sent in chunk order, one batch at a time, so that each group's order is the file order.
 
 use std::cell::Cell;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -53,6 +53,22 @@ pub struct SubmitOptions {
     pub deadline: Option<std::time::SystemTime>,
     /// Partitions and message groups (`--group-by account` needs a FIFO work queue).
     pub grouping: Grouping,
+    /// What `-` among the files (standard input) is called, and its size if known.
+    pub stdin: Stdin,
+}
+
+/// Standard input as an input file (`-`): the name its rows are reported under, and its size when
+/// known (the progress bar's total and the job's chunk size are taken from it).
+#[derive(Debug, Clone)]
+pub struct Stdin {
+    pub name: String,
+    pub size: Option<u64>,
+}
+
+impl Default for Stdin {
+    fn default() -> Self {
+        Stdin { name: "stdin".into(), size: None }
+    }
 }
 
 impl SubmitOptions {
@@ -68,6 +84,7 @@ impl SubmitOptions {
             priority: 0,
             deadline: None,
             grouping: Grouping::None,
+            stdin: Stdin::default(),
         }
     }
 }
@@ -223,13 +240,13 @@ fn bar(mp: &MultiProgress, len: u64, template: &str) -> ProgressBar {
 }
 
 /// What a submission can check without the stack, before it contacts anything: the files (each
-/// opened, its header checked), the chunk size, and `--group-by` against the work queue's kind (known
-/// from its name).
-pub fn preflight(files: &[PathBuf], chunk_size: u64, grouping: Grouping, work_queue: &str) -> Result<Vec<InputFile>, CliError> {
+/// opened, its header checked), an explicit chunk size, and `--group-by` against the work queue's kind
+/// (known from its name).
+pub fn preflight(files: &[PathBuf], stdin: &Stdin, chunk_size: Option<u64>, grouping: Grouping, work_queue: &str) -> Result<Vec<InputFile>, CliError> {
     if files.is_empty() {
         return Err(CliError::Input("no input files".into()));
     }
-    if chunk_size == 0 {
+    if chunk_size == Some(0) {
         return Err(CliError::Input("--chunk-size must be at least 1".into()));
     }
     if matches!(grouping, Grouping::Account { .. }) && !fleet_io::config::is_fifo(work_queue) {
@@ -237,7 +254,30 @@ pub fn preflight(files: &[PathBuf], chunk_size: u64, grouping: Grouping, work_qu
             "--group-by account needs a FIFO work queue (a name ending in .fifo, e.g. --work-queue billing-work.fifo); {work_queue} is a standard queue, which keeps no order"
         )));
     }
-    files.iter().map(|p| open(p)).collect()
+    open_inputs(files, stdin)
+}
+
+/// Opens every input, `-` as standard input (given once at most), and checks each header.
+pub fn open_inputs(files: &[PathBuf], stdin: &Stdin) -> Result<Vec<InputFile>, CliError> {
+    if files.iter().filter(|p| p.as_os_str() == "-").count() > 1 {
+        return Err(CliError::Input("- (standard input) can be given once".into()));
+    }
+    let input = |e: fleet_domain::input::InputError| CliError::Input(e.to_string());
+    files
+        .iter()
+        .map(|p| match p.as_os_str() == "-" {
+            true => InputFile::from_stream(stdin.name.clone(), Box::new(std::io::stdin()), stdin.size.or_else(stdin_file_size)).map_err(input),
+            false => InputFile::open(p).map_err(input),
+        })
+        .collect()
+}
+
+/// The size of standard input when it is a regular file (`initiator submit - < day.csv`).
+fn stdin_file_size() -> Option<u64> {
+    use std::os::fd::AsFd as _;
+    let fd = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
+    let meta = std::fs::File::from(fd).metadata().ok()?;
+    meta.is_file().then(|| meta.len())
 }
 
 /// Chunks a job is cut into when `--chunk-size` is not given: enough for several processor
@@ -249,40 +289,27 @@ pub const AUTO_CHUNK_MAX: u64 = 50_000;
 
 /// The chunk size for a job of these files when none is given: about [`AUTO_CHUNKS`] chunks, within
 /// [`AUTO_CHUNK_MIN`]..=[`AUTO_CHUNK_MAX`] transactions. The row count is estimated from the files'
-/// sizes and the length of their first rows (their first 64 KiB), so nothing is read twice.
+/// sizes and the length of their first rows (their first 64 KiB), so nothing is read twice; a stream
+/// of unknown size counts as large (the largest chunks).
 /// Measured on a 1M job (docs/performance.md, "Where the time goes"): chunks of 5,000 took 3.5x the
 /// one-process time and 0.9 requests per 1,000 transactions; chunks of 50,000, 1.7x and 0.13.
-pub fn auto_chunk_size(files: &[PathBuf]) -> u64 {
-    let rows: u64 = files.iter().map(|p| estimated_rows(p)).sum();
-    rows.div_ceil(AUTO_CHUNKS).clamp(AUTO_CHUNK_MIN, AUTO_CHUNK_MAX)
+pub fn auto_chunk_size(files: &[InputFile]) -> u64 {
+    let rows = files.iter().try_fold(0u64, |sum, f| f.estimated_rows().map(|r| sum.saturating_add(r)));
+    rows.map_or(AUTO_CHUNK_MAX, |rows| rows.div_ceil(AUTO_CHUNKS).clamp(AUTO_CHUNK_MIN, AUTO_CHUNK_MAX))
 }
 
-/// About how many rows a file holds: its size over the mean length of the lines in its first 64 KiB
-/// (0 for a file that cannot be read: preflight reports it).
-fn estimated_rows(p: &Path) -> u64 {
-    use std::io::Read as _;
-    let Ok(mut f) = std::fs::File::open(p) else { return 0 };
-    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut head = Vec::with_capacity(64 * 1024);
-    if f.by_ref().take(64 * 1024).read_to_end(&mut head).is_err() {
-        return 0;
-    }
-    let lines = head.iter().filter(|&&b| b == b'\n').count() as u64;
-    if lines == 0 {
-        return 1;
-    }
-    size * lines / head.len() as u64
-}
-
-fn open(p: &Path) -> Result<InputFile, CliError> {
-    InputFile::open(p).map_err(|e| CliError::Input(e.to_string()))
-}
-
+/// Submits `opts.files` as one job: [`preflight`], then [`submit_inputs`].
 pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted, CliError> {
+    let files = preflight(&opts.files, &opts.stdin, Some(opts.chunk_size), opts.grouping, clients.work.name())?;
+    submit_inputs(opts, files, clients).await
+}
+
+/// Submits inputs [`preflight`] opened (every header checked before any row is read or anything is
+/// stored) as one job.
+pub async fn submit_inputs(opts: SubmitOptions, files: Vec<InputFile>, clients: &Clients) -> Result<Submitted, CliError> {
     let fifo = fleet_io::config::is_fifo(clients.work.name());
     let grouping = opts.grouping;
-    // Every header is checked before any row is read or anything is stored.
-    let files = preflight(&opts.files, opts.chunk_size, grouping, clients.work.name())?;
+    let names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
     let job_id = new_job_id();
     let started = std::time::Instant::now();
     let mp = MultiProgress::with_draw_target(if opts.progress { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
@@ -343,7 +370,7 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
     };
     let enqueue = Enqueue::new(clients, &job_id, &opts.tariff, attrs, fifo.then_some(grouping), bar(&mp, 0, "enqueued  {pos} work items"));
     let outcome =
-        tracing::Instrument::instrument(submit_enqueued(&opts, clients, &job_id, &enqueue, reader, rx, store_bar, read_bar, started, fifo), span).await;
+        tracing::Instrument::instrument(submit_enqueued(&opts, names, clients, &job_id, &enqueue, reader, rx, store_bar, read_bar, started, fifo), span).await;
     match outcome {
         Ok(s) => Ok(s),
         Err(cause) if enqueue.attempted.load(Ordering::SeqCst) == 0 => Err(cause),
@@ -364,6 +391,7 @@ pub async fn submit(opts: SubmitOptions, clients: &Clients) -> Result<Submitted,
 #[allow(clippy::too_many_arguments)]
 async fn submit_enqueued(
     opts: &SubmitOptions,
+    names: Vec<String>,
     clients: &Clients,
     job_id: &str,
     enqueue: &Enqueue<'_>,
@@ -419,7 +447,7 @@ async fn submit_enqueued(
         v: WIRE_VERSION,
         job_id: job_id.clone(),
         created_at: now_rfc3339(),
-        files: opts.files.iter().map(|p| p.display().to_string()).collect(),
+        files: names,
         submitted: counts.submitted,
         accepted: counts.accepted,
         rejected: rejected.clone(),
@@ -446,7 +474,7 @@ async fn submit_enqueued(
 mod tests {
     use super::*;
 
-    fn csv(dir: &Path, name: &str, rows: usize) -> PathBuf {
+    fn csv(dir: &std::path::Path, name: &str, rows: usize) -> PathBuf {
         let mut body = String::from("txn_id,account_id,amount,currency,timestamp\n");
         for i in 0..rows {
             body.push_str(&format!("t{i:07},A{:04},{}.25,EUR,2026-01-01T00:00:00Z\n", i % 1000, i % 90 + 1));
@@ -456,19 +484,35 @@ mod tests {
         p
     }
 
+    fn open(paths: &[PathBuf]) -> Vec<InputFile> {
+        open_inputs(paths, &Stdin::default()).unwrap()
+    }
+
     #[test]
     fn the_chunk_size_follows_the_jobs_size_within_its_bounds() {
         let dir = tempfile::tempdir().unwrap();
         let small = csv(dir.path(), "small.csv", 2_000);
-        assert_eq!(auto_chunk_size(std::slice::from_ref(&small)), AUTO_CHUNK_MIN);
+        assert_eq!(auto_chunk_size(&open(std::slice::from_ref(&small))), AUTO_CHUNK_MIN);
         // 240,000 rows in two files: about 15,000 a chunk (the estimate within a few percent).
         let (a, b) = (csv(dir.path(), "a.csv", 120_000), csv(dir.path(), "b.csv", 120_000));
-        let n = auto_chunk_size(&[a.clone(), b]);
+        let n = auto_chunk_size(&open(&[a.clone(), b.clone()]));
         assert!((14_500..=15_500).contains(&n), "{n}");
         // 1,200,000 rows: the upper bound.
         let big: Vec<PathBuf> = (0..10).map(|_| a.clone()).collect();
-        assert_eq!(auto_chunk_size(&big), AUTO_CHUNK_MAX);
-        // A file that cannot be read counts for nothing (preflight says what is wrong with it).
-        assert_eq!(auto_chunk_size(&[dir.path().join("missing.csv")]), AUTO_CHUNK_MIN);
+        assert_eq!(auto_chunk_size(&open(&big)), AUTO_CHUNK_MAX);
+        // A stream is estimated as a file is when its size is given, as large when not.
+        let bytes = std::fs::read(&b).unwrap();
+        let stream = |size| InputFile::from_stream("stdin".into(), Box::new(std::io::Cursor::new(bytes.clone())), size).unwrap();
+        let mut files = open(std::slice::from_ref(&a));
+        files.push(stream(Some(bytes.len() as u64)));
+        assert_eq!(auto_chunk_size(&files), n);
+        assert_eq!(auto_chunk_size(&[stream(None)]), AUTO_CHUNK_MAX);
+    }
+
+    #[test]
+    fn standard_input_is_given_once_at_most() {
+        let dash = PathBuf::from("-");
+        let e = open_inputs(&[dash.clone(), dash], &Stdin::default()).err().unwrap();
+        assert_eq!(e.to_string(), "- (standard input) can be given once");
     }
 }

@@ -205,8 +205,10 @@ impl Fleet {
     /// every capability dropped, no new privileges), and the broker has one user, the fleet's, with
     /// the password compose.sh generated: no guest, and every service connected with it.
     fn assert_restricted_with_generated_credentials(&self) {
-        for s in ["processor", "controller", "scaling-agent"] {
-            for id in self.running(s) {
+        for s in ["processor", "controller", "scaling-agent", "cli"] {
+            let ids = self.running(s);
+            assert!(!ids.is_empty(), "no {s} container running");
+            for id in ids {
                 let got = inspect(
                     &id,
                     "{{.Config.User}} {{.HostConfig.ReadonlyRootfs}} {{.HostConfig.Privileged}} {{json .HostConfig.CapDrop}} {{json .HostConfig.SecurityOpt}}",
@@ -522,7 +524,23 @@ fn images_from_nothing() {
     );
     let rejected = &r["rejected"][0];
     assert_eq!(rejected["line"].as_u64(), Some(2002), "{rejected}");
-    assert!(rejected["file"].as_str().is_some_and(|f| f.ends_with("small.csv")), "{rejected}");
+    // One file goes to the cli container on standard input, under the name it was given here.
+    assert_eq!(rejected["file"].as_str(), csv.to_str(), "{rejected}");
+    assert_eq!(r["files"], serde_json::json!([csv.to_str().unwrap()]));
+
+    // Two files (and a tariff file) are mounted in a one-off container: one job over both.
+    let second = dir.path().join("second.csv");
+    std::fs::write(&second, "txn_id,account_id,amount,currency,timestamp\nu1,A1,5.00,EUR,2026-01-01T00:00:00Z\nt7,A1,1.00,EUR,2026-01-01T00:00:00Z\n").unwrap();
+    let tariff = dir.path().join("tariff.json");
+    std::fs::write(&tariff, r#"{"fixed_fee":"0.10","percent":"1.0","refund_fee":"0"}"#).unwrap();
+    let out = fleet.sh(&["submit", csv.to_str().unwrap(), second.to_str().unwrap(), "--tariff", tariff.to_str().unwrap(), "--wait", "--json"], &[]);
+    assert_eq!(out.status.code(), Some(0), "two files: {}", text(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["files"], serde_json::json!([csv.to_str().unwrap(), second.to_str().unwrap()]));
+    assert_eq!(r["tariff"]["fixed_fee"], "0.10", "{}", r["tariff"]);
+    assert_eq!((r["transactions"]["processed"].as_u64(), r["transactions"]["rejected"].as_u64()), (Some(2001), Some(2)), "{}", r["transactions"]);
+    let dup = r["rejected"].as_array().unwrap().iter().find(|x| x["txn_id"] == "t7").expect("t7 rejected as a duplicate");
+    assert_eq!((dup["file"].as_str(), dup["line"].as_u64()), (second.to_str(), Some(3)), "{dup}");
     fleet.down();
 }
 

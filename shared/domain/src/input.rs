@@ -10,6 +10,7 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Mutex;
 
 use crate::model::Rejected;
 use crate::transaction::Transaction;
@@ -31,13 +32,44 @@ pub enum InputError {
 /// An input file whose header passed the check, ready to be read.
 pub struct InputFile {
     pub name: String,
-    path: PathBuf,
+    source: Source,
     columns: [usize; 5],
+    /// Its size (a stream's as given, 0 when unknown).
     pub bytes: u64,
+    /// Rows in about its first 64 KiB, and the bytes they took: the estimate of its row count.
+    head: (u64, u64),
 }
+
+/// Where an input's bytes come from: a file, opened again to be read; or a stream (standard input)
+/// read once, whose first bytes (the header among them) were taken to check it and are read again
+/// from memory, so line numbers and byte offsets are those of the whole stream.
+enum Source {
+    Path(PathBuf),
+    Stream(Mutex<Option<(Vec<u8>, Box<dyn Read + Send>)>>),
+}
+
+/// Bytes looked at to estimate a file's row count.
+const HEAD: u64 = 64 * 1024;
 
 fn csv_reader<R: Read>(r: R) -> csv::Reader<R> {
     csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(r)
+}
+
+/// The first 64 KiB of `r`, or more up to the end of a first line longer than that (1 MiB at most).
+fn read_head(r: &mut impl Read) -> std::io::Result<Vec<u8>> {
+    let mut head = Vec::with_capacity(HEAD as usize);
+    r.take(HEAD).read_to_end(&mut head)?;
+    while !head.contains(&b'\n') && head.len() < 1 << 20 {
+        if r.take(HEAD).read_to_end(&mut head)? == 0 {
+            break;
+        }
+    }
+    Ok(head)
+}
+
+/// Line breaks in `head`, and its length.
+fn head_of(head: &[u8]) -> (u64, u64) {
+    (memchr::memchr_iter(b'\n', head).count() as u64, head.len() as u64)
 }
 
 impl InputFile {
@@ -45,30 +77,74 @@ impl InputFile {
     pub fn open(path: &Path) -> Result<InputFile, InputError> {
         let name = path.display().to_string();
         let io = |source| InputError::Io { file: name.clone(), source };
-        let f = File::open(path).map_err(io)?;
+        let mut f = File::open(path).map_err(io)?;
         let bytes = f.metadata().map_err(io)?.len();
-        let mut rdr = csv_reader(BufReader::new(f));
-        let mut header = csv::ByteRecord::new();
-        let got = rdr.read_byte_record(&mut header).map_err(|e| InputError::Csv { file: name.clone(), detail: e.to_string() })?;
-        if !got {
-            return Err(InputError::Empty { file: name });
-        }
-        let names: Vec<String> = header
-            .iter()
-            .enumerate()
-            .map(|(i, h)| {
-                let h = String::from_utf8_lossy(h);
-                // A UTF-8 byte order mark may precede the first column name.
-                let h = if i == 0 { h.trim_start_matches('\u{feff}') } else { &h };
-                h.trim().to_string()
-            })
-            .collect();
-        let mut columns = [0usize; 5];
-        for (slot, col) in columns.iter_mut().zip(REQUIRED_COLUMNS) {
-            *slot = names.iter().position(|n| n == col).ok_or_else(|| InputError::MissingColumn { file: name.clone(), column: col, found: names.join(",") })?;
-        }
-        Ok(InputFile { name, path: path.to_path_buf(), columns, bytes })
+        let head = read_head(&mut f).map_err(io)?;
+        let columns = columns(&name, (&head[..]).chain(f))?;
+        Ok(InputFile { head: head_of(&head), name, source: Source::Path(path.to_path_buf()), columns, bytes })
     }
+
+    /// Takes a stream (standard input) as an input named `name`, `size` bytes long if known: reads its
+    /// first 64 KiB (more, up to the end of the header row) and maps the header onto the required
+    /// columns. The rows are read from the stream once, by [`Validator::read`].
+    pub fn from_stream(name: String, mut stream: Box<dyn Read + Send>, size: Option<u64>) -> Result<InputFile, InputError> {
+        let io = |source| InputError::Io { file: name.clone(), source };
+        let head = read_head(&mut stream).map_err(io)?;
+        let columns = columns(&name, &head[..])?;
+        let estimate = head_of(&head);
+        let source = Source::Stream(Mutex::new(Some((head, stream))));
+        Ok(InputFile { head: estimate, name, source, columns, bytes: size.unwrap_or(0) })
+    }
+
+    /// About how many rows it holds: its size over the mean length of the lines in its first 64 KiB.
+    /// None for a stream of unknown size.
+    pub fn estimated_rows(&self) -> Option<u64> {
+        let (lines, len) = self.head;
+        match (&self.source, self.bytes) {
+            (Source::Stream(_), 0) => None,
+            _ if len == 0 => Some(0),
+            _ if lines == 0 => Some(1),
+            _ => Some(self.bytes * lines / len),
+        }
+    }
+
+    /// A reader of the whole input from its first byte (a stream's only once).
+    fn reader(&self) -> Result<Box<dyn Read + Send + '_>, InputError> {
+        let io = |source| InputError::Io { file: self.name.clone(), source };
+        match &self.source {
+            Source::Path(p) => Ok(Box::new(File::open(p).map_err(io)?)),
+            Source::Stream(s) => {
+                let taken = s.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let (head, rest) = taken.ok_or_else(|| io(std::io::Error::other("a stream is read once, and this one was")))?;
+                Ok(Box::new(std::io::Cursor::new(head).chain(rest)))
+            }
+        }
+    }
+}
+
+/// Reads the header row of `r` (the file `name`) and finds each required column in it.
+fn columns(name: &str, r: impl Read) -> Result<[usize; 5], InputError> {
+    let mut rdr = csv_reader(r);
+    let mut header = csv::ByteRecord::new();
+    let got = rdr.read_byte_record(&mut header).map_err(|e| InputError::Csv { file: name.to_string(), detail: e.to_string() })?;
+    if !got {
+        return Err(InputError::Empty { file: name.to_string() });
+    }
+    let names: Vec<String> = header
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let h = String::from_utf8_lossy(h);
+            // A UTF-8 byte order mark may precede the first column name.
+            let h = if i == 0 { h.trim_start_matches('\u{feff}') } else { &h };
+            h.trim().to_string()
+        })
+        .collect();
+    let mut columns = [0usize; 5];
+    for (slot, col) in columns.iter_mut().zip(REQUIRED_COLUMNS) {
+        *slot = names.iter().position(|n| n == col).ok_or_else(|| InputError::MissingColumn { file: name.to_string(), column: col, found: names.join(",") })?;
+    }
+    Ok(columns)
 }
 
 /// Offsets of the CR and LF bytes that have streamed past, for physical line numbers. (The csv crate's
@@ -158,8 +234,7 @@ impl Validator {
         mut reject: impl FnMut(Rejected),
         mut progress: impl FnMut(u64),
     ) -> Result<(), InputError> {
-        let io = |source| InputError::Io { file: file.name.clone(), source };
-        let f = File::open(&file.path).map_err(io)?;
+        let f = file.reader()?;
         let breaks: Breaks = Rc::default();
         let mut lines = LineCounter { breaks: breaks.clone(), passed: 0 };
         let mut rdr = csv_reader(BreakRecorder { inner: BufReader::with_capacity(1 << 20, f), offset: 0, breaks });
@@ -281,6 +356,35 @@ mod tests {
         assert_eq!(rej[1].reason, format!("txn_id: duplicate of the accepted row at {}:2", a.display()));
         assert_eq!(rej[2].txn_id, None);
         assert_eq!(rej[2].line, 4);
+    }
+
+    #[test]
+    fn a_stream_reads_as_the_same_file_would_once() {
+        let d = tempfile::tempdir().unwrap();
+        // A header past the first 64 KiB's end, CRLF endings, a blank line, a multi-line field.
+        let pad = "p".repeat(70_000);
+        let body = format!(
+            "{pad},txn_id,account_id,amount,currency,timestamp\r\nx,t1,A,1,EUR,2026-11-21T10:00:00Z\r\n\r\n\"a\nb\",t2,A,zz,EUR,2026-11-21T10:00:00Z\r\ny,t1,B,2,EUR,2026-11-21T10:00:00Z\r\n"
+        );
+        let p = file(&d, "in.csv", &body);
+        let (acc, rej, counts) = read_all(std::slice::from_ref(&p)).unwrap();
+        let name = p.display().to_string();
+        let s = InputFile::from_stream(name.clone(), Box::new(std::io::Cursor::new(body.clone().into_bytes())), None).unwrap();
+        assert_eq!(s.estimated_rows(), None, "a stream of unknown size");
+        let mut v = Validator::new();
+        let (mut sacc, mut srej) = (vec![], vec![]);
+        v.read(&s, |t| sacc.push((t.txn_id.to_string(), t.account_id.to_string(), t.amount.to_string())), |r| srej.push(r), |_| {}).unwrap();
+        assert_eq!((sacc, v.counts), (acc, counts));
+        assert_eq!(srej.iter().map(|r| (r.line, r.reason.clone())).collect::<Vec<_>>(), rej.iter().map(|r| (r.line, r.reason.clone())).collect::<Vec<_>>());
+        assert_eq!(srej.iter().map(|r| r.line).collect::<Vec<_>>(), [4, 6]);
+        let again = v.read(&s, |_| {}, |_| {}, |_| {}).err().unwrap().to_string();
+        assert!(again.starts_with(&format!("{name}: cannot read")) && again.contains("read once"), "{again}");
+        // With its size given, its rows are estimated as a file's are.
+        let sized = InputFile::from_stream("in.csv".into(), Box::new(std::io::Cursor::new(body.clone().into_bytes())), Some(body.len() as u64)).unwrap();
+        assert_eq!(sized.estimated_rows(), InputFile::open(&p).unwrap().estimated_rows());
+        let bad = InputFile::from_stream("stdin".into(), Box::new(std::io::Cursor::new(b"txn_id,amount\nt1,2\n".to_vec())), None).err().unwrap();
+        assert_eq!(bad.to_string(), "stdin: missing required column \"account_id\" (header has: txn_id,amount)");
+        assert!(matches!(InputFile::from_stream("stdin".into(), Box::new(std::io::empty()), None), Err(InputError::Empty { .. })));
     }
 
     #[test]

@@ -88,6 +88,38 @@ async fn submit_wait_json_status_report_and_refusals() {
     let out = initiator(&st, &["report", "no-such-job"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("no job no-such-job"), "{}", text(&out.stderr));
+
+    // `-`: standard input, named by --stdin-name. A file there: its size chooses the chunk size as
+    // the file's own name would (4,000 rows: the smallest chunks, one chunk).
+    let mut cmd = fleet_command(&st, "initiator");
+    cmd.args(["submit", "-", "--stdin-name", "day.csv", "--wait", "--json"]).stdin(std::fs::File::open(&one_bad_row).unwrap());
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON on stdout");
+    assert_eq!((report["transactions"]["processed"].as_u64(), report["files"].clone()), (Some(1), serde_json::json!(["day.csv"])));
+    assert_eq!((report["rejected"][0]["file"].as_str(), report["rejected"][0]["line"].as_u64()), (Some("day.csv"), Some(3)));
+    // A pipe (no size): the rows as a file's; a header missing a column refused under the name given.
+    let mut cmd = fleet_command(&st, "initiator");
+    let mut child = cmd
+        .args(["submit", "-", "--wait", "--json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, &std::fs::read(&good).unwrap()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let piped: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON on stdout");
+    assert_eq!(piped["transactions"]["processed"], 4_000);
+    assert_eq!(piped["files"], serde_json::json!(["stdin"]));
+    let mut cmd = fleet_command(&st, "initiator");
+    cmd.args(["submit", "-", "--stdin-name", "upload.csv"]).stdin(std::fs::File::open(&bad_header).unwrap());
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("upload.csv: missing required column \"currency\""), "{}", text(&out.stderr));
     p.stop().await;
     c.stop().await;
 }
@@ -150,6 +182,7 @@ fn local_mistakes_exit_1_before_anything_is_contacted() {
         (vec!["submit", f.to_str().unwrap(), "--chunk-size", "0"], "--chunk-size"),
         (vec!["submit", f.to_str().unwrap(), "--tariff", tariff.to_str().unwrap()], "tariff.json"),
         (vec!["submit", "--group-by", "account", f.to_str().unwrap()], "needs a FIFO work queue"),
+        (vec!["submit", "-", "-"], "- (standard input) can be given once"),
         (vec!["status", "../etc"], "job"),
         (vec![], "Usage"),
     ];
