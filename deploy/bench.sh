@@ -8,7 +8,7 @@
 #                                                       chunk size (chosen per job)
 #
 # Host mode brings the fleet up with deploy/local.sh first; --compose with deploy/compose.sh up (the
-# initiator then runs as a one-off container: the time it takes to start one is measured and shown).
+# initiator is then executed in the cli container: the time that takes alone is measured and shown).
 # Either is safe when the fleet already runs.
 set -euo pipefail
 mode=host
@@ -23,7 +23,7 @@ if [ "$mode" = host ]; then
 else
   fleet_submit=("$repo/deploy/compose.sh" submit)
   s0=$(date +%s.%N); "$repo/deploy/compose.sh" initiator --version >/dev/null 2>&1; s1=$(date +%s.%N)
-  echo "== initiator container start: $(python3 -c "print(f'{$s1 - $s0:.2f}')") s (compose.sh initiator --version)"
+  echo "== initiator start in compose: $(python3 -c "print(f'{$s1 - $s0:.2f}')") s (compose.sh initiator --version)"
 fi
 
 echo "== one process, no queues: $rows transactions"
