@@ -199,8 +199,7 @@ submit() {
       spool=$(mktemp -d "$inbox/submit.XXXXXX")
       trap "rm -rf '$spool'" EXIT
       ln "${csv[0]}" "$spool/input.csv" 2>/dev/null || cp "${csv[0]}" "$spool/input.csv" || die "cannot copy ${csv[0]} into $spool (nothing was submitted)"
-      docker exec -u "$(id -u):$(id -g)" "$cli" sh -c 'exec initiator submit - "$@" <"$0"' "/inbox/${spool##*/}/input.csv" \
-        --stdin-name "${csv[0]}" "${args[@]}" || code=$?
+      in_cli "$cli" sh -c 'exec initiator submit - "$@" <"$0"' "/inbox/${spool##*/}/input.csv" --stdin-name "${csv[0]}" "${args[@]}" || code=$?
       rm -rf "$spool"
       return "$code"
     fi
@@ -222,8 +221,7 @@ initiator() {
   cli=$(running cli | head -n1)
   # Nothing to mount: executed in `cli` (its working directory, not this one).
   if [ ${#run_opts[@]} = 0 ] && [ -n "$cli" ]; then
-    [ -t 0 ] && [ -t 1 ] && tty=(-it)
-    docker exec "${tty[@]}" -u "$(id -u):$(id -g)" "$cli" initiator "$@" || code=$?
+    in_cli "$cli" initiator "$@" || code=$?
     return "$code"
   fi
   template=$(ids initiator | head -n1)
@@ -245,6 +243,14 @@ initiator() {
   [ -t 0 ] && [ -t 1 ] || tty=(-T)
   compose run --rm --no-deps "${tty[@]}" -u "$(id -u):$(id -g)" -w "$PWD" "${run_opts[@]}" initiator "$@" || code=$?
   return "$code"
+}
+
+# in_cli ID ARGS...: ARGS executed in the running cli container ID as the calling user, with a terminal
+# when this side has one at both ends.
+in_cli() {
+  local id=$1 tty=(); shift
+  [ -t 0 ] && [ -t 1 ] && tty=(-it)
+  docker exec "${tty[@]}" -u "$(id -u):$(id -g)" "$id" "$@"
 }
 
 # template_args ENV_FILE [NET_ID]: for a container (stdin: its id), the `docker run` options and image
