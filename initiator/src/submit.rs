@@ -277,7 +277,7 @@ fn stdin_file_size() -> Option<u64> {
     use std::os::fd::AsFd as _;
     let fd = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
     let meta = std::fs::File::from(fd).metadata().ok()?;
-    meta.is_file().then(|| meta.len())
+    meta.is_file().then_some(meta.len())
 }
 
 /// Chunks a job is cut into when `--chunk-size` is not given: enough for several processor

@@ -45,8 +45,12 @@ pub struct InputFile {
 /// from memory, so line numbers and byte offsets are those of the whole stream.
 enum Source {
     Path(PathBuf),
-    Stream(Mutex<Option<(Vec<u8>, Box<dyn Read + Send>)>>),
+    /// Taken by the one read of it.
+    Stream(Mutex<Option<Unread>>),
 }
+
+/// A stream's first bytes, already read, and the rest of it.
+type Unread = (Vec<u8>, Box<dyn Read + Send>);
 
 /// Bytes looked at to estimate a file's row count.
 const HEAD: u64 = 64 * 1024;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use fleet_domain::billing::{money, Tariff, Totals};
 use fleet_domain::input::{InputFile, Validator};
 use fleet_domain::report::Report;
-use fleet_io::blob::S3Store;
+use fleet_io::blob::{BlobStore, S3Store};
 use fleet_io::config::{Aws, FleetArgs};
 use fleet_io::provision::{ensure_fleet, QueueSettings};
 use fleet_io::queue::{Queue, SqsQueue};
@@ -52,7 +52,7 @@ pub async fn stack(settings: QueueSettings) -> Option<Stack> {
 }
 
 /// The services' logs on stderr when `FLEET_TEST_LOG` is set (its value is the filter, as `RUST_LOG`),
-/// for a test that fails without saying why; once per test binary.
+/// for a test that fails without saying why; once per test binary (every stack turns it on).
 pub fn test_log() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
@@ -103,6 +103,7 @@ async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Option<Stack> {
     if !stack_running() {
         return None;
     }
+    test_log();
     let aws = Aws::local_or_env(LOCALSTACK).await;
     let suffix = uuid::Uuid::now_v7().simple().to_string();
     let mut names = base.with_suffix(&suffix[suffix.len() - 12..]);
@@ -129,6 +130,40 @@ impl Stack {
     /// its shards as one [`fleet_io::queue::Sharded`] queue.
     pub fn work_queues(&self) -> (Arc<dyn Queue>, Arc<dyn Queue>) {
         fleet_io::queue::Sharded::pairs(&self.shards).expect("a stack has at least one shard")
+    }
+
+    /// Where a job stands, for a test that waited for it in vain: every queue's depth, and the job's
+    /// checkpoint (status, chunks accounted, seal, finishing), lease and open marker as the store
+    /// holds them.
+    pub async fn diagnose(&self, job_id: &str) -> String {
+        use fleet_domain::layout::{checkpoint_key, lease_key, open_key};
+        let mut out = Vec::new();
+        let mut queues: Vec<&SqsQueue> = self.shards.iter().flat_map(|(q, dlq)| [q.as_ref(), dlq.as_ref()]).collect();
+        queues.extend([self.results.as_ref(), self.results_dlq.as_ref()]);
+        for q in queues {
+            out.push(format!("queue {}: {:?}", q.name(), q.depth().await));
+        }
+        let cp = match self.store.get(&checkpoint_key(job_id)).await {
+            Ok(Some(b)) => match fleet_domain::codec::from_zstd_json::<fleet_domain::model::Checkpoint>(&b, 1 << 30) {
+                Ok(c) => format!(
+                    "status {:?}, sealed with {:?} chunks, {} accounted {:?}, {} failed, finishing {}, updated {}",
+                    c.status,
+                    c.total_chunks,
+                    c.accounted.len(),
+                    c.accounted,
+                    c.failed_chunks.len(),
+                    c.finishing,
+                    c.updated_at
+                ),
+                Err(e) => format!("unreadable: {e}"),
+            },
+            other => format!("{other:?}"),
+        };
+        out.push(format!("checkpoint: {cp}"));
+        let lease = self.store.get(&lease_key(job_id)).await.map(|b| b.map(|b| String::from_utf8_lossy(&b).into_owned()));
+        out.push(format!("lease: {lease:?} (now {} ms)", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()));
+        out.push(format!("open marker: {:?}", self.store.get(&open_key(job_id)).await.map(|b| b.is_some())));
+        out.join("\n")
     }
 
     /// Polls until the queue shows `visible` messages and nothing in flight.

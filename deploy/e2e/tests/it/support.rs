@@ -130,7 +130,10 @@ impl Fleet for Stack {
     }
 
     async fn wait_report(&self, s: &Submitted, timeout: Duration) -> Report {
-        initiator::follow::wait(self.store.as_ref(), &s.job_id, s.total_chunks, timeout, false).await.expect("job finished in time")
+        match initiator::follow::wait(self.store.as_ref(), &s.job_id, s.total_chunks, timeout, false).await {
+            Ok(r) => r,
+            Err(e) => panic!("job {} did not finish in time: {e:?}\n{}", s.job_id, self.diagnose(&s.job_id).await),
+        }
     }
 }
 
