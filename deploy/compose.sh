@@ -221,6 +221,8 @@ initiator() {
   cli=$(running cli | head -n1)
   # Nothing to mount: executed in `cli` (its working directory, not this one).
   if [ ${#run_opts[@]} = 0 ] && [ -n "$cli" ]; then
+    local a in_cli_stdin=0
+    for a in "$@"; do [ "$a" = - ] && in_cli_stdin=1; done
     in_cli "$cli" initiator "$@" || code=$?
     return "$code"
   fi
@@ -246,11 +248,42 @@ initiator() {
 }
 
 # in_cli ID ARGS...: ARGS executed in the running cli container ID as the calling user, with a terminal
-# when this side has one at both ends.
+# when this side has one at both ends, else with this standard input when in_cli_stdin=1; returns
+# their exit code. `docker exec` does not pass signals on
+# (stopped, it leaves the command running in the container): an INT or TERM this script receives is
+# sent to the command in the container, found by a tag in its environment, so Ctrl-C or `kill` stops
+# a submission here as it stops the initiator on the host.
 in_cli() {
-  local id=$1 tty=(); shift
-  [ -t 0 ] && [ -t 1 ] && tty=(-it)
-  docker exec "${tty[@]}" -u "$(id -u):$(id -g)" "$id" "$@"
+  local id=$1 tty=() tag pid code=0; shift
+  if [ -t 0 ] && [ -t 1 ]; then
+    tty=(-it)
+  elif [ "${in_cli_stdin:-}" = 1 ]; then
+    # ARGS read standard input (`-`): passed on (without, the command's is empty).
+    tty=(-i)
+  fi
+  tag="$$.$RANDOM$RANDOM"
+  # (Started in the background to wait for it interruptibly; standard input passed on explicitly.)
+  docker exec "${tty[@]}" -u "$(id -u):$(id -g)" -e "FLEET_EXEC_TAG=$tag" "$id" "$@" <&0 &
+  pid=$!
+  trap "in_cli_signal '$id' '$tag' INT" INT
+  trap "in_cli_signal '$id' '$tag' TERM" TERM
+  wait "$pid" || code=$?
+  # A signal ends the wait, not the command: wait again for its exit code.
+  while kill -0 "$pid" 2>/dev/null; do
+    code=0
+    wait "$pid" || code=$?
+  done
+  trap - INT TERM
+  return "$code"
+}
+
+# in_cli_signal ID TAG SIGNAL: sends SIGNAL to the processes in container ID whose environment holds
+# FLEET_EXEC_TAG=TAG.
+in_cli_signal() {
+  docker exec -u "$(id -u):$(id -g)" "$1" sh -c '
+    for e in /proc/[0-9]*/environ; do
+      if grep -qxz "FLEET_EXEC_TAG=$0" "$e" 2>/dev/null; then p=${e#/proc/}; kill -"$1" "${p%/environ}" 2>/dev/null; fi
+    done' "$2" "$3" || true
 }
 
 # template_args ENV_FILE [NET_ID]: for a container (stdin: its id), the `docker run` options and image

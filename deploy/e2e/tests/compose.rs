@@ -541,6 +541,58 @@ fn images_from_nothing() {
     assert_eq!((r["transactions"]["processed"].as_u64(), r["transactions"]["rejected"].as_u64()), (Some(2001), Some(2)), "{}", r["transactions"]);
     let dup = r["rejected"].as_array().unwrap().iter().find(|x| x["txn_id"] == "t7").expect("t7 rejected as a duplicate");
     assert_eq!((dup["file"].as_str(), dup["line"].as_u64()), (second.to_str(), Some(3)), "{dup}");
+
+    // Standard input reaches a command executed in the cli container, and a TERM to compose.sh (as
+    // `kill`, or a terminal's Ctrl-C) stops that command, which `docker exec` alone leaves running.
+    let cli = fleet.running("cli")[0].clone();
+    let initiators = || {
+        let comms = stdout_of(Command::new("docker").args(["exec", &cli, "sh", "-c", "cat /proc/[0-9]*/comm 2>/dev/null"]));
+        comms.lines().filter(|c| *c == "initiator").count()
+    };
+    let mut local = fleet
+        .command(&repo().join("deploy/compose.sh"), &["initiator", "local", "-", "--json"], &[])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = local.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, b"txn_id,account_id,amount,currency,timestamp\nx1,A1,2.50,EUR,2026-01-01T00:00:00Z\n").unwrap();
+    // Standard input stays open: the initiator reads on.
+    let t = Instant::now();
+    while initiators() == 0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "no initiator started in the cli container");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    sh(Command::new("kill").args(["-TERM", &local.id().to_string()]));
+    let t = Instant::now();
+    let status = loop {
+        if let Some(status) = local.try_wait().unwrap() {
+            break status;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "compose.sh initiator did not stop on TERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success(), "stopped, not finished: {status:?}");
+    let t = Instant::now();
+    while initiators() > 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "the initiator still runs in the cli container after compose.sh stopped");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(stdin);
+    // The same command with its standard input closed bills what it read.
+    let mut local = fleet
+        .command(&repo().join("deploy/compose.sh"), &["initiator", "local", "-", "--json"], &[])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut local.stdin.take().unwrap(), b"txn_id,account_id,amount,currency,timestamp\nx1,A1,2.50,EUR,2026-01-01T00:00:00Z\n").unwrap();
+    let out = local.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "initiator local - on a pipe: {}", text(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["transactions"]["processed"].as_u64(), Some(1), "{r}");
     fleet.down();
 }
 
