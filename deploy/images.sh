@@ -102,7 +102,7 @@ build_dir() {
 build_localstack() {
   scratch
   rm -rf "$work/localstack-context" && mkdir -p "$work/localstack-context"
-  cp "$repo"/deploy/images/localstack/* "$repo"/localstack/constraints.txt "$work/localstack-context/"
+  cp "$repo"/deploy/images/localstack/* "$repo"/localstack/constraints.txt "$repo"/localstack/patches/sitecustomize.py "$work/localstack-context/"
   build_dir "$localstack_image" localstack "$work/localstack-context" "$localstack_base_image"
   # An earlier version's image (4.13.1 before 2026-11-27) would stay on disk unused.
   local old

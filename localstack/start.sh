@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs LocalStack (SQS + S3) as a host process when missing, starts it, waits until SQS and S3 are ready.
-# Safe to run twice: a LocalStack already answering on the gateway is left alone.
+# Safe to run twice: a LocalStack already answering on the gateway is left alone. It runs with
+# patches/sitecustomize.py (a fix for S3 read locks that a client killed mid-request leaked: see there).
 #
 # Environment:
 #   LOCALSTACK_VENV   virtualenv outside the repository (default ~/.cache/billing-fleet/localstack-venv)
@@ -54,7 +55,7 @@ echo "localstack: starting on 127.0.0.1:${port} (log: $run/localstack.log)"
   cd "$run"
   SERVICES=sqs,s3 EAGER_SERVICE_LOADING=1 GATEWAY_LISTEN=127.0.0.1:${port} LOCALSTACK_HOST=127.0.0.1:${port} \
   SQS_ENDPOINT_STRATEGY=path DNS_ADDRESS=0 DISABLE_EVENTS=1 SKIP_SSL_CERT_DOWNLOAD=1 LS_LOG=warn \
-  OVERRIDE_IN_DOCKER=0 FILESYSTEM_ROOT="$run/fs" \
+  OVERRIDE_IN_DOCKER=0 FILESYSTEM_ROOT="$run/fs" PYTHONPATH="$here/patches${PYTHONPATH:+:$PYTHONPATH}" \
   nohup setsid "$venv/bin/python" -m localstack.runtime.main >>"$run/localstack.log" 2>&1 &
   echo $! >"$run/localstack.pid"
 )
