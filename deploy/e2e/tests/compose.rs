@@ -549,15 +549,20 @@ fn images_from_nothing() {
         let comms = stdout_of(Command::new("docker").args(["exec", &cli, "sh", "-c", "cat /proc/[0-9]*/comm 2>/dev/null"]));
         comms.lines().filter(|c| *c == "initiator").count()
     };
-    let mut local = fleet
-        .command(&repo().join("deploy/compose.sh"), &["initiator", "local", "-", "--json"], &[])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = local.stdin.take().unwrap();
-    std::io::Write::write_all(&mut stdin, b"txn_id,account_id,amount,currency,timestamp\nx1,A1,2.50,EUR,2026-01-01T00:00:00Z\n").unwrap();
+    // `compose.sh initiator local - --json`, one transaction written to its standard input.
+    let local_on_a_pipe = || {
+        let mut child = fleet
+            .command(&repo().join("deploy/compose.sh"), &["initiator", "local", "-", "--json"], &[])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        std::io::Write::write_all(&mut stdin, b"txn_id,account_id,amount,currency,timestamp\nx1,A1,2.50,EUR,2026-01-01T00:00:00Z\n").unwrap();
+        (child, stdin)
+    };
+    let (mut local, stdin) = local_on_a_pipe();
     // Standard input stays open: the initiator reads on.
     let t = Instant::now();
     while initiators() == 0 {
@@ -581,14 +586,8 @@ fn images_from_nothing() {
     }
     drop(stdin);
     // The same command with its standard input closed bills what it read.
-    let mut local = fleet
-        .command(&repo().join("deploy/compose.sh"), &["initiator", "local", "-", "--json"], &[])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut local.stdin.take().unwrap(), b"txn_id,account_id,amount,currency,timestamp\nx1,A1,2.50,EUR,2026-01-01T00:00:00Z\n").unwrap();
+    let (local, stdin) = local_on_a_pipe();
+    drop(stdin);
     let out = local.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "initiator local - on a pipe: {}", text(&out.stderr));
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
