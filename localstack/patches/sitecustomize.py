@@ -15,11 +15,9 @@ module is patched when LocalStack imports it (an import hook), so nothing is imp
 
 import importlib.abc
 import importlib.util
-import logging
 import sys
 
 _TARGET = "localstack.services.s3.storage.ephemeral"
-_log = logging.getLogger("billing-fleet.localstack-patch")
 
 
 def _patch(module):
@@ -42,7 +40,8 @@ def _patch(module):
             self._fleet_holds_lock = False
             try:
                 close(self)
-                _log.warning("released the lock of an S3 object whose response was never closed (its client went away)")
+                # (stderr: LocalStack's log, whatever its logging configuration.)
+                print("billing-fleet patch: released the lock of an S3 object whose response was never closed (its client went away)", file=sys.stderr, flush=True)
             except Exception:  # never raise from a finalizer
                 pass
 
