@@ -23,7 +23,7 @@ scrape=$(mktemp) && sed -e 's/@PROJECT@/test/g' -e "s#/etc/prometheus/alerts.yml
 promtool check config "$scrape" && rm -f "$scrape"
 "$repo/deploy/rabbitmq.sh"
 "$repo/localstack/start.sh"
-# The fix the LocalStack runs with (localstack/patches): a leaked S3 read lock is released.
+# The fix the LocalStack runs with (localstack/patches): an S3 upload that breaks off leaves the object whole.
 PYTHONPATH="$repo/localstack/patches" "${LOCALSTACK_VENV:-$HOME/.cache/billing-fleet/localstack-venv}/bin/python" "$repo/localstack/patches/check.py"
 phase() { echo "test.sh: $1 ($(( $(date +%s) - t0 )) s since the start)"; }
 phase "stack up"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs LocalStack (SQS + S3) as a host process when missing, starts it, waits until SQS and S3 are ready.
 # Safe to run twice: a LocalStack already answering on the gateway is left alone. It runs with
-# patches/sitecustomize.py (a fix for S3 read locks that a client killed mid-request leaked: see there).
+# patches/sitecustomize.py (a fix for S3 objects truncated by an upload that broke off: see there).
 #
 # Environment:
 #   LOCALSTACK_VENV   virtualenv outside the repository (default ~/.cache/billing-fleet/localstack-venv)

@@ -1,51 +1,49 @@
 """A fix loaded into the LocalStack this project runs (host mode: localstack/start.sh puts this directory
 on PYTHONPATH; compose: deploy/images/localstack copies it into the image), before LocalStack starts.
 
-LocalStack 2026.3.0's S3 (ephemeral storage) takes an object's read lock in GetObject and releases it
-only when the response body is closed after it was sent. When a client dies while its GetObject is
-being answered (a controller killed with SIGKILL, as the tests do on purpose), the request fails in the
-gateway's handler chain ("I/O operation on closed file"), the response is dropped without being
-closed, and the read lock is never released. The key's next write waits for it forever, and since
-the lock prefers writers, so does every later read of that key: a job's lease could then never be
-read again, and the job never finished. (Real S3 has no such locks.)
+LocalStack 2026.3.0's S3 (ephemeral storage) keeps one file per key and overwrites it in place: a
+PutObject truncates the key's file, then copies the request body into it. When the body cannot be read
+to its end (its client was killed mid-request, as the tests kill controllers on purpose), the request
+fails, the key keeps its old object (size, ETag), but the file holding its bytes is left truncated.
+Every GetObject of the key then announces the old size and sends fewer bytes: the client waits for the
+rest until it times out, again and again. A job whose lease a killed controller was writing could never
+be taken again. (On real S3 a failed PutObject leaves the old object whole.)
 
-The fix: a stored object that still holds its lock when it is garbage-collected releases it. The
-module is patched when LocalStack imports it (an import hook), so nothing is imported at startup.
+The fix: the body is read to its end first (memory, spilling to disk past 16 MiB), and the key's file
+is rewritten only from that complete copy, so a failed upload changes nothing. The module is patched
+when LocalStack imports it (an import hook), so nothing is imported at startup.
 """
 
 import importlib.abc
 import importlib.util
 import sys
+import tempfile
 
 _TARGET = "localstack.services.s3.storage.ephemeral"
+_SPILL = 16 << 20
+_CHUNK = 1 << 20
 
 
 def _patch(module):
     cls = getattr(module, "EphemeralS3StoredObject", None)
     if cls is None or getattr(cls, "_fleet_patched", False):
         return
-    init, close = cls.__init__, cls.close
+    write = cls.write
 
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        # The lock is held once the original constructor returned.
-        self._fleet_holds_lock = True
+    def write_whole(self, stream):
+        if stream is None:
+            return write(self, stream)
+        body = tempfile.SpooledTemporaryFile(max_size=_SPILL)
+        try:
+            # Raises, with the key's file untouched, if the body ends early.
+            while data := stream.read(_CHUNK):
+                body.write(data)
+            body.seek(0)
+            return write(self, body)
+        finally:
+            body.close()
 
-    def close_(self):
-        self._fleet_holds_lock = False
-        return close(self)
-
-    def __del__(self):
-        if getattr(self, "_fleet_holds_lock", False):
-            self._fleet_holds_lock = False
-            try:
-                close(self)
-                # (stderr: LocalStack's log, whatever its logging configuration.)
-                print("billing-fleet patch: released the lock of an S3 object whose response was never closed (its client went away)", file=sys.stderr, flush=True)
-            except Exception:  # never raise from a finalizer
-                pass
-
-    cls.__init__, cls.close, cls.__del__ = __init__, close_, __del__
+    cls.write = write_whole
     cls._fleet_patched = True
 
 
