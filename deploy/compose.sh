@@ -221,9 +221,9 @@ initiator() {
   cli=$(running cli | head -n1)
   # Nothing to mount: executed in `cli` (its working directory, not this one).
   if [ ${#run_opts[@]} = 0 ] && [ -n "$cli" ]; then
-    local a in_cli_stdin=0
-    for a in "$@"; do [ "$a" = - ] && in_cli_stdin=1; done
-    in_cli "$cli" initiator "$@" || code=$?
+    local a stdin=()
+    for a in "$@"; do [ "$a" = - ] && stdin=(-i); done
+    in_cli "${stdin[@]}" "$cli" initiator "$@" || code=$?
     return "$code"
   fi
   template=$(ids initiator | head -n1)
@@ -247,18 +247,19 @@ initiator() {
   return "$code"
 }
 
-# in_cli ID ARGS...: ARGS executed in the running cli container ID as the calling user, with a terminal
-# when this side has one at both ends, else with this standard input when in_cli_stdin=1; returns
-# their exit code. `docker exec` does not pass signals on
-# (stopped, it leaves the command running in the container): an INT or TERM this script receives is
-# sent to the command in the container, found by a tag in its environment, so Ctrl-C or `kill` stops
-# a submission here as it stops the initiator on the host.
+# in_cli [-i] ID ARGS...: ARGS executed in the running cli container ID as the calling user, with a
+# terminal when this side has one at both ends, else with this standard input given -i (ARGS read it);
+# returns their exit code. `docker exec` does not pass signals on (stopped, it leaves the command
+# running in the container): an INT or TERM this script receives is sent to the command in the
+# container, found by a tag in its environment, so Ctrl-C or `kill` stops a submission here as it
+# stops the initiator on the host.
 in_cli() {
-  local id=$1 tty=() tag pid code=0; shift
+  local stdin=0 id tty=() tag pid code=0
+  [ "$1" = -i ] && { stdin=1; shift; }
+  id=$1; shift
   if [ -t 0 ] && [ -t 1 ]; then
     tty=(-it)
-  elif [ "${in_cli_stdin:-}" = 1 ]; then
-    # ARGS read standard input (`-`): passed on (without, the command's is empty).
+  elif [ "$stdin" = 1 ]; then
     tty=(-i)
   fi
   tag="$$.$RANDOM$RANDOM"
