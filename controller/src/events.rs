@@ -21,6 +21,7 @@ static LATENCY: LazyLock<Histogram> = LazyLock::new(|| Histogram::new(prometheus
 static CHECKPOINT: LazyLock<Histogram> = LazyLock::new(seconds_histogram);
 static CHECKPOINT_BYTES: LazyLock<Counter> = LazyLock::new(Counter::default);
 static QUARANTINED: LazyLock<Family<Labels, Counter>> = LazyLock::new(Family::default);
+static REFUSED: LazyLock<Family<Labels, Counter>> = LazyLock::new(Family::default);
 static LAST_RESULT: LazyLock<Gauge> = LazyLock::new(Gauge::default);
 static OPEN_JOBS: LazyLock<Gauge> = LazyLock::new(Gauge::default);
 
@@ -64,7 +65,16 @@ pub fn register_metrics() {
             r.register("controller_job_latency_seconds", "From a job's submission (its manifest) to its report", LATENCY.clone());
             r.register("controller_checkpoint_seconds", "Time to write one checkpoint (document and parts)", CHECKPOINT.clone());
             r.register("controller_checkpoint_part_bytes", "Bytes of checkpoint parts written", CHECKPOINT_BYTES.clone());
-            r.register("controller_messages_quarantined", "Unreadable messages moved to the quarantine (S3), by queue", QUARANTINED.clone());
+            r.register(
+                "controller_messages_refused",
+                "Messages that contradict their job's records (why=contradicts) or that it has no record of (why=unrecorded): quarantined, never counted",
+                REFUSED.clone(),
+            );
+            r.register(
+                "controller_messages_quarantined",
+                "Messages moved to the quarantine (S3: unreadable, refused against their job's records, or of a quarantined job), by queue",
+                QUARANTINED.clone(),
+            );
             r.register(
                 "controller_last_result_timestamp_seconds",
                 "When this controller last applied a message of a job (Unix seconds; 0: never)",
@@ -140,8 +150,25 @@ pub struct MessageQuarantined<'a> {
 
 impl MessageQuarantined<'_> {
     pub fn emit(&self) {
-        tracing::warn!(queue = self.queue, message_id = self.message_id, key = self.key, reason = self.reason, "unreadable message quarantined");
+        tracing::warn!(queue = self.queue, message_id = self.message_id, key = self.key, reason = self.reason, "message quarantined");
         QUARANTINED.get_or_create(&vec![("queue".to_string(), self.queue.to_string())]).inc();
+    }
+}
+
+/// A message was refused against its job's records (see `aggregate::records`); it is quarantined.
+pub struct MessageRefused<'a> {
+    pub job: &'a str,
+    pub message_id: &'a str,
+    pub reason: &'a str,
+    /// It contradicts the records (`false`: the job has no record of it).
+    pub recorded: bool,
+}
+
+impl MessageRefused<'_> {
+    pub fn emit(&self) {
+        let why = if self.recorded { "contradicts" } else { "unrecorded" };
+        tracing::error!(job = self.job, message_id = self.message_id, reason = self.reason, why, "message refused: the job's records say otherwise");
+        REFUSED.get_or_create(&vec![("why".to_string(), why.to_string())]).inc();
     }
 }
 

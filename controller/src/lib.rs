@@ -72,6 +72,12 @@ pub struct Settings {
     /// the page reads the depths from SQS and shows no fleet.
     #[arg(long, env = "CONTROLLER_AGENT_URL")]
     pub agent_url: Option<String>,
+    /// Memory budget of decoded results, MiB: the result payloads decompressed and decoded at once,
+    /// across all jobs and batches, each counted for the most its chunk's records allow, stay within
+    /// it whatever arrives (keep it well below the container's memory limit; a result larger than the
+    /// whole budget is decoded alone).
+    #[arg(long, env = "CONTROLLER_DECODE_BUDGET_MIB", default_value_t = aggregate::budget::DEFAULT_BUDGET_MIB, value_parser = clap::value_parser!(u64).range(16..=1 << 20))]
+    pub decode_budget_mib: u64,
     /// The price table each report's request cost is computed with, USD: `key=value` pairs overriding
     /// AWS's us-east-1 list prices (`sqs` per million requests, `s3_put` and `s3_get` per thousand).
     #[arg(long, env = "FLEET_PRICES", default_value = "sqs=0.40,s3_put=0.005,s3_get=0.0004")]
@@ -90,6 +96,7 @@ impl Default for Settings {
             id: None,
             blob_retention_secs: 0,
             agent_url: None,
+            decode_budget_mib: aggregate::budget::DEFAULT_BUDGET_MIB,
             prices: Prices::default(),
         }
     }
@@ -246,6 +253,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     let mut aggregator = Aggregator::with_owner(deps.store.clone(), owner.clone(), Duration::from_secs(settings.lease_secs));
     aggregator.set_settle(Duration::from_secs(settings.settle_secs));
     aggregator.set_prices(settings.prices);
+    aggregator.set_decode_budget(settings.decode_budget_mib << 20);
     let queues = [(Source::Results, &deps.results), (Source::WorkDeadLetter, &deps.work_dlq), (Source::ResultsDeadLetter, &deps.results_dlq)];
     for (source, q) in queues {
         aggregator.set_queue(source, q.name());

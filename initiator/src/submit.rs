@@ -20,7 +20,7 @@ use fleet_domain::billing::Tariff;
 use fleet_domain::codec::{encode_chunk, ChunkWriter, EncodedChunk};
 use fleet_domain::input::{Counts, InputFile, Validator};
 use fleet_domain::layout::{chunk_key, manifest_key, new_job_id};
-use fleet_domain::model::{now_rfc3339, BlobRef, Manifest, Rejected, ResultMessage, WorkItem, WIRE_VERSION};
+use fleet_domain::model::{now_rfc3339, BlobRef, ChunkRecord, Manifest, Rejected, ResultMessage, WorkItem, WIRE_VERSION};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::blob::BlobStore;
 use fleet_io::queue::Queue;
@@ -127,9 +127,12 @@ async fn encode(number: u32, partition: usize, w: ChunkWriter, job_id: &str, bar
     Ok(Chunk { number, partition, rows: enc.rows, blob, bytes: Some(Bytes::from(enc.bytes)) })
 }
 
+/// Stores a chunk's blob with its record (its transactions and size, in the blob's metadata): the
+/// job's own word on the chunk, which the controller checks every result for it against.
 async fn put(mut c: Chunk, store: &Arc<dyn BlobStore>) -> Result<Chunk, CliError> {
     if let Some(b) = c.bytes.take() {
-        store.put(&c.blob.key, b, "application/zstd").await?;
+        let record = ChunkRecord { transactions: c.rows, raw_bytes: c.blob.raw_bytes };
+        store.put_if(&c.blob.key, b, "application/zstd", &record.to_meta(), &fleet_io::blob::Cond::Any).await?;
     }
     Ok(c)
 }

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use fleet_domain::layout::report_key;
-use fleet_domain::model::JobStatus;
+use fleet_domain::model::{JobStatus, ResultMessage};
 use fleet_domain::report::Report;
 use fleet_io::blob::BlobStore;
 use fleet_io::memory::MemoryStore;
@@ -136,9 +136,26 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
             }
         }
     }
-    let quarantined: Vec<String> = store.keys().into_iter().filter(|k| k.starts_with("quarantine/") || k.contains("/quarantined/")).collect();
-    if !quarantined.is_empty() {
-        v.push(format!("quarantined without an unreadable state: {quarantined:?}"));
+    // Only what the hostile sender forged is quarantined (refused against its job's records): a
+    // result that declares more rows than its chunk has, or names a chunk the job does not have.
+    let mut wrongly = Vec::new();
+    for key in store.keys().into_iter().filter(|k| k.starts_with("quarantine/") || k.contains("/quarantined/")) {
+        let forged = match fleet_io::quarantine::read(store, &key).await {
+            Ok(Some(q)) => match serde_json::from_str::<ResultMessage>(&q.body) {
+                Ok(ResultMessage::Chunk(c)) => jobs.iter().find(|j| j.id == c.job_id).is_some_and(|j| {
+                    let beyond = c.chunk as usize >= j.chunks.len();
+                    beyond || c.transactions != j.chunks[c.chunk as usize].rows.len() as u64
+                }),
+                _ => false,
+            },
+            _ => false,
+        };
+        if !forged {
+            wrongly.push(key);
+        }
+    }
+    if !wrongly.is_empty() {
+        v.push(format!("quarantined without an unreadable state or a forgery: {wrongly:?}"));
     }
     v
 }

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use fleet_domain::billing::{AccountTotals, Tariff};
 use fleet_domain::codec::{accounts_to_zstd_csv, base64_encode, sha256_hex};
 use fleet_domain::layout::{chunk_key, manifest_key, result_key};
-use fleet_domain::model::{AccountsPayload, BlobRef, ChunkOutcome, ChunkResult, Manifest, ResultMessage, WorkItem, WIRE_VERSION};
+use fleet_domain::model::{AccountsPayload, BlobRef, ChunkOutcome, ChunkRecord, ChunkResult, Manifest, ResultMessage, WorkItem, WIRE_VERSION};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::blob::BlobStore;
 use fleet_io::queue::{Attrs, Outgoing, Queue};
@@ -209,7 +209,12 @@ pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>
     tokio::time::sleep(job.submit_at).await;
     // The chunk blobs first (every chunk's, also those whose work item is lost later), then the items.
     for c in 0..job.chunks.len() as u32 {
-        store.put(&chunk_key(&job.id, c), Bytes::from_static(b"chunk"), "application/zstd").await.expect("the initiator's store does not fail");
+        // With its record, as the initiator writes it (the controller holds results to it).
+        let record = ChunkRecord { transactions: job.chunks[c as usize].rows.len() as u64, raw_bytes: 64 * job.chunks[c as usize].rows.len() as u64 };
+        store
+            .put_if(&chunk_key(&job.id, c), Bytes::from_static(b"chunk"), "application/zstd", &record.to_meta(), &fleet_io::blob::Cond::Any)
+            .await
+            .expect("the initiator's store does not fail");
     }
     let items: Vec<Outgoing> = (0..job.chunks.len() as u32)
         .filter(|&c| job.chunks[c as usize].fate != Fate::Lost)

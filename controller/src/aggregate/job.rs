@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fleet_domain::billing::{AccountTotals, CheckedTotals, RowBatch};
-use fleet_domain::codec::{accounts_cap, accounts_from_zstd_csv, base64_decode, sha256_hex};
+use fleet_domain::codec::{accounts_from_zstd_csv_rows, base64_decode, sha256_hex};
 use fleet_domain::layout::{check_job_id, result_key};
 use fleet_domain::model::{AccountsPayload, Checkpoint, ChunkOutcome, ChunkResult, FailedChunk, JobStatus, Manifest, ResultMessage, WorkItem};
 use fleet_domain::requests::RequestCounts;
@@ -22,7 +22,8 @@ use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 use tokio::time::Instant;
 
-use super::{Source, DEAD_LETTER_REASON, DECODES, MAX_RESULT_BYTES};
+use super::records::Figures;
+use super::{Source, DEAD_LETTER_REASON, DECODES};
 use crate::clock::Clock;
 use crate::lease::Held;
 use fleet_io::queue::Message;
@@ -124,6 +125,15 @@ impl Item {
             Item::Dead { item, .. } => &item.job_id,
         }
     }
+
+    /// The chunk it is about (a result or a dead-lettered work item).
+    pub(super) fn chunk(&self) -> Option<u32> {
+        match self {
+            Item::Result(ResultMessage::Chunk(c)) => Some(c.chunk),
+            Item::Dead { item, .. } => Some(item.chunk),
+            Item::Result(_) => None,
+        }
+    }
 }
 
 pub(super) struct Job {
@@ -148,8 +158,6 @@ pub(super) struct Job {
     pub(super) cp_etag: Option<String>,
     /// The aggregator's clock (a checkpoint's `updated_at`).
     pub(super) clock: Clock,
-    /// The highest chunk number seen to exist (its chunk blob), before the seal (see `verify_chunks`).
-    pub(super) verified: Option<u32>,
 }
 
 /// Deliveries applied in memory and waiting for a checkpoint, counted for the whole aggregator (also
@@ -214,35 +222,30 @@ pub(super) struct Ready {
 }
 
 impl Ready {
-    /// The chunk it is about (a result or a dead-lettered work item).
-    pub(super) fn chunk(&self) -> Option<u32> {
-        match &self.item {
-            Item::Result(ResultMessage::Chunk(c)) => Some(c.chunk),
-            Item::Dead { item, .. } => Some(item.chunk),
-            Item::Result(_) => None,
-        }
-    }
-
     pub(super) fn is_seal(&self) -> bool {
         matches!(self.item, Item::Result(ResultMessage::Sealed { .. }))
     }
 }
 
-pub(super) async fn prepare(mut item: Item, store: &dyn BlobStore, offload: bool) -> Ready {
+/// Fetches and decodes a result's payload, within `figures`: its chunk's recorded figures (see
+/// `records`), which it has been checked against.
+pub(super) async fn prepare(mut item: Item, figures: Option<Figures>, store: &dyn BlobStore, offload: bool) -> Ready {
     if let Item::Result(ResultMessage::Chunk(ChunkResult { job_id, chunk, transactions, outcome: ChunkOutcome::Processed { payload }, .. })) = &mut item {
         let payload = std::mem::replace(payload, AccountsPayload::Inline { accounts: Vec::new() });
         let gets = u64::from(matches!(payload, AccountsPayload::Blob { .. }));
-        // What the payload may decompress to follows from the rows it declares (one account row per
-        // transaction at most) but never exceeds what a chunk's account rows can be (a message cannot
-        // raise it by what it declares), and its blob is the one its job and chunk name: a hostile
-        // result can neither make the controller inflate a gigabyte nor point it at another job's
-        // objects.
-        let cap = accounts_cap(*transactions, MAX_RESULT_BYTES);
+        // What the payload may decompress and decode to follows from its chunk's record (one account
+        // row per transaction at most, no longer than the chunk's rows and their figures), never from
+        // what the message declares, and its blob is the one its job and chunk name: a hostile result
+        // can neither make the controller inflate a gigabyte nor point it at another job's objects.
+        let figures = figures.unwrap_or(Figures { transactions: *transactions, raw_bytes: None });
         let accounts = Some(match &payload {
             AccountsPayload::Blob { blob } if blob.key != result_key(job_id, *chunk) => {
                 Err(Error::corrupt(format!("result blob key {:?} is not the key of job {job_id} chunk {chunk}", blob.key)))
             }
-            _ => decode_payload(payload, store, cap, offload).await,
+            AccountsPayload::Inline { accounts } if accounts.len() as u64 > figures.max_rows() => {
+                Err(Error::corrupt(format!("result has {} account rows; its chunk has {} transactions", accounts.len(), figures.transactions)))
+            }
+            _ => decode_payload(payload, store, figures, offload).await,
         });
         return Ready { item, accounts, gets };
     }
@@ -348,7 +351,8 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
 /// the blocking pool (`offload`; the simulation decodes in place, on its one thread), at most
 /// [`DECODES`] at once: a batch of large results neither stalls the async workers nor holds more
 /// than that many inflated payloads.
-pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, cap: u64, offload: bool) -> Result<RowBatch> {
+pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, figures: Figures, offload: bool) -> Result<RowBatch> {
+    let (cap, rows) = (figures.max_bytes(), figures.max_rows());
     let (data, cap) = match payload {
         AccountsPayload::Inline { accounts } => return Ok(accounts.iter().map(AccountTotals::borrowed).collect()),
         AccountsPayload::ZstdCsv { data } => (Bytes::from(base64_decode(&data).map_err(Error::corrupt)?), cap),
@@ -367,9 +371,9 @@ pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobSto
     static DECODES_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(DECODES);
     let _permit = DECODES_AT_ONCE.acquire().await.map_err(|_| Error::Corrupt("decoder closed".into()))?;
     if !offload {
-        return accounts_from_zstd_csv(&data, cap).map_err(Error::corrupt);
+        return accounts_from_zstd_csv_rows(&data, cap, rows).map_err(Error::corrupt);
     }
-    match tokio::task::spawn_blocking(move || accounts_from_zstd_csv(&data, cap)).await {
+    match tokio::task::spawn_blocking(move || accounts_from_zstd_csv_rows(&data, cap, rows)).await {
         Ok(r) => r.map_err(Error::corrupt),
         Err(e) => Err(Error::Corrupt(format!("result payload decoder failed: {e}"))),
     }
@@ -406,7 +410,6 @@ mod tests {
             lease: Held::detached(),
             cp_etag: None,
             clock,
-            verified: None,
         }
     }
 

@@ -19,12 +19,11 @@
 //! `checkpoint` (flushing and the checkpoint format), `finalize` (the report), `scan` (dormant jobs and
 //! expiry); this file holds the aggregator and the path of one batch.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleet_domain::layout::chunk_key;
 use fleet_domain::model::JobStatus;
 use fleet_domain::prices::{sqs_extra_chunks, Prices, SQS_EXTRA_64K};
 use fleet_domain::requests::RequestCounts;
@@ -37,16 +36,20 @@ use tokio::time::Instant;
 use crate::clock::Clock;
 use crate::lease::{Leases, WeakHeld};
 
+pub mod budget;
 mod checkpoint;
 mod finalize;
 mod hold;
 mod job;
 mod quarantine;
+pub mod records;
 mod scan;
 mod take;
 
+use budget::Budget;
 use hold::Hold;
 use job::{apply_item, parse, prepare, Item, Job, Ready};
+use records::{RecordsCache, Verdict};
 pub use scan::{Drain, FleetQueues, Look, DEPTH_LAG};
 
 /// Largest decompressed checkpoint accepted.
@@ -55,11 +58,11 @@ const MAX_DOC_BYTES: u64 = 1 << 30;
 /// one chunk, which a processor reads only up to its `--max-chunk-bytes` (64 MiB by default) of
 /// transactions, and an account row is no longer than the transaction row it sums.
 pub const MAX_RESULT_BYTES: u64 = 64 << 20;
-/// A result for a chunk the job is not known to have goes back to the queue for this long (until the
-/// job's seal says how many chunks it has).
-const UNKNOWN_CHUNK_WAITS: Duration = Duration::from_secs(30);
-/// How far past a chunk number the look for its chunk blob goes first (see `verify_chunks`).
-const PROBE_AHEAD: u32 = 16;
+/// A message its job has no record of (see `records`) goes back to the results queue for this long ...
+const UNRECORDED_WAITS: Duration = Duration::from_secs(20);
+/// ... until its receive this many times (below any maxReceiveCount the fleet provisions), then it is
+/// quarantined; from a dead-letter queue, at once.
+pub const UNRECORDED_RECEIVES: u32 = 3;
 /// Result payloads decompressed at once (on the blocking pool).
 const DECODES: usize = 2;
 /// Finished jobs remembered in memory (to drop late duplicates without an S3 read).
@@ -205,6 +208,10 @@ pub struct Aggregator {
     expiry: Mutex<Expiry>,
     /// Messages held through a store outage (see `hold`).
     hold: Mutex<Hold>,
+    /// What the jobs' own records say (see `records`).
+    records: Mutex<RecordsCache>,
+    /// Decoded results held at once stay within it (see `budget`).
+    budget: Arc<Budget>,
     /// Told the id of each job whose report it wrote (the purge of its blobs); dropped at the stop.
     on_finished: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
     /// Messages applied in memory and waiting for a checkpoint (shared with each job's `Pending`).
@@ -276,6 +283,8 @@ impl Aggregator {
             known: Mutex::default(),
             expiry: Mutex::new(Expiry { scanned: None, idle_floor: Instant::now(), drain: scan::Drain::default() }),
             hold: Mutex::default(),
+            records: Mutex::default(),
+            budget: Arc::new(Budget::new(budget::DEFAULT_BUDGET_MIB << 20)),
             on_finished: Mutex::new(None),
             pending: Arc::default(),
             stats: CheckpointStats::default(),
@@ -305,6 +314,16 @@ impl Aggregator {
         self.prices = prices;
     }
 
+    /// Sets the byte budget of decoded results held at once (default [`budget::DEFAULT_BUDGET_MIB`]).
+    pub fn set_decode_budget(&mut self, bytes: u64) {
+        self.budget = Arc::new(Budget::new(bytes));
+    }
+
+    /// The budget of decoded results (its high-water mark: the most held at once).
+    pub fn decode_budget(&self) -> &Budget {
+        &self.budget
+    }
+
     /// Names the queue of a source (recorded with what is quarantined from it).
     pub fn set_queue(&mut self, source: Source, name: &str) {
         self.queues.insert(source, name.to_string());
@@ -330,6 +349,11 @@ impl Aggregator {
         }
     }
 
+    /// A job's slot if it has one (none is made).
+    fn memory_slot(&self, job_id: &str) -> Option<Slot> {
+        lock(&self.memory).slots.get(job_id).cloned()
+    }
+
     fn slots(&self) -> Vec<(String, Slot)> {
         lock(&self.memory).slots.iter().map(|(k, s)| (k.clone(), s.clone())).collect()
     }
@@ -338,59 +362,166 @@ impl Aggregator {
         lock(&self.known).finished.status.contains_key(job_id)
     }
 
-    /// Applies one received batch. Messages of a job whose state could not be saved are not deleted
-    /// (dropped here, they come back after their visibility timeout), and that job is reloaded from
-    /// its last checkpoint next time. Unreadable messages are quarantined, then deleted. Result
-    /// payloads are fetched before any job is locked, and the batch's jobs are applied concurrently.
-    /// The messages applied and not returned stay with their jobs until a checkpoint covers them.
+    /// Applies one received batch. Each job's messages are first checked against the job's own
+    /// records (see `records`): those that contradict them are quarantined, those the job has no
+    /// record of wait (a few receives) and are then quarantined, and only the rest reach the job,
+    /// their payloads fetched and decoded within the memory budget (see `budget`) before the job is
+    /// locked. Messages of a job whose state could not be saved are not deleted (held, or dropped here
+    /// to come back after their visibility timeout), and that job is reloaded from its last
+    /// checkpoint next time. Unreadable messages are quarantined, then deleted. The batch's jobs are
+    /// applied concurrently. The messages applied and not returned stay with their jobs until a
+    /// checkpoint covers them.
     pub async fn apply(&self, source: Source, msgs: Vec<Kept>) -> Applied {
         let mut applied = Applied::default();
         let mut groups: BTreeMap<String, Vec<(Kept, Item)>> = BTreeMap::new();
         for m in msgs {
             match parse(source, &m) {
                 Ok(item) => groups.entry(item.job_id().to_string()).or_default().push((m, item)),
-                Err(e) => {
-                    let queue = self.queues.get(&source).map_or("unknown", String::as_str);
-                    let reason = e.to_string();
-                    match fleet_io::quarantine::put(self.store.as_ref(), queue, &m, &reason).await {
-                        Ok(key) => {
-                            crate::events::MessageQuarantined { queue, message_id: &m.id, key: &key, reason: &reason }.emit();
-                            applied.delete.push(m)
-                        }
-                        Err(qe) if qe.is_retryable() => self.hold(vec![(source, m)], &qe),
-                        Err(qe) => tracing::warn!(queue, message_id = %m.id, error = %qe, "could not quarantine an unreadable message; it will be redelivered"),
-                    }
+                Err(e) => applied.delete.extend(self.quarantine_message(source, m, &e.to_string()).await),
+            }
+        }
+        let outcomes = futures::future::join_all(groups.into_iter().map(|(job_id, items)| self.apply_group(source, job_id, items))).await;
+        for a in outcomes {
+            applied.delete.extend(a.delete);
+            applied.release.extend(a.release);
+        }
+        applied
+    }
+
+    /// Keeps a message in the quarantine (`initiator dlq list`) with the reason; returns it for
+    /// deletion once kept (held when the store does not answer, else left to come back).
+    async fn quarantine_message(&self, source: Source, m: Kept, reason: &str) -> Option<Kept> {
+        let queue = self.queues.get(&source).map_or("unknown", String::as_str);
+        match fleet_io::quarantine::put(self.store.as_ref(), queue, &m, reason).await {
+            Ok(key) => {
+                crate::events::MessageQuarantined { queue, message_id: &m.id, key: &key, reason }.emit();
+                Some(m)
+            }
+            Err(qe) if qe.is_retryable() => {
+                self.hold(vec![(source, m)], &qe);
+                None
+            }
+            Err(qe) => {
+                tracing::warn!(queue, message_id = %m.id, error = %qe, "could not quarantine a message; it will be redelivered");
+                None
+            }
+        }
+    }
+
+    /// One job's messages of a batch: checked against its records, then applied in runs that fit the
+    /// memory budget (each run's share taken before the job is locked, given back after).
+    async fn apply_group(&self, source: Source, job_id: String, items: Vec<(Kept, Item)>) -> Applied {
+        let mut out = Applied::default();
+        let (kept, items): (Vec<Kept>, Vec<Item>) = items.into_iter().unzip();
+        if self.is_finished(&job_id) {
+            self.record_step(&job_id, self.apply_job(&job_id, source, Vec::new(), kept, RequestCounts::default()).await, &mut out);
+            return out;
+        }
+        // A job whose S3 calls just failed is turned back without a call (as in `apply_job`).
+        let checked = match self.failing_now(&job_id) {
+            Some(e) => Err(e),
+            None => self.check_records(&job_id, &items).await,
+        };
+        let checked = match checked {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(job = %job_id, error = %e, "could not read the job's records");
+                self.fail_group(&job_id, source, kept, &e).await;
+                return out;
+            }
+        };
+        if let Some(status) = checked.finished {
+            // Finished, its blobs purged: what arrives are late duplicates.
+            self.remember_finished(&job_id, status);
+            self.record_step(&job_id, self.apply_job(&job_id, source, Vec::new(), kept, RequestCounts::default()).await, &mut out);
+            return out;
+        }
+        let mut agreeing = Vec::with_capacity(items.len());
+        for ((k, item), verdict) in kept.into_iter().zip(items).zip(checked.verdicts) {
+            match verdict {
+                Verdict::Agrees(figures) => {
+                    let share = figures.map_or(0, records::Figures::max_memory);
+                    agreeing.push(((k, item, figures), share));
+                }
+                Verdict::Refused(why) => {
+                    crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded: true }.emit();
+                    out.delete.extend(self.quarantine_message(source, k, &why).await);
+                }
+                // It may yet come on record (never in practice: the initiator writes its records
+                // before it sends what names them), so it waits a few receives, never into the
+                // dead-letter queue; one that reached a dead-letter queue waited already.
+                Verdict::Unrecorded(why) if source == Source::Results && k.receive_count < UNRECORDED_RECEIVES => {
+                    tracing::debug!(job = %job_id, message_id = %k.id, receives = k.receive_count, %why, "no record yet: back to the queue");
+                    out.release.push((k, UNRECORDED_WAITS));
+                }
+                Verdict::Unrecorded(why) => {
+                    crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded: false }.emit();
+                    out.delete.extend(self.quarantine_message(source, k, &why).await);
                 }
             }
         }
-        let steps = futures::future::join_all(groups.into_iter().map(|(job_id, items)| async move {
-            let (kept, items): (Vec<Kept>, Vec<Item>) = items.into_iter().unzip();
-            let items = if self.is_finished(&job_id) {
-                Vec::new()
-            } else {
-                futures::future::join_all(items.into_iter().map(|it| prepare(it, self.store.as_ref(), self.offload_decoding))).await
-            };
-            let step = self.apply_job(&job_id, source, items, kept).await;
-            (job_id, step)
-        }))
-        .await;
-        for (job_id, step) in steps {
-            match step {
-                Ok(Step::Delete(deletable)) => applied.delete.extend(deletable),
-                Ok(Step::NotMine(kept, after)) => applied.release.extend(kept.into_iter().map(|k| (k, after))),
-                // Held (see `hold`) when the failure may pass.
-                Err(e) if e.is_retryable() => tracing::debug!(job = %job_id, error = %e, "could not apply results; held"),
-                Err(e) => tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered"),
-            }
+        let mut looked = Some(checked.requests);
+        for (run, share) in budget::runs(agreeing, self.budget.bytes()) {
+            let held = self.budget.take(share).await;
+            let (kept, readies): (Vec<Kept>, Vec<_>) = run.into_iter().map(|(k, item, figures)| (k, (item, figures))).unzip();
+            let readies =
+                futures::future::join_all(readies.into_iter().map(|(item, figures)| prepare(item, figures, self.store.as_ref(), self.offload_decoding))).await;
+            let step = self.apply_job(&job_id, source, readies, kept, looked.take().unwrap_or_default()).await;
+            drop(held);
+            self.record_step(&job_id, step, &mut out);
         }
-        applied
+        out
+    }
+
+    /// The error to turn a job's messages back with, without a call, while its S3 calls failed just
+    /// before and it is not in memory.
+    fn failing_now(&self, job_id: &str) -> Option<Error> {
+        let until = lock(&self.memory).failing.get(job_id).copied()?;
+        let loaded = self.memory_slot(job_id).is_some_and(|s| s.try_lock().map_or(true, |j| j.is_some()));
+        (Instant::now() < until && !loaded).then_some(Error::Timeout {
+            service: fleet_io::error::Service::S3,
+            operation: "(job state, failed just before)",
+            after: FAILING_FOR,
+            attempts: 0,
+        })
+    }
+
+    /// A job's messages could not be checked against its records: as when its state cannot be saved,
+    /// the job is dropped from memory with them (held when the failure may pass, see `drop_job`).
+    async fn fail_group(&self, job_id: &str, source: Source, kept: Vec<Kept>, e: &Error) {
+        let slot = self.slot(job_id);
+        {
+            let mut held = slot.lock().await;
+            if e.is_retryable() {
+                let now = Instant::now();
+                let mut memory = lock(&self.memory);
+                let until = memory.failing.entry(job_id.to_string()).or_insert(now);
+                if *until <= now {
+                    *until = now + FAILING_FOR;
+                }
+            }
+            self.drop_job(&mut held, kept.into_iter().map(|k| (source, k)).collect(), e);
+        }
+        drop(slot);
+        self.prune(job_id);
+    }
+
+    /// Adds what became of a job's messages to `out`.
+    fn record_step(&self, job_id: &str, step: Result<Step>, out: &mut Applied) {
+        match step {
+            Ok(Step::Delete(deletable)) => out.delete.extend(deletable),
+            Ok(Step::NotMine(kept, after)) => out.release.extend(kept.into_iter().map(|k| (k, after))),
+            // Held (see `hold`) when the failure may pass.
+            Err(e) if e.is_retryable() => tracing::debug!(job = %job_id, error = %e, "could not apply results; held"),
+            Err(e) => tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered"),
+        }
     }
 
     /// Applies a job's items under its lock; returns the messages that may be deleted now (the job
     /// finished or was checkpointed, or they belong to a job finished before). On an error everything
     /// applied since the last checkpoint is dropped with the job; those messages were not deleted:
     /// held, with this batch's, when the failure may pass, else they come back.
-    async fn apply_job(&self, job_id: &str, source: Source, items: Vec<Ready>, kept: Vec<Kept>) -> Result<Step> {
+    async fn apply_job(&self, job_id: &str, source: Source, items: Vec<Ready>, kept: Vec<Kept>, looked: RequestCounts) -> Result<Step> {
         if self.is_finished(job_id) {
             tracing::debug!(job = %job_id, n = kept.len(), "late messages of a finished job");
             return Ok(Step::Delete(self.settle_finished(job_id, kept.into_iter().map(|k| (source, k)).collect()).await));
@@ -404,7 +535,7 @@ impl Aggregator {
             let step = if held.is_none() && failing {
                 Err(Error::Timeout { service: fleet_io::error::Service::S3, operation: "(job state, failed just before)", after: FAILING_FOR, attempts: 0 })
             } else {
-                self.apply_locked(job_id, &mut held, items, &mut kept).await
+                self.apply_locked(job_id, &mut held, items, &mut kept, looked).await
             };
             match &step {
                 Err(e) => {
@@ -450,8 +581,16 @@ impl Aggregator {
 
     /// Applies items to a job in memory (loaded first if it is not): the messages of `kept` are taken
     /// by the job (or returned in the step); on an error, those not taken are left in it.
-    async fn apply_locked(&self, job_id: &str, held: &mut Option<Job>, items: Vec<Ready>, kept: &mut Vec<(Source, Kept)>) -> Result<Step> {
-        let mut ctl = RequestCounts::default();
+    async fn apply_locked(
+        &self,
+        job_id: &str,
+        held: &mut Option<Job>,
+        items: Vec<Ready>,
+        kept: &mut Vec<(Source, Kept)>,
+        looked: RequestCounts,
+    ) -> Result<Step> {
+        // The calls that looked its records up count for it.
+        let mut ctl = looked;
         ctl.add("sqs.ReceiveMessage", 1);
         // SQS bills each further 64 KiB of what the receive brought as one more request.
         ctl.add(SQS_EXTRA_64K, sqs_extra_chunks(kept.iter().map(|(_, k)| k.body.len()).sum()));
@@ -474,18 +613,12 @@ impl Aggregator {
             }
         }
         let job = held.as_mut().expect("loaded above");
-        // A seal first: the size it gives is a fact whatever the order, and a chunk number is checked
-        // against it. Before any seal, a chunk number is checked against the chunks the job has.
+        // A seal first (its size, checked against the manifest, is a fact whatever the order). Every
+        // item here agrees with the job's records (see `records`).
         let taken = std::mem::take(kept);
         debug_assert_eq!(taken.len(), items.len(), "one message per item");
         let mut pairs: Vec<(Ready, (Source, Kept))> = items.into_iter().zip(taken).collect();
         pairs.sort_by_key(|(r, _)| !r.is_seal());
-        let unknown = if job.cp.total_chunks.is_none() && !job.cp.finishing && !pairs.first().is_some_and(|(r, _)| r.is_seal()) {
-            let items: Vec<&Ready> = pairs.iter().map(|(r, _)| r).collect();
-            self.verify_chunks(job_id, job, &items, &mut ctl).await.inspect_err(|_| *kept = pairs.drain(..).map(|(_, k)| k).collect())?
-        } else {
-            BTreeSet::new()
-        };
         let mut applied = Vec::with_capacity(pairs.len());
         let mut pairs = pairs.into_iter();
         while let Some((item, k)) = pairs.next() {
@@ -493,14 +626,6 @@ impl Aggregator {
             // duplicate or comes too late); it is only finished.
             if job.cp.finishing {
                 applied.push(k);
-                continue;
-            }
-            // A chunk the job is not known to have: back to the queue until the seal says how many
-            // chunks it has (then it is counted, or refused as beyond the job). A failure report for a
-            // chunk whose blob is gone is real; a forged chunk number is not.
-            if let Some(c) = item.chunk().filter(|c| unknown.contains(c)) {
-                tracing::warn!(job = %job_id, chunk = c, "a result for a chunk the job is not known to have (no chunk blob) before its seal: it waits for the seal");
-                k.1.release(UNKNOWN_CHUNK_WAITS);
                 continue;
             }
             if let Err(e) = apply_item(job, item, &mut ctl) {
@@ -511,8 +636,6 @@ impl Aggregator {
             }
             applied.push(k);
         }
-        // News, unless all of it waits for the seal (a forged chunk number coming back again and
-        // again keeps no job from being abandoned).
         if !applied.is_empty() {
             job.last_activity = Instant::now();
         }
@@ -528,31 +651,6 @@ impl Aggregator {
             return Ok(Step::Delete(self.flush_job(job_id, held).await));
         }
         Ok(Step::Delete(Vec::new()))
-    }
-
-    /// Checks, before the job's seal tells its size, that the chunks these items name exist (their
-    /// chunk blobs, which the initiator writes before it enqueues their work items): a chunk number
-    /// beyond the job would otherwise be counted before the seal could refuse it, and nothing can
-    /// take it out of the totals after. Chunks at or below the highest one seen to exist need no look;
-    /// a look goes [`PROBE_AHEAD`] chunks further first (results arrive about in chunk order, so one
-    /// look covers the next results). Returns the chunk numbers the job is not known to have.
-    async fn verify_chunks(&self, job_id: &str, job: &mut Job, items: &[&Ready], ctl: &mut RequestCounts) -> Result<BTreeSet<u32>> {
-        let mut unverified: Vec<u32> = items.iter().filter_map(|r| r.chunk()).filter(|&c| job.verified.is_none_or(|v| c > v)).collect();
-        unverified.sort_unstable();
-        unverified.dedup();
-        let mut bogus = BTreeSet::new();
-        while let Some(&c) = unverified.last() {
-            for probe in [c.saturating_add(PROBE_AHEAD), c] {
-                ctl.add("s3.HeadObject", 1);
-                if self.store.head(&chunk_key(job_id, probe)).await?.is_some() {
-                    job.verified = Some(probe);
-                    return Ok(bogus);
-                }
-            }
-            bogus.insert(c);
-            unverified.pop();
-        }
-        Ok(bogus)
     }
 
     /// Jobs held in memory (being aggregated).
@@ -583,6 +681,7 @@ impl Aggregator {
     }
 
     fn remember_finished(&self, job_id: &str, status: JobStatus) {
+        self.forget_records(job_id);
         let mut known = lock(&self.known);
         let f = &mut known.finished;
         if f.status.insert(job_id.to_string(), status).is_none() {

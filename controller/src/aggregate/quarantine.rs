@@ -121,18 +121,10 @@ impl Aggregator {
         if lock(&self.known).finished.status.get(job_id) != Some(&JobStatus::Quarantined) {
             return kept.into_iter().map(|(_, k)| k).collect();
         }
+        let reason = format!("job {job_id} is quarantined: its state cannot be read");
         let mut delete = Vec::with_capacity(kept.len());
         for (source, k) in kept {
-            let queue = self.queues.get(&source).map_or("unknown", String::as_str);
-            let reason = format!("job {job_id} is quarantined: its state cannot be read");
-            match fleet_io::quarantine::put(self.store.as_ref(), queue, &k, &reason).await {
-                Ok(key) => {
-                    crate::events::MessageQuarantined { queue, message_id: &k.id, key: &key, reason: &reason }.emit();
-                    delete.push(k)
-                }
-                Err(e) if e.is_retryable() => self.hold(vec![(source, k)], &e),
-                Err(e) => tracing::warn!(job = %job_id, error = %e, "could not keep a message of a quarantined job; it will be redelivered"),
-            }
+            delete.extend(self.quarantine_message(source, k, &reason).await);
         }
         delete
     }

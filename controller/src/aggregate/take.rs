@@ -171,7 +171,6 @@ impl Aggregator {
             lease,
             cp_etag: etag,
             clock: self.clock,
-            verified: None,
         };
         match self.store.get_tagged(&checkpoint_key(job_id)).await.map_err(|e| (e, None))? {
             Some((data, etag)) => {

@@ -6,7 +6,7 @@ use fleet_domain::billing::AccountTotals;
 use fleet_domain::billing::Tariff;
 use fleet_domain::codec::{accounts_to_zstd_csv, from_zstd_json, sha256_hex, to_zstd_json};
 use fleet_domain::layout::{accounts_key, checkpoint_key, checkpoint_parts_prefix, manifest_key, open_key, quarantined_checkpoint_key, report_key};
-use fleet_domain::model::{now_rfc3339, BlobRef, ChunkResult, Rejected};
+use fleet_domain::model::{now_rfc3339, BlobRef, ChunkRecord, ChunkResult, Rejected};
 use fleet_domain::model::{AccountsPayload, Checkpoint, CheckpointPart, ChunkOutcome, Manifest, Progress, ResultMessage, WorkItem};
 use fleet_domain::report;
 use fleet_engine::completion::BatchSettings;
@@ -89,10 +89,19 @@ async fn put_chunks(store: &MemoryStore, job: &str, n: u32) {
     }
 }
 
+/// The chunk blobs with their records (transactions; a generous size), as the initiator writes them.
+async fn put_records(store: &MemoryStore, job: &str, chunks: &[u64]) {
+    for (c, &n) in chunks.iter().enumerate() {
+        let record = ChunkRecord { transactions: n, raw_bytes: 100 * n };
+        let key = fleet_domain::layout::chunk_key(job, c as u32);
+        store.put_if(&key, Bytes::from_static(b"chunk"), "application/zstd", &record.to_meta(), &Cond::Any).await.unwrap();
+    }
+}
+
 /// The manifest, and the chunk blobs the initiator writes before it enqueues their work items (a
 /// result for a chunk without one is not counted before the seal).
 async fn put_manifest(store: &MemoryStore, m: &Manifest) {
-    put_chunks(store, &m.job_id, m.total_chunks).await;
+    put_records(store, &m.job_id, &m.chunk_transactions).await;
     store.put(&manifest_key(&m.job_id), Bytes::from(serde_json::to_vec(m).unwrap()), "application/json").await.unwrap();
 }
 
@@ -356,7 +365,8 @@ async fn hostile_values_fail_their_chunk_and_leave_other_jobs_alone() {
     agg.apply(Source::Results, keep(Source::Results, &[m, sealed("h2", 1)])).await;
     let r = report_of(&store, "h2").await.unwrap();
     assert_eq!(r.status, JobStatus::Partial);
-    assert!(r.failed_chunks[0].reason.contains("more transactions than a count can hold"), "{:?}", r.failed_chunks);
+    // Two rows for a chunk of one transaction: refused before they are summed.
+    assert!(r.failed_chunks[0].reason.contains("result has 2 account rows; its chunk has 1 transactions"), "{:?}", r.failed_chunks);
     let ok = report_of(&store, "ok").await.unwrap();
     assert_eq!((ok.status, ok.transactions.processed, ok.accounts[0].gross.as_str()), (JobStatus::Complete, 1, "5.00"));
 }
@@ -406,18 +416,32 @@ async fn hostile_results_are_bounded_by_their_declared_rows_and_their_own_keys()
         2,
         AccountsPayload::Blob { blob: BlobRef { key: theirs, sha256: sha256_hex(&good), compressed_bytes: good.len() as u64, raw_bytes: 1024 } },
     );
-    // Failure reports whose counts would wrap a sum.
+    // A failure report whose count would wrap a sum: it contradicts the chunk's record (refused,
+    // quarantined); the real one counts.
     let huge = failed("x1", 3, u64::MAX, "hostile count");
     let agg = quick(store.clone());
-    let batch = [inline_bomb, blob_bomb, foreign, huge, sealed("x1", 4), result("other", 0, vec![acct("z", 1, 500, 5)]), sealed("other", 1)];
+    let batch = [
+        inline_bomb,
+        blob_bomb,
+        foreign,
+        huge,
+        failed("x1", 3, 2, "bad rows"),
+        sealed("x1", 4),
+        result("other", 0, vec![acct("z", 1, 500, 5)]),
+        sealed("other", 1),
+    ];
     let applied = agg.apply(Source::Results, keep(Source::Results, &batch)).await;
     assert_eq!(applied.delete.len(), batch.len());
+    let refused = quarantined_of(&store, "x1").await;
+    assert_eq!(refused.len(), 1, "the forged count is quarantined");
+    assert!(refused[0].contains("declares 18446744073709551615 transactions; the chunk has 2"), "{}", refused[0]);
     let r = report_of(&store, "x1").await.expect("finished");
     assert_eq!(r.status, JobStatus::Partial);
     let reasons: Vec<(u32, &str)> = r.failed_chunks.iter().map(|f| (f.chunk, f.reason.as_str())).collect();
     assert_eq!(reasons.len(), 4, "{reasons:?}");
-    // Two rows' worth of bytes, not the 16 MiB the payloads hold nor the 1 GiB the blob claims.
-    let cap = format!("decompresses to more than {} bytes", 2 * fleet_domain::codec::MAX_ACCOUNT_ROW_BYTES);
+    // The chunk's worth of bytes (its record: 2 rows of 200 bytes), not the 16 MiB the payloads hold
+    // nor the 1 GiB the blob claims.
+    let cap = format!("decompresses to more than {} bytes", records::Figures { transactions: 2, raw_bytes: Some(200) }.max_bytes());
     assert!(reasons[0].1.contains("result unreadable") && reasons[0].1.contains(&cap), "{reasons:?}");
     assert!(reasons[1].1.contains("result unreadable") && reasons[1].1.contains(&cap), "{reasons:?}");
     assert!(reasons[2].1.contains("is not the key of job x1 chunk 2"), "{reasons:?}");
@@ -696,7 +720,7 @@ impl BlobStore for GatedStore {
 async fn a_job_whose_s3_calls_hang_does_not_hold_up_another() {
     let inner = MemoryStore::new();
     put_manifest(&inner, &manifest("slow", &[1])).await;
-    put_manifest(&inner, &manifest("fast", &[1, 1])).await;
+    put_manifest(&inner, &manifest("fast", &[1, 2])).await;
     let (gate, open) = tokio::sync::watch::channel(false);
     let agg = Arc::new(quick(Arc::new(GatedStore { inner: inner.clone(), job: "slow", open })));
     let slow = {
@@ -724,6 +748,11 @@ async fn a_job_whose_s3_calls_hang_does_not_hold_up_another() {
     assert_eq!(report_of(&inner, "slow").await.unwrap().transactions.processed, 1);
 }
 
+/// The transactions rows add up to (a chunk's count, as its record gives it).
+fn count_of(rows: &[AccountTotals]) -> u64 {
+    rows.iter().map(|a| a.count).sum()
+}
+
 fn many(prefix: &str, n: usize, cents: i64) -> Vec<AccountTotals> {
     // Amounts that differ from row to row, as real ones do (identical rows compress to nothing).
     (0..n).map(|i| acct(&format!("{prefix}{i:06}"), 1 + (i as u64 * 7) % 13, cents + (i as i64 * 7919) % 1_000_003, (i as i64 * 31) % 997)).collect()
@@ -738,7 +767,7 @@ fn many(prefix: &str, n: usize, cents: i64) -> Vec<AccountTotals> {
 async fn large_jobs_checkpoint_only_what_changed_and_restore_exactly() {
     let store = MemoryStore::new();
     let chunks = 2 + MAX_PARTS as u32;
-    let mut sizes = vec![10_000u64];
+    let mut sizes = vec![count_of(&many("acc", 10_000, 100))];
     sizes.extend(std::iter::repeat_n(3, chunks as usize - 2));
     sizes.push(1);
     put_manifest(&store, &manifest("big", &sizes)).await;
@@ -991,6 +1020,7 @@ async fn a_job_whose_checkpoint_cannot_be_read_is_quarantined_and_reported() {
 async fn a_job_whose_manifest_cannot_be_read_is_quarantined_with_its_checkpoint_kept() {
     let store = MemoryStore::new();
     store.put(&manifest_key("mq"), Bytes::from_static(b"{\"v\": 1, \"job_id\": "), "application/json").await.unwrap();
+    put_records(&store, "mq", &[2]).await;
     let agg = quick(store.clone());
     let applied = agg.apply(Source::Results, keep(Source::Results, &[result("mq", 0, vec![acct("a", 2, 100, 1)]), sealed("mq", 1)])).await;
     assert_eq!(applied.delete.len(), 2, "covered by the checkpoint: deleted");
@@ -1159,7 +1189,7 @@ impl BlobStore for Interleaved {
 #[tokio::test]
 async fn a_checkpoint_that_moves_while_it_is_read_is_read_again_not_quarantined() {
     let store = MemoryStore::new();
-    put_manifest(&store, &manifest("mv", &[INLINE_ROWS as u64 + 10, 1])).await;
+    put_manifest(&store, &manifest("mv", &[count_of(&many("acct", INLINE_ROWS + 10, 100)), 1])).await;
     let a = quick_owned(store.clone(), "a".into(), LEASE);
     let r0 = result("mv", 0, many("acct", INLINE_ROWS + 10, 100));
     a.apply(Source::Results, keep(Source::Results, std::slice::from_ref(&r0))).await;
@@ -1255,13 +1285,13 @@ async fn a_chunk_beyond_the_job_before_its_seal_is_not_counted() {
     let r = report_of(&store, "bj").await.expect("finished");
     assert_eq!((r.status, r.transactions.processed), (JobStatus::Complete, 3));
     assert_eq!(r.accounts.iter().map(|a| (a.account_id.as_str(), a.count)).collect::<Vec<_>>(), [("a", 3)]);
-    // A real failure report for a chunk whose blob is gone, before the seal: it waits for the seal
-    // (back on the queue), then counts.
-    put_manifest(&store, &manifest("gone", &[1, 1])).await;
-    store.delete(&fleet_domain::layout::chunk_key("gone", 1)).await.unwrap();
+    // A real failure report for a chunk whose blob is gone, before the seal: it waits on the queue
+    // (the job has no record of the chunk until its manifest is written), then counts.
+    put_records(&store, "gone", &[1]).await;
     let report = failed("gone", 1, 1, "blob does not exist");
     let first = agg.apply(Source::Results, keep(Source::Results, &[one_of("gone", 0), report.clone()])).await;
-    assert!(first.release.is_empty() && first.delete.is_empty(), "waits in the job, or on the queue");
+    assert!(first.release.len() == 1 && first.delete.is_empty(), "the report waits on the queue, the result in the job");
+    store.put(&manifest_key("gone"), Bytes::from(serde_json::to_vec(&manifest("gone", &[1, 1])).unwrap()), "application/json").await.unwrap();
     agg.apply(Source::Results, keep(Source::Results, &[sealed("gone", 2)])).await;
     assert!(report_of(&store, "gone").await.is_none(), "the failure report was not counted before the seal");
     agg.apply(Source::Results, keep(Source::Results, &[report])).await;
@@ -1301,10 +1331,12 @@ async fn a_real_result_after_a_failure_on_the_last_chunk_still_counts() {
     assert_eq!((r.status, r.transactions.processed, r.transactions.failed), (JobStatus::Partial, 1, 1));
 }
 
-/// A store whose reads of manifests take `delay` (a slow S3 answer in the middle of a finish).
+/// A store whose reads of manifests after the first take `delay` (the first is the seal's check
+/// against it; then a slow S3 answer in the middle of a finish).
 struct SlowManifests {
     inner: Arc<MemoryStore>,
     delay: Duration,
+    reads: std::sync::atomic::AtomicU32,
 }
 
 #[async_trait::async_trait]
@@ -1316,7 +1348,7 @@ impl BlobStore for SlowManifests {
         self.inner.put_if(key, body, content_type, meta, cond).await
     }
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
-        if key.ends_with("/manifest.json") {
+        if key.ends_with("/manifest.json") && self.reads.fetch_add(1, Ordering::Relaxed) > 0 {
             tokio::time::sleep(self.delay).await;
         }
         self.inner.get_tagged(key).await
@@ -1345,7 +1377,7 @@ async fn a_lease_is_renewed_while_its_job_is_busy() {
     put_manifest(&store, &manifest("lb", &[1])).await;
     let clock = Clock::driven(1_800_000_000_000);
     let lease = Duration::from_secs(3);
-    let slow: Arc<dyn BlobStore> = Arc::new(SlowManifests { inner: store.clone(), delay: lease * 3 });
+    let slow: Arc<dyn BlobStore> = Arc::new(SlowManifests { inner: store.clone(), delay: lease * 3, reads: Default::default() });
     let a = Arc::new(Aggregator::with_clock(slow, "a".into(), lease, clock));
     let b = Aggregator::with_clock(store.clone(), "b".into(), lease, clock);
     let timer = {
@@ -1370,4 +1402,97 @@ async fn a_lease_is_renewed_while_its_job_is_busy() {
     timer.abort();
     let r = report_of(&store, "lb").await.expect("a wrote the report");
     assert_eq!((r.status, r.transactions.processed), (JobStatus::Complete, 1));
+}
+
+/// Issue bug 1: a seal smaller than the manifest is refused (quarantined with the reason), never
+/// applied: the job is not finished from the chunks that arrived; the real seal finishes it exact.
+#[tokio::test]
+async fn a_seal_that_disagrees_with_the_manifest_is_quarantined_never_applied() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("s3", &[1, 1, 1])).await;
+    let agg = quick(store.clone());
+    let one = |c: u32| result("s3", c, vec![acct("a", 1, 100, 1)]);
+    let applied = agg.apply(Source::Results, keep(Source::Results, &[sealed("s3", 1), one(0)])).await;
+    assert_eq!(applied.delete.len(), 1, "the forged seal is quarantined and deleted; the result waits for a checkpoint");
+    assert!(report_of(&store, "s3").await.is_none(), "a seal of 1 does not finish a job of 3 chunks");
+    let why = quarantined_of(&store, "s3").await;
+    assert!(why.len() == 1 && why[0].contains("says 1 chunks, its manifest 3"), "{why:?}");
+    agg.apply(Source::Results, keep(Source::Results, &[one(1), one(2), sealed("s3", 3)])).await;
+    let r = report_of(&store, "s3").await.expect("the real seal finishes it");
+    assert_eq!((r.status, r.transactions.processed, r.transactions.failed), (JobStatus::Complete, 3, 0));
+}
+
+/// Issue bug 2: a result declaring more rows than its chunk has is refused, not counted; the real
+/// result is.
+#[tokio::test]
+async fn a_result_whose_count_differs_from_its_chunk_is_refused_never_counted() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("c3", &[3])).await;
+    let agg = quick(store.clone());
+    let forged = result("c3", 0, vec![acct("a", 3, 300, 3), acct("evil", 8, 800, 0)]);
+    let real = result("c3", 0, vec![acct("a", 3, 300, 3)]);
+    agg.apply(Source::Results, keep(Source::Results, &[forged, real, sealed("c3", 1)])).await;
+    let r = report_of(&store, "c3").await.expect("finished");
+    assert_eq!((r.status, r.transactions.processed), (JobStatus::Complete, 3), "11 transactions are never billed for 3 accepted");
+    assert_eq!(r.accounts.iter().map(|a| a.account_id.as_str()).collect::<Vec<_>>(), ["a"]);
+    let why = quarantined_of(&store, "c3").await;
+    assert!(why.len() == 1 && why[0].contains("declares 11 transactions; the chunk has 3 as recorded"), "{why:?}");
+}
+
+/// Issue bug 3: a few kilobytes that declare 200,000 rows for a chunk of 3 are refused before any
+/// decoding; one that declares the chunk's 3 rows is decoded within the chunk's figures (stopped at
+/// its 4th row), and nothing held at once ever exceeds the memory budget.
+#[tokio::test]
+async fn a_well_formed_bomb_is_capped_by_its_chunk_and_the_budget() {
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("b3", &[3])).await;
+    let rows: Vec<AccountTotals> = (0..200_000).map(|i| acct(&format!("x{i}"), 1, 1, 0)).collect();
+    let csv = accounts_to_zstd_csv(rows.iter().map(AccountTotals::borrowed));
+    assert!(csv.len() < 1 << 20, "small on the wire: {} bytes", csv.len());
+    let data = fleet_domain::codec::base64_encode(&csv);
+    let declared = with_payload("b3", 0, 200_000, AccountsPayload::ZstdCsv { data: data.clone() });
+    let lying = with_payload("b3", 0, 3, AccountsPayload::ZstdCsv { data });
+    let mut agg = quick(store.clone());
+    agg.set_decode_budget(1 << 20);
+    agg.apply(Source::Results, keep(Source::Results, &[declared, lying, sealed("b3", 1)])).await;
+    let r = report_of(&store, "b3").await.expect("finished");
+    assert_eq!((r.status, r.transactions.processed, r.transactions.failed), (JobStatus::Partial, 0, 3));
+    assert!(r.failed_chunks[0].reason.contains("decompresses to more than"), "{:?}", r.failed_chunks);
+    assert!(agg.decode_budget().high_water() <= 1 << 20);
+    assert!(quarantined_of(&store, "b3").await[0].contains("declares 200000 transactions"));
+}
+
+/// Issue bug 4: results for job ids nobody submitted make no job, lease, checkpoint or report: they
+/// wait a few receives on the queue, then are quarantined; from a dead-letter queue, at once.
+#[tokio::test]
+async fn results_for_jobs_nobody_submitted_make_nothing_and_are_quarantined() {
+    let store = MemoryStore::new();
+    let agg = quick(store.clone());
+    let forged: Vec<Message> = (0..50).map(|i| result(&format!("forged{i}"), 0, vec![acct("a", 1, 100, 1)])).collect();
+    let first = agg.apply(Source::Results, keep(Source::Results, &forged)).await;
+    assert_eq!((first.release.len(), first.delete.len()), (50, 0), "back to the queue for a while");
+    let again: Vec<Message> = forged.iter().map(|m| Message { receive_count: UNRECORDED_RECEIVES, ..m.clone() }).collect();
+    let last = agg.apply(Source::Results, keep(Source::Results, &again)).await;
+    assert_eq!((last.release.len(), last.delete.len()), (0, 50), "quarantined, then deleted");
+    let dead = agg.apply(Source::ResultsDeadLetter, keep(Source::ResultsDeadLetter, &forged[..5])).await;
+    assert_eq!(dead.delete.len(), 5, "from the dead-letter queue at once");
+    assert_eq!(agg.open_jobs(), 0);
+    for prefix in ["leases/", "jobs/", "open/", "warehouse/"] {
+        assert!(store.list(prefix, 10).await.unwrap().is_empty(), "nothing under {prefix}");
+    }
+    assert_eq!(quarantined_of(&store, "forged7").await.len(), 1);
+}
+
+/// Issue bug 5: a seal for a job with no manifest is quarantined after a bounded wait, never cycled.
+#[tokio::test]
+async fn a_seal_without_a_manifest_is_quarantined_after_a_bounded_wait() {
+    let store = MemoryStore::new();
+    put_records(&store, "nm", &[1]).await;
+    let agg = quick(store.clone());
+    let seal = sealed("nm", 1);
+    assert_eq!(agg.apply(Source::Results, keep(Source::Results, std::slice::from_ref(&seal))).await.release.len(), 1);
+    let late = Message { receive_count: UNRECORDED_RECEIVES, ..seal };
+    assert_eq!(agg.apply(Source::Results, keep(Source::Results, &[late])).await.delete.len(), 1);
+    let why = quarantined_of(&store, "nm").await;
+    assert!(why.len() == 1 && why[0].contains("has no manifest"), "{why:?}");
 }

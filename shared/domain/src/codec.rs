@@ -166,6 +166,12 @@ pub fn accounts_cap(transactions: u64, limit: u64) -> u64 {
 /// The rows come packed ([`RowBatch`]): a million-row checkpoint part is not a million pairs of owned
 /// strings.
 pub fn accounts_from_zstd_csv(data: &[u8], cap: u64) -> Result<RowBatch> {
+    accounts_from_zstd_csv_rows(data, cap, u64::MAX)
+}
+
+/// [`accounts_from_zstd_csv`] that also refuses more than `max_rows` rows (a chunk of `n` transactions
+/// has at most `n` account rows) before it decodes them all.
+pub fn accounts_from_zstd_csv_rows(data: &[u8], cap: u64, max_rows: u64) -> Result<RowBatch> {
     let raw = decompress_capped(data, cap)?;
     let mut rdr = csv::ReaderBuilder::new().has_headers(false).from_reader(raw.as_slice());
     let mut rec = csv::StringRecord::new();
@@ -174,6 +180,9 @@ pub fn accounts_from_zstd_csv(data: &[u8], cap: u64) -> Result<RowBatch> {
     while rdr.read_record(&mut rec).map_err(|e| Error::corrupt(format!("account totals CSV: {e}")))? {
         if rec.len() != 5 {
             return Err(bad("row"));
+        }
+        if out.len() as u64 >= max_rows {
+            return Err(Error::corrupt(format!("account totals: more than {max_rows} rows")));
         }
         let count = rec[2].parse().map_err(|_| bad("count"))?;
         out.push(&rec[0], &rec[1], count, rec[3].parse().map_err(|_| bad("gross"))?, rec[4].parse().map_err(|_| bad("fees"))?);

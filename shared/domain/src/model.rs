@@ -24,6 +24,29 @@ pub struct BlobRef {
     pub raw_bytes: u64,
 }
 
+/// What the initiator records of a chunk as it writes its blob (the blob's user metadata): the job's
+/// own word on the chunk, against which the controller checks every result, failure report and dead
+/// letter that names it, and by which it caps what their payloads may decode to. A message's own
+/// figures are never taken on trust.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRecord {
+    /// Transactions in the chunk.
+    pub transactions: u64,
+    /// The chunk's CSV size, decompressed.
+    pub raw_bytes: u64,
+}
+
+impl ChunkRecord {
+    pub fn to_meta(self) -> std::collections::BTreeMap<String, String> {
+        [("transactions", self.transactions.to_string()), ("raw-bytes", self.raw_bytes.to_string())].into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    }
+
+    /// `None` when the metadata does not hold a record (a chunk written by an initiator before records).
+    pub fn from_meta(m: &std::collections::BTreeMap<String, String>) -> Option<ChunkRecord> {
+        Some(ChunkRecord { transactions: m.get("transactions")?.parse().ok()?, raw_bytes: m.get("raw-bytes")?.parse().ok()? })
+    }
+}
+
 /// The small message on the work queue that references one chunk blob.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkItem {

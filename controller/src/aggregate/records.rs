@@ -1,0 +1,331 @@
+//! The job's own records as the authority, never a message's word. Every result, failure report, dead
+//! letter and seal is checked against what the initiator recorded for its job before anything of it is
+//! counted, decoded, or makes a job in memory (a lease, a checkpoint, a report):
+//!
+//! - a chunk's record is written with its blob, before its work item is sent (the blob's metadata:
+//!   transactions and decompressed size, `ChunkRecord`), and the manifest, written before the seal,
+//!   names every chunk and its transactions;
+//! - a message that contradicts them (a chunk outside the job, a count that differs from the chunk's, a
+//!   seal whose size differs from the manifest's) is *refused*: quarantined with the reason, never counted;
+//! - a message the job has no record of (no chunk blob, no manifest; or no job at all) waits a bounded
+//!   time (a few receives, never into the dead-letter queue) and is then quarantined: S3 reads what was
+//!   written before the message was sent, so a record that is still missing never comes;
+//! - what a result's payload may decompress and decode to is capped by its chunk's recorded figures
+//!   (rows by its transactions, bytes by its size), and held against the aggregator's memory budget.
+//!
+//! Deciding is pure (`JobRecords::judge`); looking records up is `Aggregator::check_records`, which
+//! fetches only what the judgement lacks and caches what it found, per job, until the job finishes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use fleet_domain::codec::{accounts_cap, MAX_ACCOUNT_ROW_BYTES};
+use fleet_domain::layout::{checkpoint_key, chunk_key, manifest_key, MAX_MANIFEST_BYTES};
+use fleet_domain::model::{ChunkRecord, Manifest, Progress, ResultMessage};
+use fleet_domain::requests::RequestCounts;
+use fleet_io::error::Result;
+use fleet_io::lock;
+
+use super::job::Item;
+use super::{Aggregator, MAX_RESULT_BYTES};
+
+/// Jobs whose records are kept in memory at once (a cache: a job dropped from it is looked up again).
+const MAX_JOBS: usize = 10_000;
+
+/// Bytes an account row may take beyond the account id and currency its chunk's rows already hold: a
+/// count of 20 digits, gross and fees of 31 characters each, 4 commas and the newline.
+const ROW_FIGURES_BYTES: u64 = 20 + 2 * 31 + 5;
+
+/// Bytes a decoded account row takes in memory besides its text (`RowBatch`'s 56-byte entry, twice
+/// for the vector's growth).
+const ROW_MEMORY_BYTES: u64 = 112;
+
+/// The figures a message about a chunk is held to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Figures {
+    pub(super) transactions: u64,
+    /// The chunk's decompressed CSV size (`None`: a chunk of an older initiator, known from the
+    /// manifest or not at all: the payload is capped by its transactions alone).
+    pub(super) raw_bytes: Option<u64>,
+}
+
+impl Figures {
+    /// Most account rows a result of the chunk can have (one per transaction).
+    pub(super) fn max_rows(self) -> u64 {
+        self.transactions.max(1)
+    }
+
+    /// Most bytes its account rows can decompress to: an account row holds an id and a currency that
+    /// one of the chunk's rows holds, and its figures; never more than the rows' own bound.
+    pub(super) fn max_bytes(self) -> u64 {
+        let by_rows = accounts_cap(self.transactions, MAX_RESULT_BYTES);
+        match self.raw_bytes {
+            Some(raw) => by_rows.min(raw.saturating_add(self.max_rows().saturating_mul(ROW_FIGURES_BYTES))),
+            None => by_rows,
+        }
+    }
+
+    /// Most memory decoding a result of the chunk can hold at once: the compressed payload (no larger
+    /// than what it decompresses to), the decompressed text (its buffer may double once), and the
+    /// decoded rows.
+    pub(super) fn max_memory(self) -> u64 {
+        self.max_bytes().saturating_mul(3).saturating_add(self.max_rows().saturating_mul(ROW_MEMORY_BYTES))
+    }
+}
+
+/// What the job's records say of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// It agrees with them: counted, its payload capped by these figures (`None`: it carries none).
+    Agrees(Option<Figures>),
+    /// It contradicts them: quarantined with the reason, never counted.
+    Refused(String),
+    /// The job has no record of it: it waits a bounded time, then is quarantined with the reason.
+    Unrecorded(String),
+}
+
+/// What is known of one job's records.
+#[derive(Debug, Clone, Default)]
+pub(super) struct JobRecords {
+    /// Its manifest, once read (written before the seal; never changed after).
+    pub(super) manifest: Option<Arc<Manifest>>,
+    /// Its chunks' records as their blobs' metadata gave them.
+    pub(super) chunks: BTreeMap<u32, ChunkRecord>,
+    /// Chunks whose blob exists without a record (written by an initiator before records): until the
+    /// manifest names them, a message about one is held to its own count, its payload capped by that
+    /// count alone, as before records.
+    pub(super) unrecorded_blobs: std::collections::BTreeSet<u32>,
+    /// Its checkpoint exists (the job is known to a controller; a chunk blob may be purged).
+    pub(super) checkpointed: bool,
+    /// Its manifest exists but cannot be read: no authority for a seal, which is let through so that
+    /// the job is quarantined when it would finish (see `quarantine`).
+    pub(super) manifest_unreadable: bool,
+}
+
+impl JobRecords {
+    /// Something of the job is on record.
+    fn known(&self) -> bool {
+        self.manifest.is_some() || self.manifest_unreadable || self.checkpointed || !self.chunks.is_empty() || !self.unrecorded_blobs.is_empty()
+    }
+
+    /// The figures of chunk `c` as recorded (`Err`: the manifest says the job has no such chunk; `Ok(None)`:
+    /// nothing recorded yet).
+    fn chunk(&self, c: u32, declared: u64) -> std::result::Result<Option<Figures>, String> {
+        let blob = self.chunks.get(&c).map(|r| Figures { transactions: r.transactions, raw_bytes: Some(r.raw_bytes) });
+        match &self.manifest {
+            Some(m) if c >= m.total_chunks => Err(format!("chunk {c} is outside the job: its manifest has {} chunks", m.total_chunks)),
+            Some(m) => {
+                let n = m.chunk_transactions.get(c as usize).copied();
+                Ok(match (blob, n) {
+                    (Some(f), _) => Some(f),
+                    (None, Some(n)) => Some(Figures { transactions: n, raw_bytes: None }),
+                    (None, None) => None,
+                })
+            }
+            None if blob.is_none() && self.unrecorded_blobs.contains(&c) => Ok(Some(Figures { transactions: declared, raw_bytes: None })),
+            None => Ok(blob),
+        }
+    }
+
+    /// Judges one message from what is known (`None`: a record it needs has not been looked up).
+    /// `looked`: every lookup was made, so what is missing is missing.
+    pub(super) fn judge(&self, item: &Item, looked: bool) -> Option<Verdict> {
+        let job = item.job_id();
+        let (chunk, declared, what) = match item {
+            Item::Result(ResultMessage::Sealed { total_chunks, .. }) => {
+                return match &self.manifest {
+                    Some(m) if m.total_chunks == *total_chunks => Some(Verdict::Agrees(None)),
+                    Some(m) => Some(Verdict::Refused(format!(
+                        "the seal of job {job} says {total_chunks} chunks, its manifest {}: a seal that disagrees with the manifest is never applied",
+                        m.total_chunks
+                    ))),
+                    None if self.manifest_unreadable => Some(Verdict::Agrees(None)),
+                    None if looked => Some(Verdict::Unrecorded(format!("job {job} has no manifest: a seal is sent only after it is written"))),
+                    None => None,
+                };
+            }
+            Item::Result(ResultMessage::Abandon { .. }) => {
+                return if self.known() {
+                    Some(Verdict::Agrees(None))
+                } else if looked {
+                    Some(Verdict::Unrecorded(format!("job {job} has no records (no manifest, checkpoint or first chunk)")))
+                } else {
+                    None
+                };
+            }
+            Item::Result(ResultMessage::Chunk(c)) => (c.chunk, c.transactions, "result"),
+            Item::Dead { item, .. } => (item.chunk, item.transactions, "dead-lettered work item"),
+        };
+        match self.chunk(chunk, declared) {
+            Err(why) => Some(Verdict::Refused(format!("{what} for job {job}: {why}"))),
+            Ok(Some(f)) if f.transactions != declared => Some(Verdict::Refused(format!(
+                "{what} for job {job} chunk {chunk} declares {declared} transactions; the chunk has {} as recorded",
+                f.transactions
+            ))),
+            Ok(Some(f)) => Some(Verdict::Agrees(Some(f))),
+            Ok(None) if looked => Some(Verdict::Unrecorded(if self.checkpointed || self.manifest.is_some() {
+                format!("{what} for job {job} chunk {chunk}: the job has no record of the chunk (no chunk blob)")
+            } else {
+                format!("{what} for job {job} chunk {chunk}: the job has no records (no chunk blob, manifest or checkpoint)")
+            })),
+            Ok(None) => None,
+        }
+    }
+}
+
+/// The records of the jobs being aggregated (a bounded cache; see [`MAX_JOBS`]).
+#[derive(Default)]
+pub(super) struct RecordsCache {
+    jobs: BTreeMap<String, JobRecords>,
+}
+
+/// What checking a job's messages against its records found.
+pub(super) struct Checked {
+    pub(super) verdicts: Vec<Verdict>,
+    /// The job's checkpoint says it finished (its blobs may be purged): its messages are late duplicates.
+    pub(super) finished: Option<fleet_domain::model::JobStatus>,
+    /// The calls made to look records up.
+    pub(super) requests: RequestCounts,
+}
+
+impl Aggregator {
+    /// Checks a job's messages against its records, looking up what is not known yet: the chunk
+    /// blobs' records (a HEAD each), the manifest (when a seal needs it or a chunk has no blob), the
+    /// checkpoint (when something is still missing: a finished job's purged blobs). A store that does
+    /// not answer is an error (the messages are held, as any other).
+    pub(super) async fn check_records(&self, job_id: &str, items: &[Item]) -> Result<Checked> {
+        let mut rec = lock(&self.records).jobs.get(job_id).cloned().unwrap_or_default();
+        let mut requests = RequestCounts::default();
+        let pending = |rec: &JobRecords| items.iter().filter(|i| rec.judge(i, false).is_none()).collect::<Vec<_>>();
+        // Chunk records first (the manifest names them all, but is written only at the end).
+        let mut wanted: Vec<u32> = pending(&rec).iter().filter_map(|i| i.chunk()).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let store = self.store.as_ref();
+        let heads = futures::future::join_all(wanted.iter().map(|&c| async move { (c, store.head(&chunk_key(job_id, c)).await) })).await;
+        for (c, found) in heads {
+            requests.add("s3.HeadObject", 1);
+            match found?.as_ref().map(ChunkRecord::from_meta) {
+                Some(Some(r)) => {
+                    rec.chunks.insert(c, r);
+                }
+                Some(None) => {
+                    rec.unrecorded_blobs.insert(c);
+                }
+                None => {}
+            }
+        }
+        if !pending(&rec).is_empty() && rec.manifest.is_none() {
+            requests.add("s3.GetObject", 1);
+            if let Some(b) = self.store.get_capped(&manifest_key(job_id), MAX_MANIFEST_BYTES).await? {
+                // One that cannot be read or disagrees with itself is no authority: the job is
+                // quarantined when it is finished (see `quarantine`); its chunks' blobs still are.
+                match serde_json::from_slice::<Manifest>(&b) {
+                    Ok(m) if m.chunk_transactions.len() == m.total_chunks as usize && m.job_id == job_id => rec.manifest = Some(Arc::new(m)),
+                    _ => {
+                        tracing::warn!(job = %job_id, "the job's manifest cannot be read or disagrees with itself: chunks are checked against their blobs' records");
+                        rec.manifest_unreadable = true;
+                    }
+                }
+            }
+        }
+        let mut finished = None;
+        if !pending(&rec).is_empty() && !rec.checkpointed {
+            requests.add("s3.HeadObject", 1);
+            if let Some(meta) = self.store.head(&checkpoint_key(job_id)).await? {
+                rec.checkpointed = true;
+                finished = Progress::from_meta(&meta).map(|p| p.status).filter(|s| s.is_finished());
+            }
+        }
+        if !pending(&rec).is_empty() && !rec.checkpointed && rec.chunks.is_empty() && rec.manifest.is_none() {
+            // An abandon of a job that has sent nothing yet but its first chunk.
+            if items.iter().any(|i| matches!(i, Item::Result(ResultMessage::Abandon { .. }))) {
+                requests.add("s3.HeadObject", 1);
+                match self.store.head(&chunk_key(job_id, 0)).await?.as_ref().map(ChunkRecord::from_meta) {
+                    Some(Some(r)) => {
+                        rec.chunks.insert(0, r);
+                    }
+                    Some(None) => {
+                        rec.unrecorded_blobs.insert(0);
+                    }
+                    None => {}
+                }
+            }
+        }
+        let verdicts = items.iter().map(|i| rec.judge(i, true).expect("every lookup made")).collect();
+        if rec.known() {
+            let mut cache = lock(&self.records);
+            if cache.jobs.len() >= MAX_JOBS && !cache.jobs.contains_key(job_id) {
+                cache.jobs.pop_first();
+            }
+            cache.jobs.insert(job_id.to_string(), rec);
+        }
+        Ok(Checked { verdicts, finished, requests })
+    }
+
+    /// Forgets a finished job's records.
+    pub(super) fn forget_records(&self, job_id: &str) {
+        lock(&self.records).jobs.remove(job_id);
+    }
+}
+
+/// The most a decoded row can take, for the benchmark and the start-up check of the budget.
+pub const fn max_row_bytes() -> u64 {
+    MAX_ACCOUNT_ROW_BYTES + ROW_MEMORY_BYTES
+}
+
+#[cfg(test)]
+mod tests {
+    //! The judgement alone: no store.
+    use super::*;
+    use fleet_domain::model::{ChunkOutcome, ChunkResult};
+
+    fn result(chunk: u32, n: u64) -> Item {
+        Item::Result(ResultMessage::Chunk(ChunkResult {
+            v: 1,
+            job_id: "j".into(),
+            chunk,
+            transactions: n,
+            outcome: ChunkOutcome::Failed { reason: "x".into() },
+            requests: RequestCounts::default(),
+        }))
+    }
+
+    fn seal(n: u32) -> Item {
+        Item::Result(ResultMessage::Sealed { v: 1, job_id: "j".into(), total_chunks: n })
+    }
+
+    fn manifest(chunks: &[u64]) -> Arc<Manifest> {
+        let mut m = super::super::quarantine::placeholder_manifest("j", chunks.len() as u32, chunks.iter().sum());
+        m.chunk_transactions = chunks.to_vec();
+        Arc::new(m)
+    }
+
+    #[test]
+    fn messages_are_held_to_the_records_never_the_other_way() {
+        let mut r = JobRecords::default();
+        assert_eq!(r.judge(&result(0, 3), false), None, "not looked up yet");
+        assert!(matches!(r.judge(&result(0, 3), true), Some(Verdict::Unrecorded(_))), "no records at all");
+        assert!(matches!(r.judge(&seal(3), true), Some(Verdict::Unrecorded(_))), "a seal without a manifest");
+        r.chunks.insert(0, ChunkRecord { transactions: 3, raw_bytes: 300 });
+        let f = Figures { transactions: 3, raw_bytes: Some(300) };
+        assert_eq!(r.judge(&result(0, 3), false), Some(Verdict::Agrees(Some(f))));
+        assert!(matches!(r.judge(&result(0, 11), false), Some(Verdict::Refused(why)) if why.contains("declares 11 transactions; the chunk has 3")));
+        assert_eq!(r.judge(&result(1, 3), false), None, "chunk 1 not looked up yet");
+        r.manifest = Some(manifest(&[3, 4, 5]));
+        assert_eq!(r.judge(&result(2, 5), false), Some(Verdict::Agrees(Some(Figures { transactions: 5, raw_bytes: None }))), "from the manifest");
+        assert!(matches!(r.judge(&result(3, 1), false), Some(Verdict::Refused(why)) if why.contains("outside the job")));
+        assert_eq!(r.judge(&seal(3), false), Some(Verdict::Agrees(None)));
+        assert!(matches!(r.judge(&seal(1), false), Some(Verdict::Refused(why)) if why.contains("says 1 chunks, its manifest 3")));
+    }
+
+    #[test]
+    fn a_payload_is_capped_by_its_chunk_not_by_what_it_declares() {
+        let f = Figures { transactions: 3, raw_bytes: Some(120) };
+        assert_eq!(f.max_rows(), 3);
+        assert_eq!(f.max_bytes(), 120 + 3 * ROW_FIGURES_BYTES);
+        assert!(f.max_memory() < 2048, "a 3-row chunk's result is held to a few kilobytes: {}", f.max_memory());
+        let big = Figures { transactions: 200_000, raw_bytes: None };
+        assert_eq!(big.max_bytes(), accounts_cap(200_000, MAX_RESULT_BYTES));
+    }
+}
