@@ -201,3 +201,85 @@ async fn poison_work_items_fail_their_chunks_and_nothing_else() {
     c.stop().await;
     agent.stop().await;
 }
+
+/// A flood of hostile messages on the real results queue, ahead of a real job's results, against a
+/// real controller on LocalStack: a seal smaller than the manifest, results whose counts differ from
+/// their chunks', well-formed bombs (the chunk's count, 200,000 rows inside), results and seals for
+/// jobs nobody submitted. The real job ends complete and exact; every forgery is quarantined with its
+/// reason (none counted, none cycling), and no forged job gets a lease, checkpoint or report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_forged_results_is_quarantined_and_the_real_job_stays_exact() {
+    use fleet_domain::billing::AccountTotals;
+    use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, ResultMessage};
+    use fleet_domain::requests::RequestCounts;
+    let Some(s) = crate::support::stack(QueueSettings { max_receive_count: 5, visibility_timeout: Duration::from_secs(5) }).await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let files = vec![generated(dir.path(), "real.csv", 6_000, 40, 11)];
+    let job = s.submit(&files, 1_000).await;
+    assert_eq!(job.total_chunks, 6);
+    let chunk = |job: &str, c: u32, n: u64, payload: AccountsPayload| {
+        serde_json::to_string(&ResultMessage::Chunk(ChunkResult {
+            v: 1,
+            job_id: job.into(),
+            chunk: c,
+            transactions: n,
+            outcome: ChunkOutcome::Processed { payload },
+            requests: RequestCounts::default(),
+        }))
+        .unwrap()
+    };
+    let row = |a: &str, n: u64| AccountTotals { account_id: a.into(), currency: "EUR".into(), count: n, gross: Decimal::new(100, 0), fees: Decimal::ZERO };
+    let bomb_rows: Vec<AccountTotals> = (0..200_000).map(|i| row(&format!("bomb{i}"), 1)).collect();
+    let bomb = fleet_domain::codec::base64_encode(&fleet_domain::codec::accounts_to_zstd_csv(bomb_rows.iter().map(AccountTotals::borrowed)));
+    let mut forged = vec![serde_json::to_string(&ResultMessage::Sealed { v: 1, job_id: job.job_id.clone(), total_chunks: 1 }).unwrap()];
+    for c in 0..6 {
+        forged.push(chunk(&job.job_id, c, 11_000, AccountsPayload::Inline { accounts: vec![row("evil", 11_000)] }));
+        forged.push(chunk(&job.job_id, c, 1_000, AccountsPayload::ZstdCsv { data: bomb.clone() }));
+    }
+    let nobody: Vec<String> = (0..20).map(|i| format!("{}-forged{i}", job.job_id)).collect();
+    for id in &nobody {
+        forged.push(chunk(id, 0, 1, AccountsPayload::Inline { accounts: vec![row("evil", 1)] }));
+    }
+    forged.push(serde_json::to_string(&ResultMessage::Sealed { v: 1, job_id: nobody[0].clone(), total_chunks: 1 }).unwrap());
+    let n_forged = forged.len();
+    for batch in forged.chunks(10) {
+        s.results.send(batch.to_vec()).await.unwrap();
+    }
+    let c = s.start_controller();
+    // The forgeries are ahead of the real results: the processor starts once the controller had them.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let p = s.start_processor(fast_processor());
+    let report = s.wait_report(&job, T).await;
+    assert_consistent(&report);
+    // The bombs are decoded within their chunk's figures, so a chunk may be failed by its bomb first and
+    // counted from its real result after (a real result replaces a failure until the job finishes).
+    assert_eq!((report.status, report_accounts(&report)), (JobStatus::Complete, expected_accounts(&files)), "exact, nothing forged counted");
+    let t = Instant::now();
+    // Forged counts and seals are refused at once; the rest wait a few receives.
+    let quarantined = loop {
+        let keys = s.store.list("quarantine/", 1000).await.unwrap();
+        if keys.len() >= n_forged - 6 || t.elapsed() > T {
+            break keys;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let mut reasons = Vec::new();
+    for k in &quarantined {
+        reasons.push(fleet_io::quarantine::read(s.store.as_ref(), k).await.unwrap().unwrap().reason);
+    }
+    let with = |what: &str| reasons.iter().filter(|r| r.contains(what)).count();
+    assert_eq!(with("says 1 chunks, its manifest 6"), 1, "{reasons:#?}");
+    assert_eq!(with("declares 11000 transactions"), 6, "{reasons:#?}");
+    assert_eq!(with("the job has no records"), 20, "{reasons:#?}");
+    assert_eq!(with("has no manifest"), 1, "{reasons:#?}");
+    for id in &nobody {
+        for key in [fleet_domain::layout::lease_key(id), fleet_domain::layout::checkpoint_key(id), fleet_domain::layout::report_key(id)] {
+            assert!(s.store.head(&key).await.unwrap().is_none(), "{key} exists for a job nobody submitted");
+        }
+    }
+    for q in [s.results.as_ref(), s.results_dlq.as_ref()] {
+        s.wait_depth(q, 0, Duration::from_secs(60)).await;
+    }
+    p.stop().await;
+    c.stop().await;
+}
