@@ -17,7 +17,7 @@ use fleet_io::memory::MemoryStore;
 use fleet_io::queue::Queue;
 use rust_decimal::Decimal;
 
-use crate::fleet::{Ending, Fate, Groups, JobPlan, Row};
+use crate::fleet::{Ending, Fate, Groups, JobPlan, Row, FORGED};
 use crate::World;
 
 /// Whether the fleet hears of the job at all (a message of it reaches a results or dead-letter queue).
@@ -142,10 +142,14 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
     for key in store.keys().into_iter().filter(|k| k.starts_with("quarantine/") || k.contains("/quarantined/")) {
         let forged = match fleet_io::quarantine::read(store, &key).await {
             Ok(Some(q)) => match serde_json::from_str::<ResultMessage>(&q.body) {
+                Ok(m) if m.job_id().ends_with(FORGED) => true,
                 Ok(ResultMessage::Chunk(c)) => jobs.iter().find(|j| j.id == c.job_id).is_some_and(|j| {
                     let beyond = c.chunk as usize >= j.chunks.len();
                     beyond || c.transactions != j.chunks[c.chunk as usize].rows.len() as u64
                 }),
+                Ok(ResultMessage::Sealed { job_id, total_chunks, .. }) => {
+                    jobs.iter().find(|j| j.id == job_id).is_some_and(|j| total_chunks as usize != j.chunks.len())
+                }
                 _ => false,
             },
             _ => false,
@@ -153,6 +157,12 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
         if !forged {
             wrongly.push(key);
         }
+    }
+    // A job nobody submitted leaves nothing but its quarantined messages: no lease, checkpoint,
+    // open marker or report.
+    let left: Vec<String> = store.keys().into_iter().filter(|k| k.contains(FORGED) && !k.starts_with("quarantine/")).collect();
+    if !left.is_empty() {
+        v.push(format!("a job nobody submitted left state behind: {left:?}"));
     }
     if !wrongly.is_empty() {
         v.push(format!("quarantined without an unreadable state or a forgery: {wrongly:?}"));

@@ -204,6 +204,9 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, fifo: bool) -> Vec<J
         .collect()
 }
 
+/// The suffix of job ids the hostile sender makes up (nobody submitted them).
+pub const FORGED: &str = "-forged";
+
 /// The initiator of one job: its work items (in chunk order, ten a batch), then its manifest and seal.
 pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>, results: Arc<dyn Queue>, store: Arc<dyn BlobStore>) {
     tokio::time::sleep(job.submit_at).await;
@@ -348,6 +351,37 @@ pub async fn process(
                     }
                     send(&*results, vec![serde_json::to_string(&ResultMessage::Chunk(forged)).expect("serializable")]).await;
                 }
+                // A seal smaller than the job, a count larger than its chunk's with an account of its
+                // own, and a result and a seal for a job nobody submitted: none of it may count, and
+                // the forged job may leave nothing behind but its quarantined messages.
+                let mut bodies = Vec::new();
+                if n > 1 {
+                    bodies.push(
+                        serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: job.id.clone(), total_chunks: 1 }).expect("serializable"),
+                    );
+                }
+                let mut more: ChunkResult = match serde_json::from_str(&chunk_result(job, 0, &mut rng, &*store).await) {
+                    Ok(ResultMessage::Chunk(r)) => r,
+                    _ => unreachable!("a chunk result"),
+                };
+                let mut accounts = job.totals(0);
+                accounts.push(AccountTotals {
+                    account_id: "forged".into(),
+                    currency: "EUR".into(),
+                    count: 7,
+                    gross: Decimal::new(700, 2),
+                    fees: Decimal::ZERO,
+                });
+                more.transactions += 7;
+                more.outcome = ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts: accounts.clone() } };
+                bodies.push(serde_json::to_string(&ResultMessage::Chunk(more.clone())).expect("serializable"));
+                more.job_id = format!("{}{FORGED}", job.id);
+                bodies.push(serde_json::to_string(&ResultMessage::Chunk(more)).expect("serializable"));
+                bodies.push(
+                    serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: format!("{}{FORGED}", job.id), total_chunks: 1 })
+                        .expect("serializable"),
+                );
+                send(&*results, bodies).await;
             }
             if delete {
                 work.delete(vec![d]).await.expect("in-memory delete");

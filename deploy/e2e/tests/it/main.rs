@@ -8,6 +8,7 @@ mod support;
 mod broker_down;
 mod cli;
 mod faults;
+mod flood;
 mod iam;
 mod keda;
 mod leases;
