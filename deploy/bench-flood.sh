@@ -11,4 +11,8 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export FLEET_REQUIRE_STACK=1 AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f} FLOOD_MESSAGES=${1:-2000}
 cd "$repo"
 cargo build --workspace --bins --locked -q
-cargo test -p fleet-e2e --test it --locked -q -- --ignored --nocapture bench_controller_rss_under_a_flood 2>&1 | grep '^=='
+log=$(mktemp)
+if ! cargo test -p fleet-e2e --test it --locked -- --ignored --nocapture bench_controller_rss_under_a_flood >"$log" 2>&1; then
+  cat "$log"; rm -f "$log"; exit 1
+fi
+grep '^==' "$log"; rm -f "$log"

@@ -12,6 +12,8 @@ use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, ResultMess
 use fleet_domain::requests::RequestCounts;
 use fleet_io::provision::QueueSettings;
 use fleet_io::queue::Queue as _;
+
+use crate::support::Fleet as _;
 use rust_decimal::Decimal;
 
 /// `VmRSS` and `VmHWM` of a process, KiB.
