@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fleet_domain::codec::{accounts_cap, MAX_ACCOUNT_ROW_BYTES};
+use fleet_domain::codec::accounts_cap;
 use fleet_domain::layout::{checkpoint_key, chunk_key, manifest_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{ChunkRecord, Manifest, Progress, ResultMessage};
 use fleet_domain::requests::RequestCounts;
@@ -108,6 +108,30 @@ impl JobRecords {
         self.manifest.is_some() || self.manifest_unreadable || self.checkpointed || !self.chunks.is_empty() || !self.unrecorded_blobs.is_empty()
     }
 
+    /// Takes what a HEAD of chunk `c`'s blob found (its metadata; `None`: no blob).
+    fn found_chunk(&mut self, c: u32, meta: Option<&BTreeMap<String, String>>) {
+        match meta.map(ChunkRecord::from_meta) {
+            Some(Some(r)) => {
+                self.chunks.insert(c, r);
+            }
+            Some(None) => {
+                self.unrecorded_blobs.insert(c);
+            }
+            None => {}
+        }
+    }
+
+    /// Adds what another look at the job found (two batches of one job may look at once).
+    fn merge(&mut self, other: JobRecords) {
+        if self.manifest.is_none() {
+            self.manifest = other.manifest;
+        }
+        self.chunks.extend(other.chunks);
+        self.unrecorded_blobs.extend(other.unrecorded_blobs);
+        self.checkpointed |= other.checkpointed;
+        self.manifest_unreadable |= other.manifest_unreadable;
+    }
+
     /// The figures of chunk `c` as recorded (`Err`: the manifest says the job has no such chunk; `Ok(None)`:
     /// nothing recorded yet).
     fn chunk(&self, c: u32, declared: u64) -> std::result::Result<Option<Figures>, String> {
@@ -194,28 +218,34 @@ impl Aggregator {
     /// checkpoint (when something is still missing: a finished job's purged blobs). A store that does
     /// not answer is an error (the messages are held, as any other).
     pub(super) async fn check_records(&self, job_id: &str, items: &[Item]) -> Result<Checked> {
-        let mut rec = lock(&self.records).jobs.get(job_id).cloned().unwrap_or_default();
+        // Most batches are judged from what is known already: no call, no copy of the records.
+        let mut rec = {
+            let cache = lock(&self.records);
+            let known = cache.jobs.get(job_id);
+            let judged: Option<Vec<Verdict>> = known.and_then(|r| items.iter().map(|i| r.judge(i, false)).collect());
+            if let Some(verdicts) = judged {
+                return Ok(Checked { verdicts, finished: None, requests: RequestCounts::default() });
+            }
+            known.cloned().unwrap_or_default()
+        };
         let mut requests = RequestCounts::default();
-        let pending = |rec: &JobRecords| items.iter().filter(|i| rec.judge(i, false).is_none()).collect::<Vec<_>>();
-        // Chunk records first (the manifest names them all, but is written only at the end).
-        let mut wanted: Vec<u32> = pending(&rec).iter().filter_map(|i| i.chunk()).collect();
+        let pending = |rec: &JobRecords| items.iter().any(|i| rec.judge(i, false).is_none());
+        // Chunk records first (the manifest names them all, but is written only at the end); an
+        // abandon of a job nothing else is known of looks for its first chunk.
+        let mut wanted: Vec<u32> = items
+            .iter()
+            .filter(|i| rec.judge(i, false).is_none())
+            .filter_map(|i| if matches!(i, Item::Result(ResultMessage::Abandon { .. })) { Some(0) } else { i.chunk() })
+            .collect();
         wanted.sort_unstable();
         wanted.dedup();
         let store = self.store.as_ref();
         let heads = futures::future::join_all(wanted.iter().map(|&c| async move { (c, store.head(&chunk_key(job_id, c)).await) })).await;
         for (c, found) in heads {
             requests.add("s3.HeadObject", 1);
-            match found?.as_ref().map(ChunkRecord::from_meta) {
-                Some(Some(r)) => {
-                    rec.chunks.insert(c, r);
-                }
-                Some(None) => {
-                    rec.unrecorded_blobs.insert(c);
-                }
-                None => {}
-            }
+            rec.found_chunk(c, found?.as_ref());
         }
-        if !pending(&rec).is_empty() && rec.manifest.is_none() {
+        if pending(&rec) && rec.manifest.is_none() {
             requests.add("s3.GetObject", 1);
             if let Some(b) = self.store.get_capped(&manifest_key(job_id), MAX_MANIFEST_BYTES).await? {
                 // One that cannot be read or disagrees with itself is no authority: the job is
@@ -230,26 +260,11 @@ impl Aggregator {
             }
         }
         let mut finished = None;
-        if !pending(&rec).is_empty() && !rec.checkpointed {
+        if pending(&rec) && !rec.checkpointed {
             requests.add("s3.HeadObject", 1);
             if let Some(meta) = self.store.head(&checkpoint_key(job_id)).await? {
                 rec.checkpointed = true;
                 finished = Progress::from_meta(&meta).map(|p| p.status).filter(|s| s.is_finished());
-            }
-        }
-        if !pending(&rec).is_empty() && !rec.checkpointed && rec.chunks.is_empty() && rec.manifest.is_none() {
-            // An abandon of a job that has sent nothing yet but its first chunk.
-            if items.iter().any(|i| matches!(i, Item::Result(ResultMessage::Abandon { .. }))) {
-                requests.add("s3.HeadObject", 1);
-                match self.store.head(&chunk_key(job_id, 0)).await?.as_ref().map(ChunkRecord::from_meta) {
-                    Some(Some(r)) => {
-                        rec.chunks.insert(0, r);
-                    }
-                    Some(None) => {
-                        rec.unrecorded_blobs.insert(0);
-                    }
-                    None => {}
-                }
             }
         }
         let verdicts = items.iter().map(|i| rec.judge(i, true).expect("every lookup made")).collect();
@@ -258,7 +273,7 @@ impl Aggregator {
             if cache.jobs.len() >= MAX_JOBS && !cache.jobs.contains_key(job_id) {
                 cache.jobs.pop_first();
             }
-            cache.jobs.insert(job_id.to_string(), rec);
+            cache.jobs.entry(job_id.to_string()).or_default().merge(rec);
         }
         Ok(Checked { verdicts, finished, requests })
     }
@@ -267,11 +282,6 @@ impl Aggregator {
     pub(super) fn forget_records(&self, job_id: &str) {
         lock(&self.records).jobs.remove(job_id);
     }
-}
-
-/// The most a decoded row can take, for the benchmark and the start-up check of the budget.
-pub const fn max_row_bytes() -> u64 {
-    MAX_ACCOUNT_ROW_BYTES + ROW_MEMORY_BYTES
 }
 
 #[cfg(test)]
