@@ -119,6 +119,13 @@ enum Taken {
     Busy(Duration),
 }
 
+/// What a job's messages bring to it: items to apply (with the calls that looked its records up), or
+/// a failure met before it (its records could not be read), taken as the job's own.
+enum Work {
+    Apply(Vec<Ready>, RequestCounts),
+    Failed(Error),
+}
+
 /// What became of a job's messages.
 enum Step {
     /// Applied (deletable now, or after the next checkpoint when empty).
@@ -349,11 +356,6 @@ impl Aggregator {
         }
     }
 
-    /// A job's slot if it has one (none is made).
-    fn memory_slot(&self, job_id: &str) -> Option<Slot> {
-        lock(&self.memory).slots.get(job_id).cloned()
-    }
-
     fn slots(&self) -> Vec<(String, Slot)> {
         lock(&self.memory).slots.iter().map(|(k, s)| (k.clone(), s.clone())).collect()
     }
@@ -413,27 +415,29 @@ impl Aggregator {
     async fn apply_group(&self, source: Source, job_id: String, items: Vec<(Kept, Item)>) -> Applied {
         let mut out = Applied::default();
         let (kept, items): (Vec<Kept>, Vec<Item>) = items.into_iter().unzip();
+        let nothing = || Work::Apply(Vec::new(), RequestCounts::default());
         if self.is_finished(&job_id) {
-            self.record_step(&job_id, self.apply_job(&job_id, source, Vec::new(), kept, RequestCounts::default()).await, &mut out);
+            self.record_step(&job_id, self.apply_job(&job_id, source, nothing(), kept).await, &mut out);
             return out;
         }
-        // A job whose S3 calls just failed is turned back without a call (as in `apply_job`).
-        let checked = match self.failing_now(&job_id) {
+        // A job whose S3 calls just failed is turned back without a call (see `apply_job`).
+        let loaded = lock(&self.memory).slots.get(&job_id).cloned().is_some_and(|s| s.try_lock().map_or(true, |j| j.is_some()));
+        let checked = match self.turned_back(&job_id, loaded) {
             Some(e) => Err(e),
             None => self.check_records(&job_id, &items).await,
         };
         let checked = match checked {
             Ok(c) => c,
+            // Taken as a failure of the job (held with it when it may pass).
             Err(e) => {
-                tracing::debug!(job = %job_id, error = %e, "could not read the job's records");
-                self.fail_group(&job_id, source, kept, &e).await;
+                self.record_step(&job_id, self.apply_job(&job_id, source, Work::Failed(e), kept).await, &mut out);
                 return out;
             }
         };
         if let Some(status) = checked.finished {
             // Finished, its blobs purged: what arrives are late duplicates.
             self.remember_finished(&job_id, status);
-            self.record_step(&job_id, self.apply_job(&job_id, source, Vec::new(), kept, RequestCounts::default()).await, &mut out);
+            self.record_step(&job_id, self.apply_job(&job_id, source, nothing(), kept).await, &mut out);
             return out;
         }
         let mut agreeing = Vec::with_capacity(items.len());
@@ -466,44 +470,23 @@ impl Aggregator {
             let (kept, readies): (Vec<Kept>, Vec<_>) = run.into_iter().map(|(k, item, figures)| (k, (item, figures))).unzip();
             let readies =
                 futures::future::join_all(readies.into_iter().map(|(item, figures)| prepare(item, figures, self.store.as_ref(), self.offload_decoding))).await;
-            let step = self.apply_job(&job_id, source, readies, kept, looked.take().unwrap_or_default()).await;
+            let step = self.apply_job(&job_id, source, Work::Apply(readies, looked.take().unwrap_or_default()), kept).await;
             drop(held);
             self.record_step(&job_id, step, &mut out);
         }
         out
     }
 
-    /// The error to turn a job's messages back with, without a call, while its S3 calls failed just
-    /// before and it is not in memory.
-    fn failing_now(&self, job_id: &str) -> Option<Error> {
-        let until = lock(&self.memory).failing.get(job_id).copied()?;
-        let loaded = self.memory_slot(job_id).is_some_and(|s| s.try_lock().map_or(true, |j| j.is_some()));
-        (Instant::now() < until && !loaded).then_some(Error::Timeout {
+    /// The error a job's messages are turned back with, without a call, while its S3 calls failed
+    /// just before ([`FAILING_FOR`]) and it is not in memory (`loaded`).
+    fn turned_back(&self, job_id: &str, loaded: bool) -> Option<Error> {
+        let failing = lock(&self.memory).failing.get(job_id).is_some_and(|until| Instant::now() < *until);
+        (failing && !loaded).then_some(Error::Timeout {
             service: fleet_io::error::Service::S3,
             operation: "(job state, failed just before)",
             after: FAILING_FOR,
             attempts: 0,
         })
-    }
-
-    /// A job's messages could not be checked against its records: as when its state cannot be saved,
-    /// the job is dropped from memory with them (held when the failure may pass, see `drop_job`).
-    async fn fail_group(&self, job_id: &str, source: Source, kept: Vec<Kept>, e: &Error) {
-        let slot = self.slot(job_id);
-        {
-            let mut held = slot.lock().await;
-            if e.is_retryable() {
-                let now = Instant::now();
-                let mut memory = lock(&self.memory);
-                let until = memory.failing.entry(job_id.to_string()).or_insert(now);
-                if *until <= now {
-                    *until = now + FAILING_FOR;
-                }
-            }
-            self.drop_job(&mut held, kept.into_iter().map(|k| (source, k)).collect(), e);
-        }
-        drop(slot);
-        self.prune(job_id);
     }
 
     /// Adds what became of a job's messages to `out`.
@@ -521,7 +504,7 @@ impl Aggregator {
     /// finished or was checkpointed, or they belong to a job finished before). On an error everything
     /// applied since the last checkpoint is dropped with the job; those messages were not deleted:
     /// held, with this batch's, when the failure may pass, else they come back.
-    async fn apply_job(&self, job_id: &str, source: Source, items: Vec<Ready>, kept: Vec<Kept>, looked: RequestCounts) -> Result<Step> {
+    async fn apply_job(&self, job_id: &str, source: Source, work: Work, kept: Vec<Kept>) -> Result<Step> {
         if self.is_finished(job_id) {
             tracing::debug!(job = %job_id, n = kept.len(), "late messages of a finished job");
             return Ok(Step::Delete(self.settle_finished(job_id, kept.into_iter().map(|k| (source, k)).collect()).await));
@@ -532,10 +515,9 @@ impl Aggregator {
             let mut held = slot.lock().await;
             let marked = lock(&self.memory).failing.get(job_id).copied();
             let failing = marked.is_some_and(|until| Instant::now() < until);
-            let step = if held.is_none() && failing {
-                Err(Error::Timeout { service: fleet_io::error::Service::S3, operation: "(job state, failed just before)", after: FAILING_FOR, attempts: 0 })
-            } else {
-                self.apply_locked(job_id, &mut held, items, &mut kept, looked).await
+            let step = match (work, self.turned_back(job_id, held.is_some())) {
+                (Work::Failed(e), _) | (Work::Apply(..), Some(e)) => Err(e),
+                (Work::Apply(items, looked), None) => self.apply_locked(job_id, &mut held, items, &mut kept, looked).await,
             };
             match &step {
                 Err(e) => {
