@@ -2,6 +2,7 @@
 //! and accounts are written to the warehouse, its checkpoint is marked finished without rows, its
 //! parts and `open/{job}` marker are removed, and its messages are handed back for deletion.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -35,8 +36,10 @@ impl Aggregator {
         let mut job = held.take().expect("the job is in memory");
         // A job whose ending is committed already counted its finishing calls.
         let deciding = !job.cp.finishing;
+        // The manifest its seal was checked against (else read again by `finalize`).
+        let recorded = self.recorded_manifest(job_id);
         let mut done = RequestCounts::default();
-        done.add("s3.GetObject", 1); // the manifest
+        done.add("s3.GetObject", u64::from(recorded.is_none())); // the manifest
         done.add("s3.PutObject", 3); // report, accounts.csv, checkpoint
         done.add("s3.DeleteObject", 1); // the open marker
         done.add("sqs.DeleteMessageBatch", delete_calls(job.pending.iter()));
@@ -47,7 +50,7 @@ impl Aggregator {
             done = RequestCounts::default();
         }
         job.cp.requests.merge(&done);
-        let status = match finalize(&mut job, self.store.as_ref(), &self.stats, &self.prices).await {
+        let status = match finalize(&mut job, recorded, self.store.as_ref(), &self.stats, &self.prices).await {
             Ok(s) => s,
             Err(Error::Conflict(why)) => {
                 tracing::warn!(job = %job_id, %why, "fenced while finishing: another controller owns the job now");
@@ -87,19 +90,29 @@ impl Aggregator {
 /// so only the job's owner decides, and a controller that loads the job after this writes the report
 /// of this decision, never one of its own. (2) The report and accounts.csv are written from the
 /// committed state. (3) The checkpoint drops its rows and its parts are deleted. Without a manifest
-/// (the submission never finished) an abandoned job's report holds what was processed.
-pub(super) async fn finalize(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats, prices: &Prices) -> Result<JobStatus> {
+/// (the submission never finished) an abandoned job's report holds what was processed. `recorded`: the
+/// manifest as the job's records hold it (see `records`), read here when they do not.
+pub(super) async fn finalize(
+    job: &mut Job,
+    recorded: Option<Arc<Manifest>>,
+    store: &dyn BlobStore,
+    stats: &CheckpointStats,
+    prices: &Prices,
+) -> Result<JobStatus> {
     let job_id = job.cp.job_id.clone();
-    let manifest: Option<Manifest> = match store.get_capped(&manifest_key(&job_id), MAX_MANIFEST_BYTES).await? {
-        Some(b) => Some(serde_json::from_slice(&b)?),
-        None => None,
+    let manifest: Option<Arc<Manifest>> = match recorded {
+        Some(m) => Some(m),
+        None => match store.get_capped(&manifest_key(&job_id), MAX_MANIFEST_BYTES).await? {
+            Some(b) => Some(Arc::new(serde_json::from_slice(&b)?)),
+            None => None,
+        },
     };
     let manifest = match manifest {
         Some(m) => m,
         // Only an abandoned job may end without one (decided now, or committed so before).
         None if job.abandon.is_some() || job.cp.finishing => {
             let known = job.cp.processed_transactions.saturating_add(job.cp.failed_chunks.iter().fold(0u64, |n, f| n.saturating_add(f.transactions)));
-            placeholder_manifest(&job_id, job.cp.accounted.len() as u32, known)
+            Arc::new(placeholder_manifest(&job_id, job.cp.accounted.len() as u32, known))
         }
         None => return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") }),
     };

@@ -278,6 +278,11 @@ impl Aggregator {
         Ok(Checked { verdicts, finished, requests })
     }
 
+    /// The job's manifest if its records hold it (read when its seal was checked).
+    pub(super) fn recorded_manifest(&self, job_id: &str) -> Option<Arc<Manifest>> {
+        lock(&self.records).jobs.get(job_id).and_then(|r| r.manifest.clone())
+    }
+
     /// Forgets a finished job's records.
     pub(super) fn forget_records(&self, job_id: &str) {
         lock(&self.records).jobs.remove(job_id);

@@ -1331,26 +1331,24 @@ async fn a_real_result_after_a_failure_on_the_last_chunk_still_counts() {
     assert_eq!((r.status, r.transactions.processed, r.transactions.failed), (JobStatus::Partial, 1, 1));
 }
 
-/// A store whose reads of manifests after the first take `delay` (the first is the seal's check
-/// against it; then a slow S3 answer in the middle of a finish).
-struct SlowManifests {
+/// A store whose writes of reports take `delay` (a slow S3 answer in the middle of a finish).
+struct SlowReports {
     inner: Arc<MemoryStore>,
     delay: Duration,
-    reads: std::sync::atomic::AtomicU32,
 }
 
 #[async_trait::async_trait]
-impl BlobStore for SlowManifests {
+impl BlobStore for SlowReports {
     fn bucket(&self) -> &str {
         self.inner.bucket()
     }
     async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+        if key.ends_with("/report.json") {
+            tokio::time::sleep(self.delay).await;
+        }
         self.inner.put_if(key, body, content_type, meta, cond).await
     }
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
-        if key.ends_with("/manifest.json") && self.reads.fetch_add(1, Ordering::Relaxed) > 0 {
-            tokio::time::sleep(self.delay).await;
-        }
         self.inner.get_tagged(key).await
     }
     async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
@@ -1367,7 +1365,7 @@ impl BlobStore for SlowManifests {
     }
 }
 
-/// A finish that takes three times the lease (its manifest read is slow) keeps the lease: the timer
+/// A finish that takes three times the lease (its report write is slow) keeps the lease: the timer
 /// renews it while the job is busy, so another controller finds the job taken and hands its message
 /// back, and the owner writes the report (the busy job's lease once lapsed, and the job changed hands
 /// mid-finish).
@@ -1377,7 +1375,7 @@ async fn a_lease_is_renewed_while_its_job_is_busy() {
     put_manifest(&store, &manifest("lb", &[1])).await;
     let clock = Clock::driven(1_800_000_000_000);
     let lease = Duration::from_secs(3);
-    let slow: Arc<dyn BlobStore> = Arc::new(SlowManifests { inner: store.clone(), delay: lease * 3, reads: Default::default() });
+    let slow: Arc<dyn BlobStore> = Arc::new(SlowReports { inner: store.clone(), delay: lease * 3 });
     let a = Arc::new(Aggregator::with_clock(slow, "a".into(), lease, clock));
     let b = Aggregator::with_clock(store.clone(), "b".into(), lease, clock);
     let timer = {
@@ -1395,7 +1393,7 @@ async fn a_lease_is_renewed_while_its_job_is_busy() {
         tokio::spawn(async move { a.apply(Source::Results, keep(Source::Results, &batch)).await })
     };
     tokio::time::sleep(lease * 2).await;
-    assert!(!finishing.is_finished(), "the finish is still reading the manifest");
+    assert!(!finishing.is_finished(), "the finish is still writing the report");
     let turned = b.apply(Source::Results, keep(Source::Results, &[r0])).await;
     assert_eq!(turned.release.len(), 1, "the job is still a's: b hands the message back");
     assert_eq!(finishing.await.unwrap().delete.len(), 2, "a finished the job");
