@@ -24,6 +24,8 @@ static QUARANTINED: LazyLock<Family<Labels, Counter>> = LazyLock::new(Family::de
 static REFUSED: LazyLock<Family<Labels, Counter>> = LazyLock::new(Family::default);
 static LAST_RESULT: LazyLock<Gauge> = LazyLock::new(Gauge::default);
 static OPEN_JOBS: LazyLock<Gauge> = LazyLock::new(Gauge::default);
+static PARTITIONS: LazyLock<Gauge> = LazyLock::new(Gauge::default);
+static PARTITION_CHANGES: LazyLock<Family<Labels, Counter>> = LazyLock::new(Family::default);
 
 /// The jobs this controller finished last (newest last), for the status page.
 static RECENT: Mutex<VecDeque<FinishedView>> = Mutex::new(VecDeque::new());
@@ -81,6 +83,12 @@ pub fn register_metrics() {
                 LAST_RESULT.clone(),
             );
             r.register("controller_open_jobs", "Jobs this controller holds in memory, not finished", OPEN_JOBS.clone());
+            r.register("controller_partitions_owned", "Results partitions this controller reads now", PARTITIONS.clone());
+            r.register(
+                "controller_partition_changes",
+                "Results partitions this controller started (change=gained) or stopped (change=given_up) reading",
+                PARTITION_CHANGES.clone(),
+            );
         });
     });
 }
@@ -169,6 +177,26 @@ impl MessageRefused<'_> {
         let why = if self.recorded { "contradicts" } else { "unrecorded" };
         tracing::error!(job = self.job, message_id = self.message_id, reason = self.reason, why, "message refused: the job's records say otherwise");
         REFUSED.get_or_create(&vec![("why".to_string(), why.to_string())]).inc();
+    }
+}
+
+/// This controller started or stopped reading a results partition.
+pub struct PartitionChanged {
+    pub partition: u16,
+    /// Started (gained) or stopped (given up, lost, or handed back on the way out).
+    pub owned: bool,
+}
+
+impl PartitionChanged {
+    pub fn emit(&self) {
+        let change = if self.owned { "gained" } else { "given_up" };
+        PARTITION_CHANGES.get_or_create(&vec![("change".to_string(), change.to_string())]).inc();
+        if self.owned {
+            PARTITIONS.inc();
+        } else {
+            PARTITIONS.dec();
+        }
+        tracing::info!(partition = self.partition, change, "results partition {change}");
     }
 }
 

@@ -1,16 +1,19 @@
-//! The controller service: the listener engine on the results queue, the work dead-letter queue and the
-//! results dead-letter queue, with a handler that aggregates per job idempotently, checkpoints job state
+//! The controller service: listener engines on the results partitions it owns (each partition's results
+//! queue and dead-letter queue; see `partitions`) and on the work dead-letter queue (forwarded to the
+//! partitions; see `forward`), with a handler that aggregates per job idempotently, checkpoints job state
 //! to S3 before the messages it applied are completed (deleted, batched), and writes the report to the
 //! warehouse when every chunk of a job is accounted for. A timer abandons jobs that never seal.
 
 pub mod aggregate;
 pub mod clock;
 pub mod events;
+pub mod forward;
 pub mod lease;
+pub mod partitions;
 pub mod purge;
 pub mod status;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +22,8 @@ use async_trait::async_trait;
 use fleet_domain::prices::Prices;
 use fleet_engine::args::ListenerArgs;
 use fleet_engine::dynamic_consumers::ScalingPolicy;
-use fleet_engine::{http, Completions, Engine, Handler, Kept, Outcome};
+use fleet_engine::http::Engines;
+use fleet_engine::{http, Completions, Engine, EngineConfig, Handler, Kept, Outcome};
 use fleet_io::blob::BlobStore;
 use fleet_io::queue::{Delivery, Queue};
 use fleet_io::trigger::{Notifier, Subscription, TriggerBus};
@@ -105,9 +109,12 @@ impl Default for Settings {
 /// The services a controller talks to.
 #[derive(Clone)]
 pub struct Deps {
+    /// The results queue: one queue, or its partitions as one [`fleet_io::queue::Sharded`] queue
+    /// (`Aws::results_queues`); the controller reads the partitions it owns.
     pub results: Arc<dyn Queue>,
     pub work_dlq: Arc<dyn Queue>,
-    /// Where results go after maxReceiveCount failed attempts (S3 down for minutes): read too.
+    /// Where results go after maxReceiveCount failed attempts (S3 down for minutes), partitioned as
+    /// the results queue: each partition's is read by the partition's owner.
     pub results_dlq: Arc<dyn Queue>,
     pub store: Arc<dyn BlobStore>,
     /// The work queue, read for its depth only: a sealed job is finished as stalled only once it and
@@ -200,31 +207,142 @@ impl Handler for ResultsHandler {
     }
 }
 
+/// The results partitions this controller reads: for each, a listener on its results queue and one on
+/// its dead-letter queue, started when the partition is gained and stopped (the batch in hand
+/// applied, its jobs checkpointed and their leases given back) when it is given up.
+struct Readers {
+    /// Every partition's results queue and dead-letter queue, by number.
+    parts: Vec<(Arc<dyn Queue>, Arc<dyn Queue>)>,
+    running: BTreeMap<u16, (Vec<Engine>, CancellationToken)>,
+    cfg: EngineConfig,
+    dlq_cfg: EngineConfig,
+    agg: Arc<Aggregator>,
+    notifiers: Arc<Notifiers>,
+    store_breaker: Option<Arc<fleet_io::breaker::Breaker>>,
+    triggers: Option<Subscription>,
+    /// What the state endpoint answers for.
+    engines: Engines,
+    shutdown: CancellationToken,
+}
+
+/// How long giving a partition up may wait for its listeners' batches in hand (a receive under way
+/// ends with its long poll).
+const GIVE_UP_GRACE: Duration = Duration::from_secs(25);
+
+impl Readers {
+    fn running(&self) -> BTreeSet<u16> {
+        self.running.keys().copied().collect()
+    }
+
+    async fn start(&mut self, p: u16) -> fleet_io::Result<()> {
+        let Some((results, dlq)) = self.parts.get(usize::from(p)).cloned() else { return Ok(()) };
+        let token = self.shutdown.child_token();
+        let mut engines = Vec::with_capacity(2);
+        for (source, q, cfg) in [(Source::Results, results, &self.cfg), (Source::ResultsDeadLetter, dlq, &self.dlq_cfg)] {
+            let handler = Arc::new(ResultsHandler { source, agg: self.agg.clone(), notifiers: self.notifiers.clone(), store_breaker: self.store_breaker.clone() });
+            let e = Engine::start(q, None, handler, cfg.clone()).await?;
+            if let Some(sub) = &self.triggers {
+                e.follow_triggers(sub, token.clone());
+            }
+            self.engines.add(e.clone());
+            engines.push(e);
+        }
+        events::PartitionChanged { partition: p, owned: true }.emit();
+        self.running.insert(p, (engines, token));
+        Ok(())
+    }
+
+    /// Stops reading partition `p`: its listeners quiesce (within `grace`), the jobs of the partition
+    /// are checkpointed and their messages deleted, their leases given back, the listeners finish.
+    async fn stop(&mut self, p: u16, grace: Duration) {
+        let Some((engines, token)) = self.running.remove(&p) else { return };
+        futures::future::join_all(engines.iter().map(|e| e.quiesce(grace))).await;
+        complete(self.agg.let_go(p).await);
+        for e in &engines {
+            e.finish(true).await;
+            self.engines.remove(e.queue_name());
+        }
+        token.cancel();
+        events::PartitionChanged { partition: p, owned: false }.emit();
+    }
+}
+
+/// One balancing round (see `partitions`): partitions asked for are stopped and handed over, free ones
+/// claimed and started; a controller that could not renew its membership in time stops reading first.
+async fn balance(own: &tokio::sync::Mutex<partitions::Ownership>, readers: &tokio::sync::Mutex<Readers>, leaving: bool) {
+    let mut own = own.lock().await;
+    let mut readers = readers.lock().await;
+    if !own.fresh() && !readers.running.is_empty() {
+        tracing::warn!(partitions = ?readers.running(), "partition ownership not renewed in time: reading none until it is");
+        for p in readers.running() {
+            readers.stop(p, GIVE_UP_GRACE).await;
+        }
+    }
+    for _ in 0..3 {
+        match own.round(&readers.running(), leaving).await {
+            Ok(plan) if !plan.stop.is_empty() => {
+                for p in plan.stop {
+                    readers.stop(p, GIVE_UP_GRACE).await;
+                }
+            }
+            Ok(plan) => {
+                for p in plan.start {
+                    if let Err(e) = readers.start(p).await {
+                        tracing::warn!(partition = p, error = %e, "could not start reading a partition; tried again next round");
+                    }
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "partition balancing round failed; tried again next round");
+                return;
+            }
+        }
+    }
+}
+
 /// The stop, under one deadline (`--drain-secs` from the signal, below the pod's
 /// terminationGracePeriodSeconds): listeners quiesce (the batch in hand finishes), the timers stop,
 /// every job with pending messages is checkpointed (or finished) and those messages deleted, the
-/// leases are given back so other controllers take the jobs at once, and purges under way end.
-/// Whatever the deadline cuts off is safe to lose: unsaved messages come back after their
-/// visibility timeout, a lease not given back expires, a purge left halfway is redone from its
-/// marker or the bucket's lifecycle rule.
-async fn stop(settings: &Settings, engines: &[Engine], agg: &Arc<Aggregator>, tracker: TaskTracker, purger: tokio::task::JoinHandle<()>) {
+/// leases are given back and the partitions handed back so other controllers take the jobs at once,
+/// and purges under way end. Whatever the deadline cuts off is safe to lose: unsaved messages come
+/// back after their visibility timeout, a lease not given back expires, a purge left halfway is
+/// redone from its marker or the bucket's lifecycle rule.
+async fn stop(
+    settings: &Settings,
+    forward: &Engine,
+    readers: &tokio::sync::Mutex<Readers>,
+    own: &tokio::sync::Mutex<partitions::Ownership>,
+    agg: &Arc<Aggregator>,
+    tracker: TaskTracker,
+    purger: tokio::task::JoinHandle<()>,
+) {
     let started = tokio::time::Instant::now();
     let deadline = started + Duration::from_secs(settings.drain_secs);
     let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
-    // All at once: each may wait for its long poll to end (up to 20 s).
-    let quiesced = futures::future::join_all(engines.iter().map(|e| e.quiesce(left()))).await;
-    if quiesced.iter().any(|done| !done) {
-        tracing::warn!("the stop deadline passed with batches in hand; their messages come back after their visibility timeout");
-    }
     tracker.close();
     let steps = async {
+        // The timers first (a balancing round under way ends), then every listener at once: each may
+        // wait for its long poll to end (up to 20 s).
         tracker.wait().await;
-        complete(agg.flush().await);
-        for e in engines {
-            e.finish(true).await;
+        let mut readers = readers.lock().await;
+        let parts = readers.running();
+        let engines: Vec<Engine> = readers.running.values().flat_map(|(e, _)| e.clone()).chain([forward.clone()]).collect();
+        let quiesced = futures::future::join_all(engines.iter().map(|e| e.quiesce(left()))).await;
+        if quiesced.iter().any(|done| !done) {
+            tracing::warn!("the stop deadline passed with batches in hand; their messages come back after their visibility timeout");
         }
-        // Other controllers may take this one's jobs over at once.
+        complete(agg.flush().await);
+        for p in parts {
+            readers.stop(p, Duration::ZERO).await;
+        }
+        forward.finish(true).await;
+        // Other controllers may take this one's jobs and partitions over at once.
         agg.release_leases().await;
+        drop(readers);
+        if let Err(e) = own.lock().await.round(&BTreeSet::new(), true).await {
+            tracing::warn!(error = %e, "could not hand the partitions back; they are taken over when this controller's membership runs out");
+        }
         agg.stop_notifying();
         let _ = purger.await;
     };
@@ -239,9 +357,10 @@ async fn stop(settings: &Settings, engines: &[Engine], agg: &Arc<Aggregator>, tr
     }
 }
 
-/// Runs until `shutdown`: listeners on the results queue and both dead-letter queues, a timer that
-/// checkpoints pending work and one that abandons jobs that never seal; on shutdown the last
-/// checkpoint is written and its messages deleted.
+/// Runs until `shutdown`: listeners on the results partitions it owns (balanced with the other
+/// controllers) and on the work dead-letter queue, a timer that checkpoints pending work and one that
+/// abandons jobs that never seal; on shutdown the last checkpoint is written, its messages deleted and
+/// the partitions handed back.
 pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> fleet_io::Result<()> {
     // Stable across restarts of one container (its hostname), so a restarted controller takes its own
     // leases back at once; a host process is told apart by its pid (its jobs wait for lease expiry).
@@ -250,13 +369,21 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         _ => format!("controller-{}", std::process::id()),
     });
     events::register_metrics();
+    let parts: Vec<(Arc<dyn Queue>, Arc<dyn Queue>)> =
+        fleet_io::queue::partitions(&deps.results).into_iter().zip(fleet_io::queue::partitions(&deps.results_dlq)).collect();
+    if parts.len() != fleet_io::queue::partitions(&deps.results_dlq).len() {
+        return Err(fleet_io::Error::Config("the results queue and its dead-letter queue must have as many partitions".into()));
+    }
     let mut aggregator = Aggregator::with_owner(deps.store.clone(), owner.clone(), Duration::from_secs(settings.lease_secs));
     aggregator.set_settle(Duration::from_secs(settings.settle_secs));
     aggregator.set_prices(settings.prices);
     aggregator.set_decode_budget(settings.decode_budget_mib << 20);
-    let queues = [(Source::Results, &deps.results), (Source::WorkDeadLetter, &deps.work_dlq), (Source::ResultsDeadLetter, &deps.results_dlq)];
-    for (source, q) in queues {
-        aggregator.set_queue(source, q.name());
+    aggregator.set_queue(Source::Results, parts[0].0.name());
+    aggregator.set_queue(Source::ResultsDeadLetter, parts[0].1.name());
+    aggregator.set_queue(Source::WorkDeadLetter, deps.work_dlq.name());
+    for (p, (q, dlq)) in parts.iter().enumerate() {
+        aggregator.set_partition_queue(q.name(), p as u16);
+        aggregator.set_partition_queue(dlq.name(), p as u16);
     }
     match &deps.work {
         Some(work) => aggregator.set_stall_limit(
@@ -280,23 +407,46 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     let cfg = settings.listener.engine(deps.triggers.is_some());
     // Dead letters are rare: one consumer each is plenty.
     let dlq_cfg = fleet_engine::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg.clone() };
+    let queue_names: Vec<&Arc<dyn Queue>> = parts.iter().flat_map(|(q, d)| [q, d]).chain([&deps.work_dlq]).collect();
     let notifiers: Arc<Notifiers> = Arc::new(match &deps.publish {
-        Some(bus) => {
-            queues.iter().map(|(_, q)| (q.name().to_string(), Notifier::new(bus.clone(), q.name(), "controller", Duration::from_millis(100)))).collect()
-        }
+        Some(bus) => queue_names.iter().map(|q| (q.name().to_string(), Notifier::new(bus.clone(), q.name(), "controller", Duration::from_millis(100)))).collect(),
         None => Notifiers::new(),
     });
-    let mut engines = Vec::with_capacity(queues.len());
-    for (source, q) in queues {
-        let handler = Arc::new(ResultsHandler { source, agg: agg.clone(), notifiers: notifiers.clone(), store_breaker: deps.store.breaker() });
-        let cfg = if source == Source::Results { cfg.clone() } else { dlq_cfg.clone() };
-        engines.push(Engine::start(q.clone(), None, handler, cfg).await?);
-    }
+    let forwarder = forward::Forwarder {
+        partitions: parts.iter().map(|(q, _)| q.clone()).collect(),
+        notifiers: match &deps.publish {
+            Some(bus) => parts.iter().map(|(q, _)| Notifier::new(bus.clone(), q.name(), "controller", Duration::from_millis(100))).collect(),
+            None => Vec::new(),
+        },
+        agg: agg.clone(),
+        store_breaker: deps.store.breaker(),
+    };
+    let forward = Engine::start(deps.work_dlq.clone(), None, Arc::new(forwarder), dlq_cfg.clone()).await?;
     if let Some(sub) = &deps.triggers {
-        for e in &engines {
-            e.follow_triggers(sub, shutdown.clone());
-        }
+        forward.follow_triggers(sub, shutdown.clone());
     }
+    let engines = Engines::new(vec![forward.clone()]);
+    let readers = Arc::new(tokio::sync::Mutex::new(Readers {
+        parts: parts.clone(),
+        running: BTreeMap::new(),
+        cfg: cfg.clone(),
+        dlq_cfg,
+        agg: agg.clone(),
+        notifiers: notifiers.clone(),
+        store_breaker: deps.store.breaker(),
+        triggers: deps.triggers.clone(),
+        engines: engines.clone(),
+        shutdown: shutdown.clone(),
+    }));
+    let own = Arc::new(tokio::sync::Mutex::new(partitions::Ownership::new(
+        deps.store.clone(),
+        owner.clone(),
+        Duration::from_secs(settings.lease_secs),
+        parts.len() as u16,
+        clock::Clock::System,
+    )));
+    // The first round before anything else: this controller's partitions are read from the start.
+    balance(&own, &readers, false).await;
     let mut roles: Vec<(&'static str, Arc<dyn Queue>)> =
         vec![("results", deps.results.clone()), ("work_dlq", deps.work_dlq.clone()), ("results_dlq", deps.results_dlq.clone())];
     if let Some(work) = &deps.work {
@@ -305,6 +455,24 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     let page = status::StatusSource::new(owner.clone(), deps.store.clone(), roles, engines.clone(), settings.agent_url.clone());
     http::serve_from_args_with(&settings.listener, &engines, Some(page.router()), &shutdown).await?;
     let tracker = TaskTracker::new();
+    {
+        let (own, readers, stop) = (own.clone(), readers.clone(), shutdown.clone());
+        let every = own.lock().await.interval();
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => tokio::select! {
+                        _ = stop.cancelled() => return,
+                        () = balance(&own, &readers, false) => {}
+                    },
+                }
+            }
+        });
+    }
     {
         let (agg, stop) = (agg.clone(), shutdown.clone());
         tracker.spawn(async move {
@@ -371,8 +539,11 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
             }
         });
     }
+    let reading = readers.lock().await.running();
     tracing::info!(
         results = deps.results.name(),
+        partitions = parts.len(),
+        reading = ?reading,
         work_dlq = deps.work_dlq.name(),
         results_dlq = deps.results_dlq.name(),
         bucket = deps.store.bucket(),
@@ -382,7 +553,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         "controller started"
     );
     shutdown.cancelled().await;
-    stop(&settings, &engines, &agg, tracker, purger).await;
+    stop(&settings, &forward, &readers, &own, &agg, tracker, purger).await;
     let stats = agg.stats();
     tracing::info!(
         checkpoint_writes = stats.writes.load(Ordering::Relaxed),

@@ -27,7 +27,7 @@ use axum::Router;
 use bytes::Bytes;
 use fleet_domain::layout::{check_job_id, checkpoint_key, report_key, OPEN_PREFIX};
 use fleet_domain::model::Progress;
-use fleet_engine::Engine;
+use fleet_engine::http::Engines;
 use fleet_io::blob::BlobStore;
 use fleet_io::queue::Queue;
 use http_body_util::{BodyExt, Empty};
@@ -66,7 +66,7 @@ struct Inner {
     store: Arc<dyn BlobStore>,
     /// The four queues by role, read when the agent does not answer.
     queues: Vec<(&'static str, Arc<dyn Queue>)>,
-    engines: Vec<Engine>,
+    engines: Engines,
     agent_url: Option<String>,
     http: Http,
     cache: tokio::sync::Mutex<Option<(Instant, Bytes)>>,
@@ -143,6 +143,9 @@ struct StatusDoc {
     quarantined: Result<usize, Down>,
     quarantined_more: bool,
     breakers: Vec<fleet_io::breaker::BreakerState>,
+    /// Who reads each results partition (`partitions/owners.json`: partition number -> controller, none
+    /// for a free one).
+    partitions: Result<std::collections::BTreeMap<u16, Option<String>>, Down>,
     /// The agent's `/state`, as it sent it (`None`: no `--agent-url`).
     agent: Option<Result<Value, Down>>,
 }
@@ -157,7 +160,7 @@ impl StatusSource {
         owner: String,
         store: Arc<dyn BlobStore>,
         queues: Vec<(&'static str, Arc<dyn Queue>)>,
-        engines: Vec<Engine>,
+        engines: Engines,
         agent_url: Option<String>,
     ) -> StatusSource {
         let http = Client::builder(TokioExecutor::new()).build_http();
@@ -234,8 +237,18 @@ impl StatusSource {
     }
 
     async fn make(&self) -> StatusDoc {
-        let (agent, open, quarantine) =
-            tokio::join!(self.agent_state(), self.open_jobs(), bounded(fleet_io::quarantine::list(self.inner.store.as_ref(), MAX_QUARANTINE_COUNTED + 1)));
+        let (agent, open, quarantine, owners) = tokio::join!(
+            self.agent_state(),
+            self.open_jobs(),
+            bounded(fleet_io::quarantine::list(self.inner.store.as_ref(), MAX_QUARANTINE_COUNTED + 1)),
+            bounded(self.inner.store.get(fleet_domain::layout::PARTITIONS_KEY))
+        );
+        let partitions = owners.and_then(|body| match body {
+            None => Ok(Default::default()),
+            Some(b) => serde_json::from_slice::<crate::partitions::Table>(&b)
+                .map(|t| t.owners.into_iter().map(|(p, o)| (p, o.owner)).collect())
+                .map_err(|e| format!("unreadable partition ownership: {e}")),
+        });
         let agent = agent.map(|r| self.outcome("agent", r));
         let from_agent = match &agent {
             Some(Ok(state)) => queues_from_agent(state, &self.inner.queues),
@@ -252,7 +265,7 @@ impl StatusSource {
         let quarantine = quarantine.map(|keys| keys.len());
         let quarantined_more = quarantine.as_ref().is_ok_and(|n| *n > MAX_QUARANTINE_COUNTED);
         let mut breakers: Vec<fleet_io::breaker::BreakerState> = Vec::new();
-        for e in &self.inner.engines {
+        for e in &self.inner.engines.all() {
             for b in e.state().breakers {
                 if !breakers.iter().any(|x| x.dependency == b.dependency) {
                     breakers.push(b);
@@ -270,6 +283,7 @@ impl StatusSource {
             quarantined: self.outcome("quarantine", quarantine.map(|n| n.min(MAX_QUARANTINE_COUNTED))),
             quarantined_more,
             breakers,
+            partitions: self.outcome("partitions", partitions),
             agent,
         }
     }
@@ -378,7 +392,7 @@ mod tests {
     fn source(store: Arc<MemoryStore>, agent_url: Option<String>) -> StatusSource {
         let q = |n: &str| -> Arc<dyn Queue> { MemoryQueue::new(n, Duration::from_secs(30)) };
         let queues = vec![("work", q("w")), ("results", q("r")), ("work_dlq", q("wd")), ("results_dlq", q("rd"))];
-        StatusSource::new("c1".into(), store, queues, Vec::new(), agent_url)
+        StatusSource::new("c1".into(), store, queues, Engines::default(), agent_url)
     }
 
     #[tokio::test]

@@ -102,9 +102,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 print_report(&r, json)?;
                 return Ok(job_exit_code(r.status));
             }
-            let results = aws.queue(&fleet.results_queue).await?;
+            let (results, _) = aws.results_queues(&fleet, quick()).await?;
             let bus = fleet.trigger_bus();
-            crate::ops::abandon(results.as_ref(), bus.as_deref(), &job, &reason).await?;
+            crate::ops::abandon(&results, bus.as_deref(), &job, &reason).await?;
             if no_wait {
                 eprintln!("job {job}: abandon requested");
                 if json {
@@ -129,18 +129,11 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
             let settings = QueueSettings { max_receive_count, visibility_timeout: Duration::from_secs(visibility_timeout) };
             fleet_io::provision::ensure_fleet(&aws, &fleet, settings).await?;
-            let shards = fleet.work_shard_names();
-            let work: Vec<String> = shards.iter().map(|(q, dlq)| format!("{q} (dead letters: {dlq})")).collect();
-            eprintln!(
-                "provisioned: queues {} and {} (dead letters: {}), bucket {} with its lifecycle rules",
-                work.join(", "),
-                fleet.results_queue,
-                fleet_io::config::dlq_name(&fleet.results_queue),
-                fleet.bucket
-            );
+            let shards: Vec<(String, String)> = fleet.work_shard_names().into_iter().chain(fleet.results_partition_names()).collect();
+            let all: Vec<String> = shards.iter().map(|(q, dlq)| format!("{q} (dead letters: {dlq})")).collect();
+            eprintln!("provisioned: queues {}, bucket {} with its lifecycle rules", all.join(", "), fleet.bucket);
             if json {
-                let mut queues: Vec<serde_json::Value> = shards.iter().map(|(q, dlq)| serde_json::json!({ "name": q, "dead_letter": dlq })).collect();
-                queues.push(serde_json::json!({ "name": fleet.results_queue, "dead_letter": fleet_io::config::dlq_name(&fleet.results_queue) }));
+                let queues: Vec<serde_json::Value> = shards.iter().map(|(q, dlq)| serde_json::json!({ "name": q, "dead_letter": dlq })).collect();
                 let v = serde_json::json!({
                     "queues": queues,
                     "bucket": fleet.bucket,
@@ -160,8 +153,10 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     // Each shard of the work queue with its own dead-letter queue (one pair unless --work-shards).
     let shards = aws.work_shards(fleet, quick()).await?;
     let store = aws.store(&fleet.bucket);
-    let results_dlq = aws.queue(&fleet.results_dlq()).await?;
-    let dlqs: Vec<&dyn Queue> = shards.iter().map(|(_, d)| d.as_ref() as &dyn Queue).chain([results_dlq.as_ref() as &dyn Queue]).collect();
+    // Each partition of the results queue with its own dead-letter queue (one pair unless
+    // --results-partitions).
+    let parts = aws.open_results_partitions(fleet, quick()).await?;
+    let dlqs: Vec<&dyn Queue> = shards.iter().chain(&parts).map(|(_, d)| d.as_ref() as &dyn Queue).collect();
     match command {
         DlqCommand::List { limit, json } => {
             let entries = crate::ops::list(&dlqs, store.as_ref(), limit).await?;
@@ -182,17 +177,15 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
             println!("{}", serde_json::to_string_pretty(&e).map_err(fleet_io::Error::from)?);
         }
         DlqCommand::Redrive { from, limit, method, json } => {
-            let results = aws.queue(&fleet.results_queue).await?;
             let all = from == RedriveFrom::All;
             let mut moved = serde_json::Map::new();
             let mut methods = serde_json::Map::new();
-            // Every shard's dead letters go back to that shard (a FIFO group stays where it was).
-            let pairs = shards.iter().map(|(work, dlq)| ("work_dlq", all || from == RedriveFrom::WorkDlq, dlq, work)).chain([(
-                "results_dlq",
-                all || from == RedriveFrom::ResultsDlq,
-                &results_dlq,
-                &results,
-            )]);
+            // Every shard's dead letters go back to that shard (a FIFO group stays where it was), every
+            // partition's to that partition (its jobs' owner reads it).
+            let pairs = shards
+                .iter()
+                .map(|(work, dlq)| ("work_dlq", all || from == RedriveFrom::WorkDlq, dlq, work))
+                .chain(parts.iter().map(|(results, dlq)| ("results_dlq", all || from == RedriveFrom::ResultsDlq, dlq, results)));
             for (place, wanted, dlq, target) in pairs {
                 if !wanted {
                     continue;
@@ -217,8 +210,10 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
                     targets.push((work.name(), work.as_ref()));
                     targets.push((dlq.name(), work.as_ref()));
                 }
-                targets.push((results.name(), results.as_ref()));
-                targets.push((results_dlq.name(), results.as_ref()));
+                for (results, dlq) in &parts {
+                    targets.push((results.name(), results.as_ref()));
+                    targets.push((dlq.name(), results.as_ref()));
+                }
                 let n = crate::ops::redrive_quarantine(store.as_ref(), &targets, limit).await?;
                 eprintln!("{n} quarantined messages sent back");
                 moved.insert("quarantine".into(), n.into());
@@ -263,7 +258,8 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     let (work, _) = aws.work_queues(fleet, quick()).await?;
     let store = aws.store(&fleet.bucket);
     store.check().await?;
-    let results = aws.queue(&fleet.results_queue).await?;
+    // The results queue, or its partitions as one queue (each job's seal goes to its own).
+    let (results, _) = aws.results_queues(fleet, quick()).await?;
     let clients = Clients { work, results, store: store.clone(), triggers: fleet.trigger_bus() };
     let opts = SubmitOptions {
         chunk_size,

@@ -33,6 +33,7 @@ pub fn bill(files: &[PathBuf], tariff: &Tariff) -> Result<Report, CliError> {
         chunk_transactions: Vec::new(),
         tariff: tariff.clone(),
         requests: RequestCounts::default(),
+        partition: 0,
     };
     Ok(report::build(&manifest, &totals, Vec::new(), &RequestCounts::default()))
 }

@@ -171,11 +171,26 @@ struct Enqueue<'a> {
     /// Work items whose send was attempted, and those acknowledged.
     attempted: AtomicU64,
     sent: AtomicU64,
+    /// The results partition the job's messages travel on (carried by its work items, recorded in its
+    /// manifest, its seal sent there).
+    partition: u16,
 }
 
 impl<'a> Enqueue<'a> {
     fn new(clients: &'a Clients, job_id: &'a str, tariff: &'a Tariff, attrs: fleet_io::queue::Attrs, groups: Option<Grouping>, bar: ProgressBar) -> Self {
-        Enqueue { clients, job_id, tariff, attrs, groups, bar, trigger: std::sync::Mutex::new(None), attempted: AtomicU64::new(0), sent: AtomicU64::new(0) }
+        let partition = fleet_domain::layout::partition_of(job_id, fleet_io::queue::partitions(&clients.results).len() as u16);
+        Enqueue {
+            clients,
+            job_id,
+            tariff,
+            attrs,
+            groups,
+            bar,
+            trigger: std::sync::Mutex::new(None),
+            attempted: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            partition,
+        }
     }
 
     async fn run(&self, stored: impl Stream<Item = Result<Chunk, CliError>> + Send) -> Result<Vec<Chunk>, CliError> {
@@ -198,6 +213,7 @@ impl<'a> Enqueue<'a> {
                     transactions: c.rows,
                     blob: c.blob.clone(),
                     tariff: self.tariff.clone(),
+                    partition: self.partition,
                 })
                 .map(|body| {
                     let group = self.groups.map(|g| g.group_id(self.job_id, c.number, c.partition));
@@ -380,7 +396,7 @@ pub async fn submit_inputs(opts: SubmitOptions, files: Vec<InputFile>, clients: 
         Err(cause) => {
             // Work items are out: the job must not wait an abandon time for a seal that never comes.
             let reason = format!("the submission failed: {cause}");
-            let fate = match crate::ops::abandon(clients.results.as_ref(), clients.triggers.as_deref(), &job_id, &reason).await {
+            let fate = match crate::ops::abandon(&clients.results, clients.triggers.as_deref(), &job_id, &reason).await {
                 Ok(()) => format!("so it was abandoned: the controller finishes it as `abandoned` with what was billed (`initiator report {job_id}`)"),
                 Err(e) => format!("and abandoning it failed too ({e}): run `initiator abandon {job_id}`, or the controller abandons it after --abandon-after"),
             };
@@ -458,17 +474,19 @@ async fn submit_enqueued(
         chunk_transactions: chunks.iter().map(|c| c.rows).collect(),
         tariff: opts.tariff.clone(),
         requests: requests.clone(),
+        partition: enqueue.partition,
     };
     let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| CliError::Input(e.to_string()))?;
     clients.store.put(&manifest_key(&job_id), Bytes::from(manifest_bytes), "application/json").await?;
     let seal =
         serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: job_id.clone(), total_chunks }).map_err(|e| CliError::Input(e.to_string()))?;
-    clients.results.send(vec![seal]).await?;
+    let results = fleet_io::queue::partition(&clients.results, enqueue.partition)?;
+    results.send(vec![seal]).await?;
     enqueue.finish().await;
     // The seal may be the last message the controller gets for this job (or the only one, for a job
     // with no chunks): wake it if it is parked.
     if let Some(t) = &clients.triggers {
-        announce_on(t.as_ref(), clients.results.as_ref(), 1, "initiator").await;
+        announce_on(t.as_ref(), results.as_ref(), 1, "initiator").await;
     }
     Ok(Submitted { job_id, total_chunks, counts, rejected, requests })
 }

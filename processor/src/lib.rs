@@ -74,8 +74,13 @@ pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken
     events::register_metrics();
     let cfg = settings.listener.engine(deps.triggers.is_some());
     let shards = shards(&deps);
-    // One results notifier for every shard's listener (its rate limit is the instance's).
-    let results = deps.publish.as_ref().map(|bus| Notifier::new(bus.clone(), deps.results.name(), "processor", ANNOUNCE_INTERVAL));
+    // One results notifier per partition for every shard's listener (its rate limit is the instance's).
+    let results: Vec<Notifier> = match &deps.publish {
+        Some(bus) => {
+            fleet_io::queue::partitions(&deps.results).iter().map(|q| Notifier::new(bus.clone(), q.name(), "processor", ANNOUNCE_INTERVAL)).collect()
+        }
+        None => Vec::new(),
+    };
     let mut engines = Vec::with_capacity(shards.len());
     for (work, dlq) in shards {
         let announce = listener::Announce {

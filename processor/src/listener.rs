@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use fleet_domain::model::{ChunkResult, ResultMessage};
+use fleet_domain::model::{ChunkResult, ResultMessage, WorkItem};
 use fleet_domain::prices::{sqs_extra_chunks, SQS_EXTRA_64K};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::{Completions, ErrorEvent, Handler, Outcome};
@@ -23,15 +23,15 @@ use crate::handle::{failed_result, parse_work_item, process};
 /// controller wakes at once.
 #[derive(Clone, Default)]
 pub struct Announce {
-    /// Results sent.
-    pub results: Option<Notifier>,
+    /// Results sent, one per partition of the results queue (by partition number).
+    pub results: Vec<Notifier>,
     /// A work item is on its way to the dead-letter queue (poison, or expired past its deadline).
     pub dead_letters: Option<Notifier>,
 }
 
 impl Announce {
-    fn results(&self, n: u64) {
-        if let Some(x) = &self.results {
+    fn results(&self, partition: u16, n: u64) {
+        if let Some(x) = self.results.get(usize::from(partition)) {
             x.notify(n);
         }
     }
@@ -61,17 +61,23 @@ impl WorkHandler {
     /// The chunk's result, or why it should be tried again. A chunk that can never succeed (its blob
     /// missing, corrupt, over a cap, or hostile content) gets a failed result at once instead of
     /// cycling through every receive and back-off on its way to the dead-letter queue.
-    async fn handle_one(&self, m: &Message) -> Result<ChunkResult, Failure> {
+    /// With the result, the results partition its job's messages travel on.
+    async fn handle_one(&self, m: &Message) -> Result<(ChunkResult, u16), Failure> {
         let item = parse_work_item(&m.body).map_err(|e| Failure::Own(format!("unreadable work item: {e}")))?;
+        let billed = self.bill(&item, m).await?;
+        Ok((billed, item.partition))
+    }
+
+    async fn bill(&self, item: &WorkItem, m: &Message) -> Result<ChunkResult, Failure> {
         let (job, chunk) = (item.job_id.as_str(), item.chunk);
-        match process(&item, self.store.as_ref(), self.max_chunk_bytes).await {
+        match process(item, self.store.as_ref(), self.max_chunk_bytes).await {
             Ok(r) => {
                 events::ChunkBilled { job, chunk, transactions: r.transactions }.emit();
                 Ok(r)
             }
             Err(e @ Error::Corrupt(_)) => {
                 events::ChunkFailedForGood { job, chunk, receive_count: m.receive_count, error: &e }.emit();
-                Ok(failed_result(&item, format!("{e} (attempt {}; not retried: it can never succeed)", m.receive_count)))
+                Ok(failed_result(item, format!("{e} (attempt {}; not retried: it can never succeed)", m.receive_count)))
             }
             Err(e) if e.is_outage() => {
                 events::WorkItemHeld { job, chunk, error: &e }.emit();
@@ -84,9 +90,9 @@ impl WorkHandler {
         }
     }
 
-    /// Sends one job's results, each with the trace context of the span that billed it; the first
-    /// carries the batch's calls (receive, sends, deletes).
-    async fn send_job(&self, job: &str, results: Vec<(ChunkResult, Option<String>)>) -> fleet_io::Result<()> {
+    /// Sends one job's results to its partition, each with the trace context of the span that billed
+    /// it; the first carries the batch's calls (receive, sends, deletes).
+    async fn send_job(&self, job: &str, partition: u16, results: Vec<(ChunkResult, Option<String>)>) -> fleet_io::Result<()> {
         let (mut results, traces): (Vec<ChunkResult>, Vec<Option<String>>) = results.into_iter().unzip();
         let rest: Vec<String> = results.drain(1..).map(|r| serde_json::to_string(&ResultMessage::Chunk(r))).collect::<Result<_, _>>()?;
         let Some(mut first) = results.pop() else { return Ok(()) };
@@ -111,7 +117,7 @@ impl WorkHandler {
             .map(|(body, trace)| Outgoing { body, attrs: Attrs { trace, ..Attrs::default() }, dedup: None })
             .collect();
         let chunks = bodies.len();
-        self.results.send_messages(&bodies).await?;
+        fleet_io::queue::partition(&self.results, partition)?.send_messages(&bodies).await?;
         events::ResultsSent { job, chunks }.emit();
         Ok(())
     }
@@ -161,19 +167,19 @@ impl Handler for WorkHandler {
         let mut out = Vec::with_capacity(handled.len());
         // Group by job so that per-job request counts are exact enough: each job's results go in
         // their own batch calls.
-        let mut by_job: BTreeMap<String, Vec<(Delivery, (ChunkResult, Option<String>))>> = BTreeMap::new();
+        let mut by_job: BTreeMap<(String, u16), Vec<(Delivery, (ChunkResult, Option<String>))>> = BTreeMap::new();
         for (m, r) in handled {
             match r {
-                Ok(r) => by_job.entry(r.0.job_id.clone()).or_default().push((m, r)),
+                Ok(((r, partition), trace)) => by_job.entry((r.job_id.clone(), partition)).or_default().push((m, (r, trace))),
                 Err(f) => out.push((m, f.outcome())),
             }
         }
-        for (job, items) in by_job {
+        for ((job, partition), items) in by_job {
             let (deliveries, results): (Vec<Delivery>, Vec<(ChunkResult, Option<String>)>) = items.into_iter().unzip();
             let n = results.len() as u64;
-            match self.send_job(&job, results).await {
+            match self.send_job(&job, partition, results).await {
                 Ok(()) => {
-                    self.announce.results(n);
+                    self.announce.results(partition, n);
                     out.extend(deliveries.into_iter().map(|m| (m, Outcome::Done)));
                 }
                 Err(e) => {
@@ -195,8 +201,12 @@ impl Handler for WorkHandler {
             Ok(b) => b,
             Err(e) => return tracing::error!(error = %e, "cannot encode a failed result"),
         };
-        match self.results.send(vec![body]).await {
-            Ok(_) => self.announce.results(1),
+        let sent = match fleet_io::queue::partition(&self.results, item.partition) {
+            Ok(q) => q.send(vec![body]).await,
+            Err(e) => Err(e),
+        };
+        match sent {
+            Ok(_) => self.announce.results(item.partition, 1),
             Err(e) => tracing::warn!(job = %item.job_id, chunk = item.chunk, error = %e, "could not report a failed chunk; the dead letter will"),
         }
         // SQS moves it on its next receive.

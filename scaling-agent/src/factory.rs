@@ -109,6 +109,7 @@ impl BackendArgs {
                     ("--work-dlq", f.work_dlq()),
                     ("--work-shards", f.work_shards.to_string()),
                     ("--results-queue", f.results_queue.clone()),
+                    ("--results-partitions", f.results_partitions.to_string()),
                     ("--trigger-exchange", f.trigger_exchange.clone()),
                 ]
                 .into_iter()

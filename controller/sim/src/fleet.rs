@@ -223,6 +223,7 @@ pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>
         .filter(|&c| job.chunks[c as usize].fate != Fate::Lost)
         .flat_map(|c| {
             let item = WorkItem {
+                partition: 0,
                 v: WIRE_VERSION,
                 job_id: job.id.clone(),
                 chunk: c,
@@ -251,6 +252,7 @@ pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>
     let counts: Vec<u64> = job.chunks.iter().map(|c| c.rows.len() as u64).collect();
     let total: u64 = counts.iter().sum();
     let manifest = Manifest {
+        partition: 0,
         v: WIRE_VERSION,
         job_id: job.id.clone(),
         created_at: "2026-11-26T00:00:00Z".into(),

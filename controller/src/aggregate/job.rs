@@ -130,7 +130,7 @@ impl Item {
     pub(super) fn chunk(&self) -> Option<u32> {
         match self {
             Item::Result(ResultMessage::Chunk(c)) => Some(c.chunk),
-            Item::Dead { item, .. } => Some(item.chunk),
+            Item::Dead { item, .. } | Item::Result(ResultMessage::DeadLettered { item, .. }) => Some(item.chunk),
             Item::Result(_) => None,
         }
     }
@@ -205,7 +205,11 @@ impl Drop for Pending {
 
 pub(super) fn parse(source: Source, m: &Message) -> Result<Item> {
     let item = match source {
-        Source::Results | Source::ResultsDeadLetter => Item::Result(serde_json::from_str(&m.body)?),
+        Source::Results | Source::ResultsDeadLetter => match serde_json::from_str(&m.body)? {
+            // A dead-lettered work item forwarded to its job's partition (see `crate::forward`).
+            ResultMessage::DeadLettered { item, receives, reason, .. } => Item::Dead { item, receives, reason },
+            r => Item::Result(r),
+        },
         Source::WorkDeadLetter => Item::Dead { item: serde_json::from_str(&m.body)?, receives: m.receive_count, reason: m.attrs.reason.clone() },
     };
     check_job_id(item.job_id()).map_err(Error::corrupt)?;
@@ -277,7 +281,7 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
             return Ok(());
         }
         Item::Result(ResultMessage::Chunk(c)) => (c.chunk, c.transactions),
-        Item::Dead { item, .. } => (item.chunk, item.transactions),
+        Item::Dead { item, .. } | Item::Result(ResultMessage::DeadLettered { item, .. }) => (item.chunk, item.transactions),
     };
     if cp.total_chunks.is_some_and(|t| chunk >= t) {
         // Not from this job as we know it: drop it loudly rather than corrupt the totals.
@@ -337,7 +341,7 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
             }
             cp.requests.merge(&c.requests);
         }
-        Item::Dead { receives, reason, .. } => {
+        Item::Dead { receives, reason, .. } | Item::Result(ResultMessage::DeadLettered { receives, reason, .. }) => {
             tracing::warn!(job = %cp.job_id, chunk, receives, ?reason, "work item dead-lettered; chunk recorded as failed");
             cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: reason.unwrap_or_else(|| DEAD_LETTER_REASON.to_string()) });
         }

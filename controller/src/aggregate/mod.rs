@@ -19,7 +19,7 @@
 //! `checkpoint` (flushing and the checkpoint format), `finalize` (the report), `scan` (dormant jobs and
 //! expiry); this file holds the aggregator and the path of one batch.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -176,6 +176,8 @@ struct InMemory {
     slots: BTreeMap<String, Slot>,
     leases: BTreeMap<String, WeakHeld>,
     failing: BTreeMap<String, Instant>,
+    /// The results partition each job's messages came from (to let its jobs go with a partition).
+    partition: BTreeMap<String, u16>,
 }
 
 /// What this controller knows of jobs not in memory, under one lock.
@@ -209,6 +211,8 @@ struct Expiry {
 pub struct Aggregator {
     store: Arc<dyn BlobStore>,
     queues: HashMap<Source, String>,
+    /// The results partition each partition queue (results and dead letters) belongs to.
+    partition_queues: HashMap<String, u16>,
     leases: Leases,
     memory: Mutex<InMemory>,
     known: Mutex<Known>,
@@ -285,6 +289,7 @@ impl Aggregator {
         Aggregator {
             store,
             queues,
+            partition_queues: HashMap::new(),
             leases,
             memory: Mutex::default(),
             known: Mutex::default(),
@@ -336,6 +341,23 @@ impl Aggregator {
         self.queues.insert(source, name.to_string());
     }
 
+    /// Names a queue of results partition `p` (its results queue or its dead-letter queue): the jobs
+    /// whose messages come from it are let go with the partition (`let_go`).
+    pub fn set_partition_queue(&mut self, name: &str, p: u16) {
+        self.partition_queues.insert(name.to_string(), p);
+    }
+
+    /// Lets go of the jobs of results partition `p` (another controller reads it from now on): their
+    /// pending messages checkpointed (returned for deletion) and their leases given back, so that the
+    /// partition's new owner takes them at once.
+    pub async fn let_go(&self, p: u16) -> Vec<Kept> {
+        let done = self.flush().await;
+        let jobs: BTreeSet<String> = lock(&self.memory).partition.iter().filter(|(_, q)| **q == p).map(|(j, _)| j.clone()).collect();
+        self.release_leases_where(|job| jobs.contains(job)).await;
+        lock(&self.memory).partition.retain(|j, _| !jobs.contains(j));
+        done
+    }
+
     /// What checkpoints have written so far.
     pub fn stats(&self) -> &CheckpointStats {
         &self.stats
@@ -353,6 +375,7 @@ impl Aggregator {
         let unused = jobs.get(job_id).is_some_and(|s| Arc::strong_count(s) == 1 && s.try_lock().is_ok_and(|j| j.is_none()));
         if unused {
             jobs.remove(job_id);
+            memory.partition.remove(job_id);
         }
     }
 
@@ -382,6 +405,14 @@ impl Aggregator {
                 Err(e) => applied.delete.extend(self.quarantine_message(source, m, &e.to_string()).await),
             }
         }
+        if !self.partition_queues.is_empty() {
+            let mut memory = lock(&self.memory);
+            for (job_id, items) in &groups {
+                if let Some(p) = items.first().and_then(|(k, _)| self.partition_queues.get(k.queue())) {
+                    memory.partition.insert(job_id.clone(), *p);
+                }
+            }
+        }
         let outcomes = futures::future::join_all(groups.into_iter().map(|(job_id, items)| self.apply_group(source, job_id, items))).await;
         for a in outcomes {
             applied.delete.extend(a.delete);
@@ -393,7 +424,8 @@ impl Aggregator {
     /// Keeps a message in the quarantine (`initiator dlq list`) with the reason; returns it for
     /// deletion once kept (held when the store does not answer, else left to come back).
     async fn quarantine_message(&self, source: Source, m: Kept, reason: &str) -> Option<Kept> {
-        let queue = self.queues.get(&source).map_or("unknown", String::as_str);
+        // The queue it came from (a partition's, so that a redrive sends it back to its job's owner).
+        let queue = if m.queue().is_empty() { self.queues.get(&source).map_or("unknown", String::as_str) } else { m.queue() };
         match fleet_io::quarantine::put(self.store.as_ref(), queue, &m, reason).await {
             Ok(key) => {
                 crate::events::MessageQuarantined { queue, message_id: &m.id, key: &key, reason }.emit();

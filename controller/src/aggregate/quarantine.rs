@@ -134,6 +134,7 @@ impl Aggregator {
 /// checkpoint knows.
 pub(super) fn placeholder_manifest(job_id: &str, total_chunks: u32, known: u64) -> Manifest {
     Manifest {
+        partition: 0,
         v: WIRE_VERSION,
         job_id: job_id.to_string(),
         created_at: String::new(),

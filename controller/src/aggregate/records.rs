@@ -178,7 +178,7 @@ impl JobRecords {
                 };
             }
             Item::Result(ResultMessage::Chunk(c)) => (c.chunk, c.transactions, "result"),
-            Item::Dead { item, .. } => (item.chunk, item.transactions, "dead-lettered work item"),
+            Item::Dead { item, .. } | Item::Result(ResultMessage::DeadLettered { item, .. }) => (item.chunk, item.transactions, "dead-lettered work item"),
         };
         match self.chunk(chunk, declared) {
             Err(why) => Some(Verdict::Refused(format!("{what} for job {job}: {why}"))),

@@ -121,7 +121,12 @@ impl Aggregator {
     /// Gives back every lease held (on shutdown, after the last checkpoint), so other controllers take
     /// the jobs over at once.
     pub async fn release_leases(&self) {
-        let slots = self.slots();
+        self.release_leases_where(|_| true).await;
+    }
+
+    /// Gives back the leases of the jobs `which` picks (their jobs dropped from memory).
+    pub(super) async fn release_leases_where(&self, which: impl Fn(&str) -> bool) {
+        let slots: Vec<(String, Slot)> = self.slots().into_iter().filter(|(j, _)| which(j)).collect();
         for (job_id, slot) in &slots {
             let Some(job) = slot.lock().await.take() else { continue };
             if let Err(e) = self.leases.release(job_id, &job.lease).await {

@@ -18,6 +18,7 @@ use rust_decimal::Decimal;
 
 fn manifest(job: &str, chunks: &[u64]) -> Manifest {
     Manifest {
+        partition: 0,
         v: 1,
         job_id: job.into(),
         created_at: now_rfc3339(),
@@ -163,6 +164,7 @@ async fn dead_letter_makes_job_partial_and_failed_result_wins_once() {
     let agg = quick(store.clone());
     agg.apply(Source::Results, keep(Source::Results, &[sealed("j3", 2), result("j3", 0, vec![acct("a", 4, 400, 10)])])).await;
     let item = WorkItem {
+        partition: 0,
         v: 1,
         job_id: "j3".into(),
         chunk: 1,
@@ -180,6 +182,7 @@ async fn dead_letter_makes_job_partial_and_failed_result_wins_once() {
 
 fn dead_letter(job: &str, chunk: u32, transactions: u64) -> Message {
     let item = WorkItem {
+        partition: 0,
         v: 1,
         job_id: job.into(),
         chunk,

@@ -34,11 +34,12 @@ async fn main() -> ExitCode {
 
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
     let aws = Aws::load().await.with_policy(cli.fleet.call_policy());
-    let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
+    let (results, results_dlq) =
+        aws.results_queues(&cli.fleet, aws.policy).await.context("opening the results queue, its partitions and their dead-letter queues")?;
     let (work, work_dlq) = aws.work_queues(&cli.fleet, aws.policy).await.context("opening the work queue, its shards and their dead-letter queues")?;
-    let results_dlq = aws.queue(&cli.fleet.results_dlq()).await.context("opening the results dead-letter queue")?;
     let store = aws.store(&cli.fleet.bucket);
-    // The work dead-letter queue's every shard: a processor announces dead letters on its shard's.
+    // Every partition's and the work dead-letter queue's every shard: a processor announces results on
+    // their partition's, dead letters on their shard's.
     let triggers = cli.fleet.subscribe(fleet_io::trigger::work_keys(&[results.as_ref(), work_dlq.as_ref(), results_dlq.as_ref()]), &shutdown);
     controller::run(
         cli.settings,

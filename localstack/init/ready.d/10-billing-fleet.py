@@ -41,6 +41,7 @@ work = env("FLEET_WORK_QUEUE") or "billing-work"
 work_dlq = env("FLEET_WORK_DLQ") or dlq_name(work)
 results = env("FLEET_RESULTS_QUEUE") or "billing-results"
 shards = int(env("FLEET_WORK_SHARDS") or "1")
+partitions = int(env("FLEET_RESULTS_PARTITIONS") or "1")
 max_receive = env("FLEET_MAX_RECEIVE_COUNT") or "5"
 visibility = env("FLEET_VISIBILITY_TIMEOUT") or "30"
 
@@ -78,7 +79,9 @@ if not work.endswith(".fifo") and not env("FLEET_WORK_DLQ"):
     fifo = work + ".fifo"
     for i in range(shards):
         queue_with_dlq(shard_name(fifo, i), dlq_name(shard_name(fifo, i)))
-queue_with_dlq(results, dlq_name(results))
+# Each partition of the results queue with its own dead-letter queue (partition i is named as shard i).
+for i in range(partitions):
+    queue_with_dlq(shard_name(results, i), dlq_name(shard_name(results, i)))
 try:
     s3.create_bucket(Bucket=bucket)
 except s3.exceptions.BucketAlreadyOwnedByYou:

@@ -27,7 +27,7 @@ async fn main() -> ExitCode {
 async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
     let aws = Aws::load().await.with_policy(cli.fleet.call_policy());
     let (work, work_dlq) = aws.work_queues(&cli.fleet, aws.policy).await.context("opening the work queue, its shards and their dead-letter queues")?;
-    let results = aws.queue(&cli.fleet.results_queue).await.context("opening the results queue")?;
+    let (results, _) = aws.results_queues(&cli.fleet, aws.policy).await.context("opening the results queue and its partitions")?;
     let store = aws.store(&cli.fleet.bucket);
     let triggers = cli.fleet.subscribe(fleet_io::trigger::work_keys(&[work.as_ref()]), &shutdown);
     let publish = cli.fleet.trigger_bus();

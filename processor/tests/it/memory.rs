@@ -25,6 +25,7 @@ async fn work_item(store: &MemoryStore, job: &str, chunk: u32, rows: &[(&str, &s
     let key = chunk_key(job, chunk);
     store.put(&key, Bytes::from(e.bytes.clone()), "application/zstd").await.unwrap();
     let item = WorkItem {
+        partition: 0,
         v: 1,
         job_id: job.into(),
         chunk,

@@ -47,6 +47,17 @@ pub fn accounts_key(job: &str) -> String {
     format!("{WAREHOUSE_PREFIX}{job}/accounts.csv")
 }
 
+/// Which controller owns each partition of the results queue, and which controllers are alive (see
+/// the controller's `partitions`): one document, changed only by conditional writes.
+pub const PARTITIONS_KEY: &str = "partitions/owners.json";
+
+/// The results partition a job's messages travel on, out of `count`: a hash of its id, so that jobs
+/// spread evenly; chosen once, when the job is submitted, and carried by its work items and manifest
+/// (a job keeps its partition when the count changes).
+pub fn partition_of(job: &str, count: u16) -> u16 {
+    (xxhash_rust::xxh3::xxh3_64(job.as_bytes()) % u64::from(count.max(1))) as u16
+}
+
 /// Which controller owns a job now, until when (seed 003's leases, per job).
 pub fn lease_key(job: &str) -> String {
     format!("leases/{job}.json")

@@ -58,6 +58,10 @@ pub struct WorkItem {
     pub transactions: u64,
     pub blob: BlobRef,
     pub tariff: Tariff,
+    /// The results partition its job's messages travel on (see `layout::partition_of`); 0 from an
+    /// initiator before partitions.
+    #[serde(default)]
+    pub partition: u16,
 }
 
 /// How a chunk's per-account totals travel back: inline, compressed inline, or as a blob reference
@@ -105,6 +109,17 @@ pub enum ResultMessage {
         job_id: String,
         reason: String,
     },
+    /// A work item that reached the work queue's dead-letter queue (shared by every partition),
+    /// forwarded by a controller to its job's partition: the chunk failed on every allowed attempt.
+    DeadLettered {
+        v: u32,
+        item: WorkItem,
+        /// Times it was received before it was dead-lettered.
+        receives: u32,
+        /// Why a listener moved it (e.g. `expired`), when it said.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
 }
 
 impl ResultMessage {
@@ -112,6 +127,7 @@ impl ResultMessage {
         match self {
             ResultMessage::Chunk(c) => &c.job_id,
             ResultMessage::Sealed { job_id, .. } | ResultMessage::Abandon { job_id, .. } => job_id,
+            ResultMessage::DeadLettered { item, .. } => &item.job_id,
         }
     }
 }
@@ -153,6 +169,9 @@ pub struct Manifest {
     pub tariff: Tariff,
     /// Calls the initiator made for this job, including the sends that follow the manifest.
     pub requests: RequestCounts,
+    /// The results partition the job's messages travel on (0 before partitions).
+    #[serde(default)]
+    pub partition: u16,
 }
 
 /// Job status as seen by users.

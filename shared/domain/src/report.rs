@@ -395,6 +395,7 @@ mod tests {
     #[test]
     fn report_counts_sorting_and_csv() {
         let manifest = Manifest {
+            partition: 0,
             v: 1,
             job_id: "j".into(),
             created_at: "2026-11-21T10:00:00Z".into(),
@@ -452,6 +453,7 @@ mod tests {
     #[test]
     fn a_report_written_from_borrowed_rows_reads_back_as_the_owned_one() {
         let manifest = Manifest {
+            partition: 0,
             v: 1,
             job_id: "j".into(),
             created_at: "2026-11-21T10:00:00Z".into(),

@@ -6,6 +6,7 @@
 //! without `Authorization: Bearer <token>`.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
@@ -139,6 +140,38 @@ struct Which {
     queue: Option<String>,
 }
 
+/// The listeners a service's endpoints answer for: fixed (a processor's shards), or changing while it
+/// runs (a controller's results partitions, started and stopped as it gains and gives them up). Clones
+/// share one set.
+#[derive(Clone, Default)]
+pub struct Engines(Arc<std::sync::RwLock<Vec<Engine>>>);
+
+impl Engines {
+    pub fn new(engines: Vec<Engine>) -> Engines {
+        Engines(Arc::new(std::sync::RwLock::new(engines)))
+    }
+
+    /// The listeners now.
+    pub fn all(&self) -> Vec<Engine> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn add(&self, engine: Engine) {
+        self.0.write().unwrap_or_else(|e| e.into_inner()).push(engine);
+    }
+
+    /// Removes the listener on `queue` (the endpoints no longer answer for it).
+    pub fn remove(&self, queue: &str) {
+        self.0.write().unwrap_or_else(|e| e.into_inner()).retain(|e| e.queue_name() != queue);
+    }
+}
+
+impl From<Vec<Engine>> for Engines {
+    fn from(engines: Vec<Engine>) -> Engines {
+        Engines::new(engines)
+    }
+}
+
 fn states(engines: &[Engine], which: &Which) -> Vec<ListenerState> {
     engines.iter().filter(|e| which.queue.as_deref().is_none_or(|q| q == e.queue_name())).map(Engine::state).collect()
 }
@@ -151,19 +184,19 @@ fn probe(engines: &[Engine], ok: fn(&Health) -> bool) -> axum::response::Respons
 }
 
 /// The read-only router for a set of engines: state, metrics, probes.
-pub fn router(engines: Vec<Engine>) -> Router {
+pub fn router(engines: impl Into<Engines>) -> Router {
     Router::new()
-        .route("/state", get(|State(e): State<Vec<Engine>>, Query(w): Query<Which>| async move { Json(states(&e, &w)) }))
+        .route("/state", get(|State(e): State<Engines>, Query(w): Query<Which>| async move { Json(states(&e.all(), &w)) }))
         .route(
             "/metrics",
-            get(|State(e): State<Vec<Engine>>, Query(w): Query<Which>| async move {
-                ([(header::CONTENT_TYPE, fleet_io::telemetry::OPENMETRICS_CONTENT_TYPE)], render_metrics(&states(&e, &w)))
+            get(|State(e): State<Engines>, Query(w): Query<Which>| async move {
+                ([(header::CONTENT_TYPE, fleet_io::telemetry::OPENMETRICS_CONTENT_TYPE)], render_metrics(&states(&e.all(), &w)))
             }),
         )
-        .route("/livez", get(|State(e): State<Vec<Engine>>| async move { probe(&e, |h| h.live) }))
-        .route("/readyz", get(|State(e): State<Vec<Engine>>| async move { probe(&e, |h| h.ready) }))
+        .route("/livez", get(|State(e): State<Engines>| async move { probe(&e.all(), |h| h.live) }))
+        .route("/readyz", get(|State(e): State<Engines>| async move { probe(&e.all(), |h| h.ready) }))
         .route("/healthz", get(|| async { "ok" }))
-        .with_state(engines)
+        .with_state(engines.into())
 }
 
 /// Largest body the admin endpoint reads (a limits change is a few dozen bytes).
@@ -171,7 +204,7 @@ pub const ADMIN_BODY_LIMIT: usize = 4096;
 
 /// The admin router: `PUT /throttle`, for requests that carry `token`. The token is checked from the
 /// headers before a byte of the body is read, and a body is read only up to [`ADMIN_BODY_LIMIT`].
-pub fn admin_router(engines: Vec<Engine>, token: AdminToken) -> Router {
+pub fn admin_router(engines: impl Into<Engines>, token: AdminToken) -> Router {
     let guard = move |method: Method, uri: Uri, headers: HeaderMap, req: axum::extract::Request, next: axum::middleware::Next| {
         let token = token.clone();
         async move {
@@ -186,7 +219,8 @@ pub fn admin_router(engines: Vec<Engine>, token: AdminToken) -> Router {
     Router::new()
         .route(
             "/throttle",
-            put(|State(e): State<Vec<Engine>>, Query(w): Query<Which>, body: axum::body::Bytes| async move {
+            put(|State(e): State<Engines>, Query(w): Query<Which>, body: axum::body::Bytes| async move {
+                let e = e.all();
                 let change: LimitsChange = match serde_json::from_slice(&body) {
                     Ok(c) => c,
                     Err(err) => return (StatusCode::BAD_REQUEST, format!("limits: {err}")).into_response(),
@@ -208,7 +242,7 @@ pub fn admin_router(engines: Vec<Engine>, token: AdminToken) -> Router {
         )
         .layer(axum::extract::DefaultBodyLimit::max(ADMIN_BODY_LIMIT))
         .route_layer(axum::middleware::from_fn(guard))
-        .with_state(engines)
+        .with_state(engines.into())
 }
 
 async fn serve_router(what: &'static str, addr: SocketAddr, app: Router, stop: CancellationToken) -> std::io::Result<SocketAddr> {
@@ -229,7 +263,7 @@ pub async fn serve(addr: SocketAddr, engines: Vec<Engine>, stop: CancellationTok
 
 /// [`serve`], with the service's own read-only routes (`extra`: the controller's status page) beside
 /// the listeners'.
-pub async fn serve_with(addr: SocketAddr, engines: Vec<Engine>, extra: Option<Router>, stop: CancellationToken) -> std::io::Result<SocketAddr> {
+pub async fn serve_with(addr: SocketAddr, engines: impl Into<Engines>, extra: Option<Router>, stop: CancellationToken) -> std::io::Result<SocketAddr> {
     let app = match extra {
         Some(extra) => router(engines).merge(extra),
         None => router(engines),
@@ -240,7 +274,7 @@ pub async fn serve_with(addr: SocketAddr, engines: Vec<Engine>, extra: Option<Ro
 }
 
 /// Serves the admin router on `addr` until `stop`. Returns the bound address.
-pub async fn serve_admin(addr: SocketAddr, engines: Vec<Engine>, token: AdminToken, stop: CancellationToken) -> std::io::Result<SocketAddr> {
+pub async fn serve_admin(addr: SocketAddr, engines: impl Into<Engines>, token: AdminToken, stop: CancellationToken) -> std::io::Result<SocketAddr> {
     let bound = serve_router("admin", addr, admin_router(engines, token), stop).await?;
     tracing::info!(%bound, "admin endpoint: PUT /throttle (bearer token)");
     if !bound.ip().is_loopback() {
@@ -253,23 +287,23 @@ pub async fn serve_admin(addr: SocketAddr, engines: Vec<Engine>, token: AdminTok
 /// The endpoints a listener's flags ask for: the state endpoint on `--http-addr`, the admin endpoint
 /// on `--admin-addr` when a token is given. Returns their bound addresses.
 pub async fn serve_from_args(args: &ListenerArgs, engines: &[Engine], stop: &CancellationToken) -> fleet_io::Result<(Option<SocketAddr>, Option<SocketAddr>)> {
-    serve_from_args_with(args, engines, None, stop).await
+    serve_from_args_with(args, &Engines::new(engines.to_vec()), None, stop).await
 }
 
 /// [`serve_from_args`], with the service's own read-only routes on the state endpoint.
 pub async fn serve_from_args_with(
     args: &ListenerArgs,
-    engines: &[Engine],
+    engines: &Engines,
     extra: Option<Router>,
     stop: &CancellationToken,
 ) -> fleet_io::Result<(Option<SocketAddr>, Option<SocketAddr>)> {
     let config = |what: &str, addr: SocketAddr, e: std::io::Error| fleet_io::Error::Config(format!("{what} endpoint on {addr}: {e}"));
     let state = match args.http_addr {
-        Some(addr) => Some(serve_with(addr, engines.to_vec(), extra, stop.clone()).await.map_err(|e| config("state", addr, e))?),
+        Some(addr) => Some(serve_with(addr, engines.clone(), extra, stop.clone()).await.map_err(|e| config("state", addr, e))?),
         None => None,
     };
     let admin = match args.admin_token() {
-        Some(token) => Some(serve_admin(args.admin_addr, engines.to_vec(), token, stop.clone()).await.map_err(|e| config("admin", args.admin_addr, e))?),
+        Some(token) => Some(serve_admin(args.admin_addr, engines.clone(), token, stop.clone()).await.map_err(|e| config("admin", args.admin_addr, e))?),
         None => None,
     };
     Ok((state, admin))

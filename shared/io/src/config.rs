@@ -37,6 +37,15 @@ pub struct FleetArgs {
     /// Results queue (name or URL).
     #[arg(long, global = true, env = "FLEET_RESULTS_QUEUE", default_value = "billing-results")]
     pub results_queue: String,
+    /// Partitions of the results queue (seed 003's partitioned consumers): each job's results, seal and
+    /// dead letters travel on one partition, chosen when it is submitted (partition 0 is the results
+    /// queue, partition i is its name with `-i`: billing-results-1, each with its dead-letter queue),
+    /// and each partition is read by one controller at a time, so a result never reaches a controller
+    /// that does not own its job. Use at least as many as controllers (a controller beyond the count
+    /// stands by). Every process of a fleet takes the same; raise it at any time (jobs in flight
+    /// finish on the partition they started on), lower it only once the fleet is drained.
+    #[arg(long, global = true, env = "FLEET_RESULTS_PARTITIONS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub results_partitions: u16,
     /// RabbitMQ URL for work-detected triggers; empty to disable triggers.
     #[arg(long, global = true, env = "AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f", hide_default_value = true, hide_env_values = true)]
     pub amqp_url: String,
@@ -61,6 +70,7 @@ impl std::fmt::Debug for FleetArgs {
             .field("work_dlq", &self.work_dlq())
             .field("work_shards", &self.work_shards)
             .field("results_queue", &self.results_queue)
+            .field("results_partitions", &self.results_partitions)
             .field("amqp_url", &redact_url(&self.amqp_url))
             .field("amqp_ca", &self.amqp_ca)
             .field("trigger_exchange", &self.trigger_exchange)
@@ -78,6 +88,7 @@ impl FleetArgs {
             work_dlq_override: None,
             work_shards: 1,
             results_queue: "billing-results".into(),
+            results_partitions: 1,
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             amqp_ca: None,
             trigger_exchange: "billing.fleet".into(),
@@ -114,16 +125,18 @@ impl FleetArgs {
     /// The work queue's shards, each with its dead-letter queue: `(queue, dead-letter queue)`, shard 0
     /// first (the work queue itself and [`FleetArgs::work_dlq`]).
     pub fn work_shard_names(&self) -> Vec<(String, String)> {
-        (0..self.work_shards.max(1))
-            .map(|i| match i {
-                0 => (self.work_queue.clone(), self.work_dlq()),
-                i => {
-                    let q = suffixed(&self.work_queue, &i.to_string());
-                    let dlq = dlq_name(&q);
-                    (q, dlq)
-                }
-            })
-            .collect()
+        numbered(&self.work_queue, self.work_shards, self.work_dlq())
+    }
+
+    /// The results queue's partitions, each with its dead-letter queue: `(queue, dead-letter queue)`,
+    /// partition 0 first (the results queue itself and [`FleetArgs::results_dlq`]).
+    pub fn results_partition_names(&self) -> Vec<(String, String)> {
+        numbered(&self.results_queue, self.results_partitions, self.results_dlq())
+    }
+
+    /// The same fleet with its results queue in `n` partitions.
+    pub fn partitioned(&self, n: u16) -> FleetArgs {
+        FleetArgs { results_partitions: n, ..self.clone() }
     }
 
     /// The same fleet with its work queue in `n` shards.
@@ -150,6 +163,7 @@ impl FleetArgs {
             work_dlq_override: self.work_dlq_override.as_deref().map(|q| suffixed(q, suffix)),
             work_shards: self.work_shards,
             results_queue: suffixed(&self.results_queue, suffix),
+            results_partitions: self.results_partitions,
             amqp_url: self.amqp_url.clone(),
             amqp_ca: self.amqp_ca.clone(),
             trigger_exchange: format!("{}-{suffix}", self.trigger_exchange),
@@ -167,6 +181,18 @@ pub fn is_fifo(name_or_url: &str) -> bool {
 /// queue's dead-letter queue must be FIFO too). Works on names and URLs alike.
 pub fn dlq_name(queue: &str) -> String {
     suffixed(queue, "dlq")
+}
+
+/// `n` queues named after `first` (itself, then `first-1`, `first-2`, ...), each with its dead-letter
+/// queue (`first_dlq` for the first, derived for the others).
+fn numbered(first: &str, n: u16, first_dlq: String) -> Vec<(String, String)> {
+    let mut out = vec![(first.to_string(), first_dlq)];
+    for i in 1..n.max(1) {
+        let q = suffixed(first, &i.to_string());
+        let dlq = dlq_name(&q);
+        out.push((q, dlq));
+    }
+    out
 }
 
 /// `name-suffix`, keeping `.fifo` last.
@@ -280,33 +306,48 @@ impl Aws {
         Ok(Arc::new(q.with_breaker(self.breakers.sqs.clone())))
     }
 
-    /// The work queue's shards and their dead-letter queues, opened (lookups bounded by `first`); the
-    /// shards count their calls into one counter, their dead-letter queues into another.
-    pub async fn work_shards(&self, fleet: &FleetArgs, first: CallPolicy) -> Result<Vec<(Arc<SqsQueue>, Arc<SqsQueue>)>> {
-        let (work_calls, dlq_calls) = (CallCounter::default(), CallCounter::default());
+    /// Queues and their dead-letter queues, opened at once (lookups bounded by `first`); the queues count
+    /// their calls into one counter, their dead-letter queues into another. A missing one is said with
+    /// `hint` (where the count came from and what creates them) when there are several.
+    async fn open_pairs(&self, names: Vec<(String, String)>, first: CallPolicy, hint: &str) -> Result<Vec<(Arc<SqsQueue>, Arc<SqsQueue>)>> {
+        let (calls, dlq_calls) = (CallCounter::default(), CallCounter::default());
+        let several = names.len() > 1;
         let open = |name: String, calls: CallCounter| async move {
             let q = SqsQueue::open(self.sqs(), &self.endpoint, &name, first).await?.with_policy(self.policy).counting_into(&calls);
             Ok::<_, Error>(Arc::new(q.with_breaker(self.breakers.sqs.clone())))
         };
         // Looked up at once: a fleet of 64 shards starts as fast as one of one.
-        let pairs = fleet.work_shard_names().into_iter().map(|(q, dlq)| futures::future::try_join(open(q, work_calls.clone()), open(dlq, dlq_calls.clone())));
+        let pairs = names.into_iter().map(|(q, dlq)| futures::future::try_join(open(q, calls.clone()), open(dlq, dlq_calls.clone())));
         futures::future::try_join_all(pairs).await.map_err(|e| match e {
-            // A shard that is missing: say where the count came from and what creates them.
-            Error::NotFound { service, what } if fleet.work_shards > 1 => Error::NotFound {
-                service,
-                what: format!(
-                    "{what} (the work queue is in {} shards: --work-shards / FLEET_WORK_SHARDS; `initiator provision` creates them)",
-                    fleet.work_shards
-                ),
-            },
+            Error::NotFound { service, what } if several => Error::NotFound { service, what: format!("{what} ({hint}; `initiator provision` creates them)") },
             e => e,
         })
+    }
+
+    /// The work queue's shards and their dead-letter queues, opened (lookups bounded by `first`); the
+    /// shards count their calls into one counter, their dead-letter queues into another.
+    pub async fn work_shards(&self, fleet: &FleetArgs, first: CallPolicy) -> Result<Vec<(Arc<SqsQueue>, Arc<SqsQueue>)>> {
+        let hint = format!("the work queue is in {} shards: --work-shards / FLEET_WORK_SHARDS", fleet.work_shards);
+        self.open_pairs(fleet.work_shard_names(), first, &hint).await
     }
 
     /// The work queue and its dead-letter queue, each one queue to its users: the queue itself, or its
     /// shards as one [`Sharded`] queue when `--work-shards` is over 1.
     pub async fn work_queues(&self, fleet: &FleetArgs, first: CallPolicy) -> Result<(Arc<dyn Queue>, Arc<dyn Queue>)> {
         Sharded::pairs(&self.work_shards(fleet, first).await?)
+    }
+
+    /// The results queue and its dead-letter queue, each one queue to its users: the queue itself, or
+    /// its partitions as one [`Sharded`] queue when `--results-partitions` is over 1 (senders pick a
+    /// job's partition with [`crate::queue::partition`]; its depth is the partitions' sum).
+    pub async fn results_queues(&self, fleet: &FleetArgs, first: CallPolicy) -> Result<(Arc<dyn Queue>, Arc<dyn Queue>)> {
+        Sharded::pairs(&self.open_results_partitions(fleet, first).await?)
+    }
+
+    /// The results queue's partitions and their dead-letter queues, opened (lookups bounded by `first`).
+    pub async fn open_results_partitions(&self, fleet: &FleetArgs, first: CallPolicy) -> Result<Vec<(Arc<SqsQueue>, Arc<SqsQueue>)>> {
+        let hint = format!("the results queue is in {} partitions: --results-partitions / FLEET_RESULTS_PARTITIONS", fleet.results_partitions);
+        self.open_pairs(fleet.results_partition_names(), first, &hint).await
     }
 
     pub fn store(&self, bucket: &str) -> Arc<S3Store> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 
-use crate::config::{dlq_name, is_fifo, Aws, FleetArgs};
+use crate::config::{is_fifo, Aws, FleetArgs};
 use crate::error::sdk_error;
 use crate::error::{Error, Result, Service};
 
@@ -119,11 +119,11 @@ pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
     Ok(())
 }
 
-/// Creates every resource of a fleet: work queue + DLQ (each shard's), results queue + DLQ, bucket.
+/// Creates every resource of a fleet: work queue + DLQ (each shard's), results queue + DLQ (each
+/// partition's), bucket.
 pub async fn ensure_fleet(aws: &Aws, names: &FleetArgs, s: QueueSettings) -> Result<()> {
-    for (q, dlq) in names.work_shard_names() {
+    for (q, dlq) in names.work_shard_names().into_iter().chain(names.results_partition_names()) {
         ensure_queue_with_dlq(aws, &q, &dlq, s).await?;
     }
-    ensure_queue_with_dlq(aws, &names.results_queue, &dlq_name(&names.results_queue), s).await?;
     ensure_bucket(aws, &names.bucket).await
 }

@@ -43,6 +43,9 @@ pub struct Stack {
     pub store: Arc<S3Store>,
     /// The work queue's shards with their dead-letter queues (shard 0 is `work`, `work_dlq`).
     pub shards: Vec<(Arc<SqsQueue>, Arc<SqsQueue>)>,
+    /// The results queue's partitions with their dead-letter queues (partition 0 is `results`,
+    /// `results_dlq`).
+    pub partitions: Vec<(Arc<SqsQueue>, Arc<SqsQueue>)>,
 }
 
 /// Creates a fresh fleet with unique names; `None` when LocalStack or RabbitMQ is not running (see the
@@ -66,6 +69,11 @@ pub fn test_log() {
 pub async fn sharded_stack(n: u16, fifo: bool, settings: QueueSettings) -> Option<Stack> {
     let base = if fifo { FleetArgs::defaults().fifo() } else { FleetArgs::defaults() };
     stack_of(base.sharded(n), settings).await
+}
+
+/// Creates a fresh fleet with unique names and its results queue in `n` partitions.
+pub async fn partitioned_stack(n: u16, settings: QueueSettings) -> Option<Stack> {
+    stack_of(FleetArgs::defaults().partitioned(n), settings).await
 }
 
 /// Creates a fresh fleet with unique names on a FIFO work queue (and FIFO work dead-letter queue).
@@ -113,12 +121,14 @@ async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Option<Stack> {
         .unwrap_or_else(|e| panic!("cannot create test resources on {LOCALSTACK} ({e}); start the stack with deploy/test.sh"));
     let store = aws.store(&names.bucket);
     let shards = aws.work_shards(&names, aws.policy).await.unwrap();
+    let partitions = aws.open_results_partitions(&names, aws.policy).await.unwrap();
     Some(Stack {
         work: shards[0].0.clone(),
         work_dlq: shards[0].1.clone(),
         shards,
-        results: aws.queue(&names.results_queue).await.unwrap(),
-        results_dlq: aws.queue(&names.results_dlq()).await.unwrap(),
+        results: partitions[0].0.clone(),
+        results_dlq: partitions[0].1.clone(),
+        partitions,
         store,
         names,
         aws,
@@ -130,6 +140,12 @@ impl Stack {
     /// its shards as one [`fleet_io::queue::Sharded`] queue.
     pub fn work_queues(&self) -> (Arc<dyn Queue>, Arc<dyn Queue>) {
         fleet_io::queue::Sharded::pairs(&self.shards).expect("a stack has at least one shard")
+    }
+
+    /// The results queue and its dead-letter queue as the fleet's binaries open them: one queue each,
+    /// or its partitions as one [`fleet_io::queue::Sharded`] queue.
+    pub fn results_queues(&self) -> (Arc<dyn Queue>, Arc<dyn Queue>) {
+        fleet_io::queue::Sharded::pairs(&self.partitions).expect("a stack has at least one partition")
     }
 
     /// Where a job stands, for a test that waited for it in vain: every queue's depth, and the job's

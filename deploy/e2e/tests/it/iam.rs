@@ -19,6 +19,7 @@ const RARE: &[(&str, &str, &str)] = &[
     ("processor", "s3:PutObject", "results too large for a message go to S3 as a blob"),
     ("processor", "s3:ListBucket", "HeadBucket, the S3 breaker's probe during an outage"),
     ("controller", "sqs:ChangeMessageVisibility", "results held through a store outage, or handed back to another controller's job"),
+    ("controller", "sqs:SendMessage", "a dead-lettered work item forwarded to its job's results partition"),
 ];
 
 /// The IAM action an SDK operation needs.

@@ -15,6 +15,7 @@ mod leases;
 mod localstack;
 mod memory_pipeline;
 mod outage;
+mod partitions;
 mod pipeline;
 mod reliability;
 mod scaling;

@@ -59,7 +59,7 @@ pub trait Fleet {
 
 impl Fleet for Stack {
     fn clients(&self) -> Clients {
-        Clients { work: self.work_queues().0, results: self.results.clone(), store: self.store.clone(), triggers: self.names.trigger_bus() }
+        Clients { work: self.work_queues().0, results: self.results_queues().0, store: self.store.clone(), triggers: self.names.trigger_bus() }
     }
 
     fn start_processor(&self, settings: processor::Settings) -> Running {
@@ -69,7 +69,7 @@ impl Fleet for Stack {
         let deps = processor::Deps {
             work,
             work_dlq: Some(work_dlq),
-            results: self.results.clone(),
+            results: self.results_queues().0,
             store: self.store.clone(),
             triggers: self.names.subscribe(keys, &stop),
             publish: self.names.trigger_bus(),
@@ -83,7 +83,8 @@ impl Fleet for Stack {
     fn start_agent(&self) -> Running {
         let stop = CancellationToken::new();
         let (work, work_dlq) = self.work_queues();
-        let watched = scaling_agent::Watched { work, work_dlq, results: self.results.clone(), results_dlq: self.results_dlq.clone() };
+        let (results, results_dlq) = self.results_queues();
+        let watched = scaling_agent::Watched { work, work_dlq, results, results_dlq };
         let deps = scaling_agent::Deps {
             watched,
             publish: self.names.trigger_bus(),
@@ -99,11 +100,12 @@ impl Fleet for Stack {
     fn start_controller(&self) -> Running {
         let stop = CancellationToken::new();
         let (work, work_dlq) = self.work_queues();
-        let keys = fleet_io::trigger::work_keys(&[self.results.as_ref(), work_dlq.as_ref(), self.results_dlq.as_ref()]);
+        let (results, results_dlq) = self.results_queues();
+        let keys = fleet_io::trigger::work_keys(&[results.as_ref(), work_dlq.as_ref(), results_dlq.as_ref()]);
         let deps = controller::Deps {
-            results: self.results.clone(),
+            results,
             work_dlq,
-            results_dlq: self.results_dlq.clone(),
+            results_dlq,
             store: self.store.clone(),
             work: Some(work),
             triggers: self.names.subscribe(keys, &stop),
@@ -146,6 +148,8 @@ pub fn fleet_command(st: &Stack, name: &str) -> std::process::Command {
         .env("FLEET_WORK_QUEUE", &n.work_queue)
         .env("FLEET_WORK_DLQ", n.work_dlq())
         .env("FLEET_RESULTS_QUEUE", &n.results_queue)
+        .env("FLEET_RESULTS_PARTITIONS", n.results_partitions.to_string())
+        .env("FLEET_WORK_SHARDS", n.work_shards.to_string())
         .env("FLEET_TRIGGER_EXCHANGE", &n.trigger_exchange)
         .env("AMQP_URL", &n.amqp_url);
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {

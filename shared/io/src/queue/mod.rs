@@ -5,6 +5,7 @@
 //! MessageGroupId, so listeners never parse bodies for it.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -331,6 +332,31 @@ pub fn plan_batches(sizes: &[usize]) -> Vec<Range<usize>> {
         out.push(start..sizes.len());
     }
     out
+}
+
+/// Partition `p` of a partitioned queue (the results queue, `--results-partitions`): the shard of a
+/// [`Sharded`] queue, the queue itself for partition 0 of a queue in one piece. A partition beyond the
+/// count is an error that says so (the count was lowered while the job was in flight).
+pub fn partition(queue: &Arc<dyn Queue>, p: u16) -> Result<Arc<dyn Queue>> {
+    let shards = match queue.as_sharded() {
+        Some(s) => s.shards().to_vec(),
+        None => vec![queue.clone()],
+    };
+    shards.get(usize::from(p)).cloned().ok_or_else(|| {
+        Error::Config(format!(
+            "partition {p} of queue {} does not exist: it has {} (--results-partitions / FLEET_RESULTS_PARTITIONS was lowered while a job of that partition was in flight; raise it back until the job finishes)",
+            queue.name(),
+            shards.len()
+        ))
+    })
+}
+
+/// The partitions of a partitioned queue, in order (one queue: itself).
+pub fn partitions(queue: &Arc<dyn Queue>) -> Vec<Arc<dyn Queue>> {
+    match queue.as_sharded() {
+        Some(s) => s.shards().to_vec(),
+        None => vec![queue.clone()],
+    }
 }
 
 #[cfg(feature = "test-util")]

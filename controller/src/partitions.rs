@@ -1,0 +1,401 @@
+//! Partitioned results (seed 003's partitioned consumers): the results queue is in `--results-partitions`
+//! partitions, each job's messages travel on one of them (chosen when it is submitted), and each
+//! partition is read by one controller at a time. So a result reaches the controller that owns its job,
+//! never one that must hand it back and spend one of its receives: in normal operation nothing goes to a
+//! dead-letter queue, however many controllers run.
+//!
+//! Ownership is one document in the bucket (`partitions/owners.json`), changed only by conditional
+//! writes (If-Match its ETag, If-None-Match when absent), so two controllers never both believe they
+//! own a partition. It holds the live controllers (each with the time its membership runs out,
+//! renewed every third of the lease time) and each partition's owner, epoch (grows with every change
+//! of owner) and, when another controller asked for it, who wants it.
+//!
+//! Balancing follows Event Hubs' `EventProcessorClient`: each controller claims free partitions (never
+//! owned, or owned by a controller whose membership ran out) up to its share (the partition count over
+//! the live controllers, give or take one), and one below its share asks for a partition of the most
+//! loaded controller. Unlike Event Hubs, which steals at once (both read the partition until the old
+//! owner notices), the ask is a hand-over: the owner stops reading the partition (the batch in hand
+//! applied, its jobs checkpointed and their leases given back) and only then writes the new owner
+//! in. A dead controller's partitions are free once its membership runs out: one lease time. A
+//! controller that cannot renew stops reading its partitions when its last write is two thirds of a
+//! lease old (the margin its peers' clocks need), before anyone else may take them.
+//!
+//! [`plan`] decides (pure: the document as read, the time, what this controller reads now; returns the
+//! document to write and the partitions to start and stop); [`Ownership`] reads and writes it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fleet_domain::layout::PARTITIONS_KEY;
+use fleet_io::blob::{BlobStore, Cond};
+use fleet_io::error::Result;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::clock::Clock;
+
+/// The ownership document.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Table {
+    /// Live controllers: when each one's membership runs out (Unix ms, its own clock).
+    pub members: BTreeMap<String, u64>,
+    /// Each partition's ownership, by partition number.
+    pub owners: BTreeMap<u16, Owned>,
+}
+
+/// One partition's ownership.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owned {
+    /// Its owner (`None`: free).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Grows with every change of owner.
+    pub epoch: u64,
+    /// A controller below its share asked for it: the owner hands it over once it stopped reading it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wanted_by: Option<String>,
+}
+
+impl Table {
+    /// The partitions `who` owns.
+    pub fn owned_by(&self, who: &str) -> BTreeSet<u16> {
+        self.owners.iter().filter(|(_, o)| o.owner.as_deref() == Some(who)).map(|(p, _)| *p).collect()
+    }
+
+    /// How many partitions each live controller owns (none for a member that owns none).
+    pub fn load(&self) -> BTreeMap<&str, usize> {
+        let mut load: BTreeMap<&str, usize> = self.members.keys().map(|m| (m.as_str(), 0)).collect();
+        for o in self.owners.values() {
+            if let Some(n) = o.owner.as_deref().and_then(|w| load.get_mut(w)) {
+                *n += 1;
+            }
+        }
+        load
+    }
+}
+
+/// What a balancing round decided: the document to write, and what to start and stop reading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub table: Table,
+    /// Partitions this controller owns (once `table` is written) and does not read yet.
+    pub start: BTreeSet<u16>,
+    /// Partitions to stop reading before anything is written (asked for by another controller, lost,
+    /// or given back on the way out); plan again once they are stopped.
+    pub stop: BTreeSet<u16>,
+}
+
+/// One balancing round of controller `me` (see the module header): `table` as read, `running` the
+/// partitions it reads now, `leaving` on a graceful stop (it gives every partition back and leaves
+/// the members). Pure.
+pub fn plan(table: &Table, me: &str, now_ms: u64, ttl: Duration, count: u16, running: &BTreeSet<u16>, leaving: bool) -> Plan {
+    let mut t = table.clone();
+    t.members.retain(|m, until| *until > now_ms && m != me);
+    if !leaving {
+        t.members.insert(me.to_string(), now_ms + ttl.as_millis() as u64);
+    }
+    t.owners.retain(|p, _| *p < count);
+    let mut stop: BTreeSet<u16> = running.iter().copied().filter(|p| *p >= count).collect();
+    for p in 0..count {
+        let o = t.owners.entry(p).or_default();
+        // A dead owner's partition is free; a dead asker's ask is void.
+        if o.owner.as_deref().is_some_and(|w| w != me && !t.members.contains_key(w)) {
+            o.owner = None;
+        }
+        if o.wanted_by.as_deref().is_some_and(|w| !t.members.contains_key(w) || o.owner.as_deref() == Some(w)) {
+            o.wanted_by = None;
+        }
+    }
+    for (p, o) in t.owners.iter_mut() {
+        let mine = o.owner.as_deref() == Some(me);
+        if !mine {
+            // Read here but not ours (taken while this controller could not renew): stop at once.
+            if running.contains(p) {
+                stop.insert(*p);
+            }
+            continue;
+        }
+        if leaving || o.wanted_by.is_some() {
+            if running.contains(p) {
+                stop.insert(*p);
+            } else {
+                // To the controller that asked for it, else free.
+                o.owner = o.wanted_by.take();
+                o.epoch += u64::from(o.owner.is_some());
+            }
+        }
+    }
+    if !leaving && !t.members.is_empty() {
+        balance(&mut t, me, count);
+    }
+    let start = t.owned_by(me).into_iter().filter(|p| !running.contains(p) && !stop.contains(p)).collect();
+    Plan { table: t, start, stop }
+}
+
+/// Claims free partitions up to this controller's share, then asks the most loaded for the rest of
+/// its minimum share.
+fn balance(t: &mut Table, me: &str, count: u16) {
+    let live = t.members.len();
+    let min = usize::from(count) / live;
+    let max = min + usize::from(usize::from(count) % live != 0);
+    let asked_of = |t: &Table| t.owners.values().filter(|o| o.wanted_by.as_deref() == Some(me)).count();
+    let held = |t: &Table| t.owned_by(me).len();
+    let free: Vec<u16> = t.owners.iter().filter(|(_, o)| o.owner.is_none()).map(|(p, _)| *p).collect();
+    for p in free {
+        if held(t) >= max {
+            break;
+        }
+        let o = t.owners.get_mut(&p).expect("listed");
+        o.owner = Some(me.to_string());
+        o.epoch += 1;
+        o.wanted_by = None;
+    }
+    if held(t) >= min {
+        // Nothing more needed: asks made before are withdrawn.
+        for o in t.owners.values_mut() {
+            if o.wanted_by.as_deref() == Some(me) {
+                o.wanted_by = None;
+            }
+        }
+        return;
+    }
+    while held(t) + asked_of(t) < min {
+        // The most loaded controller (partitions not already asked for), above the minimum share.
+        let mut load: BTreeMap<String, Vec<u16>> = BTreeMap::new();
+        for (p, o) in &t.owners {
+            if let (Some(w), None) = (&o.owner, &o.wanted_by) {
+                load.entry(w.clone()).or_default().push(*p);
+            }
+        }
+        let Some((_, parts)) = load.into_iter().filter(|(w, ps)| w != me && ps.len() > min).max_by_key(|(w, ps)| (ps.len(), std::cmp::Reverse(w.clone())))
+        else {
+            break;
+        };
+        let p = parts[0];
+        t.owners.get_mut(&p).expect("listed").wanted_by = Some(me.to_string());
+    }
+}
+
+/// Reads and writes the ownership document for one controller.
+pub struct Ownership {
+    store: Arc<dyn BlobStore>,
+    me: String,
+    ttl: Duration,
+    count: u16,
+    clock: Clock,
+    /// When this controller's membership was last written.
+    written: Option<Instant>,
+    /// The last document read or written, for the status page and the balancing tests.
+    last: Table,
+}
+
+impl Ownership {
+    pub fn new(store: Arc<dyn BlobStore>, me: String, ttl: Duration, count: u16, clock: Clock) -> Ownership {
+        Ownership { store, me, ttl, count, clock, written: None, last: Table::default() }
+    }
+
+    /// How often to balance: a third of the lease time (a membership is renewed well before it runs
+    /// out; a dead controller's partitions are free one lease time after its last renewal).
+    pub fn interval(&self) -> Duration {
+        self.ttl / 3
+    }
+
+    /// Whether this controller may read its partitions: its membership was written less than two
+    /// thirds of a lease ago (the rest is the margin for clock skew and slow calls).
+    pub fn fresh(&self) -> bool {
+        self.written.is_some_and(|w| w.elapsed() < self.ttl * 2 / 3)
+    }
+
+    /// The document as last read or written.
+    pub fn table(&self) -> &Table {
+        &self.last
+    }
+
+    /// One balancing round: reads the document, plans, and writes it unless partitions must be stopped
+    /// first (the plan's `stop`: stop them and call again). A write that loses a race is planned again
+    /// from what the other controller wrote.
+    pub async fn round(&mut self, running: &BTreeSet<u16>, leaving: bool) -> Result<Plan> {
+        for _ in 0..5 {
+            let (table, cond) = match self.store.get_tagged(PARTITIONS_KEY).await? {
+                None => (Table::default(), Cond::Absent),
+                Some((body, etag)) => match serde_json::from_slice::<Table>(&body) {
+                    Ok(t) => (t, Cond::Matches(etag)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, key = PARTITIONS_KEY, "unreadable partition ownership: written anew");
+                        (Table::default(), Cond::Matches(etag))
+                    }
+                },
+            };
+            self.last = table.clone();
+            let plan = plan(&table, &self.me, self.clock.now_ms(), self.ttl, self.count, running, leaving);
+            if !plan.stop.is_empty() {
+                return Ok(plan);
+            }
+            if plan.table == table {
+                self.written = Some(Instant::now());
+                return Ok(plan);
+            }
+            let started = Instant::now();
+            let body = Bytes::from(serde_json::to_vec(&plan.table)?);
+            if fleet_io::blob::put_if_owned(self.store.as_ref(), PARTITIONS_KEY, body, "application/json", &BTreeMap::new(), &cond).await?.is_some() {
+                self.written = Some(started);
+                self.last = plan.table.clone();
+                return Ok(plan);
+            }
+        }
+        Err(fleet_io::Error::Conflict("partition ownership kept changing under five writes in a row; tried again next round".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    fn none() -> BTreeSet<u16> {
+        BTreeSet::new()
+    }
+
+    /// Runs rounds of the given controllers (each reading what it owns) until nothing changes; returns
+    /// the table and how many rounds it took.
+    fn settle(mut t: Table, who: &[&str], count: u16, now: u64) -> (Table, usize) {
+        let mut running: BTreeMap<String, BTreeSet<u16>> = who.iter().map(|w| (w.to_string(), t.owned_by(w))).collect();
+        for round in 1..50 {
+            let before = t.clone();
+            for w in who {
+                let r = running.get_mut(*w).unwrap();
+                let mut p = plan(&t, w, now + round as u64, TTL, count, r, false);
+                if !p.stop.is_empty() {
+                    r.retain(|x| !p.stop.contains(x));
+                    p = plan(&t, w, now + round as u64, TTL, count, r, false);
+                }
+                assert!(p.stop.is_empty());
+                r.extend(p.start.iter().copied());
+                t = p.table;
+            }
+            // Nobody reads a partition it does not own, and no two read one.
+            let mut seen = BTreeSet::new();
+            for (w, r) in &running {
+                assert!(r.is_subset(&t.owned_by(w)), "{w} reads {r:?} but owns {:?}", t.owned_by(w));
+                for p in r {
+                    assert!(seen.insert(*p), "partition {p} read twice");
+                }
+            }
+            let strip = |t: &Table| Table { members: BTreeMap::new(), ..t.clone() };
+            if strip(&before) == strip(&t) {
+                return (t, round);
+            }
+        }
+        panic!("no balance after 50 rounds: {t:?}");
+    }
+
+    fn shares(t: &Table) -> Vec<usize> {
+        let mut v: Vec<usize> = t.load().values().copied().collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn the_first_controller_takes_every_partition() {
+        let p = plan(&Table::default(), "a", 1000, TTL, 4, &none(), false);
+        assert_eq!(p.start, (0..4).collect());
+        assert!(p.table.owners.values().all(|o| o.owner.as_deref() == Some("a") && o.epoch == 1));
+        assert_eq!(p.table.members["a"], 1000 + 30_000);
+    }
+
+    #[test]
+    fn controllers_that_join_get_their_share_by_hand_over() {
+        let (t, _) = settle(Table::default(), &["a"], 6, 0);
+        assert_eq!(shares(&t), [6]);
+        let (t, rounds) = settle(t, &["a", "b", "c"], 6, 10);
+        assert_eq!(shares(&t), [2, 2, 2]);
+        assert!(rounds <= 4, "{rounds} rounds");
+        // Uneven: give or take one.
+        let (t, _) = settle(Table::default(), &["a", "b", "c"], 7, 0);
+        assert_eq!(shares(&t), [2, 2, 3]);
+        let (t, _) = settle(t, &["a", "b", "c", "d"], 7, 100);
+        assert_eq!(shares(&t), [1, 2, 2, 2]);
+        // More controllers than partitions: the rest stand by.
+        let (t, _) = settle(Table::default(), &["a", "b", "c"], 2, 0);
+        assert_eq!(shares(&t), [0, 1, 1]);
+    }
+
+    #[test]
+    fn a_dead_controllers_partitions_are_taken_once_its_membership_runs_out() {
+        let (t, _) = settle(Table::default(), &["a", "b", "c"], 6, 0);
+        let of_c = t.owned_by("c");
+        let epochs: BTreeMap<u16, u64> = of_c.iter().map(|p| (*p, t.owners[p].epoch)).collect();
+        // Before c's membership runs out, nothing moves.
+        let (t, _) = settle(t, &["a", "b"], 6, 20_000);
+        assert_eq!(t.owned_by("c"), of_c);
+        let (t, _) = settle(t, &["a", "b"], 6, 31_000);
+        assert_eq!(shares(&t), [3, 3]);
+        assert!(!t.members.contains_key("c"));
+        for p in of_c {
+            assert_eq!(t.owners[&p].epoch, epochs[&p] + 1, "a change of owner grows the epoch");
+        }
+    }
+
+    #[test]
+    fn a_partition_asked_for_is_handed_over_only_once_its_owner_stopped_reading_it() {
+        let (t, _) = settle(Table::default(), &["a"], 2, 0);
+        let p = plan(&t, "b", 1, TTL, 2, &none(), false);
+        let asked: Vec<u16> = p.table.owners.iter().filter(|(_, o)| o.wanted_by.as_deref() == Some("b")).map(|(p, _)| *p).collect();
+        assert_eq!(asked.len(), 1);
+        assert!(p.start.is_empty(), "b starts nothing before it is handed over");
+        let running: BTreeSet<u16> = [0, 1].into();
+        let a = plan(&p.table, "a", 2, TTL, 2, &running, false);
+        assert_eq!(a.stop, [asked[0]].into(), "a stops reading it first");
+        let after: BTreeSet<u16> = running.difference(&a.stop).copied().collect();
+        let a = plan(&p.table, "a", 2, TTL, 2, &after, false);
+        assert!(a.stop.is_empty());
+        assert_eq!(a.table.owners[&asked[0]].owner.as_deref(), Some("b"));
+        let b = plan(&a.table, "b", 3, TTL, 2, &none(), false);
+        assert_eq!(b.start, [asked[0]].into());
+    }
+
+    #[test]
+    fn leaving_gives_every_partition_back_after_stopping_it() {
+        let (t, _) = settle(Table::default(), &["a", "b"], 4, 0);
+        let mine = t.owned_by("a");
+        let p = plan(&t, "a", 5, TTL, 4, &mine, true);
+        assert_eq!(p.stop, mine);
+        let p = plan(&t, "a", 5, TTL, 4, &none(), true);
+        assert!(p.table.owned_by("a").is_empty() && !p.table.members.contains_key("a"));
+        let (t, _) = settle(p.table, &["b"], 4, 6);
+        assert_eq!(shares(&t), [4]);
+    }
+
+    #[test]
+    fn a_partition_read_but_no_longer_owned_is_stopped() {
+        let (t, _) = settle(Table::default(), &["a"], 2, 0);
+        // a could not renew; b took both after a's membership ran out.
+        let (t, _) = settle(t, &["b"], 2, 40_000);
+        let p = plan(&t, "a", 40_001, TTL, 2, &[0, 1].into(), false);
+        assert_eq!(p.stop, [0, 1].into());
+    }
+
+    #[tokio::test]
+    async fn two_controllers_on_one_store_never_own_a_partition_both() {
+        let store = fleet_io::memory::MemoryStore::new();
+        let mut a = Ownership::new(store.clone(), "a".into(), TTL, 4, Clock::System);
+        let mut b = Ownership::new(store.clone(), "b".into(), TTL, 4, Clock::System);
+        let (mut ra, mut rb) = (none(), none());
+        for _ in 0..6 {
+            for (own, r) in [(&mut a, &mut ra), (&mut b, &mut rb)] {
+                let mut p = own.round(r, false).await.unwrap();
+                if !p.stop.is_empty() {
+                    r.retain(|x| !p.stop.contains(x));
+                    p = own.round(r, false).await.unwrap();
+                }
+                r.extend(p.start);
+            }
+            assert!(ra.is_disjoint(&rb), "{ra:?} {rb:?}");
+        }
+        assert_eq!((ra.len(), rb.len()), (2, 2));
+        assert!(a.fresh() && b.fresh());
+    }
+}
