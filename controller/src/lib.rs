@@ -12,6 +12,7 @@ pub mod lease;
 pub mod partitions;
 pub mod purge;
 pub mod status;
+pub mod timings;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -43,8 +44,9 @@ pub struct Settings {
     #[arg(long, env = "CONTROLLER_DRAIN_SECS", default_value_t = 30)]
     pub drain_secs: u64,
     /// A job that has not sealed (its initiator stopped mid-submission) is finished as `abandoned`,
-    /// with what was processed, after this many seconds without a result.
-    #[arg(long, env = "CONTROLLER_ABANDON_AFTER", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=30 * 86_400))]
+    /// with what was processed, after this many seconds without a result (longer than a parked
+    /// listener's safety poll, `--park-poll-secs`, so that a seal sent without a trigger is read first).
+    #[arg(long, env = "CONTROLLER_ABANDON_AFTER", default_value_t = DEFAULT_ABANDON_AFTER, value_parser = clap::value_parser!(u64).range(1..=30 * 86_400))]
     pub abandon_after: u64,
     /// A sealed job that gets no news for this many seconds, once every message that was in the
     /// fleet's queues (work, results, their dead-letter queues) at its last news has left them (each
@@ -59,8 +61,9 @@ pub struct Settings {
     /// deadline or two (the longest a controller losing S3 sits on a result before a peer gets it).
     #[arg(long, env = "CONTROLLER_SETTLE_SECS", default_value_t = aggregate::SETTLE.as_secs(), value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub settle_secs: u64,
-    /// Job lease time, seconds: several controllers may share the results queue, each job has one
-    /// owner, and a dead owner's jobs are taken over this long after its last renewal.
+    /// Lease time, seconds: of each job (one owner at a time) and of each controller's membership in
+    /// the results partitions' ownership: a dead controller's partitions and jobs are taken over this
+    /// long after its last renewal (renewed every third of it).
     #[arg(long, env = "CONTROLLER_LEASE_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=3600))]
     pub lease_secs: u64,
     /// Name of this controller in job leases; unique per controller, stable across its restarts
@@ -86,6 +89,30 @@ pub struct Settings {
     /// AWS's us-east-1 list prices (`sqs` per million requests, `s3_put` and `s3_get` per thousand).
     #[arg(long, env = "FLEET_PRICES", default_value = "sqs=0.40,s3_put=0.005,s3_get=0.0004")]
     pub prices: Prices,
+    /// Start even when the timings fail the start check (`controller::timings`: a settle time shorter
+    /// than a held result can be away, an abandon time shorter than a parked listener's poll): for test
+    /// rigs and demos with short waits; the failures are logged as warnings.
+    #[arg(long, env = "CONTROLLER_UNCHECKED_TIMINGS")]
+    pub unchecked_timings: bool,
+}
+
+/// Default `--abandon-after`, seconds: two hours, above a parked listener's hourly safety poll.
+pub const DEFAULT_ABANDON_AFTER: u64 = 7200;
+
+impl Settings {
+    /// The timings the start check reads: these settings', the fleet's call deadline and the work
+    /// queue's visibility timeout (when read).
+    pub fn timings(&self, call_deadline: Duration, work_visibility: Option<Duration>) -> timings::Timings {
+        timings::Timings {
+            settle: Duration::from_secs(self.settle_secs),
+            lease: Duration::from_secs(self.lease_secs),
+            abandon_after: Duration::from_secs(self.abandon_after),
+            park_poll: (self.listener.park_poll_secs > 0).then(|| Duration::from_secs(self.listener.park_poll_secs)),
+            receive_wait: Duration::from_secs(self.listener.receive_wait_secs),
+            call_deadline,
+            work_visibility,
+        }
+    }
 }
 
 impl Default for Settings {
@@ -93,7 +120,7 @@ impl Default for Settings {
         Settings {
             listener: ListenerArgs::default(),
             drain_secs: 30,
-            abandon_after: 3600,
+            abandon_after: DEFAULT_ABANDON_AFTER,
             stall_after: 3600,
             settle_secs: aggregate::SETTLE.as_secs(),
             lease_secs: 30,
@@ -102,6 +129,7 @@ impl Default for Settings {
             agent_url: None,
             decode_budget_mib: aggregate::budget::DEFAULT_BUDGET_MIB,
             prices: Prices::default(),
+            unchecked_timings: false,
         }
     }
 }
@@ -258,6 +286,9 @@ impl Readers {
         let Some((engines, token)) = self.running.remove(&p) else { return };
         futures::future::join_all(engines.iter().map(|e| e.quiesce(grace))).await;
         complete(self.agg.let_go(p).await);
+        for k in self.agg.hand_back_held(Some(p)) {
+            k.release(Duration::ZERO);
+        }
         for e in &engines {
             e.finish(true).await;
             self.engines.remove(e.queue_name());
@@ -333,6 +364,10 @@ async fn stop(
             tracing::warn!("the stop deadline passed with batches in hand; their messages come back after their visibility timeout");
         }
         complete(agg.flush().await);
+        // Held through a store outage: back to their queues now, for whoever reads them next.
+        for k in agg.hand_back_held(None) {
+            k.release(Duration::ZERO);
+        }
         for p in parts {
             readers.stop(p, Duration::ZERO).await;
         }

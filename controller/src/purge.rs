@@ -6,6 +6,11 @@
 //!
 //! Idempotent: a purge that stops halfway runs again from its marker; a work item redelivered after
 //! the purge finds no chunk and reports it failed, which the finished job ignores.
+//!
+//! Markers are named by their due time (`purge/due/{due:011}/{job}`, so a listing is in due order):
+//! a look lists the first page and stops at the first marker not yet due, reading no marker's body
+//! (one request a look while nothing is due). Markers of the older form (`purge/{job}`, the due time
+//! in the body) are read once, at the first look, and renamed to the new form.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,8 +36,18 @@ pub const MAX_MARKERS: usize = 100_000;
 /// Where markers that cannot be acted on are set aside.
 pub const SET_ASIDE_PREFIX: &str = "purge-unreadable/";
 
-fn marker_key(job: &str) -> String {
-    format!("{PURGE_PREFIX}{job}")
+/// Where markers named by their due time live (see the module header).
+pub const DUE_PREFIX: &str = "purge/due/";
+
+/// The marker of job `job`'s purge, due at `due` (Unix seconds).
+pub fn marker_key(job: &str, due: u64) -> String {
+    format!("{DUE_PREFIX}{due:011}/{job}")
+}
+
+/// The due time and job a marker's name holds (`None`: not a marker of the current form).
+fn parse_marker(key: &str) -> Option<(u64, &str)> {
+    let (due, job) = key.strip_prefix(DUE_PREFIX)?.split_once('/')?;
+    Some((due.parse().ok()?, job))
 }
 
 /// Deletes job `job`'s chunk and result blobs; returns how many were deleted.
@@ -68,6 +83,8 @@ pub struct Purger {
     retention: Duration,
     /// Wall time: when a marker is due (the simulation's clock in tests).
     clock: Clock,
+    /// Markers of the older form (`purge/{job}`) were renamed (once per process).
+    legacy_done: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Purger {
@@ -77,7 +94,7 @@ impl Purger {
 
     /// A purger that reads wall time from `clock`.
     pub fn with_clock(store: Arc<dyn BlobStore>, retention: Duration, clock: Clock) -> Purger {
-        Purger { store, retention, clock }
+        Purger { store, retention, clock, legacy_done: Arc::default() }
     }
 
     fn now_unix(&self) -> u64 {
@@ -94,47 +111,77 @@ impl Purger {
         }
         let due = now.saturating_add(self.retention.as_secs());
         let body = serde_json::json!({ "job": job, "due_unix": due }).to_string();
-        self.store.put(&marker_key(job), Bytes::from(body), "application/json").await?;
+        self.store.put(&marker_key(job, due), Bytes::from(body), "application/json").await?;
         tracing::info!(job, due_unix = due, "the finished job's blobs will be purged after the retention");
         Ok(())
     }
 
     /// Purges the jobs whose marker is due at `now` (seconds since the epoch) and removes their
-    /// markers; returns the jobs purged. Every marker is read (up to [`MAX_MARKERS`], listed a page
-    /// at a time), not only the first page; an unreadable marker, or one naming an invalid job id, is
-    /// set aside under [`SET_ASIDE_PREFIX`] for a look by hand, so none stands in the way of the
-    /// markers behind it.
+    /// markers; returns the jobs purged. Markers are listed in due order a page at a time, and the
+    /// look ends at the first one not yet due: no marker's body is read. A marker whose name holds no
+    /// valid job id is set aside under [`SET_ASIDE_PREFIX`] for a look by hand, so none stands in the
+    /// way of the markers behind it. Markers of the older form are renamed first (once).
     pub async fn due(&self, now: u64) -> Result<Vec<String>> {
+        if !self.legacy_done.load(std::sync::atomic::Ordering::Relaxed) {
+            self.rename_legacy().await?;
+            self.legacy_done.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let mut done = Vec::new();
+        loop {
+            let keys = self.store.list(DUE_PREFIX, PAGE).await?;
+            let page = keys.len();
+            for key in keys {
+                let Some((due, job)) = parse_marker(&key) else {
+                    self.set_aside(&key, "unreadable").await?;
+                    continue;
+                };
+                if due > now {
+                    return Ok(done);
+                }
+                if fleet_domain::layout::check_job_id(job).is_err() {
+                    self.set_aside(&key, "names an invalid job id").await?;
+                    continue;
+                }
+                let n = purge_job(&self.store, job).await?;
+                self.store.delete(&key).await?;
+                tracing::info!(job, deleted = n, "purged a finished job's chunk and result blobs (retention passed)");
+                done.push(job.to_string());
+            }
+            // Every key of a full page was due (and is gone): the next page.
+            if page < PAGE {
+                return Ok(done);
+            }
+        }
+    }
+
+    /// Renames the markers of the older form (`purge/{job}`, the due time in the body) to the current
+    /// one; an unreadable one is set aside.
+    async fn rename_legacy(&self) -> Result<()> {
         for key in self.store.list(PURGE_PREFIX, MAX_MARKERS).await? {
+            if key.starts_with(DUE_PREFIX) {
+                continue;
+            }
             let Some(body) = self.store.get_capped(&key, 4096).await.or_else(|e| if e.is_retryable() { Err(e) } else { Ok(None) })? else {
                 self.set_aside(&key, "unreadable").await?;
                 continue;
             };
             let due = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| v["due_unix"].as_u64());
-            let Some(due) = due else {
-                self.set_aside(&key, "unreadable").await?;
-                continue;
-            };
-            if due > now {
-                continue;
-            }
             let job = key.trim_start_matches(PURGE_PREFIX);
-            if fleet_domain::layout::check_job_id(job).is_err() {
-                self.set_aside(&key, "names an invalid job id").await?;
-                continue;
+            match due {
+                Some(due) if fleet_domain::layout::check_job_id(job).is_ok() => {
+                    self.store.put(&marker_key(job, due), body, "application/json").await?;
+                    self.store.delete(&key).await?;
+                }
+                Some(_) => self.set_aside(&key, "names an invalid job id").await?,
+                None => self.set_aside(&key, "unreadable").await?,
             }
-            let n = purge_job(&self.store, job).await?;
-            self.store.delete(&key).await?;
-            tracing::info!(job, deleted = n, "purged a finished job's chunk and result blobs (retention passed)");
-            done.push(job.to_string());
         }
-        Ok(done)
+        Ok(())
     }
 
     /// Moves a marker that cannot be acted on out of the way (its body kept, when it has one).
     async fn set_aside(&self, key: &str, why: &str) -> Result<()> {
-        let aside = format!("{SET_ASIDE_PREFIX}{}", key.trim_start_matches(PURGE_PREFIX));
+        let aside = format!("{SET_ASIDE_PREFIX}{}", key.trim_start_matches(DUE_PREFIX).trim_start_matches(PURGE_PREFIX).replace('/', "-"));
         if let Ok(Some(body)) = self.store.get_capped(key, 64 << 10).await {
             self.store.put(&aside, body, "application/octet-stream").await?;
         } else {
@@ -212,7 +259,7 @@ mod tests {
         let p = Purger::new(store.clone(), Duration::from_secs(86_400));
         let t0 = 1_800_000_000;
         p.finished(job, t0).await.unwrap();
-        assert_eq!(store.list(PURGE_PREFIX, 10).await.unwrap(), vec![format!("purge/{job}")]);
+        assert_eq!(store.list(PURGE_PREFIX, 10).await.unwrap(), vec![format!("purge/due/{:011}/{job}", t0 + 86_400)]);
         assert!(p.due(t0 + 86_399).await.unwrap().is_empty(), "not yet due");
         assert_eq!(store.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap().len(), 4, "nothing deleted before it is due");
         assert_eq!(p.due(t0 + 86_400).await.unwrap(), vec![job.to_string()]);
@@ -239,5 +286,30 @@ mod tests {
         assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty(), "no marker left in the way");
         assert_eq!(store.list(SET_ASIDE_PREFIX, 10_000).await.unwrap().len(), 1201, "set aside, not lost");
         assert_eq!(store.get(&format!("{SET_ASIDE_PREFIX}0-bad-0007")).await.unwrap().as_deref(), Some(&b"not json"[..]));
+    }
+
+    /// Markers are named by due time: a look reads no marker's body and stops at the first not due; a
+    /// marker of the older form is renamed and purged when due.
+    #[tokio::test]
+    async fn markers_are_looked_at_in_due_order_without_reading_them() {
+        let store = MemoryStore::new();
+        let jobs: Vec<String> = (0..5).map(|i| format!("0190a000-0000-7000-8000-00000000010{i}")).collect();
+        for j in &jobs {
+            job_blobs(store.as_ref(), j, 1).await;
+        }
+        let p = Purger::new(store.clone(), Duration::from_secs(100));
+        for (i, j) in jobs.iter().enumerate().take(4) {
+            p.finished(j, 1_800_000_000 + 10 * i as u64).await.unwrap();
+        }
+        // The older form, due at the same time as the second job.
+        store.put(&format!("{PURGE_PREFIX}{}", jobs[4]), Bytes::from(format!(r#"{{"job":"{}","due_unix":1800000110}}"#, jobs[4])), "application/json").await.unwrap();
+        let gets = |s: &MemoryStore| s.calls().snapshot().get("s3.GetObject").copied().unwrap_or(0);
+        assert_eq!(p.due(1_800_000_105).await.unwrap(), vec![jobs[0].clone()]);
+        let before = gets(&store);
+        assert_eq!(p.due(1_800_000_115).await.unwrap(), vec![jobs[1].clone(), jobs[4].clone()]);
+        assert!(p.due(1_800_000_115).await.unwrap().is_empty());
+        assert_eq!(gets(&store), before, "no marker read");
+        assert_eq!(p.due(1_800_001_000).await.unwrap(), vec![jobs[2].clone(), jobs[3].clone()]);
+        assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty());
     }
 }

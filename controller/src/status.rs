@@ -72,6 +72,8 @@ struct Inner {
     cache: tokio::sync::Mutex<Option<(Instant, Bytes)>>,
     /// When each failing source started failing (Unix seconds), for "down since".
     down_since: Mutex<std::collections::BTreeMap<&'static str, i64>>,
+    /// Reports read now (one at a time).
+    report_reads: tokio::sync::Semaphore,
 }
 
 /// One queue's line.
@@ -166,7 +168,7 @@ impl StatusSource {
         let http = Client::builder(TokioExecutor::new()).build_http();
         let agent_url = agent_url.map(|u| u.trim_end_matches('/').to_string()).filter(|u| !u.is_empty());
         StatusSource {
-            inner: Arc::new(Inner { owner, store, queues, engines, agent_url, http, cache: tokio::sync::Mutex::new(None), down_since: Mutex::default() }),
+            inner: Arc::new(Inner { owner, store, queues, engines, agent_url, http, cache: tokio::sync::Mutex::new(None), down_since: Mutex::default(), report_reads: tokio::sync::Semaphore::new(1) }),
         }
     }
 
@@ -204,7 +206,12 @@ impl StatusSource {
             if !resp.status().is_success() {
                 return Err(format!("{base}/state answered {}", resp.status()));
             }
-            let body = resp.into_body().collect().await.map_err(|e| format!("{base}: {e}"))?.to_bytes();
+            // Bounded: an agent (or whatever answers at its URL) cannot make the page hold more.
+            let body = http_body_util::Limited::new(resp.into_body(), MAX_AGENT_STATE)
+                .collect()
+                .await
+                .map_err(|e| format!("{base}/state: {e} (at most {MAX_AGENT_STATE} bytes are read)"))?
+                .to_bytes();
             serde_json::from_slice::<Value>(&body).map_err(|e| format!("{base}/state: {e}"))
         };
         Some(match tokio::time::timeout(SOURCE_DEADLINE, get).await {
@@ -370,14 +377,28 @@ async fn job(State(s): State<StatusSource>, Path(id): Path<String>) -> Response 
     }
 }
 
-/// A finished job's report, as the warehouse holds it.
+/// The agent's `/state` is read up to this many bytes (it is a few KB).
+const MAX_AGENT_STATE: usize = 1 << 20;
+/// A report is served up to this size (a million accounts: about 135 MB) ...
+const MAX_REPORT_BYTES: u64 = 256 << 20;
+
+/// A finished job's report, as the warehouse holds it (bounded: see [`MAX_REPORT_BYTES`]).
 async fn report(State(s): State<StatusSource>, Path(id): Path<String>) -> Response {
     if let Err(e) = check_job_id(&id) {
         return problem(StatusCode::BAD_REQUEST, e.to_string());
     }
-    match tokio::time::timeout(Duration::from_secs(10), s.inner.store.get(&report_key(&id))).await {
+    // One at a time: the page's memory stays bounded whatever the number of requests.
+    let Ok(_reading) = s.inner.report_reads.try_acquire() else {
+        let mut r = problem(StatusCode::SERVICE_UNAVAILABLE, "another report is being read; try again in a few seconds".to_string());
+        r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("2"));
+        return r;
+    };
+    match tokio::time::timeout(Duration::from_secs(10), s.inner.store.get_capped(&report_key(&id), MAX_REPORT_BYTES)).await {
         Ok(Ok(Some(body))) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Ok(Ok(None)) => problem(StatusCode::NOT_FOUND, format!("job {id} has no report (yet)")),
+        Ok(Err(e @ fleet_io::Error::Corrupt(_))) => {
+            problem(StatusCode::PAYLOAD_TOO_LARGE, format!("{e}: larger than the page serves; read it from the bucket ({})", report_key(&id)))
+        }
         Ok(Err(e)) => problem(StatusCode::SERVICE_UNAVAILABLE, format!("the bucket does not answer: {e}")),
         Err(_) => problem(StatusCode::SERVICE_UNAVAILABLE, "the bucket did not answer within 10 s".to_string()),
     }

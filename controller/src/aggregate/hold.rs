@@ -94,6 +94,20 @@ impl Aggregator {
         lock(&self.hold).waiting.iter().filter_map(|w| w.job.clone()).collect()
     }
 
+    /// Takes the held messages out of the hold to go back to their queue at once (a stop, or a results
+    /// partition given up: the messages of that partition's queues only), so that whoever reads
+    /// their queue next applies them instead of waiting out their extended visibility.
+    pub fn hand_back_held(&self, partition: Option<u16>) -> Vec<Kept> {
+        let mut h = lock(&self.hold);
+        let ours = |w: &Waiting| partition.is_none_or(|p| self.partition_queues.get(w.kept.queue()) == Some(&p));
+        let (back, keep): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut h.waiting).into_iter().partition(|w| ours(w));
+        h.waiting = keep;
+        if !back.is_empty() {
+            tracing::info!(messages = back.len(), ?partition, "held messages handed back to their queue");
+        }
+        back.into_iter().map(|w| w.kept).collect()
+    }
+
     /// Extends the visibility of held messages that are due (cheap: batched calls on their queues).
     pub fn extend_held(&self) {
         let now = Instant::now();

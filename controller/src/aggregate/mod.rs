@@ -257,9 +257,10 @@ pub const FLUSH_MESSAGES: usize = 100;
 /// an unreadable result), is finished only this long after its last news (`--settle-secs`): the
 /// chunk's real result may still be on its way (a work item dead-lettered after it was billed, a
 /// failure reported before a retry succeeded, a hostile result ahead of the real one), and a real
-/// result replaces a failure until the job is finished. Longer than a work item's visibility timeout
-/// (45 s as provisioned) plus its processing.
-pub const SETTLE: Duration = Duration::from_secs(120);
+/// result replaces a failure until the job is finished. Longer than a real result can be away from
+/// its job at the shipped timings (`crate::timings`: three 30 s call deadlines, a 30 s lease and the
+/// work queue's 30 s visibility timeout).
+pub const SETTLE: Duration = Duration::from_secs(180);
 
 /// Default lease time of a job (`--lease-secs`).
 pub const LEASE: Duration = Duration::from_secs(30);

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use fleet_io::config::{Aws, FleetArgs, LogArgs};
+use fleet_io::queue::Queue;
 
 /// mimalloc rather than the system allocator: a job of a million accounts grows one large table and
 /// a million small allocations, and glibc's arenas kept 170 MB more resident than the heap held (peak
@@ -38,6 +39,22 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
         aws.results_queues(&cli.fleet, aws.policy).await.context("opening the results queue, its partitions and their dead-letter queues")?;
     let (work, work_dlq) = aws.work_queues(&cli.fleet, aws.policy).await.context("opening the work queue, its shards and their dead-letter queues")?;
     let store = aws.store(&cli.fleet.bucket);
+    // The timings against one another (`controller::timings`), with the work queue's visibility timeout.
+    let visibility = match work.info().await {
+        Ok(i) => Some(i.visibility_timeout),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the work queue's visibility timeout; the timings check assumes the provisioned one");
+            None
+        }
+    };
+    if let Err(broken) = cli.settings.timings(cli.fleet.call_policy().deadline, visibility).check() {
+        if !cli.settings.unchecked_timings {
+            anyhow::bail!("the controller's timings do not agree:\n  {}\n(--unchecked-timings starts anyway, for test rigs)", broken.join("\n  "));
+        }
+        for b in &broken {
+            tracing::warn!(problem = %b, "timings that do not agree, accepted (--unchecked-timings)");
+        }
+    }
     // Every partition's and the work dead-letter queue's every shard: a processor announces results on
     // their partition's, dead letters on their shard's.
     let triggers = cli.fleet.subscribe(fleet_io::trigger::work_keys(&[results.as_ref(), work_dlq.as_ref(), results_dlq.as_ref()]), &shutdown);

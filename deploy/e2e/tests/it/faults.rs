@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::proxy::Proxy;
 use crate::support::*;
+use fleet_io::blob::BlobStore as _;
 use fleet_io::call::CallPolicy;
 use fleet_io::config::Aws;
 use fleet_io::error::Error;
@@ -70,7 +71,6 @@ async fn a_controller_whose_store_hangs_still_stops_in_time() {
     let proxy = Proxy::start(0, "127.0.0.1:4566").await;
     let hung = Aws::local(&proxy.endpoint()).await.with_policy(short());
     let store = hung.store(&s.names.bucket);
-    proxy.freeze();
     let stop = tokio_util::sync::CancellationToken::new();
     let deps = controller::Deps {
         results: s.results.clone(),
@@ -83,6 +83,13 @@ async fn a_controller_whose_store_hangs_still_stops_in_time() {
     };
     let settings = controller::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 2, settle_secs: 3, ..Default::default() };
     let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
+    // It reads the results queue once it owns its partition (written to the store); then the store hangs.
+    let t = Instant::now();
+    while s.store.get(fleet_domain::layout::PARTITIONS_KEY).await.unwrap().is_none() {
+        assert!(t.elapsed() < Duration::from_secs(20), "the controller never took its partition");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    proxy.freeze();
     let body = serde_json::to_string(&fleet_domain::model::ResultMessage::Sealed { v: 1, job_id: "hung-store".into(), total_chunks: 3 }).unwrap();
     s.results.send(vec![body]).await.unwrap();
     // Received and being applied (its checkpoint read hangs).
