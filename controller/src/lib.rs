@@ -276,6 +276,27 @@ impl Readers {
             engines.push(e);
         }
         events::PartitionChanged { partition: p, owned: true }.emit();
+        // Messages the partition's last reader held when it died are invisible for a while yet (its
+        // receives for a visibility timeout, its hold for longer) and nobody announces them when they
+        // are visible again: the new listeners look then, instead of parking until their safety poll.
+        let wakes = engines.clone();
+        let stop = token.clone();
+        let results = self.parts[usize::from(p)].0.clone();
+        tokio::spawn(async move {
+            let visibility = results.info().await.map(|i| i.visibility_timeout).unwrap_or(Duration::from_secs(30));
+            let mut at = vec![visibility, visibility * 2, aggregate::hold::HOLD_VISIBILITY];
+            at.sort();
+            let started = tokio::time::Instant::now();
+            for after in at {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep_until(started + after + Duration::from_secs(1)) => {}
+                }
+                for e in &wakes {
+                    e.wake(None).await;
+                }
+            }
+        });
         self.running.insert(p, (engines, token));
         Ok(())
     }

@@ -28,7 +28,7 @@ use super::job::parse;
 use super::{Aggregator, Applied, Source};
 
 /// A held message is kept invisible this long from each extension ...
-pub(super) const HOLD_VISIBILITY: Duration = Duration::from_secs(120);
+pub const HOLD_VISIBILITY: Duration = Duration::from_secs(120);
 /// ... and extended again once this long has passed (a retry under way may take a few call
 /// deadlines before its messages are held again).
 const EXTEND_EVERY: Duration = Duration::from_secs(40);

@@ -39,7 +39,7 @@ use crate::lease::{Leases, WeakHeld};
 pub mod budget;
 mod checkpoint;
 mod finalize;
-mod hold;
+pub mod hold;
 mod job;
 mod quarantine;
 pub mod records;

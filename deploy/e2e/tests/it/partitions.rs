@@ -146,3 +146,67 @@ impl Drop for Procs {
         }
     }
 }
+
+/// A partition taken over from a controller that died holding its messages: they are invisible when
+/// the heir starts reading (its first receive is empty and its listener parks), and nobody announces
+/// them when they are visible again (the processor sent everything long before, and no scaling agent
+/// runs here). The heir looks again when they come back, instead of waiting for its hourly safety poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_heir_reads_what_its_dead_predecessor_held_without_a_trigger() {
+    let Some(st) = crate::support::stack(QueueSettings { max_receive_count: 10, visibility_timeout: Duration::from_secs(5) }).await else { return };
+    let p = st.start_processor(crate::support::fast_processor());
+    let dir = tempfile::tempdir().unwrap();
+    let files = vec![crate::support::generated(dir.path(), "held.csv", 3_000, 50, 77)];
+    let job = st.submit(&files, 500).await;
+    // Every result and the seal on the queue (their triggers went to nobody).
+    let all = u64::from(job.total_chunks) + 1;
+    let t = Instant::now();
+    while st.results.depth().await.unwrap().visible < all {
+        assert!(t.elapsed() < Duration::from_secs(60), "the results were not sent");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    p.stop().await;
+    // The predecessor: it owned the partition (its membership runs out in a second) and had received
+    // every message when it died (they come back after the 5 s visibility timeout).
+    let now_ms = controller::clock::Clock::System.now_ms();
+    let mut table = controller::partitions::Table::default();
+    table.members.insert("ghost".into(), now_ms + 1_000);
+    table.owners.insert(0, controller::partitions::Owned { owner: Some("ghost".into()), epoch: 1, wanted_by: None });
+    st.store.put(fleet_domain::layout::PARTITIONS_KEY, bytes::Bytes::from(serde_json::to_vec(&table).unwrap()), "application/json").await.unwrap();
+    let mut held = 0;
+    while held < all {
+        let got = st.results.receive(10, Duration::from_secs(1)).await.unwrap();
+        assert!(!got.is_empty() || t.elapsed() < Duration::from_secs(60), "could not receive every message");
+        held += got.len() as u64;
+    }
+    let died = Instant::now();
+    // The heir: a 3 s lease (a round a second), triggers on (its idle listener parks).
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (work, work_dlq) = st.work_queues();
+    let (results, results_dlq) = st.results_queues();
+    let keys = fleet_io::trigger::work_keys(&[results.as_ref(), work_dlq.as_ref(), results_dlq.as_ref()]);
+    let deps = controller::Deps {
+        results,
+        work_dlq,
+        results_dlq,
+        store: st.store.clone(),
+        work: Some(work),
+        triggers: st.names.subscribe(keys, &stop),
+        publish: st.names.trigger_bus(),
+    };
+    let settings = controller::Settings {
+        listener: fleet_engine::args::ListenerArgs::quick(),
+        lease_secs: 3,
+        settle_secs: 3,
+        id: Some("heir".into()),
+        ..Default::default()
+    };
+    let heir = tokio::spawn(controller::run(settings, deps, stop.clone()));
+    let r = st.wait_report(&job, Duration::from_secs(40)).await;
+    println!("== partitions: the heir finished the job {:.1} s after its predecessor died holding every message", died.elapsed().as_secs_f64());
+    assert_eq!(r.status, fleet_domain::model::JobStatus::Complete);
+    assert_eq!(crate::support::report_accounts(&r), crate::support::expected_accounts(&files));
+    assert_eq!(owners(&st).await.get(&0).map(String::as_str), Some("heir"));
+    stop.cancel();
+    heir.await.unwrap().unwrap();
+}
