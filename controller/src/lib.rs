@@ -253,10 +253,6 @@ struct Readers {
     shutdown: CancellationToken,
 }
 
-/// How long giving a partition up may wait for its listeners' batches in hand (a receive under way
-/// ends with its long poll).
-const GIVE_UP_GRACE: Duration = Duration::from_secs(25);
-
 impl Readers {
     fn running(&self) -> BTreeSet<u16> {
         self.running.keys().copied().collect()
@@ -265,22 +261,34 @@ impl Readers {
     async fn start(&mut self, p: u16) -> fleet_io::Result<()> {
         let Some((results, dlq)) = self.parts.get(usize::from(p)).cloned() else { return Ok(()) };
         let token = self.shutdown.child_token();
-        let mut engines = Vec::with_capacity(2);
-        for (source, q, cfg) in [(Source::Results, results, &self.cfg), (Source::ResultsDeadLetter, dlq, &self.dlq_cfg)] {
-            let handler = Arc::new(ResultsHandler { source, agg: self.agg.clone(), notifiers: self.notifiers.clone(), store_breaker: self.store_breaker.clone() });
-            let e = Engine::start(q, None, handler, cfg.clone()).await?;
+        // In `running` from the first listener on, so that a start cut short (an error, the stop) is
+        // stopped like any other.
+        self.running.insert(p, (Vec::with_capacity(2), token.clone()));
+        for (source, q, cfg) in [(Source::Results, results, self.cfg.clone()), (Source::ResultsDeadLetter, dlq, self.dlq_cfg.clone())] {
+            let handler =
+                Arc::new(ResultsHandler { source, agg: self.agg.clone(), notifiers: self.notifiers.clone(), store_breaker: self.store_breaker.clone() });
+            let e = match Engine::start(q, None, handler, cfg).await {
+                Ok(e) => e,
+                Err(err) => {
+                    self.stop(p, Duration::ZERO).await;
+                    return Err(err);
+                }
+            };
             if let Some(sub) = &self.triggers {
                 e.follow_triggers(sub, token.clone());
             }
             self.engines.add(e.clone());
-            engines.push(e);
+            if let Some((engines, _)) = self.running.get_mut(&p) {
+                engines.push(e);
+            }
         }
+        let engines = self.running.get(&p).map(|(e, _)| e.clone()).unwrap_or_default();
         events::PartitionChanged { partition: p, owned: true }.emit();
         // Messages the partition's last reader held when it died are invisible for a while yet (its
         // receives for a visibility timeout, its hold for longer) and nobody announces them when they
         // are visible again: the new listeners look then, instead of parking until their safety poll.
-        let wakes = engines.clone();
-        let stop = token.clone();
+        let wakes = engines;
+        let stop = token;
         let results = self.parts[usize::from(p)].0.clone();
         tokio::spawn(async move {
             let visibility = results.info().await.map(|i| i.visibility_timeout).unwrap_or(Duration::from_secs(30));
@@ -297,14 +305,14 @@ impl Readers {
                 }
             }
         });
-        self.running.insert(p, (engines, token));
         Ok(())
     }
 
     /// Stops reading partition `p`: its listeners quiesce (within `grace`), the jobs of the partition
-    /// are checkpointed and their messages deleted, their leases given back, the listeners finish.
+    /// are checkpointed and their messages deleted, their leases given back, what was held for them
+    /// handed back, the listeners finish. It leaves `running` last (a stop cut short is done again).
     async fn stop(&mut self, p: u16, grace: Duration) {
-        let Some((engines, token)) = self.running.remove(&p) else { return };
+        let Some((engines, token)) = self.running.get(&p).cloned() else { return };
         futures::future::join_all(engines.iter().map(|e| e.quiesce(grace))).await;
         complete(self.agg.let_go(p).await);
         for k in self.agg.hand_back_held(Some(p)) {
@@ -315,7 +323,17 @@ impl Readers {
             self.engines.remove(e.queue_name());
         }
         token.cancel();
+        self.running.remove(&p);
         events::PartitionChanged { partition: p, owned: false }.emit();
+    }
+
+    /// Stops reading every partition, all listeners quiescing at once.
+    async fn stop_all(&mut self, grace: Duration) {
+        let engines: Vec<Engine> = self.running.values().flat_map(|(e, _)| e.clone()).collect();
+        futures::future::join_all(engines.iter().map(|e| e.quiesce(grace))).await;
+        for p in self.running() {
+            self.stop(p, Duration::ZERO).await;
+        }
     }
 }
 
@@ -324,17 +342,19 @@ impl Readers {
 async fn balance(own: &tokio::sync::Mutex<partitions::Ownership>, readers: &tokio::sync::Mutex<Readers>, leaving: bool) {
     let mut own = own.lock().await;
     let mut readers = readers.lock().await;
+    // A partition is given up within half a lease (what its listeners still hold comes back after
+    // its visibility timeout), so that the membership renewed before it stays valid meanwhile.
+    let grace = own.ttl() / 2;
     if !own.fresh() && !readers.running.is_empty() {
         tracing::warn!(partitions = ?readers.running(), "partition ownership not renewed in time: reading none until it is");
-        for p in readers.running() {
-            readers.stop(p, GIVE_UP_GRACE).await;
-        }
+        readers.stop_all(grace).await;
     }
-    for _ in 0..3 {
+    // One partition stopped per round, each round renewing the membership first.
+    for _ in 0..readers.parts.len() + 3 {
         match own.round(&readers.running(), leaving).await {
             Ok(plan) if !plan.stop.is_empty() => {
-                for p in plan.stop {
-                    readers.stop(p, GIVE_UP_GRACE).await;
+                if let Some(p) = plan.stop.first() {
+                    readers.stop(*p, grace).await;
                 }
             }
             Ok(plan) => {
@@ -465,7 +485,9 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     let dlq_cfg = fleet_engine::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg.clone() };
     let queue_names: Vec<&Arc<dyn Queue>> = parts.iter().flat_map(|(q, d)| [q, d]).chain([&deps.work_dlq]).collect();
     let notifiers: Arc<Notifiers> = Arc::new(match &deps.publish {
-        Some(bus) => queue_names.iter().map(|q| (q.name().to_string(), Notifier::new(bus.clone(), q.name(), "controller", Duration::from_millis(100)))).collect(),
+        Some(bus) => {
+            queue_names.iter().map(|q| (q.name().to_string(), Notifier::new(bus.clone(), q.name(), "controller", Duration::from_millis(100)))).collect()
+        }
         None => Notifiers::new(),
     });
     let forwarder = forward::Forwarder {

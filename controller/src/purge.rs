@@ -7,10 +7,12 @@
 //! Idempotent: a purge that stops halfway runs again from its marker; a work item redelivered after
 //! the purge finds no chunk and reports it failed, which the finished job ignores.
 //!
-//! Markers are named by their due time (`purge/due/{due:011}/{job}`, so a listing is in due order):
+//! Markers are named by their due time (`purge-due/{due:011}/{job}`, so a listing is in due order;
+//! outside `purge/`, where a controller of the older form would take them for unreadable markers):
 //! a look lists the first page and stops at the first marker not yet due, reading no marker's body
 //! (one request a look while nothing is due). Markers of the older form (`purge/{job}`, the due time
-//! in the body) are read once, at the first look, and renamed to the new form.
+//! in the body, written by controllers of an older release) are renamed to the new form at the first
+//! look and every hour after (a rolling upgrade).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +39,9 @@ pub const MAX_MARKERS: usize = 100_000;
 pub const SET_ASIDE_PREFIX: &str = "purge-unreadable/";
 
 /// Where markers named by their due time live (see the module header).
-pub const DUE_PREFIX: &str = "purge/due/";
+pub const DUE_PREFIX: &str = "purge-due/";
+/// How often markers of the older form are looked for.
+const LEGACY_EVERY: u64 = 3600;
 
 /// The marker of job `job`'s purge, due at `due` (Unix seconds).
 pub fn marker_key(job: &str, due: u64) -> String {
@@ -83,8 +87,8 @@ pub struct Purger {
     retention: Duration,
     /// Wall time: when a marker is due (the simulation's clock in tests).
     clock: Clock,
-    /// Markers of the older form (`purge/{job}`) were renamed (once per process).
-    legacy_done: Arc<std::sync::atomic::AtomicBool>,
+    /// When markers of the older form (`purge/{job}`) were last renamed (Unix seconds; 0: never).
+    legacy_at: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Purger {
@@ -94,7 +98,7 @@ impl Purger {
 
     /// A purger that reads wall time from `clock`.
     pub fn with_clock(store: Arc<dyn BlobStore>, retention: Duration, clock: Clock) -> Purger {
-        Purger { store, retention, clock, legacy_done: Arc::default() }
+        Purger { store, retention, clock, legacy_at: Arc::default() }
     }
 
     fn now_unix(&self) -> u64 {
@@ -122,9 +126,10 @@ impl Purger {
     /// valid job id is set aside under [`SET_ASIDE_PREFIX`] for a look by hand, so none stands in the
     /// way of the markers behind it. Markers of the older form are renamed first (once).
     pub async fn due(&self, now: u64) -> Result<Vec<String>> {
-        if !self.legacy_done.load(std::sync::atomic::Ordering::Relaxed) {
+        let last = self.legacy_at.load(std::sync::atomic::Ordering::Relaxed);
+        if last == 0 || now >= last + LEGACY_EVERY {
             self.rename_legacy().await?;
-            self.legacy_done.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.legacy_at.store(now.max(1), std::sync::atomic::Ordering::Relaxed);
         }
         let mut done = Vec::new();
         loop {
@@ -158,12 +163,15 @@ impl Purger {
     /// one; an unreadable one is set aside.
     async fn rename_legacy(&self) -> Result<()> {
         for key in self.store.list(PURGE_PREFIX, MAX_MARKERS).await? {
-            if key.starts_with(DUE_PREFIX) {
-                continue;
-            }
-            let Some(body) = self.store.get_capped(&key, 4096).await.or_else(|e| if e.is_retryable() { Err(e) } else { Ok(None) })? else {
-                self.set_aside(&key, "unreadable").await?;
-                continue;
+            let body = match self.store.get_capped(&key, 4096).await {
+                Ok(Some(body)) => body,
+                // Renamed (or purged) by another controller since the listing.
+                Ok(None) => continue,
+                Err(e) if e.is_retryable() => return Err(e),
+                Err(_) => {
+                    self.set_aside(&key, "unreadable").await?;
+                    continue;
+                }
             };
             let due = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| v["due_unix"].as_u64());
             let job = key.trim_start_matches(PURGE_PREFIX);
@@ -248,7 +256,10 @@ mod tests {
             assert!(store.get(&k).await.unwrap().is_some(), "{k} kept");
         }
         assert_eq!(store.list(&format!("jobs/{other}/chunks/"), 10).await.unwrap().len(), 3, "another job's blobs stay");
-        assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty(), "no marker without a retention");
+        assert!(
+            store.list(PURGE_PREFIX, 10).await.unwrap().is_empty() && store.list(DUE_PREFIX, 10).await.unwrap().is_empty(),
+            "no marker without a retention"
+        );
     }
 
     #[tokio::test]
@@ -259,12 +270,12 @@ mod tests {
         let p = Purger::new(store.clone(), Duration::from_secs(86_400));
         let t0 = 1_800_000_000;
         p.finished(job, t0).await.unwrap();
-        assert_eq!(store.list(PURGE_PREFIX, 10).await.unwrap(), vec![format!("purge/due/{:011}/{job}", t0 + 86_400)]);
+        assert_eq!(store.list(DUE_PREFIX, 10).await.unwrap(), vec![format!("purge-due/{:011}/{job}", t0 + 86_400)]);
         assert!(p.due(t0 + 86_399).await.unwrap().is_empty(), "not yet due");
         assert_eq!(store.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap().len(), 4, "nothing deleted before it is due");
         assert_eq!(p.due(t0 + 86_400).await.unwrap(), vec![job.to_string()]);
         assert!(store.list(&format!("jobs/{job}/"), 100).await.unwrap().iter().all(|k| !k.contains("/chunks/") && !k.contains("/results/")));
-        assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty(), "the marker is removed");
+        assert!(store.list(DUE_PREFIX, 10).await.unwrap().is_empty(), "the marker is removed");
         assert!(store.get(&report_key(job)).await.unwrap().is_some());
     }
 
@@ -283,7 +294,7 @@ mod tests {
         p.finished(job, 1_800_000_000).await.unwrap();
         assert_eq!(p.due(1_800_000_060).await.unwrap(), vec![job.to_string()], "the due job behind 1,201 bad markers");
         assert!(store.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap().is_empty());
-        assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty(), "no marker left in the way");
+        assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty() && store.list(DUE_PREFIX, 10).await.unwrap().is_empty(), "no marker left in the way");
         assert_eq!(store.list(SET_ASIDE_PREFIX, 10_000).await.unwrap().len(), 1201, "set aside, not lost");
         assert_eq!(store.get(&format!("{SET_ASIDE_PREFIX}0-bad-0007")).await.unwrap().as_deref(), Some(&b"not json"[..]));
     }
@@ -302,7 +313,10 @@ mod tests {
             p.finished(j, 1_800_000_000 + 10 * i as u64).await.unwrap();
         }
         // The older form, due at the same time as the second job.
-        store.put(&format!("{PURGE_PREFIX}{}", jobs[4]), Bytes::from(format!(r#"{{"job":"{}","due_unix":1800000110}}"#, jobs[4])), "application/json").await.unwrap();
+        store
+            .put(&format!("{PURGE_PREFIX}{}", jobs[4]), Bytes::from(format!(r#"{{"job":"{}","due_unix":1800000110}}"#, jobs[4])), "application/json")
+            .await
+            .unwrap();
         let gets = |s: &MemoryStore| s.calls().snapshot().get("s3.GetObject").copied().unwrap_or(0);
         assert_eq!(p.due(1_800_000_105).await.unwrap(), vec![jobs[0].clone()]);
         let before = gets(&store);
@@ -310,6 +324,6 @@ mod tests {
         assert!(p.due(1_800_000_115).await.unwrap().is_empty());
         assert_eq!(gets(&store), before, "no marker read");
         assert_eq!(p.due(1_800_001_000).await.unwrap(), vec![jobs[2].clone(), jobs[3].clone()]);
-        assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty());
+        assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty() && store.list(DUE_PREFIX, 10).await.unwrap().is_empty());
     }
 }

@@ -168,7 +168,17 @@ impl StatusSource {
         let http = Client::builder(TokioExecutor::new()).build_http();
         let agent_url = agent_url.map(|u| u.trim_end_matches('/').to_string()).filter(|u| !u.is_empty());
         StatusSource {
-            inner: Arc::new(Inner { owner, store, queues, engines, agent_url, http, cache: tokio::sync::Mutex::new(None), down_since: Mutex::default(), report_reads: tokio::sync::Semaphore::new(1) }),
+            inner: Arc::new(Inner {
+                owner,
+                store,
+                queues,
+                engines,
+                agent_url,
+                http,
+                cache: tokio::sync::Mutex::new(None),
+                down_since: Mutex::default(),
+                report_reads: tokio::sync::Semaphore::new(1),
+            }),
         }
     }
 

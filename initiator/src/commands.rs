@@ -104,7 +104,13 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
             let (results, _) = aws.results_queues(&fleet, quick()).await?;
             let bus = fleet.trigger_bus();
-            crate::ops::abandon(&results, bus.as_deref(), &job, &reason).await?;
+            // The job's own partition, when its manifest is written (a job keeps its partition when
+            // the count changes).
+            let partition = match fleet_io::blob::BlobStore::get(store.as_ref(), &fleet_domain::layout::manifest_key(&job)).await? {
+                Some(body) => serde_json::from_slice::<fleet_domain::model::Manifest>(&body).ok().map(|m| m.partition),
+                None => None,
+            };
+            crate::ops::abandon(&results, bus.as_deref(), &job, &reason, partition).await?;
             if no_wait {
                 eprintln!("job {job}: abandon requested");
                 if json {

@@ -16,11 +16,18 @@ use crate::cli::RedriveMethod;
 use crate::CliError;
 
 /// Sends the job's `Abandon` message: the controller finishes it as `abandoned` when it reads it.
-/// The abandon goes to the job's results partition: the one its id hashes to with the fleet's
-/// partition count (as `submit` chose it).
-pub async fn abandon(results: &std::sync::Arc<dyn Queue>, triggers: Option<&dyn TriggerBus>, job_id: &str, reason: &str) -> Result<(), CliError> {
+/// The abandon goes to the job's results partition: `partition` (its manifest's, when it has one),
+/// else the one its id hashes to with the fleet's partition count (as `submit` chose it).
+pub async fn abandon(
+    results: &std::sync::Arc<dyn Queue>,
+    triggers: Option<&dyn TriggerBus>,
+    job_id: &str,
+    reason: &str,
+    partition: Option<u16>,
+) -> Result<(), CliError> {
     check_job_id(job_id).map_err(|e| CliError::Input(e.to_string()))?;
-    let results = fleet_io::queue::partition(results, fleet_domain::layout::partition_of(job_id, fleet_io::queue::partitions(results).len() as u16))?;
+    let p = partition.unwrap_or_else(|| fleet_domain::layout::partition_of(job_id, fleet_io::queue::partitions(results).len() as u16));
+    let results = fleet_io::queue::partition(results, p)?;
     let body = serde_json::to_string(&ResultMessage::Abandon { v: WIRE_VERSION, job_id: job_id.to_string(), reason: reason.to_string() })
         .map_err(fleet_io::Error::from)?;
     results.send(vec![body]).await?;

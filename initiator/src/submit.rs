@@ -396,7 +396,7 @@ pub async fn submit_inputs(opts: SubmitOptions, files: Vec<InputFile>, clients: 
         Err(cause) => {
             // Work items are out: the job must not wait an abandon time for a seal that never comes.
             let reason = format!("the submission failed: {cause}");
-            let fate = match crate::ops::abandon(&clients.results, clients.triggers.as_deref(), &job_id, &reason).await {
+            let fate = match crate::ops::abandon(&clients.results, clients.triggers.as_deref(), &job_id, &reason, None).await {
                 Ok(()) => format!("so it was abandoned: the controller finishes it as `abandoned` with what was billed (`initiator report {job_id}`)"),
                 Err(e) => format!("and abandoning it failed too ({e}): run `initiator abandon {job_id}`, or the controller abandons it after --abandon-after"),
             };

@@ -76,9 +76,7 @@ pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken
     let shards = shards(&deps);
     // One results notifier per partition for every shard's listener (its rate limit is the instance's).
     let results: Vec<Notifier> = match &deps.publish {
-        Some(bus) => {
-            fleet_io::queue::partitions(&deps.results).iter().map(|q| Notifier::new(bus.clone(), q.name(), "processor", ANNOUNCE_INTERVAL)).collect()
-        }
+        Some(bus) => fleet_io::queue::partitions(&deps.results).iter().map(|q| Notifier::new(bus.clone(), q.name(), "processor", ANNOUNCE_INTERVAL)).collect(),
         None => Vec::new(),
     };
     let mut engines = Vec::with_capacity(shards.len());

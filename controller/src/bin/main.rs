@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use fleet_io::config::{Aws, FleetArgs, LogArgs};
-use fleet_io::queue::Queue;
 
 /// mimalloc rather than the system allocator: a job of a million accounts grows one large table and
 /// a million small allocations, and glibc's arenas kept 170 MB more resident than the heap held (peak

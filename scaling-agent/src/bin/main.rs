@@ -60,7 +60,8 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     let aws = Aws::load().await.with_policy(cli.fleet.call_policy());
     let (work, work_dlq) = aws.work_queues(&cli.fleet, aws.policy).await.context("opening the work queue, its shards and their dead-letter queues")?;
     // Every partition of the results queue, as one queue each (depths summed, triggers on each).
-    let (results, results_dlq) = aws.results_queues(&cli.fleet, aws.policy).await.context("opening the results queue, its partitions and their dead-letter queues")?;
+    let (results, results_dlq) =
+        aws.results_queues(&cli.fleet, aws.policy).await.context("opening the results queue, its partitions and their dead-letter queues")?;
     let watched = scaling_agent::Watched { work: work.clone(), work_dlq, results, results_dlq };
     if cli.once {
         println!("{}", serde_json::to_string_pretty(&scaling_agent::snapshot(&watched).await?)?);

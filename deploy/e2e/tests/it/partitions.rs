@@ -66,8 +66,7 @@ async fn three_controllers_balance_six_partitions_a_calm_run_dead_letters_nothin
     let dir = tempfile::tempdir().unwrap();
     // FLEET_PARTITION_TEST_ROWS=300000 runs the measurement (six jobs of 300,000 rows).
     let rows: u64 = std::env::var("FLEET_PARTITION_TEST_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(25_000);
-    let files: Vec<Vec<std::path::PathBuf>> =
-        (0..6).map(|i| vec![crate::support::generated(dir.path(), &format!("j{i}.csv"), rows, 500, 300 + i)]).collect();
+    let files: Vec<Vec<std::path::PathBuf>> = (0..6).map(|i| vec![crate::support::generated(dir.path(), &format!("j{i}.csv"), rows, 500, 300 + i)]).collect();
     let t = Instant::now();
     let mut jobs = Vec::new();
     for f in &files {
