@@ -92,7 +92,7 @@ pub struct Settings {
     /// Start even when the timings fail the start check (`controller::timings`: a settle time shorter
     /// than a held result can be away, an abandon time shorter than a parked listener's poll): for test
     /// rigs and demos with short waits; the failures are logged as warnings.
-    #[arg(long, env = "CONTROLLER_UNCHECKED_TIMINGS")]
+    #[arg(long, env = "CONTROLLER_UNCHECKED_TIMINGS", value_parser = clap::builder::FalseyValueParser::new())]
     pub unchecked_timings: bool,
 }
 
