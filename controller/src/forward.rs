@@ -28,7 +28,8 @@ const RETRY_AFTER: Duration = Duration::from_secs(5);
 pub struct Forwarder {
     /// The results partitions, by number.
     pub partitions: Vec<Arc<dyn Queue>>,
-    /// Announces forwards on each partition (its owner's parked listener wakes), by number.
+    /// Announces forwards on each partition (its owner's parked listener wakes), by number (empty
+    /// without a trigger bus).
     pub notifiers: Vec<Notifier>,
     pub agg: Arc<Aggregator>,
     pub store_breaker: Option<Arc<fleet_io::breaker::Breaker>>,

@@ -1,8 +1,11 @@
-//! The controller service: listener engines on the results partitions it owns (each partition's results
-//! queue and dead-letter queue; see `partitions`) and on the work dead-letter queue (forwarded to the
-//! partitions; see `forward`), with a handler that aggregates per job idempotently, checkpoints job state
-//! to S3 before the messages it applied are completed (deleted, batched), and writes the report to the
-//! warehouse when every chunk of a job is accounted for. A timer abandons jobs that never seal.
+//! The controller service: the wiring of `aggregate` (per-job exactly-once aggregation), `partitions`
+//! (which results partitions this controller reads) and `forward` (dead-lettered work items to their
+//! partition) into listener engines and timers. Read it for the process's life: `run` starts the
+//! listeners on the partitions it owns (each partition's results queue and dead-letter queue, started
+//! and stopped by `Readers` as ownership changes) and on the work dead-letter queue, and the timers
+//! (checkpoint and lease renewal, balancing, the hold's retries, expiry); `stop` ends it all under one
+//! deadline. The handler checkpoints job state to S3 before the messages it applied are completed
+//! (deleted, batched), and writes the report when every chunk of a job is accounted for.
 
 pub mod aggregate;
 pub mod clock;
@@ -492,10 +495,8 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     });
     let forwarder = forward::Forwarder {
         partitions: parts.iter().map(|(q, _)| q.clone()).collect(),
-        notifiers: match &deps.publish {
-            Some(bus) => parts.iter().map(|(q, _)| Notifier::new(bus.clone(), q.name(), "controller", Duration::from_millis(100))).collect(),
-            None => Vec::new(),
-        },
+        // The controller's own notifiers of the partitions' results queues (one rate limit per queue).
+        notifiers: parts.iter().filter_map(|(q, _)| notifiers.get(q.name()).cloned()).collect(),
         agg: agg.clone(),
         store_breaker: deps.store.breaker(),
     };

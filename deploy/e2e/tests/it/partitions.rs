@@ -181,18 +181,7 @@ async fn an_heir_reads_what_its_dead_predecessor_held_without_a_trigger() {
     let died = Instant::now();
     // The heir: a 3 s lease (a round a second), triggers on (its idle listener parks).
     let stop = tokio_util::sync::CancellationToken::new();
-    let (work, work_dlq) = st.work_queues();
-    let (results, results_dlq) = st.results_queues();
-    let keys = fleet_io::trigger::work_keys(&[results.as_ref(), work_dlq.as_ref(), results_dlq.as_ref()]);
-    let deps = controller::Deps {
-        results,
-        work_dlq,
-        results_dlq,
-        store: st.store.clone(),
-        work: Some(work),
-        triggers: st.names.subscribe(keys, &stop),
-        publish: st.names.trigger_bus(),
-    };
+    let deps = st.controller_deps(&stop);
     let settings = controller::Settings {
         listener: fleet_engine::args::ListenerArgs::quick(),
         lease_secs: 3,

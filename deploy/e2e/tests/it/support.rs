@@ -52,6 +52,8 @@ pub trait Fleet {
     fn start_processor(&self, settings: processor::Settings) -> Running;
     fn start_agent(&self) -> Running;
     fn start_controller(&self) -> Running;
+    /// What a controller of this stack talks to, following and publishing triggers until `stop`.
+    fn controller_deps(&self, stop: &CancellationToken) -> controller::Deps;
     async fn submit(&self, files: &[PathBuf], chunk_size: u64) -> Submitted;
     async fn submit_with(&self, opts: SubmitOptions) -> Submitted;
     async fn wait_report(&self, s: &Submitted, timeout: Duration) -> Report;
@@ -95,22 +97,26 @@ impl Fleet for Stack {
         Running { stop, handle }
     }
 
-    /// A controller that follows triggers: idle, its listeners park after one empty 1 s poll and wake
-    /// only on triggers (processors and the initiator announce what they put on its queues).
-    fn start_controller(&self) -> Running {
-        let stop = CancellationToken::new();
+    fn controller_deps(&self, stop: &CancellationToken) -> controller::Deps {
         let (work, work_dlq) = self.work_queues();
         let (results, results_dlq) = self.results_queues();
         let keys = fleet_io::trigger::work_keys(&[results.as_ref(), work_dlq.as_ref(), results_dlq.as_ref()]);
-        let deps = controller::Deps {
+        controller::Deps {
             results,
             work_dlq,
             results_dlq,
             store: self.store.clone(),
             work: Some(work),
-            triggers: self.names.subscribe(keys, &stop),
+            triggers: self.names.subscribe(keys, stop),
             publish: self.names.trigger_bus(),
-        };
+        }
+    }
+
+    /// A controller that follows triggers: idle, its listeners park after one empty 1 s poll and wake
+    /// only on triggers (processors and the initiator announce what they put on its queues).
+    fn start_controller(&self) -> Running {
+        let stop = CancellationToken::new();
+        let deps = self.controller_deps(&stop);
         let settings = controller::Settings {
             listener: fleet_engine::args::ListenerArgs::quick(),
             drain_secs: 10,
