@@ -55,7 +55,7 @@ impl Handler for Forwarder {
         let mut by_partition: BTreeMap<u16, Vec<(Delivery, Outgoing)>> = BTreeMap::new();
         for d in msgs {
             match serde_json::from_str::<WorkItem>(&d.body) {
-                Ok(item) if usize::from(item.partition) < self.partitions.len() => {
+                Ok(item) if usize::from(item.partition) < self.partitions.len() && !crate::undo::is(crate::undo::Fix::ForwardDeadLetters) => {
                     let p = item.partition;
                     let msg = ResultMessage::DeadLettered { v: WIRE_VERSION, item, receives: d.receive_count, reason: d.attrs.reason.clone() };
                     match serde_json::to_string(&msg) {
@@ -89,8 +89,7 @@ impl Handler for Forwarder {
         if !here.is_empty() {
             let kept = here.into_iter().map(|d| done.keep(d)).collect();
             let applied = self.agg.apply(Source::WorkDeadLetter, kept).await;
-            out.extend(applied.release.into_iter().map(|(k, after)| (k.into_delivery(), Outcome::Release(after))));
-            out.extend(applied.delete.into_iter().map(|k| (k.into_delivery(), Outcome::Done)));
+            out.extend(crate::outcomes(done, applied));
         }
         out
     }

@@ -16,6 +16,7 @@ pub mod partitions;
 pub mod purge;
 pub mod status;
 pub mod timings;
+pub mod undo;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -194,6 +195,33 @@ fn settle(applied: aggregate::Applied, notifiers: &Notifiers) {
     }
 }
 
+/// What a batch's handler hands its engine: the outcomes of the messages of the engine's own queue
+/// (`done`'s). A batch may also complete messages that came from another queue: a job's earlier
+/// messages from a dead-letter queue (or its results queue), pending in the job until this batch's
+/// checkpoint covered them. Those are completed here on the queue they came from; handed to this
+/// engine they were deleted on the wrong queue (an invalid receipt on SQS, so they came back and
+/// were received again; found by the simulation, seed 516, where the in-memory queues' receipts
+/// collided and a seal was lost).
+pub(crate) fn outcomes(done: &Completions, applied: aggregate::Applied) -> Vec<(Delivery, Outcome)> {
+    let mut out = Vec::with_capacity(applied.release.len() + applied.delete.len());
+    let own = |k: &Kept| k.queue() == done.queue() || undo::is(undo::Fix::OwnQueueCompletes);
+    for (k, after) in applied.release {
+        if own(&k) {
+            out.push((k.into_delivery(), Outcome::Release(after)));
+        } else {
+            k.release(after);
+        }
+    }
+    for k in applied.delete {
+        if own(&k) {
+            out.push((k.into_delivery(), Outcome::Done));
+        } else {
+            k.delete();
+        }
+    }
+    out
+}
+
 struct ResultsHandler {
     source: Source,
     agg: Arc<Aggregator>,
@@ -232,9 +260,7 @@ impl Handler for ResultsHandler {
         events::ResultsApplied { open_jobs: self.agg.open_jobs() }.emit();
         // Announced when they are visible again, so that the owner's parked listener finds them.
         announce(&self.notifiers, applied.release.iter().map(|(k, after)| (k.queue(), *after)));
-        let release = applied.release.into_iter().map(|(k, after)| (k.into_delivery(), Outcome::Release(after)));
-        let delete = applied.delete.into_iter().map(|k| (k.into_delivery(), Outcome::Done));
-        release.chain(delete).collect()
+        outcomes(done, applied)
     }
 }
 
@@ -287,6 +313,13 @@ impl Readers {
         }
         let engines = self.running.get(&p).map(|(e, _)| e.clone()).unwrap_or_default();
         events::PartitionChanged { partition: p, owned: true }.emit();
+        // Its quiet jobs, known to its last reader only, are found by the next expiry tick.
+        if !undo::is(undo::Fix::RescanOnGain) {
+            self.agg.rescan_soon();
+        }
+        if undo::is(undo::Fix::HeirWakes) {
+            return Ok(());
+        }
         // Messages the partition's last reader held when it died are invisible for a while yet (its
         // receives for a visibility timeout, its hold for longer) and nobody announces them when they
         // are visible again: the new listeners look then, instead of parking until their safety poll.
@@ -348,7 +381,7 @@ async fn balance(own: &tokio::sync::Mutex<partitions::Ownership>, readers: &toki
     // A partition is given up within half a lease (what its listeners still hold comes back after
     // its visibility timeout), so that the membership renewed before it stays valid meanwhile.
     let grace = own.ttl() / 2;
-    if !own.fresh() && !readers.running.is_empty() {
+    if !own.fresh() && !readers.running.is_empty() && !undo::is(undo::Fix::StaleStopsReading) {
         tracing::warn!(partitions = ?readers.running(), "partition ownership not renewed in time: reading none until it is");
         readers.stop_all(grace).await;
     }
@@ -441,6 +474,13 @@ async fn stop(
 /// abandons jobs that never seal; on shutdown the last checkpoint is written, its messages deleted and
 /// the partitions handed back.
 pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) -> fleet_io::Result<()> {
+    run_with_clock(settings, deps, clock::Clock::System, shutdown).await
+}
+
+/// [`run`] with every wall-clock reading (leases, checkpoints, partition ownership, purge markers)
+/// taken from `clock`: the deterministic simulation (`fleet-sim`) runs this very function on tokio's
+/// paused clock, each controller with a clock of its own (skewed from the others').
+pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock, shutdown: CancellationToken) -> fleet_io::Result<()> {
     // Stable across restarts of one container (its hostname), so a restarted controller takes its own
     // leases back at once; a host process is told apart by its pid (its jobs wait for lease expiry).
     let owner = settings.id.clone().unwrap_or_else(|| match std::env::var("HOSTNAME") {
@@ -453,7 +493,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     if parts.len() != fleet_io::queue::partitions(&deps.results_dlq).len() {
         return Err(fleet_io::Error::Config("the results queue and its dead-letter queue must have as many partitions".into()));
     }
-    let mut aggregator = Aggregator::with_owner(deps.store.clone(), owner.clone(), Duration::from_secs(settings.lease_secs));
+    let mut aggregator = Aggregator::with_clock(deps.store.clone(), owner.clone(), Duration::from_secs(settings.lease_secs), clock);
     aggregator.set_settle(Duration::from_secs(settings.settle_secs));
     aggregator.set_prices(settings.prices);
     aggregator.set_decode_budget(settings.decode_budget_mib << 20);
@@ -482,7 +522,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
     let (finished_tx, finished_rx) = tokio::sync::mpsc::unbounded_channel();
     agg.notify_finished(finished_tx);
     let purge_tick = (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
-    let purger = tokio::spawn(purge::Purger::new(deps.store.clone(), retention).run(finished_rx, purge_tick));
+    let purger = tokio::spawn(purge::Purger::with_clock(deps.store.clone(), retention, clock).run(finished_rx, purge_tick));
     let cfg = settings.listener.engine(deps.triggers.is_some());
     // Dead letters are rare: one consumer each is plenty.
     let dlq_cfg = fleet_engine::EngineConfig { scaling: ScalingPolicy { min_consumers: 1, max_consumers: 1, ..cfg.scaling }, ..cfg.clone() };
@@ -522,7 +562,7 @@ pub async fn run(settings: Settings, deps: Deps, shutdown: CancellationToken) ->
         owner.clone(),
         Duration::from_secs(settings.lease_secs),
         parts.len() as u16,
-        clock::Clock::System,
+        clock,
     )));
     // The first round before anything else: this controller's partitions are read from the start.
     balance(&own, &readers, false).await;

@@ -92,7 +92,7 @@ pub struct Plan {
 /// the members). Pure.
 pub fn plan(table: &Table, me: &str, now_ms: u64, ttl: Duration, count: u16, running: &BTreeSet<u16>, leaving: bool) -> Plan {
     let mut t = table.clone();
-    t.members.retain(|m, until| *until > now_ms && m != me);
+    t.members.retain(|m, until| (*until > now_ms || crate::undo::is(crate::undo::Fix::DropExpiredMembers)) && m != me);
     if !leaving {
         t.members.insert(me.to_string(), now_ms + ttl.as_millis() as u64);
     }
@@ -102,7 +102,7 @@ pub fn plan(table: &Table, me: &str, now_ms: u64, ttl: Duration, count: u16, run
     for p in 0..count {
         let o = t.owners.entry(p).or_default();
         // A dead owner's partition is free; a dead asker's ask is void.
-        if o.owner.as_deref().is_some_and(|w| w != me && !t.members.contains_key(w)) {
+        if o.owner.as_deref().is_some_and(|w| w != me && (!t.members.contains_key(w) || crate::undo::is(crate::undo::Fix::LiveOwnerNotFree))) {
             o.owner = None;
         }
         if o.wanted_by.as_deref().is_some_and(|w| !t.members.contains_key(w) || o.owner.as_deref() == Some(w)) {
@@ -119,7 +119,7 @@ pub fn plan(table: &Table, me: &str, now_ms: u64, ttl: Duration, count: u16, run
             continue;
         }
         if leaving || o.wanted_by.is_some() {
-            if running.contains(p) {
+            if running.contains(p) && !crate::undo::is(crate::undo::Fix::HandOverWhenStopped) {
                 stop.insert(*p);
             } else {
                 // To the controller that asked for it, else free.

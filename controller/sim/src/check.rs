@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use fleet_domain::layout::report_key;
 use fleet_domain::model::{JobStatus, ResultMessage};
@@ -18,7 +19,7 @@ use fleet_io::queue::Queue;
 use rust_decimal::Decimal;
 
 use crate::fleet::{Ending, Fate, Groups, JobPlan, Row, FORGED};
-use crate::World;
+use crate::{Setup, World, MAX_RECEIVES, VISIBILITY};
 
 /// Whether the fleet hears of the job at all (a message of it reaches a results or dead-letter queue).
 fn known(job: &JobPlan) -> bool {
@@ -40,12 +41,15 @@ async fn queues_empty(queues: &[Arc<dyn Queue>]) -> bool {
     true
 }
 
-/// Every job the fleet knows has a report, and every queue is empty.
-pub async fn settled(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Arc<dyn Queue>]) -> bool {
+/// Every job the fleet knows has a report, every queue is empty, and no purge is still due.
+pub async fn settled(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Arc<dyn Queue>], _setup: &Setup) -> bool {
     for j in jobs.iter().filter(|j| known(j)) {
         if !matches!(store.head(&report_key(&j.id)).await, Ok(Some(_))) {
             return false;
         }
+    }
+    if store.keys().iter().any(|k| k.starts_with("purge")) {
+        return false;
     }
     queues_empty(queues).await
 }
@@ -63,7 +67,7 @@ fn rows_of(r: &Report) -> Result<BTreeMap<(String, String), Row>, String> {
 }
 
 /// The invariants; each broken one is a line.
-pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Arc<dyn Queue>], world: &World) -> Vec<String> {
+pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Arc<dyn Queue>], world: &World, _setup: &Setup) -> Vec<String> {
     let mut v = Vec::new();
     let written = fleet_io::lock(&world.reports).clone();
     for job in jobs {
@@ -80,13 +84,18 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
         // Ends exactly once: every report written says the same.
         let versions: BTreeSet<String> = written
             .iter()
-            .filter(|(_, k, _)| *k == report_key(id))
-            .filter_map(|(_, _, b)| serde_json::from_slice::<Report>(b).ok())
+            .filter(|(_, k, _, _)| *k == report_key(id))
+            .filter_map(|(_, _, b, _)| serde_json::from_slice::<Report>(b).ok())
             .map(|x| format!("{:?} {:?} {:?}", x.status, x.accounts, x.failed_chunks))
             .collect();
         if versions.len() > 1 {
-            let writers: Vec<usize> = written.iter().filter(|(_, k, _)| *k == report_key(id)).map(|(c, _, _)| *c).collect();
+            let writers: Vec<usize> = written.iter().filter(|(_, k, _, _)| *k == report_key(id)).map(|(c, _, _, _)| *c).collect();
             v.push(format!("job {id}: {} different reports written (by controllers {writers:?})", versions.len()));
+        }
+        // Written once: a second write (even of the same report) is a second finish.
+        let writes = written.iter().filter(|(_, k, _, _)| *k == report_key(id)).count();
+        if writes > 1 {
+            v.push(format!("job {id}: its report was written {writes} times"));
         }
         let truly_failed = job.truly_failed();
         let lost: BTreeSet<u32> = (0..job.chunks.len() as u32).filter(|&c| job.chunks[c as usize].fate == Fate::Lost).collect();
@@ -187,4 +196,71 @@ pub fn group_order(jobs: &[Arc<JobPlan>], world: &World) -> Vec<String> {
         }
     }
     v
+}
+
+/// In a calm run (no fault, no hostile sender) nothing reaches a results dead-letter queue: no
+/// controller receives from one (the work queue's takes the work items that truly fail).
+pub fn calm(world: &World) -> Vec<String> {
+    fleet_io::lock(&world.dead_letters)
+        .iter()
+        .filter(|(q, n)| **n > 0 && q.starts_with("billing-results"))
+        .map(|(q, n)| format!("calm run: {n} messages received from dead-letter queue {q}"))
+        .collect()
+}
+
+/// How long after its job's last message (or the end of the last fault, whichever is later) a
+/// report may be written, beyond what the job's kind waits by design: a lease (a takeover), two
+/// visibility timeouts (a message in a dead controller's hands, then a hand-back), a long poll, the
+/// checkpoint interval and a minute of slack for the listeners' idle back-off and S3 calls.
+pub fn lateness_bound(setup: &Setup) -> Duration {
+    Duration::from_secs(setup.settings.lease_secs)
+        + VISIBILITY * 2
+        + Duration::from_secs(setup.settings.listener.receive_wait_secs)
+        + controller::FLUSH_INTERVAL
+        + Duration::from_secs(60)
+}
+
+/// Every report within [`lateness_bound`] of its job's last message (and of the last fault), plus
+/// what its kind waits by design: the settle time when a chunk failed, the stall time when a work
+/// item was lost, the abandon time when the job never sealed, the dead-lettering of a poison chunk.
+/// Returns the largest lateness seen (seconds beyond the job's own wait) and the broken bounds.
+pub fn lateness(jobs: &[Arc<JobPlan>], world: &World, setup: &Setup) -> (f64, Vec<String>) {
+    let written = fleet_io::lock(&world.reports).clone();
+    let last_sent = fleet_io::lock(&world.last_sent).clone();
+    let faults_end = *fleet_io::lock(&world.faults_end);
+    let bound = lateness_bound(setup);
+    let (mut worst, mut v) = (0.0f64, Vec::new());
+    for job in jobs {
+        let Some(at) = written.iter().filter(|(_, k, _, _)| *k == report_key(&job.id)).map(|(_, _, _, t)| *t).min() else { continue };
+        let fates: Vec<Fate> = job.chunks.iter().map(|c| c.fate).collect();
+        let mut wait = Duration::ZERO;
+        if fates.iter().any(|f| matches!(f, Fate::Failed | Fate::Poison)) {
+            wait += Duration::from_secs(setup.settings.settle_secs);
+        }
+        if fates.contains(&Fate::Poison) {
+            // Received MAX_RECEIVES times, a visibility timeout and a processing apart, then moved.
+            wait += (VISIBILITY + Duration::from_secs(8)) * (MAX_RECEIVES + 1);
+        }
+        if fates.contains(&Fate::Lost) && job.ending == Ending::Sealed {
+            // Quiet for the stall time, then the queues seen empty in turn at two expiry ticks.
+            let tick = Duration::from_secs(setup.settings.abandon_after / 10).clamp(Duration::from_millis(200), Duration::from_secs(60));
+            wait += Duration::from_secs(setup.settings.stall_after) + tick * 2;
+        }
+        if matches!(job.ending, Ending::DiedAfterManifest | Ending::DiedBeforeManifest) {
+            wait += Duration::from_secs(setup.settings.abandon_after) + Duration::from_secs(setup.settings.abandon_after / 10).min(Duration::from_secs(60));
+        }
+        let from = last_sent.get(&job.id).copied().unwrap_or_default().max(faults_end);
+        let late = at.saturating_sub(from + wait);
+        worst = worst.max(late.as_secs_f64());
+        if late > bound {
+            v.push(format!(
+                "job {}: report {:.0} s after its last message or fault and its own wait of {:.0} s (bound {:.0} s)",
+                job.id,
+                (at.saturating_sub(from)).as_secs_f64(),
+                wait.as_secs_f64(),
+                bound.as_secs_f64()
+            ));
+        }
+    }
+    (worst, v)
 }

@@ -1,11 +1,16 @@
-//! What can go wrong between a controller and S3, drawn from the seed: each controller reaches the
-//! one shared in-memory store through its own [`FaultyStore`], whose calls may fail (a retryable
+//! What can go wrong between a controller and S3 or SQS, drawn from the seed: each controller reaches
+//! the one shared in-memory store through its own [`FaultyStore`], whose calls may fail (a retryable
 //! error, nothing done), hang (seconds of simulated time, then go through), or go through with their
 //! answer lost and be tried again (as `fleet_io::call` retries: a conditional write then meets its own
 //! write), and which freezes while its controller is paused (a process stopped past its lease) or
-//! the store is out. Every call is written to the run's trace; every report written, to its record.
+//! the store is out. Its queues are reached through [`FaultyQueue`]s: each call takes a network
+//! round trip of its own (which receiver gets a message is SQS's choice, not the order of the calls)
+//! and may fail. A crashed controller's calls never end ([`Life`]): nothing it had under way reaches
+//! the store or a queue after its crash. Every store call is written to the run's trace; every
+//! report written, to its record; every message received from a dead-letter queue, to its count.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +21,7 @@ use fleet_io::breaker::{Breaker, BreakerPolicy};
 use fleet_io::call::CallCounter;
 use fleet_io::error::{Error, Result, Service};
 use fleet_io::memory::MemoryStore;
+use fleet_io::queue::{Delivery, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::time::Instant;
@@ -28,6 +34,10 @@ pub struct Rates {
     pub fail: f64,
     pub hang: f64,
     pub lost: f64,
+    /// SQS calls that fail (a retryable error, nothing done).
+    pub sqs_fail: f64,
+    /// The longest round trip of an SQS call, milliseconds (each call draws its own below it).
+    pub sqs_latency_ms: u64,
 }
 
 /// The faults in force for one controller.
@@ -47,6 +57,141 @@ impl Faults {
     }
 }
 
+/// One run of a controller process: when it crashes, every call it has under way or starts later
+/// hangs for ever (a process that is gone sends nothing more).
+#[derive(Clone, Default)]
+pub struct Life(Arc<AtomicBool>);
+
+impl Life {
+    pub fn end(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Never returns once the process has crashed.
+    async fn check(&self) {
+        if self.0.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Waits while the controller is paused (SIGSTOP).
+async fn unpaused(faults: &Mutex<Faults>) {
+    loop {
+        let until = fleet_io::lock(faults).paused_until;
+        match until {
+            Some(t) if t > Instant::now() => tokio::time::sleep_until(t).await,
+            _ => return,
+        }
+    }
+}
+
+/// One controller's way to one queue: a round trip per call, failures at its rate, nothing while it
+/// is paused, nothing ever once it has crashed.
+pub struct FaultyQueue {
+    inner: Arc<dyn Queue>,
+    ctl: usize,
+    faults: Arc<Mutex<Faults>>,
+    life: Life,
+    world: Arc<World>,
+}
+
+impl FaultyQueue {
+    pub fn new(inner: Arc<dyn Queue>, ctl: usize, faults: Arc<Mutex<Faults>>, life: Life, world: Arc<World>) -> Arc<dyn Queue> {
+        Arc::new(FaultyQueue { inner, ctl, faults, life, world })
+    }
+
+    /// A receipt is good on the queue that gave it only (SQS refuses another's as invalid): one
+    /// completed on another queue is a bug of the caller, written to the trace as a violation.
+    fn own_receipts<'a>(&self, receipts: impl Iterator<Item = &'a str>) {
+        let own = format!("{}:", self.inner.name());
+        for r in receipts.filter(|r| !r.starts_with(&own)) {
+            self.world.trace(format!("WRONG QUEUE ctl{} completed receipt {r} on {}", self.ctl, self.inner.name()));
+        }
+    }
+
+    /// Names what a call did to which messages (in `--trace` runs only: the soak does without).
+    fn said(&self, what: impl FnOnce() -> String) {
+        if self.world.echo {
+            self.world.trace(format!("ctl{} {} {}", self.ctl, self.inner.name(), what()));
+        }
+    }
+
+    async fn before(&self, op: &'static str) -> Result<()> {
+        self.life.check().await;
+        unpaused(&self.faults).await;
+        let (delay, fails) = {
+            let mut f = fleet_io::lock(&self.faults);
+            let max = f.rates.sqs_latency_ms.max(1);
+            let delay = f.rng.random_range(1..=max);
+            let r: f64 = f.rng.random();
+            (Duration::from_millis(delay), r < f.rates.sqs_fail)
+        };
+        tokio::time::sleep(delay).await;
+        self.life.check().await;
+        unpaused(&self.faults).await;
+        if fails {
+            return Err(Error::Service { service: Service::Sqs, operation: op, detail: "simulated: InternalError".into(), retryable: true, source: None });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Queue for FaultyQueue {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn send_messages(&self, msgs: &[Outgoing]) -> Result<u64> {
+        self.before("SendMessageBatch").await?;
+        self.inner.send_messages(msgs).await
+    }
+
+    async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Delivery>> {
+        self.before("ReceiveMessage").await?;
+        let got = self.inner.receive(max, wait).await?;
+        // The answer of a process that crashed meanwhile never reaches it.
+        self.life.check().await;
+        if !got.is_empty() && self.inner.name().contains("-dlq") {
+            self.world.dead_letters_received(self.inner.name(), got.len());
+        }
+        self.said(|| {
+            let each: Vec<String> = got.iter().map(|d| format!("{}(#{}) {}", d.id, d.receive_count, d.body.chars().take(70).collect::<String>())).collect();
+            format!("RECEIVED {}", each.join("; "))
+        });
+        Ok(got)
+    }
+
+    async fn delete_receipts(&self, receipts: &[&Receipt]) -> Result<Vec<usize>> {
+        self.before("DeleteMessageBatch").await?;
+        self.said(|| format!("DELETE {:?}", receipts.iter().map(|r| r.as_str()).collect::<Vec<_>>()));
+        self.own_receipts(receipts.iter().map(|r| r.as_str()));
+        self.inner.delete_receipts(receipts).await
+    }
+
+    async fn change_visibility(&self, entries: &[(&str, Duration)]) -> Result<Vec<usize>> {
+        self.before("ChangeMessageVisibilityBatch").await?;
+        self.said(|| format!("VISIBILITY {entries:?}"));
+        self.own_receipts(entries.iter().map(|(r, _)| *r));
+        self.inner.change_visibility(entries).await
+    }
+
+    async fn depth(&self) -> Result<QueueDepth> {
+        self.before("GetQueueAttributes").await?;
+        self.inner.depth().await
+    }
+
+    async fn info(&self) -> Result<QueueInfo> {
+        self.before("GetQueueAttributes").await?;
+        self.inner.info().await
+    }
+
+    fn calls(&self) -> &CallCounter {
+        self.inner.calls()
+    }
+}
+
 /// What to do with one call.
 enum Fate {
     Go,
@@ -61,15 +206,16 @@ pub struct FaultyStore {
     inner: Arc<MemoryStore>,
     ctl: usize,
     faults: Arc<Mutex<Faults>>,
+    life: Life,
     world: Arc<World>,
     calls: CallCounter,
     breaker: Arc<Breaker>,
 }
 
 impl FaultyStore {
-    pub fn new(inner: Arc<MemoryStore>, ctl: usize, faults: Arc<Mutex<Faults>>, world: Arc<World>) -> Arc<FaultyStore> {
+    pub fn new(inner: Arc<MemoryStore>, ctl: usize, faults: Arc<Mutex<Faults>>, life: Life, world: Arc<World>) -> Arc<FaultyStore> {
         let breaker = Breaker::new(Service::S3, BreakerPolicy::default());
-        Arc::new(FaultyStore { inner, ctl, faults, world, calls: CallCounter::default(), breaker })
+        Arc::new(FaultyStore { inner, ctl, faults, life, world, calls: CallCounter::default(), breaker })
     }
 
     /// Asks the store a cheap question (as the breaker's probe does), reporting the answer.
@@ -84,13 +230,8 @@ impl FaultyStore {
 
     /// Waits out a pause or an outage, then draws the call's fate.
     async fn before(&self, op: &'static str, key: &str) -> Fate {
-        loop {
-            let paused = fleet_io::lock(&self.faults).paused_until;
-            match paused {
-                Some(t) if t > Instant::now() => tokio::time::sleep_until(t).await,
-                _ => break,
-            }
-        }
+        self.life.check().await;
+        unpaused(&self.faults).await;
         let cut_off = fleet_io::lock(&self.faults).cut_off_until.filter(|t| *t > Instant::now());
         if let Some(end) = self.world.outage_until().max(cut_off) {
             // A hung store: the call waits out its deadline (or the outage), then fails.
@@ -104,7 +245,7 @@ impl FaultyStore {
         let fate = {
             let mut f = fleet_io::lock(&self.faults);
             let r: f64 = f.rng.random();
-            let Rates { fail, hang, lost } = f.rates;
+            let Rates { fail, hang, lost, .. } = f.rates;
             if r < fail {
                 Fate::Fail
             } else if r < fail + hang {
@@ -125,6 +266,7 @@ impl FaultyStore {
         if let Fate::Hang(d) = fate {
             tokio::time::sleep(d).await;
         }
+        self.life.check().await;
         fate
     }
 

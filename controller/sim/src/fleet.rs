@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use fleet_domain::billing::{AccountTotals, Tariff};
 use fleet_domain::codec::{accounts_to_zstd_csv, base64_encode, sha256_hex};
-use fleet_domain::layout::{chunk_key, manifest_key, result_key};
+use fleet_domain::layout::{chunk_key, manifest_key, partition_of, result_key};
 use fleet_domain::model::{AccountsPayload, BlobRef, ChunkOutcome, ChunkRecord, ChunkResult, Manifest, ResultMessage, WorkItem, WIRE_VERSION};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::blob::BlobStore;
@@ -103,6 +103,8 @@ pub struct JobPlan {
     pub forged_beyond: bool,
     /// Its grouping, on a FIFO work queue.
     pub groups: Option<Groups>,
+    /// Its results partition (as the initiator picks it: a hash of its id).
+    pub partition: u16,
 }
 
 pub type Row = (u64, Decimal, Decimal);
@@ -137,8 +139,9 @@ impl JobPlan {
     }
 }
 
-fn fate(rng: &mut ChaCha8Rng, hostile: bool, fifo: bool) -> Fate {
+fn fate(rng: &mut ChaCha8Rng, hostile: bool, poison: bool, fifo: bool) -> Fate {
     match rng.random_range(0..100) {
+        80..84 if !poison => Fate::Processed,
         0..6 if fifo => Fate::Resent,
         0..60 => Fate::Processed,
         60..68 => Fate::Duplicated,
@@ -152,8 +155,9 @@ fn fate(rng: &mut ChaCha8Rng, hostile: bool, fifo: bool) -> Fate {
     }
 }
 
-/// The jobs of a run (grouped when the work queue is FIFO).
-pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, fifo: bool) -> Vec<JobPlan> {
+/// The jobs of a run (grouped when the work queue is FIFO; without chunks that truly dead-letter
+/// unless `poison`).
+pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: bool, partitions: u16) -> Vec<JobPlan> {
     let n = rng.random_range(1..=4);
     (0..n)
         .map(|j| {
@@ -189,7 +193,7 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, fifo: bool) -> Vec<J
                             (a, cur, amount, fee)
                         })
                         .collect();
-                    ChunkPlan { fate: fate(rng, hostile, fifo), group, rows }
+                    ChunkPlan { fate: fate(rng, hostile, poison, fifo), group, rows }
                 })
                 .collect();
             let ending = match rng.random_range(0..20) {
@@ -199,7 +203,8 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, fifo: bool) -> Vec<J
                 _ => Ending::Sealed,
             };
             let forged_beyond = hostile && rng.random_bool(0.15);
-            JobPlan { id, shape, chunks, ending, submit_at: Duration::from_millis(rng.random_range(0..60_000)), forged_beyond, groups }
+            let partition = partition_of(&id, partitions);
+            JobPlan { id, shape, chunks, ending, submit_at: Duration::from_millis(rng.random_range(0..60_000)), forged_beyond, groups, partition }
         })
         .collect()
 }
@@ -208,7 +213,7 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, fifo: bool) -> Vec<J
 pub const FORGED: &str = "-forged";
 
 /// The initiator of one job: its work items (in chunk order, ten a batch), then its manifest and seal.
-pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>, results: Arc<dyn Queue>, store: Arc<dyn BlobStore>) {
+pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>, results: Vec<Arc<dyn Queue>>, store: Arc<dyn BlobStore>) {
     tokio::time::sleep(job.submit_at).await;
     // The chunk blobs first (every chunk's, also those whose work item is lost later), then the items.
     for c in 0..job.chunks.len() as u32 {
@@ -223,7 +228,7 @@ pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>
         .filter(|&c| job.chunks[c as usize].fate != Fate::Lost)
         .flat_map(|c| {
             let item = WorkItem {
-                partition: 0,
+                partition: job.partition,
                 v: WIRE_VERSION,
                 job_id: job.id.clone(),
                 chunk: c,
@@ -252,7 +257,7 @@ pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>
     let counts: Vec<u64> = job.chunks.iter().map(|c| c.rows.len() as u64).collect();
     let total: u64 = counts.iter().sum();
     let manifest = Manifest {
-        partition: 0,
+        partition: job.partition,
         v: WIRE_VERSION,
         job_id: job.id.clone(),
         created_at: "2026-11-26T00:00:00Z".into(),
@@ -277,11 +282,13 @@ pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>
         }
         Ending::DiedAfterManifest | Ending::DiedBeforeManifest => return,
     };
-    send(&*results, vec![serde_json::to_string(&last).expect("serializable")]).await;
+    send(&world, &job, &results, vec![serde_json::to_string(&last).expect("serializable")]).await;
 }
 
-async fn send(q: &dyn Queue, bodies: Vec<String>) {
-    q.send(bodies).await.expect("the in-memory queue takes every message");
+/// Sends messages of `job` to its partition's results queue, noting when.
+async fn send(world: &World, job: &JobPlan, results: &[Arc<dyn Queue>], bodies: Vec<String>) {
+    world.sent(&job.id);
+    results[usize::from(job.partition)].send(bodies).await.expect("the in-memory queue takes every message");
 }
 
 /// One processor: receives work items, bills them as their fate says, sends results, deletes. On a
@@ -295,7 +302,7 @@ pub async fn process(
     mut rng: ChaCha8Rng,
     work: Arc<dyn Queue>,
     work_dlq: Arc<dyn Queue>,
-    results: Arc<dyn Queue>,
+    results: Vec<Arc<dyn Queue>>,
     store: Arc<dyn BlobStore>,
 ) {
     loop {
@@ -327,7 +334,7 @@ pub async fn process(
                 Fate::Lost => unreachable!("never enqueued"),
                 Fate::FailedFirst | Fate::HostileFirst if first && d.attrs.group.is_some() => {
                     let wrong = if fate == Fate::FailedFirst { failed(job, item.chunk) } else { hostile(job, item.chunk) };
-                    send(&*results, vec![wrong]).await;
+                    send(&world, job, &results, vec![wrong]).await;
                     world.trace(format!("processor: {} chunk {} failed (attempt {}), retried in place", job.id, item.chunk, d.receive_count));
                     tokio::time::sleep(Duration::from_secs(2)).await;
                     (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], true)
@@ -337,7 +344,7 @@ pub async fn process(
                 Fate::FailedFirst | Fate::HostileFirst => (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], true),
             };
             for b in bodies {
-                send(&*results, vec![b]).await;
+                send(&world, job, &results, vec![b]).await;
             }
             if job.forged_beyond && item.chunk == 0 && first {
                 // Chunks the job does not have, with rows that look real, ahead of the seal.
@@ -351,7 +358,7 @@ pub async fn process(
                     if let ChunkOutcome::Processed { payload: AccountsPayload::Blob { .. } } = forged.outcome {
                         forged.outcome = ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts: job.totals(0) } };
                     }
-                    send(&*results, vec![serde_json::to_string(&ResultMessage::Chunk(forged)).expect("serializable")]).await;
+                    send(&world, job, &results, vec![serde_json::to_string(&ResultMessage::Chunk(forged)).expect("serializable")]).await;
                 }
                 // A seal smaller than the job, a count larger than its chunk's with an account of its
                 // own, and a result and a seal for a job nobody submitted: none of it may count, and
@@ -383,7 +390,7 @@ pub async fn process(
                     serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: format!("{}{FORGED}", job.id), total_chunks: 1 })
                         .expect("serializable"),
                 );
-                send(&*results, bodies).await;
+                send(&world, job, &results, bodies).await;
             }
             if delete {
                 work.delete(vec![d]).await.expect("in-memory delete");

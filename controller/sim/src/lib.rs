@@ -1,30 +1,39 @@
 //! Why: exactness with several controllers depends on interleavings (a peer paused past its lease,
-//! cut off from S3, a result redelivered behind a failure report) that no hand-written test orders
-//! all of; this explores them by the thousand and checks every job's report against an oracle.
-//! This file sets up one run (queues, controllers as `controller::run` drives them, the chaos
-//! schedule) and returns its verdict; the fleet, the faults and the invariants are in their own modules.
+//! cut off from S3, a partition handed over mid-batch, a result redelivered behind a failure report)
+//! that no hand-written test orders all of; this explores them by the thousand and checks every job's
+//! report against an oracle. This file sets up one run (queues, controllers, the chaos schedule) and
+//! returns its verdict; the fleet, the faults and the invariants are in their own modules.
 //!
 //! A deterministic simulation of the fleet around its controllers, in the manner of FoundationDB's
-//! simulator and TigerBeetle's VOPR: one seed fixes a whole run. One to three controllers (the real
-//! `controller::Aggregator`, driven as `controller::run` drives it: listeners on the results queue and
-//! both dead-letter queues, the checkpoint and lease timer, the hold retry, the expiry tick) share the
-//! in-memory queue and blob twins with a stand-in initiator and processor fleet (`fleet`), on one
-//! thread under tokio's paused clock, which every clock of the controller reads (`controller::clock`).
-//! Faults are drawn from the seed at any step (`faults`, and the chaos schedule here): a controller
-//! crashes and restarts (under its own name or a new one), is paused past its lease, its S3 calls
-//! fail, hang, or succeed with the answer lost and are retried, it alone is cut off from S3 for up to
-//! one and a half abandon times (its breaker opens; it receives nothing until a probe gets an
-//! answer), S3 goes out for everyone; results are
-//! duplicated, reordered, redelivered after their visibility timeout, dead-lettered, preceded by
-//! failure reports and hostile payloads. After the run the invariants are checked (`check`).
+//! simulator and TigerBeetle's VOPR: one seed fixes a whole run. One to four controllers, each
+//! `controller::run_with_clock` itself (the service's own listeners, partition balancing, timers,
+//! graceful stop: nothing re-created here), share the in-memory queue and blob twins with a stand-in
+//! initiator and processor fleet (`fleet`), on one thread under tokio's paused clock. Each controller
+//! reads wall time from a clock of its own, skewed from the others' by up to a tenth of a lease. The
+//! settings are the shipped defaults in half the runs and drawn around them in the rest (always a
+//! combination the start check, `controller::timings`, accepts); the results queue has one to four
+//! partitions.
 //!
-//! Approximations, said plainly: the listener engine's own scheduling (dynamic consumers, long-poll
-//! back-off) is replaced by one receive loop per queue; a paused controller's batched deletes still
-//! leave while it is paused (its store calls and loops do stop).
+//! Faults are drawn from the seed (`faults`, and the chaos schedule here): a controller crashes (its
+//! calls never end) and restarts under its own name or a new one, stops gracefully and comes back
+//! later, joins late, is paused past its lease; its S3 calls fail, hang, or succeed with the answer
+//! lost and are retried; it alone is cut off from S3 (its breaker opens; it receives nothing until a
+//! probe gets an answer); S3 goes out for everyone; its SQS calls take a round trip of their own and
+//! fail. Results are duplicated, reordered, redelivered after their visibility timeout,
+//! dead-lettered, preceded by failure reports and hostile payloads, forged (seals, counts, job ids).
+//! One run in five is calm: no fault and no hostile sender; in it nothing reaches a results
+//! dead-letter queue (only work items that truly fail reach the work queue's). After the run the
+//! invariants are checked (`check`).
+//!
+//! Approximations, said plainly: the listener engine draws its back-off jitter and tokio's `select!`
+//! its branch order from unseeded generators, so a seed replays its faults and jobs exactly but not
+//! always every step of the controllers (a failing seed is rerun alone with its whole trace); no
+//! triggers (RabbitMQ) are simulated: listeners long-poll as they do without them.
 
 pub mod check;
 pub mod faults;
 pub mod fleet;
+pub mod observe;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -32,45 +41,94 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use controller::clock::Clock;
-use controller::{Aggregator, Source};
-use fleet_engine::completion::BatchSettings;
-use fleet_engine::Completions;
 use fleet_io::blob::BlobStore;
 use fleet_io::memory::{MemoryQueue, MemoryStore};
-use fleet_io::queue::Queue;
+use fleet_io::queue::{Queue, Sharded};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use faults::{Faults, FaultyStore, Rates};
+use controller::undo::Fix;
+use faults::{Faults, FaultyQueue, FaultyStore, Life, Rates};
 use fleet::JobPlan;
 
-/// Settings of the simulated fleet (fixed; what varies is drawn from the seed).
-pub const ABANDON_AFTER: Duration = Duration::from_secs(600);
-pub const STALL_AFTER: Duration = Duration::from_secs(300);
-/// A job whose chunks are all in, some failed, waits this long without news for a real result to
-/// replace a failure (`--settle-secs`). A timing assumption, like any failure detector's: it must
-/// exceed the longest a real result can be delayed, and the faults here delay one by more than the
-/// default 120 s (seed 2362: two S3 calls hung 30 s each on a controller being cut off, a 13 s pause,
-/// three hand-backs between controllers: 100 s after the failure report).
-pub const SETTLE: Duration = Duration::from_secs(300);
 /// Faults are drawn for this long; then the fleet runs without them until every job has ended.
 pub const CHAOS: Duration = Duration::from_secs(600);
-/// A run that has not settled by then fails.
-pub const HORIZON: Duration = Duration::from_secs(4 * 3600);
-const VISIBILITY: Duration = Duration::from_secs(30);
+/// The work and results queues' visibility timeout, as provisioned.
+pub const VISIBILITY: Duration = Duration::from_secs(30);
 /// The queues' maxReceiveCount.
 pub const MAX_RECEIVES: u32 = 4;
+/// The fleet's S3 call deadline (`--call-deadline`): a hung store's call fails after it.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(30);
+/// The controllers' wall clocks start here (2027-01-15), each skewed by its own offset.
+const EPOCH_MS: u64 = 1_800_000_000_000;
+/// The most controllers at once (joins stop there).
+const MAX_CONTROLLERS: usize = 4;
 
-/// What a run shares: its trace (every fault and store call, in order) and the reports written.
+/// The settings of one run, drawn from its seed.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// Controllers at the start.
+    pub controllers: usize,
+    pub partitions: u16,
+    /// The controllers' settings (`id` set per controller).
+    pub settings: controller::Settings,
+    /// At the shipped defaults (`controller::Settings::default()`), or drawn around them.
+    pub defaults: bool,
+    /// No fault and no hostile sender (chunks that truly fail still dead-letter their work item).
+    pub calm: bool,
+    pub fifo: bool,
+}
+
+impl Setup {
+    /// The setup of `seed`.
+    pub fn draw(seed: u64) -> Setup {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x05e7_05e7);
+        let defaults = rng.random_bool(0.5);
+        let calm = rng.random_bool(0.2);
+        // A third of the runs point the whole fleet at a FIFO work queue.
+        let fifo = ChaCha8Rng::seed_from_u64(seed ^ 0xf1f0_f1f0).random_bool(1.0 / 3.0);
+        let mut settings = controller::Settings::default();
+        settings.listener.http_addr = None;
+        if !defaults {
+            settings.lease_secs = rng.random_range(10..=60);
+            let t = settings.timings(CALL_DEADLINE, Some(VISIBILITY));
+            settings.settle_secs = t.least_settle().as_secs() + rng.random_range(0..=120);
+            settings.abandon_after = t.least_abandon().map_or(600, |d| d.as_secs()) + rng.random_range(0..=1800);
+            settings.stall_after = rng.random_range(600..=3600);
+            settings.blob_retention_secs = [0, 60, 900][rng.random_range(0..3)];
+            settings.drain_secs = rng.random_range(10..=30);
+        }
+        Setup { controllers: rng.random_range(1..=3), partitions: rng.random_range(1..=4), settings, defaults, calm, fifo }
+    }
+
+    fn lease(&self) -> Duration {
+        Duration::from_secs(self.settings.lease_secs)
+    }
+
+    /// When a run that has not settled fails.
+    pub fn horizon(&self) -> Duration {
+        CHAOS + Duration::from_secs(self.settings.abandon_after + self.settings.stall_after + self.settings.blob_retention_secs) + Duration::from_secs(3600)
+    }
+}
+
+/// What a run shares: its trace (every fault and store call, in order) and what the checks read.
 pub struct World {
     start: Instant,
     trace: Mutex<Vec<String>>,
     outage: Mutex<Option<Instant>>,
-    reports: Mutex<Vec<(usize, String, Bytes)>>,
+    /// (controller, key, body, when) of every report written.
+    reports: Mutex<Vec<(usize, String, Bytes, Duration)>>,
     /// (job, chunk) in the order the processors first handled each work item.
     handled: Mutex<Vec<(String, u32)>>,
+    /// Messages received from each dead-letter queue by the controllers.
+    dead_letters: Mutex<BTreeMap<String, usize>>,
+    /// When the fleet last sent a message of each job (a result, a failure report, a seal, an abandon).
+    last_sent: Mutex<BTreeMap<String, Duration>>,
+    /// When the last fault's effects end (a pause, an outage, a cut-off, a controller's absence).
+    faults_end: Mutex<Duration>,
     echo: bool,
 }
 
@@ -82,6 +140,11 @@ impl World {
             eprintln!("{line}");
         }
         fleet_io::lock(&self.trace).push(line);
+    }
+
+    /// Simulated time since the run started.
+    pub fn now(&self) -> Duration {
+        self.start.elapsed()
     }
 
     /// When the store outage under way ends.
@@ -101,7 +164,23 @@ impl World {
 
     pub fn report_written(&self, ctl: usize, key: &str, body: Bytes) {
         self.trace(format!("ctl{ctl} REPORT {key}"));
-        fleet_io::lock(&self.reports).push((ctl, key.to_string(), body));
+        fleet_io::lock(&self.reports).push((ctl, key.to_string(), body, self.now()));
+    }
+
+    pub fn dead_letters_received(&self, queue: &str, n: usize) {
+        self.trace(format!("DEAD LETTERS {n} received from {queue}"));
+        *fleet_io::lock(&self.dead_letters).entry(queue.to_string()).or_default() += n;
+    }
+
+    /// The fleet sent a message of `job` now.
+    pub fn sent(&self, job: &str) {
+        fleet_io::lock(&self.last_sent).insert(job.to_string(), self.now());
+    }
+
+    /// A fault's effects last until `until` (simulated time from the start).
+    fn fault_until(&self, until: Duration) {
+        let mut end = fleet_io::lock(&self.faults_end);
+        *end = (*end).max(until);
     }
 
     /// The faults of the run (crashes, pauses, outages, changed rates), without the calls.
@@ -118,25 +197,34 @@ impl World {
 #[derive(Debug)]
 pub struct Run {
     pub seed: u64,
-    pub controllers: usize,
+    pub setup: Setup,
     pub jobs: Vec<String>,
     /// Broken invariants (empty: the run passed).
     pub violations: Vec<String>,
     /// Faults injected, in order.
     pub schedule: Vec<String>,
-    /// Hash of the whole trace: a seed run twice gives the same.
+    /// Hash of the whole trace.
     pub trace_hash: u64,
     pub trace_len: usize,
     /// Simulated seconds until the fleet settled.
     pub simulated_secs: f64,
+    /// The longest a report came after its job's last message (and the last fault), seconds, beyond
+    /// what the job's kind waits by design (settle, stall, abandon).
+    pub lateness_secs: f64,
 }
 
 impl Run {
-    /// What a failing run says: how to rerun it, its fault schedule, its broken invariants.
+    /// What a failing run says: how to rerun it, its setup and fault schedule, its broken invariants.
     pub fn failure(&self) -> String {
+        let s = &self.setup;
         let mut out = format!(
-            "seed {} FAILED ({} controllers): rerun alone with `cargo run --release -p fleet-sim -- --seed {}`\n",
-            self.seed, self.controllers, self.seed
+            "seed {} FAILED ({} controllers, {} partitions, {}{}): rerun alone with `cargo run --release -p fleet-sim -- --seed {} --trace`\n",
+            self.seed,
+            s.controllers,
+            s.partitions,
+            if s.defaults { "shipped defaults".to_string() } else { format!("lease {} s, settle {} s", s.settings.lease_secs, s.settings.settle_secs) },
+            if s.calm { ", calm" } else { "" },
+            self.seed
         );
         for l in self.schedule.iter().filter(|l| l.contains("CHAOS")) {
             out += &format!("  {l}\n");
@@ -153,154 +241,218 @@ impl Run {
 pub struct Options {
     /// Print the trace as it happens.
     pub echo: bool,
-    /// Send hostile results (on by default in the soak).
+    /// Send no hostile results.
     pub no_hostile: bool,
 }
 
-struct Queues {
-    work: Arc<MemoryQueue>,
-    work_dlq: Arc<MemoryQueue>,
-    results: Arc<MemoryQueue>,
-    results_dlq: Arc<MemoryQueue>,
+/// The fleet's queues (in memory, shared by everyone).
+pub struct Queues {
+    pub work: Arc<MemoryQueue>,
+    pub work_dlq: Arc<MemoryQueue>,
+    /// Each partition's results queue and its dead-letter queue.
+    pub results: Vec<(Arc<MemoryQueue>, Arc<MemoryQueue>)>,
 }
 
 impl Queues {
-    fn of(&self, source: Source) -> Arc<dyn Queue> {
-        match source {
-            Source::Results => self.results.clone(),
-            Source::WorkDeadLetter => self.work_dlq.clone(),
-            Source::ResultsDeadLetter => self.results_dlq.clone(),
-        }
+    fn new(fifo: bool, partitions: u16) -> Queues {
+        let (work, work_dlq) = if fifo { ("billing-work.fifo", "billing-work-dlq.fifo") } else { ("billing-work", "billing-work-dlq") };
+        let work_dlq = MemoryQueue::new(work_dlq, VISIBILITY);
+        let results = (0..partitions)
+            .map(|p| {
+                let name = if p == 0 { "billing-results".to_string() } else { format!("billing-results-{p}") };
+                let dlq = MemoryQueue::new(&format!("{name}-dlq"), VISIBILITY);
+                (MemoryQueue::with_dlq(&name, VISIBILITY, MAX_RECEIVES, dlq.clone()), dlq)
+            })
+            .collect();
+        Queues { work: MemoryQueue::with_dlq(work, VISIBILITY, MAX_RECEIVES, work_dlq.clone()), work_dlq, results }
     }
 
-    fn all(&self) -> Vec<Arc<dyn Queue>> {
-        vec![self.work.clone(), self.results.clone(), self.work_dlq.clone(), self.results_dlq.clone()]
+    /// Each partition's results queue, by number.
+    pub fn partitions(&self) -> Vec<Arc<dyn Queue>> {
+        self.results.iter().map(|(q, _)| q.clone() as Arc<dyn Queue>).collect()
+    }
+
+    pub fn all(&self) -> Vec<Arc<dyn Queue>> {
+        let mut all: Vec<Arc<dyn Queue>> = vec![self.work.clone(), self.work_dlq.clone()];
+        for (q, d) in &self.results {
+            all.push(q.clone());
+            all.push(d.clone());
+        }
+        all
     }
 }
 
-/// One running controller: its tasks and completions (a crash aborts the one and drops the other).
+/// One running controller process.
 struct Ctl {
-    tasks: Vec<JoinHandle<()>>,
-    completions: Vec<Completions>,
+    owner: String,
+    stop: CancellationToken,
+    task: JoinHandle<fleet_io::Result<()>>,
+    probe: JoinHandle<()>,
+    life: Life,
 }
 
-/// Waits while the controller is paused.
-async fn unpaused(faults: &Mutex<Faults>) {
-    loop {
-        let until = fleet_io::lock(faults).paused_until;
-        match until {
-            Some(t) if t > Instant::now() => tokio::time::sleep_until(t).await,
-            _ => return,
-        }
+impl Ctl {
+    /// The process is gone: nothing it had under way goes out any more.
+    fn crash(self) {
+        self.life.end();
+        self.probe.abort();
+        // Its stop, for its tasks to wind down (every call it makes hangs for ever: nothing leaves).
+        self.stop.cancel();
     }
 }
 
-/// Starts a controller as `controller::run` does, on the simulated store and queues.
-fn start_controller(seed: u64, idx: usize, owner: &str, lease: Duration, faulty: Arc<FaultyStore>, queues: &Queues, faults: Arc<Mutex<Faults>>) -> Ctl {
-    let store: Arc<dyn BlobStore> = faulty.clone();
-    let breaker = store.breaker().expect("the simulated store has a breaker");
-    let mut agg = Aggregator::with_clock(store, owner.to_string(), lease, Clock::driven(1_800_000_000_000));
-    for s in Source::ALL {
-        agg.set_queue(s, queues.of(s).name());
-    }
-    agg.set_settle(SETTLE);
-    agg.set_stall_limit(
-        STALL_AFTER,
-        controller::aggregate::FleetQueues {
-            work: queues.work.clone(),
-            work_dlq: queues.work_dlq.clone(),
-            results: queues.results.clone(),
-            results_dlq: queues.results_dlq.clone(),
-        },
-    );
-    let agg = Arc::new(agg);
-    let mut tasks = Vec::new();
-    let mut completions = Vec::new();
-    for source in Source::ALL {
-        let q = queues.of(source);
-        let done = Completions::start(q.clone(), BatchSettings::default());
-        completions.push(done.clone());
-        let (agg, faults, breaker) = (agg.clone(), faults.clone(), breaker.clone());
-        // Which receiver gets a message is SQS's choice, not the order of the calls: each receive
-        // starts after a network delay of its own.
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((idx as u64) << 8) ^ source as u64);
-        tasks.push(tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(rng.random_range(1..150))).await;
-                unpaused(&faults).await;
-                // As the listener engine does: nothing is received while the store's breaker is open.
-                breaker.wait_closed().await;
-                let got = match q.receive(10, Duration::from_secs(1)).await {
-                    Ok(got) => got,
-                    Err(_) => continue,
-                };
-                if got.is_empty() {
-                    continue;
-                }
-                let applied = agg.apply(source, got.into_iter().map(|d| done.keep(d)).collect()).await;
-                for k in applied.delete {
-                    k.delete();
-                }
-                for (k, after) in applied.release {
-                    k.release(after);
-                }
-            }
-        }));
-    }
-    let ticker = |period: Duration, agg: Arc<Aggregator>, faults: Arc<Mutex<Faults>>, what: u8| {
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                unpaused(&faults).await;
-                match what {
-                    0 => {
-                        for k in agg.flush_idle().await {
-                            k.delete();
-                        }
-                        agg.renew_leases().await;
-                    }
-                    1 => {
-                        let a = agg.retry_held().await;
-                        a.delete.into_iter().for_each(|k| k.delete());
-                        a.release.into_iter().for_each(|(k, after)| k.release(after));
-                    }
-                    2 => agg.extend_held(),
-                    _ => {
-                        for k in agg.expire(ABANDON_AFTER).await {
-                            k.delete();
-                        }
-                    }
-                }
-            }
-        })
+/// Starts controller `idx` as the service does (`controller::run_with_clock`), through its own faulty
+/// ways to the store and the queues, on its own skewed clock.
+fn start_controller(
+    seed: u64,
+    idx: usize,
+    owner: &str,
+    setup: &Setup,
+    skew_ms: i64,
+    world: &Arc<World>,
+    store: &Arc<MemoryStore>,
+    queues: &Queues,
+    faults: &Arc<Mutex<Faults>>,
+) -> Ctl {
+    let life = Life::default();
+    let way = |q: Arc<MemoryQueue>| FaultyQueue::new(q, idx, faults.clone(), life.clone(), world.clone());
+    let results = Sharded::of(queues.results.iter().map(|(q, _)| way(q.clone())).collect()).expect("at least one partition");
+    let results_dlq = Sharded::of(queues.results.iter().map(|(_, d)| way(d.clone())).collect()).expect("at least one partition");
+    let faulty = FaultyStore::new(store.clone(), idx, faults.clone(), life.clone(), world.clone());
+    let deps = controller::Deps {
+        results,
+        work_dlq: way(queues.work_dlq.clone()),
+        results_dlq,
+        store: faulty.clone(),
+        work: Some(way(queues.work.clone())),
+        triggers: None,
+        publish: None,
     };
-    tasks.push(ticker(controller::FLUSH_INTERVAL, agg.clone(), faults.clone(), 0));
-    tasks.push(ticker(Duration::from_millis(250), agg.clone(), faults.clone(), 1));
-    tasks.push(ticker(Duration::from_secs(1), agg.clone(), faults.clone(), 2));
-    tasks.push(ticker((ABANDON_AFTER / 10).clamp(Duration::from_millis(200), Duration::from_secs(60)), agg, faults.clone(), 3));
+    let mut settings = setup.settings.clone();
+    settings.id = Some(owner.to_string());
+    // Wall time is the run's (a restarted controller's clock does not start again at the epoch).
+    let clock = Clock::driven((EPOCH_MS + world.now().as_millis() as u64).saturating_add_signed(skew_ms));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(controller::run_with_clock(settings, deps, clock, stop.clone()));
     // The breaker's probe, with the seed's jitter: asks the store while the breaker is open.
+    let breaker = faulty.breaker().expect("the simulated store has a breaker");
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((idx as u64) << 8) ^ 0x9e0b);
-    tasks.push(tokio::spawn(async move {
+    let probe = tokio::spawn(async move {
         loop {
             tokio::time::sleep(Duration::from_millis(rng.random_range(500..10_000))).await;
-            unpaused(&faults).await;
             if breaker.is_open() {
                 faulty.probe().await;
             }
         }
-    }));
-    Ctl { tasks, completions }
+    });
+    Ctl { owner: owner.to_string(), stop, task, probe, life }
 }
 
 /// Runs one seed to the end and checks it.
 pub fn run_seed(seed: u64, opts: Options) -> Run {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime");
-    rt.block_on(simulate(seed, opts))
+    run_seed_undone(seed, opts, None)
 }
 
-async fn simulate(seed: u64, opts: Options) -> Run {
+/// Runs one seed with one fix of the controller undone (`controller::undo`), on this thread.
+pub fn run_seed_undone(seed: u64, opts: Options, undo: Option<Fix>) -> Run {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::Layer as _;
+    controller::undo::set(undo);
+    // The controllers' conclusions, heard on this thread (and, with RUST_LOG, their logs printed).
+    let heard = observe::Heard::default();
+    let log = std::env::var_os("RUST_LOG")
+        .is_some()
+        .then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(tracing_subscriber::EnvFilter::from_default_env()));
+    let subscriber = tracing_subscriber::registry().with(heard.clone().with_filter(tracing_subscriber::filter::LevelFilter::INFO)).with(log);
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime");
+    let run = rt.block_on(simulate(seed, opts, heard));
+    drop(rt);
+    controller::undo::set(None);
+    run
+}
+
+/// What a soak of many seeds found.
+#[derive(Debug, Default)]
+pub struct Soak {
+    pub ran: u64,
+    pub failed: Vec<u64>,
+    pub simulated_secs: f64,
+    /// Seeds at the shipped defaults, and calm ones.
+    pub defaults: u64,
+    pub calm: u64,
+    pub worst_lateness: f64,
+}
+
+/// Runs seeds `from..from + n` on `threads` threads (each seed on one, under its own runtime),
+/// calling `each` with every run as it ends (with the runs and failures so far); with `fail_fast`
+/// no seed after the first failing one is started.
+pub fn soak(from: u64, n: u64, threads: usize, opts: Options, undo: Option<Fix>, fail_fast: bool, mut each: impl FnMut(&Run, u64, usize)) -> Soak {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let next = AtomicU64::new(from);
+    let stop_after = AtomicU64::new(u64::MAX);
+    let (tx, rx) = std::sync::mpsc::channel::<Run>();
+    let mut soak = Soak::default();
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            let tx = tx.clone();
+            let (next, stop_after) = (&next, &stop_after);
+            scope.spawn(move || loop {
+                let seed = next.fetch_add(1, Ordering::SeqCst);
+                if seed >= from + n || seed > stop_after.load(Ordering::SeqCst) {
+                    return;
+                }
+                let run = run_seed_undone(seed, opts, undo);
+                if fail_fast && !run.violations.is_empty() {
+                    stop_after.fetch_min(seed, Ordering::SeqCst);
+                }
+                if tx.send(run).is_err() {
+                    return;
+                }
+            });
+        }
+        drop(tx);
+        for run in rx {
+            soak.ran += 1;
+            soak.simulated_secs += run.simulated_secs;
+            soak.defaults += u64::from(run.setup.defaults);
+            soak.calm += u64::from(run.setup.calm);
+            soak.worst_lateness = soak.worst_lateness.max(run.lateness_secs);
+            if !run.violations.is_empty() {
+                soak.failed.push(run.seed);
+            }
+            each(&run, soak.ran, soak.failed.len());
+        }
+    });
+    soak.failed.sort_unstable();
+    soak
+}
+
+/// The first failing seed of `from..from + n` with `undo` undone: how many seeds it took (counted
+/// from `from`) and its run; `None` when every seed passed.
+pub fn first_failure(from: u64, n: u64, threads: usize, opts: Options, undo: Option<Fix>) -> Option<(u64, Run)> {
+    let mut first: Option<Run> = None;
+    soak(from, n, threads, opts, undo, true, |run, _, _| {
+        if !run.violations.is_empty() && first.as_ref().is_none_or(|f| run.seed < f.seed) {
+            first = Some(Run { violations: run.violations.clone(), schedule: Vec::new(), jobs: Vec::new(), setup: run.setup.clone(), ..*run });
+        }
+    });
+    first.map(|r| (r.seed - from + 1, r))
+}
+
+/// A controller slot: its process (when running), its faults, its clock's skew, its name.
+struct Slot {
+    ctl: Option<Ctl>,
+    faults: Arc<Mutex<Faults>>,
+    skew_ms: i64,
+    owner: String,
+    generation: u32,
+    /// Started again at this time (after a crash, a stop or an exit).
+    restart_at: Option<Instant>,
+}
+
+async fn simulate(seed: u64, opts: Options, heard: observe::Heard) -> Run {
+    let setup = Setup::draw(seed);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let world = Arc::new(World {
         start: Instant::now(),
@@ -308,32 +460,33 @@ async fn simulate(seed: u64, opts: Options) -> Run {
         outage: Mutex::default(),
         reports: Mutex::default(),
         handled: Mutex::default(),
+        dead_letters: Mutex::default(),
+        last_sent: Mutex::default(),
+        faults_end: Mutex::default(),
         echo: opts.echo,
     });
     let store = MemoryStore::new();
-    // A third of the runs point the whole fleet at a FIFO work queue (drawn apart, so that the other
-    // runs are what they were before FIFO runs existed).
-    let fifo = ChaCha8Rng::seed_from_u64(seed ^ 0xf1f0_f1f0).random_bool(1.0 / 3.0);
-    let (work, work_dlq) = if fifo { ("billing-work.fifo", "billing-work-dlq.fifo") } else { ("billing-work", "billing-work-dlq") };
-    let work_dlq = MemoryQueue::new(work_dlq, VISIBILITY);
-    let results_dlq = MemoryQueue::new("billing-results-dlq", VISIBILITY);
-    let queues = Queues {
-        work: MemoryQueue::with_dlq(work, VISIBILITY, MAX_RECEIVES, work_dlq.clone()),
-        results: MemoryQueue::with_dlq("billing-results", VISIBILITY, MAX_RECEIVES, results_dlq.clone()),
-        work_dlq,
-        results_dlq,
-    };
-    let n_ctl = rng.random_range(1..=3usize);
-    let lease = Duration::from_millis(rng.random_range(3_000..=10_000));
-    let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, !opts.no_hostile, fifo).into_iter().map(Arc::new).collect();
+    let queues = Arc::new(Queues::new(setup.fifo, setup.partitions));
+    let lease = setup.lease();
+    let hostile = !opts.no_hostile && !setup.calm;
+    let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, hostile, true, setup.fifo, setup.partitions).into_iter().map(Arc::new).collect();
     world.trace(format!(
-        "CHAOS setup: {n_ctl} controllers, lease {:.1} s, work queue {work}, jobs: {}",
-        lease.as_secs_f64(),
+        "CHAOS setup: {} controllers, {} partitions, {}, lease {} s, settle {} s, abandon {} s, stall {} s, retention {} s{}, work queue {}, jobs: {}",
+        setup.controllers,
+        setup.partitions,
+        if setup.defaults { "shipped defaults" } else { "drawn settings" },
+        setup.settings.lease_secs,
+        setup.settings.settle_secs,
+        setup.settings.abandon_after,
+        setup.settings.stall_after,
+        setup.settings.blob_retention_secs,
+        if setup.calm { ", calm" } else { "" },
+        queues.work.name(),
         jobs.iter()
             .map(|j| {
                 let groups = j.groups.map(|g| format!(" {g:?}")).unwrap_or_default();
                 let chunks = j.chunks.iter().map(|c| format!("{:?}", c.fate)).collect::<Vec<_>>().join(" ");
-                format!("{} {}{groups} {:?} [{chunks}]", j.id, j.shape, j.ending)
+                format!("{} p{} {}{groups} {:?} [{chunks}]", j.id, j.partition, j.shape, j.ending)
             })
             .collect::<Vec<_>>()
             .join("; ")
@@ -343,7 +496,7 @@ async fn simulate(seed: u64, opts: Options) -> Run {
     let by_id: Arc<BTreeMap<String, Arc<JobPlan>>> = Arc::new(jobs.iter().map(|j| (j.id.clone(), j.clone())).collect());
     let mut fleet_tasks = Vec::new();
     for j in &jobs {
-        fleet_tasks.push(tokio::spawn(fleet::initiate(j.clone(), world.clone(), queues.work.clone(), queues.results.clone(), plain.clone())));
+        fleet_tasks.push(tokio::spawn(fleet::initiate(j.clone(), world.clone(), queues.work.clone(), queues.partitions(), plain.clone())));
     }
     for p in 0..2u64 {
         let rng = ChaCha8Rng::seed_from_u64(seed ^ (0xfeed_0000 + p));
@@ -353,112 +506,173 @@ async fn simulate(seed: u64, opts: Options) -> Run {
             rng,
             queues.work.clone(),
             queues.work_dlq.clone(),
-            queues.results.clone(),
+            queues.partitions(),
             plain.clone(),
         )));
     }
-    // The controllers, each with its own faults.
-    let mut faults = Vec::new();
-    let mut owners = Vec::new();
-    let mut ctls: Vec<Option<Ctl>> = Vec::new();
-    for i in 0..n_ctl {
-        let rates = Rates {
-            fail: [0.0, 0.01, 0.05][rng.random_range(0..3)],
-            hang: [0.0, 0.005, 0.02][rng.random_range(0..3)],
-            lost: [0.0, 0.01, 0.03][rng.random_range(0..3)],
+    // The controllers, each with its own faults and clock.
+    let max_skew = (lease.as_millis() / 10) as i64;
+    let mut slots: Vec<Slot> = Vec::new();
+    let new_slot = |rng: &mut ChaCha8Rng, i: usize, world: &World| {
+        let rates = if setup.calm {
+            Rates { sqs_latency_ms: 150, ..Rates::default() }
+        } else {
+            Rates {
+                fail: [0.0, 0.01, 0.05][rng.random_range(0..3)],
+                hang: [0.0, 0.005, 0.02][rng.random_range(0..3)],
+                lost: [0.0, 0.01, 0.03][rng.random_range(0..3)],
+                sqs_fail: [0.0, 0.01, 0.05][rng.random_range(0..3)],
+                sqs_latency_ms: [20, 150, 1_000][rng.random_range(0..3)],
+            }
         };
-        world.trace(format!("CHAOS ctl{i} store faults {rates:?}"));
-        let f = Arc::new(Mutex::new(Faults::new(seed.wrapping_mul(31).wrapping_add(i as u64), rates)));
-        let owner = format!("ctl{i}");
-        let s = FaultyStore::new(store.clone(), i, f.clone(), world.clone());
-        ctls.push(Some(start_controller(seed ^ 0x5eed, i, &owner, lease, s, &queues, f.clone())));
-        faults.push(f);
-        owners.push(owner);
+        let skew_ms = rng.random_range(-max_skew..=max_skew);
+        world.trace(format!("CHAOS ctl{i} faults {rates:?}, clock skew {skew_ms} ms"));
+        Slot {
+            ctl: None,
+            faults: Arc::new(Mutex::new(Faults::new(seed.wrapping_mul(31).wrapping_add(i as u64), rates))),
+            skew_ms,
+            owner: format!("ctl{i}"),
+            generation: 0,
+            restart_at: Some(Instant::now()),
+        }
+    };
+    for i in 0..setup.controllers {
+        slots.push(new_slot(&mut rng, i, &world));
     }
     // The chaos schedule, then calm until every job has ended.
     let mut next = Duration::from_millis(rng.random_range(1_000..20_000));
-    let mut restart_at: Vec<Option<Instant>> = vec![None; n_ctl];
-    let mut generation = vec![0u32; n_ctl];
-    let mut calm = false;
+    let mut calm = setup.calm;
+    let horizon = setup.horizon();
     loop {
         let now = Instant::now();
         let elapsed = now - world.start;
-        for i in 0..n_ctl {
-            if restart_at[i].is_some_and(|t| t <= now) {
-                restart_at[i] = None;
-                if rng.random_bool(0.5) {
-                    generation[i] += 1;
-                    owners[i] = format!("ctl{i}-{}", generation[i]);
+        for (i, slot) in slots.iter_mut().enumerate() {
+            // A process that exited by itself (an error at start) is started again, as its supervisor does.
+            if slot.ctl.as_ref().is_some_and(|c| c.task.is_finished()) {
+                let c = slot.ctl.take().expect("checked");
+                let why = match c.task.await {
+                    Ok(Ok(())) => "stopped".to_string(),
+                    Ok(Err(e)) => format!("failed: {e}"),
+                    Err(e) => format!("panicked: {e}"),
+                };
+                c.life.end();
+                c.probe.abort();
+                world.trace(format!("CHAOS ctl{i} exited ({why}); restarted in 5 s"));
+                if why.starts_with("panicked") {
+                    world.trace(format!("PANIC ctl{i}: {why}"));
                 }
-                world.trace(format!("CHAOS ctl{i} restarts as {}", owners[i]));
-                let s = FaultyStore::new(store.clone(), i, faults[i].clone(), world.clone());
-                ctls[i] = Some(start_controller(seed ^ ((elapsed.as_millis() as u64) << 20), i, &owners[i], lease, s, &queues, faults[i].clone()));
+                slot.restart_at = Some(now + Duration::from_secs(5));
+                world.fault_until(elapsed + Duration::from_secs(5) + lease);
+            }
+            if slot.restart_at.is_some_and(|t| t <= now) {
+                slot.restart_at = None;
+                world.trace(format!("CHAOS ctl{i} starts as {}", slot.owner));
+                let s = seed ^ ((elapsed.as_millis() as u64) << 20) ^ i as u64;
+                slot.ctl = Some(start_controller(s, i, &slot.owner, &setup, slot.skew_ms, &world, &store, &queues, &slot.faults));
             }
         }
         if !calm && elapsed >= CHAOS {
             calm = true;
             world.trace("CHAOS ends: no more faults".into());
-            for f in &faults {
-                let mut f = fleet_io::lock(f);
-                f.rates = Rates::default();
+            for s in &slots {
+                let mut f = fleet_io::lock(&s.faults);
+                f.rates = Rates { sqs_latency_ms: 150, ..Rates::default() };
                 f.paused_until = None;
             }
         }
         if !calm && elapsed >= next {
             next = elapsed + Duration::from_millis(rng.random_range(2_000..60_000));
-            let i = rng.random_range(0..n_ctl);
-            match rng.random_range(0..10) {
-                0..3 if ctls[i].is_some() => {
+            let i = rng.random_range(0..slots.len());
+            match rng.random_range(0..13) {
+                0..3 if slots[i].ctl.is_some() => {
                     let down = Duration::from_millis(rng.random_range(100..60_000));
-                    world.trace(format!("CHAOS ctl{i} crashes; back in {:.1} s", down.as_secs_f64()));
-                    if let Some(c) = ctls[i].take() {
-                        for t in &c.tasks {
-                            t.abort();
-                        }
-                        for t in c.tasks {
-                            let _ = t.await;
-                        }
-                        for done in &c.completions {
-                            done.finish(false).await;
-                        }
+                    let slot = &mut slots[i];
+                    if rng.random_bool(0.5) {
+                        slot.generation += 1;
+                        slot.owner = format!("ctl{i}-{}", slot.generation);
                     }
-                    restart_at[i] = Some(Instant::now() + down);
+                    world.trace(format!("CHAOS ctl{i} crashes; back in {:.1} s as {}", down.as_secs_f64(), slot.owner));
+                    if let Some(c) = slot.ctl.take() {
+                        c.crash();
+                    }
+                    slot.restart_at = Some(Instant::now() + down);
+                    world.fault_until(elapsed + down + lease * 2);
                 }
-                3..6 => {
+                3..5 => {
                     let d = Duration::from_millis(rng.random_range(500..(lease.as_millis() as u64 * 3)));
                     world.trace(format!("CHAOS ctl{i} paused for {:.1} s (lease {:.1} s)", d.as_secs_f64(), lease.as_secs_f64()));
-                    fleet_io::lock(&faults[i]).paused_until = Some(Instant::now() + d);
+                    fleet_io::lock(&slots[i].faults).paused_until = Some(Instant::now() + d);
+                    world.fault_until(elapsed + d + lease * 2);
                 }
-                6 => {
+                5 => {
                     let d = Duration::from_millis(rng.random_range(1_000..120_000));
                     world.trace(format!("CHAOS S3 out for {:.1} s", d.as_secs_f64()));
                     *fleet_io::lock(&world.outage) = Some(Instant::now() + d);
+                    world.fault_until(elapsed + d + lease * 2);
                 }
-                7 => {
-                    // Longer than the abandon time at most: the others must not abandon a job whose
-                    // seal or results wait with the one cut off.
-                    let d = Duration::from_millis(rng.random_range(1_000..(ABANDON_AFTER.as_millis() as u64 * 3 / 2)));
+                6 => {
+                    let d = Duration::from_millis(rng.random_range(1_000..900_000));
                     world.trace(format!("CHAOS ctl{i} cut off from S3 for {:.1} s", d.as_secs_f64()));
-                    fleet_io::lock(&faults[i]).cut_off_until = Some(Instant::now() + d);
+                    fleet_io::lock(&slots[i].faults).cut_off_until = Some(Instant::now() + d);
+                    world.fault_until(elapsed + d + lease * 2);
+                }
+                7..9 if slots[i].ctl.is_some() => {
+                    // A graceful stop (SIGTERM: a rolling update, a scale-in): it hands its partitions
+                    // and leases back, then the slot is empty for a while (the others rebalance).
+                    let down = Duration::from_millis(rng.random_range(1_000..180_000));
+                    world.trace(format!("CHAOS ctl{i} stops gracefully; back in {:.1} s", down.as_secs_f64()));
+                    let c = slots[i].ctl.take().expect("checked");
+                    c.stop.cancel();
+                    let drain = Duration::from_secs(setup.settings.drain_secs) + Duration::from_secs(5);
+                    let stopped = tokio::time::timeout(drain, c.task).await;
+                    c.life.end();
+                    c.probe.abort();
+                    match stopped {
+                        Ok(Ok(Ok(()))) => world.trace(format!("CHAOS ctl{i} ({}) stopped", c.owner)),
+                        Ok(Ok(Err(e))) => world.trace(format!("CHAOS ctl{i} ({}) stopped with an error: {e}", c.owner)),
+                        Ok(Err(e)) => world.trace(format!("PANIC ctl{i} ({}) in its stop: {e}", c.owner)),
+                        Err(_) => world.trace(format!("CHAOS ctl{i} ({}) did not stop within its drain time", c.owner)),
+                    }
+                    slots[i].restart_at = Some(Instant::now() + down);
+                    world.fault_until(elapsed + down + lease * 2);
+                }
+                9 if slots.len() < MAX_CONTROLLERS => {
+                    let n = slots.len();
+                    world.trace(format!("CHAOS ctl{n} joins"));
+                    let slot = new_slot(&mut rng, n, &world);
+                    slots.push(slot);
+                    world.fault_until(elapsed + lease * 2);
                 }
                 _ => {}
             }
         }
-        if calm && restart_at.iter().all(Option::is_none) && check::settled(&jobs, &store, &queues.all()).await {
+        let restarting = slots.iter().any(|s| s.restart_at.is_some());
+        if calm && !restarting && elapsed >= CHAOS.min(Duration::from_secs(120)) && check::settled(&jobs, &store, &queues.all(), &setup).await {
             break;
         }
-        if elapsed >= HORIZON {
+        if elapsed >= horizon {
             world.trace("the fleet did not settle before the horizon".into());
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let simulated_secs = world.start.elapsed().as_secs_f64();
-    let mut violations = check::invariants(&jobs, &store, &queues.all(), &world).await;
+    let mut violations = check::invariants(&jobs, &store, &queues.all(), &world, &setup).await;
     violations.extend(check::group_order(&jobs, &world));
-    for c in ctls.into_iter().flatten() {
-        for t in c.tasks {
-            t.abort();
+    let lateness = check::lateness(&jobs, &world, &setup);
+    violations.extend(lateness.1);
+    if setup.calm {
+        violations.extend(check::calm(&world));
+    }
+    violations.extend(fleet_io::lock(&world.trace).iter().filter(|l| l.contains("PANIC") || l.contains("WRONG QUEUE")).take(3).cloned());
+    // One controller under one name: nobody else wrote a lease or checkpoint, so a controller that
+    // concludes it was fenced is wrong.
+    if slots.len() == 1 && slots[0].generation == 0 {
+        violations.extend(fleet_io::lock(&heard.0).iter().take(3).map(|h| format!("the only controller concluded another owns a job: {h}")));
+    }
+    for s in slots {
+        if let Some(c) = s.ctl {
+            c.crash();
         }
     }
     for t in fleet_tasks {
@@ -472,12 +686,13 @@ async fn simulate(seed: u64, opts: Options) -> Run {
     }
     Run {
         seed,
-        controllers: n_ctl,
+        setup,
         jobs: jobs.iter().map(|j| j.id.clone()).collect(),
         violations,
         schedule: world.schedule(),
         trace_hash: hasher.digest(),
         trace_len: trace.len(),
         simulated_secs,
+        lateness_secs: lateness.0,
     }
 }

@@ -137,12 +137,19 @@ pub(super) async fn finalize(
         tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
             "accepted != processed + failed: the results disagree with the manifest");
     }
-    if r.accounts.len() <= IN_MEMORY_ACCOUNTS {
-        store.put(&report_key(&job_id), Bytes::from(report::to_json(&r)?), "application/json").await?;
-        store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
-    } else {
-        put_through_file(store, &report_key(&job_id), "application/json", |w| report::write_json(&r, w).map_err(std::io::Error::from)).await?;
-        put_through_file(store, &accounts_key(&job_id), "text/csv", |w| report::write_accounts_csv(&r, w)).await?;
+    // Written once: `accounts.csv` first, then `report.json`, which says the pair is whole. A finish
+    // tried again (a write failed, the owner changed) finds the report there and writes neither
+    // again: its first `finished_at` stands.
+    if crate::undo::is(crate::undo::Fix::ReportOnce) || store.head(&report_key(&job_id)).await?.is_none() {
+        if r.accounts.len() <= IN_MEMORY_ACCOUNTS {
+            store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
+            let json = Bytes::from(report::to_json(&r)?);
+            let cond = if crate::undo::is(crate::undo::Fix::ReportOnce) { fleet_io::blob::Cond::Any } else { fleet_io::blob::Cond::Absent };
+            store.put_if(&report_key(&job_id), json, "application/json", &Default::default(), &cond).await?;
+        } else {
+            put_through_file(store, &accounts_key(&job_id), "text/csv", |w| report::write_accounts_csv(&r, w)).await?;
+            put_through_file(store, &report_key(&job_id), "application/json", |w| report::write_json(&r, w).map_err(std::io::Error::from)).await?;
+        }
     }
     // Written: the rows borrowed from the job's totals are let go before the job is changed.
     let r = r.map_accounts(|_| ());

@@ -98,6 +98,9 @@ impl Aggregator {
     /// partition given up: the messages of that partition's queues only), so that whoever reads
     /// their queue next applies them instead of waiting out their extended visibility.
     pub fn hand_back_held(&self, partition: Option<u16>) -> Vec<Kept> {
+        if crate::undo::is(crate::undo::Fix::HandBackHeld) {
+            return Vec::new();
+        }
         let mut h = lock(&self.hold);
         let ours = |w: &Waiting| partition.is_none_or(|p| self.partition_queues.get(w.kept.queue()) == Some(&p));
         let (back, keep): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut h.waiting).into_iter().partition(|w| ours(w));
@@ -184,6 +187,9 @@ impl Aggregator {
     /// Takes out of the hold the messages held for a lease time (their jobs' leases have lapsed, as
     /// this controller could not renew them): they go back to their queue, visible at once.
     fn hand_over_held(&self, h: &mut Hold) -> Vec<(Kept, Duration)> {
+        if crate::undo::is(crate::undo::Fix::HoldHandOver) {
+            return Vec::new();
+        }
         let lease = self.leases.ttl();
         let now = Instant::now();
         let (gone, stay): (Vec<Waiting>, Vec<Waiting>) =

@@ -356,7 +356,8 @@ pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -
 /// [`DECODES`] at once: a batch of large results neither stalls the async workers nor holds more
 /// than that many inflated payloads.
 pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, figures: Figures, offload: bool) -> Result<RowBatch> {
-    let (cap, rows) = (figures.max_bytes(), figures.max_rows());
+    let (cap, rows) =
+        if crate::undo::is(crate::undo::Fix::DecodeCapFromRecord) { (super::MAX_RESULT_BYTES, u64::MAX) } else { (figures.max_bytes(), figures.max_rows()) };
     let (data, cap) = match payload {
         AccountsPayload::Inline { accounts } => return Ok(accounts.iter().map(AccountTotals::borrowed).collect()),
         AccountsPayload::ZstdCsv { data } => (Bytes::from(base64_decode(&data).map_err(Error::corrupt)?), cap),

@@ -353,6 +353,9 @@ impl Aggregator {
     /// partition's new owner takes them at once.
     pub async fn let_go(&self, p: u16) -> Vec<Kept> {
         let done = self.flush().await;
+        if crate::undo::is(crate::undo::Fix::LetGoOfPartitionJobs) {
+            return done;
+        }
         let jobs: BTreeSet<String> = lock(&self.memory).partition.iter().filter(|(_, q)| **q == p).map(|(j, _)| j.clone()).collect();
         self.release_leases_where(|job| jobs.contains(job)).await;
         lock(&self.memory).partition.retain(|j, _| !jobs.contains(j));
@@ -487,6 +490,8 @@ impl Aggregator {
                 // It may yet come on record (never in practice: the initiator writes its records
                 // before it sends what names them), so it waits a few receives, never into the
                 // dead-letter queue; one that reached a dead-letter queue waited already.
+                // Undone: taken as agreeing, its cap from what it declares (as before the records).
+                Verdict::Unrecorded(_) if crate::undo::is(crate::undo::Fix::UnrecordedQuarantined) => agreeing.push(((k, item, None), 0)),
                 Verdict::Unrecorded(why) if source == Source::Results && k.receive_count < UNRECORDED_RECEIVES => {
                     tracing::debug!(job = %job_id, message_id = %k.id, receives = k.receive_count, %why, "no record yet: back to the queue");
                     out.release.push((k, UNRECORDED_WAITS));

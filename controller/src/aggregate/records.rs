@@ -158,7 +158,7 @@ impl JobRecords {
         let (chunk, declared, what) = match item {
             Item::Result(ResultMessage::Sealed { total_chunks, .. }) => {
                 return match &self.manifest {
-                    Some(m) if m.total_chunks == *total_chunks => Some(Verdict::Agrees(None)),
+                    Some(m) if m.total_chunks == *total_chunks || crate::undo::is(crate::undo::Fix::SealAgainstManifest) => Some(Verdict::Agrees(None)),
                     Some(m) => Some(Verdict::Refused(format!(
                         "the seal of job {job} says {total_chunks} chunks, its manifest {}: a seal that disagrees with the manifest is never applied",
                         m.total_chunks
@@ -182,7 +182,7 @@ impl JobRecords {
         };
         match self.chunk(chunk, declared) {
             Err(why) => Some(Verdict::Refused(format!("{what} for job {job}: {why}"))),
-            Ok(Some(f)) if f.transactions != declared => Some(Verdict::Refused(format!(
+            Ok(Some(f)) if f.transactions != declared && !crate::undo::is(crate::undo::Fix::CountAgainstRecord) => Some(Verdict::Refused(format!(
                 "{what} for job {job} chunk {chunk} declares {declared} transactions; the chunk has {} as recorded",
                 f.transactions
             ))),

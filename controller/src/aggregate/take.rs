@@ -146,7 +146,7 @@ impl Aggregator {
             match self.load(job_id, lease.clone(), ctl).await {
                 Ok(job) => return Ok(job),
                 Err((e @ Error::Corrupt(_), Some(etag))) => {
-                    if failed_at.as_deref() == Some(etag.as_str()) {
+                    if failed_at.as_deref() == Some(etag.as_str()) || crate::undo::is(crate::undo::Fix::QuarantineSecondRead) {
                         return Err((e, Some(etag)));
                     }
                     tracing::warn!(job = %job_id, error = %e, "the job's checkpoint could not be read; reading it again");

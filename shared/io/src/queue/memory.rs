@@ -164,7 +164,8 @@ impl MemoryQueue {
                 }
             }
             s.next_id += 1;
-            let receipt = format!("{}#{}", s.messages[i].id, s.next_id);
+            // Named by queue too: as SQS's, a receipt is good on the queue it came from only.
+            let receipt = format!("{}:{}#{}", self.name, s.messages[i].id, s.next_id);
             let m = &mut s.messages[i];
             m.receive_count += 1;
             m.visible_at = now + self.visibility;

@@ -1,0 +1,153 @@
+//! Switches that undo the controller's fixes one at a time, for the simulation's mutation harness
+//! (`fleet-sim --mutations`): a check counts only if undoing the fix it guards makes it fail. Each
+//! [`Fix`] names one fix of an exactness, liveness or ownership bug, and the code it guards asks
+//! [`is`] before doing the fixed thing. Without the `undo` feature `is` is `false` at compile time
+//! and nothing can turn a switch on; with it (the simulation's build) a switch is set per thread,
+//! for the seed run on that thread (each seed runs on one thread, under a current-thread runtime).
+
+/// A fix that the harness can undo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fix {
+    /// A checkpoint that fails to read is read again before the job is quarantined (issue 42).
+    QuarantineSecondRead,
+    /// A dormant job's idle time is read from the checkpoint it is loaded with, not the scan's (issue 42).
+    NewsFromCheckpoint,
+    /// Results held through an outage are handed over when the job's lease is lost (issue 42).
+    HoldHandOver,
+    /// A conditional write whose answer was lost is read back to see it was ours (issue 42).
+    LostAnswerReadBack,
+    /// A seal is checked against the manifest (issue 43).
+    SealAgainstManifest,
+    /// A result's row count is checked against its chunk's record (issue 43).
+    CountAgainstRecord,
+    /// A message for a job without records waits a bounded number of receives, then is quarantined (issue 43).
+    UnrecordedQuarantined,
+    /// A payload's decoding is capped by its chunk's recorded figures, not the global cap (issue 43).
+    DecodeCapFromRecord,
+    /// Held messages go back to their queue at once on a stop or when a partition is given up (issue 43).
+    HandBackHeld,
+    /// A dead-lettered work item is forwarded to its job's partition (issue 43).
+    ForwardDeadLetters,
+    /// A partition given up checkpoints its jobs and gives their leases back (issue 43).
+    LetGoOfPartitionJobs,
+    /// A partition asked for is handed over only once its owner has stopped reading it (issue 43).
+    HandOverWhenStopped,
+    /// A live owner's partition is never taken as free (issue 43).
+    LiveOwnerNotFree,
+    /// Expired members leave the ownership table (their partitions are freed) (issue 43).
+    DropExpiredMembers,
+    /// A controller that could not renew its membership in time stops reading (issue 43).
+    StaleStopsReading,
+    /// A gained partition's listeners look again after a visibility timeout and a hold (issue 43).
+    HeirWakes,
+    /// A failed scan of the open jobs is tried again at the next tick, not an abandon time later (issue 43, found by the simulation).
+    ScanRetried,
+    /// A gained partition's quiet jobs are found at the next expiry tick (issue 43, found by the simulation).
+    RescanOnGain,
+    /// A finish tried again does not write the report a second time (issue 43, found by the simulation).
+    ReportOnce,
+    /// Messages of another queue that a batch completes are completed on their own queue (issue 43, found by the simulation).
+    OwnQueueCompletes,
+}
+
+impl Fix {
+    pub const ALL: [Fix; 20] = [
+        Fix::QuarantineSecondRead,
+        Fix::NewsFromCheckpoint,
+        Fix::HoldHandOver,
+        Fix::LostAnswerReadBack,
+        Fix::SealAgainstManifest,
+        Fix::CountAgainstRecord,
+        Fix::UnrecordedQuarantined,
+        Fix::DecodeCapFromRecord,
+        Fix::HandBackHeld,
+        Fix::ForwardDeadLetters,
+        Fix::LetGoOfPartitionJobs,
+        Fix::HandOverWhenStopped,
+        Fix::LiveOwnerNotFree,
+        Fix::DropExpiredMembers,
+        Fix::StaleStopsReading,
+        Fix::HeirWakes,
+        Fix::ScanRetried,
+        Fix::RescanOnGain,
+        Fix::ReportOnce,
+        Fix::OwnQueueCompletes,
+    ];
+
+    /// Its name on the command line (`fleet-sim --undo NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Fix::QuarantineSecondRead => "quarantine-second-read",
+            Fix::NewsFromCheckpoint => "news-from-checkpoint",
+            Fix::HoldHandOver => "hold-hand-over",
+            Fix::LostAnswerReadBack => "lost-answer-read-back",
+            Fix::SealAgainstManifest => "seal-against-manifest",
+            Fix::CountAgainstRecord => "count-against-record",
+            Fix::UnrecordedQuarantined => "unrecorded-quarantined",
+            Fix::DecodeCapFromRecord => "decode-cap-from-record",
+            Fix::HandBackHeld => "hand-back-held",
+            Fix::ForwardDeadLetters => "forward-dead-letters",
+            Fix::LetGoOfPartitionJobs => "let-go-of-partition-jobs",
+            Fix::HandOverWhenStopped => "hand-over-when-stopped",
+            Fix::LiveOwnerNotFree => "live-owner-not-free",
+            Fix::DropExpiredMembers => "drop-expired-members",
+            Fix::StaleStopsReading => "stale-stops-reading",
+            Fix::HeirWakes => "heir-wakes",
+            Fix::ScanRetried => "scan-retried",
+            Fix::RescanOnGain => "rescan-on-gain",
+            Fix::ReportOnce => "report-once",
+            Fix::OwnQueueCompletes => "own-queue-completes",
+        }
+    }
+
+    /// What the fix does, in a phrase.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Fix::QuarantineSecondRead => "an unreadable checkpoint read again before quarantine",
+            Fix::NewsFromCheckpoint => "a loaded job's news taken from its checkpoint",
+            Fix::HoldHandOver => "held results handed over when the lease is lost",
+            Fix::LostAnswerReadBack => "a lost answer of a conditional write read back",
+            Fix::SealAgainstManifest => "a seal checked against the manifest",
+            Fix::CountAgainstRecord => "a result's count checked against its chunk's record",
+            Fix::UnrecordedQuarantined => "a message without records quarantined after a bounded wait",
+            Fix::DecodeCapFromRecord => "decoding capped by the chunk's record",
+            Fix::HandBackHeld => "held messages handed back at once on a stop or a partition given up",
+            Fix::ForwardDeadLetters => "dead-lettered work items forwarded to their partition",
+            Fix::LetGoOfPartitionJobs => "a partition given up lets go of its jobs (checkpoint, leases back)",
+            Fix::HandOverWhenStopped => "a partition handed over only once no longer read",
+            Fix::LiveOwnerNotFree => "a live owner's partition never taken as free",
+            Fix::DropExpiredMembers => "expired members dropped (their partitions freed)",
+            Fix::StaleStopsReading => "a controller whose membership went stale stops reading",
+            Fix::HeirWakes => "an heir's listeners look again after a visibility timeout",
+            Fix::ScanRetried => "a failed open-jobs scan tried again at the next tick",
+            Fix::RescanOnGain => "a gained partition's quiet jobs found at the next tick",
+            Fix::ReportOnce => "a finish tried again leaves the report written once",
+            Fix::OwnQueueCompletes => "messages of another queue completed on their own queue",
+        }
+    }
+}
+
+#[cfg(feature = "undo")]
+thread_local! {
+    static UNDONE: std::cell::Cell<Option<Fix>> = const { std::cell::Cell::new(None) };
+}
+
+/// Whether `fix` is undone (on this thread).
+#[inline]
+pub fn is(fix: Fix) -> bool {
+    #[cfg(feature = "undo")]
+    {
+        UNDONE.with(|u| u.get() == Some(fix))
+    }
+    #[cfg(not(feature = "undo"))]
+    {
+        let _ = fix;
+        false
+    }
+}
+
+/// Undoes `fix` (or none) on this thread.
+#[cfg(feature = "undo")]
+pub fn set(fix: Option<Fix>) {
+    UNDONE.with(|u| u.set(fix));
+}
