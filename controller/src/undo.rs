@@ -3,7 +3,8 @@
 //! [`Fix`] names one fix of an exactness, liveness or ownership bug, and the code it guards asks
 //! [`is`] before doing the fixed thing. Without the `undo` feature `is` is `false` at compile time
 //! and nothing can turn a switch on; with it (the simulation's build) a switch is set per thread,
-//! for the seed run on that thread (each seed runs on one thread, under a current-thread runtime).
+//! for the seed run on that thread (each seed runs on one thread, under a current-thread runtime),
+//! or for the whole process by `CONTROLLER_UNDO=<name>` (the unit tests' run, `deploy/mutations.sh`).
 
 /// A fix that the harness can undo.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,12 +133,19 @@ thread_local! {
     static UNDONE: std::cell::Cell<Option<Fix>> = const { std::cell::Cell::new(None) };
 }
 
-/// Whether `fix` is undone (on this thread).
+/// The fix `CONTROLLER_UNDO` names (by [`Fix::name`]), for the unit tests' run of the harness.
+#[cfg(feature = "undo")]
+fn from_env() -> Option<Fix> {
+    static ENV: std::sync::OnceLock<Option<Fix>> = std::sync::OnceLock::new();
+    *ENV.get_or_init(|| std::env::var("CONTROLLER_UNDO").ok().and_then(|n| Fix::ALL.into_iter().find(|f| f.name() == n)))
+}
+
+/// Whether `fix` is undone (on this thread, or in the whole process by `CONTROLLER_UNDO`).
 #[inline]
 pub fn is(fix: Fix) -> bool {
     #[cfg(feature = "undo")]
     {
-        UNDONE.with(|u| u.get() == Some(fix))
+        UNDONE.with(|u| u.get()).or_else(from_env) == Some(fix)
     }
     #[cfg(not(feature = "undo"))]
     {

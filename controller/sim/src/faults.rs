@@ -97,7 +97,7 @@ pub struct FaultyQueue {
 }
 
 impl FaultyQueue {
-    pub fn new(inner: Arc<dyn Queue>, ctl: usize, faults: Arc<Mutex<Faults>>, life: Life, world: Arc<World>) -> Arc<dyn Queue> {
+    pub fn wrap(inner: Arc<dyn Queue>, ctl: usize, faults: Arc<Mutex<Faults>>, life: Life, world: Arc<World>) -> Arc<dyn Queue> {
         Arc::new(FaultyQueue { inner, ctl, faults, life, world })
     }
 
@@ -154,7 +154,7 @@ impl Queue for FaultyQueue {
         // The answer of a process that crashed meanwhile never reaches it.
         self.life.check().await;
         if !got.is_empty() && self.inner.name().contains("-dlq") {
-            self.world.dead_letters_received(self.inner.name(), got.len());
+            self.world.dead_letters_received(self.inner.name(), got.iter().map(|d| d.id.as_str()));
         }
         self.said(|| {
             let each: Vec<String> = got.iter().map(|d| format!("{}(#{}) {}", d.id, d.receive_count, d.body.chars().take(70).collect::<String>())).collect();

@@ -123,8 +123,9 @@ pub struct World {
     reports: Mutex<Vec<(usize, String, Bytes, Duration)>>,
     /// (job, chunk) in the order the processors first handled each work item.
     handled: Mutex<Vec<(String, u32)>>,
-    /// Messages received from each dead-letter queue by the controllers.
+    /// Messages received from each dead-letter queue by the controllers, and which (by id).
     dead_letters: Mutex<BTreeMap<String, usize>>,
+    dead_letter_ids: Mutex<std::collections::BTreeSet<(String, String)>>,
     /// When the fleet last sent a message of each job (a result, a failure report, a seal, an abandon).
     last_sent: Mutex<BTreeMap<String, Duration>>,
     /// When the last fault's effects end (a pause, an outage, a cut-off, a controller's absence).
@@ -167,7 +168,14 @@ impl World {
         fleet_io::lock(&self.reports).push((ctl, key.to_string(), body, self.now()));
     }
 
-    pub fn dead_letters_received(&self, queue: &str, n: usize) {
+    pub fn dead_letters_received<'a>(&self, queue: &str, ids: impl Iterator<Item = &'a str>) {
+        let mut n = 0;
+        let mut seen = fleet_io::lock(&self.dead_letter_ids);
+        for id in ids {
+            seen.insert((queue.to_string(), id.to_string()));
+            n += 1;
+        }
+        drop(seen);
         self.trace(format!("DEAD LETTERS {n} received from {queue}"));
         *fleet_io::lock(&self.dead_letters).entry(queue.to_string()).or_default() += n;
     }
@@ -303,19 +311,10 @@ impl Ctl {
 
 /// Starts controller `idx` as the service does (`controller::run_with_clock`), through its own faulty
 /// ways to the store and the queues, on its own skewed clock.
-fn start_controller(
-    seed: u64,
-    idx: usize,
-    owner: &str,
-    setup: &Setup,
-    skew_ms: i64,
-    world: &Arc<World>,
-    store: &Arc<MemoryStore>,
-    queues: &Queues,
-    faults: &Arc<Mutex<Faults>>,
-) -> Ctl {
+fn start_controller(seed: u64, idx: usize, slot: &Slot, setup: &Setup, world: &Arc<World>, store: &Arc<MemoryStore>, queues: &Queues) -> Ctl {
+    let (owner, skew_ms, faults) = (slot.owner.as_str(), slot.skew_ms, &slot.faults);
     let life = Life::default();
-    let way = |q: Arc<MemoryQueue>| FaultyQueue::new(q, idx, faults.clone(), life.clone(), world.clone());
+    let way = |q: Arc<MemoryQueue>| FaultyQueue::wrap(q, idx, faults.clone(), life.clone(), world.clone());
     let results = Sharded::of(queues.results.iter().map(|(q, _)| way(q.clone())).collect()).expect("at least one partition");
     let results_dlq = Sharded::of(queues.results.iter().map(|(_, d)| way(d.clone())).collect()).expect("at least one partition");
     let faulty = FaultyStore::new(store.clone(), idx, faults.clone(), life.clone(), world.clone());
@@ -461,6 +460,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard) -> Run {
         reports: Mutex::default(),
         handled: Mutex::default(),
         dead_letters: Mutex::default(),
+        dead_letter_ids: Mutex::default(),
         last_sent: Mutex::default(),
         faults_end: Mutex::default(),
         echo: opts.echo,
@@ -568,7 +568,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard) -> Run {
                 slot.restart_at = None;
                 world.trace(format!("CHAOS ctl{i} starts as {}", slot.owner));
                 let s = seed ^ ((elapsed.as_millis() as u64) << 20) ^ i as u64;
-                slot.ctl = Some(start_controller(s, i, &slot.owner, &setup, slot.skew_ms, &world, &store, &queues, &slot.faults));
+                slot.ctl = Some(start_controller(s, i, slot, &setup, &world, &store, &queues));
             }
         }
         if !calm && elapsed >= CHAOS {

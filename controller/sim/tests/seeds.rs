@@ -57,7 +57,7 @@ fn a_seed_replays_its_faults_and_jobs() {
 /// one undone, some seed fails; this keeps the harness itself honest.
 #[test]
 fn an_undone_fix_fails_a_seed() {
-    for fix in [Fix::SealAgainstManifest, Fix::RescanOnGain] {
+    for fix in [Fix::SealAgainstManifest, Fix::ReportOnce] {
         let found = first_failure(1, 300, threads(), Options::default(), Some(fix));
         assert!(found.is_some(), "{} undone: no seed of 300 failed", fix.name());
     }

@@ -1497,3 +1497,34 @@ async fn a_seal_without_a_manifest_is_quarantined_after_a_bounded_wait() {
     let why = quarantined_of(&store, "nm").await;
     assert!(why.len() == 1 && why[0].contains("has no manifest"), "{why:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_hands_held_messages_back_at_once_for_the_next_reader() {
+    // The store stops answering with a batch in hand: the batch is held (its visibility kept). On a
+    // stop (or its partition given up) it goes back to its queue at once, for whoever reads it next,
+    // instead of waiting out the hold's extended visibility. (Written for the mutation harness: it
+    // found that the hold's extension could be sent after the release, undoing it.)
+    let store = BrokenStore::with_breaker("no-such-job");
+    put_manifest(&store.inner, &manifest("s", &[1, 1])).await;
+    let queue = MemoryQueue::new("billing-results", Duration::from_secs(30));
+    let done = Completions::start(queue.clone(), BatchSettings::default());
+    let mut agg = quick_owned(store.clone(), "c".into(), Duration::from_secs(30));
+    agg.set_partition_queue("billing-results", 0);
+    store.down.store(true, Ordering::Relaxed);
+    queue.send(vec![result("s", 0, vec![acct("a", 1, 100, 1)]).body, sealed("s", 2).body]).await.unwrap();
+    let batch: Vec<_> = queue.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done.keep(d)).collect();
+    assert_eq!(batch.len(), 2);
+    let applied = agg.apply(Source::Results, batch).await;
+    assert!(applied.delete.is_empty() && applied.release.is_empty());
+    assert_eq!(agg.held(None), 2, "held while the store does not answer");
+    assert!(agg.hand_back_held(Some(1)).is_empty(), "another partition's stop leaves them");
+    let back = agg.hand_back_held(Some(0));
+    assert_eq!((back.len(), agg.held(None)), (2, 0), "its own partition's stop hands them back");
+    for k in back {
+        k.release(Duration::ZERO);
+    }
+    // Past the queue's visibility timeout, short of the hold's: the hold's extension, pushed before
+    // the release, was not sent after it (it made the message invisible again for 120 s).
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(queue.depth().await.unwrap().visible, 2, "visible at once, not after the hold's visibility");
+}

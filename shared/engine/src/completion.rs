@@ -262,6 +262,22 @@ pub struct Completions {
     deletes: Arc<Batcher<Receipt>>,
     visibility: Arc<Batcher<(Receipt, Duration)>>,
     extensions: Arc<Batcher<(String, Duration)>>,
+    /// Receipts released or deleted lately: an extension of one still waiting in its batcher is
+    /// dropped, never sent after the release (the two batchers flush in no set order, and an
+    /// extension sent after a release made the message invisible again for the extension's time).
+    done_with: Arc<Mutex<DoneWith>>,
+}
+
+/// How long a released or deleted receipt is remembered (extensions wait in their batcher far less).
+const DONE_WITH_FOR: Duration = Duration::from_secs(60);
+
+/// Receipts extended, and those of them released or deleted lately (only extended messages are
+/// remembered: the rest cost nothing).
+#[derive(Default)]
+struct DoneWith {
+    extended: std::collections::HashSet<String>,
+    done: std::collections::HashSet<String>,
+    order: VecDeque<(Instant, String)>,
 }
 
 impl std::fmt::Debug for Completions {
@@ -292,12 +308,21 @@ impl Completions {
             }),
         );
         let q = queue.clone();
+        let done_with: Arc<Mutex<DoneWith>> = Arc::default();
+        let released = done_with.clone();
         let extensions = Batcher::start(
             1,
             settings,
-            Arc::new(move |_, batch: Vec<(String, Duration)>| {
+            Arc::new(move |_, mut batch: Vec<(String, Duration)>| {
                 let q = q.clone();
+                {
+                    let released = lock(&released);
+                    batch.retain(|(r, _)| !released.done.contains(r));
+                }
                 Box::pin(async move {
+                    if batch.is_empty() {
+                        return Vec::new();
+                    }
                     let refs: Vec<(&str, Duration)> = batch.iter().map(|(r, d)| (r.as_str(), *d)).collect();
                     let r = match q.extend(&refs).await {
                         Ok(failed) => Ok(fleet_io::queue::pick(batch, &failed)),
@@ -307,22 +332,48 @@ impl Completions {
                 })
             }),
         );
-        Completions { queue: queue.name().into(), deletes, visibility, extensions }
+        Completions { queue: queue.name().into(), deletes, visibility, extensions, done_with }
     }
 
     /// Keeps a message in hand invisible for `by` from now (batched; the message stays in hand).
     pub fn extend(&self, receipt: &str, by: Duration) {
+        {
+            let mut d = lock(&self.done_with);
+            if d.done.contains(receipt) {
+                return;
+            }
+            d.extended.insert(receipt.to_string());
+        }
         self.extensions.push(0, (receipt.to_string(), by));
+    }
+
+    /// Remembers that an extended receipt is done with (its pending extensions are dropped).
+    fn done_with(&self, receipt: &Receipt) {
+        let now = Instant::now();
+        let mut d = lock(&self.done_with);
+        while d.order.front().is_some_and(|(at, _)| now.saturating_duration_since(*at) >= DONE_WITH_FOR) {
+            if let Some((_, r)) = d.order.pop_front() {
+                d.done.remove(&r);
+            }
+        }
+        if d.extended.remove(receipt.as_str()) {
+            d.done.insert(receipt.as_str().to_string());
+            d.order.push_back((now, receipt.as_str().to_string()));
+        }
     }
 
     /// Deletes the message (batched).
     pub fn delete(&self, d: Delivery) {
-        self.deletes.push(0, d.into_receipt());
+        let r = d.into_receipt();
+        self.done_with(&r);
+        self.deletes.push(0, r);
     }
 
     /// Returns the message to the queue, visible again after `after` (batched).
     pub fn release(&self, d: Delivery, after: Duration) {
-        self.visibility.push(0, (d.into_receipt(), after));
+        let r = d.into_receipt();
+        self.done_with(&r);
+        self.visibility.push(0, (r, after));
     }
 
     /// Binds a delivery to these completions, for a handler that keeps it past its `handle` call.

@@ -486,7 +486,8 @@ async fn heartbeat_keeps_a_slow_message_invisible_until_done() {
     assert_eq!(e.stats().extended.load(Ordering::Relaxed), 7);
     assert!(q.bodies().is_empty());
     let calls = q.calls().snapshot();
-    assert!(calls.get("sqs.ChangeMessageVisibilityBatch").copied().unwrap_or(0) >= 7);
+    // The last extension, still waiting in its batcher when the message was deleted, is not sent.
+    assert!(calls.get("sqs.ChangeMessageVisibilityBatch").copied().unwrap_or(0) >= 6);
     e.shutdown(Duration::from_secs(5)).await;
 }
 
