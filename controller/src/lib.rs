@@ -1,3 +1,6 @@
+//! Why one file: the process's life (start, the timers, the readers gained and given up, the stop under
+//! one deadline) is one sequence whose order matters; split, the order would have to be read across files.
+//!
 //! The controller service: the wiring of `aggregate` (per-job exactly-once aggregation), `partitions`
 //! (which results partitions this controller reads) and `forward` (dead-lettered work items to their
 //! partition) into listener engines and timers. Read it for the process's life: `run` starts the

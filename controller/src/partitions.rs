@@ -1,3 +1,6 @@
+//! Why one file: the table, the pure `plan` and the conditional writes that apply it are one protocol,
+//! and its seeded simulation (the tests at the end) checks that protocol whole.
+//!
 //! Partitioned results (seed 003's partitioned consumers): the results queue is in `--results-partitions`
 //! partitions, each job's messages travel on one of them (chosen when it is submitted), and each
 //! partition is read by one controller at a time. So a result reaches the controller that owns its job,

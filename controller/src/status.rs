@@ -1,3 +1,6 @@
+//! Why one file: the page, its document and the cached reads behind it change together (a field shown is
+//! a field read); the HTML is a constant at the end.
+//!
 //! The status page, served by the controller on its state endpoint (`--http-addr`): `GET /` is one
 //! HTML page with its script and style inline (no build step, nothing fetched from elsewhere) that
 //! reads `GET /status.json` every two seconds. The document is made on demand and kept for

@@ -1,3 +1,6 @@
+//! Why one file: the batcher and the completions built on it share one ordering promise (what a receipt
+//! may still have sent for it, a release before an extension); apart, that promise would have no home.
+//!
 //! Batched completion (seed 001, MultiProducerConcurrentConsumer). Producers push items into numbered
 //! slots (one per queue, so a receipt handle is completed only on the queue it came from). A slot is
 //! flushed through the pump when `batch_size` items have gathered or `push_interval` has passed since
