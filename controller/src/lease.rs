@@ -32,10 +32,10 @@ struct LeaseDoc {
 /// whether or not the job is busy (a finish longer than the lease keeps its lease), and by the job's
 /// own steps; renewals of one lease never overlap (its lock is held across the conditional write).
 #[derive(Debug, Clone)]
-pub struct Held(Arc<tokio::sync::Mutex<HeldState>>);
+pub struct Lease(Arc<tokio::sync::Mutex<LeaseState>>);
 
 #[derive(Debug)]
-struct HeldState {
+struct LeaseState {
     etag: String,
     epoch: u64,
     /// When it was last written (taken or renewed).
@@ -47,27 +47,27 @@ struct HeldState {
 /// A handle that does not keep a lease alive (the timer's list of leases to renew): a job dropped
 /// from memory takes its lease with it.
 #[derive(Debug, Clone)]
-pub struct WeakHeld(std::sync::Weak<tokio::sync::Mutex<HeldState>>);
+pub struct WeakLease(std::sync::Weak<tokio::sync::Mutex<LeaseState>>);
 
-impl WeakHeld {
-    pub fn upgrade(&self) -> Option<Held> {
-        self.0.upgrade().map(Held)
+impl WeakLease {
+    pub fn upgrade(&self) -> Option<Lease> {
+        self.0.upgrade().map(Lease)
     }
 }
 
-impl Held {
-    fn new(etag: String, epoch: u64, written: Instant) -> Held {
-        Held(Arc::new(tokio::sync::Mutex::new(HeldState { etag, epoch, written, lost: false })))
+impl Lease {
+    fn new(etag: String, epoch: u64, written: Instant) -> Lease {
+        Lease(Arc::new(tokio::sync::Mutex::new(LeaseState { etag, epoch, written, lost: false })))
     }
 
-    /// A lease held of no store (unit tests of a job's transitions).
+    /// A lease of no store (unit tests of a job's transitions).
     #[cfg(test)]
-    pub(crate) fn detached() -> Held {
-        Held::new("\"test\"".into(), 1, Instant::now())
+    pub(crate) fn detached() -> Lease {
+        Lease::new("\"test\"".into(), 1, Instant::now())
     }
 
-    pub fn downgrade(&self) -> WeakHeld {
-        WeakHeld(Arc::downgrade(&self.0))
+    pub fn downgrade(&self) -> WeakLease {
+        WeakLease(Arc::downgrade(&self.0))
     }
 
     /// Its epoch (grows with every change of owner).
@@ -79,7 +79,7 @@ impl Held {
 /// The answer to a request for a job's lease.
 #[derive(Debug)]
 pub enum Acquired {
-    Held(Held),
+    Ours(Lease),
     /// Another controller holds it.
     Busy {
         owner: String,
@@ -138,7 +138,7 @@ impl Leases {
         Ok(match self.write(job, &doc, cond).await? {
             Some(etag) => {
                 tracing::debug!(job, epoch, owner = %self.owner, "lease taken");
-                Acquired::Held(Held::new(etag, epoch, written))
+                Acquired::Ours(Lease::new(etag, epoch, written))
             }
             // Another controller wrote it between our read and write.
             None => Acquired::Busy { owner: "(another controller, just now)".into(), expires_in: self.ttl },
@@ -160,22 +160,22 @@ impl Leases {
         }
     }
 
-    /// Whether a held lease is young enough to act on (a third of its life is kept as margin for
+    /// Whether a lease of ours is young enough to act on (a third of its life is kept as margin for
     /// clock skew and slow calls), and not lost.
-    pub async fn fresh(&self, held: &Held) -> bool {
-        let s = held.0.lock().await;
+    pub async fn fresh(&self, lease: &Lease) -> bool {
+        let s = lease.0.lock().await;
         !s.lost && s.written.elapsed() < self.ttl * 2 / 3
     }
 
     /// Whether it is time to renew (a third of its life has passed).
-    pub async fn due(&self, held: &Held) -> bool {
-        let s = held.0.lock().await;
+    pub async fn due(&self, lease: &Lease) -> bool {
+        let s = lease.0.lock().await;
         !s.lost && s.written.elapsed() >= self.ttl / 3
     }
 
-    /// Extends a held lease; `false` when it was lost (someone else wrote it), now or before.
-    pub async fn renew(&self, job: &str, held: &Held) -> Result<bool> {
-        let mut s = held.0.lock().await;
+    /// Extends a lease of ours; `false` when it was lost (someone else wrote it), now or before.
+    pub async fn renew(&self, job: &str, lease: &Lease) -> Result<bool> {
+        let mut s = lease.0.lock().await;
         if s.lost {
             return Ok(false);
         }
@@ -194,8 +194,8 @@ impl Leases {
     }
 
     /// Gives a lease back (expired at once), so another controller can take the job without waiting.
-    pub async fn release(&self, job: &str, held: &Held) -> Result<()> {
-        let mut s = held.0.lock().await;
+    pub async fn release(&self, job: &str, lease: &Lease) -> Result<()> {
+        let mut s = lease.0.lock().await;
         if s.lost {
             return Ok(());
         }
@@ -230,17 +230,17 @@ mod tests {
         let store = MemoryStore::new();
         let a = Leases::new(store.clone(), "a".into(), Duration::from_millis(200), Clock::System);
         let b = Leases::new(store.clone(), "b".into(), Duration::from_millis(200), Clock::System);
-        let Acquired::Held(ha) = a.acquire("j").await.unwrap() else { panic!("free lease") };
+        let Acquired::Ours(ha) = a.acquire("j").await.unwrap() else { panic!("free lease") };
         assert!(matches!(b.acquire("j").await.unwrap(), Acquired::Busy { owner, .. } if owner == "a"));
         assert!(a.renew("j", &ha).await.unwrap());
-        assert!(matches!(a.acquire("j").await.unwrap(), Acquired::Held(_)), "ours: taken again");
+        assert!(matches!(a.acquire("j").await.unwrap(), Acquired::Ours(_)), "ours: taken again");
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let Acquired::Held(hb) = b.acquire("j").await.unwrap() else { panic!("expired: b takes it") };
+        let Acquired::Ours(hb) = b.acquire("j").await.unwrap() else { panic!("expired: b takes it") };
         assert_eq!(hb.epoch().await, 2);
         assert!(!a.renew("j", &ha).await.unwrap(), "a lost it");
         assert!(!a.fresh(&ha).await, "lost: not to be acted on");
         b.release("j", &hb).await.unwrap();
-        let Acquired::Held(h) = a.acquire("j").await.unwrap() else { panic!("released: free at once") };
+        let Acquired::Ours(h) = a.acquire("j").await.unwrap() else { panic!("released: free at once") };
         assert_eq!(h.epoch().await, 3);
     }
 }

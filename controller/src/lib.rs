@@ -153,7 +153,7 @@ pub struct Deps {
     pub results_dlq: Arc<dyn Queue>,
     pub store: Arc<dyn BlobStore>,
     /// The work queue, read for its depth only: a sealed job is finished as stalled only once it and
-    /// the other queues have drained since the job's last news (none: stalled jobs are never finished).
+    /// the other queues have emptied since the job's last news (none: stalled jobs are never finished).
     pub work: Option<Arc<dyn Queue>>,
     /// Work-detected triggers (RabbitMQ subscription): with them, idle listeners park (no requests)
     /// until processors or initiators announce results or dead letters.
@@ -190,7 +190,7 @@ fn announce<'a>(notifiers: &Notifiers, released: impl IntoIterator<Item = (&'a s
 
 /// Completes what applying held messages again gave back: deletes, and hand-backs (to the job's
 /// owner, or to any controller that reaches the store), announced.
-fn settle(applied: aggregate::Applied, notifiers: &Notifiers) {
+fn complete_applied(applied: aggregate::Applied, notifiers: &Notifiers) {
     complete(applied.delete);
     announce(notifiers, applied.release.iter().map(|(k, after)| (k.queue(), *after)));
     for (k, after) in applied.release {
@@ -444,7 +444,7 @@ async fn stop(
             tracing::warn!("the stop deadline passed with batches in hand; their messages come back after their visibility timeout");
         }
         complete(agg.flush().await);
-        // Held through a store outage: back to their queues now, for whoever reads them next.
+        // Lease through a store outage: back to their queues now, for whoever reads them next.
         for k in agg.hand_back_held(None) {
             k.release(Duration::ZERO);
         }
@@ -627,7 +627,7 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
                     // hand comes back after its extended visibility).
                     _ = tick.tick() => tokio::select! {
                         _ = stop.cancelled() => return,
-                        applied = agg.retry_held() => settle(applied, &notifiers),
+                        applied = agg.retry_held() => complete_applied(applied, &notifiers),
                     },
                 }
             }

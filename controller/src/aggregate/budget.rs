@@ -1,7 +1,7 @@
 //! The memory budget of decoded results: every result payload is decompressed and decoded only with a
 //! share of one byte budget taken for the most it can hold (its chunk's recorded figures, see
 //! `records::Figures::max_memory`), and keeps that share until it is applied to its job. So whatever
-//! number of messages arrive, of whatever declared size, the decoded results held at once across all
+//! number of messages arrive, of whatever declared size, the decoded results in memory at once across all
 //! jobs and batches stay within the budget (`--decode-budget-mib`), by construction. A share is taken
 //! before its job is locked and given back after, so a task holding a job's lock never waits on it.
 
@@ -54,12 +54,12 @@ impl Budget {
         Share { _permit: Some(permit) }
     }
 
-    /// The most bytes held at once so far.
+    /// The most bytes in memory at once so far.
     pub fn high_water(&self) -> u64 {
         self.high_water.load(Ordering::Relaxed) * UNIT
     }
 
-    /// Bytes held now.
+    /// Bytes in memory now.
     pub fn in_use(&self) -> u64 {
         (self.units - self.sem.available_permits() as u64) * UNIT
     }

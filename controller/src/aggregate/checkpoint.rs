@@ -1,8 +1,10 @@
-//! Checkpoints: `flush` (every job with pending messages, or only the idle ones for the timer) writes
-//! each job's checkpoint and returns the messages it covers for deletion. The format: the document (`jobs/{job}/checkpoint.json.zst`, the commit point, written
-//! If-Match its ETag so a stale owner is fenced) with a small job's rows inline, or for a large job a
-//! base part with every row plus change parts with the rows of the accounts changed since, each under
-//! a key of its own; restoring is "later rows replace earlier ones".
+//! Checkpoints: `flush` (every job with unsaved messages, or only the idle ones for the timer) writes
+//! each job's checkpoint and returns the messages it covers for deletion; `commit` is the I/O of a
+//! checkpoint the job planned (`plan`, pure: the format). The format: the document
+//! (`jobs/{job}/checkpoint.json.zst`, the commit point, written If-Match its ETag so a stale owner is
+//! fenced) with a small job's rows inline, or for a large job a base part with every row plus change
+//! parts with the rows of the accounts changed since, each under a key of its own; restoring is
+//! "later rows replace earlier ones".
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -19,13 +21,14 @@ use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 use tokio::time::Instant;
 
-use super::job::Job;
-use super::{delete_calls, Aggregator, CheckpointStats, FAILING_FOR, INLINE_ROWS, MAX_DOC_BYTES, MAX_PARTS};
+use super::job::{Asker, Commit, Job, Next};
+use super::{delete_calls, Aggregator, FAILING_FOR, INLINE_ROWS, MAX_DOC_BYTES, MAX_PARTS};
 
 impl Aggregator {
-    /// Checkpoints every job with pending messages (concurrently) and returns those messages for
-    /// deletion. A job whose checkpoint fails is dropped from memory (reloaded from its last
-    /// checkpoint later); its messages are not returned: held (see `hold`), or they come back.
+    /// Checkpoints every job with unsaved messages (concurrently) and returns those messages for
+    /// deletion; finishes the jobs due to be finished. A job whose checkpoint fails is dropped from
+    /// memory (reloaded from its last checkpoint later); its messages are not returned: held (see
+    /// `hold`), or they come back.
     pub async fn flush(&self) -> Vec<Kept> {
         self.flush_jobs(true).await
     }
@@ -39,21 +42,22 @@ impl Aggregator {
     pub(super) async fn flush_jobs(&self, wait: bool) -> Vec<Kept> {
         let slots = self.slots();
         let done = futures::future::join_all(slots.iter().map(|(job_id, slot)| async move {
-            let mut held = if wait {
+            let mut loaded = if wait {
                 slot.lock().await
             } else {
                 match slot.try_lock() {
-                    Ok(held) => held,
+                    Ok(loaded) => loaded,
                     Err(_) => return Vec::new(),
                 }
             };
             let floor = lock(&self.expiry).idle_floor;
-            match held.as_ref() {
-                // Every chunk in, some failed, and no news for the settle time: no real result is
-                // coming any more.
-                Some(job) if job.due_to_finish(Instant::now(), floor, self.settle) => {
-                    tracing::info!(job = %job_id, failed = job.cp.failed_chunks.len(), "every chunk in, some failed, nothing new since: finishing");
-                    match self.finish(job_id, &mut held).await {
+            let next = loaded.as_ref().map(|job| job.next(Instant::now(), floor, self.settle, Asker::Timer));
+            match next {
+                // Its ending committed or asked for, or every chunk in (some failed, no news for the
+                // settle time: no real result is coming any more).
+                Some(Next::Finish) => {
+                    tracing::info!(job = %job_id, failed = loaded.as_ref().map_or(0, |j| j.failed().len()), "due to be finished: finishing");
+                    match self.finish(job_id, &mut loaded).await {
                         Ok(done) => done,
                         Err(e) => {
                             tracing::warn!(job = %job_id, error = %e, "could not finish the job; trying again later");
@@ -61,8 +65,8 @@ impl Aggregator {
                         }
                     }
                 }
-                Some(job) if job.pending.len() > 0 => self.flush_job(job_id, &mut held).await,
-                _ => Vec::new(),
+                Some(Next::Save) => self.flush_job(job_id, &mut loaded).await,
+                Some(Next::Wait) | None => Vec::new(),
             }
         }))
         .await;
@@ -70,33 +74,32 @@ impl Aggregator {
         done.into_iter().flatten().collect()
     }
 
-    /// Checkpoints one job; returns the messages it covers.
-    pub(super) async fn flush_job(&self, job_id: &str, held: &mut Option<Job>) -> Vec<Kept> {
-        let job = held.as_mut().expect("the job is in memory");
-        let mut ctl = RequestCounts::default();
-        ctl.add("s3.PutObject", 1);
-        ctl.add("sqs.DeleteMessageBatch", delete_calls(job.pending.iter()));
-        job.cp.requests.merge(&ctl);
-        let marked = if job.marked_open {
-            Ok(())
-        } else {
+    /// Checkpoints one job (its open marker first, the first time); returns the messages it covers.
+    pub(super) async fn flush_job(&self, job_id: &str, loaded: &mut Option<Job>) -> Vec<Kept> {
+        let job = loaded.as_mut().expect("the job is in memory");
+        let mut calls = RequestCounts::default();
+        calls.add("s3.PutObject", 1);
+        calls.add("sqs.DeleteMessageBatch", delete_calls(job.unsaved().iter()));
+        let marked = if job.needs_marker() {
             // Before the first checkpoint: a restarted controller finds the job through it.
-            job.cp.requests.add("s3.PutObject", 1);
-            self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await
+            calls.add("s3.PutObject", 1);
+            let put = self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await;
+            if put.is_ok() {
+                job.marked();
+            }
+            put
+        } else {
+            Ok(())
         };
         let saved = match marked {
-            Ok(()) => save_checkpoint(job, self.store.as_ref(), &self.stats, Rows::Keep).await,
+            Ok(()) => self.commit(job, Commit::Progress, &calls).await,
             Err(e) => Err(e),
         };
         match saved {
-            Ok(()) => {
-                job.marked_open = true;
-                job.saved = Instant::now();
-                job.pending.take()
-            }
+            Ok(()) => job.covered(),
             Err(Error::Conflict(why)) => {
-                tracing::warn!(job = %job_id, %why, pending = job.pending.len(), "fenced: another controller owns the job now; its messages go there");
-                self.hand_over(held);
+                tracing::warn!(job = %job_id, %why, unsaved = job.unsaved().len(), "fenced: another controller owns the job now; its messages go there");
+                self.hand_over(loaded);
                 Vec::new()
             }
             Err(e) => {
@@ -104,10 +107,49 @@ impl Aggregator {
                 if e.is_retryable() {
                     lock(&self.memory).failing.insert(job_id.to_string(), Instant::now() + FAILING_FOR);
                 }
-                self.drop_job(held, Vec::new(), &e);
+                self.drop_job(loaded, Vec::new(), &e);
                 Vec::new()
             }
         }
+    }
+
+    /// Writes the checkpoint that commits `commit` for the job (the I/O of [`Job::plan`]): a part
+    /// first when the plan has one, then the document, fenced by the ETag last read or written; once
+    /// written, the job takes what it committed ([`Job::saved`]) and the parts the document no longer
+    /// names are deleted. A failed write leaves the job as it was.
+    pub(super) async fn commit(&self, job: &mut Job, commit: Commit, calls: &RequestCounts) -> Result<()> {
+        let save = job.plan(commit, calls)?;
+        let started = Instant::now();
+        if let Some((part, data)) = save.part() {
+            // A key of its own: a stale owner's part can never replace one the document names.
+            self.store.put(&part.key, data.clone(), "application/zstd").await?;
+            self.stats.wrote(part.bytes as usize);
+            let counter = if part.full { &self.stats.full_parts } else { &self.stats.delta_parts };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        let key = checkpoint_key(job.id());
+        let (body, meta, cond) = (save.body(), save.meta(), save.cond());
+        let written = if crate::undo::is(crate::undo::Fix::LostAnswerReadBack) {
+            self.store.put_if(&key, body.clone(), "application/zstd", &meta, &cond).await?
+        } else {
+            fleet_io::blob::put_if_owned(self.store.as_ref(), &key, body.clone(), "application/zstd", &meta, &cond).await?
+        };
+        let Some(etag) = written else {
+            return Err(Error::Conflict(format!("the checkpoint of job {} was written by another controller", job.id())));
+        };
+        self.stats.wrote(body.len());
+        let part_bytes = save.part().map_or(0, |(p, _)| p.bytes);
+        let stale = job.saved(save, etag);
+        crate::events::CheckpointWritten { job: job.id(), part_bytes, took: started.elapsed() }.emit();
+        let mut deletes = RequestCounts::default();
+        for key in stale {
+            deletes.add("s3.DeleteObject", 1);
+            if let Err(e) = self.store.delete(&key).await {
+                tracing::warn!(job = %job.id(), %key, error = %e, "could not delete a replaced checkpoint part; the job's end removes it");
+            }
+        }
+        job.count(&deletes);
+        Ok(())
     }
 }
 
@@ -138,95 +180,93 @@ pub(super) enum Rows {
     Drop,
 }
 
-/// Writes the job's checkpoint, fenced by the ETag last read or written. A small job's rows travel
-/// inside the document; a large job's in parts: the rows of the accounts changed since the last
-/// checkpoint, or, when the parts since the last base would outweigh the job, a new base with every
-/// row (the parts it replaces are deleted once the document naming it is written).
-pub(super) async fn save_checkpoint(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats, rows: Rows) -> Result<()> {
-    job.cp.updated_at = job.clock.rfc3339();
-    let before = job.cp.parts.clone();
-    let started = tokio::time::Instant::now();
-    let result = write_checkpoint(job, store, stats, rows).await;
-    if result.is_ok() {
-        let part_bytes = job.cp.parts.iter().filter(|p| !before.iter().any(|b| b.key == p.key)).map(|p| p.bytes).sum();
-        crate::events::CheckpointWritten { job: &job.cp.job_id, part_bytes, took: started.elapsed() }.emit();
+/// A checkpoint planned (see [`plan`]): the document to write and, for a large job, the part to
+/// write before it; what it commits; the parts it no longer names.
+pub(super) struct Save {
+    doc: Checkpoint,
+    body: Bytes,
+    meta: std::collections::BTreeMap<String, String>,
+    cond: Cond,
+    part: Option<(CheckpointPart, Bytes)>,
+    commit: Commit,
+    stale: Vec<String>,
+}
+
+impl Save {
+    pub(super) fn part(&self) -> Option<&(CheckpointPart, Bytes)> {
+        self.part.as_ref()
     }
-    job.cp.accounts = Vec::new();
-    match result {
-        Ok(()) if rows == Rows::Drop => Ok(()),
-        Ok(()) => {
-            job.totals.clear_changed();
-            let kept: HashSet<&str> = job.cp.parts.iter().map(|p| p.key.as_str()).collect();
-            let stale: Vec<String> = before.iter().filter(|p| !kept.contains(p.key.as_str())).map(|p| p.key.clone()).collect();
-            for key in stale {
-                job.cp.requests.add("s3.DeleteObject", 1);
-                if let Err(e) = store.delete(&key).await {
-                    tracing::warn!(job = %job.cp.job_id, %key, error = %e, "could not delete a replaced checkpoint part; the job's end removes it");
-                }
-            }
-            Ok(())
-        }
-        Err(e) => {
-            // Not written: the document on S3 still names the parts it named.
-            job.cp.parts = before;
-            Err(e)
-        }
+
+    pub(super) fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    pub(super) fn meta(&self) -> std::collections::BTreeMap<String, String> {
+        self.meta.clone()
+    }
+
+    /// Written only if this holds (fencing: the ETag last read or written, or no checkpoint yet).
+    pub(super) fn cond(&self) -> Cond {
+        self.cond.clone()
+    }
+
+    /// The document written (its rows taken out), what it commits, the parts it no longer names.
+    pub(super) fn into_parts(self) -> (Checkpoint, Commit, Vec<String>) {
+        (self.doc, self.commit, self.stale)
     }
 }
 
-pub(super) async fn write_checkpoint(job: &mut Job, store: &dyn BlobStore, stats: &CheckpointStats, rows: Rows) -> Result<()> {
-    let n = job.totals.len();
+/// Plans a job's checkpoint (pure: encoding only). A small job's rows travel inside the document; a
+/// large job's in parts: the rows of the accounts changed since the last checkpoint, or, when the
+/// parts since the last base would outweigh the job, a new base with every row (the parts it
+/// replaces are named in `stale`, deleted once the document naming the new one is written). `doc`:
+/// the document without rows, its `parts` those the last written one names.
+pub(super) fn plan(mut doc: Checkpoint, totals: &CheckedTotals, rows: Rows, commit: Commit, etag: Option<String>) -> Result<Save> {
+    let before = doc.parts.clone();
+    let n = totals.len();
+    let mut part = None;
     match rows {
-        Rows::Drop => job.cp.parts.clear(),
-        Rows::Keep if job.cp.parts.is_empty() && n <= INLINE_ROWS => job.cp.accounts = job.totals.rows(),
+        Rows::Drop => doc.parts.clear(),
+        Rows::Keep if doc.parts.is_empty() && n <= INLINE_ROWS => doc.accounts = totals.rows(),
         Rows::Keep => {
-            let since_base: usize = job.cp.parts.iter().skip(1).map(|p| p.rows as usize).sum();
-            let full = job.cp.parts.is_empty() || job.cp.parts.len() >= MAX_PARTS || since_base + job.totals.changed_accounts() > n;
+            let since_base: usize = doc.parts.iter().skip(1).map(|p| p.rows as usize).sum();
+            let full = doc.parts.is_empty() || doc.parts.len() >= MAX_PARTS || since_base + totals.changed_accounts() > n;
             // Borrowed from the totals: a base of a million rows is not copied before it is encoded.
             let (rows, data) = if full {
-                let sorted = job.totals.sorted_rows();
+                let sorted = totals.sorted_rows();
                 (sorted.len() as u64, accounts_to_zstd_csv(sorted.iter()))
             } else {
-                let rows = job.totals.changed_rows().count();
-                (rows as u64, accounts_to_zstd_csv(job.totals.changed_rows()))
+                let rows = totals.changed_rows().count();
+                (rows as u64, accounts_to_zstd_csv(totals.changed_rows()))
             };
-            let part = CheckpointPart {
-                key: format!("{}{}.csv.zst", checkpoint_parts_prefix(&job.cp.job_id), uuid::Uuid::now_v7().simple()),
+            let p = CheckpointPart {
+                key: format!("{}{}.csv.zst", checkpoint_parts_prefix(&doc.job_id), uuid::Uuid::now_v7().simple()),
                 rows,
                 bytes: data.len() as u64,
                 sha256: sha256_hex(&data),
                 full,
             };
-            job.cp.requests.add("s3.PutObject", 1);
-            // A key of its own: a stale owner's part can never replace one the document names.
-            store.put(&part.key, Bytes::from(data), "application/zstd").await?;
-            stats.wrote(part.bytes as usize);
-            let counter = if full { &stats.full_parts } else { &stats.delta_parts };
-            counter.fetch_add(1, Ordering::Relaxed);
+            doc.requests.add("s3.PutObject", 1);
             if full {
-                job.cp.parts.clear();
+                doc.parts.clear();
             }
-            job.cp.parts.push(part);
+            doc.parts.push(p.clone());
+            part = Some((p, Bytes::from(data)));
         }
     }
-    let bytes = to_zstd_json(&job.cp).map_err(Error::corrupt)?;
-    let len = bytes.len();
-    let meta = Progress::of(&job.cp).to_meta();
-    let cond = match &job.cp_etag {
-        Some(e) => Cond::Matches(e.clone()),
+    let body = Bytes::from(to_zstd_json(&doc).map_err(Error::corrupt)?);
+    let meta = Progress::of(&doc).to_meta();
+    doc.accounts = Vec::new();
+    // A finished job's parts are all deleted by its end (with what a fenced owner may have left).
+    let stale = if rows == Rows::Drop {
+        Vec::new()
+    } else {
+        let kept: HashSet<&str> = doc.parts.iter().map(|p| p.key.as_str()).collect();
+        before.iter().filter(|p| !kept.contains(p.key.as_str())).map(|p| p.key.clone()).collect()
+    };
+    let cond = match etag {
+        Some(e) => Cond::Matches(e),
         None => Cond::Absent,
     };
-    let written = if crate::undo::is(crate::undo::Fix::LostAnswerReadBack) {
-        store.put_if(&checkpoint_key(&job.cp.job_id), Bytes::from(bytes), "application/zstd", &meta, &cond).await?
-    } else {
-        fleet_io::blob::put_if_owned(store, &checkpoint_key(&job.cp.job_id), Bytes::from(bytes), "application/zstd", &meta, &cond).await?
-    };
-    match written {
-        Some(etag) => {
-            stats.wrote(len);
-            job.cp_etag = Some(etag);
-            Ok(())
-        }
-        None => Err(Error::Conflict(format!("the checkpoint of job {} was written by another controller", job.cp.job_id))),
-    }
+    Ok(Save { doc, body, meta, cond, part, commit, stale })
 }

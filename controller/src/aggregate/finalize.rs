@@ -8,49 +8,33 @@ use std::time::Duration;
 use bytes::Bytes;
 use fleet_domain::layout::{accounts_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{JobStatus, Manifest};
-use fleet_domain::prices::Prices;
 use fleet_domain::report::{self, AccountRows as _};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 
-use super::checkpoint::{save_checkpoint, Rows};
-use super::job::Job;
+use super::job::{Commit, Job, Phase};
 use super::quarantine::placeholder_manifest;
-use super::{delete_calls, Aggregator, CheckpointStats, MAX_OPEN_JOBS};
+use super::{delete_calls, Aggregator, MAX_OPEN_JOBS};
 
 impl Aggregator {
     /// Writes the report of a job in memory (complete, or abandoned when it says so) and forgets it;
     /// returns its messages for deletion.
-    pub(super) async fn finish(&self, job_id: &str, held: &mut Option<Job>) -> Result<Vec<Kept>> {
+    pub(super) async fn finish(&self, job_id: &str, loaded: &mut Option<Job>) -> Result<Vec<Kept>> {
         // Still the owner? (A paused owner whose lease lapsed must not write a report.)
         {
-            let job = held.as_mut().expect("the job is in memory");
-            if !self.leases.renew(job_id, &job.lease).await? {
+            let job = loaded.as_mut().expect("the job is in memory");
+            if !self.leases.renew(job_id, job.lease()).await? {
                 tracing::warn!(job = %job_id, "lease lost before the report; the new owner writes it");
-                self.hand_over(held);
+                self.hand_over(loaded);
                 return Ok(Vec::new());
             }
         }
-        let mut job = held.take().expect("the job is in memory");
-        // A job whose ending is committed already counted its finishing calls.
-        let deciding = !job.cp.finishing;
+        let mut job = loaded.take().expect("the job is in memory");
         // The manifest its seal was checked against (else read again by `finalize`).
         let recorded = self.recorded_manifest(job_id);
-        let mut done = RequestCounts::default();
-        done.add("s3.GetObject", u64::from(recorded.is_none())); // the manifest
-        done.add("s3.PutObject", 3); // report, accounts.csv, checkpoint
-        done.add("s3.DeleteObject", 1); // the open marker
-        done.add("sqs.DeleteMessageBatch", delete_calls(job.pending.iter()));
-        if !job.cp.parts.is_empty() {
-            done.add("s3.ListObjectsV2", 1);
-        }
-        if !deciding {
-            done = RequestCounts::default();
-        }
-        job.cp.requests.merge(&done);
-        let status = match finalize(&mut job, recorded, self.store.as_ref(), &self.stats, &self.prices).await {
+        let status = match self.finalize(&mut job, recorded).await {
             Ok(s) => s,
             Err(Error::Conflict(why)) => {
                 tracing::warn!(job = %job_id, %why, "fenced while finishing: another controller owns the job now");
@@ -59,135 +43,129 @@ impl Aggregator {
             }
             // The manifest cannot be read: it never will be.
             Err(e @ Error::Corrupt(_)) => {
-                job.cp.requests.sub(&done);
                 return match self.quarantine_finishing(job_id, &mut job, &e).await {
                     Ok(done) => Ok(done),
                     Err(e) => {
-                        *held = Some(job);
+                        *loaded = Some(job);
                         Err(e)
                     }
                 };
             }
+            // Nothing it had not committed changed: tried again from where it stands.
             Err(e) => {
-                job.cp.requests.sub(&done);
-                *held = Some(job);
+                *loaded = Some(job);
                 return Err(e);
             }
         };
         if let Err(e) = self.store.delete(&open_key(job_id)).await {
             tracing::warn!(job = %job_id, error = %e, "could not remove the open-job marker; the next start removes it");
         }
-        let _ = self.leases.release(job_id, &job.lease).await;
+        let _ = self.leases.release(job_id, job.lease()).await;
         self.remember_finished(job_id, status);
         self.report_written(job_id);
-        Ok(job.pending.take())
+        Ok(job.done())
     }
-}
 
-/// Finishes a job in three steps, each safe to repeat. (1) Its ending is decided (status, the failed
-/// chunks it ends with: for an abandoned or stalled job also the chunks its manifest names that have
-/// no result; its note) and committed in its checkpoint, rows kept, `finishing` set: a fenced write,
-/// so only the job's owner decides, and a controller that loads the job after this writes the report
-/// of this decision, never one of its own. (2) The report and accounts.csv are written from the
-/// committed state. (3) The checkpoint drops its rows and its parts are deleted. Without a manifest
-/// (the submission never finished) an abandoned job's report holds what was processed. `recorded`: the
-/// manifest as the job's records hold it (see `records`), read here when they do not.
-pub(super) async fn finalize(
-    job: &mut Job,
-    recorded: Option<Arc<Manifest>>,
-    store: &dyn BlobStore,
-    stats: &CheckpointStats,
-    prices: &Prices,
-) -> Result<JobStatus> {
-    let job_id = job.cp.job_id.clone();
-    let manifest: Option<Arc<Manifest>> = match recorded {
-        Some(m) => Some(m),
-        None => match store.get_capped(&manifest_key(&job_id), MAX_MANIFEST_BYTES).await? {
-            Some(b) => Some(Arc::new(serde_json::from_slice(&b)?)),
-            None => None,
-        },
-    };
-    let manifest = match manifest {
-        Some(m) => m,
-        // Only an abandoned job may end without one (decided now, or committed so before).
-        None if job.abandon.is_some() || job.cp.finishing => {
-            let known = job.cp.processed_transactions.saturating_add(job.cp.failed_chunks.iter().fold(0u64, |n, f| n.saturating_add(f.transactions)));
-            Arc::new(placeholder_manifest(&job_id, job.cp.accounted.len() as u32, known))
+    /// Finishes a job in three steps, each safe to repeat. (1) An open job's ending is decided
+    /// ([`Job::decide`]: status, the failed chunks it ends with, for an abandoned or stalled job also
+    /// the chunks its manifest names that have no result; its note) and committed in its checkpoint,
+    /// rows kept: a fenced write, so only the job's owner decides, and a controller that loads the job
+    /// after this writes the report of this decision, never one of its own. (2) The report and
+    /// accounts.csv are written from the committed decision. (3) The checkpoint drops its rows and its
+    /// parts are deleted. Without a manifest (the submission never finished) an abandoned job's report
+    /// holds what was processed. `recorded`: the manifest as the job's records hold it (see
+    /// `records`), read here when they do not.
+    async fn finalize(&self, job: &mut Job, recorded: Option<Arc<Manifest>>) -> Result<JobStatus> {
+        let store = self.store.as_ref();
+        let job_id = job.id().to_string();
+        let read = recorded.is_none();
+        let manifest: Option<Arc<Manifest>> = match recorded {
+            Some(m) => Some(m),
+            None => match store.get_capped(&manifest_key(&job_id), MAX_MANIFEST_BYTES).await? {
+                Some(b) => Some(Arc::new(serde_json::from_slice(&b)?)),
+                None => None,
+            },
+        };
+        let manifest = match manifest {
+            Some(m) => m,
+            // Only an abandoned job may end without one (decided now, or committed so before).
+            None if job.may_end_without_manifest() => Arc::new(placeholder_manifest(&job_id, job.accounted() as u32, job.known_transactions())),
+            None => return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") }),
+        };
+        if job.is_open() {
+            // The finish's calls, counted once, with the commit that decides it.
+            let mut calls = RequestCounts::default();
+            calls.add("s3.GetObject", u64::from(read)); // the manifest
+            calls.add("s3.PutObject", 3); // report, accounts.csv, checkpoint
+            calls.add("s3.DeleteObject", 1); // the open marker
+            calls.add("sqs.DeleteMessageBatch", delete_calls(job.unsaved().iter()));
+            if job.parts() > 0 {
+                calls.add("s3.ListObjectsV2", 1);
+            }
+            let decision = job.decide(&manifest);
+            self.commit(job, Commit::Ending(decision), &calls).await?;
         }
-        None => return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") }),
-    };
-    if !job.cp.finishing {
-        let before = (job.cp.failed_chunks.clone(), job.cp.status, job.cp.note.clone());
-        job.decide(&manifest);
-        if let Err(e) = save_checkpoint(job, store, stats, Rows::Keep).await {
-            // Not committed: nothing is decided yet.
-            (job.cp.failed_chunks, job.cp.status, job.cp.note) = before;
-            job.cp.finishing = false;
-            return Err(e);
+        let Phase::Ending(decision) = job.phase() else { unreachable!("an open job's ending was committed above") };
+        let mut requests = manifest.requests.clone();
+        requests.merge(job.requests());
+        let mut r = report::build_borrowed(&manifest, job.totals(), decision.failed.clone(), &requests);
+        r.requests.set_cost(&self.prices, manifest.submitted);
+        r.status = decision.status;
+        r.note = decision.note.clone();
+        r.finished_at = self.clock.rfc3339();
+        if r.transactions.processed.checked_add(r.transactions.failed) != Some(r.transactions.accepted) {
+            tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
+                "accepted != processed + failed: the results disagree with the manifest");
         }
-    }
-    let mut requests = manifest.requests.clone();
-    requests.merge(&job.cp.requests);
-    let mut r = report::build_borrowed(&manifest, &job.totals, job.cp.failed_chunks.clone(), &requests);
-    r.requests.set_cost(prices, manifest.submitted);
-    r.status = job.cp.status;
-    r.note = job.cp.note.clone();
-    r.finished_at = job.clock.rfc3339();
-    if r.transactions.processed.checked_add(r.transactions.failed) != Some(r.transactions.accepted) {
-        tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
-            "accepted != processed + failed: the results disagree with the manifest");
-    }
-    // Written once: `accounts.csv` first, then `report.json`, which says the pair is whole. A finish
-    // tried again (a write failed, the owner changed) finds the report there and writes neither
-    // again: its first `finished_at` stands.
-    if crate::undo::is(crate::undo::Fix::ReportOnce) || store.head(&report_key(&job_id)).await?.is_none() {
-        if r.accounts.len() <= IN_MEMORY_ACCOUNTS {
-            store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
-            let json = Bytes::from(report::to_json(&r)?);
-            let cond = if crate::undo::is(crate::undo::Fix::ReportOnce) { fleet_io::blob::Cond::Any } else { fleet_io::blob::Cond::Absent };
-            store.put_if(&report_key(&job_id), json, "application/json", &Default::default(), &cond).await?;
-        } else {
-            put_through_file(store, &accounts_key(&job_id), "text/csv", |w| report::write_accounts_csv(&r, w)).await?;
-            put_through_file(store, &report_key(&job_id), "application/json", |w| report::write_json(&r, w).map_err(std::io::Error::from)).await?;
+        // Written once: `accounts.csv` first, then `report.json`, which says the pair is whole. A finish
+        // tried again (a write failed, the owner changed) finds the report there and writes neither
+        // again: its first `finished_at` stands.
+        if crate::undo::is(crate::undo::Fix::ReportOnce) || store.head(&report_key(&job_id)).await?.is_none() {
+            if r.accounts.len() <= IN_MEMORY_ACCOUNTS {
+                store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
+                let json = Bytes::from(report::to_json(&r)?);
+                let cond = if crate::undo::is(crate::undo::Fix::ReportOnce) { fleet_io::blob::Cond::Any } else { fleet_io::blob::Cond::Absent };
+                store.put_if(&report_key(&job_id), json, "application/json", &Default::default(), &cond).await?;
+            } else {
+                put_through_file(store, &accounts_key(&job_id), "text/csv", |w| report::write_accounts_csv(&r, w)).await?;
+                put_through_file(store, &report_key(&job_id), "application/json", |w| report::write_json(&r, w).map_err(std::io::Error::from)).await?;
+            }
         }
-    }
-    // Written: the rows borrowed from the job's totals are let go before the job is changed.
-    let r = r.map_accounts(|_| ());
-    job.cp.finishing = false;
-    let had_parts = !job.cp.parts.is_empty();
-    if let Err(e) = save_checkpoint(job, store, stats, Rows::Drop).await {
-        job.cp.finishing = true;
-        return Err(e);
-    }
-    if had_parts {
-        // Also what a fenced (stale) owner may have left there.
-        match store.list(&checkpoint_parts_prefix(&job_id), MAX_OPEN_JOBS).await {
-            Ok(keys) => {
-                for key in keys {
-                    if let Err(e) = store.delete(&key).await {
-                        tracing::warn!(job = %job_id, %key, error = %e, "could not delete a checkpoint part of a finished job");
+        // Written: the rows borrowed from the job's totals are let go before the job is changed.
+        let r = r.map_accounts(|_| ());
+        let had_parts = job.parts() > 0;
+        self.commit(job, Commit::Finished, &RequestCounts::default()).await?;
+        if had_parts {
+            // Also what a fenced (stale) owner may have left there.
+            match store.list(&checkpoint_parts_prefix(&job_id), MAX_OPEN_JOBS).await {
+                Ok(keys) => {
+                    for key in keys {
+                        if let Err(e) = store.delete(&key).await {
+                            tracing::warn!(job = %job_id, %key, error = %e, "could not delete a checkpoint part of a finished job");
+                        }
                     }
                 }
+                Err(e) => tracing::warn!(job = %job_id, error = %e, "could not list the checkpoint parts of a finished job"),
             }
-            Err(e) => tracing::warn!(job = %job_id, error = %e, "could not list the checkpoint parts of a finished job"),
         }
+        let submitted = time::OffsetDateTime::parse(&r.created_at, &time::format_description::well_known::Rfc3339).ok();
+        let latency = submitted
+            .and_then(|t| u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok())
+            .map(|ms| Duration::from_millis(self.clock.now_ms().saturating_sub(ms)));
+        crate::events::JobFinished {
+            job: &job_id,
+            status: r.status,
+            processed: r.transactions.processed,
+            failed: r.transactions.failed,
+            requests: r.requests.total,
+            latency,
+            total_chunks: job.total_chunks(),
+            failed_chunks: &r.failed_chunks,
+            note: r.note.as_deref(),
+        }
+        .emit();
+        Ok(r.status)
     }
-    let submitted = time::OffsetDateTime::parse(&r.created_at, &time::format_description::well_known::Rfc3339).ok();
-    let latency =
-        submitted.and_then(|t| u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok()).map(|ms| Duration::from_millis(job.clock.now_ms().saturating_sub(ms)));
-    crate::events::JobFinished {
-        job: &job_id,
-        status: r.status,
-        processed: r.transactions.processed,
-        failed: r.transactions.failed,
-        requests: r.requests.total,
-        latency,
-        total_chunks: job.cp.total_chunks,
-        failed_chunks: &r.failed_chunks,
-        note: r.note.as_deref(),
-    }
-    .emit();
-    Ok(r.status)
 }
 
 /// Up to this many accounts, a report and its accounts.csv are made in memory; a larger job's go

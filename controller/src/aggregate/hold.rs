@@ -24,7 +24,7 @@ use fleet_io::error::Error;
 use fleet_io::lock;
 use tokio::time::Instant;
 
-use super::job::parse;
+use super::item::parse;
 use super::{Aggregator, Applied, Source};
 
 /// A held message is kept invisible this long from each extension ...
@@ -168,7 +168,7 @@ impl Aggregator {
             applied.release.extend(a.release);
         }
         let mut h = lock(&self.hold);
-        // Held again: since when they were first held still counts.
+        // Lease again: since when they were first held still counts.
         for w in h.waiting.iter_mut() {
             if let Some(t) = since.get(&w.kept.id) {
                 w.since = w.since.min(*t);

@@ -1,92 +1,459 @@
 //! Long because the job is one state machine and its transitions belong together (with their unit
-//! tests at the end): a newcomer reads `impl Job` first, then `apply_item`.
+//! tests at the end): a newcomer reads `Phase`, then `impl Job`.
 //!
-//! A job in memory and the items applied to it: parsing a message into an item (a chunk result, a
-//! seal, an abandon, a dead-lettered work item), fetching and decoding a result's payload before the
-//! job is locked, and applying an item to the job exactly once (a chunk already accounted for is a
-//! duplicate however often it arrives). `Pending` holds the deliveries applied but not yet covered by a
-//! checkpoint.
+//! A job in memory as a state machine, sans-I/O: its fields are its own, its transitions are methods
+//! that take what happened (an item applied, a manifest read, a checkpoint written) and return what to
+//! do (finish it, save it, the document to write, the messages to complete); the aggregator does the
+//! I/O and reports back. Nothing is set before a write and rolled back after it fails: a checkpoint
+//! is planned from the job as it is ([`Job::plan`]), and only a written one changes it
+//! ([`Job::saved`]), its phase included.
+//!
+//! `Unsaved` holds the deliveries applied but not yet covered by a checkpoint.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use fleet_domain::billing::{AccountTotals, CheckedTotals, RowBatch};
-use fleet_domain::codec::{accounts_from_zstd_csv_rows, base64_decode, sha256_hex};
-use fleet_domain::layout::{check_job_id, result_key};
-use fleet_domain::model::{AccountsPayload, Checkpoint, ChunkOutcome, ChunkResult, FailedChunk, JobStatus, Manifest, ResultMessage, WorkItem};
+use fleet_domain::billing::CheckedTotals;
+use fleet_domain::model::{Checkpoint, ChunkOutcome, ChunkResult, FailedChunk, JobStatus, Manifest, ResultMessage};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
-use fleet_io::blob::BlobStore;
-use fleet_io::error::{Error, Result};
+use fleet_io::error::Result;
 use tokio::time::Instant;
 
-use super::records::Figures;
-use super::{Source, DEAD_LETTER_REASON, DECODES};
+use super::checkpoint::{self, Rows, Save};
+use super::item::{Item, Ready};
+use super::{Source, DEAD_LETTER_REASON, FLUSH_INTERVAL, FLUSH_MESSAGES};
 use crate::clock::Clock;
-use crate::lease::Held;
-use fleet_io::queue::Message;
+use crate::lease::Lease;
 
-pub(super) enum Item {
-    Result(ResultMessage),
-    /// `reason`: set when a listener dead-lettered it itself (e.g. `expired`).
-    Dead {
-        item: WorkItem,
-        receives: u32,
-        reason: Option<String>,
-    },
+/// Where a job is in its life.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Phase {
+    /// Taking results. An ending asked for (an `Abandon` message, the expiry's stall rule) is kept
+    /// here until it is decided; an abandon outranks a stall.
+    Open { abandon: Option<String>, stall: Option<String> },
+    /// Its ending decided and committed in its checkpoint (rows kept): it takes nothing more, only
+    /// its report is left to write, always of this decision (whichever controller writes it).
+    Ending(Decision),
+    /// Its report written and its checkpoint without rows (or quarantined): it leaves memory.
+    Finished(JobStatus),
 }
 
-/// The job as a state machine: its transitions are these methods, pure (no I/O, no clock but the
-/// instants they are given); the aggregator takes, saves and finishes jobs around them.
+/// How a job ends: its status, the chunks it ends with as failed, its note.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Decision {
+    pub(super) status: JobStatus,
+    pub(super) failed: Vec<FailedChunk>,
+    pub(super) note: Option<String>,
+}
+
+/// What a checkpoint written commits (see [`Job::plan`]).
+#[derive(Debug)]
+pub(super) enum Commit {
+    /// The job's progress (its phase unchanged).
+    Progress,
+    /// Its ending (to [`Phase::Ending`]).
+    Ending(Decision),
+    /// Its end: the report is written, the rows go (to [`Phase::Finished`]).
+    Finished,
+    /// Quarantined, its rows kept: its manifest cannot be read (to [`Phase::Finished`]).
+    Quarantined,
+}
+
+/// What a job asks for after a batch or a tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Next {
+    /// Finish it now (its ending is committed or asked for, or every chunk is in).
+    Finish,
+    /// Write its checkpoint (the messages it covers are then deleted).
+    Save,
+    /// Nothing yet.
+    Wait,
+}
+
+/// Who asks: the job's own batch (saving once enough is unsaved or it has waited long enough) or the
+/// timer (saving whatever is unsaved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Asker {
+    Batch,
+    Timer,
+}
+
+pub(super) struct Job {
+    /// What it has counted, in its checkpoint's form (without rows: those are `totals`). While the job
+    /// is open its `status`, `note` and `finishing` are not read: the phase says them.
+    cp: Checkpoint,
+    phase: Phase,
+    totals: CheckedTotals,
+    /// Applied in memory, not yet covered by a checkpoint: completed after the next one.
+    unsaved: Unsaved,
+    /// When it was last checkpointed (or loaded).
+    saved: Instant,
+    /// Its last news: its last message, or when it was resumed less its checkpoint's age.
+    news: Instant,
+    /// Its `open/{job}` marker is known to exist.
+    marked_open: bool,
+    /// This controller's lease on the job.
+    lease: Lease,
+    /// ETag of the checkpoint as last read or written (`None`: there is none yet): checkpoints are
+    /// written only if it still matches (fencing).
+    etag: Option<String>,
+    /// The aggregator's clock (a checkpoint's `updated_at`).
+    clock: Clock,
+}
+
 impl Job {
+    /// A job nothing is known of yet (no checkpoint).
+    pub(super) fn new(job_id: &str, lease: Lease, clock: Clock, unsaved: Unsaved) -> Job {
+        let now = Instant::now();
+        Job {
+            cp: fresh_checkpoint(job_id, &clock),
+            phase: Phase::Open { abandon: None, stall: None },
+            totals: CheckedTotals::new(),
+            unsaved,
+            saved: now,
+            news: now,
+            marked_open: false,
+            lease,
+            etag: None,
+            clock,
+        }
+    }
+
+    /// A job resumed from its checkpoint (`etag`), its rows restored into `totals`: open, or ending
+    /// with the decision the checkpoint committed. Its last news is the checkpoint's time.
+    pub(super) fn resume(mut cp: Checkpoint, totals: CheckedTotals, etag: String, lease: Lease, clock: Clock, unsaved: Unsaved) -> Job {
+        let news = Clock::instant_ago(clock.since_rfc3339(&cp.updated_at));
+        let phase = if cp.finishing {
+            Phase::Ending(Decision { status: cp.status, failed: std::mem::take(&mut cp.failed_chunks), note: cp.note.take() })
+        } else {
+            Phase::Open { abandon: None, stall: None }
+        };
+        cp.accounts = Vec::new();
+        Job { cp, phase, totals, unsaved, saved: Instant::now(), news, marked_open: true, lease, etag: Some(etag), clock }
+    }
+
+    pub(super) fn id(&self) -> &str {
+        &self.cp.job_id
+    }
+
+    pub(super) fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// It still takes results (its ending is not committed).
+    pub(super) fn is_open(&self) -> bool {
+        matches!(self.phase, Phase::Open { .. })
+    }
+
+    pub(super) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    pub(super) fn total_chunks(&self) -> Option<u32> {
+        self.cp.total_chunks
+    }
+
+    /// Chunks accounted for (processed or failed).
+    pub(super) fn accounted(&self) -> usize {
+        self.cp.accounted.len()
+    }
+
+    /// The chunks failed so far (or those its committed ending has).
+    pub(super) fn failed(&self) -> &[FailedChunk] {
+        match &self.phase {
+            Phase::Ending(d) => &d.failed,
+            _ => &self.cp.failed_chunks,
+        }
+    }
+
+    /// Checkpoint parts its last checkpoint names (a large job's rows).
+    pub(super) fn parts(&self) -> usize {
+        self.cp.parts.len()
+    }
+
+    #[cfg(test)]
+    fn processed(&self) -> u64 {
+        self.cp.processed_transactions
+    }
+
+    pub(super) fn totals(&self) -> &CheckedTotals {
+        &self.totals
+    }
+
+    /// The calls counted for it so far (by processors and the controller).
+    pub(super) fn requests(&self) -> &RequestCounts {
+        &self.cp.requests
+    }
+
+    /// Counts calls made for it.
+    pub(super) fn count(&mut self, calls: &RequestCounts) {
+        self.cp.requests.merge(calls);
+    }
+
+    /// Messages applied and not yet covered by a checkpoint.
+    pub(super) fn unsaved(&self) -> &Unsaved {
+        &self.unsaved
+    }
+
+    /// Whether its open marker must be written before its checkpoint.
+    pub(super) fn needs_marker(&self) -> bool {
+        !self.marked_open
+    }
+
+    /// Its open marker was written.
+    pub(super) fn marked(&mut self) {
+        self.marked_open = true;
+    }
+
     /// Sealed, with every chunk accounted for (processed or failed).
     pub(super) fn all_in(&self) -> bool {
         self.cp.total_chunks == Some(self.cp.accounted.len() as u32)
     }
 
-    /// How long the job has had no news at `now` (never counted from before `floor`).
-    pub(super) fn quiet_for(&self, now: Instant, floor: Instant) -> Duration {
-        now.saturating_duration_since(self.last_activity.max(floor))
+    /// When it last had news.
+    pub(super) fn news(&self) -> Instant {
+        self.news
     }
 
-    /// Whether it is to be finished now from memory: its ending is committed, or every chunk is in
-    /// and none failed, or some failed and nothing came for `settle` (no real result is coming).
+    /// Its last news is now `at` (a batch applied; the expiry's scan when a fix is undone).
+    pub(super) fn heard(&mut self, at: Instant) {
+        self.news = at;
+    }
+
+    /// How long the job has had no news at `now` (never counted from before `floor`).
+    pub(super) fn quiet_for(&self, now: Instant, floor: Instant) -> Duration {
+        now.saturating_duration_since(self.news.max(floor))
+    }
+
+    /// Whether it is to be finished now from memory: its ending is committed or asked for, or every
+    /// chunk is in and none failed, or some failed and nothing came for `settle` (no real result is
+    /// coming any more).
     pub(super) fn due_to_finish(&self, now: Instant, floor: Instant, settle: Duration) -> bool {
-        self.cp.finishing || (self.all_in() && (self.cp.failed_chunks.is_empty() || self.quiet_for(now, floor) >= settle))
+        match &self.phase {
+            Phase::Ending(_) => true,
+            Phase::Open { abandon: Some(_), .. } | Phase::Open { stall: Some(_), .. } => true,
+            Phase::Open { .. } => self.all_in() && (self.cp.failed_chunks.is_empty() || self.quiet_for(now, floor) >= settle),
+            Phase::Finished(_) => false,
+        }
+    }
+
+    /// What it asks for at `now`: to be finished, saved, or nothing yet.
+    pub(super) fn next(&self, now: Instant, floor: Instant, settle: Duration, asker: Asker) -> Next {
+        if self.due_to_finish(now, floor, settle) {
+            return Next::Finish;
+        }
+        let save = match asker {
+            Asker::Timer => self.unsaved.len() > 0,
+            // Under a steady stream the job is rarely idle when the timer looks: its own batches save it.
+            Asker::Batch => self.unsaved.len() >= FLUSH_MESSAGES || now.saturating_duration_since(self.saved) >= FLUSH_INTERVAL,
+        };
+        if save {
+            Next::Save
+        } else {
+            Next::Wait
+        }
+    }
+
+    /// Asks it to end as abandoned for `reason` (an abandon asked before keeps its reason).
+    pub(super) fn abandon(&mut self, reason: String) {
+        if let Phase::Open { abandon, .. } = &mut self.phase {
+            abandon.get_or_insert(reason);
+        }
+    }
+
+    /// Asks it to end as stalled for `reason`: its missing chunks fail (the first reason is kept).
+    pub(super) fn stall(&mut self, reason: String) {
+        if let Phase::Open { stall, .. } = &mut self.phase {
+            stall.get_or_insert(reason);
+        }
+    }
+
+    /// Whether it may end without a manifest (the submission never finished): only abandoned, asked
+    /// now or committed so before.
+    pub(super) fn may_end_without_manifest(&self) -> bool {
+        matches!(&self.phase, Phase::Open { abandon: Some(_), .. } | Phase::Ending(_))
+    }
+
+    /// The transactions it knows of without a manifest: processed, and those of its failed chunks.
+    pub(super) fn known_transactions(&self) -> u64 {
+        self.cp.processed_transactions.saturating_add(self.failed().iter().fold(0u64, |n, f| n.saturating_add(f.transactions)))
     }
 
     /// Hands it over to the controller that owns it now (fenced, or its lease lost): what it had applied
     /// since its last checkpoint, to go back to the queue for the owner.
     pub(super) fn hand_over(mut self) -> Vec<Kept> {
-        self.pending.take()
+        self.unsaved.take()
     }
 
     /// Drops it after a failure: the messages it had applied since its last checkpoint, with the
     /// queue each came from (held, to be applied again to the job reloaded from that checkpoint, or
     /// left to come back after their visibility timeout).
     pub(super) fn drop_unsaved(mut self) -> Vec<(Source, Kept)> {
-        self.pending.take_all()
+        self.unsaved.take_all()
     }
 
-    /// Ends it as abandoned for `reason` (a finish that failed before keeps the reason it had).
-    pub(super) fn abandon(&mut self, reason: String) {
-        self.abandon.get_or_insert(reason);
+    /// The messages its last checkpoint covers (all it had unsaved: its lock was held across the
+    /// write): to delete.
+    pub(super) fn covered(&mut self) -> Vec<Kept> {
+        self.unsaved.take()
     }
 
-    /// Ends it as stalled for `reason`: its missing chunks fail (the first reason is kept).
-    pub(super) fn stall(&mut self, reason: String) {
-        self.stalled.get_or_insert(reason);
+    /// Its messages once it is finished (its last checkpoint covers them): to delete.
+    pub(super) fn done(mut self) -> Vec<Kept> {
+        debug_assert!(matches!(self.phase, Phase::Finished(_)), "only a finished job's messages are done");
+        self.unsaved.take()
     }
 
-    /// Decides how a job ends (in its checkpoint, not yet written): the chunks it ends with as failed
-    /// (for an abandoned or stalled job also those its manifest names without a result; each counting
-    /// the transactions its manifest gives it, not what a result declared), its status and its note.
-    pub(super) fn decide(&mut self, manifest: &Manifest) {
+    /// Applies a batch's items to it, a seal first (its size, checked against the manifest, is a fact
+    /// whatever the order): each delivery is taken in as unsaved. A job whose ending is committed takes
+    /// nothing more (what arrives then is a late duplicate or comes too late): its deliveries are only
+    /// kept for the finish. On an error (a payload S3 could not give) the items not applied and their
+    /// deliveries are returned with it, the job keeping what it applied.
+    pub(super) fn apply_batch(
+        &mut self,
+        items: Vec<(Ready, (Source, Kept))>,
+        now: Instant,
+        ctl: &mut RequestCounts,
+    ) -> std::result::Result<(), (fleet_io::error::Error, Vec<(Source, Kept)>)> {
+        let mut pairs = items;
+        pairs.sort_by_key(|(r, _)| !r.is_seal());
+        let mut applied = Vec::with_capacity(pairs.len());
+        let mut pairs = pairs.into_iter();
+        let mut failed = None;
+        while let Some((item, k)) = pairs.next() {
+            if self.is_open() {
+                if let Err(e) = self.apply(item, ctl) {
+                    applied.push(k);
+                    applied.extend(pairs.by_ref().map(|(_, k)| k));
+                    failed = Some(e);
+                    break;
+                }
+            }
+            applied.push(k);
+        }
+        if let Some(e) = failed {
+            return Err((e, applied));
+        }
+        if !applied.is_empty() {
+            self.news = now;
+        }
+        self.unsaved.extend(applied);
+        Ok(())
+    }
+
+    /// Applies one item (the transition every message makes).
+    fn apply(&mut self, ready: Ready, ctl: &mut RequestCounts) -> Result<()> {
+        ctl.add("s3.GetObject", ready.gets);
+        let Ready { item, accounts, .. } = ready;
+        let cp = &mut self.cp;
+        let (chunk, transactions) = match &item {
+            Item::Result(ResultMessage::Sealed { total_chunks, .. }) => {
+                let total = *total_chunks;
+                match cp.total_chunks {
+                    Some(t) if t != total => tracing::error!(job = %cp.job_id, total, sealed_before = t, "conflicting seal ignored"),
+                    _ => {
+                        if let Some(c) = cp.accounted.iter().find(|&&c| c >= total) {
+                            tracing::error!(job = %cp.job_id, chunk = c, total, "a counted chunk lies beyond the sealed size");
+                        }
+                        cp.total_chunks = Some(total);
+                    }
+                }
+                return Ok(());
+            }
+            Item::Result(ResultMessage::Abandon { reason, .. }) => {
+                tracing::warn!(job = %cp.job_id, %reason, accounted = cp.accounted.len(), "job abandoned on request");
+                if let Phase::Open { abandon, .. } = &mut self.phase {
+                    *abandon = Some(reason.clone());
+                }
+                return Ok(());
+            }
+            Item::Result(ResultMessage::Chunk(c)) => (c.chunk, c.transactions),
+            Item::Dead { item, .. } | Item::Result(ResultMessage::DeadLettered { item, .. }) => (item.chunk, item.transactions),
+        };
+        if cp.total_chunks.is_some_and(|t| chunk >= t) {
+            // Not from this job as we know it: drop it loudly rather than corrupt the totals.
+            tracing::error!(job = %cp.job_id, chunk, total = ?cp.total_chunks, "chunk beyond the job's size; ignored");
+            return Ok(());
+        }
+        if cp.accounted.contains(&chunk) {
+            let real = matches!(&item, Item::Result(ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Processed { .. }, .. })));
+            match cp.failed_chunks.iter().position(|f| f.chunk == chunk) {
+                // A real result beats a dead letter or a failure report (a work item dead-lettered after
+                // it was billed, a processor that died between sending a result and deleting its item):
+                // the chunk is counted from it instead, as the job is not finished yet.
+                Some(i) if real => {
+                    let failed = cp.failed_chunks.remove(i);
+                    cp.accounted.remove(&chunk);
+                    tracing::warn!(job = %cp.job_id, chunk, was = %failed.reason, "a chunk recorded as failed has its real result: counted from it");
+                }
+                failed => {
+                    // The processor's own failure report says more than the dead letter: keep its reason.
+                    if let (Some(i), Item::Result(ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Failed { reason }, .. }))) = (failed, &item) {
+                        if cp.failed_chunks[i].reason == DEAD_LETTER_REASON {
+                            cp.failed_chunks[i].reason = reason.clone();
+                        }
+                    }
+                    tracing::debug!(job = %cp.job_id, chunk, "duplicate; already counted");
+                    return Ok(());
+                }
+            }
+        }
+        match item {
+            Item::Result(ResultMessage::Chunk(c)) => {
+                match c.outcome {
+                    ChunkOutcome::Processed { .. } => match accounts.expect("prepared with its payload") {
+                        Ok(accounts) => match accounts.transactions() {
+                            Some(counted) if counted == c.transactions => match self.totals.try_add_all(accounts.iter()) {
+                                Ok(()) => cp.processed_transactions = cp.processed_transactions.saturating_add(counted),
+                                Err(e) => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result not added: {e}") }),
+                            },
+                            counted => cp.failed_chunks.push(FailedChunk {
+                                chunk,
+                                transactions,
+                                reason: match counted {
+                                    Some(n) => format!("result counts {n} transactions, the chunk has {}", c.transactions),
+                                    None => "result counts more transactions than a count can hold".to_string(),
+                                },
+                            }),
+                        },
+                        // S3 unreachable: leave the message; it comes back.
+                        Err(e) if e.is_retryable() => return Err(e),
+                        // Missing or corrupt payload: it never becomes readable; the chunk failed.
+                        Err(e) => {
+                            tracing::error!(job = %cp.job_id, chunk, error = %e, "result payload unreadable; chunk recorded as failed");
+                            cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result unreadable: {e}") })
+                        }
+                    },
+                    ChunkOutcome::Failed { reason } => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason }),
+                }
+                cp.requests.merge(&c.requests);
+            }
+            Item::Dead { receives, reason, .. } | Item::Result(ResultMessage::DeadLettered { receives, reason, .. }) => {
+                tracing::warn!(job = %cp.job_id, chunk, receives, ?reason, "work item dead-lettered; chunk recorded as failed");
+                cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: reason.unwrap_or_else(|| DEAD_LETTER_REASON.to_string()) });
+            }
+            Item::Result(ResultMessage::Sealed { .. } | ResultMessage::Abandon { .. }) => {}
+        }
+        cp.accounted.insert(chunk);
+        Ok(())
+    }
+
+    /// Decides how it ends, from its manifest (a placeholder when the submission never finished): the
+    /// chunks it ends with as failed (for an abandoned or stalled job also those its manifest names
+    /// without a result; each counting the transactions its manifest gives it, not what a result
+    /// declared), its status and its note. Nothing changes until a checkpoint commits the decision
+    /// ([`Commit::Ending`]); an ending already committed is that decision again.
+    pub(super) fn decide(&self, manifest: &Manifest) -> Decision {
+        let (abandon, stall) = match &self.phase {
+            Phase::Open { abandon, stall } => (abandon, stall),
+            Phase::Ending(d) => return d.clone(),
+            Phase::Finished(status) => return Decision { status: *status, failed: self.cp.failed_chunks.clone(), note: self.cp.note.clone() },
+        };
         let placeholder = manifest.created_at.is_empty();
-        let mut failed = std::mem::take(&mut self.cp.failed_chunks);
-        let note = match (&self.abandon, &self.stalled) {
+        let mut failed = self.cp.failed_chunks.clone();
+        let note = match (abandon, stall) {
             (None, None) => None,
             (None, Some(reason)) => {
                 let missing = fail_missing(&self.cp, manifest, &mut failed, &format!("no result: {reason}"));
@@ -107,83 +474,121 @@ impl Job {
                 f.transactions = n;
             }
         }
-        self.cp.status = match (&self.abandon, failed.is_empty()) {
+        let status = match (abandon, failed.is_empty()) {
             (Some(_), _) => JobStatus::Abandoned,
             (None, true) => JobStatus::Complete,
             (None, false) => JobStatus::Partial,
         };
-        self.cp.failed_chunks = failed;
-        self.cp.note = note;
-        self.cp.finishing = true;
+        Decision { status, failed, note }
+    }
+
+    /// Plans the checkpoint that commits `commit`, with `calls` counted in it (the calls the commit
+    /// itself makes): the document and, for a large job, the part to write before it. The job is
+    /// unchanged until [`saved`](Self::saved) says the document was written.
+    pub(super) fn plan(&self, commit: Commit, calls: &RequestCounts) -> Result<Save> {
+        let mut doc = self.cp.clone();
+        doc.requests.merge(calls);
+        doc.updated_at = self.clock.rfc3339();
+        let (status, finishing, rows) = match (&commit, &self.phase) {
+            (Commit::Progress, Phase::Open { .. }) => (JobStatus::Running, false, Rows::Keep),
+            (Commit::Progress | Commit::Finished, Phase::Ending(d)) => {
+                doc.failed_chunks = d.failed.clone();
+                doc.note = d.note.clone();
+                let finished = matches!(commit, Commit::Finished);
+                (d.status, !finished, if finished { Rows::Drop } else { Rows::Keep })
+            }
+            (Commit::Ending(d), Phase::Open { .. }) => {
+                doc.failed_chunks = d.failed.clone();
+                doc.note = d.note.clone();
+                (d.status, true, Rows::Keep)
+            }
+            (Commit::Quarantined, Phase::Open { .. } | Phase::Ending(_)) => {
+                doc.failed_chunks = self.failed().to_vec();
+                (JobStatus::Quarantined, false, Rows::Keep)
+            }
+            (commit, phase) => unreachable!("no checkpoint commits {commit:?} from {phase:?}"),
+        };
+        doc.status = status;
+        doc.finishing = finishing;
+        checkpoint::plan(doc, &self.totals, rows, commit, self.etag.clone())
+    }
+
+    /// The checkpoint planned was written (its ETag `etag`): the job takes what it committed (its
+    /// calls, parts, phase). Returns the parts the document no longer names (to delete).
+    pub(super) fn saved(&mut self, save: Save, etag: String) -> Vec<String> {
+        let (doc, commit, stale) = save.into_parts();
+        let rows_kept = !matches!(commit, Commit::Finished);
+        let failed = doc.failed_chunks;
+        self.cp.requests = doc.requests;
+        self.cp.parts = doc.parts;
+        self.cp.updated_at = doc.updated_at;
+        self.etag = Some(etag);
+        self.saved = Instant::now();
+        match commit {
+            Commit::Progress => {}
+            Commit::Ending(d) => self.phase = Phase::Ending(d),
+            Commit::Finished => {
+                let Phase::Ending(d) = std::mem::replace(&mut self.phase, Phase::Finished(JobStatus::Running)) else {
+                    unreachable!("only an ending job finishes")
+                };
+                (self.cp.status, self.cp.failed_chunks, self.cp.note) = (d.status, d.failed, d.note);
+                self.phase = Phase::Finished(d.status);
+            }
+            Commit::Quarantined => {
+                (self.cp.status, self.cp.failed_chunks) = (JobStatus::Quarantined, failed);
+                self.phase = Phase::Finished(JobStatus::Quarantined);
+            }
+        }
+        if rows_kept {
+            self.totals.clear_changed();
+        }
+        stale
     }
 }
 
-impl Item {
-    pub(super) fn job_id(&self) -> &str {
-        match self {
-            Item::Result(r) => r.job_id(),
-            Item::Dead { item, .. } => &item.job_id,
-        }
+/// The checkpoint of a job nothing is known of yet.
+pub(super) fn fresh_checkpoint(job_id: &str, clock: &Clock) -> Checkpoint {
+    Checkpoint {
+        v: fleet_domain::model::WIRE_VERSION,
+        job_id: job_id.to_string(),
+        status: JobStatus::Running,
+        total_chunks: None,
+        accounted: Default::default(),
+        processed_transactions: 0,
+        failed_chunks: Vec::new(),
+        accounts: Vec::new(),
+        parts: Vec::new(),
+        requests: RequestCounts::default(),
+        updated_at: clock.rfc3339(),
+        finishing: false,
+        note: None,
     }
-
-    /// The chunk it is about (a result or a dead-lettered work item).
-    pub(super) fn chunk(&self) -> Option<u32> {
-        match self {
-            Item::Result(ResultMessage::Chunk(c)) => Some(c.chunk),
-            Item::Dead { item, .. } | Item::Result(ResultMessage::DeadLettered { item, .. }) => Some(item.chunk),
-            Item::Result(_) => None,
-        }
-    }
-}
-
-pub(super) struct Job {
-    pub(super) cp: Checkpoint,
-    pub(super) totals: CheckedTotals,
-    /// Applied in memory, not yet covered by a checkpoint: deleted after the next one.
-    pub(super) pending: Pending,
-    /// When it was last checkpointed (or loaded).
-    pub(super) saved: Instant,
-    /// Last message of this job (or when it was resumed, less its checkpoint's age).
-    pub(super) last_activity: Instant,
-    /// Its `open/{job}` marker is known to exist.
-    pub(super) marked_open: bool,
-    /// Set by an `Abandon` message: finish now, with this reason.
-    pub(super) abandon: Option<String>,
-    /// Set when a sealed job stalled (see `scan`): finish now, its missing chunks failed for this reason.
-    pub(super) stalled: Option<String>,
-    /// This controller's lease on the job.
-    pub(super) lease: Held,
-    /// ETag of the checkpoint as last read or written (`None`: there is none yet): checkpoints are
-    /// written only if it still matches (fencing).
-    pub(super) cp_etag: Option<String>,
-    /// The aggregator's clock (a checkpoint's `updated_at`).
-    pub(super) clock: Clock,
 }
 
 /// Deliveries applied in memory and waiting for a checkpoint, counted for the whole aggregator (also
 /// when a job is dropped with them: they come back after their visibility timeout).
-pub(super) struct Pending {
+pub(super) struct Unsaved {
     list: Vec<(Source, Kept)>,
     count: Arc<AtomicUsize>,
 }
 
-impl Pending {
-    pub(super) fn new(count: Arc<AtomicUsize>) -> Pending {
-        Pending { list: Vec::new(), count }
+impl Unsaved {
+    pub(super) fn new(count: Arc<AtomicUsize>) -> Unsaved {
+        Unsaved { list: Vec::new(), count }
     }
 
-    pub(super) fn extend(&mut self, kept: Vec<(Source, Kept)>) {
+    fn extend(&mut self, kept: Vec<(Source, Kept)>) {
         self.count.fetch_add(kept.len(), Ordering::Relaxed);
         self.list.extend(kept);
     }
 
     /// The messages, for their completion.
-    pub(super) fn take(&mut self) -> Vec<Kept> {
+    fn take(&mut self) -> Vec<Kept> {
         self.take_all().into_iter().map(|(_, k)| k).collect()
     }
 
     /// The messages with the queue each came from (to apply them again).
-    pub(super) fn take_all(&mut self) -> Vec<(Source, Kept)> {
+    fn take_all(&mut self) -> Vec<(Source, Kept)> {
         self.count.fetch_sub(self.list.len(), Ordering::Relaxed);
         std::mem::take(&mut self.list)
     }
@@ -197,190 +602,9 @@ impl Pending {
     }
 }
 
-impl Drop for Pending {
+impl Drop for Unsaved {
     fn drop(&mut self) {
         self.count.fetch_sub(self.list.len(), Ordering::Relaxed);
-    }
-}
-
-pub(super) fn parse(source: Source, m: &Message) -> Result<Item> {
-    let item = match source {
-        Source::Results | Source::ResultsDeadLetter => match serde_json::from_str(&m.body)? {
-            // A dead-lettered work item forwarded to its job's partition (see `crate::forward`).
-            ResultMessage::DeadLettered { item, receives, reason, .. } => Item::Dead { item, receives, reason },
-            r => Item::Result(r),
-        },
-        Source::WorkDeadLetter => Item::Dead { item: serde_json::from_str(&m.body)?, receives: m.receive_count, reason: m.attrs.reason.clone() },
-    };
-    check_job_id(item.job_id()).map_err(Error::corrupt)?;
-    Ok(item)
-}
-
-/// An item with its result payload fetched and decoded before its job is locked (`None`: it carries
-/// no payload).
-pub(super) struct Ready {
-    pub(super) item: Item,
-    pub(super) accounts: Option<Result<RowBatch>>,
-    /// GetObject calls made for it.
-    pub(super) gets: u64,
-}
-
-impl Ready {
-    pub(super) fn is_seal(&self) -> bool {
-        matches!(self.item, Item::Result(ResultMessage::Sealed { .. }))
-    }
-}
-
-/// Fetches and decodes a result's payload, within `figures`: its chunk's recorded figures (see
-/// `records`), which it has been checked against.
-pub(super) async fn prepare(mut item: Item, figures: Option<Figures>, store: &dyn BlobStore, offload: bool) -> Ready {
-    if let Item::Result(ResultMessage::Chunk(ChunkResult { job_id, chunk, transactions, outcome: ChunkOutcome::Processed { payload }, .. })) = &mut item {
-        let payload = std::mem::replace(payload, AccountsPayload::Inline { accounts: Vec::new() });
-        let gets = u64::from(matches!(payload, AccountsPayload::Blob { .. }));
-        // What the payload may decompress and decode to follows from its chunk's record (one account
-        // row per transaction at most, no longer than the chunk's rows and their figures), never from
-        // what the message declares, and its blob is the one its job and chunk name: a hostile result
-        // can neither make the controller inflate a gigabyte nor point it at another job's objects.
-        let figures = figures.unwrap_or(Figures { transactions: *transactions, raw_bytes: None });
-        let accounts = Some(match &payload {
-            AccountsPayload::Blob { blob } if blob.key != result_key(job_id, *chunk) => {
-                Err(Error::corrupt(format!("result blob key {:?} is not the key of job {job_id} chunk {chunk}", blob.key)))
-            }
-            AccountsPayload::Inline { accounts } if accounts.len() as u64 > figures.max_rows() => {
-                Err(Error::corrupt(format!("result has {} account rows; its chunk has {} transactions", accounts.len(), figures.transactions)))
-            }
-            _ => decode_payload(payload, store, figures, offload).await,
-        });
-        return Ready { item, accounts, gets };
-    }
-    Ready { item, accounts: None, gets: 0 }
-}
-
-/// Applies one item to the job (the transition every message makes).
-pub(super) fn apply_item(job: &mut Job, ready: Ready, ctl: &mut RequestCounts) -> Result<()> {
-    ctl.add("s3.GetObject", ready.gets);
-    let Ready { item, accounts, .. } = ready;
-    let cp = &mut job.cp;
-    let (chunk, transactions) = match &item {
-        Item::Result(ResultMessage::Sealed { total_chunks, .. }) => {
-            let total = *total_chunks;
-            match cp.total_chunks {
-                Some(t) if t != total => tracing::error!(job = %cp.job_id, total, sealed_before = t, "conflicting seal ignored"),
-                _ => {
-                    if let Some(c) = cp.accounted.iter().find(|&&c| c >= total) {
-                        tracing::error!(job = %cp.job_id, chunk = c, total, "a counted chunk lies beyond the sealed size");
-                    }
-                    cp.total_chunks = Some(total);
-                }
-            }
-            return Ok(());
-        }
-        Item::Result(ResultMessage::Abandon { reason, .. }) => {
-            tracing::warn!(job = %cp.job_id, %reason, accounted = cp.accounted.len(), "job abandoned on request");
-            job.abandon = Some(reason.clone());
-            return Ok(());
-        }
-        Item::Result(ResultMessage::Chunk(c)) => (c.chunk, c.transactions),
-        Item::Dead { item, .. } | Item::Result(ResultMessage::DeadLettered { item, .. }) => (item.chunk, item.transactions),
-    };
-    if cp.total_chunks.is_some_and(|t| chunk >= t) {
-        // Not from this job as we know it: drop it loudly rather than corrupt the totals.
-        tracing::error!(job = %cp.job_id, chunk, total = ?cp.total_chunks, "chunk beyond the job's size; ignored");
-        return Ok(());
-    }
-    if cp.accounted.contains(&chunk) {
-        let real = matches!(&item, Item::Result(ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Processed { .. }, .. })));
-        match cp.failed_chunks.iter().position(|f| f.chunk == chunk) {
-            // A real result beats a dead letter or a failure report (a work item dead-lettered after
-            // it was billed, a processor that died between sending a result and deleting its item):
-            // the chunk is counted from it instead, as the job is not finished yet.
-            Some(i) if real => {
-                let failed = cp.failed_chunks.remove(i);
-                cp.accounted.remove(&chunk);
-                tracing::warn!(job = %cp.job_id, chunk, was = %failed.reason, "a chunk recorded as failed has its real result: counted from it");
-            }
-            failed => {
-                // The processor's own failure report says more than the dead letter: keep its reason.
-                if let (Some(i), Item::Result(ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Failed { reason }, .. }))) = (failed, &item) {
-                    if cp.failed_chunks[i].reason == DEAD_LETTER_REASON {
-                        cp.failed_chunks[i].reason = reason.clone();
-                    }
-                }
-                tracing::debug!(job = %cp.job_id, chunk, "duplicate; already counted");
-                return Ok(());
-            }
-        }
-    }
-    match item {
-        Item::Result(ResultMessage::Chunk(c)) => {
-            match c.outcome {
-                ChunkOutcome::Processed { .. } => match accounts.expect("prepared with its payload") {
-                    Ok(accounts) => match accounts.transactions() {
-                        Some(counted) if counted == c.transactions => match job.totals.try_add_all(accounts.iter()) {
-                            Ok(()) => cp.processed_transactions = cp.processed_transactions.saturating_add(counted),
-                            Err(e) => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result not added: {e}") }),
-                        },
-                        counted => cp.failed_chunks.push(FailedChunk {
-                            chunk,
-                            transactions,
-                            reason: match counted {
-                                Some(n) => format!("result counts {n} transactions, the chunk has {}", c.transactions),
-                                None => "result counts more transactions than a count can hold".to_string(),
-                            },
-                        }),
-                    },
-                    // S3 unreachable: leave the message; it comes back.
-                    Err(e) if e.is_retryable() => return Err(e),
-                    // Missing or corrupt payload: it never becomes readable; the chunk failed.
-                    Err(e) => {
-                        tracing::error!(job = %cp.job_id, chunk, error = %e, "result payload unreadable; chunk recorded as failed");
-                        cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result unreadable: {e}") })
-                    }
-                },
-                ChunkOutcome::Failed { reason } => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason }),
-            }
-            cp.requests.merge(&c.requests);
-        }
-        Item::Dead { receives, reason, .. } | Item::Result(ResultMessage::DeadLettered { receives, reason, .. }) => {
-            tracing::warn!(job = %cp.job_id, chunk, receives, ?reason, "work item dead-lettered; chunk recorded as failed");
-            cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: reason.unwrap_or_else(|| DEAD_LETTER_REASON.to_string()) });
-        }
-        Item::Result(ResultMessage::Sealed { .. } | ResultMessage::Abandon { .. }) => {}
-    }
-    cp.accounted.insert(chunk);
-    Ok(())
-}
-
-/// The accounts of a result's payload, decompressed to at most `cap` bytes. Decompression runs on
-/// the blocking pool (`offload`; the simulation decodes in place, on its one thread), at most
-/// [`DECODES`] at once: a batch of large results neither stalls the async workers nor holds more
-/// than that many inflated payloads.
-pub(super) async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, figures: Figures, offload: bool) -> Result<RowBatch> {
-    let (cap, rows) =
-        if crate::undo::is(crate::undo::Fix::DecodeCapFromRecord) { (super::MAX_RESULT_BYTES, u64::MAX) } else { (figures.max_bytes(), figures.max_rows()) };
-    let (data, cap) = match payload {
-        AccountsPayload::Inline { accounts } => return Ok(accounts.iter().map(AccountTotals::borrowed).collect()),
-        AccountsPayload::ZstdCsv { data } => (Bytes::from(base64_decode(&data).map_err(Error::corrupt)?), cap),
-        AccountsPayload::Blob { blob } => {
-            // Compressed, a payload is never larger than it may inflate to (plus zstd's framing).
-            let data = store
-                .get_capped(&blob.key, cap.saturating_add(1024))
-                .await?
-                .ok_or_else(|| Error::NotFound { service: fleet_io::error::Service::S3, what: format!("result blob {} does not exist", blob.key) })?;
-            if sha256_hex(&data) != blob.sha256 {
-                return Err(Error::Corrupt(format!("result blob {} checksum mismatch", blob.key)));
-            }
-            (data, blob.raw_bytes.min(cap))
-        }
-    };
-    static DECODES_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(DECODES);
-    let _permit = DECODES_AT_ONCE.acquire().await.map_err(|_| Error::Corrupt("decoder closed".into()))?;
-    if !offload {
-        return accounts_from_zstd_csv_rows(&data, cap, rows).map_err(Error::corrupt);
-    }
-    match tokio::task::spawn_blocking(move || accounts_from_zstd_csv_rows(&data, cap, rows)).await {
-        Ok(r) => r.map_err(Error::corrupt),
-        Err(e) => Err(Error::Corrupt(format!("result payload decoder failed: {e}"))),
     }
 }
 
@@ -399,23 +623,12 @@ fn fail_missing(cp: &Checkpoint, m: &Manifest, failed: &mut Vec<FailedChunk>, re
 mod tests {
     //! The job's transitions alone: no store, no queue, no clock but the instants given.
     use super::*;
+    use fleet_domain::billing::AccountTotals;
+    use fleet_domain::model::AccountsPayload;
     use rust_decimal::Decimal;
 
     fn job() -> Job {
-        let clock = Clock::System;
-        Job {
-            cp: super::super::take::fresh_checkpoint("j", &clock),
-            totals: CheckedTotals::new(),
-            pending: Pending::new(Arc::default()),
-            saved: Instant::now(),
-            last_activity: Instant::now(),
-            marked_open: false,
-            abandon: None,
-            stalled: None,
-            lease: Held::detached(),
-            cp_etag: None,
-            clock,
-        }
+        Job::new("j", Lease::detached(), Clock::System, Unsaved::new(Arc::default()))
     }
 
     fn ready(msg: ResultMessage) -> Ready {
@@ -451,6 +664,10 @@ mod tests {
         }))
     }
 
+    fn seal(total: u32) -> Ready {
+        ready(ResultMessage::Sealed { v: 1, job_id: "j".into(), total_chunks: total })
+    }
+
     fn manifest(chunks: &[u64]) -> Manifest {
         let mut m = super::super::quarantine::placeholder_manifest("j", chunks.len() as u32, chunks.iter().sum());
         m.created_at = "2026-11-26T00:00:00Z".into();
@@ -458,68 +675,133 @@ mod tests {
         m
     }
 
+    /// Commits `commit` as if its checkpoint was written.
+    fn commit(j: &mut Job, commit: Commit) {
+        let save = j.plan(commit, &RequestCounts::default()).unwrap();
+        j.saved(save, "\"etag\"".into());
+    }
+
     #[test]
     fn a_chunk_counts_once_a_real_result_replaces_a_failure_and_the_seal_bounds_the_job() {
         let mut j = job();
         let mut ctl = RequestCounts::default();
-        apply_item(&mut j, chunk(0, 2), &mut ctl).unwrap();
-        apply_item(&mut j, chunk(0, 2), &mut ctl).unwrap();
-        apply_item(&mut j, failed(1), &mut ctl).unwrap();
+        j.apply(chunk(0, 2), &mut ctl).unwrap();
+        j.apply(chunk(0, 2), &mut ctl).unwrap();
+        j.apply(failed(1), &mut ctl).unwrap();
         assert!(!j.all_in(), "not sealed");
-        apply_item(&mut j, ready(ResultMessage::Sealed { v: 1, job_id: "j".into(), total_chunks: 2 }), &mut ctl).unwrap();
+        j.apply(seal(2), &mut ctl).unwrap();
         assert!(j.all_in());
-        assert_eq!(j.cp.failed_chunks.len(), 1);
-        apply_item(&mut j, chunk(1, 3), &mut ctl).unwrap();
-        assert_eq!((j.cp.failed_chunks.len(), j.cp.processed_transactions), (0, 5), "the real result replaced the failure");
-        apply_item(&mut j, chunk(7, 50), &mut ctl).unwrap();
-        assert_eq!(j.cp.processed_transactions, 5, "beyond the sealed size: ignored");
-        j.decide(&manifest(&[2, 3]));
-        assert_eq!((j.cp.status, j.cp.finishing, j.cp.note.as_deref()), (JobStatus::Complete, true, None));
+        assert_eq!(j.failed().len(), 1);
+        j.apply(chunk(1, 3), &mut ctl).unwrap();
+        assert_eq!((j.failed().len(), j.processed()), (0, 5), "the real result replaced the failure");
+        j.apply(chunk(7, 50), &mut ctl).unwrap();
+        assert_eq!(j.processed(), 5, "beyond the sealed size: ignored");
+        let d = j.decide(&manifest(&[2, 3]));
+        assert_eq!((d.status, d.note.as_deref()), (JobStatus::Complete, None));
     }
 
     #[test]
     fn a_job_with_a_failure_finishes_only_once_settled_and_its_ending_is_kept() {
         let mut j = job();
         let mut ctl = RequestCounts::default();
-        for r in [chunk(0, 1), failed(1), ready(ResultMessage::Sealed { v: 1, job_id: "j".into(), total_chunks: 2 })] {
-            apply_item(&mut j, r, &mut ctl).unwrap();
+        for r in [chunk(0, 1), failed(1), seal(2)] {
+            j.apply(r, &mut ctl).unwrap();
         }
         let settle = Duration::from_secs(120);
-        let t0 = j.last_activity;
+        let t0 = j.news();
         assert!(!j.due_to_finish(t0 + Duration::from_secs(119), t0, settle));
         assert!(j.due_to_finish(t0 + settle, t0, settle));
         assert!(!j.due_to_finish(t0 + settle, t0 + Duration::from_secs(60), settle), "no idle time from before the floor");
-        j.decide(&manifest(&[1, 4]));
-        assert_eq!(j.cp.status, JobStatus::Partial);
-        assert_eq!(j.cp.failed_chunks[0].transactions, 4, "the manifest's count, not the 99 the result declared");
+        let d = j.decide(&manifest(&[1, 4]));
+        assert_eq!(d.status, JobStatus::Partial);
+        assert_eq!(d.failed[0].transactions, 4, "the manifest's count, not the 99 the result declared");
         let mut a = job();
-        apply_item(&mut a, chunk(0, 1), &mut ctl).unwrap();
+        a.apply(chunk(0, 1), &mut ctl).unwrap();
         a.abandon("first".into());
         a.abandon("second".into());
-        a.decide(&manifest(&[1, 2, 3]));
-        assert_eq!(a.cp.status, JobStatus::Abandoned);
-        assert_eq!(a.cp.failed_chunks.iter().map(|f| (f.chunk, f.transactions)).collect::<Vec<_>>(), [(1, 2), (2, 3)]);
-        assert_eq!(a.cp.note.as_deref(), Some("abandoned: first"), "a retried finish keeps its ending");
+        assert!(a.due_to_finish(a.news(), a.news(), settle), "an abandon asked for: finished at once");
+        let d = a.decide(&manifest(&[1, 2, 3]));
+        assert_eq!(d.status, JobStatus::Abandoned);
+        assert_eq!(d.failed.iter().map(|f| (f.chunk, f.transactions)).collect::<Vec<_>>(), [(1, 2), (2, 3)]);
+        assert_eq!(d.note.as_deref(), Some("abandoned: first"), "the first reason asked for is kept");
+    }
+
+    /// Deciding changes nothing; a planned checkpoint changes nothing until it is written; a committed
+    /// ending is the only one the job ever reports, takes no more results, and its end drops the rows.
+    #[tokio::test]
+    async fn an_ending_is_the_job_s_only_once_a_checkpoint_commits_it() {
+        let mut j = job();
+        let mut ctl = RequestCounts::default();
+        for r in [chunk(0, 2), failed(1), seal(2)] {
+            j.apply(r, &mut ctl).unwrap();
+        }
+        let d = j.decide(&manifest(&[2, 5]));
+        assert!(j.is_open(), "deciding is not committing");
+        // The write failed: the plan is dropped, the job is as it was (no flag to roll back).
+        let lost = j.plan(Commit::Ending(d.clone()), &RequestCounts::default()).unwrap();
+        drop(lost);
+        assert_eq!((j.is_open(), j.failed().len()), (true, 1));
+        j.apply(chunk(1, 5), &mut ctl).unwrap();
+        assert_eq!(j.failed().len(), 0, "still open: the real result replaced the failure");
+        // Decided again and written: the ending is committed.
+        let d = j.decide(&manifest(&[2, 5]));
+        assert_eq!(d.status, JobStatus::Complete);
+        let mut calls = RequestCounts::default();
+        calls.add("s3.PutObject", 3);
+        let save = j.plan(Commit::Ending(d.clone()), &calls).unwrap();
+        j.saved(save, "\"e1\"".into());
+        assert_eq!(j.phase(), &Phase::Ending(d.clone()));
+        assert_eq!(j.requests().0.get("s3.PutObject"), Some(&3), "the finish's calls are counted with the commit that decided it");
+        // Nothing more is taken, and a decision asked again is the committed one.
+        let (k, _done) = kept_delivery("late");
+        assert!(j.apply_batch(vec![(failed(0), (Source::Results, k))], Instant::now(), &mut ctl).is_ok());
+        assert_eq!((j.failed().len(), j.unsaved().len()), (0, 1), "a late failure is not applied, only kept for the finish");
+        assert_eq!(j.decide(&manifest(&[9, 9])), d);
+        assert_eq!(j.next(j.news(), j.news(), Duration::from_secs(120), Asker::Timer), Next::Finish);
+        commit(&mut j, Commit::Finished);
+        assert_eq!(j.phase(), &Phase::Finished(JobStatus::Complete));
+        assert_eq!(j.done().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_batch_saves_once_enough_is_unsaved_the_timer_whatever_is() {
+        let mut j = job();
+        let mut ctl = RequestCounts::default();
+        let t0 = Instant::now();
+        let settle = Duration::from_secs(120);
+        assert_eq!(j.next(t0, t0, settle, Asker::Timer), Next::Wait, "nothing unsaved");
+        let (k, _done) = kept_delivery("1");
+        j.apply_batch(vec![(chunk(0, 1), (Source::Results, k))], t0, &mut ctl).unwrap();
+        assert_eq!(j.next(t0, t0, settle, Asker::Timer), Next::Save);
+        assert_eq!(j.next(j.saved, t0, settle, Asker::Batch), Next::Wait, "one message, just saved");
+        assert_eq!(j.next(j.saved + FLUSH_INTERVAL, t0, settle, Asker::Batch), Next::Save);
+        commit(&mut j, Commit::Progress);
+        assert!(j.is_open());
+    }
+
+    fn kept_delivery(id: &str) -> (Kept, fleet_engine::Completions) {
+        let q = fleet_io::memory::MemoryQueue::new("billing-results", Duration::from_secs(30));
+        let done = fleet_engine::Completions::start(q, Default::default());
+        let m = fleet_io::queue::Message { id: id.into(), body: String::new(), receive_count: 1, attrs: Default::default() };
+        (done.keep(fleet_io::queue::Delivery::new(m, format!("r-{id}"))), done)
     }
 
     /// Handing a job over gives back exactly the messages applied since its last checkpoint (for the
     /// new owner), dropping it gives them back with their queues (to hold), and the aggregator's count
-    /// of pending messages follows both.
+    /// of unsaved messages follows both.
     #[tokio::test]
     async fn a_job_handed_over_or_dropped_gives_back_exactly_its_unsaved_messages() {
         let q = fleet_io::memory::MemoryQueue::new("billing-results", Duration::from_secs(30));
         let done = fleet_engine::Completions::start(q, Default::default());
         let kept = |id: &str| {
-            let m = Message { id: id.into(), body: String::new(), receive_count: 1, attrs: Default::default() };
+            let m = fleet_io::queue::Message { id: id.into(), body: String::new(), receive_count: 1, attrs: Default::default() };
             done.keep(fleet_io::queue::Delivery::new(m, format!("r-{id}")))
         };
         let count = Arc::new(AtomicUsize::new(0));
-        let mut a = job();
-        a.pending = Pending::new(count.clone());
-        a.pending.extend(vec![(Source::Results, kept("1")), (Source::ResultsDeadLetter, kept("2"))]);
-        let mut b = job();
-        b.pending = Pending::new(count.clone());
-        b.pending.extend(vec![(Source::WorkDeadLetter, kept("3"))]);
+        let mut a = Job::new("a", Lease::detached(), Clock::System, Unsaved::new(count.clone()));
+        a.unsaved.extend(vec![(Source::Results, kept("1")), (Source::ResultsDeadLetter, kept("2"))]);
+        let mut b = Job::new("b", Lease::detached(), Clock::System, Unsaved::new(count.clone()));
+        b.unsaved.extend(vec![(Source::WorkDeadLetter, kept("3"))]);
         assert_eq!(count.load(Ordering::Relaxed), 3);
         let handed: Vec<String> = a.hand_over().iter().map(|k| k.id.clone()).collect();
         assert_eq!(handed, ["1", "2"]);

@@ -15,9 +15,10 @@
 //! remembering unsealed jobs by their checkpoint's time only (a HEAD request), so that one whose owner
 //! died and whose messages never come back is still abandoned in time.
 //!
-//! Rooms: `job` (a job in memory and the items applied to it), `take` (leases and loading),
-//! `checkpoint` (flushing and the checkpoint format), `finalize` (the report), `scan` (dormant jobs and
-//! expiry); this file holds the aggregator and the path of one batch.
+//! Rooms: `job` (a job in memory: the state machine, sans-I/O), `item` (what a message brings to a
+//! job), `take` (leases and loading), `checkpoint` (flushing, the checkpoint format, and committing
+//! what a job planned), `finalize` (the report), `scan` (dormant jobs and expiry); this file holds the
+//! aggregator and the path of one batch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -34,12 +35,13 @@ use fleet_io::lock;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
-use crate::lease::{Leases, WeakHeld};
+use crate::lease::{Leases, WeakLease};
 
 pub mod budget;
 mod checkpoint;
 mod finalize;
 pub mod hold;
+mod item;
 mod job;
 mod quarantine;
 pub mod records;
@@ -48,9 +50,10 @@ mod take;
 
 use budget::Budget;
 use hold::Hold;
-use job::{apply_item, parse, prepare, Item, Job, Ready};
+use item::{parse, prepare, Item, Ready};
+use job::{Asker, Job, Next};
 use records::{RecordsCache, Verdict};
-pub use scan::{Drain, FleetQueues, Look, DEPTH_LAG};
+pub use scan::{Emptied, FleetQueues, Look, DEPTH_LAG};
 
 /// Largest decompressed checkpoint accepted.
 const MAX_DOC_BYTES: u64 = 1 << 30;
@@ -174,7 +177,7 @@ struct InMemory {
     /// Ordered maps throughout: the order jobs are visited in is the same on every run (the
     /// simulation replays a seed exactly).
     slots: BTreeMap<String, Slot>,
-    leases: BTreeMap<String, WeakHeld>,
+    leases: BTreeMap<String, WeakLease>,
     failing: BTreeMap<String, Instant>,
     /// The results partition each job's messages came from (to let its jobs go with a partition).
     partition: BTreeMap<String, u16>,
@@ -194,11 +197,11 @@ struct Known {
 /// (no job's idle time counts from before it: the aggregator's start, so that a controller that was
 /// down longer than `abandon_after` reads its queues before it abandons anything, or the end of the
 /// last store outage, so that results held through it are applied first); how far the fleet's queues
-/// have drained (for the stall rule).
+/// have emptied (for the stall rule).
 struct Expiry {
     scanned: Option<Instant>,
     idle_floor: Instant,
-    drain: scan::Drain,
+    emptied: scan::Emptied,
 }
 
 /// The controller's in-memory view of the jobs it is aggregating. Shared by every listener: each job
@@ -221,7 +224,7 @@ pub struct Aggregator {
     hold: Mutex<Hold>,
     /// What the jobs' own records say (see `records`).
     records: Mutex<RecordsCache>,
-    /// Decoded results held at once stay within it (see `budget`).
+    /// Decoded results in memory at once stay within it (see `budget`).
     budget: Arc<Budget>,
     /// Told the id of each job whose report it wrote (the purge of its blobs); dropped at the stop.
     on_finished: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
@@ -294,7 +297,7 @@ impl Aggregator {
             leases,
             memory: Mutex::default(),
             known: Mutex::default(),
-            expiry: Mutex::new(Expiry { scanned: None, idle_floor: Instant::now(), drain: scan::Drain::default() }),
+            expiry: Mutex::new(Expiry { scanned: None, idle_floor: Instant::now(), emptied: scan::Emptied::default() }),
             hold: Mutex::default(),
             records: Mutex::default(),
             budget: Arc::new(Budget::new(budget::DEFAULT_BUDGET_MIB << 20)),
@@ -311,7 +314,7 @@ impl Aggregator {
 
     /// Finishes sealed jobs that no longer progress as `partial` after `after` without news, once
     /// every message that was in the fleet's `queues` at their last news has left them (see
-    /// `scan::Drain`).
+    /// `scan::Emptied`).
     pub fn set_stall_limit(&mut self, after: Duration, queues: FleetQueues) {
         self.stall = Some(scan::StallLimit { after, queues });
     }
@@ -327,12 +330,12 @@ impl Aggregator {
         self.prices = prices;
     }
 
-    /// Sets the byte budget of decoded results held at once (default [`budget::DEFAULT_BUDGET_MIB`]).
+    /// Sets the byte budget of decoded results in memory at once (default [`budget::DEFAULT_BUDGET_MIB`]).
     pub fn set_decode_budget(&mut self, bytes: u64) {
         self.budget = Arc::new(Budget::new(bytes));
     }
 
-    /// The budget of decoded results (its high-water mark: the most held at once).
+    /// The budget of decoded results (its high-water mark: the most in memory at once).
     pub fn decode_budget(&self) -> &Budget {
         &self.budget
     }
@@ -504,12 +507,12 @@ impl Aggregator {
         }
         let mut looked = Some(checked.requests);
         for (run, share) in budget::runs(agreeing, self.budget.bytes()) {
-            let held = self.budget.take(share).await;
+            let reserved = self.budget.take(share).await;
             let (kept, readies): (Vec<Kept>, Vec<_>) = run.into_iter().map(|(k, item, figures)| (k, (item, figures))).unzip();
             let readies =
                 futures::future::join_all(readies.into_iter().map(|(item, figures)| prepare(item, figures, self.store.as_ref(), self.offload_decoding))).await;
             let step = self.apply_job(&job_id, source, Work::Apply(readies, looked.take().unwrap_or_default()), kept).await;
-            drop(held);
+            drop(reserved);
             self.record_step(&job_id, step, &mut out);
         }
         out
@@ -532,7 +535,7 @@ impl Aggregator {
         match step {
             Ok(Step::Delete(deletable)) => out.delete.extend(deletable),
             Ok(Step::NotMine(kept, after)) => out.release.extend(kept.into_iter().map(|k| (k, after))),
-            // Held (see `hold`) when the failure may pass.
+            // Lease (see `hold`) when the failure may pass.
             Err(e) if e.is_retryable() => tracing::debug!(job = %job_id, error = %e, "could not apply results; held"),
             Err(e) => tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered"),
         }
@@ -545,24 +548,24 @@ impl Aggregator {
     async fn apply_job(&self, job_id: &str, source: Source, work: Work, kept: Vec<Kept>) -> Result<Step> {
         if self.is_finished(job_id) {
             tracing::debug!(job = %job_id, n = kept.len(), "late messages of a finished job");
-            return Ok(Step::Delete(self.settle_finished(job_id, kept.into_iter().map(|k| (source, k)).collect()).await));
+            return Ok(Step::Delete(self.complete_late(job_id, kept.into_iter().map(|k| (source, k)).collect()).await));
         }
         let mut kept: Vec<(Source, Kept)> = kept.into_iter().map(|k| (source, k)).collect();
         let slot = self.slot(job_id);
         let step = {
-            let mut held = slot.lock().await;
+            let mut loaded = slot.lock().await;
             let marked = lock(&self.memory).failing.get(job_id).copied();
             let failing = marked.is_some_and(|until| Instant::now() < until);
-            let step = match (work, self.turned_back(job_id, held.is_some())) {
+            let step = match (work, self.turned_back(job_id, loaded.is_some())) {
                 (Work::Failed(e), _) | (Work::Apply(..), Some(e)) => Err(e),
-                (Work::Apply(items, looked), None) => self.apply_locked(job_id, &mut held, items, &mut kept, looked).await,
+                (Work::Apply(items, looked), None) => self.apply_locked(job_id, &mut loaded, items, &mut kept, looked).await,
             };
             match &step {
                 Err(e) => {
                     if e.is_retryable() && !failing {
                         lock(&self.memory).failing.insert(job_id.to_string(), Instant::now() + FAILING_FOR);
                     }
-                    self.drop_job(&mut held, std::mem::take(&mut kept), e);
+                    self.drop_job(&mut loaded, std::mem::take(&mut kept), e);
                 }
                 Ok(_) if marked.is_some() => {
                     lock(&self.memory).failing.remove(job_id);
@@ -579,8 +582,8 @@ impl Aggregator {
     /// Drops a job from memory after a failure, with `also` (messages not applied to it yet): its
     /// messages are held when the failure may pass (applied again to the job reloaded from its last
     /// checkpoint), else left to come back after their visibility timeout.
-    fn drop_job(&self, held: &mut Option<Job>, mut also: Vec<(Source, Kept)>, e: &Error) {
-        if let Some(job) = held.take() {
+    fn drop_job(&self, loaded: &mut Option<Job>, mut also: Vec<(Source, Kept)>, e: &Error) {
+        if let Some(job) = loaded.take() {
             also.extend(job.drop_unsaved());
         }
         if e.is_retryable() {
@@ -591,8 +594,8 @@ impl Aggregator {
     /// Drops a job from memory that another controller owns now (fenced, or its lease lost): the
     /// messages applied to it since its last checkpoint go back to the queue for the owner at once
     /// (they may have been kept invisible for minutes by a hold).
-    fn hand_over(&self, held: &mut Option<Job>) {
-        if let Some(job) = held.take() {
+    fn hand_over(&self, loaded: &mut Option<Job>) {
+        if let Some(job) = loaded.take() {
             for k in job.hand_over() {
                 k.release(HAND_BACK);
             }
@@ -604,7 +607,7 @@ impl Aggregator {
     async fn apply_locked(
         &self,
         job_id: &str,
-        held: &mut Option<Job>,
+        loaded: &mut Option<Job>,
         items: Vec<Ready>,
         kept: &mut Vec<(Source, Kept)>,
         looked: RequestCounts,
@@ -615,65 +618,44 @@ impl Aggregator {
         // SQS bills each further 64 KiB of what the receive brought as one more request.
         ctl.add(SQS_EXTRA_64K, sqs_extra_chunks(kept.iter().map(|(_, k)| k.body.len()).sum()));
         // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
-        let stale = match held.as_ref() {
-            Some(j) => !self.leases.fresh(&j.lease).await,
+        let stale = match loaded.as_ref() {
+            Some(j) => !self.leases.fresh(j.lease()).await,
             None => false,
         };
         if stale {
-            self.keep_lease(job_id, held).await;
+            self.keep_lease(job_id, loaded).await;
         }
-        if held.is_none() {
+        if loaded.is_none() {
             match self.take(job_id, &mut ctl).await? {
-                Taken::Open(job) => *held = Some(*job),
-                Taken::Finished => return Ok(Step::Delete(self.settle_finished(job_id, std::mem::take(kept)).await)),
+                Taken::Open(job) => *loaded = Some(*job),
+                Taken::Finished => return Ok(Step::Delete(self.complete_late(job_id, std::mem::take(kept)).await)),
                 Taken::Busy(after) => {
                     tracing::debug!(job = %job_id, n = kept.len(), after_ms = after.as_millis() as u64, "job owned by another controller; messages handed back");
                     return Ok(Step::NotMine(unpaired(kept), after));
                 }
             }
         }
-        let job = held.as_mut().expect("loaded above");
-        // A seal first (its size, checked against the manifest, is a fact whatever the order). Every
-        // item here agrees with the job's records (see `records`).
+        let job = loaded.as_mut().expect("loaded above");
+        // Every item here agrees with the job's records (see `records`).
         let taken = std::mem::take(kept);
         debug_assert_eq!(taken.len(), items.len(), "one message per item");
-        let mut pairs: Vec<(Ready, (Source, Kept))> = items.into_iter().zip(taken).collect();
-        pairs.sort_by_key(|(r, _)| !r.is_seal());
-        let mut applied = Vec::with_capacity(pairs.len());
-        let mut pairs = pairs.into_iter();
-        while let Some((item, k)) = pairs.next() {
-            // A job whose ending is committed takes nothing more (what arrives now is a late
-            // duplicate or comes too late); it is only finished.
-            if job.cp.finishing {
-                applied.push(k);
-                continue;
-            }
-            if let Err(e) = apply_item(job, item, &mut ctl) {
-                applied.push(k);
-                applied.extend(pairs.map(|(_, k)| k));
-                *kept = applied;
-                return Err(e);
-            }
-            applied.push(k);
+        let now = Instant::now();
+        if let Err((e, back)) = job.apply_batch(items.into_iter().zip(taken).collect(), now, &mut ctl) {
+            *kept = back;
+            return Err(e);
         }
-        if !applied.is_empty() {
-            job.last_activity = Instant::now();
+        job.count(&ctl);
+        let floor = lock(&self.expiry).idle_floor;
+        match job.next(now, floor, self.settle, Asker::Batch) {
+            // Every chunk in: finished now, unless some of them failed, when a real result may still
+            // replace a failure (see `settle`).
+            Next::Finish => self.finish(job_id, loaded).await.map(Step::Delete),
+            Next::Save => Ok(Step::Delete(self.flush_job(job_id, loaded).await)),
+            Next::Wait => Ok(Step::Delete(Vec::new())),
         }
-        job.pending.extend(applied);
-        job.cp.requests.merge(&ctl);
-        // Every chunk in: finished now, unless some of them failed, when a real result may still
-        // replace a failure (see `settle`).
-        if job.cp.finishing || job.abandon.is_some() || (job.all_in() && (job.cp.failed_chunks.is_empty() || self.settle.is_zero())) {
-            return self.finish(job_id, held).await.map(Step::Delete);
-        }
-        // Under a steady stream the job is rarely idle when the timer looks: its own batches save it.
-        if job.pending.len() >= FLUSH_MESSAGES || job.saved.elapsed() >= FLUSH_INTERVAL {
-            return Ok(Step::Delete(self.flush_job(job_id, held).await));
-        }
-        Ok(Step::Delete(Vec::new()))
     }
 
-    /// Jobs held in memory (being aggregated).
+    /// Jobs in memory (being aggregated).
     pub fn open_jobs(&self) -> usize {
         lock(&self.memory).slots.values().filter(|s| s.try_lock().map_or(true, |j| j.is_some())).count()
     }

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use fleet_domain::billing::{CheckedTotals, Tariff};
 use fleet_domain::codec::to_zstd_json;
 use fleet_domain::layout::{checkpoint_key, manifest_key, open_key, quarantined_checkpoint_key, report_key, MAX_MANIFEST_BYTES};
-use fleet_domain::model::{Checkpoint, JobStatus, Manifest, Progress, WIRE_VERSION};
+use fleet_domain::model::{JobStatus, Manifest, Progress, WIRE_VERSION};
 use fleet_domain::report;
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
@@ -24,11 +24,9 @@ use fleet_io::blob::Cond;
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 
-use super::checkpoint::{save_checkpoint, Rows};
-use super::job::Job;
-use super::take::fresh_checkpoint;
+use super::job::{fresh_checkpoint, Commit, Job};
 use super::{Aggregator, Source};
-use crate::lease::Held;
+use crate::lease::Lease;
 
 impl Aggregator {
     /// Quarantines a job whose checkpoint (the document with ETag `etag`) cannot be read, its lease
@@ -37,7 +35,7 @@ impl Aggregator {
     /// checkpoint since (it was not corrupt, only moving), nothing is written and the job is loaded
     /// again later. The report is written only where there is none: a report another controller
     /// wrote is never replaced.
-    pub(super) async fn quarantine_unreadable(&self, job_id: &str, lease: &Held, why: &Error, etag: &str) -> Result<()> {
+    pub(super) async fn quarantine_unreadable(&self, job_id: &str, lease: &Lease, why: &Error, etag: &str) -> Result<()> {
         let manifest = match self.store.get_capped(&manifest_key(job_id), MAX_MANIFEST_BYTES).await {
             Ok(found) => found.and_then(|b| serde_json::from_slice::<Manifest>(&b).ok()),
             Err(e) if e.is_retryable() => return Err(e),
@@ -77,27 +75,20 @@ impl Aggregator {
     /// checkpoint keeps its rows. Returns its messages for deletion (the checkpoint covers them).
     pub(super) async fn quarantine_finishing(&self, job_id: &str, job: &mut Job, why: &Error) -> Result<Vec<Kept>> {
         tracing::error!(job = %job_id, error = %why, "the job's manifest cannot be read: job quarantined");
-        let status = job.cp.status;
-        job.cp.status = JobStatus::Quarantined;
-        if let Err(e) = save_checkpoint(job, self.store.as_ref(), &self.stats, Rows::Keep).await {
-            job.cp.status = status;
-            return Err(e);
-        }
-        let note = format!(
-            "quarantined: the job's manifest cannot be read ({why}); its checkpoint keeps the {} chunks accounted for and their rows",
-            job.cp.accounted.len()
-        );
-        self.write_quarantine_report(job_id, None, Some(&job.cp), note, Cond::Any).await?;
-        self.close_quarantined(job_id, &job.lease).await;
-        Ok(job.pending.take())
+        self.commit(job, Commit::Quarantined, &RequestCounts::default()).await?;
+        let note =
+            format!("quarantined: the job's manifest cannot be read ({why}); its checkpoint keeps the {} chunks accounted for and their rows", job.accounted());
+        self.write_quarantine_report(job_id, None, Some(job), note, Cond::Any).await?;
+        self.close_quarantined(job_id, job.lease()).await;
+        Ok(job.covered())
     }
 
     /// Writes a quarantined report if `cond` holds (`Absent`: never over another controller's report).
-    async fn write_quarantine_report(&self, job_id: &str, manifest: Option<Manifest>, cp: Option<&Checkpoint>, note: String, cond: Cond) -> Result<()> {
-        let failed = cp.map(|c| c.failed_chunks.clone()).unwrap_or_default();
-        let manifest = manifest.unwrap_or_else(|| placeholder_manifest(job_id, cp.map_or(0, |c| c.accounted.len() as u32), 0));
+    async fn write_quarantine_report(&self, job_id: &str, manifest: Option<Manifest>, job: Option<&Job>, note: String, cond: Cond) -> Result<()> {
+        let failed = job.map(|j| j.failed().to_vec()).unwrap_or_default();
+        let manifest = manifest.unwrap_or_else(|| placeholder_manifest(job_id, job.map_or(0, |j| j.accounted() as u32), 0));
         let totals = CheckedTotals::new();
-        let mut r = report::build_borrowed(&manifest, &totals, failed, &cp.map(|c| c.requests.clone()).unwrap_or_default());
+        let mut r = report::build_borrowed(&manifest, &totals, failed, &job.map(|j| j.requests().clone()).unwrap_or_default());
         r.requests.set_cost(&self.prices, manifest.submitted);
         r.status = JobStatus::Quarantined;
         r.note = Some(note);
@@ -109,7 +100,7 @@ impl Aggregator {
         Ok(())
     }
 
-    async fn close_quarantined(&self, job_id: &str, lease: &Held) {
+    async fn close_quarantined(&self, job_id: &str, lease: &Lease) {
         if let Err(e) = self.store.delete(&open_key(job_id)).await {
             tracing::warn!(job = %job_id, error = %e, "could not remove the open-job marker of a quarantined job");
         }
@@ -119,7 +110,7 @@ impl Aggregator {
 
     /// Completes the messages of a finished job: deleted; a quarantined job's are first kept in the
     /// quarantine of unreadable messages (held when the store does not answer).
-    pub(super) async fn settle_finished(&self, job_id: &str, kept: Vec<(Source, Kept)>) -> Vec<Kept> {
+    pub(super) async fn complete_late(&self, job_id: &str, kept: Vec<(Source, Kept)>) -> Vec<Kept> {
         if lock(&self.known).finished.status.get(job_id) != Some(&JobStatus::Quarantined) {
             return kept.into_iter().map(|(_, k)| k).collect();
         }

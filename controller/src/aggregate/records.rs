@@ -26,7 +26,7 @@ use fleet_domain::requests::RequestCounts;
 use fleet_io::error::Result;
 use fleet_io::lock;
 
-use super::job::Item;
+use super::item::Item;
 use super::{Aggregator, MAX_RESULT_BYTES};
 
 /// Jobs whose records are kept in memory at once (a cache: a job dropped from it is looked up again).

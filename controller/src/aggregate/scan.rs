@@ -2,7 +2,7 @@
 //! `abandon_after` (one HEAD each, remembered dormant until due). A job without news for
 //! `abandon_after` that never sealed is finished as `abandoned`; a sealed job without news for
 //! `stall_after`, once every message that was in the fleet's queues at its last news has left them
-//! (`Drain`: nothing can still arrive for it, its work item was lost to retention or a FIFO
+//! (`Emptied`: nothing can still arrive for it, its work item was lost to retention or a FIFO
 //! de-duplication drop), is finished as `partial`, naming the chunks it never got. News counts since
 //! the controller started, or since the store answered again after an outage, at the earliest, so
 //! that a controller that was down (or could not reach S3) does not finish a job whose seal or results
@@ -79,16 +79,16 @@ impl Aggregator {
             let mut ctl = RequestCounts::default();
             let slot = self.slot(&job_id);
             {
-                let mut held = slot.lock().await;
-                if held.is_none() {
+                let mut loaded = slot.lock().await;
+                if loaded.is_none() {
                     match self.take(&job_id, &mut ctl).await {
                         // Its idle time is read again from the checkpoint just loaded (news on another
                         // controller since the scan moved it), not from what the scan saw.
                         Ok(Taken::Open(mut job)) => {
                             if crate::undo::is(crate::undo::Fix::NewsFromCheckpoint) {
-                                job.last_activity = d.since;
+                                job.heard(d.since);
                             }
-                            *held = Some(*job)
+                            *loaded = Some(*job)
                         }
                         Ok(Taken::Finished) => {
                             let _ = self.store.delete(&open_key(&job_id)).await;
@@ -108,28 +108,29 @@ impl Aggregator {
         let slots = self.slots();
         let mut idle = Vec::new();
         for (job_id, slot) in &slots {
-            // A job being worked on, or with messages held, is not idle.
+            // A job being worked on, or with messages loaded, is not idle.
             if held_jobs.contains(job_id) {
                 continue;
             }
-            let Ok(held) = slot.try_lock() else { continue };
-            let Some(job) = held.as_ref() else { continue };
+            let Ok(loaded) = slot.try_lock() else { continue };
+            let Some(job) = loaded.as_ref() else { continue };
             let quiet_for = job.quiet_for(now, floor);
-            if limit(job.cp.total_chunks.is_some()).is_some_and(|l| quiet_for >= l) {
-                idle.push((job_id.clone(), slot.clone(), job.cp.total_chunks.is_some(), quiet_for));
+            let sealed = job.total_chunks().is_some();
+            if limit(sealed).is_some_and(|l| quiet_for >= l) {
+                idle.push((job_id.clone(), slot.clone(), sealed, quiet_for));
             }
         }
         let mut out = Vec::new();
         for (job_id, slot, sealed, quiet_for) in idle {
-            let Ok(mut held) = slot.try_lock() else { continue };
-            let Some(job) = held.as_mut() else { continue };
-            if sealed && !self.drained_since(job.last_activity, &mut looked).await {
-                tracing::debug!(job = %job_id, "a sealed job waits: the fleet's queues have not drained since its last news");
+            let Ok(mut loaded) = slot.try_lock() else { continue };
+            let Some(job) = loaded.as_mut() else { continue };
+            if sealed && !self.emptied_since(job.news(), &mut looked).await {
+                tracing::debug!(job = %job_id, "a sealed job waits: the fleet's queues have not emptied since its last news");
                 continue;
             }
             let ending = if sealed {
                 Ending::Stalled(format!(
-                    "no result for {} s after the job's last news, and every queue of the fleet has drained since: its work item was lost (queue retention, FIFO de-duplication) and can no longer arrive",
+                    "no result for {} s after the job's last news, and every queue of the fleet has emptied since: its work item was lost (queue retention, FIFO de-duplication) and can no longer arrive",
                     quiet_for.as_secs()
                 ))
             } else {
@@ -137,16 +138,16 @@ impl Aggregator {
             };
             match ending {
                 Ending::Abandon(reason) => {
-                    tracing::warn!(job = %job_id, accounted = job.cp.accounted.len(), idle_secs = quiet_for.as_secs(), "job never sealed; abandoning it");
+                    tracing::warn!(job = %job_id, accounted = job.accounted(), idle_secs = quiet_for.as_secs(), "job never sealed; abandoning it");
                     job.abandon(reason);
                 }
                 Ending::Stalled(reason) => {
-                    tracing::warn!(job = %job_id, accounted = job.cp.accounted.len(), total = ?job.cp.total_chunks, idle_secs = quiet_for.as_secs(),
-                        "sealed job stalled, the fleet's queues drained since its last news; finishing it as partial");
+                    tracing::warn!(job = %job_id, accounted = job.accounted(), total = ?job.total_chunks(), idle_secs = quiet_for.as_secs(),
+                        "sealed job stalled, the fleet's queues emptied since its last news; finishing it as partial");
                     job.stall(reason);
                 }
             }
-            match self.finish(&job_id, &mut held).await {
+            match self.finish(&job_id, &mut loaded).await {
                 Ok(done) => out.extend(done),
                 Err(e) => tracing::warn!(job = %job_id, error = %e, "could not write the idle job's report; trying again later"),
             }
@@ -156,15 +157,15 @@ impl Aggregator {
     }
 
     /// Looks at the fleet's queues (once per expiry tick, `looked`) and says whether every message
-    /// that was in them at the job's last news has left them since (see [`Drain`]).
-    async fn drained_since(&self, news: Instant, looked: &mut bool) -> bool {
+    /// that was in them at the job's last news has left them since (see [`Emptied`]).
+    async fn emptied_since(&self, news: Instant, looked: &mut bool) -> bool {
         let Some(stall) = &self.stall else { return false };
         if !*looked {
             *looked = true;
             let look = stall.queues.look().await;
-            lock(&self.expiry).drain.observe(Instant::now(), look);
+            lock(&self.expiry).emptied.observe(Instant::now(), look);
         }
-        lock(&self.expiry).drain.drained_after(news)
+        lock(&self.expiry).emptied.emptied_after(news)
     }
 
     /// Reads the open-job markers: finished jobs lose theirs, unfinished jobs not in memory are
@@ -220,7 +221,7 @@ pub(super) struct Dormant {
 }
 
 /// When a sealed job that no longer progresses is finished as `partial`, and the queues that must
-/// have drained first.
+/// have emptied first.
 pub struct StallLimit {
     pub after: Duration,
     pub queues: FleetQueues,
@@ -236,7 +237,7 @@ pub struct FleetQueues {
 }
 
 impl FleetQueues {
-    /// Reads which queues are empty (visible, in flight and delayed), in the order [`Drain`] needs:
+    /// Reads which queues are empty (visible, in flight and delayed), in the order [`Emptied`] needs:
     /// the work queue before its dead-letter queue and the results queue, the results queue before
     /// its dead-letter queue. A queue that cannot be read counts as not empty, and so does every
     /// queue after it.
@@ -280,10 +281,10 @@ pub const DEPTH_LAG: Duration = Duration::from_secs(60);
 /// fleet's queues at `w - DEPTH_LAG` has left them for good, so a job whose last news is older than
 /// that can get nothing more. Pure: `observe` is fed what `FleetQueues::look` read.
 #[derive(Debug, Default)]
-pub struct Drain {
+pub struct Emptied {
     pass: Option<Pass>,
     /// The start (`w`) of the last pass completed.
-    drained: Option<Instant>,
+    emptied_at: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -294,7 +295,7 @@ struct Pass {
     results_dlq: bool,
 }
 
-impl Drain {
+impl Emptied {
     /// Takes one look, made at `at`.
     pub fn observe(&mut self, at: Instant, look: Look) {
         if let Some(p) = self.pass.as_mut() {
@@ -310,7 +311,7 @@ impl Drain {
                 p.results = Some(at);
             }
             if p.work_dlq && p.results_dlq {
-                self.drained = Some(p.work);
+                self.emptied_at = Some(p.work);
                 self.pass = None;
             }
         }
@@ -320,7 +321,7 @@ impl Drain {
     }
 
     /// Whether a pass that started at least [`DEPTH_LAG`] after `news` has completed.
-    pub fn drained_after(&self, news: Instant) -> bool {
-        self.drained.is_some_and(|w| w.saturating_duration_since(news) >= DEPTH_LAG)
+    pub fn emptied_after(&self, news: Instant) -> bool {
+        self.emptied_at.is_some_and(|w| w.saturating_duration_since(news) >= DEPTH_LAG)
     }
 }

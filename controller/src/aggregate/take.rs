@@ -1,20 +1,17 @@
 //! Taking a job (its lease, then its state from the checkpoint) and keeping it (renewing the lease;
 //! dropping the job when the lease is lost), and giving every lease back on shutdown (seed 003).
 
-use fleet_domain::billing::CheckedTotals;
 use fleet_domain::codec::from_zstd_json;
 use fleet_domain::layout::checkpoint_key;
-use fleet_domain::model::{Checkpoint, JobStatus, WIRE_VERSION};
+use fleet_domain::model::{Checkpoint, JobStatus};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
-use tokio::time::Instant;
 
 use super::checkpoint::restore_totals;
-use super::job::{Job, Pending};
+use super::job::{Job, Unsaved};
 use super::{Aggregator, Slot, Taken, HAND_BACK, MAX_DOC_BYTES};
-use crate::clock::Clock;
-use crate::lease::{Acquired, Held};
+use crate::lease::{Acquired, Lease};
 
 impl Aggregator {
     /// Takes a job's lease and loads it from its checkpoint (a new job when there is none).
@@ -23,7 +20,7 @@ impl Aggregator {
         ctl.add("s3.GetObject", 1);
         ctl.add("s3.PutObject", 1);
         let lease = match self.leases.acquire(job_id).await? {
-            Acquired::Held(h) => h,
+            Acquired::Ours(h) => h,
             Acquired::Busy { expires_in, .. } => return Ok(Taken::Busy(self.leases.hand_back_after(expires_in, HAND_BACK))),
         };
         let job = match self.load_unchanged(job_id, &lease, ctl).await {
@@ -39,36 +36,39 @@ impl Aggregator {
                 return Err(e);
             }
         };
-        lock(&self.memory).leases.insert(job_id.to_string(), job.lease.downgrade());
-        if job.cp.status.is_finished() && !job.cp.finishing {
-            self.remember_finished(job_id, job.cp.status);
-            let _ = self.leases.release(job_id, &job.lease).await;
-            return Ok(Taken::Finished);
-        }
-        Ok(Taken::Open(Box::new(job)))
+        let job = match job {
+            Loaded::Finished(status) => {
+                self.remember_finished(job_id, status);
+                let _ = self.leases.release(job_id, &lease).await;
+                return Ok(Taken::Finished);
+            }
+            Loaded::Job(job) => job,
+        };
+        lock(&self.memory).leases.insert(job_id.to_string(), job.lease().downgrade());
+        Ok(Taken::Open(job))
     }
 
     /// Renews the lease of a job in memory. The job is dropped (its messages were not deleted and go
     /// to the new owner) when the lease is lost, or could not be renewed and is no longer fresh.
-    pub(super) async fn keep_lease(&self, job_id: &str, held: &mut Option<Job>) -> bool {
-        let Some(job) = held.as_mut() else { return false };
-        let (kept, failed) = match self.leases.renew(job_id, &job.lease).await {
+    pub(super) async fn keep_lease(&self, job_id: &str, loaded: &mut Option<Job>) -> bool {
+        let Some(job) = loaded.as_mut() else { return false };
+        let (kept, failed) = match self.leases.renew(job_id, job.lease()).await {
             Ok(renewed) => (renewed, None),
             Err(e) => {
                 tracing::warn!(job = %job_id, error = %e, "could not renew a lease");
-                (self.leases.fresh(&job.lease).await, Some(e))
+                (self.leases.fresh(job.lease()).await, Some(e))
             }
         };
         if !kept {
             match failed {
                 // Lapsed while the store did not answer: its messages are held and applied again.
                 Some(e) => {
-                    tracing::warn!(job = %job_id, pending = job.pending.len(), error = %e, "lease lapsed while the store did not answer; the job is reloaded later");
-                    self.drop_job(held, Vec::new(), &e);
+                    tracing::warn!(job = %job_id, unsaved = job.unsaved().len(), error = %e, "lease lapsed while the store did not answer; the job is reloaded later");
+                    self.drop_job(loaded, Vec::new(), &e);
                 }
                 None => {
-                    tracing::warn!(job = %job_id, pending = job.pending.len(), "lease lost; the job's messages go to its next owner");
-                    self.hand_over(held);
+                    tracing::warn!(job = %job_id, unsaved = job.unsaved().len(), "lease lost; the job's messages go to its next owner");
+                    self.hand_over(loaded);
                 }
             }
         }
@@ -79,14 +79,14 @@ impl Aggregator {
     /// the middle of a long finish keeps its lease); then lets go of the idle jobs whose lease was
     /// lost (their messages go to the new owner) or could not be renewed and is no longer fresh.
     pub async fn renew_leases(&self) {
-        let held: Vec<(String, Held)> = {
+        let leases: Vec<(String, Lease)> = {
             let mut memory = lock(&self.memory);
             let leases = &mut memory.leases;
             let mut live = Vec::with_capacity(leases.len());
             leases.retain(|k, w| w.upgrade().map(|h| live.push((k.clone(), h))).is_some());
             live
         };
-        futures::future::join_all(held.iter().map(|(job_id, h)| async move {
+        futures::future::join_all(leases.iter().map(|(job_id, h)| async move {
             if self.leases.due(h).await {
                 match self.leases.renew(job_id, h).await {
                     Ok(true) => {}
@@ -98,13 +98,13 @@ impl Aggregator {
         .await;
         let slots = self.slots();
         futures::future::join_all(slots.iter().map(|(job_id, slot)| async move {
-            let Ok(mut held) = slot.try_lock() else { return };
-            let stale = match held.as_ref() {
-                Some(j) => !self.leases.fresh(&j.lease).await,
+            let Ok(mut loaded) = slot.try_lock() else { return };
+            let stale = match loaded.as_ref() {
+                Some(j) => !self.leases.fresh(j.lease()).await,
                 None => false,
             };
             if stale {
-                self.keep_lease(job_id, &mut held).await;
+                self.keep_lease(job_id, &mut loaded).await;
             }
         }))
         .await;
@@ -129,7 +129,7 @@ impl Aggregator {
         let slots: Vec<(String, Slot)> = self.slots().into_iter().filter(|(j, _)| which(j)).collect();
         for (job_id, slot) in &slots {
             let Some(job) = slot.lock().await.take() else { continue };
-            if let Err(e) = self.leases.release(job_id, &job.lease).await {
+            if let Err(e) = self.leases.release(job_id, job.lease()).await {
                 tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
             }
         }
@@ -140,7 +140,7 @@ impl Aggregator {
     /// as the same document (one ETag) is unreadable: `Err((Corrupt, Some(etag)))`. A read that fails
     /// because the document changed under it (a stale owner finishing, replacing its base part and
     /// deleting the old ones) is not corruption: the new document is read instead.
-    async fn load_unchanged(&self, job_id: &str, lease: &Held, ctl: &mut RequestCounts) -> std::result::Result<Job, (Error, Option<String>)> {
+    async fn load_unchanged(&self, job_id: &str, lease: &Lease, ctl: &mut RequestCounts) -> std::result::Result<Loaded, (Error, Option<String>)> {
         let mut failed_at: Option<String> = None;
         for _ in 0..3 {
             match self.load(job_id, lease.clone(), ctl).await {
@@ -158,59 +158,31 @@ impl Aggregator {
         Err((Error::Conflict(format!("the checkpoint of job {job_id} changed on every read")), None))
     }
 
-    /// Loads a job from its checkpoint (a new job when there is none); an error says which
-    /// checkpoint (ETag) it was reading.
-    pub(super) async fn load(&self, job_id: &str, lease: Held, ctl: &mut RequestCounts) -> std::result::Result<Job, (Error, Option<String>)> {
+    /// Loads a job from its checkpoint (a new job when there is none, only its status when it is
+    /// finished); an error says which checkpoint (ETag) it was reading.
+    pub(super) async fn load(&self, job_id: &str, lease: Lease, ctl: &mut RequestCounts) -> std::result::Result<Loaded, (Error, Option<String>)> {
         ctl.add("s3.GetObject", 1);
-        let new = |cp: Checkpoint, totals: CheckedTotals, etag: Option<String>| Job {
-            // The job's last news is its checkpoint's time (written by whichever controller had it),
-            // not when this one loaded it.
-            last_activity: if etag.is_some() { Clock::instant_ago(self.clock.since_rfc3339(&cp.updated_at)) } else { Instant::now() },
-            marked_open: etag.is_some(),
-            cp,
-            totals,
-            pending: Pending::new(self.pending.clone()),
-            saved: Instant::now(),
-            abandon: None,
-            stalled: None,
-            lease,
-            cp_etag: etag,
-            clock: self.clock,
-        };
+        let unsaved = Unsaved::new(self.pending.clone());
         match self.store.get_tagged(&checkpoint_key(job_id)).await.map_err(|e| (e, None))? {
             Some((data, etag)) => {
                 let tagged = |e: Error| (e, Some(etag.clone()));
                 let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES).map_err(Error::corrupt).map_err(tagged)?;
-                let totals = if cp.status.is_finished() && !cp.finishing {
-                    // Only its status is needed; its rows are in the warehouse.
-                    CheckedTotals::new()
-                } else {
-                    restore_totals(&mut cp, self.store.as_ref(), ctl).await.map_err(tagged)?
-                };
-                cp.accounts = Vec::new();
+                // Finished: only its status is needed; its rows are in the warehouse.
+                if cp.status.is_finished() && !cp.finishing {
+                    return Ok(Loaded::Finished(cp.status));
+                }
+                let totals = restore_totals(&mut cp, self.store.as_ref(), ctl).await.map_err(tagged)?;
                 tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, parts = cp.parts.len(), "resumed job from checkpoint");
-                Ok(new(cp, totals, Some(etag)))
+                Ok(Loaded::Job(Box::new(Job::resume(cp, totals, etag, lease, self.clock, unsaved))))
             }
-            None => Ok(new(fresh_checkpoint(job_id, &self.clock), CheckedTotals::new(), None)),
+            None => Ok(Loaded::Job(Box::new(Job::new(job_id, lease, self.clock, unsaved)))),
         }
     }
 }
 
-/// The checkpoint of a job nothing is known of yet.
-pub(super) fn fresh_checkpoint(job_id: &str, clock: &Clock) -> Checkpoint {
-    Checkpoint {
-        v: WIRE_VERSION,
-        job_id: job_id.to_string(),
-        status: JobStatus::Running,
-        total_chunks: None,
-        accounted: Default::default(),
-        processed_transactions: 0,
-        failed_chunks: Vec::new(),
-        accounts: Vec::new(),
-        parts: Vec::new(),
-        requests: RequestCounts::default(),
-        updated_at: clock.rfc3339(),
-        finishing: false,
-        note: None,
-    }
+/// What loading a job found.
+pub(super) enum Loaded {
+    Job(Box<Job>),
+    /// Finished before, with this status.
+    Finished(JobStatus),
 }

@@ -1,0 +1,129 @@
+//! What a message brings to a job, before the job is locked: parsing a message into an item (a
+//! chunk result, a seal, an abandon, a dead-lettered work item), and fetching and decoding a result's
+//! payload within its chunk's recorded figures (see `records`) and the decoders' limit.
+
+use bytes::Bytes;
+use fleet_domain::billing::{AccountTotals, RowBatch};
+use fleet_domain::codec::{accounts_from_zstd_csv_rows, base64_decode, sha256_hex};
+use fleet_domain::layout::{check_job_id, result_key};
+use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, ResultMessage, WorkItem};
+use fleet_io::blob::BlobStore;
+use fleet_io::error::{Error, Result};
+use fleet_io::queue::Message;
+
+use super::records::Figures;
+use super::{Source, DECODES};
+
+pub(super) enum Item {
+    Result(ResultMessage),
+    /// `reason`: set when a listener dead-lettered it itself (e.g. `expired`).
+    Dead {
+        item: WorkItem,
+        receives: u32,
+        reason: Option<String>,
+    },
+}
+
+impl Item {
+    pub(super) fn job_id(&self) -> &str {
+        match self {
+            Item::Result(r) => r.job_id(),
+            Item::Dead { item, .. } => &item.job_id,
+        }
+    }
+
+    /// The chunk it is about (a result or a dead-lettered work item).
+    pub(super) fn chunk(&self) -> Option<u32> {
+        match self {
+            Item::Result(ResultMessage::Chunk(c)) => Some(c.chunk),
+            Item::Dead { item, .. } | Item::Result(ResultMessage::DeadLettered { item, .. }) => Some(item.chunk),
+            Item::Result(_) => None,
+        }
+    }
+}
+
+pub(super) fn parse(source: Source, m: &Message) -> Result<Item> {
+    let item = match source {
+        Source::Results | Source::ResultsDeadLetter => match serde_json::from_str(&m.body)? {
+            // A dead-lettered work item forwarded to its job's partition (see `crate::forward`).
+            ResultMessage::DeadLettered { item, receives, reason, .. } => Item::Dead { item, receives, reason },
+            r => Item::Result(r),
+        },
+        Source::WorkDeadLetter => Item::Dead { item: serde_json::from_str(&m.body)?, receives: m.receive_count, reason: m.attrs.reason.clone() },
+    };
+    check_job_id(item.job_id()).map_err(Error::corrupt)?;
+    Ok(item)
+}
+
+/// An item with its result payload fetched and decoded before its job is locked (`None`: it carries
+/// no payload).
+pub(super) struct Ready {
+    pub(super) item: Item,
+    pub(super) accounts: Option<Result<RowBatch>>,
+    /// GetObject calls made for it.
+    pub(super) gets: u64,
+}
+
+impl Ready {
+    pub(super) fn is_seal(&self) -> bool {
+        matches!(self.item, Item::Result(ResultMessage::Sealed { .. }))
+    }
+}
+
+/// Fetches and decodes a result's payload, within `figures`: its chunk's recorded figures (see
+/// `records`), which it has been checked against.
+pub(super) async fn prepare(mut item: Item, figures: Option<Figures>, store: &dyn BlobStore, offload: bool) -> Ready {
+    if let Item::Result(ResultMessage::Chunk(ChunkResult { job_id, chunk, transactions, outcome: ChunkOutcome::Processed { payload }, .. })) = &mut item {
+        let payload = std::mem::replace(payload, AccountsPayload::Inline { accounts: Vec::new() });
+        let gets = u64::from(matches!(payload, AccountsPayload::Blob { .. }));
+        // What the payload may decompress and decode to follows from its chunk's record (one account
+        // row per transaction at most, no longer than the chunk's rows and their figures), never from
+        // what the message declares, and its blob is the one its job and chunk name: a hostile result
+        // can neither make the controller inflate a gigabyte nor point it at another job's objects.
+        let figures = figures.unwrap_or(Figures { transactions: *transactions, raw_bytes: None });
+        let accounts = Some(match &payload {
+            AccountsPayload::Blob { blob } if blob.key != result_key(job_id, *chunk) => {
+                Err(Error::corrupt(format!("result blob key {:?} is not the key of job {job_id} chunk {chunk}", blob.key)))
+            }
+            AccountsPayload::Inline { accounts } if accounts.len() as u64 > figures.max_rows() => {
+                Err(Error::corrupt(format!("result has {} account rows; its chunk has {} transactions", accounts.len(), figures.transactions)))
+            }
+            _ => decode_payload(payload, store, figures, offload).await,
+        });
+        return Ready { item, accounts, gets };
+    }
+    Ready { item, accounts: None, gets: 0 }
+}
+
+/// The accounts of a result's payload, decompressed to at most `cap` bytes. Decompression runs on
+/// the blocking pool (`offload`; the simulation decodes in place, on its one thread), at most
+/// [`DECODES`] at once: a batch of large results neither stalls the async workers nor holds more
+/// than that many inflated payloads.
+async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, figures: Figures, offload: bool) -> Result<RowBatch> {
+    let (cap, rows) =
+        if crate::undo::is(crate::undo::Fix::DecodeCapFromRecord) { (super::MAX_RESULT_BYTES, u64::MAX) } else { (figures.max_bytes(), figures.max_rows()) };
+    let (data, cap) = match payload {
+        AccountsPayload::Inline { accounts } => return Ok(accounts.iter().map(AccountTotals::borrowed).collect()),
+        AccountsPayload::ZstdCsv { data } => (Bytes::from(base64_decode(&data).map_err(Error::corrupt)?), cap),
+        AccountsPayload::Blob { blob } => {
+            // Compressed, a payload is never larger than it may inflate to (plus zstd's framing).
+            let data = store
+                .get_capped(&blob.key, cap.saturating_add(1024))
+                .await?
+                .ok_or_else(|| Error::NotFound { service: fleet_io::error::Service::S3, what: format!("result blob {} does not exist", blob.key) })?;
+            if sha256_hex(&data) != blob.sha256 {
+                return Err(Error::Corrupt(format!("result blob {} checksum mismatch", blob.key)));
+            }
+            (data, blob.raw_bytes.min(cap))
+        }
+    };
+    static DECODES_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(DECODES);
+    let _permit = DECODES_AT_ONCE.acquire().await.map_err(|_| Error::Corrupt("decoder closed".into()))?;
+    if !offload {
+        return accounts_from_zstd_csv_rows(&data, cap, rows).map_err(Error::corrupt);
+    }
+    match tokio::task::spawn_blocking(move || accounts_from_zstd_csv_rows(&data, cap, rows)).await {
+        Ok(r) => r.map_err(Error::corrupt),
+        Err(e) => Err(Error::Corrupt(format!("result payload decoder failed: {e}"))),
+    }
+}
