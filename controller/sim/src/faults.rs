@@ -46,6 +46,8 @@ pub struct Faults {
     pub rates: Rates,
     /// The controller is stopped (SIGSTOP) until then: none of its calls starts or ends before.
     pub paused_until: Option<Instant>,
+    /// When its last pause ended or ends (kept when the chaos ends and clears `paused_until`).
+    pub last_pause_end: Option<Instant>,
     /// The controller is cut off from the store until then (the others are not): its calls hang
     /// until their deadline and fail.
     pub cut_off_until: Option<Instant>,
@@ -53,7 +55,7 @@ pub struct Faults {
 
 impl Faults {
     pub fn new(seed: u64, rates: Rates) -> Faults {
-        Faults { rng: ChaCha8Rng::seed_from_u64(seed), rates, paused_until: None, cut_off_until: None }
+        Faults { rng: ChaCha8Rng::seed_from_u64(seed), rates, paused_until: None, last_pause_end: None, cut_off_until: None }
     }
 }
 
@@ -65,6 +67,11 @@ pub struct Life(Arc<AtomicBool>);
 impl Life {
     pub fn end(&self) {
         self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// The process has crashed or stopped.
+    pub fn ended(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
     }
 
     /// Never returns once the process has crashed.
@@ -153,6 +160,9 @@ impl Queue for FaultyQueue {
         let got = self.inner.receive(max, wait).await?;
         // The answer of a process that crashed meanwhile never reaches it.
         self.life.check().await;
+        if self.inner.name().contains("results") {
+            self.world.read(self.inner.name(), self.ctl, &self.life, &self.faults);
+        }
         if !got.is_empty() && self.inner.name().contains("-dlq") {
             self.world.dead_letters_received(self.inner.name(), got.iter().map(|d| d.id.as_str()));
         }

@@ -411,15 +411,18 @@ fn failed(job: &JobPlan, chunk: u32) -> String {
     serde_json::to_string(&ResultMessage::Chunk(r)).expect("serializable")
 }
 
-/// A result that declares a million rows and whose payload inflates to 4 MiB of nothing billable.
+/// A well-formed bomb: a result that declares its chunk's true count (so its job's records let it
+/// through) with a payload that inflates to 60 MiB of nothing billable. Only the decode cap taken from
+/// the chunk's record keeps it from being held whole.
 fn hostile(job: &JobPlan, chunk: u32) -> String {
-    let bomb = zstd::bulk::compress(&vec![b'a'; 4 << 20], 3).expect("compressible");
+    static BOMB: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let bomb = BOMB.get_or_init(|| base64_encode(&zstd::bulk::compress(&vec![b'a'; 60 << 20], 3).expect("compressible")));
     let r = ChunkResult {
         v: WIRE_VERSION,
         job_id: job.id.clone(),
         chunk,
-        transactions: 1 << 20,
-        outcome: ChunkOutcome::Processed { payload: AccountsPayload::ZstdCsv { data: base64_encode(&bomb) } },
+        transactions: job.chunks[chunk as usize].rows.len() as u64,
+        outcome: ChunkOutcome::Processed { payload: AccountsPayload::ZstdCsv { data: bomb.clone() } },
         requests: RequestCounts::default(),
     };
     serde_json::to_string(&ResultMessage::Chunk(r)).expect("serializable")

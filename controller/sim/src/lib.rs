@@ -64,6 +64,10 @@ pub const MAX_RECEIVES: u32 = 4;
 pub const CALL_DEADLINE: Duration = Duration::from_secs(30);
 /// The controllers' wall clocks start here (2027-01-15), each skewed by its own offset.
 const EPOCH_MS: u64 = 1_800_000_000_000;
+/// A controller that reads a queue gets an answer at least this often (a receive waits at most 20 s).
+pub const READ_WINDOW: Duration = Duration::from_secs(25);
+/// How long after a pause a controller's reads are not counted as co-reading.
+const PAUSE_SHADOW: Duration = Duration::from_secs(180);
 /// The most controllers at once (joins stop there).
 const MAX_CONTROLLERS: usize = 4;
 
@@ -130,6 +134,8 @@ pub struct World {
     last_sent: Mutex<BTreeMap<String, Duration>>,
     /// When the last fault's effects end (a pause, an outage, a cut-off, a controller's absence).
     faults_end: Mutex<Duration>,
+    /// Who reads which results partition: see [`World::read`].
+    readers: Mutex<observe::Readers>,
     echo: bool,
 }
 
@@ -180,6 +186,17 @@ impl World {
         *fleet_io::lock(&self.dead_letters).entry(queue.to_string()).or_default() += n;
     }
 
+    /// Controller `ctl` (its process `life`, its `faults`) got an answer from a receive on a results
+    /// partition's queue now: see [`observe::Readers`].
+    pub fn read(&self, queue: &str, ctl: usize, life: &faults::Life, faults: &Arc<Mutex<Faults>>) {
+        // A process paused past its lease reads on for a while after it (not measured here: a
+        // receive answered during its pause by the twin, the rounds it then needs; see
+        // docs/mutations.md).
+        let paused = |f: &Arc<Mutex<Faults>>| fleet_io::lock(f).last_pause_end.is_some_and(|t| t + PAUSE_SHADOW > Instant::now());
+        let answer = observe::Answer { queue, ctl, life, faults, now: Instant::now(), run_time: self.now() };
+        fleet_io::lock(&self.readers).read(answer, paused);
+    }
+
     /// The fleet sent a message of `job` now.
     pub fn sent(&self, job: &str) {
         fleet_io::lock(&self.last_sent).insert(job.to_string(), self.now());
@@ -219,6 +236,10 @@ pub struct Run {
     /// The longest a report came after its job's last message (and the last fault), seconds, beyond
     /// what the job's kind waits by design (settle, stall, abandon).
     pub lateness_secs: f64,
+    /// The most bytes one inflated result payload held.
+    pub most_inflated: u64,
+    /// The longest two live controllers read one results partition at once, seconds.
+    pub longest_co_read: f64,
 }
 
 impl Run {
@@ -359,13 +380,18 @@ pub fn run_seed_undone(seed: u64, opts: Options, undo: Option<Fix>) -> Run {
     controller::undo::set(undo);
     // The controllers' conclusions, heard on this thread (and, with RUST_LOG, their logs printed).
     let heard = observe::Heard::default();
+    let memory = observe::Memory::default();
     let log = std::env::var_os("RUST_LOG")
         .is_some()
         .then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(tracing_subscriber::EnvFilter::from_default_env()));
-    let subscriber = tracing_subscriber::registry().with(heard.clone().with_filter(tracing_subscriber::filter::LevelFilter::INFO)).with(log);
+    let measured = tracing_subscriber::filter::Targets::new().with_target(controller::aggregate::MEMORY_TARGET, tracing::Level::DEBUG);
+    let subscriber = tracing_subscriber::registry()
+        .with(heard.clone().with_filter(tracing_subscriber::filter::LevelFilter::INFO))
+        .with(memory.clone().with_filter(measured))
+        .with(log);
     let _guard = tracing::subscriber::set_default(subscriber);
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime");
-    let run = rt.block_on(simulate(seed, opts, heard));
+    let run = rt.block_on(simulate(seed, opts, heard, memory));
     drop(rt);
     controller::undo::set(None);
     run
@@ -381,6 +407,10 @@ pub struct Soak {
     pub defaults: u64,
     pub calm: u64,
     pub worst_lateness: f64,
+    /// The most bytes one inflated result payload held, over every run.
+    pub most_inflated: u64,
+    /// The longest two live controllers read one results partition at once, over every run.
+    pub longest_co_read: f64,
 }
 
 /// Runs seeds `from..from + n` on `threads` threads (each seed on one, under its own runtime),
@@ -417,6 +447,8 @@ pub fn soak(from: u64, n: u64, threads: usize, opts: Options, undo: Option<Fix>,
             soak.defaults += u64::from(run.setup.defaults);
             soak.calm += u64::from(run.setup.calm);
             soak.worst_lateness = soak.worst_lateness.max(run.lateness_secs);
+            soak.most_inflated = soak.most_inflated.max(run.most_inflated);
+            soak.longest_co_read = soak.longest_co_read.max(run.longest_co_read);
             if !run.violations.is_empty() {
                 soak.failed.push(run.seed);
             }
@@ -450,7 +482,7 @@ struct Slot {
     restart_at: Option<Instant>,
 }
 
-async fn simulate(seed: u64, opts: Options, heard: observe::Heard) -> Run {
+async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: observe::Memory) -> Run {
     let setup = Setup::draw(seed);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let world = Arc::new(World {
@@ -463,6 +495,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard) -> Run {
         dead_letter_ids: Mutex::default(),
         last_sent: Mutex::default(),
         faults_end: Mutex::default(),
+        readers: Mutex::default(),
         echo: opts.echo,
     });
     let store = MemoryStore::new();
@@ -601,7 +634,9 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard) -> Run {
                 3..5 => {
                     let d = Duration::from_millis(rng.random_range(500..(lease.as_millis() as u64 * 3)));
                     world.trace(format!("CHAOS ctl{i} paused for {:.1} s (lease {:.1} s)", d.as_secs_f64(), lease.as_secs_f64()));
-                    fleet_io::lock(&slots[i].faults).paused_until = Some(Instant::now() + d);
+                    let mut f = fleet_io::lock(&slots[i].faults);
+                    f.paused_until = Some(Instant::now() + d);
+                    f.last_pause_end = f.paused_until;
                     world.fault_until(elapsed + d + lease * 2);
                 }
                 5 => {
@@ -670,6 +705,26 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard) -> Run {
     if slots.len() == 1 && slots[0].generation == 0 {
         violations.extend(fleet_io::lock(&heard.0).iter().take(3).map(|h| format!("the only controller concluded another owns a job: {h}")));
     }
+    // One reader per partition: two live controllers read one only while a partition changes hands.
+    // The new owner starts a lease after the last renewal it saw; the old one stops at its first
+    // balancing round after its membership went stale, within half a lease, and a round waits out a
+    // hung store call (its deadline) before it looks.
+    let co_read = fleet_io::lock(&world.readers).longest();
+    if let Some((d, what)) = &co_read {
+        if *d > lease + CALL_DEADLINE + READ_WINDOW {
+            violations.push(format!(
+                "{what} for {:.0} s (more than a lease, a store call's deadline and a receive's wait: a controller read on without ownership)",
+                d.as_secs_f64()
+            ));
+        }
+    }
+    // Memory within the budget: no inflated payload held more than the share its decode reserved.
+    violations.extend(
+        fleet_io::lock(&memory.over)
+            .iter()
+            .take(3)
+            .map(|(held, share)| format!("a result payload held {held} bytes inflated, over the {share} bytes its decode reserved of the budget")),
+    );
     for s in slots {
         if let Some(c) = s.ctl {
             c.crash();
@@ -694,5 +749,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard) -> Run {
         trace_len: trace.len(),
         simulated_secs,
         lateness_secs: lateness.0,
+        most_inflated: memory.most.load(std::sync::atomic::Ordering::Relaxed),
+        longest_co_read: co_read.map_or(0.0, |(d, _)| d.as_secs_f64()),
     }
 }

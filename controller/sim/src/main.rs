@@ -116,7 +116,7 @@ fn main() -> ExitCode {
     });
     let secs = started.elapsed().as_secs_f64();
     println!(
-        "{} seeds in {secs:.1} s on {threads} threads: {:.1} seeds/s, {:.0} simulated hours ({} at the shipped defaults, {} calm); {} failed{}; latest report {:.0} s past its bound's base",
+        "{} seeds in {secs:.1} s on {threads} threads: {:.1} seeds/s, {:.0} simulated hours ({} at the shipped defaults, {} calm); {} failed{}; latest report {:.0} s past its bound's base; the largest inflated payload held {} KiB; two controllers read one partition for {:.0} s at most",
         soak.ran,
         soak.ran as f64 / secs,
         soak.simulated_secs / 3600.0,
@@ -125,6 +125,8 @@ fn main() -> ExitCode {
         soak.failed.len(),
         if soak.failed.is_empty() { String::new() } else { format!(": {:?}", soak.failed) },
         soak.worst_lateness,
+        soak.most_inflated.div_ceil(1024),
+        soak.longest_co_read,
     );
     if soak.failed.is_empty() {
         ExitCode::SUCCESS

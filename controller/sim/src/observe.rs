@@ -1,7 +1,9 @@
-//! What the controllers conclude, heard from their own tracing events: a controller that finds itself
-//! fenced (its lease lost, its checkpoint written by another controller) says so. In a run with one
-//! controller under one name nobody else can have written, so such a conclusion is wrong (a write
-//! whose answer was lost and that met itself when tried again, taken for another's).
+//! What the controllers conclude and measure, heard from their own tracing events. A controller that
+//! finds itself fenced (its lease lost, its checkpoint written by another controller) says so; in a
+//! run with one controller under one name nobody else can have written, so such a conclusion is wrong
+//! (a write whose answer was lost and that met itself when tried again, taken for another's). A
+//! controller that inflates a result payload says how many bytes it holds and the share of its decode
+//! budget reserved for it (`Memory`): more than the share breaks the budget.
 
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
@@ -35,5 +37,106 @@ impl<S: Subscriber> Layer<S> for Heard {
         if FENCED.iter().any(|w| f.0.contains(w)) {
             fleet_io::lock(&self.0).push(f.0.trim().to_string());
         }
+    }
+}
+
+/// The payloads inflated beyond the budget share reserved for them, each as (bytes held, share), and
+/// the most bytes any one inflated payload held.
+#[derive(Clone, Default)]
+pub struct Memory {
+    pub over: Arc<Mutex<Vec<(u64, u64)>>>,
+    pub most: Arc<std::sync::atomic::AtomicU64>,
+}
+
+struct Sizes {
+    held: Option<u64>,
+    share: Option<u64>,
+}
+
+impl Visit for Sizes {
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        match field.name() {
+            "held" => self.held = Some(value),
+            "share" => self.share = Some(value),
+            _ => {}
+        }
+    }
+
+    fn record_debug(&mut self, _field: &Field, _value: &dyn std::fmt::Debug) {}
+}
+
+impl<S: Subscriber> Layer<S> for Memory {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        if event.metadata().target() != controller::aggregate::MEMORY_TARGET {
+            return;
+        }
+        let mut s = Sizes { held: None, share: None };
+        event.record(&mut s);
+        if let (Some(held), Some(share)) = (s.held, s.share) {
+            self.most.fetch_max(held, std::sync::atomic::Ordering::Relaxed);
+            if held > share {
+                fleet_io::lock(&self.over).push((held, share));
+            }
+        }
+    }
+}
+
+/// Who reads which results partition, from the answers of their receives: a controller reads a queue
+/// while its receives keep getting answers (at least every [`crate::READ_WINDOW`]). Two live
+/// controllers that read one partition at once (neither paused just before: a paused process's
+/// receive is answered after its pause) are *co-reading*; `longest` is the longest such stretch.
+#[derive(Default)]
+pub struct Readers {
+    /// Per queue, per controller: its last answer, its process and its faults.
+    last: std::collections::BTreeMap<String, std::collections::BTreeMap<usize, Reader>>,
+    /// Per (queue, controller, controller): when the current co-reading began and was last seen.
+    co: std::collections::BTreeMap<(String, usize, usize), (tokio::time::Instant, tokio::time::Instant)>,
+    longest: Option<(std::time::Duration, String)>,
+}
+
+/// A controller's last answer from a queue: when, its process, its faults.
+type Reader = (tokio::time::Instant, crate::faults::Life, Arc<Mutex<crate::faults::Faults>>);
+
+/// A receive's answer: on which queue, to which controller (its process and faults), when (also as
+/// the run's time).
+pub struct Answer<'a> {
+    pub queue: &'a str,
+    pub ctl: usize,
+    pub life: &'a crate::faults::Life,
+    pub faults: &'a Arc<Mutex<crate::faults::Faults>>,
+    pub now: tokio::time::Instant,
+    pub run_time: std::time::Duration,
+}
+
+impl Readers {
+    pub fn read(&mut self, a: Answer<'_>, paused: impl Fn(&Arc<Mutex<crate::faults::Faults>>) -> bool) {
+        let Answer { queue, ctl, life, faults, now, run_time } = a;
+        let readers = self.last.entry(queue.to_string()).or_default();
+        readers.insert(ctl, (now, life.clone(), faults.clone()));
+        if paused(faults) {
+            return;
+        }
+        let others: Vec<usize> = readers
+            .iter()
+            .filter(|(j, (at, life, f))| **j != ctl && !life.ended() && now.saturating_duration_since(*at) <= crate::READ_WINDOW && !paused(f))
+            .map(|(j, _)| *j)
+            .collect();
+        for j in others {
+            let key = (queue.to_string(), ctl.min(j), ctl.max(j));
+            let e = self.co.entry(key).or_insert((now, now));
+            if now.saturating_duration_since(e.1) > crate::READ_WINDOW {
+                *e = (now, now);
+            }
+            e.1 = now;
+            let d = e.1 - e.0;
+            if self.longest.as_ref().is_none_or(|(l, _)| d > *l) {
+                let from = run_time.saturating_sub(d).as_secs_f64();
+                self.longest = Some((d, format!("ctl{} and ctl{} both read {queue} from {from:.1} s", ctl.min(j), ctl.max(j))));
+            }
+        }
+    }
+
+    pub fn longest(&self) -> Option<(std::time::Duration, String)> {
+        self.longest.clone()
     }
 }

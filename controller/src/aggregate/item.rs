@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use fleet_domain::billing::{AccountTotals, RowBatch};
-use fleet_domain::codec::{accounts_from_zstd_csv_rows, base64_decode, sha256_hex};
+use fleet_domain::codec::{accounts_from_csv_rows, base64_decode, decompress_capped, sha256_hex};
 use fleet_domain::layout::{check_job_id, result_key};
 use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, ResultMessage, WorkItem};
 use fleet_io::blob::BlobStore;
@@ -119,11 +119,23 @@ async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, figures
     };
     static DECODES_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(DECODES);
     let _permit = DECODES_AT_ONCE.acquire().await.map_err(|_| Error::Corrupt("decoder closed".into()))?;
+    // What the budget reserved for this decode (see `apply_group`): what it holds must fit in it.
+    let share = figures.max_memory();
+    let decode = move || -> fleet_domain::Result<RowBatch> {
+        let raw = decompress_capped(&data, cap)?;
+        // Measured, not assumed (the simulation holds every decode to its share).
+        tracing::debug!(target: MEMORY_TARGET, held = raw.capacity() as u64, share, "result payload inflated");
+        accounts_from_csv_rows(&raw, rows)
+    };
     if !offload {
-        return accounts_from_zstd_csv_rows(&data, cap, rows).map_err(Error::corrupt);
+        return decode().map_err(Error::corrupt);
     }
-    match tokio::task::spawn_blocking(move || accounts_from_zstd_csv_rows(&data, cap, rows)).await {
+    match tokio::task::spawn_blocking(decode).await {
         Ok(r) => r.map_err(Error::corrupt),
         Err(e) => Err(Error::Corrupt(format!("result payload decoder failed: {e}"))),
     }
 }
+
+/// The target of the events that measure memory (a payload inflated: the bytes it holds, and the
+/// share of the decode budget reserved for it).
+pub const MEMORY_TARGET: &str = "fleet::memory";

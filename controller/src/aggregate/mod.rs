@@ -50,6 +50,7 @@ mod take;
 
 use budget::Budget;
 use hold::Hold;
+pub use item::MEMORY_TARGET;
 use item::{parse, prepare, Item, Ready};
 use job::{Asker, Job, Next};
 use records::{RecordsCache, Verdict};

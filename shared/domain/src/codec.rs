@@ -172,8 +172,12 @@ pub fn accounts_from_zstd_csv(data: &[u8], cap: u64) -> Result<RowBatch> {
 /// [`accounts_from_zstd_csv`] that also refuses more than `max_rows` rows (a chunk of `n` transactions
 /// has at most `n` account rows) before it decodes them all.
 pub fn accounts_from_zstd_csv_rows(data: &[u8], cap: u64, max_rows: u64) -> Result<RowBatch> {
-    let raw = decompress_capped(data, cap)?;
-    let mut rdr = csv::ReaderBuilder::new().has_headers(false).from_reader(raw.as_slice());
+    accounts_from_csv_rows(&decompress_capped(data, cap)?, max_rows)
+}
+
+/// Account totals from their CSV rows (decompressed), at most `max_rows` of them.
+pub fn accounts_from_csv_rows(raw: &[u8], max_rows: u64) -> Result<RowBatch> {
+    let mut rdr = csv::ReaderBuilder::new().has_headers(false).from_reader(raw);
     let mut rec = csv::StringRecord::new();
     let mut out = RowBatch::new();
     let bad = |what: &str| Error::corrupt(format!("account totals: bad {what}"));
