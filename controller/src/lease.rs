@@ -40,8 +40,11 @@ struct LeaseState {
     epoch: u64,
     /// When it was last written (taken or renewed).
     written: Instant,
-    /// Another controller wrote it since: the job is no longer this controller's.
+    /// Another controller wrote it since, or this one gave it back: the job is no longer this
+    /// controller's.
     lost: bool,
+    /// Given back by this controller (`release`).
+    released: bool,
 }
 
 /// A handle that does not keep a lease alive (the timer's list of leases to renew): a job dropped
@@ -53,11 +56,16 @@ impl WeakLease {
     pub fn upgrade(&self) -> Option<Lease> {
         self.0.upgrade().map(Lease)
     }
+
+    /// Whether it is a handle of `lease` (not of an older or newer lease of the same job).
+    pub fn is(&self, lease: &Lease) -> bool {
+        std::ptr::eq(self.0.as_ptr(), Arc::as_ptr(&lease.0))
+    }
 }
 
 impl Lease {
     fn new(etag: String, epoch: u64, written: Instant) -> Lease {
-        Lease(Arc::new(tokio::sync::Mutex::new(LeaseState { etag, epoch, written, lost: false })))
+        Lease(Arc::new(tokio::sync::Mutex::new(LeaseState { etag, epoch, written, lost: false, released: false })))
     }
 
     /// A lease of no store (unit tests of a job's transitions).
@@ -167,6 +175,11 @@ impl Leases {
         !s.lost && s.written.elapsed() < self.ttl * 2 / 3
     }
 
+    /// Whether this controller gave it back (a renewal then fails with nobody else involved).
+    pub async fn given_back(&self, lease: &Lease) -> bool {
+        lease.0.lock().await.released
+    }
+
     /// Whether it is time to renew (a third of its life has passed).
     pub async fn due(&self, lease: &Lease) -> bool {
         let s = lease.0.lock().await;
@@ -202,6 +215,7 @@ impl Leases {
         let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: 0, epoch: s.epoch };
         let out = self.write(job, &doc, Cond::Matches(s.etag.clone())).await.map(drop);
         s.lost = true;
+        s.released = true;
         out
     }
 }

@@ -49,10 +49,12 @@ pub enum Fix {
     ReportOnce,
     /// Messages of another queue that a batch completes are completed on their own queue (issue 43, found by the simulation).
     OwnQueueCompletes,
+    /// The partitions a round says to stop are all stopped at once, not one per round (issue 43, found by the simulation).
+    StopAtOnce,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 20] = [
+    pub const ALL: [Fix; 21] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::HoldHandOver,
@@ -73,6 +75,7 @@ impl Fix {
         Fix::RescanOnGain,
         Fix::ReportOnce,
         Fix::OwnQueueCompletes,
+        Fix::StopAtOnce,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -98,6 +101,7 @@ impl Fix {
             Fix::RescanOnGain => "rescan-on-gain",
             Fix::ReportOnce => "report-once",
             Fix::OwnQueueCompletes => "own-queue-completes",
+            Fix::StopAtOnce => "stop-at-once",
         }
     }
 
@@ -124,6 +128,7 @@ impl Fix {
             Fix::RescanOnGain => "a gained partition's quiet jobs found at the next tick",
             Fix::ReportOnce => "a finish tried again leaves the report written once",
             Fix::OwnQueueCompletes => "messages of another queue completed on their own queue",
+            Fix::StopAtOnce => "partitions to stop all stopped at once",
         }
     }
 }

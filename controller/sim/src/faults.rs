@@ -215,6 +215,8 @@ enum Fate {
 pub struct FaultyStore {
     inner: Arc<MemoryStore>,
     ctl: usize,
+    /// The name the process runs under (a restart under a new name is another owner).
+    owner: String,
     faults: Arc<Mutex<Faults>>,
     life: Life,
     world: Arc<World>,
@@ -223,9 +225,9 @@ pub struct FaultyStore {
 }
 
 impl FaultyStore {
-    pub fn new(inner: Arc<MemoryStore>, ctl: usize, faults: Arc<Mutex<Faults>>, life: Life, world: Arc<World>) -> Arc<FaultyStore> {
+    pub fn new(inner: Arc<MemoryStore>, ctl: usize, owner: &str, faults: Arc<Mutex<Faults>>, life: Life, world: Arc<World>) -> Arc<FaultyStore> {
         let breaker = Breaker::new(Service::S3, BreakerPolicy::default());
-        Arc::new(FaultyStore { inner, ctl, faults, life, world, calls: CallCounter::default(), breaker })
+        Arc::new(FaultyStore { inner, ctl, owner: owner.to_string(), faults, life, world, calls: CallCounter::default(), breaker })
     }
 
     /// Asks the store a cheap question (as the breaker's probe does), reporting the answer.
@@ -343,6 +345,16 @@ impl FaultyStore {
         if matches!(fate, Fate::Lost) {
             // The answer never came: the call policy tries again, and the retry meets the first write.
             out = self.inner.put_if(key, body.clone(), content_type, meta, cond).await?;
+        }
+        if out.is_some() {
+            // Who wrote a job's lease or checkpoint (only a writer can fence another).
+            let job = key
+                .strip_prefix("leases/")
+                .and_then(|k| k.strip_suffix(".json"))
+                .or_else(|| key.strip_prefix("jobs/").and_then(|k| k.strip_suffix("/checkpoint.json.zst")));
+            if let Some(job) = job {
+                self.world.wrote(job, &self.owner);
+            }
         }
         if out.is_some() && key.ends_with("/report.json") {
             self.world.report_written(self.ctl, key, body);

@@ -66,8 +66,6 @@ pub const CALL_DEADLINE: Duration = Duration::from_secs(30);
 const EPOCH_MS: u64 = 1_800_000_000_000;
 /// A controller that reads a queue gets an answer at least this often (a receive waits at most 20 s).
 pub const READ_WINDOW: Duration = Duration::from_secs(25);
-/// How long after a pause a controller's reads are not counted as co-reading.
-const PAUSE_SHADOW: Duration = Duration::from_secs(180);
 /// The most controllers at once (joins stop there).
 const MAX_CONTROLLERS: usize = 4;
 
@@ -136,6 +134,8 @@ pub struct World {
     faults_end: Mutex<Duration>,
     /// Who reads which results partition: see [`World::read`].
     readers: Mutex<observe::Readers>,
+    /// Per job, the owners (process names) that wrote its lease or checkpoint.
+    writers: Mutex<BTreeMap<String, std::collections::BTreeSet<String>>>,
     echo: bool,
 }
 
@@ -189,12 +189,16 @@ impl World {
     /// Controller `ctl` (its process `life`, its `faults`) got an answer from a receive on a results
     /// partition's queue now: see [`observe::Readers`].
     pub fn read(&self, queue: &str, ctl: usize, life: &faults::Life, faults: &Arc<Mutex<Faults>>) {
-        // A process paused past its lease reads on for a while after it (not measured here: a
-        // receive answered during its pause by the twin, the rounds it then needs; see
-        // docs/mutations.md).
-        let paused = |f: &Arc<Mutex<Faults>>| fleet_io::lock(f).last_pause_end.is_some_and(|t| t + PAUSE_SHADOW > Instant::now());
+        // A paused process's receive is answered when its pause ends (what SQS gave it meanwhile):
+        // its reads count from a receive's wait after the pause.
+        let paused = |f: &Arc<Mutex<Faults>>| fleet_io::lock(f).last_pause_end.is_some_and(|t| t + READ_WINDOW > Instant::now());
         let answer = observe::Answer { queue, ctl, life, faults, now: Instant::now(), run_time: self.now() };
         fleet_io::lock(&self.readers).read(answer, paused);
+    }
+
+    /// `owner` wrote `job`'s lease or checkpoint.
+    pub fn wrote(&self, job: &str, owner: &str) {
+        fleet_io::lock(&self.writers).entry(job.to_string()).or_default().insert(owner.to_string());
     }
 
     /// The fleet sent a message of `job` now.
@@ -338,7 +342,7 @@ fn start_controller(seed: u64, idx: usize, slot: &Slot, setup: &Setup, world: &A
     let way = |q: Arc<MemoryQueue>| FaultyQueue::wrap(q, idx, faults.clone(), life.clone(), world.clone());
     let results = Sharded::of(queues.results.iter().map(|(q, _)| way(q.clone())).collect()).expect("at least one partition");
     let results_dlq = Sharded::of(queues.results.iter().map(|(_, d)| way(d.clone())).collect()).expect("at least one partition");
-    let faulty = FaultyStore::new(store.clone(), idx, faults.clone(), life.clone(), world.clone());
+    let faulty = FaultyStore::new(store.clone(), idx, owner, faults.clone(), life.clone(), world.clone());
     let deps = controller::Deps {
         results,
         work_dlq: way(queues.work_dlq.clone()),
@@ -496,6 +500,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         last_sent: Mutex::default(),
         faults_end: Mutex::default(),
         readers: Mutex::default(),
+        writers: Mutex::default(),
         echo: opts.echo,
     });
     let store = MemoryStore::new();
@@ -700,11 +705,19 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         violations.extend(check::calm(&world));
     }
     violations.extend(fleet_io::lock(&world.trace).iter().filter(|l| l.contains("PANIC") || l.contains("WRONG QUEUE")).take(3).cloned());
-    // One controller under one name: nobody else wrote a lease or checkpoint, so a controller that
-    // concludes it was fenced is wrong.
-    if slots.len() == 1 && slots[0].generation == 0 {
-        violations.extend(fleet_io::lock(&heard.0).iter().take(3).map(|h| format!("the only controller concluded another owns a job: {h}")));
-    }
+    // A controller that concludes it was fenced on a job (its lease lost, its checkpoint written by
+    // another) is wrong when nobody else ever wrote that job's lease or checkpoint (a write whose
+    // answer was lost, met again when tried, taken for another's); with one controller under one
+    // name, every such conclusion is wrong.
+    let lone = slots.len() == 1 && slots[0].generation == 0;
+    let writers = fleet_io::lock(&world.writers).clone();
+    violations.extend(
+        fleet_io::lock(&heard.0)
+            .iter()
+            .filter(|h| lone || observe::job_of(h).is_some_and(|j| writers.get(j).is_none_or(|w| w.len() < 2)))
+            .take(3)
+            .map(|h| format!("a controller concluded another owns a job that nobody else wrote: {h}")),
+    );
     // One reader per partition: two live controllers read one only while a partition changes hands.
     // The new owner starts a lease after the last renewal it saw; the old one stops at its first
     // balancing round after its membership went stale, within half a lease, and a round waits out a

@@ -16,6 +16,12 @@ use tracing_subscriber::layer::{Context, Layer};
 #[derive(Clone, Default)]
 pub struct Heard(pub Arc<Mutex<Vec<String>>>);
 
+/// The job a conclusion names (its `job` field).
+pub fn job_of(heard: &str) -> Option<&str> {
+    let rest = &heard[heard.find("job=")? + 4..];
+    Some(rest.split_whitespace().next()?.trim_matches('"'))
+}
+
 /// What a controller says when it concludes that another controller owns a job now.
 const FENCED: [&str; 4] = ["fenced", "lease lost", "written by another controller", "another controller, just now"];
 

@@ -90,6 +90,13 @@ impl Aggregator {
             if self.leases.due(h).await {
                 match self.leases.renew(job_id, h).await {
                     Ok(true) => {}
+                    // Our own newer lease of the job (dropped after a failure and taken again
+                    // meanwhile) made this one stale: nobody else has the job.
+                    Ok(false) if !lock(&self.memory).leases.get(job_id).is_some_and(|w| w.is(h)) => {
+                        tracing::debug!(job = %job_id, "an older lease of ours was replaced by a newer one")
+                    }
+                    // Given back meanwhile (the job finished, or was let go).
+                    Ok(false) if self.leases.given_back(h).await => tracing::debug!(job = %job_id, "a lease given back meanwhile"),
                     Ok(false) => tracing::warn!(job = %job_id, "lease lost to another controller; the job goes to it"),
                     Err(e) => tracing::warn!(job = %job_id, error = %e, "could not renew a lease"),
                 }
