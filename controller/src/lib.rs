@@ -293,6 +293,7 @@ impl Readers {
     async fn start(&mut self, p: u16) -> fleet_io::Result<()> {
         let Some((results, dlq)) = self.parts.get(usize::from(p)).cloned() else { return Ok(()) };
         let token = self.shutdown.child_token();
+        self.agg.reading(p);
         // In `running` from the first listener on, so that a start cut short (an error, the stop) is
         // stopped like any other.
         self.running.insert(p, (Vec::with_capacity(2), token.clone()));
@@ -353,10 +354,10 @@ impl Readers {
     async fn stop(&mut self, p: u16, grace: Duration) {
         let Some((engines, token)) = self.running.get(&p).cloned() else { return };
         futures::future::join_all(engines.iter().map(|e| e.quiesce(grace))).await;
+        // Held first: letting go checkpoints the partition's jobs, which may wait out a hung store.
+        hand_back_held(&self.agg, Some(p));
         complete(self.agg.let_go(p).await);
-        for k in self.agg.hand_back_held(Some(p)) {
-            k.release(Duration::ZERO);
-        }
+        hand_back_held(&self.agg, Some(p));
         for e in &engines {
             e.finish(true).await;
             self.engines.remove(e.queue_name());
@@ -424,6 +425,14 @@ async fn balance(own: &tokio::sync::Mutex<partitions::Ownership>, readers: &toki
     }
 }
 
+/// Hands what is held through a store outage for partition `p` (`None`: all) back to its queue, visible
+/// at once.
+fn hand_back_held(agg: &Aggregator, p: Option<u16>) {
+    for k in agg.hand_back_held(p) {
+        k.release(Duration::ZERO);
+    }
+}
+
 /// The stop, under one deadline (`--drain-secs` from the signal, below the pod's
 /// terminationGracePeriodSeconds): listeners quiesce (the batch in hand finishes), the timers stop,
 /// every job with pending messages is checkpointed (or finished) and those messages deleted, the
@@ -445,6 +454,10 @@ async fn stop(
     let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
     tracker.close();
     let steps = async {
+        // What is held through a store outage goes back to its queue first, for whoever reads it
+        // next: nothing below (a balancing round under way, a flush) may wait out a hung store with
+        // it invisible.
+        hand_back_held(agg, None);
         // The timers first (a balancing round under way ends), then every listener at once: each may
         // wait for its long poll to end (up to 20 s).
         tracker.wait().await;
@@ -455,11 +468,10 @@ async fn stop(
         if quiesced.iter().any(|done| !done) {
             tracing::warn!("the stop deadline passed with batches in hand; their messages come back after their visibility timeout");
         }
+        // Held by the batches that ended meanwhile.
+        hand_back_held(agg, None);
         complete(agg.flush().await);
-        // Lease through a store outage: back to their queues now, for whoever reads them next.
-        for k in agg.hand_back_held(None) {
-            k.release(Duration::ZERO);
-        }
+        hand_back_held(agg, None);
         for p in parts {
             readers.stop(p, Duration::ZERO).await;
         }

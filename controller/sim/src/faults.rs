@@ -177,12 +177,25 @@ impl Queue for FaultyQueue {
         self.before("DeleteMessageBatch").await?;
         self.said(|| format!("DELETE {:?}", receipts.iter().map(|r| r.as_str()).collect::<Vec<_>>()));
         self.own_receipts(receipts.iter().map(|r| r.as_str()));
+        for r in receipts {
+            self.world.holding(self.ctl, r.as_str(), false);
+        }
         self.inner.delete_receipts(receipts).await
     }
 
     async fn change_visibility(&self, entries: &[(&str, Duration)]) -> Result<Vec<usize>> {
         self.before("ChangeMessageVisibilityBatch").await?;
         self.said(|| format!("VISIBILITY {entries:?}"));
+        // Messages held through an outage (made invisible for the hold's time) and handed back
+        // (visible again at once): a graceful stop must leave none held (see `World::holding`).
+        let hold = controller::aggregate::hold::HOLD_VISIBILITY;
+        for (r, d) in entries {
+            if *d >= hold {
+                self.world.holding(self.ctl, r, true);
+            } else if *d < Duration::from_secs(5) {
+                self.world.holding(self.ctl, r, false);
+            }
+        }
         self.own_receipts(entries.iter().map(|(r, _)| *r));
         self.inner.change_visibility(entries).await
     }

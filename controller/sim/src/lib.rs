@@ -134,6 +134,8 @@ pub struct World {
     faults_end: Mutex<Duration>,
     /// Who reads which results partition: see [`World::read`].
     readers: Mutex<observe::Readers>,
+    /// (controller, receipt) of the messages held through an outage (see [`World::holding`]).
+    held: Mutex<std::collections::BTreeSet<(usize, String)>>,
     /// Per job, the owners (process names) that wrote its lease or checkpoint.
     writers: Mutex<BTreeMap<String, std::collections::BTreeSet<String>>>,
     echo: bool,
@@ -196,6 +198,29 @@ impl World {
         fleet_io::lock(&self.readers).read(answer, paused);
     }
 
+    /// Controller `ctl` holds the message of `receipt` through an outage (`true`: made invisible for
+    /// the hold's time), or no longer does (handed back, deleted).
+    pub fn holding(&self, ctl: usize, receipt: &str, held: bool) {
+        let mut h = fleet_io::lock(&self.held);
+        if held {
+            h.insert((ctl, receipt.to_string()));
+        } else {
+            h.remove(&(ctl, receipt.to_string()));
+        }
+    }
+
+    /// A new process of controller `ctl` holds nothing (its last one's holds ended with it: their
+    /// messages come back after the hold's time, as they do when a process dies).
+    fn forget_held(&self, ctl: usize) {
+        fleet_io::lock(&self.held).retain(|(c, _)| *c != ctl);
+    }
+
+    /// The messages controller `ctl` still holds (at the end of its graceful stop: none may be left
+    /// invisible for the hold's time while the partition's next owner waits).
+    fn still_held(&self, ctl: usize) -> Vec<String> {
+        fleet_io::lock(&self.held).iter().filter(|(c, _)| *c == ctl).map(|(_, r)| r.clone()).collect()
+    }
+
     /// `owner` wrote `job`'s lease or checkpoint.
     pub fn wrote(&self, job: &str, owner: &str) {
         fleet_io::lock(&self.writers).entry(job.to_string()).or_default().insert(owner.to_string());
@@ -244,6 +269,9 @@ pub struct Run {
     pub most_inflated: u64,
     /// The longest two live controllers read one results partition at once, seconds.
     pub longest_co_read: f64,
+    /// Graceful stops that left messages held (invisible for the hold's time): measured, not yet an
+    /// invariant (see docs/mutations.md).
+    pub left_held: usize,
 }
 
 impl Run {
@@ -338,6 +366,7 @@ impl Ctl {
 /// ways to the store and the queues, on its own skewed clock.
 fn start_controller(seed: u64, idx: usize, slot: &Slot, setup: &Setup, world: &Arc<World>, store: &Arc<MemoryStore>, queues: &Queues) -> Ctl {
     let (owner, skew_ms, faults) = (slot.owner.as_str(), slot.skew_ms, &slot.faults);
+    world.forget_held(idx);
     let life = Life::default();
     let way = |q: Arc<MemoryQueue>| FaultyQueue::wrap(q, idx, faults.clone(), life.clone(), world.clone());
     let results = Sharded::of(queues.results.iter().map(|(q, _)| way(q.clone())).collect()).expect("at least one partition");
@@ -415,6 +444,8 @@ pub struct Soak {
     pub most_inflated: u64,
     /// The longest two live controllers read one results partition at once, over every run.
     pub longest_co_read: f64,
+    /// Runs with a graceful stop that left messages held.
+    pub left_held: u64,
 }
 
 /// Runs seeds `from..from + n` on `threads` threads (each seed on one, under its own runtime),
@@ -453,6 +484,7 @@ pub fn soak(from: u64, n: u64, threads: usize, opts: Options, undo: Option<Fix>,
             soak.worst_lateness = soak.worst_lateness.max(run.lateness_secs);
             soak.most_inflated = soak.most_inflated.max(run.most_inflated);
             soak.longest_co_read = soak.longest_co_read.max(run.longest_co_read);
+            soak.left_held += u64::from(run.left_held > 0);
             if !run.violations.is_empty() {
                 soak.failed.push(run.seed);
             }
@@ -501,6 +533,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         faults_end: Mutex::default(),
         readers: Mutex::default(),
         writers: Mutex::default(),
+        held: Mutex::default(),
         echo: opts.echo,
     });
     let store = MemoryStore::new();
@@ -667,6 +700,10 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                     let stopped = tokio::time::timeout(drain, c.task).await;
                     c.life.end();
                     c.probe.abort();
+                    let held = world.still_held(i);
+                    if !held.is_empty() {
+                        world.trace(format!("LEFT HELD ctl{i} stopped gracefully holding {} messages, invisible for the hold's time: {held:?}", held.len()));
+                    }
                     match stopped {
                         Ok(Ok(Ok(()))) => world.trace(format!("CHAOS ctl{i} ({}) stopped", c.owner)),
                         Ok(Ok(Err(e))) => world.trace(format!("CHAOS ctl{i} ({}) stopped with an error: {e}", c.owner)),
@@ -763,6 +800,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         simulated_secs,
         lateness_secs: lateness.0,
         most_inflated: memory.most.load(std::sync::atomic::Ordering::Relaxed),
+        left_held: trace.iter().filter(|l| l.contains("LEFT HELD")).count(),
         longest_co_read: co_read.map_or(0.0, |(d, _)| d.as_secs_f64()),
     }
 }

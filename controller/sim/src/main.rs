@@ -116,7 +116,7 @@ fn main() -> ExitCode {
     });
     let secs = started.elapsed().as_secs_f64();
     println!(
-        "{} seeds in {secs:.1} s on {threads} threads: {:.1} seeds/s, {:.0} simulated hours ({} at the shipped defaults, {} calm); {} failed{}; latest report {:.0} s past its bound's base; the largest inflated payload held {} KiB; two controllers read one partition for {:.0} s at most",
+        "{} seeds in {secs:.1} s on {threads} threads: {:.1} seeds/s, {:.0} simulated hours ({} at the shipped defaults, {} calm); {} failed{}; latest report {:.0} s past its bound's base; the largest inflated payload held {} KiB; two controllers read one partition for {:.0} s at most; {} runs with a graceful stop that left messages held",
         soak.ran,
         soak.ran as f64 / secs,
         soak.simulated_secs / 3600.0,
@@ -127,6 +127,7 @@ fn main() -> ExitCode {
         soak.worst_lateness,
         soak.most_inflated.div_ceil(1024),
         soak.longest_co_read,
+        soak.left_held,
     );
     if soak.failed.is_empty() {
         ExitCode::SUCCESS

@@ -142,6 +142,11 @@ impl Readers {
         }
     }
 
+    /// When controller `ctl` last got an answer from `queue`.
+    pub fn last_read(&self, queue: &str, ctl: usize) -> Option<tokio::time::Instant> {
+        self.last.get(queue)?.get(&ctl).map(|(at, _, _)| *at)
+    }
+
     pub fn longest(&self) -> Option<(std::time::Duration, String)> {
         self.longest.clone()
     }

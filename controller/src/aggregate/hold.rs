@@ -64,6 +64,19 @@ impl Aggregator {
     /// Holds messages that could not be applied or saved for a failure that may pass (the error
     /// says which): their visibility is extended now, and they are applied again later.
     pub(super) fn hold(&self, msgs: Vec<(Source, Kept)>, why: &Error) {
+        // A batch that failed after its partition was given up (its handler outlived the stop's
+        // grace) is not held by a controller that no longer reads it: back to the queue at once,
+        // for the partition's new owner.
+        let given_up = lock(&self.given_up).clone();
+        let (back, msgs): (Vec<_>, Vec<_>) = msgs
+            .into_iter()
+            .partition(|(_, k)| !crate::undo::is(crate::undo::Fix::HandBackHeld) && self.partition_queues.get(k.queue()).is_some_and(|p| given_up.contains(p)));
+        if !back.is_empty() {
+            tracing::info!(messages = back.len(), "messages of a partition given up handed back instead of held");
+            for (_, k) in back {
+                k.release(Duration::ZERO);
+            }
+        }
         if msgs.is_empty() {
             return;
         }

@@ -223,6 +223,9 @@ pub struct Aggregator {
     expiry: Mutex<Expiry>,
     /// Messages held through a store outage (see `hold`).
     hold: Mutex<Hold>,
+    /// Results partitions let go of (`let_go`) and not read again since: their messages are never
+    /// held here.
+    given_up: Mutex<BTreeSet<u16>>,
     /// What the jobs' own records say (see `records`).
     records: Mutex<RecordsCache>,
     /// Decoded results in memory at once stay within it (see `budget`).
@@ -300,6 +303,7 @@ impl Aggregator {
             known: Mutex::default(),
             expiry: Mutex::new(Expiry { scanned: None, idle_floor: Instant::now(), emptied: scan::Emptied::default() }),
             hold: Mutex::default(),
+            given_up: Mutex::default(),
             records: Mutex::default(),
             budget: Arc::new(Budget::new(budget::DEFAULT_BUDGET_MIB << 20)),
             on_finished: Mutex::new(None),
@@ -356,6 +360,7 @@ impl Aggregator {
     /// pending messages checkpointed (returned for deletion) and their leases given back, so that the
     /// partition's new owner takes them at once.
     pub async fn let_go(&self, p: u16) -> Vec<Kept> {
+        lock(&self.given_up).insert(p);
         let done = self.flush().await;
         if crate::undo::is(crate::undo::Fix::LetGoOfPartitionJobs) {
             return done;
@@ -364,6 +369,11 @@ impl Aggregator {
         self.release_leases_where(|job| jobs.contains(job)).await;
         lock(&self.memory).partition.retain(|j, _| !jobs.contains(j));
         done
+    }
+
+    /// This controller reads results partition `p` (again): its messages may be held.
+    pub fn reading(&self, p: u16) {
+        lock(&self.given_up).remove(&p);
     }
 
     /// What checkpoints have written so far.
