@@ -187,14 +187,12 @@ impl Queue for FaultyQueue {
         self.before("ChangeMessageVisibilityBatch").await?;
         self.said(|| format!("VISIBILITY {entries:?}"));
         // Messages held through an outage (made invisible for the hold's time) and handed back
-        // (visible again at once): a graceful stop must leave none held (see `World::holding`).
+        // (visible again at once or soon): a graceful stop must leave none held (see
+        // `World::holding`).
         let hold = controller::aggregate::hold::HOLD_VISIBILITY;
         for (r, d) in entries {
-            if *d >= hold {
-                self.world.holding(self.ctl, r, true);
-            } else if *d < Duration::from_secs(5) {
-                self.world.holding(self.ctl, r, false);
-            }
+            // Any shorter change replaces the hold's invisibility (a hand-back, after a delay or not).
+            self.world.holding(self.ctl, r, *d >= hold);
         }
         self.own_receipts(entries.iter().map(|(r, _)| *r));
         self.inner.change_visibility(entries).await

@@ -141,3 +141,18 @@ async fn complete_without_drain_drops_pending() {
     assert_eq!(lock(&log).len(), 1);
     assert!(start.elapsed() < Duration::from_millis(100), "drain does not wait for the push interval");
 }
+
+/// What is pushed once the batcher has completed (a handler that outlived its listener's stop) still
+/// goes out, on a call of its own, instead of waiting in a slot nobody flushes.
+#[tokio::test(start_paused = true)]
+async fn an_item_pushed_after_completion_still_goes_out() {
+    let start = Instant::now();
+    let (pump, log, _) = recorder(start, Duration::from_millis(1), vec![]);
+    let b = Batcher::start(1, S, pump);
+    b.push(0, 1);
+    b.complete(true).await;
+    b.push(0, 2);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let sent: Vec<u32> = lock(&log).iter().flat_map(|(_, batch)| batch.clone()).collect();
+    assert_eq!(sent, [1, 2]);
+}
