@@ -32,6 +32,17 @@ impl Aggregator {
             }
         }
         let mut job = loaded.take().expect("the job is in memory");
+        // Quarantined already (committed), its report not written (a write failed): only that is left.
+        if job.phase() == &Phase::Finished(JobStatus::Quarantined) {
+            let why = Error::Corrupt("its manifest cannot be read".into());
+            return match self.quarantine_finishing(job_id, &mut job, &why).await {
+                Ok(done) => Ok(done),
+                Err(e) => {
+                    *loaded = Some(job);
+                    Err(e)
+                }
+            };
+        }
         // The manifest its seal was checked against (else read again by `finalize`).
         let recorded = self.recorded_manifest(job_id);
         let status = match self.finalize(&mut job, recorded).await {

@@ -235,7 +235,8 @@ impl Job {
             Phase::Ending(_) => true,
             Phase::Open { abandon: Some(_), .. } | Phase::Open { stall: Some(_), .. } => true,
             Phase::Open { .. } => self.all_in() && (self.cp.failed_chunks.is_empty() || self.quiet_for(now, floor) >= settle),
-            Phase::Finished(_) => false,
+            // Still in memory: what finishing it left undone (a quarantined job's report) is done again.
+            Phase::Finished(_) => true,
         }
     }
 
@@ -504,6 +505,9 @@ impl Job {
             }
             (Commit::Quarantined, Phase::Open { .. } | Phase::Ending(_)) => {
                 doc.failed_chunks = self.failed().to_vec();
+                if let Phase::Ending(d) = &self.phase {
+                    doc.note = d.note.clone();
+                }
                 (JobStatus::Quarantined, false, Rows::Keep)
             }
             (commit, phase) => unreachable!("no checkpoint commits {commit:?} from {phase:?}"),
@@ -761,6 +765,21 @@ mod tests {
         commit(&mut j, Commit::Finished);
         assert_eq!(j.phase(), &Phase::Finished(JobStatus::Complete));
         assert_eq!(j.done().len(), 1);
+    }
+
+    /// A job quarantined (committed) whose report could not be written stays in memory: it asks to
+    /// be finished again (the report written), never to be saved (no checkpoint follows an end).
+    #[tokio::test]
+    async fn a_quarantined_job_left_in_memory_asks_only_to_be_finished() {
+        let mut j = job();
+        let mut ctl = RequestCounts::default();
+        let (k, _done) = kept_delivery("1");
+        j.apply_batch(vec![(chunk(0, 1), (Source::Results, k))], Instant::now(), &mut ctl).unwrap();
+        commit(&mut j, Commit::Quarantined);
+        assert_eq!(j.phase(), &Phase::Finished(JobStatus::Quarantined));
+        let t = Instant::now();
+        assert_eq!(j.next(t, t, Duration::from_secs(120), Asker::Timer), Next::Finish, "its report is left to write");
+        assert_eq!(j.next(t, t, Duration::from_secs(120), Asker::Batch), Next::Finish);
     }
 
     #[tokio::test]

@@ -24,7 +24,7 @@ use fleet_io::blob::Cond;
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 
-use super::job::{fresh_checkpoint, Commit, Job};
+use super::job::{fresh_checkpoint, Commit, Job, Phase};
 use super::{Aggregator, Source};
 use crate::lease::Lease;
 
@@ -75,7 +75,10 @@ impl Aggregator {
     /// checkpoint keeps its rows. Returns its messages for deletion (the checkpoint covers them).
     pub(super) async fn quarantine_finishing(&self, job_id: &str, job: &mut Job, why: &Error) -> Result<Vec<Kept>> {
         tracing::error!(job = %job_id, error = %why, "the job's manifest cannot be read: job quarantined");
-        self.commit(job, Commit::Quarantined, &RequestCounts::default()).await?;
+        // Committed once (a report write that failed leaves the job quarantined in memory).
+        if job.phase() != &Phase::Finished(JobStatus::Quarantined) {
+            self.commit(job, Commit::Quarantined, &RequestCounts::default()).await?;
+        }
         let note =
             format!("quarantined: the job's manifest cannot be read ({why}); its checkpoint keeps the {} chunks accounted for and their rows", job.accounted());
         self.write_quarantine_report(job_id, None, Some(job), note, Cond::Any).await?;

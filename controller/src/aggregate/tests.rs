@@ -1528,3 +1528,30 @@ async fn a_stop_hands_held_messages_back_at_once_for_the_next_reader() {
     tokio::time::sleep(Duration::from_secs(31)).await;
     assert_eq!(queue.depth().await.unwrap().visible, 2, "visible at once, not after the hold's visibility");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_that_fails_after_its_partition_was_let_go_is_handed_back_not_held() {
+    // A batch whose handler outlived its partition's stop (the stop's grace ran out) fails on the
+    // store afterwards: this controller no longer reads the partition, so the batch goes back to its
+    // queue at once for the partition's new owner instead of being held (invisible for the hold's
+    // two minutes). Read again, the partition's messages are held as before.
+    let store = BrokenStore::with_breaker("no-such-job");
+    put_manifest(&store.inner, &manifest("s", &[1, 1])).await;
+    let queue = MemoryQueue::new("billing-results", Duration::from_secs(30));
+    let done = Completions::start(queue.clone(), BatchSettings::default());
+    let mut agg = quick_owned(store.clone(), "c".into(), Duration::from_secs(30));
+    agg.set_partition_queue("billing-results", 0);
+    assert!(agg.let_go(0).await.is_empty());
+    store.down.store(true, Ordering::Relaxed);
+    queue.send(vec![result("s", 0, vec![acct("a", 1, 100, 1)]).body]).await.unwrap();
+    let batch: Vec<_> = queue.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done.keep(d)).collect();
+    let applied = agg.apply(Source::Results, batch).await;
+    assert!(applied.delete.is_empty() && applied.release.is_empty());
+    assert_eq!(agg.held(None), 0, "not held for a partition let go");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(queue.depth().await.unwrap().visible, 1, "back on its queue at once");
+    agg.reading(0);
+    let batch: Vec<_> = queue.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done.keep(d)).collect();
+    agg.apply(Source::Results, batch).await;
+    assert_eq!(agg.held(None), 1, "read again: held through the outage");
+}
