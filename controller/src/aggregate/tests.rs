@@ -1498,18 +1498,24 @@ async fn a_seal_without_a_manifest_is_quarantined_after_a_bounded_wait() {
     assert!(why.len() == 1 && why[0].contains("has no manifest"), "{why:?}");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_stop_hands_held_messages_back_at_once_for_the_next_reader() {
-    // The store stops answering with a batch in hand: the batch is held (its visibility kept). On a
-    // stop (or its partition given up) it goes back to its queue at once, for whoever reads it next,
-    // instead of waiting out the hold's extended visibility. (Written for the mutation harness: it
-    // found that the hold's extension could be sent after the release, undoing it.)
+/// Job `s` (two chunks) on a store that stops answering when told, its results queue as partition 0.
+async fn partition_zero_fixture() -> (Arc<BrokenStore>, Arc<MemoryQueue>, Completions, Aggregator) {
     let store = BrokenStore::with_breaker("no-such-job");
     put_manifest(&store.inner, &manifest("s", &[1, 1])).await;
     let queue = MemoryQueue::new("billing-results", Duration::from_secs(30));
     let done = Completions::start(queue.clone(), BatchSettings::default());
     let mut agg = quick_owned(store.clone(), "c".into(), Duration::from_secs(30));
     agg.set_partition_queue("billing-results", 0);
+    (store, queue, done, agg)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_hands_held_messages_back_at_once_for_the_next_reader() {
+    // The store stops answering with a batch in hand: the batch is held (its visibility kept). On a
+    // stop (or its partition given up) it goes back to its queue at once, for whoever reads it next,
+    // instead of waiting out the hold's extended visibility. (Written for the mutation harness: it
+    // found that the hold's extension could be sent after the release, undoing it.)
+    let (store, queue, done, agg) = partition_zero_fixture().await;
     store.down.store(true, Ordering::Relaxed);
     queue.send(vec![result("s", 0, vec![acct("a", 1, 100, 1)]).body, sealed("s", 2).body]).await.unwrap();
     let batch: Vec<_> = queue.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done.keep(d)).collect();
@@ -1535,12 +1541,7 @@ async fn a_batch_that_fails_after_its_partition_was_let_go_is_handed_back_not_he
     // store afterwards: this controller no longer reads the partition, so the batch goes back to its
     // queue at once for the partition's new owner instead of being held (invisible for the hold's
     // two minutes). Read again, the partition's messages are held as before.
-    let store = BrokenStore::with_breaker("no-such-job");
-    put_manifest(&store.inner, &manifest("s", &[1, 1])).await;
-    let queue = MemoryQueue::new("billing-results", Duration::from_secs(30));
-    let done = Completions::start(queue.clone(), BatchSettings::default());
-    let mut agg = quick_owned(store.clone(), "c".into(), Duration::from_secs(30));
-    agg.set_partition_queue("billing-results", 0);
+    let (store, queue, done, agg) = partition_zero_fixture().await;
     assert!(agg.let_go(0).await.is_empty());
     store.down.store(true, Ordering::Relaxed);
     queue.send(vec![result("s", 0, vec![acct("a", 1, 100, 1)]).body]).await.unwrap();
