@@ -456,7 +456,8 @@ async fn stop(
     let steps = async {
         // What is held through a store outage goes back to its queue first, for whoever reads it
         // next: nothing below (a balancing round under way, a flush) may wait out a hung store with
-        // it invisible.
+        // it invisible. Nothing is held from now on.
+        agg.stopping();
         hand_back_held(agg, None);
         // The timers first (a balancing round under way ends), then every listener at once: each may
         // wait for its long poll to end (up to 20 s).

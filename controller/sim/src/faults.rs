@@ -178,7 +178,7 @@ impl Queue for FaultyQueue {
         self.said(|| format!("DELETE {:?}", receipts.iter().map(|r| r.as_str()).collect::<Vec<_>>()));
         self.own_receipts(receipts.iter().map(|r| r.as_str()));
         for r in receipts {
-            self.world.holding(self.ctl, r.as_str(), false);
+            self.world.deleted(self.ctl, r.as_str());
         }
         self.inner.delete_receipts(receipts).await
     }

@@ -67,10 +67,13 @@ impl Aggregator {
         // A batch that failed after its partition was given up (its handler outlived the stop's
         // grace) is not held by a controller that no longer reads it: back to the queue at once,
         // for the partition's new owner.
+        // So is every batch once the controller is stopping (a stop that ends on its deadline hands
+        // nothing back after it).
         let given_up = lock(&self.given_up).clone();
-        let (back, msgs): (Vec<_>, Vec<_>) = msgs
-            .into_iter()
-            .partition(|(_, k)| !crate::undo::is(crate::undo::Fix::HandBackHeld) && self.partition_queues.get(k.queue()).is_some_and(|p| given_up.contains(p)));
+        let stopping = self.stopping.load(std::sync::atomic::Ordering::SeqCst);
+        let (back, msgs): (Vec<_>, Vec<_>) = msgs.into_iter().partition(|(_, k)| {
+            !crate::undo::is(crate::undo::Fix::HandBackHeld) && (stopping || self.partition_queues.get(k.queue()).is_some_and(|p| given_up.contains(p)))
+        });
         if !back.is_empty() {
             tracing::info!(messages = back.len(), "messages of a partition given up handed back instead of held");
             for (_, k) in back {
@@ -166,6 +169,12 @@ impl Aggregator {
         for w in &taken {
             w.kept.extend(HOLD_VISIBILITY);
         }
+        // A stop does not wait for a retry that waits on a hung store: it drops it, with these
+        // messages out of the hold. Dropped, the retry makes them visible again at once (those
+        // completed meanwhile excepted), for whoever reads their queue next, instead of leaving
+        // them invisible for the hold's time (found by the simulation).
+        let shown_if_dropped =
+            ShowOnDrop(if crate::undo::is(crate::undo::Fix::HandBackHeld) { Vec::new() } else { taken.iter().map(|w| w.kept.visibility()).collect() });
         // The retry is the try: jobs turned back for a failure just before are tried now.
         lock(&self.memory).failing.clear();
         let mut by_source: BTreeMap<Source, Vec<Kept>> = BTreeMap::new();
@@ -180,6 +189,7 @@ impl Aggregator {
             applied.delete.extend(a.delete);
             applied.release.extend(a.release);
         }
+        shown_if_dropped.disarm();
         let mut h = lock(&self.hold);
         // Lease again: since when they were first held still counts.
         for w in h.waiting.iter_mut() {
@@ -226,4 +236,25 @@ impl Aggregator {
 
 fn retry_delay(failures: u32) -> Duration {
     FIRST_RETRY.saturating_mul(1u32 << failures.min(8)).min(MAX_RETRY)
+}
+
+/// Messages made visible again if the retry holding them is dropped before it ends (see
+/// `retry_held`).
+struct ShowOnDrop(Vec<fleet_engine::Visibility>);
+
+impl ShowOnDrop {
+    fn disarm(mut self) {
+        self.0.clear();
+    }
+}
+
+impl Drop for ShowOnDrop {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            tracing::info!(messages = self.0.len(), "a retry of held messages was stopped: its messages go back to their queue");
+        }
+        for v in &self.0 {
+            v.show();
+        }
+    }
 }

@@ -226,6 +226,8 @@ pub struct Aggregator {
     /// Results partitions let go of (`let_go`) and not read again since: their messages are never
     /// held here.
     given_up: Mutex<BTreeSet<u16>>,
+    /// The controller is stopping: nothing is held any more (see `hold`).
+    stopping: std::sync::atomic::AtomicBool,
     /// What the jobs' own records say (see `records`).
     records: Mutex<RecordsCache>,
     /// Decoded results in memory at once stay within it (see `budget`).
@@ -304,6 +306,7 @@ impl Aggregator {
             expiry: Mutex::new(Expiry { scanned: None, idle_floor: Instant::now(), emptied: scan::Emptied::default() }),
             hold: Mutex::default(),
             given_up: Mutex::default(),
+            stopping: Default::default(),
             records: Mutex::default(),
             budget: Arc::new(Budget::new(budget::DEFAULT_BUDGET_MIB << 20)),
             on_finished: Mutex::new(None),
@@ -369,6 +372,12 @@ impl Aggregator {
         self.release_leases_where(|job| jobs.contains(job)).await;
         lock(&self.memory).partition.retain(|j, _| !jobs.contains(j));
         done
+    }
+
+    /// The controller is stopping: a batch that fails from now on goes back to its queue at once
+    /// instead of being held.
+    pub fn stopping(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
     }
 
     /// This controller reads results partition `p` (again): its messages may be held.

@@ -433,6 +433,28 @@ pub struct Kept {
     on: Completions,
 }
 
+/// A handle on a kept message that outlives it (the message may be moved on, or dropped with the
+/// task that held it): [`show`](Visibility::show) makes it visible again at once, unless it was
+/// completed (deleted or released) meanwhile.
+#[derive(Debug, Clone)]
+pub struct Visibility {
+    on: Completions,
+    receipt: String,
+}
+
+impl Visibility {
+    pub fn show(&self) {
+        self.on.extend(&self.receipt, Duration::ZERO);
+    }
+}
+
+impl Kept {
+    /// A handle that makes the message visible again even once this `Kept` is gone.
+    pub fn visibility(&self) -> Visibility {
+        Visibility { on: self.on.clone(), receipt: self.delivery.receipt().to_string() }
+    }
+}
+
 impl std::ops::Deref for Kept {
     type Target = Delivery;
     fn deref(&self) -> &Delivery {

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use backoff::{default_queue_empty, EmptyContext, EmptyDecision, IdleBackoff};
-pub use completion::{Completions, Kept};
+pub use completion::{Completions, Kept, Visibility};
 pub use config::EngineConfig;
 use consumer::{spawn_consumer, work_detected, Consumers};
 use dispatch::dispatch_loop;
