@@ -25,7 +25,7 @@ pub enum Fix {
     UnrecordedQuarantined,
     /// A payload's decoding is capped by its chunk's recorded figures, not the global cap (issue 43).
     DecodeCapFromRecord,
-    /// Lease messages go back to their queue at once on a stop or when a partition is given up (issue 43).
+    /// Held messages go back to their queue at once on a stop or when a partition is given up (issue 43).
     HandBackHeld,
     /// A dead-lettered work item is forwarded to its job's partition (issue 43).
     ForwardDeadLetters,

@@ -1,3 +1,7 @@
+//! Why one file: the jobs a seed draws, the stand-in initiator and processors that play them, and the
+//! oracle computed from the same draw are one story; a chunk's fate is decided, acted out and checked
+//! here, and split they would have to agree across files.
+//!
 //! The fleet around the controllers, drawn from the seed: jobs of several shapes with their input
 //! transactions, an initiator that enqueues their work items, writes their manifests and seals them
 //! (or never does), and processors that bill the chunks and send results, each chunk with a fate

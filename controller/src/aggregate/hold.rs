@@ -191,7 +191,7 @@ impl Aggregator {
         }
         shown_if_dropped.disarm();
         let mut h = lock(&self.hold);
-        // Lease again: since when they were first held still counts.
+        // Held again: since when they were first held still counts.
         for w in h.waiting.iter_mut() {
             if let Some(t) = since.get(&w.kept.id) {
                 w.since = w.since.min(*t);

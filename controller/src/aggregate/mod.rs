@@ -555,7 +555,7 @@ impl Aggregator {
         match step {
             Ok(Step::Delete(deletable)) => out.delete.extend(deletable),
             Ok(Step::NotMine(kept, after)) => out.release.extend(kept.into_iter().map(|k| (k, after))),
-            // Lease (see `hold`) when the failure may pass.
+            // Held (see `hold`) when the failure may pass.
             Err(e) if e.is_retryable() => tracing::debug!(job = %job_id, error = %e, "could not apply results; held"),
             Err(e) => tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered"),
         }

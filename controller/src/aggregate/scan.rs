@@ -108,7 +108,7 @@ impl Aggregator {
         let slots = self.slots();
         let mut idle = Vec::new();
         for (job_id, slot) in &slots {
-            // A job being worked on, or with messages loaded, is not idle.
+            // A job being worked on, or with messages held, is not idle.
             if held_jobs.contains(job_id) {
                 continue;
             }
