@@ -55,6 +55,9 @@ pub struct SubmitOptions {
     pub grouping: Grouping,
     /// What `-` among the files (standard input) is called, and its size if known.
     pub stdin: Stdin,
+    /// The job's id, when the caller chose it (the fleet simulation, whose seed fixes every id);
+    /// otherwise a new UUIDv7, as the CLI always takes.
+    pub job_id: Option<String>,
 }
 
 /// Standard input as an input file (`-`): the name its rows are reported under, and its size when
@@ -85,6 +88,7 @@ impl SubmitOptions {
             deadline: None,
             grouping: Grouping::None,
             stdin: Stdin::default(),
+            job_id: None,
         }
     }
 }
@@ -329,7 +333,13 @@ pub async fn submit_inputs(opts: SubmitOptions, files: Vec<InputFile>, clients: 
     let fifo = fleet_io::config::is_fifo(clients.work.name());
     let grouping = opts.grouping;
     let names: Vec<String> = files.iter().map(|f| f.name.clone()).collect();
-    let job_id = new_job_id();
+    let job_id = match &opts.job_id {
+        Some(id) => {
+            fleet_domain::layout::check_job_id(id).map_err(|e| CliError::Input(e.to_string()))?;
+            id.clone()
+        }
+        None => new_job_id(),
+    };
     let started = std::time::Instant::now();
     let mp = MultiProgress::with_draw_target(if opts.progress { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
     let read_bar = bar(&mp, files.iter().map(|f| f.bytes).sum(), "reading   [{bar:30}] {bytes}/{total_bytes} {msg}");

@@ -1,38 +1,49 @@
-//! Why one file: the jobs a seed draws, the stand-in initiator and processors that play them, and the
-//! oracle computed from the same draw are one story; a chunk's fate is decided, acted out and checked
-//! here, and split they would have to agree across files.
+//! Why one file: the jobs a seed draws, the fates of their chunks, how the real initiator and
+//! processors meet those fates, and the oracle computed from the same draw are one story; a chunk's
+//! fate is decided, acted out and checked here, and split they would have to agree across files.
 //!
 //! The fleet around the controllers, drawn from the seed: jobs of several shapes with their input
-//! transactions, an initiator that enqueues their work items, writes their manifests and seals them
-//! (or never does), and processors that bill the chunks and send results, each chunk with a fate
-//! (processed, sent twice, its delete lost, failed, dead-lettered, lost before it was enqueued, a
-//! failure report or a hostile result ahead of the real one). The oracle is computed from the input
-//! transactions, not from the results the controllers see.
+//! transactions, submitted by the real initiator (`initiator::submit::submit_inputs`, from a CSV in
+//! memory) and billed by two real processors (`processor::start`). Each chunk has a fate (processed,
+//! its result sent twice, its delete lost, failed, dead-lettered, lost before it was enqueued, a
+//! failure report or a hostile result ahead of the real one), acted out on the initiator's and
+//! processors' ways to the queues and the store ([`Fated`]): a lost answer, a lost delete, a corrupt
+//! or refused chunk blob, a work item dropped or sent twice. A submission dies before its manifest
+//! or its seal, or is abandoned by `initiator abandon`. A hostile sender puts forged results, seals
+//! and bombs on the job's partition. The oracle is computed from the input transactions and the
+//! tariff, not from the results the controllers see.
 //!
 //! On a FIFO work queue (a third of the runs: the whole fleet points at `billing-work.fifo`, as the
-//! README's *FIFO work queues* says) every work item carries its message group as the initiator
-//! gives it: each chunk its own group, or, with `--group-by account`, one of a few account
-//! partitions shared by every job of the run, whose chunks the processors then bill one at a time in
-//! send order; a work item sent twice (a batch retried after a lost answer) is dropped by the queue's
-//! de-duplication.
+//! README's *FIFO work queues* says) the initiator groups work items as it does for users: each chunk
+//! its own group, or, with `--group-by account`, one of a few account partitions shared by every job
+//! of the run, whose chunks the processors' engine then bills one at a time in send order; a work
+//! item sent twice (a batch retried after a lost answer) is dropped by the queue's de-duplication.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bytes::Bytes;
 use fleet_domain::billing::{AccountTotals, Tariff};
-use fleet_domain::codec::{accounts_to_zstd_csv, base64_encode, sha256_hex};
-use fleet_domain::layout::{chunk_key, manifest_key, partition_of, result_key};
-use fleet_domain::model::{AccountsPayload, BlobRef, ChunkOutcome, ChunkRecord, ChunkResult, Manifest, ResultMessage, WorkItem, WIRE_VERSION};
+use fleet_domain::codec::base64_encode;
+use fleet_domain::input::InputFile;
+use fleet_domain::layout::{chunk_key, manifest_key, partition_of};
+use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, ResultMessage, WorkItem, WIRE_VERSION};
 use fleet_domain::requests::RequestCounts;
-use fleet_io::blob::BlobStore;
-use fleet_io::queue::{Attrs, Outgoing, Queue};
+use fleet_io::blob::{BlobStore, Cond};
+use fleet_io::call::CallCounter;
+use fleet_io::error::{Error, Result, Service};
+use fleet_io::queue::{Delivery, Outgoing, Queue, QueueDepth, QueueInfo, Receipt, Sharded};
+use initiator::grouping::{GroupBy, Grouping};
+use initiator::ops::abandon;
+use initiator::submit::{submit_inputs, Clients, SubmitOptions};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rust_decimal::Decimal;
 
-use crate::{World, MAX_RECEIVES};
+use crate::World;
 
 /// What becomes of one chunk's work item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,25 +186,30 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
             let groups = fifo.then(|| if rng.random_bool(0.5) { Groups::PerChunk } else { Groups::Accounts(rng.random_range(1..=3)) });
             let chunks = (0..chunks)
                 .map(|c| {
+                    // On a FIFO queue each chunk is its own group, or holds one account partition's
+                    // transactions (as the initiator's grouping assigns them) in that partition's group.
                     let (group, partition) = match groups {
                         None => (None, None),
-                        Some(Groups::PerChunk) => (Some(format!("{id}-{c}")), None),
+                        Some(Groups::PerChunk) => (Some(Grouping::None.group_id(&id, c, 0)), None),
                         Some(Groups::Accounts(n)) => {
-                            let p = rng.random_range(0..n);
-                            (Some(format!("accounts-{p}-of-{n}")), Some((p, n)))
+                            let g = Grouping::new(Some(GroupBy::Account), n);
+                            let p = rng.random_range(0..n as usize);
+                            (Some(g.group_id(&id, c, p)), Some((g, p)))
                         }
                     };
                     let rows = (0..rows)
                         .map(|_| {
                             let mut a = rng.random_range(0..accounts);
-                            if let Some((p, n)) = partition {
-                                // Only the partition's accounts.
-                                a = a / n * n + p;
+                            // Only the partition's accounts (past the job's range when none in it is).
+                            while partition.is_some_and(|(g, p)| g.partition(&format!("acct-{a:05}")) != p) {
+                                a += 1;
                             }
                             let a = format!("acct-{a:05}");
                             let cur = if rng.random_bool(0.8) { "EUR" } else { "USD" };
-                            let amount = Decimal::new(rng.random_range(-5_000..100_000), 2);
-                            let fee = (amount.abs() * Decimal::new(1, 2)).round_dp(2);
+                            // Refunds and charges; never zero (the initiator rejects a zero amount).
+                            let cents = rng.random_range(-5_000..100_000);
+                            let amount = Decimal::new(if cents == 0 { 1 } else { cents }, 2);
+                            let fee = Tariff::default().calculator().fee(amount, cur);
                             (a, cur, amount, fee)
                         })
                         .collect();
@@ -216,191 +232,380 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
 /// The suffix of job ids the hostile sender makes up (nobody submitted them).
 pub const FORGED: &str = "-forged";
 
-/// The initiator of one job: its work items (in chunk order, ten a batch), then its manifest and seal.
-pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, work: Arc<dyn Queue>, results: Vec<Arc<dyn Queue>>, store: Arc<dyn BlobStore>) {
-    tokio::time::sleep(job.submit_at).await;
-    // The chunk blobs first (every chunk's, also those whose work item is lost later), then the items.
-    for c in 0..job.chunks.len() as u32 {
-        // With its record, as the initiator writes it (the controller holds results to it).
-        let record = ChunkRecord { transactions: job.chunks[c as usize].rows.len() as u64, raw_bytes: 64 * job.chunks[c as usize].rows.len() as u64 };
-        store
-            .put_if(&chunk_key(&job.id, c), Bytes::from_static(b"chunk"), "application/zstd", &record.to_meta(), &fleet_io::blob::Cond::Any)
-            .await
-            .expect("the initiator's store does not fail");
+impl JobPlan {
+    /// Transactions per chunk (every chunk of a job has as many): the initiator's `--chunk-size`.
+    fn chunk_rows(&self) -> u64 {
+        self.chunks.first().map_or(1, |c| c.rows.len() as u64)
     }
-    let items: Vec<Outgoing> = (0..job.chunks.len() as u32)
-        .filter(|&c| job.chunks[c as usize].fate != Fate::Lost)
-        .flat_map(|c| {
-            let item = WorkItem {
-                partition: job.partition,
-                v: WIRE_VERSION,
-                job_id: job.id.clone(),
-                chunk: c,
-                transactions: job.chunks[c as usize].rows.len() as u64,
-                blob: BlobRef { key: chunk_key(&job.id, c), sha256: "0".repeat(64), compressed_bytes: 1, raw_bytes: 1 },
-                tariff: Tariff::default(),
-            };
-            let chunk = &job.chunks[c as usize];
-            let out = Outgoing {
-                body: serde_json::to_string(&item).expect("serializable"),
-                attrs: Attrs { group: chunk.group.clone(), ..Attrs::default() },
-                dedup: None,
-            };
-            let copies = if chunk.fate == Fate::Resent { 2 } else { 1 };
-            std::iter::repeat_n(out, copies)
-        })
-        .collect();
-    // One batch at a time, in chunk order (as the initiator sends on a FIFO queue).
-    for batch in items.chunks(10) {
-        work.send_messages(batch).await.expect("the in-memory queue takes every message");
-    }
-    world.trace(format!("initiator: job {} ({}, {} chunks) enqueued", job.id, job.shape, job.chunks.len()));
-    if job.ending == Ending::DiedBeforeManifest {
-        return;
-    }
-    let counts: Vec<u64> = job.chunks.iter().map(|c| c.rows.len() as u64).collect();
-    let total: u64 = counts.iter().sum();
-    let manifest = Manifest {
-        partition: job.partition,
-        v: WIRE_VERSION,
-        job_id: job.id.clone(),
-        created_at: "2026-11-26T00:00:00Z".into(),
-        files: vec!["sim.csv".into()],
-        submitted: total,
-        accepted: total,
-        rejected: Vec::new(),
-        total_chunks: job.chunks.len() as u32,
-        chunk_transactions: counts,
-        tariff: Tariff::default(),
-        requests: RequestCounts::default(),
-    };
-    store
-        .put(&manifest_key(&job.id), Bytes::from(serde_json::to_vec(&manifest).expect("serializable")), "application/json")
-        .await
-        .expect("the initiator's store does not fail");
-    let last = match job.ending {
-        Ending::Sealed => ResultMessage::Sealed { v: WIRE_VERSION, job_id: job.id.clone(), total_chunks: job.chunks.len() as u32 },
-        Ending::Abandoned => {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            ResultMessage::Abandon { v: WIRE_VERSION, job_id: job.id.clone(), reason: "simulated operator".into() }
+
+    /// The job's input file: each chunk's rows in chunk order, so that the initiator, cutting a chunk
+    /// every [`JobPlan::chunk_rows`] rows (per account partition with `--group-by account`), makes
+    /// exactly the planned chunks.
+    fn csv(&self) -> String {
+        let mut out = String::from("txn_id,account_id,amount,currency,timestamp\n");
+        for (c, chunk) in self.chunks.iter().enumerate() {
+            for (i, (a, cur, amount, _)) in chunk.rows.iter().enumerate() {
+                out.push_str(&format!("t{c}-{i},{a},{amount},{cur},2026-11-26T10:00:00Z\n"));
+            }
         }
-        Ending::DiedAfterManifest | Ending::DiedBeforeManifest => return,
+        out
+    }
+
+    /// The initiator's grouping of the job (`--group-by account --groups n`, or none).
+    fn grouping(&self) -> Grouping {
+        match self.groups {
+            Some(Groups::Accounts(n)) => Grouping::new(Some(GroupBy::Account), n),
+            _ => Grouping::None,
+        }
+    }
+}
+
+/// One job's submission by the real initiator (`initiator::submit::submit_inputs`, its input file
+/// read from memory): the chunk blobs with their records, the work items, the manifest and the seal.
+/// Its ending is acted out on its ways to the store and the queues ([`Fated`]): a submission that
+/// dies before its manifest or its seal hangs there for ever (the process is gone); an abandoned one
+/// dies before its seal and the operator runs `initiator abandon` (`initiator::ops::abandon`).
+pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, fated: Arc<Fated>, work: Arc<dyn Queue>, results: Vec<Arc<dyn Queue>>, store: Arc<dyn BlobStore>) {
+    tokio::time::sleep(job.submit_at).await;
+    let csv = job.csv().into_bytes();
+    let size = csv.len() as u64;
+    let file = InputFile::from_stream(format!("{}.csv", job.id), Box::new(std::io::Cursor::new(csv)), Some(size)).expect("the header is the validator's");
+    let mut opts = SubmitOptions::new(vec![PathBuf::from("-")]);
+    opts.job_id = Some(job.id.clone());
+    opts.chunk_size = job.chunk_rows().max(1);
+    opts.grouping = job.grouping();
+    let way = |q: Arc<dyn Queue>| -> Arc<dyn Queue> { Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Initiator }) };
+    let results = Sharded::of(results.into_iter().map(way).collect()).expect("at least one partition");
+    let clients =
+        Clients { work: way(work), results: results.clone(), store: Arc::new(FatedStore { inner: store, fated, role: Role::Initiator }), triggers: None };
+    let submitted = async {
+        let s = submit_inputs(opts, vec![file], &clients).await.map_err(|e| e.to_string())?;
+        if s.total_chunks as usize != job.chunks.len() || !s.rejected.is_empty() {
+            return Err(format!("made {} chunks of the planned {} and rejected {:?}", s.total_chunks, job.chunks.len(), s.rejected));
+        }
+        Ok(())
     };
-    send(&world, &job, &results, vec![serde_json::to_string(&last).expect("serializable")]).await;
+    let abandon = async {
+        // The operator gives up on a submission that died before its seal.
+        while !matches!(clients.store.head(&manifest_key(&job.id)).await, Ok(Some(_))) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        world.trace(format!("operator: initiator abandon {}", job.id));
+        abandon(&results, None, &job.id, "simulated operator", None).await.map_err(|e| e.to_string())
+    };
+    let outcome = if job.ending == Ending::Abandoned {
+        tokio::select! {
+            r = submitted => r,
+            r = abandon => r,
+        }
+    } else {
+        submitted.await
+    };
+    match outcome {
+        Ok(()) => world.trace(format!("initiator: job {} ({}, {} chunks) submitted", job.id, job.shape, job.chunks.len())),
+        // Its store and queues do not fail: a failed submission is the initiator's bug (or the plan's).
+        Err(e) => world.trace(format!("PANIC initiator: job {}: {e}", job.id)),
+    }
 }
 
-/// Sends messages of `job` to its partition's results queue, noting when.
-async fn send(world: &World, job: &JobPlan, results: &[Arc<dyn Queue>], bodies: Vec<String>) {
-    world.sent(&job.id);
-    results[usize::from(job.partition)].send(bodies).await.expect("the in-memory queue takes every message");
-}
-
-/// One processor: receives work items, bills them as their fate says, sends results, deletes. On a
-/// FIFO queue it keeps a group's order as the listener engine does: a failing item is retried in
-/// place with back-off (a failure report or hostile result first, then the real one after the
-/// retry) and, on its last attempt, dead-lettered by the processor itself; the group's later items
-/// never go back with it.
-pub async fn process(
-    jobs: Arc<BTreeMap<String, Arc<JobPlan>>>,
-    world: Arc<World>,
-    mut rng: ChaCha8Rng,
+/// Starts processor `n` as the service does (`processor::start`: the listener engine and the real
+/// work handler), through ways to the queues and the store that act out each chunk's fate.
+pub async fn start_processor(
+    n: u64,
+    fated: Arc<Fated>,
     work: Arc<dyn Queue>,
     work_dlq: Arc<dyn Queue>,
     results: Vec<Arc<dyn Queue>>,
     store: Arc<dyn BlobStore>,
 ) {
-    loop {
-        let got = work.receive(10, Duration::from_secs(5)).await.expect("in-memory receive");
-        for d in got {
-            let item: WorkItem = serde_json::from_str(&d.body).expect("the initiator's work item");
-            let job = &jobs[&item.job_id];
-            let fate = job.chunks[item.chunk as usize].fate;
-            let first = world.handling(&job.id, item.chunk);
-            tokio::time::sleep(Duration::from_millis(rng.random_range(10..3_000))).await;
-            let (bodies, delete): (Vec<String>, bool) = match fate {
-                Fate::Processed | Fate::Resent => (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], true),
-                Fate::Duplicated => {
-                    let r = chunk_result(job, item.chunk, &mut rng, &*store).await;
-                    (vec![r.clone(), r], true)
-                }
-                Fate::DeleteLost => (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], !first),
-                Fate::Failed => (vec![failed(job, item.chunk)], true),
-                Fate::Poison if d.attrs.group.is_some() => {
-                    for attempt in d.receive_count..MAX_RECEIVES {
-                        world.trace(format!("processor: {} chunk {} failed (attempt {attempt}), retried in place", job.id, item.chunk));
-                        tokio::time::sleep(Duration::from_secs(2 << attempt.min(6))).await;
-                    }
-                    world.trace(format!("processor: {} chunk {} dead-lettered", job.id, item.chunk));
-                    d.dead_letter(&*work, &*work_dlq, "failed").await.map_err(|(e, _)| e).expect("in-memory dead letter");
-                    continue;
-                }
-                Fate::Poison => (Vec::new(), false),
-                Fate::Lost => unreachable!("never enqueued"),
-                Fate::FailedFirst | Fate::HostileFirst if first && d.attrs.group.is_some() => {
-                    let wrong = if fate == Fate::FailedFirst { failed(job, item.chunk) } else { hostile(job, item.chunk) };
-                    send(&world, job, &results, vec![wrong]).await;
-                    world.trace(format!("processor: {} chunk {} failed (attempt {}), retried in place", job.id, item.chunk, d.receive_count));
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], true)
-                }
-                Fate::FailedFirst if first => (vec![failed(job, item.chunk)], false),
-                Fate::HostileFirst if first => (vec![hostile(job, item.chunk)], false),
-                Fate::FailedFirst | Fate::HostileFirst => (vec![chunk_result(job, item.chunk, &mut rng, &*store).await], true),
-            };
-            for b in bodies {
-                send(&world, job, &results, vec![b]).await;
-            }
-            if job.forged_beyond && item.chunk == 0 && first {
-                // Chunks the job does not have, with rows that look real, ahead of the seal.
-                let n = job.chunks.len() as u32;
-                for c in [n, n + 2, n + 40] {
-                    let mut forged: ChunkResult = match serde_json::from_str(&chunk_result(job, 0, &mut rng, &*store).await) {
-                        Ok(ResultMessage::Chunk(r)) => r,
-                        _ => unreachable!("a chunk result"),
-                    };
-                    forged.chunk = c;
-                    if let ChunkOutcome::Processed { payload: AccountsPayload::Blob { .. } } = forged.outcome {
-                        forged.outcome = ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts: job.totals(0) } };
-                    }
-                    send(&world, job, &results, vec![serde_json::to_string(&ResultMessage::Chunk(forged)).expect("serializable")]).await;
-                }
-                // A seal smaller than the job, a count larger than its chunk's with an account of its
-                // own, and a result and a seal for a job nobody submitted: none of it may count, and
-                // the forged job may leave nothing behind but its quarantined messages.
-                let mut bodies = Vec::new();
-                if n > 1 {
-                    bodies.push(
-                        serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: job.id.clone(), total_chunks: 1 }).expect("serializable"),
-                    );
-                }
-                let mut more: ChunkResult = match serde_json::from_str(&chunk_result(job, 0, &mut rng, &*store).await) {
-                    Ok(ResultMessage::Chunk(r)) => r,
-                    _ => unreachable!("a chunk result"),
-                };
-                let mut accounts = job.totals(0);
-                accounts.push(AccountTotals {
-                    account_id: "forged".into(),
-                    currency: "EUR".into(),
-                    count: 7,
-                    gross: Decimal::new(700, 2),
-                    fees: Decimal::ZERO,
-                });
-                more.transactions += 7;
-                more.outcome = ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts: accounts.clone() } };
-                bodies.push(serde_json::to_string(&ResultMessage::Chunk(more.clone())).expect("serializable"));
-                more.job_id = format!("{}{FORGED}", job.id);
-                bodies.push(serde_json::to_string(&ResultMessage::Chunk(more)).expect("serializable"));
-                bodies.push(
-                    serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: format!("{}{FORGED}", job.id), total_chunks: 1 })
-                        .expect("serializable"),
-                );
-                send(&world, job, &results, bodies).await;
-            }
-            if delete {
-                work.delete(vec![d]).await.expect("in-memory delete");
+    let way = |q: Arc<dyn Queue>| -> Arc<dyn Queue> { Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Processor }) };
+    let mut deps = processor::Deps::new(
+        way(work),
+        Sharded::of(results.into_iter().map(way).collect()).expect("at least one partition"),
+        Arc::new(FatedStore { inner: store, fated: fated.clone(), role: Role::Processor }),
+    );
+    deps.work_dlq = Some(work_dlq);
+    let mut settings = processor::Settings::default();
+    settings.listener.http_addr = None;
+    // Never stopped: the run's end drops the runtime with it.
+    let stop = tokio_util::sync::CancellationToken::new();
+    if let Err(e) = processor::start(&settings, deps, &stop).await {
+        fated.world.trace(format!("PANIC processor {n} did not start: {e}"));
+    }
+}
+
+/// Who a [`FatedQueue`] or [`FatedStore`] serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Initiator,
+    Processor,
+}
+
+/// What the fleet's real initiator and processors meet on their ways to the queues and the store:
+/// each chunk's fate, drawn from the seed, acted out once (a lost answer, a lost delete, a corrupt or
+/// unreadable blob, a work item dropped or sent twice, a message sent ahead of a result).
+pub struct Fated {
+    jobs: Arc<BTreeMap<String, Arc<JobPlan>>>,
+    world: Arc<World>,
+    rng: std::sync::Mutex<ChaCha8Rng>,
+    /// Fates already acted out, by (job, chunk).
+    done: std::sync::Mutex<BTreeSet<(String, u32)>>,
+    /// The chunk each processor's receipt is for.
+    receipts: std::sync::Mutex<BTreeMap<String, (String, u32)>>,
+}
+
+impl Fated {
+    pub fn new(jobs: Arc<BTreeMap<String, Arc<JobPlan>>>, world: Arc<World>, rng: ChaCha8Rng) -> Arc<Fated> {
+        Arc::new(Fated { jobs, world, rng: std::sync::Mutex::new(rng), done: Default::default(), receipts: Default::default() })
+    }
+
+    fn fate(&self, job: &str, chunk: u32) -> Option<(&Arc<JobPlan>, Fate)> {
+        let plan = self.jobs.get(job)?;
+        Some((plan, plan.chunks.get(chunk as usize)?.fate))
+    }
+
+    /// Whether the chunk's fate is still to be acted out (true once).
+    fn first(&self, job: &str, chunk: u32) -> bool {
+        fleet_io::lock(&self.done).insert((job.to_string(), chunk))
+    }
+}
+
+fn work_item(body: &str) -> Option<WorkItem> {
+    serde_json::from_str(body).ok()
+}
+
+fn chunk_of(body: &str) -> Option<(String, u32)> {
+    match serde_json::from_str::<ResultMessage>(body) {
+        Ok(ResultMessage::Chunk(c)) => Some((c.job_id, c.chunk)),
+        _ => None,
+    }
+}
+
+fn lost(op: &'static str) -> Error {
+    Error::Service { service: Service::Sqs, operation: op, detail: "simulated: the answer was lost".into(), retryable: true, source: None }
+}
+
+/// A queue as the initiator or a processor reaches it (see [`Fated`]).
+struct FatedQueue {
+    inner: Arc<dyn Queue>,
+    fated: Arc<Fated>,
+    role: Role,
+}
+
+impl FatedQueue {
+    /// The initiator's work items: a lost one never goes out; a resent one goes out twice (a batch
+    /// retried after its answer was lost; on a FIFO queue de-duplication drops the second).
+    fn work_items(&self, msgs: &[Outgoing]) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        for m in msgs {
+            let fate = work_item(&m.body).and_then(|w| self.fated.fate(&w.job_id, w.chunk).map(|(_, f)| f));
+            match fate {
+                Some(Fate::Lost) => {}
+                Some(Fate::Resent) => out.extend([m.clone(), m.clone()]),
+                _ => out.push(m.clone()),
             }
         }
+        out
     }
+
+    /// A processor's results: a failure report or a hostile result goes ahead of a chunk's first
+    /// result, whose send then fails (its work item comes back and is billed again); a duplicated
+    /// chunk's first send goes out with its answer lost (sent again on the retry); the hostile
+    /// sender's forgeries follow a forging job's first result of chunk 0.
+    async fn results(&self, msgs: &[Outgoing]) -> Result<u64> {
+        let chunks: Vec<(String, u32)> = msgs.iter().filter_map(|m| chunk_of(&m.body)).collect();
+        let mut ahead = Vec::new();
+        let (mut answer_lost, mut forge) = (false, None);
+        for (job, chunk) in &chunks {
+            let Some((plan, fate)) = self.fated.fate(job, *chunk) else { continue };
+            match fate {
+                Fate::FailedFirst | Fate::HostileFirst if self.fated.first(job, *chunk) => {
+                    ahead.push(if fate == Fate::FailedFirst { failed(plan, *chunk) } else { hostile(plan, *chunk) });
+                }
+                Fate::Duplicated if self.fated.first(job, *chunk) => answer_lost = true,
+                _ => {}
+            }
+            if plan.forged_beyond && *chunk == 0 && self.fated.first(job, u32::MAX) {
+                forge = Some(plan.clone());
+            }
+        }
+        for job in chunks.iter().map(|(j, _)| j).collect::<BTreeSet<_>>() {
+            self.fated.world.sent(job);
+        }
+        if !ahead.is_empty() {
+            self.inner.send(ahead).await?;
+            return Err(lost("SendMessageBatch"));
+        }
+        let calls = self.inner.send_messages(msgs).await?;
+        if let Some(plan) = forge {
+            self.inner.send(forgeries(&plan)).await?;
+        }
+        if answer_lost {
+            return Err(lost("SendMessageBatch"));
+        }
+        Ok(calls)
+    }
+}
+
+#[async_trait]
+impl Queue for FatedQueue {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn send_messages(&self, msgs: &[Outgoing]) -> Result<u64> {
+        match self.role {
+            Role::Initiator if msgs.iter().any(|m| work_item(&m.body).is_some()) => self.inner.send_messages(&self.work_items(msgs)).await,
+            Role::Initiator => {
+                for m in msgs {
+                    if let Ok(last @ (ResultMessage::Sealed { .. } | ResultMessage::Abandon { .. })) = serde_json::from_str::<ResultMessage>(&m.body) {
+                        let ending = self.fated.jobs.get(last.job_id()).map(|j| j.ending);
+                        if matches!(last, ResultMessage::Sealed { .. }) && ending != Some(Ending::Sealed) {
+                            // The initiator dies before its seal goes out.
+                            std::future::pending::<()>().await;
+                        }
+                        self.fated.world.sent(last.job_id());
+                    }
+                }
+                self.inner.send_messages(msgs).await
+            }
+            Role::Processor => self.results(msgs).await,
+        }
+    }
+
+    async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Delivery>> {
+        let got = self.inner.receive(max, wait).await?;
+        let mut receipts = fleet_io::lock(&self.fated.receipts);
+        for d in &got {
+            if let Some(w) = work_item(&d.body) {
+                receipts.insert(d.receipt().to_string(), (w.job_id, w.chunk));
+            }
+        }
+        Ok(got)
+    }
+
+    /// A processor's delete of a chunk whose fate is a lost delete: the first one is answered as done
+    /// and never happens (the work item comes back after its visibility timeout and is billed again).
+    async fn delete_receipts(&self, receipts: &[&Receipt]) -> Result<Vec<usize>> {
+        let keep: Vec<usize> = (0..receipts.len())
+            .filter(|&i| {
+                let chunk = fleet_io::lock(&self.fated.receipts).get(receipts[i].as_str()).cloned();
+                !chunk.is_some_and(|(job, c)| self.fated.fate(&job, c).is_some_and(|(_, f)| f == Fate::DeleteLost) && self.fated.first(&job, c))
+            })
+            .collect();
+        let kept: Vec<&Receipt> = keep.iter().map(|&i| receipts[i]).collect();
+        let failed = self.inner.delete_receipts(&kept).await?;
+        Ok(failed.into_iter().map(|i| keep[i]).collect())
+    }
+
+    async fn change_visibility(&self, entries: &[(&str, Duration)]) -> Result<Vec<usize>> {
+        self.inner.change_visibility(entries).await
+    }
+
+    async fn depth(&self) -> Result<QueueDepth> {
+        self.inner.depth().await
+    }
+
+    async fn info(&self) -> Result<QueueInfo> {
+        self.inner.info().await
+    }
+
+    fn calls(&self) -> &CallCounter {
+        self.inner.calls()
+    }
+}
+
+/// The store as the initiator or a processor reaches it (see [`Fated`]).
+struct FatedStore {
+    inner: Arc<dyn BlobStore>,
+    fated: Arc<Fated>,
+    role: Role,
+}
+
+#[async_trait]
+impl BlobStore for FatedStore {
+    fn bucket(&self) -> &str {
+        self.inner.bucket()
+    }
+
+    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+        if self.role == Role::Initiator {
+            let died = self.fated.jobs.values().any(|j| j.ending == Ending::DiedBeforeManifest && key == manifest_key(&j.id));
+            if died {
+                // The initiator dies before its manifest is written.
+                std::future::pending::<()>().await;
+            }
+        }
+        self.inner.put_if(key, body, content_type, meta, cond).await
+    }
+
+    /// A processor's read of a chunk blob, a round trip of up to 3 s: first reads in the order
+    /// processors handle work items; a failed chunk's blob is corrupt (failed for good at once); a
+    /// poison chunk's read is refused every time (its work item is retried to the dead-letter queue).
+    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+        let chunk = (self.role == Role::Processor)
+            .then(|| self.fated.jobs.values().find_map(|j| (0..j.chunks.len() as u32).find(|&c| chunk_key(&j.id, c) == key).map(|c| (j.clone(), c))))
+            .flatten();
+        let Some((job, c)) = chunk else { return self.inner.get_tagged(key).await };
+        let delay = fleet_io::lock(&self.fated.rng).random_range(10..3_000);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        self.fated.world.handling(&job.id, c);
+        match job.chunks[c as usize].fate {
+            Fate::Failed => Ok(Some((Bytes::from_static(b"not the chunk that was stored"), "corrupt".into()))),
+            Fate::Poison => {
+                Err(Error::Service { service: Service::S3, operation: "GetObject", detail: "simulated: AccessDenied".into(), retryable: false, source: None })
+            }
+            _ => self.inner.get_tagged(key).await,
+        }
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+        self.inner.head(key).await
+    }
+
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        self.inner.list(prefix, limit).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.inner.delete(key).await
+    }
+
+    fn calls(&self) -> &CallCounter {
+        self.inner.calls()
+    }
+}
+
+/// What the hostile sender puts on a forging job's partition after its chunk 0's first result:
+/// results for chunks the job does not have (with rows that look real), a seal smaller than the job,
+/// a count larger than its chunk's with an account of its own, and a result and a seal for a job
+/// nobody submitted. None of it may count, and the forged job may leave nothing behind but its
+/// quarantined messages.
+fn forgeries(job: &JobPlan) -> Vec<String> {
+    let real = |chunk: u32, accounts: Vec<AccountTotals>, transactions: u64| ChunkResult {
+        v: WIRE_VERSION,
+        job_id: job.id.clone(),
+        chunk,
+        transactions,
+        outcome: ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts } },
+        requests: RequestCounts::default(),
+    };
+    let body = |m: ResultMessage| serde_json::to_string(&m).expect("serializable");
+    let n = job.chunks.len() as u32;
+    let rows = job.chunks[0].rows.len() as u64;
+    let mut bodies: Vec<String> = [n, n + 2, n + 40].into_iter().map(|c| body(ResultMessage::Chunk(real(c, job.totals(0), rows)))).collect();
+    if n > 1 {
+        bodies.push(body(ResultMessage::Sealed { v: WIRE_VERSION, job_id: job.id.clone(), total_chunks: 1 }));
+    }
+    let mut accounts = job.totals(0);
+    accounts.push(AccountTotals { account_id: "forged".into(), currency: "EUR".into(), count: 7, gross: Decimal::new(700, 2), fees: Decimal::ZERO });
+    let mut more = real(0, accounts, rows + 7);
+    bodies.push(body(ResultMessage::Chunk(more.clone())));
+    more.job_id = format!("{}{FORGED}", job.id);
+    bodies.push(body(ResultMessage::Chunk(more)));
+    bodies.push(body(ResultMessage::Sealed { v: WIRE_VERSION, job_id: format!("{}{FORGED}", job.id), total_chunks: 1 }));
+    bodies
 }
 
 fn failed(job: &JobPlan, chunk: u32) -> String {
@@ -427,30 +632,6 @@ fn hostile(job: &JobPlan, chunk: u32) -> String {
         chunk,
         transactions: job.chunks[chunk as usize].rows.len() as u64,
         outcome: ChunkOutcome::Processed { payload: AccountsPayload::ZstdCsv { data: bomb.clone() } },
-        requests: RequestCounts::default(),
-    };
-    serde_json::to_string(&ResultMessage::Chunk(r)).expect("serializable")
-}
-
-async fn chunk_result(job: &JobPlan, chunk: u32, rng: &mut ChaCha8Rng, store: &dyn BlobStore) -> String {
-    let accounts = job.totals(chunk);
-    let payload = match rng.random_range(0..3) {
-        0 if accounts.len() <= 50 => AccountsPayload::Inline { accounts },
-        1 => AccountsPayload::ZstdCsv { data: base64_encode(&accounts_to_zstd_csv(accounts.iter().map(AccountTotals::borrowed))) },
-        _ => {
-            let data = accounts_to_zstd_csv(accounts.iter().map(AccountTotals::borrowed));
-            let raw = accounts.iter().map(|a| a.account_id.len() as u64 + 64).sum::<u64>() + 64;
-            let blob = BlobRef { key: result_key(&job.id, chunk), sha256: sha256_hex(&data), compressed_bytes: data.len() as u64, raw_bytes: raw };
-            store.put(&blob.key, Bytes::from(data), "application/zstd").await.expect("the processors' store does not fail");
-            AccountsPayload::Blob { blob }
-        }
-    };
-    let r = ChunkResult {
-        v: WIRE_VERSION,
-        job_id: job.id.clone(),
-        chunk,
-        transactions: job.chunks[chunk as usize].rows.len() as u64,
-        outcome: ChunkOutcome::Processed { payload },
         requests: RequestCounts::default(),
     };
     serde_json::to_string(&ResultMessage::Chunk(r)).expect("serializable")

@@ -7,8 +7,10 @@
 //! A deterministic simulation of the fleet around its controllers, in the manner of FoundationDB's
 //! simulator and TigerBeetle's VOPR: one seed fixes a whole run. One to four controllers, each
 //! `controller::run_with_clock` itself (the service's own listeners, partition balancing, timers,
-//! graceful stop: nothing re-created here), share the in-memory queue and blob twins with a stand-in
-//! initiator and processor fleet (`fleet`), on one thread under tokio's paused clock. Each controller
+//! graceful stop: nothing re-created here), share the in-memory queue and blob twins with the real
+//! initiator (`initiator::submit::submit_inputs`, one submission per job) and two real processors
+//! (`processor::start`: the listener engine and the work handler), on one thread under tokio's paused
+//! clock (`fleet`). Each controller
 //! reads wall time from a clock of its own, skewed from the others' by up to a tenth of a lease. The
 //! settings are the shipped defaults in half the runs and drawn around them in the rest (always a
 //! combination the start check, `controller::timings`, accepts); the results queue has one to four
@@ -26,9 +28,11 @@
 //! invariants are checked (`check`).
 //!
 //! Approximations, said plainly: the listener engine draws its back-off jitter and tokio's `select!`
-//! its branch order from unseeded generators, so a seed replays its faults and jobs exactly but not
-//! always every step of the controllers (a failing seed is rerun alone with its whole trace); no
-//! triggers (RabbitMQ) are simulated: listeners long-poll as they do without them.
+//! its branch order from unseeded generators, and the initiator and processors compress and bill on
+//! tokio's blocking pool (simulated time stands still meanwhile, but what runs next depends on real
+//! time), so a seed replays its faults and jobs exactly but not always every step (a failing seed is
+//! rerun alone with its whole trace); no triggers (RabbitMQ) are simulated: listeners long-poll as
+//! they do without them.
 
 pub mod check;
 pub mod faults;
@@ -577,24 +581,17 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
             .collect::<Vec<_>>()
             .join("; ")
     ));
-    // The fleet around the controllers: its calls do not fail (the controllers' do).
+    // The fleet around the controllers, the real initiator and processors: their calls fail only as
+    // their chunks' fates say (the controllers' fail at their own rates).
     let plain: Arc<dyn BlobStore> = store.clone();
     let by_id: Arc<BTreeMap<String, Arc<JobPlan>>> = Arc::new(jobs.iter().map(|j| (j.id.clone(), j.clone())).collect());
+    let fated = fleet::Fated::new(by_id, world.clone(), ChaCha8Rng::seed_from_u64(seed ^ 0xfeed_0000));
     let mut fleet_tasks = Vec::new();
     for j in &jobs {
-        fleet_tasks.push(tokio::spawn(fleet::initiate(j.clone(), world.clone(), queues.work.clone(), queues.partitions(), plain.clone())));
+        fleet_tasks.push(tokio::spawn(fleet::initiate(j.clone(), world.clone(), fated.clone(), queues.work.clone(), queues.partitions(), plain.clone())));
     }
-    for p in 0..2u64 {
-        let rng = ChaCha8Rng::seed_from_u64(seed ^ (0xfeed_0000 + p));
-        fleet_tasks.push(tokio::spawn(fleet::process(
-            by_id.clone(),
-            world.clone(),
-            rng,
-            queues.work.clone(),
-            queues.work_dlq.clone(),
-            queues.partitions(),
-            plain.clone(),
-        )));
+    for n in 0..2u64 {
+        fleet::start_processor(n, fated.clone(), queues.work.clone(), queues.work_dlq.clone(), queues.partitions(), plain.clone()).await;
     }
     // The controllers, each with its own faults and clock.
     let max_skew = (lease.as_millis() / 10) as i64;
