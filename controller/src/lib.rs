@@ -437,8 +437,9 @@ fn hand_back_held(agg: &Aggregator, p: Option<u16>) {
 /// terminationGracePeriodSeconds): listeners quiesce (the batch in hand finishes), the timers stop,
 /// every job with pending messages is checkpointed (or finished) and those messages deleted, the
 /// leases are given back and the partitions handed back so other controllers take the jobs at once,
-/// and purges under way end. Whatever the deadline cuts off is safe to lose: unsaved messages come
-/// back after their visibility timeout, a lease not given back expires, a purge left halfway is
+/// and purges under way end. Whatever the deadline cuts off is safe to lose: the messages of a last
+/// checkpoint that did not finish in time are made visible again at once (any other unsaved message
+/// comes back after its visibility timeout), a lease not given back expires, a purge left halfway is
 /// redone from its marker or the bucket's lifecycle rule.
 async fn stop(
     settings: &Settings,
@@ -471,7 +472,18 @@ async fn stop(
         }
         // Held by the batches that ended meanwhile.
         hand_back_held(agg, None);
-        complete(agg.flush().await);
+        // The last checkpoint, within most of what is left: one that waits out a hung store gives
+        // its messages back (visible at once) and the stop goes on to the listeners' last
+        // completions and the hand-over.
+        let unsaved = agg.unsaved_visibility();
+        match tokio::time::timeout(left() * 3 / 4, agg.flush()).await {
+            Ok(done) => complete(done),
+            Err(_) if !undo::is(undo::Fix::HandBackHeld) => {
+                tracing::warn!(messages = unsaved.len(), "the last checkpoint did not finish in time: its messages go back to their queue for the next owner");
+                unsaved.iter().for_each(fleet_engine::Visibility::show);
+            }
+            Err(_) => {}
+        }
         hand_back_held(agg, None);
         for p in parts {
             readers.stop(p, Duration::ZERO).await;

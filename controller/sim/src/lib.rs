@@ -351,6 +351,14 @@ impl Queues {
         self.results.iter().map(|(q, _)| q.clone() as Arc<dyn Queue>).collect()
     }
 
+    /// How much longer the message received with `receipt` stays invisible, when the receipt is its
+    /// message's latest (see [`MemoryQueue::hidden_for`]).
+    pub fn hidden_for(&self, receipt: &str) -> Option<Duration> {
+        let mut all = vec![&self.work, &self.work_dlq];
+        all.extend(self.results.iter().flat_map(|(q, d)| [q, d]));
+        all.into_iter().find(|q| receipt.strip_prefix(q.name()).is_some_and(|r| r.starts_with(':')))?.hidden_for(receipt)
+    }
+
     pub fn all(&self) -> Vec<Arc<dyn Queue>> {
         let mut all: Vec<Arc<dyn Queue>> = vec![self.work.clone(), self.work_dlq.clone()];
         for (q, d) in &self.results {
@@ -712,8 +720,14 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                     let stopped = tokio::time::timeout(drain, c.task).await;
                     c.life.end();
                     c.probe.abort();
-                    let held = world.still_held(i);
-                    if !held.is_empty() {
+                    // What a stop left invisible for longer than a visibility timeout (a receipt SQS
+                    // no longer takes holds nothing); a process paused through its stop (SIGTERM
+                    // waits for SIGCONT) did nothing and is not judged.
+                    let paused = fleet_io::lock(&slots[i].faults).last_pause_end.is_some_and(|t| t > now);
+                    let held: Vec<String> = world.still_held(i).into_iter().filter(|r| queues.hidden_for(r).is_some_and(|d| d > VISIBILITY)).collect();
+                    if paused && !held.is_empty() {
+                        world.trace(format!("CHAOS ctl{i} was paused during its stop, which left {} messages held", held.len()));
+                    } else if !held.is_empty() {
                         world.trace(format!("LEFT HELD ctl{i} stopped gracefully holding {} messages, invisible for the hold's time: {held:?}", held.len()));
                     }
                     match stopped {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use fleet_domain::billing::CheckedTotals;
 use fleet_domain::model::{Checkpoint, ChunkOutcome, ChunkResult, FailedChunk, JobStatus, Manifest, ResultMessage};
 use fleet_domain::requests::RequestCounts;
-use fleet_engine::Kept;
+use fleet_engine::{Kept, Visibility};
 use fleet_io::error::Result;
 use tokio::time::Instant;
 
@@ -584,6 +584,12 @@ impl Unsaved {
     fn extend(&mut self, kept: Vec<(Source, Kept)>) {
         self.count.fetch_add(kept.len(), Ordering::Relaxed);
         self.list.extend(kept);
+    }
+
+    /// Handles that make each message visible again, even once the message itself is gone (a stop
+    /// whose last checkpoint does not finish in time).
+    pub(super) fn visibility(&self) -> Vec<Visibility> {
+        self.list.iter().map(|(_, k)| k.visibility()).collect()
     }
 
     /// The messages, for their completion.

@@ -99,6 +99,13 @@ impl MemoryQueue {
         self.lock().messages.iter().filter(|m| m.visible_at > now).count()
     }
 
+    /// How much longer the message received with `receipt` stays invisible; `None` when the receipt
+    /// is no longer its message's latest (deleted, or received again since: SQS refuses it then).
+    pub fn hidden_for(&self, receipt: &str) -> Option<Duration> {
+        let now = Instant::now();
+        self.lock().messages.iter().find(|m| m.receipt.as_deref() == Some(receipt)).map(|m| m.visible_at.saturating_duration_since(now))
+    }
+
     fn push(&self, body: String, attrs: Attrs, receive_count: u32) {
         let mut s = self.lock();
         s.next_id += 1;
