@@ -2,7 +2,7 @@
 //! a metric is one value whose `emit` writes both, so they cannot drift apart. Their metrics are
 //! registered once ([`register_metrics`]) into every `/metrics` exposition of the process.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{LazyLock, Mutex, Once};
 use std::time::Duration;
 
@@ -180,14 +180,18 @@ impl MessageRefused<'_> {
     }
 }
 
+/// The target of the partition events (the simulation follows who reads what through it).
+pub const PARTITIONS_TARGET: &str = "fleet::partitions";
+
 /// This controller started or stopped reading a results partition.
-pub struct PartitionChanged {
+pub struct PartitionChanged<'a> {
+    pub owner: &'a str,
     pub partition: u16,
     /// Started (gained) or stopped (given up, lost, or handed back on the way out).
     pub owned: bool,
 }
 
-impl PartitionChanged {
+impl PartitionChanged<'_> {
     pub fn emit(&self) {
         let change = if self.owned { "gained" } else { "given_up" };
         PARTITION_CHANGES.get_or_create(&vec![("change".to_string(), change.to_string())]).inc();
@@ -196,7 +200,21 @@ impl PartitionChanged {
         } else {
             PARTITIONS.dec();
         }
-        tracing::info!(partition = self.partition, change, "results partition {change}");
+        tracing::info!(target: PARTITIONS_TARGET, owner = self.owner, partition = self.partition, change, "results partition {change}");
+    }
+}
+
+/// A balancing round told this controller to stop reading partitions (asked for by a peer, or
+/// taken while it could not renew): all of them stop receiving at once.
+pub struct PartitionsToStop<'a> {
+    pub owner: &'a str,
+    pub partitions: &'a BTreeSet<u16>,
+}
+
+impl PartitionsToStop<'_> {
+    pub fn emit(&self) {
+        let partitions: Vec<u16> = self.partitions.iter().copied().collect();
+        tracing::info!(target: PARTITIONS_TARGET, owner = self.owner, partitions = ?partitions, "stopping results partitions");
     }
 }
 

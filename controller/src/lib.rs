@@ -283,6 +283,8 @@ struct Readers {
     /// What the state endpoint answers for.
     engines: Engines,
     shutdown: CancellationToken,
+    /// This controller's name (in its partition events).
+    owner: String,
 }
 
 impl Readers {
@@ -297,6 +299,8 @@ impl Readers {
         // In `running` from the first listener on, so that a start cut short (an error, the stop) is
         // stopped like any other.
         self.running.insert(p, (Vec::with_capacity(2), token.clone()));
+        // Gained as its first listener may receive (a start cut short gives it up again).
+        events::PartitionChanged { owner: &self.owner, partition: p, owned: true }.emit();
         for (source, q, cfg) in [(Source::Results, results, self.cfg.clone()), (Source::ResultsDeadLetter, dlq, self.dlq_cfg.clone())] {
             let handler =
                 Arc::new(ResultsHandler { source, agg: self.agg.clone(), notifiers: self.notifiers.clone(), store_breaker: self.store_breaker.clone() });
@@ -316,7 +320,6 @@ impl Readers {
             }
         }
         let engines = self.running.get(&p).map(|(e, _)| e.clone()).unwrap_or_default();
-        events::PartitionChanged { partition: p, owned: true }.emit();
         // Its quiet jobs, known to its last reader only, are found by the next expiry tick.
         if !undo::is(undo::Fix::RescanOnGain) {
             self.agg.rescan_soon();
@@ -364,7 +367,7 @@ impl Readers {
         }
         token.cancel();
         self.running.remove(&p);
-        events::PartitionChanged { partition: p, owned: false }.emit();
+        events::PartitionChanged { owner: &self.owner, partition: p, owned: false }.emit();
     }
 
     /// Stops reading every partition, all listeners quiescing at once.
@@ -392,6 +395,7 @@ async fn balance(own: &tokio::sync::Mutex<partitions::Ownership>, readers: &toki
     let grace = own.ttl() / 2;
     if !own.fresh() && !readers.running.is_empty() && !undo::is(undo::Fix::StaleStopsReading) {
         tracing::warn!(partitions = ?readers.running(), "partition ownership not renewed in time: reading none until it is");
+        events::PartitionsToStop { owner: &readers.owner, partitions: &readers.running() }.emit();
         readers.stop_all(grace).await;
     }
     // The partitions a round says to stop are stopped at once, their listeners quiescing together
@@ -401,6 +405,7 @@ async fn balance(own: &tokio::sync::Mutex<partitions::Ownership>, readers: &toki
     for _ in 0..readers.parts.len() + 3 {
         match own.round(&readers.running(), leaving).await {
             Ok(plan) if !plan.stop.is_empty() => {
+                events::PartitionsToStop { owner: &readers.owner, partitions: &plan.stop }.emit();
                 if undo::is(undo::Fix::StopAtOnce) {
                     if let Some(p) = plan.stop.first() {
                         readers.stop(*p, grace).await;
@@ -596,6 +601,7 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
         triggers: deps.triggers.clone(),
         engines: engines.clone(),
         shutdown: shutdown.clone(),
+        owner: owner.clone(),
     }));
     let own = Arc::new(tokio::sync::Mutex::new(partitions::Ownership::new(
         deps.store.clone(),

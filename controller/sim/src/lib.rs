@@ -141,6 +141,11 @@ pub struct World {
     /// (controller, receipt) of the messages held through an outage, with when the hold's last
     /// extension runs out (see [`World::holding`]).
     held: Mutex<BTreeMap<(usize, String), Instant>>,
+    /// The partitions each controller was told to stop reading (heard from its events), each
+    /// controller's current name, and the reads made a receive's wait after such a stop.
+    stops: observe::Stops,
+    names: Mutex<BTreeMap<usize, String>>,
+    late_reads: Mutex<Vec<String>>,
     /// Receipts deleted.
     deleted: Mutex<std::collections::BTreeSet<String>>,
     /// Per job, the owners (process names) that wrote its lease or checkpoint.
@@ -203,6 +208,25 @@ impl World {
         let paused = |f: &Arc<Mutex<Faults>>| fleet_io::lock(f).last_pause_end.is_some_and(|t| t + READ_WINDOW > Instant::now());
         let answer = observe::Answer { queue, ctl, life, faults, now: Instant::now(), run_time: self.now() };
         fleet_io::lock(&self.readers).read(answer, paused);
+        // A partition a round told this controller to stop reading stops at once: no answer from it
+        // a receive's wait later (unless the process was paused since, or started reading it again).
+        let partition = queue.trim_end_matches("-dlq").rsplit_once('-').and_then(|(_, p)| p.parse::<u16>().ok()).unwrap_or(0);
+        let Some(owner) = fleet_io::lock(&self.names).get(&ctl).cloned() else { return };
+        let told = fleet_io::lock(&self.stops.0).get(&(owner.clone(), partition)).copied();
+        if let Some(at) = told {
+            let since = Instant::now().saturating_duration_since(at);
+            let paused_since = fleet_io::lock(faults).last_pause_end.is_some_and(|t| t > at);
+            if since > READ_WINDOW && !paused_since {
+                let mut late = fleet_io::lock(&self.late_reads);
+                if late.len() < 3 {
+                    late.push(format!(
+                        "ctl{ctl} ({owner}) read {queue} {:.1} s after a balancing round told it to stop (at {:.1} s)",
+                        since.as_secs_f64(),
+                        (self.now() - since).as_secs_f64()
+                    ));
+                }
+            }
+        }
     }
 
     /// Controller `ctl` holds the message of `receipt` through an outage (`true`: made invisible for
@@ -393,6 +417,7 @@ impl Ctl {
 fn start_controller(seed: u64, idx: usize, slot: &Slot, setup: &Setup, world: &Arc<World>, store: &Arc<MemoryStore>, queues: &Queues) -> Ctl {
     let (owner, skew_ms, faults) = (slot.owner.as_str(), slot.skew_ms, &slot.faults);
     world.forget_held(idx);
+    fleet_io::lock(&world.names).insert(idx, owner.to_string());
     let life = Life::default();
     let way = |q: Arc<MemoryQueue>| FaultyQueue::wrap(q, idx, faults.clone(), life.clone(), world.clone());
     let results = Sharded::of(queues.results.iter().map(|(q, _)| way(q.clone())).collect()).expect("at least one partition");
@@ -443,14 +468,17 @@ pub fn run_seed_undone(seed: u64, opts: Options, undo: Option<Fix>) -> Run {
     let log = std::env::var_os("RUST_LOG")
         .is_some()
         .then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(tracing_subscriber::EnvFilter::from_default_env()));
+    let stops = observe::Stops::default();
     let measured = tracing_subscriber::filter::Targets::new().with_target(controller::aggregate::MEMORY_TARGET, tracing::Level::DEBUG);
+    let partition_events = tracing_subscriber::filter::Targets::new().with_target(controller::events::PARTITIONS_TARGET, tracing::Level::INFO);
     let subscriber = tracing_subscriber::registry()
         .with(heard.clone().with_filter(tracing_subscriber::filter::LevelFilter::INFO))
         .with(memory.clone().with_filter(measured))
+        .with(stops.clone().with_filter(partition_events))
         .with(log);
     let _guard = tracing::subscriber::set_default(subscriber);
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime");
-    let run = rt.block_on(simulate(seed, opts, heard, memory));
+    let run = rt.block_on(simulate(seed, opts, heard, memory, stops));
     drop(rt);
     controller::undo::set(None);
     run
@@ -544,7 +572,7 @@ struct Slot {
     restart_at: Option<Instant>,
 }
 
-async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: observe::Memory) -> Run {
+async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: observe::Memory, stops: observe::Stops) -> Run {
     let setup = Setup::draw(seed);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let world = Arc::new(World {
@@ -561,6 +589,9 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         writers: Mutex::default(),
         held: Mutex::default(),
         deleted: Mutex::default(),
+        stops,
+        names: Mutex::default(),
+        late_reads: Mutex::default(),
         echo: opts.echo,
     });
     let store = MemoryStore::new();
@@ -795,6 +826,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
             ));
         }
     }
+    violations.extend(fleet_io::lock(&world.late_reads).iter().cloned());
     // Memory within the budget: no inflated payload held more than the share its decode reserved.
     violations.extend(
         fleet_io::lock(&memory.over)

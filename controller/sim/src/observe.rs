@@ -151,3 +151,64 @@ impl Readers {
         self.longest.clone()
     }
 }
+
+/// The partitions each controller was told to stop reading by a balancing round, and when: a
+/// controller stops receiving from all of them at once, so that none is read a receive's wait after
+/// the round (the `stop-at-once` fix); one it starts reading again is taken off.
+#[derive(Clone, Default)]
+pub struct Stops(pub Arc<Mutex<std::collections::BTreeMap<(String, u16), tokio::time::Instant>>>);
+
+#[derive(Default)]
+struct PartitionEvent {
+    owner: Option<String>,
+    partition: Option<u16>,
+    partitions: Vec<u16>,
+    change: Option<String>,
+}
+
+impl Visit for PartitionEvent {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match field.name() {
+            "owner" => self.owner = Some(value.to_string()),
+            "change" => self.change = Some(value.to_string()),
+            _ => {}
+        }
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if field.name() == "partition" {
+            self.partition = u16::try_from(value).ok();
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "partitions" {
+            let text = format!("{value:?}");
+            self.partitions = text.trim_matches(|c| c == '[' || c == ']').split(',').filter_map(|p| p.trim().parse().ok()).collect();
+        }
+    }
+}
+
+impl<S: Subscriber> Layer<S> for Stops {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        if event.metadata().target() != controller::events::PARTITIONS_TARGET {
+            return;
+        }
+        let mut e = PartitionEvent::default();
+        event.record(&mut e);
+        let Some(owner) = e.owner else { return };
+        let mut stops = fleet_io::lock(&self.0);
+        match (e.change.as_deref(), e.partition) {
+            (Some("gained"), Some(p)) => {
+                stops.remove(&(owner, p));
+            }
+            (None, _) => {
+                let now = tokio::time::Instant::now();
+                for p in e.partitions {
+                    stops.entry((owner.clone(), p)).or_insert(now);
+                }
+            }
+            _ => {}
+        }
+    }
+}
