@@ -566,7 +566,8 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
     let retention = Duration::from_secs(settings.blob_retention_secs);
     let (finished_tx, finished_rx) = tokio::sync::mpsc::unbounded_channel();
     agg.notify_finished(finished_tx);
-    let purge_tick = (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    // Without a retention the tick only tries again purges that failed at once.
+    let purge_tick = if retention.is_zero() { Duration::from_secs(30) } else { (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60)) };
     let purger = tokio::spawn(purge::Purger::with_clock(deps.store.clone(), retention, clock).run(finished_rx, purge_tick));
     let cfg = settings.listener.engine(deps.triggers.is_some());
     // Dead letters are rare: one consumer each is plenty.

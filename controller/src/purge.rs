@@ -89,6 +89,9 @@ pub struct Purger {
     clock: Clock,
     /// When markers of the older form (`purge/{job}`) were last renamed (Unix seconds; 0: never).
     legacy_at: Arc<std::sync::atomic::AtomicU64>,
+    /// Without a retention: a purge at once failed and left a marker due at once, which the tick
+    /// looks for until a look finds nothing due.
+    retrying: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Purger {
@@ -98,7 +101,7 @@ impl Purger {
 
     /// A purger that reads wall time from `clock`.
     pub fn with_clock(store: Arc<dyn BlobStore>, retention: Duration, clock: Clock) -> Purger {
-        Purger { store, retention, clock, legacy_at: Arc::default() }
+        Purger { store, retention, clock, legacy_at: Arc::default(), retrying: Arc::default() }
     }
 
     fn now_unix(&self) -> u64 {
@@ -109,8 +112,19 @@ impl Purger {
     /// retention (`now`: seconds since the epoch).
     pub async fn finished(&self, job: &str, now: u64) -> Result<()> {
         if self.retention.is_zero() {
-            let n = purge_job(&self.store, job).await?;
-            tracing::info!(job, deleted = n, "purged the finished job's chunk and result blobs");
+            match purge_job(&self.store, job).await {
+                Ok(n) => tracing::info!(job, deleted = n, "purged the finished job's chunk and result blobs"),
+                Err(e) if crate::undo::is(crate::undo::Fix::PurgeRetried) => return Err(e),
+                Err(e) => {
+                    // Tried again from a marker due now (a delete that failed left a chunk blob
+                    // behind for good: found by the simulation, seed 11).
+                    self.store
+                        .put(&marker_key(job, now), Bytes::from(serde_json::json!({ "job": job, "due_unix": now }).to_string()), "application/json")
+                        .await?;
+                    self.retrying.store(true, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(job, error = %e, "could not purge the finished job's blobs; tried again from its marker");
+                }
+            }
             return Ok(());
         }
         let due = now.saturating_add(self.retention.as_secs());
@@ -200,8 +214,8 @@ impl Purger {
         Ok(())
     }
 
-    /// Purges each job that `finished` names, until every sender is gone; with a retention, looks for
-    /// due markers every `tick`.
+    /// Purges each job that `finished` names, until every sender is gone; with a retention (or a purge
+    /// at once to try again), looks for due markers every `tick`.
     pub async fn run(self, mut finished: mpsc::UnboundedReceiver<String>, tick: Duration) {
         let mut timer = tokio::time::interval(tick);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -211,9 +225,11 @@ impl Purger {
                     Some(job) => self.finished_logged(&job).await,
                     None => return,
                 },
-                _ = timer.tick(), if !self.retention.is_zero() => {
-                    if let Err(e) = self.due(self.now_unix()).await {
-                        tracing::warn!(error = %e, "could not purge the jobs whose retention passed; next tick");
+                _ = timer.tick(), if !self.retention.is_zero() || self.retrying.load(std::sync::atomic::Ordering::Relaxed) => {
+                    match self.due(self.now_unix()).await {
+                        Ok(purged) if purged.is_empty() => self.retrying.store(false, std::sync::atomic::Ordering::Relaxed),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "could not purge the jobs whose retention passed; next tick"),
                     }
                 }
             }

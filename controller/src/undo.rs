@@ -51,10 +51,12 @@ pub enum Fix {
     OwnQueueCompletes,
     /// The partitions a round says to stop are all stopped at once, not one per round (issue 43, found by the simulation).
     StopAtOnce,
+    /// A purge at once that failed is tried again from a marker, not left to the lifecycle rule (issue 43, found by the simulation).
+    PurgeRetried,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 21] = [
+    pub const ALL: [Fix; 22] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::HoldHandOver,
@@ -76,6 +78,7 @@ impl Fix {
         Fix::ReportOnce,
         Fix::OwnQueueCompletes,
         Fix::StopAtOnce,
+        Fix::PurgeRetried,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -102,6 +105,7 @@ impl Fix {
             Fix::ReportOnce => "report-once",
             Fix::OwnQueueCompletes => "own-queue-completes",
             Fix::StopAtOnce => "stop-at-once",
+            Fix::PurgeRetried => "purge-retried",
         }
     }
 
@@ -129,6 +133,7 @@ impl Fix {
             Fix::ReportOnce => "a finish tried again leaves the report written once",
             Fix::OwnQueueCompletes => "messages of another queue completed on their own queue",
             Fix::StopAtOnce => "partitions to stop all stopped at once",
+            Fix::PurgeRetried => "a purge at once that failed tried again from a marker",
         }
     }
 }

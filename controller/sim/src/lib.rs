@@ -791,6 +791,9 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let simulated_secs = world.start.elapsed().as_secs_f64();
+    if std::env::var_os("FLEET_SIM_KEYS").is_some() {
+        eprintln!("KEYS {:?}", store.keys());
+    }
     let mut violations = check::invariants(&jobs, &store, &queues.all(), &world, &setup).await;
     violations.extend(check::group_order(&jobs, &world));
     let lateness = check::lateness(&jobs, &world, &setup);
