@@ -1,8 +1,11 @@
 //! Data at rest: a finished job's transactions do not stay in the bucket. Once its report is written,
-//! its chunk blobs (`jobs/{job}/chunks/`) and result blobs (`jobs/{job}/results/`) are deleted, at once
-//! (the default) or after `--blob-retention-secs`, through a `purge/{job}` marker that holds the due
-//! time and that the controller's tick reads. The report, accounts, manifest and checkpoint stay. The
-//! bucket's lifecycle rule (provisioning) is the backstop for what a controller never got to.
+//! its chunk blobs (`jobs/{job}/chunks/`), result blobs (`jobs/{job}/results/`) and checkpoint parts
+//! are deleted, at once (the default) or after `--blob-retention-secs`. Either way the purge is
+//! recorded first, as a `purge-due/` marker that holds the due time and that the controller's tick
+//! reads, and only then does the job's open marker go: a purge that fails, or a controller that dies
+//! between a report and its purge, leaves a marker or an open marker that a later look or scan
+//! finds (the simulation found chunk blobs left for good both ways). The report, accounts, manifest
+//! and checkpoint stay. The bucket's lifecycle rule (provisioning) is the backstop.
 //!
 //! Idempotent: a purge that stops halfway runs again from its marker; a work item redelivered after
 //! the purge finds no chunk and reports it failed, which the finished job ignores.
@@ -26,6 +29,9 @@ use fleet_io::blob::BlobStore;
 use fleet_io::error::Result;
 
 use crate::clock::Clock;
+
+/// A finished job, and where to say whether its purge is recorded (see [`Purger::finished`]).
+pub type Finished = (String, tokio::sync::oneshot::Sender<bool>);
 
 /// Where the markers of purges not yet due live.
 pub const PURGE_PREFIX: &str = "purge/";
@@ -54,10 +60,13 @@ fn parse_marker(key: &str) -> Option<(u64, &str)> {
     Some((due.parse().ok()?, job))
 }
 
-/// Deletes job `job`'s chunk and result blobs; returns how many were deleted.
+/// Deletes finished job `job`'s chunk and result blobs and checkpoint parts; returns how many were
+/// deleted.
 pub async fn purge_job(store: &Arc<dyn BlobStore>, job: &str) -> Result<usize> {
     let mut deleted = 0;
-    for part in ["chunks/", "results/"] {
+    // A finished job's checkpoint parts too: its finish deletes them, and one whose listing failed
+    // left them for good (found by the simulation).
+    for part in ["chunks/", "results/", "checkpoint/"] {
         let prefix = format!("{JOBS_PREFIX}{job}/{part}");
         loop {
             let keys = store.list(&prefix, PAGE).await?;
@@ -89,9 +98,12 @@ pub struct Purger {
     clock: Clock,
     /// When markers of the older form (`purge/{job}`) were last renamed (Unix seconds; 0: never).
     legacy_at: Arc<std::sync::atomic::AtomicU64>,
-    /// Without a retention: a purge at once failed and left a marker due at once, which the tick
-    /// looks for until a look finds nothing due.
+    /// Without a retention: markers may be due (a purge at once failed, or a controller died between
+    /// a marker and its purge), and the tick looks until a look finds nothing due (once at start).
     retrying: Arc<std::sync::atomic::AtomicBool>,
+    /// Finished jobs whose purge could not be recorded (their open marker kept by the finish): the
+    /// tick records it, then removes the open marker itself.
+    unrecorded: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl Purger {
@@ -101,36 +113,54 @@ impl Purger {
 
     /// A purger that reads wall time from `clock`.
     pub fn with_clock(store: Arc<dyn BlobStore>, retention: Duration, clock: Clock) -> Purger {
-        Purger { store, retention, clock, legacy_at: Arc::default(), retrying: Arc::default() }
+        Purger { store, retention, clock, legacy_at: Arc::default(), retrying: Arc::new(std::sync::atomic::AtomicBool::new(true)), unrecorded: Arc::default() }
     }
 
     fn now_unix(&self) -> u64 {
         u64::try_from(self.clock.now_unix()).unwrap_or(0)
     }
 
-    /// Job `job` finished (its report is written): purge it now, or leave a marker due after the
-    /// retention (`now`: seconds since the epoch).
-    pub async fn finished(&self, job: &str, now: u64) -> Result<()> {
-        if self.retention.is_zero() {
-            match purge_job(&self.store, job).await {
-                Ok(n) => tracing::info!(job, deleted = n, "purged the finished job's chunk and result blobs"),
-                Err(e) if crate::undo::is(crate::undo::Fix::PurgeRetried) => return Err(e),
-                Err(e) => {
-                    // Tried again from a marker due now (a delete that failed left a chunk blob
-                    // behind for good: found by the simulation, seed 11).
-                    self.store
-                        .put(&marker_key(job, now), Bytes::from(serde_json::json!({ "job": job, "due_unix": now }).to_string()), "application/json")
-                        .await?;
-                    self.retrying.store(true, std::sync::atomic::Ordering::Relaxed);
-                    tracing::warn!(job, error = %e, "could not purge the finished job's blobs; tried again from its marker");
-                }
+    /// Job `job` finished (its report is written): its purge is recorded first, as a marker due after
+    /// the retention (now, without one), and `recorded` hears whether it was; only then may the job's
+    /// open marker go, so that a purge is never forgotten (a marker write that failed, or a
+    /// controller that died between a report and its purge, left the job's blobs for good: found by
+    /// the simulation). Without a retention the blobs are then deleted at once, and the marker with
+    /// them; a purge that fails is tried again from its marker (`now`: seconds since the epoch).
+    pub async fn finished(&self, job: &str, now: u64, recorded: tokio::sync::oneshot::Sender<bool>) -> Result<()> {
+        let due = now.saturating_add(self.retention.as_secs());
+        let body = serde_json::json!({ "job": job, "due_unix": due }).to_string();
+        if crate::undo::is(crate::undo::Fix::PurgeRecorded) {
+            // As before: the open marker goes at once, a purge at once is not marked, a marker write
+            // that fails is not tried again.
+            let _ = recorded.send(true);
+            if self.retention.is_zero() {
+                purge_job(&self.store, job).await?;
+            } else {
+                self.store.put(&marker_key(job, due), Bytes::from(body), "application/json").await?;
             }
             return Ok(());
         }
-        let due = now.saturating_add(self.retention.as_secs());
-        let body = serde_json::json!({ "job": job, "due_unix": due }).to_string();
-        self.store.put(&marker_key(job, due), Bytes::from(body), "application/json").await?;
-        tracing::info!(job, due_unix = due, "the finished job's blobs will be purged after the retention");
+        let marked = self.store.put(&marker_key(job, due), Bytes::from(body), "application/json").await;
+        let _ = recorded.send(marked.is_ok());
+        if marked.is_err() {
+            fleet_io::lock(&self.unrecorded).insert(job.to_string());
+            self.retrying.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        marked?;
+        if !self.retention.is_zero() {
+            tracing::info!(job, due_unix = due, "the finished job's blobs will be purged after the retention");
+            return Ok(());
+        }
+        match purge_job(&self.store, job).await {
+            Ok(n) => {
+                self.store.delete(&marker_key(job, due)).await?;
+                tracing::info!(job, deleted = n, "purged the finished job's chunk and result blobs");
+            }
+            Err(e) => {
+                self.retrying.store(true, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(job, error = %e, "could not purge the finished job's blobs; tried again from its marker");
+            }
+        }
         Ok(())
     }
 
@@ -216,18 +246,19 @@ impl Purger {
 
     /// Purges each job that `finished` names, until every sender is gone; with a retention (or a purge
     /// at once to try again), looks for due markers every `tick`.
-    pub async fn run(self, mut finished: mpsc::UnboundedReceiver<String>, tick: Duration) {
+    pub async fn run(self, mut finished: mpsc::UnboundedReceiver<Finished>, tick: Duration) {
         let mut timer = tokio::time::interval(tick);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 job = finished.recv() => match job {
-                    Some(job) => self.finished_logged(&job).await,
+                    Some((job, recorded)) => self.finished_logged(&job, recorded).await,
                     None => return,
                 },
                 _ = timer.tick(), if !self.retention.is_zero() || self.retrying.load(std::sync::atomic::Ordering::Relaxed) => {
+                    self.record_again().await;
                     match self.due(self.now_unix()).await {
-                        Ok(purged) if purged.is_empty() => self.retrying.store(false, std::sync::atomic::Ordering::Relaxed),
+                        Ok(purged) if purged.is_empty() && fleet_io::lock(&self.unrecorded).is_empty() => self.retrying.store(false, std::sync::atomic::Ordering::Relaxed),
                         Ok(_) => {}
                         Err(e) => tracing::warn!(error = %e, "could not purge the jobs whose retention passed; next tick"),
                     }
@@ -236,9 +267,25 @@ impl Purger {
         }
     }
 
-    async fn finished_logged(&self, job: &str) {
-        if let Err(e) = self.finished(job, self.now_unix()).await {
-            tracing::warn!(job, error = %e, "could not purge the finished job's blobs; the bucket's lifecycle rule expires them");
+    /// Records the purges that could not be recorded when their jobs finished, and removes those
+    /// jobs' open markers (their finish kept them); a job that fails again waits for the next tick.
+    async fn record_again(&self) {
+        let jobs: Vec<String> = fleet_io::lock(&self.unrecorded).iter().cloned().collect();
+        for job in jobs {
+            let (recorded, heard) = tokio::sync::oneshot::channel();
+            let _ = self.finished(&job, self.now_unix(), recorded).await;
+            if heard.await == Ok(true) {
+                fleet_io::lock(&self.unrecorded).remove(&job);
+                if let Err(e) = self.store.delete(&fleet_domain::layout::open_key(&job)).await {
+                    tracing::warn!(job, error = %e, "could not remove the finished job's open marker; the next scan removes it");
+                }
+            }
+        }
+    }
+
+    async fn finished_logged(&self, job: &str, recorded: tokio::sync::oneshot::Sender<bool>) {
+        if let Err(e) = self.finished(job, self.now_unix(), recorded).await {
+            tracing::warn!(job, error = %e, "could not record or start the finished job's purge; its open marker stays for the next look");
         }
     }
 }
@@ -248,6 +295,11 @@ mod tests {
     use super::*;
     use fleet_domain::layout::{accounts_key, checkpoint_key, chunk_key, manifest_key, report_key, result_key};
     use fleet_io::memory::MemoryStore;
+
+    /// Where a test hears nothing of a purge's record.
+    fn recorded() -> tokio::sync::oneshot::Sender<bool> {
+        tokio::sync::oneshot::channel().0
+    }
 
     async fn job_blobs(store: &dyn BlobStore, job: &str, chunks: u32) {
         for c in 0..chunks {
@@ -265,7 +317,7 @@ mod tests {
         let (job, other) = ("0190a000-0000-7000-8000-000000000001", "0190a000-0000-7000-8000-000000000002");
         job_blobs(store.as_ref(), job, 1500).await;
         job_blobs(store.as_ref(), other, 3).await;
-        Purger::new(store.clone(), Duration::ZERO).finished(job, Clock::System.now_unix() as u64).await.unwrap();
+        Purger::new(store.clone(), Duration::ZERO).finished(job, Clock::System.now_unix() as u64, recorded()).await.unwrap();
         assert!(store.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap().is_empty());
         assert!(store.list(&format!("jobs/{job}/results/"), 10).await.unwrap().is_empty());
         for k in [manifest_key(job), checkpoint_key(job), report_key(job), accounts_key(job)] {
@@ -285,7 +337,7 @@ mod tests {
         job_blobs(store.as_ref(), job, 4).await;
         let p = Purger::new(store.clone(), Duration::from_secs(86_400));
         let t0 = 1_800_000_000;
-        p.finished(job, t0).await.unwrap();
+        p.finished(job, t0, recorded()).await.unwrap();
         assert_eq!(store.list(DUE_PREFIX, 10).await.unwrap(), vec![format!("purge-due/{:011}/{job}", t0 + 86_400)]);
         assert!(p.due(t0 + 86_399).await.unwrap().is_empty(), "not yet due");
         assert_eq!(store.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap().len(), 4, "nothing deleted before it is due");
@@ -307,7 +359,7 @@ mod tests {
         let job = "0190a000-0000-7000-8000-000000000009";
         job_blobs(store.as_ref(), job, 2).await;
         let p = Purger::new(store.clone(), Duration::from_secs(60));
-        p.finished(job, 1_800_000_000).await.unwrap();
+        p.finished(job, 1_800_000_000, recorded()).await.unwrap();
         assert_eq!(p.due(1_800_000_060).await.unwrap(), vec![job.to_string()], "the due job behind 1,201 bad markers");
         assert!(store.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap().is_empty());
         assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty() && store.list(DUE_PREFIX, 10).await.unwrap().is_empty(), "no marker left in the way");
@@ -326,7 +378,7 @@ mod tests {
         }
         let p = Purger::new(store.clone(), Duration::from_secs(100));
         for (i, j) in jobs.iter().enumerate().take(4) {
-            p.finished(j, 1_800_000_000 + 10 * i as u64).await.unwrap();
+            p.finished(j, 1_800_000_000 + 10 * i as u64, recorded()).await.unwrap();
         }
         // The older form, due at the same time as the second job.
         store

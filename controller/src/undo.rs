@@ -13,8 +13,6 @@ pub enum Fix {
     QuarantineSecondRead,
     /// A dormant job's idle time is read from the checkpoint it is loaded with, not the scan's (issue 42).
     NewsFromCheckpoint,
-    /// Results held through an outage are handed over when the job's lease is lost (issue 42).
-    HoldHandOver,
     /// A conditional write whose answer was lost is read back to see it was ours (issue 42).
     LostAnswerReadBack,
     /// A seal is checked against the manifest (issue 43).
@@ -51,15 +49,14 @@ pub enum Fix {
     OwnQueueCompletes,
     /// The partitions a round says to stop are all stopped at once, not one per round (issue 43, found by the simulation).
     StopAtOnce,
-    /// A purge at once that failed is tried again from a marker, not left to the lifecycle rule (issue 43, found by the simulation).
-    PurgeRetried,
+    /// A finished job's purge is recorded (its marker written) before its open marker goes, and one that fails is tried again (issue 43, found by the simulation).
+    PurgeRecorded,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 22] = [
+    pub const ALL: [Fix; 21] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
-        Fix::HoldHandOver,
         Fix::LostAnswerReadBack,
         Fix::SealAgainstManifest,
         Fix::CountAgainstRecord,
@@ -78,7 +75,7 @@ impl Fix {
         Fix::ReportOnce,
         Fix::OwnQueueCompletes,
         Fix::StopAtOnce,
-        Fix::PurgeRetried,
+        Fix::PurgeRecorded,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -86,7 +83,6 @@ impl Fix {
         match self {
             Fix::QuarantineSecondRead => "quarantine-second-read",
             Fix::NewsFromCheckpoint => "news-from-checkpoint",
-            Fix::HoldHandOver => "hold-hand-over",
             Fix::LostAnswerReadBack => "lost-answer-read-back",
             Fix::SealAgainstManifest => "seal-against-manifest",
             Fix::CountAgainstRecord => "count-against-record",
@@ -105,7 +101,7 @@ impl Fix {
             Fix::ReportOnce => "report-once",
             Fix::OwnQueueCompletes => "own-queue-completes",
             Fix::StopAtOnce => "stop-at-once",
-            Fix::PurgeRetried => "purge-retried",
+            Fix::PurgeRecorded => "purge-recorded",
         }
     }
 
@@ -114,7 +110,6 @@ impl Fix {
         match self {
             Fix::QuarantineSecondRead => "an unreadable checkpoint read again before quarantine",
             Fix::NewsFromCheckpoint => "a loaded job's news taken from its checkpoint",
-            Fix::HoldHandOver => "held results handed over when the lease is lost",
             Fix::LostAnswerReadBack => "a lost answer of a conditional write read back",
             Fix::SealAgainstManifest => "a seal checked against the manifest",
             Fix::CountAgainstRecord => "a result's count checked against its chunk's record",
@@ -133,7 +128,7 @@ impl Fix {
             Fix::ReportOnce => "a finish tried again leaves the report written once",
             Fix::OwnQueueCompletes => "messages of another queue completed on their own queue",
             Fix::StopAtOnce => "partitions to stop all stopped at once",
-            Fix::PurgeRetried => "a purge at once that failed tried again from a marker",
+            Fix::PurgeRecorded => "a finished job's purge recorded before its open marker goes",
         }
     }
 }

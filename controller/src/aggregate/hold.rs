@@ -8,13 +8,16 @@
 //! are applied again to the job reloaded from its last checkpoint: an item already counted is a
 //! duplicate).
 //!
-//! A hold never outlasts the lease of the jobs it holds for while the store stays out of reach: once
-//! held for a lease time, with the store's breaker open or after a retry of the hold failed again,
-//! its messages go back to their queue (visible at once), so that a peer that reaches the store (this
-//! one is cut off, the others are not) applies them, and takes over their jobs, instead of settling or
-//! abandoning a job whose seal or last results wait here. A controller whose breaker is open receives
-//! nothing, so when every controller is cut off nobody spends their receives until the store answers
-//! (before a breaker opens, calls that hang may cost a receive or two, well within maxReceiveCount).
+//! A hold lasts as long as the store is out of reach for this controller. It does not hand its
+//! messages to a peer after a lease time any more (issue 43 retired that): a partition's messages
+//! reach its owner only, so a peer never receives them, and a controller cut off from S3 cannot
+//! renew its membership either: it stops reading its partitions within a lease and hands everything
+//! it holds for them back at once (`hand_back_held`), for their next owner. Handed back to its own
+//! queue while the owner still owns it (a store that fails one prefix and not the membership's),
+//! a held message would only come back to the same controller and spend a receive. A controller
+//! whose breaker is open receives nothing, so while it is cut off nobody spends the receives of its
+//! partitions (before a breaker opens, calls that hang may cost a receive or two, well within
+//! maxReceiveCount).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -39,8 +42,6 @@ const MAX_RETRY: Duration = Duration::from_secs(30);
 struct Waiting {
     source: Source,
     kept: Kept,
-    /// When it was first held (a retry that fails again keeps it).
-    since: Instant,
     extended: Instant,
     /// Its job (`None`: an unreadable message waiting for the quarantine).
     job: Option<String>,
@@ -94,7 +95,7 @@ impl Aggregator {
         let n = msgs.len();
         h.waiting.extend(msgs.into_iter().map(|(source, kept)| {
             let job = parse(source, &kept).ok().map(|i| i.job_id().to_string());
-            Waiting { source, kept, since: now, extended: now, job }
+            Waiting { source, kept, extended: now, job }
         }));
         tracing::warn!(messages = n, held = h.waiting.len(), error = %why, "store unavailable: messages held (visibility kept, no receive spent) until it answers");
     }
@@ -139,8 +140,6 @@ impl Aggregator {
 
     /// Applies the held messages again when it is time: the store's breaker is closed (at once when it
     /// closes) and the back-off since the last failure has passed. What fails again is held again.
-    /// While the breaker is open, or after a retry failed again, the messages held for a lease time
-    /// go back to their queue for a peer (returned to release, visible at once).
     pub async fn retry_held(&self) -> Applied {
         let breaker_open = self.store.breaker().is_some_and(|b| b.is_open());
         let taken = {
@@ -151,17 +150,13 @@ impl Aggregator {
             if breaker_open {
                 // Tried as soon as it closes.
                 h.retry_at = Instant::now();
-                return Applied { delete: Vec::new(), release: self.hand_over_held(&mut h) };
+                return Applied::default();
             }
-            // After a retry that failed: out of reach still, so what was held for a lease time goes
-            // to a peer rather than into another retry.
-            let release = if h.failures > 0 { self.hand_over_held(&mut h) } else { Vec::new() };
-            if h.waiting.is_empty() || Instant::now() < h.retry_at {
-                return Applied { delete: Vec::new(), release };
+            if Instant::now() < h.retry_at {
+                return Applied::default();
             }
-            (std::mem::take(&mut h.waiting), release)
+            std::mem::take(&mut h.waiting)
         };
-        let (taken, handed_over) = taken;
         let n = taken.len();
         tracing::info!(messages = n, "applying held messages again");
         // Out of the hold while they are tried (which may wait out several call deadlines): kept
@@ -178,12 +173,10 @@ impl Aggregator {
         // The retry is the try: jobs turned back for a failure just before are tried now.
         lock(&self.memory).failing.clear();
         let mut by_source: BTreeMap<Source, Vec<Kept>> = BTreeMap::new();
-        let mut since: BTreeMap<String, Instant> = BTreeMap::new();
         for w in taken {
-            since.insert(w.kept.id.clone(), w.since);
             by_source.entry(w.source).or_default().push(w.kept);
         }
-        let mut applied = Applied { delete: Vec::new(), release: handed_over };
+        let mut applied = Applied::default();
         for (source, kept) in by_source {
             let a = self.apply(source, kept).await;
             applied.delete.extend(a.delete);
@@ -191,12 +184,6 @@ impl Aggregator {
         }
         shown_if_dropped.disarm();
         let mut h = lock(&self.hold);
-        // Held again: since when they were first held still counts.
-        for w in h.waiting.iter_mut() {
-            if let Some(t) = since.get(&w.kept.id) {
-                w.since = w.since.min(*t);
-            }
-        }
         if h.waiting.is_empty() {
             h.failures = 0;
         } else {
@@ -205,32 +192,6 @@ impl Aggregator {
             tracing::warn!(retried = n, held = h.waiting.len(), next_in_s = retry_delay(h.failures).as_secs_f64(), "store still unavailable");
         }
         applied
-    }
-
-    /// Takes out of the hold the messages held for a lease time (their jobs' leases have lapsed, as
-    /// this controller could not renew them): they go back to their queue, visible at once.
-    fn hand_over_held(&self, h: &mut Hold) -> Vec<(Kept, Duration)> {
-        if crate::undo::is(crate::undo::Fix::HoldHandOver) {
-            return Vec::new();
-        }
-        let lease = self.leases.ttl();
-        let now = Instant::now();
-        let (gone, stay): (Vec<Waiting>, Vec<Waiting>) =
-            std::mem::take(&mut h.waiting).into_iter().partition(|w| now.saturating_duration_since(w.since) >= lease);
-        h.waiting = stay;
-        if h.waiting.is_empty() {
-            // Nothing held any more: the next hold starts afresh (its own retry must fail first).
-            h.failures = 0;
-        }
-        if !gone.is_empty() {
-            tracing::warn!(
-                messages = gone.len(),
-                held = h.waiting.len(),
-                lease_s = lease.as_secs_f64(),
-                "store out of reach for a lease time: held messages go back to their queue for a controller that reaches it"
-            );
-        }
-        gone.into_iter().map(|w| (w.kept, Duration::ZERO)).collect()
     }
 }
 

@@ -142,6 +142,10 @@ enum Step {
 /// has its own lock, held across that job's S3 calls only, so jobs progress in parallel.
 type Slot = Arc<tokio::sync::Mutex<Option<Job>>>;
 
+/// How long a finish waits for its purge to be recorded (a marker's write, behind purges at once
+/// under way) before it keeps the job's open marker for a later scan.
+const PURGE_RECORDED_WITHIN: Duration = Duration::from_secs(90);
+
 /// What checkpoints have written (logged when the controller stops; read by the benchmark).
 #[derive(Debug, Default)]
 pub struct CheckpointStats {
@@ -233,7 +237,9 @@ pub struct Aggregator {
     /// Decoded results in memory at once stay within it (see `budget`).
     budget: Arc<Budget>,
     /// Told the id of each job whose report it wrote (the purge of its blobs); dropped at the stop.
-    on_finished: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
+    on_finished: Mutex<Option<tokio::sync::mpsc::UnboundedSender<crate::purge::Finished>>>,
+    /// A purger was given (`notify_finished`): open markers go only once a purge is recorded.
+    purging: std::sync::atomic::AtomicBool,
     /// Messages applied in memory and waiting for a checkpoint (shared with each job's `Pending`).
     pending: Arc<AtomicUsize>,
     stats: CheckpointStats,
@@ -310,6 +316,7 @@ impl Aggregator {
             records: Mutex::default(),
             budget: Arc::new(Budget::new(budget::DEFAULT_BUDGET_MIB << 20)),
             on_finished: Mutex::new(None),
+            purging: std::sync::atomic::AtomicBool::new(false),
             pending: Arc::default(),
             stats: CheckpointStats::default(),
             stall: None,
@@ -685,9 +692,10 @@ impl Aggregator {
         self.pending.load(Ordering::Relaxed)
     }
 
-    /// Sends the id of every job this aggregator finishes from now on to `tx`.
-    pub fn notify_finished(&self, tx: tokio::sync::mpsc::UnboundedSender<String>) {
+    /// Sends the id of every job this aggregator finishes from now on to `tx` (the purger).
+    pub fn notify_finished(&self, tx: tokio::sync::mpsc::UnboundedSender<crate::purge::Finished>) {
         *lock(&self.on_finished) = Some(tx);
+        self.purging.store(true, Ordering::Relaxed);
     }
 
     /// Stops sending finished jobs (the receiver ends once it has what was sent).
@@ -695,11 +703,20 @@ impl Aggregator {
         lock(&self.on_finished).take();
     }
 
-    /// The job's report is written: its blobs may go (see `crate::purge`).
-    pub(super) fn report_written(&self, job_id: &str) {
-        if let Some(tx) = lock(&self.on_finished).as_ref() {
-            let _ = tx.send(job_id.to_string());
+    /// The job's report is written: its blobs may go (see `crate::purge`). True once its purge is
+    /// recorded (or nothing purges here): only then may its open marker go, the purge's one trace
+    /// should this controller die now (a stopped purger records nothing: the marker stays for the
+    /// next controller's scan).
+    pub(super) async fn report_written(&self, job_id: &str) -> bool {
+        if !self.purging.load(Ordering::Relaxed) {
+            return true;
         }
+        let Some(tx) = lock(&self.on_finished).clone() else { return false };
+        let (recorded, heard) = tokio::sync::oneshot::channel();
+        if tx.send((job_id.to_string(), recorded)).is_err() {
+            return false;
+        }
+        matches!(tokio::time::timeout(PURGE_RECORDED_WITHIN, heard).await, Ok(Ok(true)))
     }
 
     fn remember_finished(&self, job_id: &str, status: JobStatus) {

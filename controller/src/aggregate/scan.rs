@@ -90,8 +90,12 @@ impl Aggregator {
                             }
                             *loaded = Some(*job)
                         }
+                        // Finished (its finish cut short, or its purge not recorded): its purge is
+                        // recorded, then its open marker goes.
                         Ok(Taken::Finished) => {
-                            let _ = self.store.delete(&open_key(&job_id)).await;
+                            if self.report_written(&job_id).await {
+                                let _ = self.store.delete(&open_key(&job_id)).await;
+                            }
                         }
                         // Its owner finishes it.
                         Ok(Taken::Busy(_)) => {}
@@ -200,8 +204,13 @@ impl Aggregator {
             }
             // No checkpoint yet (the marker is written just before the first): as good as new.
             let progress = self.store.head(&checkpoint_key(job_id)).await?.and_then(|m| Progress::from_meta(&m));
-            if progress.is_some_and(|p| p.status.is_finished()) {
-                self.store.delete(&key).await?;
+            // A finished job whose marker stayed: its finish was cut short (or its purge not
+            // recorded); its purge is recorded now, then the marker goes. A quarantined job keeps
+            // its blobs.
+            if let Some(p) = progress.as_ref().filter(|p| p.status.is_finished()) {
+                if p.status == fleet_domain::model::JobStatus::Quarantined || self.report_written(job_id).await {
+                    self.store.delete(&key).await?;
+                }
                 continue;
             }
             open += 1;
