@@ -301,6 +301,81 @@ mod tests {
         tokio::sync::oneshot::channel().0
     }
 
+    /// The in-memory store, whose next `fail_puts` writes fail (S3 answering 503).
+    struct FailingPuts {
+        inner: Arc<MemoryStore>,
+        fail_puts: std::sync::atomic::AtomicU32,
+    }
+
+    #[async_trait::async_trait]
+    impl BlobStore for FailingPuts {
+        fn bucket(&self) -> &str {
+            self.inner.bucket()
+        }
+        async fn put_if(
+            &self,
+            key: &str,
+            body: Bytes,
+            content_type: &str,
+            meta: &std::collections::BTreeMap<String, String>,
+            cond: &fleet_io::blob::Cond,
+        ) -> Result<Option<String>> {
+            let fail = self.fail_puts.fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+            if fail {
+                return Err(fleet_io::Error::Service {
+                    service: fleet_io::error::Service::S3,
+                    operation: "PutObject",
+                    detail: "SlowDown".into(),
+                    retryable: true,
+                    source: None,
+                });
+            }
+            self.inner.put_if(key, body, content_type, meta, cond).await
+        }
+        async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+            self.inner.get_tagged(key).await
+        }
+        async fn head(&self, key: &str) -> Result<Option<std::collections::BTreeMap<String, String>>> {
+            self.inner.head(key).await
+        }
+        async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+            self.inner.list(prefix, limit).await
+        }
+        async fn delete(&self, key: &str) -> Result<()> {
+            self.inner.delete(key).await
+        }
+        fn calls(&self) -> &fleet_io::call::CallCounter {
+            self.inner.calls()
+        }
+    }
+
+    /// A finish hears that its job's purge is recorded only once its marker is written: a marker
+    /// write that fails keeps the job's open marker (the finish's own trace of the purge), and the
+    /// purger's tick records it again, purges the blobs and removes the open marker.
+    #[tokio::test]
+    async fn a_purge_not_recorded_keeps_the_open_marker_until_the_tick_records_it() {
+        let inner = MemoryStore::new();
+        let store: Arc<dyn BlobStore> = Arc::new(FailingPuts { inner: inner.clone(), fail_puts: 0.into() });
+        let job = "unrecorded";
+        job_blobs(store.as_ref(), job, 2).await;
+        store.put(&fleet_domain::layout::open_key(job), Bytes::new(), "application/octet-stream").await.unwrap();
+        let p = Purger::new(store.clone(), Duration::ZERO);
+        // S3 refuses the marker's write.
+        let failing = FailingPuts { inner: inner.clone(), fail_puts: 1.into() };
+        let p_failing = Purger { store: Arc::new(failing), ..p.clone() };
+        let (tx, heard) = tokio::sync::oneshot::channel();
+        assert!(p_failing.finished(job, 1_800_000_000, tx).await.is_err());
+        assert_eq!(heard.await, Ok(false), "a purge whose marker was not written is not recorded");
+        assert_eq!(inner.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap().len(), 2, "nothing purged yet");
+        // The tick records it, purges the blobs and removes the open marker the finish kept.
+        p_failing.record_again().await;
+        for part in ["chunks/", "results/"] {
+            assert!(inner.list(&format!("jobs/{job}/{part}"), 10).await.unwrap().is_empty(), "blobs purged");
+        }
+        assert!(inner.list("open/", 10).await.unwrap().is_empty(), "open marker removed once the purge is recorded");
+        assert!(inner.list(DUE_PREFIX, 10).await.unwrap().is_empty(), "its marker gone with its purge");
+    }
+
     async fn job_blobs(store: &dyn BlobStore, job: &str, chunks: u32) {
         for c in 0..chunks {
             store.put(&chunk_key(job, c), Bytes::from_static(b"c"), "application/zstd").await.unwrap();
