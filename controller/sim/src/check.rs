@@ -48,7 +48,10 @@ pub async fn settled(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Arc<d
             return false;
         }
     }
-    if store.keys().iter().any(|k| k.starts_with("purge")) {
+    // Every purge done, and recorded: an open marker kept by a finish whose purge was not recorded
+    // goes at a later scan (within an abandon time).
+    let keys = store.keys();
+    if keys.iter().any(|k| k.starts_with("purge")) || jobs.iter().any(|j| keys.contains(&open_key(&j.id)) && keys.contains(&report_key(&j.id))) {
         return false;
     }
     queues_empty(queues).await

@@ -43,6 +43,17 @@ impl Aggregator {
                 }
             };
         }
+        // A job finishing before its first checkpoint is marked open first: until its purge is
+        // recorded, the marker is what brings the finished job back to a scan should this
+        // controller die (found by the simulation, seed 2225: cut off from S3 after the report,
+        // then a crash, left its chunk blobs for good).
+        if job.needs_marker() {
+            if let Err(e) = self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await {
+                *loaded = Some(job);
+                return Err(e);
+            }
+            job.marked();
+        }
         // The manifest its seal was checked against (else read again by `finalize`).
         let recorded = self.recorded_manifest(job_id);
         let status = match self.finalize(&mut job, recorded).await {

@@ -195,7 +195,15 @@ impl Aggregator {
         let mut open = 0;
         for key in keys {
             let job_id = &key[OPEN_PREFIX.len()..];
-            if check_job_id(job_id).is_err() || self.is_finished(job_id) {
+            if check_job_id(job_id).is_err() {
+                continue;
+            }
+            // Finished here, its marker kept: its purge was not recorded in time (see
+            // `report_written`); recorded now, then the marker goes.
+            if self.is_finished(job_id) {
+                if self.report_written(job_id).await {
+                    self.store.delete(&key).await?;
+                }
                 continue;
             }
             if lock(&self.memory).slots.contains_key(job_id) {
