@@ -36,6 +36,8 @@ use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::call::CallCounter;
 use fleet_io::error::{Error, Result, Service};
 use fleet_io::queue::{Delivery, Outgoing, Queue, QueueDepth, QueueInfo, Receipt, Sharded};
+use fleet_io::trigger::memory::MemoryTriggers;
+use fleet_io::trigger::TriggerBus;
 use initiator::grouping::{GroupBy, Grouping};
 use initiator::ops::abandon;
 use initiator::submit::{submit_inputs, Clients, SubmitOptions};
@@ -265,7 +267,15 @@ impl JobPlan {
 /// Its ending is acted out on its ways to the store and the queues ([`Fated`]): a submission that
 /// dies before its manifest or its seal hangs there for ever (the process is gone); an abandoned one
 /// dies before its seal and the operator runs `initiator abandon` (`initiator::ops::abandon`).
-pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, fated: Arc<Fated>, work: Arc<dyn Queue>, results: Vec<Arc<dyn Queue>>, store: Arc<dyn BlobStore>) {
+pub async fn initiate(
+    job: Arc<JobPlan>,
+    world: Arc<World>,
+    fated: Arc<Fated>,
+    work: Arc<dyn Queue>,
+    results: Vec<Arc<dyn Queue>>,
+    store: Arc<dyn BlobStore>,
+    bus: Option<Arc<MemoryTriggers>>,
+) {
     tokio::time::sleep(job.submit_at).await;
     let csv = job.csv().into_bytes();
     let size = csv.len() as u64;
@@ -276,8 +286,12 @@ pub async fn initiate(job: Arc<JobPlan>, world: Arc<World>, fated: Arc<Fated>, w
     opts.grouping = job.grouping();
     let way = |q: Arc<dyn Queue>| -> Arc<dyn Queue> { Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Initiator }) };
     let results = Sharded::of(results.into_iter().map(way).collect()).expect("at least one partition");
-    let clients =
-        Clients { work: way(work), results: results.clone(), store: Arc::new(FatedStore { inner: store, fated, role: Role::Initiator }), triggers: None };
+    let clients = Clients {
+        work: way(work),
+        results: results.clone(),
+        store: Arc::new(FatedStore { inner: store, fated, role: Role::Initiator }),
+        triggers: bus.map(|b| b as Arc<dyn TriggerBus>),
+    };
     let submitted = async {
         let s = submit_inputs(opts, vec![file], &clients).await.map_err(|e| e.to_string())?;
         if s.total_chunks as usize != job.chunks.len() || !s.rejected.is_empty() {
@@ -318,6 +332,7 @@ pub async fn start_processor(
     work_dlq: Arc<dyn Queue>,
     results: Vec<Arc<dyn Queue>>,
     store: Arc<dyn BlobStore>,
+    bus: Option<Arc<MemoryTriggers>>,
 ) {
     let way = |q: Arc<dyn Queue>| -> Arc<dyn Queue> { Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Processor }) };
     let mut deps = processor::Deps::new(
@@ -326,6 +341,8 @@ pub async fn start_processor(
         Arc::new(FatedStore { inner: store, fated: fated.clone(), role: Role::Processor }),
     );
     deps.work_dlq = Some(work_dlq);
+    deps.triggers = bus.as_ref().map(|b| b.subscription());
+    deps.publish = bus.map(|b| b as Arc<dyn TriggerBus>);
     let mut settings = processor::Settings::default();
     settings.listener.http_addr = None;
     // Never stopped: the run's end drops the runtime with it.
