@@ -362,10 +362,12 @@ pub struct Queues {
     pub work_dlq: Arc<MemoryQueue>,
     /// Each partition's results queue and its dead-letter queue.
     pub results: Vec<(Arc<MemoryQueue>, Arc<MemoryQueue>)>,
+    /// The work-detected triggers' bus, in runs with triggers.
+    pub bus: Option<Arc<MemoryTriggers>>,
 }
 
 impl Queues {
-    fn new(fifo: bool, partitions: u16) -> Queues {
+    fn new(fifo: bool, partitions: u16, triggers: bool) -> Queues {
         let (work, work_dlq) = if fifo { ("billing-work.fifo", "billing-work-dlq.fifo") } else { ("billing-work", "billing-work-dlq") };
         let work_dlq = MemoryQueue::new(work_dlq, VISIBILITY);
         let results = (0..partitions)
@@ -375,7 +377,7 @@ impl Queues {
                 (MemoryQueue::with_dlq(&name, VISIBILITY, MAX_RECEIVES, dlq.clone()), dlq)
             })
             .collect();
-        Queues { work: MemoryQueue::with_dlq(work, VISIBILITY, MAX_RECEIVES, work_dlq.clone()), work_dlq, results }
+        Queues { work: MemoryQueue::with_dlq(work, VISIBILITY, MAX_RECEIVES, work_dlq.clone()), work_dlq, results, bus: triggers.then(MemoryTriggers::new) }
     }
 
     /// Each partition's results queue, by number.
@@ -422,16 +424,8 @@ impl Ctl {
 
 /// Starts controller `idx` as the service does (`controller::run_with_clock`), through its own faulty
 /// ways to the store and the queues, on its own skewed clock.
-fn start_controller(
-    seed: u64,
-    idx: usize,
-    slot: &Slot,
-    setup: &Setup,
-    world: &Arc<World>,
-    store: &Arc<MemoryStore>,
-    queues: &Queues,
-    bus: Option<&Arc<MemoryTriggers>>,
-) -> Ctl {
+fn start_controller(seed: u64, idx: usize, slot: &Slot, setup: &Setup, world: &Arc<World>, store: &Arc<MemoryStore>, queues: &Queues) -> Ctl {
+    let bus = queues.bus.as_ref();
     let (owner, skew_ms, faults) = (slot.owner.as_str(), slot.skew_ms, &slot.faults);
     world.forget_held(idx);
     fleet_io::lock(&world.names).insert(idx, owner.to_string());
@@ -612,7 +606,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         echo: opts.echo,
     });
     let store = MemoryStore::new();
-    let queues = Arc::new(Queues::new(setup.fifo, setup.partitions));
+    let queues = Arc::new(Queues::new(setup.fifo, setup.partitions, setup.triggers));
     let lease = setup.lease();
     let hostile = !opts.no_hostile && !setup.calm;
     let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, hostile, true, setup.fifo, setup.partitions).into_iter().map(Arc::new).collect();
@@ -643,7 +637,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
     let plain: Arc<dyn BlobStore> = store.clone();
     let by_id: Arc<BTreeMap<String, Arc<JobPlan>>> = Arc::new(jobs.iter().map(|j| (j.id.clone(), j.clone())).collect());
     let fated = fleet::Fated::new(by_id, world.clone(), ChaCha8Rng::seed_from_u64(seed ^ 0xfeed_0000));
-    let bus = setup.triggers.then(MemoryTriggers::new);
+    let bus = queues.bus.clone();
     let mut fleet_tasks = Vec::new();
     for j in &jobs {
         fleet_tasks.push(tokio::spawn(fleet::initiate(
@@ -717,7 +711,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                 slot.restart_at = None;
                 world.trace(format!("CHAOS ctl{i} starts as {}", slot.owner));
                 let s = seed ^ ((elapsed.as_millis() as u64) << 20) ^ i as u64;
-                slot.ctl = Some(start_controller(s, i, slot, &setup, &world, &store, &queues, bus.as_ref()));
+                slot.ctl = Some(start_controller(s, i, slot, &setup, &world, &store, &queues));
             }
         }
         if !calm && elapsed >= CHAOS {
