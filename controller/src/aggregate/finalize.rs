@@ -79,10 +79,7 @@ impl Aggregator {
                 return Err(e);
             }
         };
-        // Its purge recorded first: the open marker is what brings a finished job back to a scan.
-        if !self.report_written(job_id).await {
-            tracing::warn!(job = %job_id, "the finished job's purge is not recorded yet: its open marker stays for the next scan");
-        } else if let Err(e) = self.store.delete(&open_key(job_id)).await {
+        if let Err(e) = self.close_finished(job_id).await {
             tracing::warn!(job = %job_id, error = %e, "could not remove the open-job marker; the next start removes it");
         }
         let _ = self.leases.release(job_id, job.lease()).await;

@@ -142,6 +142,16 @@ enum Step {
 /// has its own lock, held across that job's S3 calls only, so jobs progress in parallel.
 type Slot = Arc<tokio::sync::Mutex<Option<Job>>>;
 
+/// Where finished jobs' purges are recorded.
+enum Purging {
+    /// No purger (tests, tools): a finished job's open marker goes at once.
+    Nowhere,
+    /// The purger, told each finished job and answering whether its purge is recorded.
+    To(tokio::sync::mpsc::UnboundedSender<crate::purge::Finished>),
+    /// Stopped: nothing is recorded any more, so open markers stay for the next controller's scan.
+    Stopped,
+}
+
 /// How long a finish waits for its purge to be recorded (a marker's write, behind purges at once
 /// under way) before it keeps the job's open marker for a later scan.
 const PURGE_RECORDED_WITHIN: Duration = Duration::from_secs(90);
@@ -236,10 +246,8 @@ pub struct Aggregator {
     records: Mutex<RecordsCache>,
     /// Decoded results in memory at once stay within it (see `budget`).
     budget: Arc<Budget>,
-    /// Told the id of each job whose report it wrote (the purge of its blobs); dropped at the stop.
-    on_finished: Mutex<Option<tokio::sync::mpsc::UnboundedSender<crate::purge::Finished>>>,
-    /// A purger was given (`notify_finished`): open markers go only once a purge is recorded.
-    purging: std::sync::atomic::AtomicBool,
+    /// Where the purge of each finished job's blobs is recorded (see `close_finished`).
+    on_finished: Mutex<Purging>,
     /// Messages applied in memory and waiting for a checkpoint (shared with each job's `Pending`).
     pending: Arc<AtomicUsize>,
     stats: CheckpointStats,
@@ -315,8 +323,7 @@ impl Aggregator {
             stopping: Default::default(),
             records: Mutex::default(),
             budget: Arc::new(Budget::new(budget::DEFAULT_BUDGET_MIB << 20)),
-            on_finished: Mutex::new(None),
-            purging: std::sync::atomic::AtomicBool::new(false),
+            on_finished: Mutex::new(Purging::Nowhere),
             pending: Arc::default(),
             stats: CheckpointStats::default(),
             stall: None,
@@ -694,29 +701,33 @@ impl Aggregator {
 
     /// Sends the id of every job this aggregator finishes from now on to `tx` (the purger).
     pub fn notify_finished(&self, tx: tokio::sync::mpsc::UnboundedSender<crate::purge::Finished>) {
-        *lock(&self.on_finished) = Some(tx);
-        self.purging.store(true, Ordering::Relaxed);
+        *lock(&self.on_finished) = Purging::To(tx);
     }
 
     /// Stops sending finished jobs (the receiver ends once it has what was sent).
     pub fn stop_notifying(&self) {
-        lock(&self.on_finished).take();
+        *lock(&self.on_finished) = Purging::Stopped;
     }
 
-    /// The job's report is written: its blobs may go (see `crate::purge`). True once its purge is
-    /// recorded (or nothing purges here): only then may its open marker go, the purge's one trace
-    /// should this controller die now (a stopped purger records nothing: the marker stays for the
-    /// next controller's scan).
-    pub(super) async fn report_written(&self, job_id: &str) -> bool {
-        if !self.purging.load(Ordering::Relaxed) {
-            return true;
+    /// Closes a finished job (its report written): its purge is recorded, then its open marker goes.
+    /// The open marker is the purge's one trace should this controller die before the purger wrote
+    /// its marker, so it stays when the purge is not recorded (a purger that failed, timed out or
+    /// stopped): a later scan comes back here.
+    pub(super) async fn close_finished(&self, job_id: &str) -> Result<()> {
+        let tx = match &*lock(&self.on_finished) {
+            Purging::Nowhere => None,
+            Purging::To(tx) => Some(tx.clone()),
+            Purging::Stopped => return Ok(()),
+        };
+        if let Some(tx) = tx {
+            let (recorded, heard) = tokio::sync::oneshot::channel();
+            let sent = tx.send((job_id.to_string(), recorded)).is_ok();
+            if !sent || !matches!(tokio::time::timeout(PURGE_RECORDED_WITHIN, heard).await, Ok(Ok(true))) {
+                tracing::warn!(job = %job_id, "the finished job's purge is not recorded yet: its open marker stays for the next scan");
+                return Ok(());
+            }
         }
-        let Some(tx) = lock(&self.on_finished).clone() else { return false };
-        let (recorded, heard) = tokio::sync::oneshot::channel();
-        if tx.send((job_id.to_string(), recorded)).is_err() {
-            return false;
-        }
-        matches!(tokio::time::timeout(PURGE_RECORDED_WITHIN, heard).await, Ok(Ok(true)))
+        self.store.delete(&fleet_domain::layout::open_key(job_id)).await
     }
 
     fn remember_finished(&self, job_id: &str, status: JobStatus) {

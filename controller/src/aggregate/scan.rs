@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_domain::layout::{check_job_id, checkpoint_key, open_key, OPEN_PREFIX};
+use fleet_domain::layout::{check_job_id, checkpoint_key, OPEN_PREFIX};
 use fleet_domain::model::Progress;
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
@@ -90,12 +90,9 @@ impl Aggregator {
                             }
                             *loaded = Some(*job)
                         }
-                        // Finished (its finish cut short, or its purge not recorded): its purge is
-                        // recorded, then its open marker goes.
+                        // Finished (its finish cut short, or its purge not recorded).
                         Ok(Taken::Finished) => {
-                            if self.report_written(&job_id).await {
-                                let _ = self.store.delete(&open_key(&job_id)).await;
-                            }
+                            let _ = self.close_finished(&job_id).await;
                         }
                         // Its owner finishes it.
                         Ok(Taken::Busy(_)) => {}
@@ -198,12 +195,9 @@ impl Aggregator {
             if check_job_id(job_id).is_err() {
                 continue;
             }
-            // Finished here, its marker kept: its purge was not recorded in time (see
-            // `report_written`); recorded now, then the marker goes.
+            // Finished here, its marker kept: its purge was not recorded in time.
             if self.is_finished(job_id) {
-                if self.report_written(job_id).await {
-                    self.store.delete(&key).await?;
-                }
+                self.close_finished(job_id).await?;
                 continue;
             }
             if lock(&self.memory).slots.contains_key(job_id) {
@@ -212,12 +206,13 @@ impl Aggregator {
             }
             // No checkpoint yet (the marker is written just before the first): as good as new.
             let progress = self.store.head(&checkpoint_key(job_id)).await?.and_then(|m| Progress::from_meta(&m));
-            // A finished job whose marker stayed: its finish was cut short (or its purge not
-            // recorded); its purge is recorded now, then the marker goes. A quarantined job keeps
-            // its blobs.
+            // A finished job whose marker stayed: its finish was cut short, or its purge not
+            // recorded. A quarantined job keeps its blobs.
             if let Some(p) = progress.as_ref().filter(|p| p.status.is_finished()) {
-                if p.status == fleet_domain::model::JobStatus::Quarantined || self.report_written(job_id).await {
+                if p.status == fleet_domain::model::JobStatus::Quarantined {
                     self.store.delete(&key).await?;
+                } else {
+                    self.close_finished(job_id).await?;
                 }
                 continue;
             }
