@@ -1,3 +1,7 @@
+//! Why one file: a purge's record (its marker), the look that finds due markers and the deletes are
+//! one protocol whose order keeps a finished job's blobs from being forgotten; the tests at the end
+//! check it with a store that fails.
+//!
 //! Data at rest: a finished job's transactions do not stay in the bucket. Once its report is written,
 //! its chunk blobs (`jobs/{job}/chunks/`), result blobs (`jobs/{job}/results/`) and checkpoint parts
 //! are deleted, at once (the default) or after `--blob-retention-secs`. Either way the purge is

@@ -561,9 +561,12 @@ impl BlobStore for FatedStore {
     /// processors handle work items; a failed chunk's blob is corrupt (failed for good at once); a
     /// poison chunk's read is refused every time (its work item is retried to the dead-letter queue).
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+        // `jobs/{job}/chunks/{chunk}.csv.zst`, read by a processor.
         let chunk = (self.role == Role::Processor)
-            .then(|| self.fated.jobs.values().find_map(|j| (0..j.chunks.len() as u32).find(|&c| chunk_key(&j.id, c) == key).map(|c| (j.clone(), c))))
-            .flatten();
+            .then(|| key.strip_prefix("jobs/")?.split_once("/chunks/"))
+            .flatten()
+            .and_then(|(job, rest)| Some((self.fated.jobs.get(job)?.clone(), rest.strip_suffix(".csv.zst")?.parse::<u32>().ok()?)))
+            .filter(|(job, c)| (*c as usize) < job.chunks.len() && chunk_key(&job.id, *c) == key);
         let Some((job, c)) = chunk else { return self.inner.get_tagged(key).await };
         let delay = fleet_io::lock(&self.fated.rng).random_range(10..3_000);
         tokio::time::sleep(Duration::from_millis(delay)).await;
