@@ -434,8 +434,16 @@ mod tests {
         let store = MemoryStore::new();
         store.put("open/j1", Bytes::new(), "text/plain").await.unwrap();
         store.put("open/j2", Bytes::new(), "text/plain").await.unwrap();
-        let p =
-            Progress { status: fleet_domain::model::JobStatus::Running, sealed: true, total: Some(8), accounted: 3, failed: 1, processed: 15, updated_unix: 7 };
+        let p = Progress {
+            status: fleet_domain::model::JobStatus::Running,
+            sealed: true,
+            total: Some(8),
+            accounted: 3,
+            failed: 1,
+            processed: 15,
+            updated_unix: 7,
+            partition: Some(2),
+        };
         store.put_if(&checkpoint_key("j1"), Bytes::from_static(b"{}"), "application/json", &p.to_meta(), &fleet_io::blob::Cond::Any).await.unwrap();
         // An agent URL where nothing listens: its section is down, the rest is there.
         let s = source(store, Some("http://127.0.0.1:9".into()));

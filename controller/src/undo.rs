@@ -51,10 +51,12 @@ pub enum Fix {
     StopAtOnce,
     /// A finished job's purge is recorded (its marker written) before its open marker goes, and one that fails is tried again (issue 43, found by the simulation).
     PurgeRecorded,
+    /// A dormant job of a partition this controller does not read is left to the partition's owner (issue 43, found by the simulation).
+    OwnersLoadDormant,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 21] = [
+    pub const ALL: [Fix; 22] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -76,6 +78,7 @@ impl Fix {
         Fix::OwnQueueCompletes,
         Fix::StopAtOnce,
         Fix::PurgeRecorded,
+        Fix::OwnersLoadDormant,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -102,6 +105,7 @@ impl Fix {
             Fix::OwnQueueCompletes => "own-queue-completes",
             Fix::StopAtOnce => "stop-at-once",
             Fix::PurgeRecorded => "purge-recorded",
+            Fix::OwnersLoadDormant => "owners-load-dormant",
         }
     }
 
@@ -129,6 +133,7 @@ impl Fix {
             Fix::OwnQueueCompletes => "messages of another queue completed on their own queue",
             Fix::StopAtOnce => "partitions to stop all stopped at once",
             Fix::PurgeRecorded => "a finished job's purge recorded before its open marker goes",
+            Fix::OwnersLoadDormant => "a dormant job loaded only by its partition's reader",
         }
     }
 }

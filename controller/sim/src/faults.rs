@@ -38,11 +38,18 @@ pub struct Rates {
     pub sqs_fail: f64,
     /// The longest round trip of an SQS call, milliseconds (each call draws its own below it).
     pub sqs_latency_ms: u64,
+    /// Listings (`ListObjectsV2`) that fail besides `fail`: S3 throttles listings of a busy prefix
+    /// first (503 SlowDown). A failed scan of the open jobs must be tried again soon, and a job
+    /// loaded on what a scan saw earlier must not be judged by it (drawn on a stream of its own, so
+    /// that the other faults of a seed stay as they were).
+    pub list_fail: f64,
 }
 
 /// The faults in force for one controller.
 pub struct Faults {
     rng: ChaCha8Rng,
+    /// Draws the listings' own failures (`Rates::list_fail`).
+    list_rng: ChaCha8Rng,
     pub rates: Rates,
     /// The controller is stopped (SIGSTOP) until then: none of its calls starts or ends before.
     pub paused_until: Option<Instant>,
@@ -55,7 +62,14 @@ pub struct Faults {
 
 impl Faults {
     pub fn new(seed: u64, rates: Rates) -> Faults {
-        Faults { rng: ChaCha8Rng::seed_from_u64(seed), rates, paused_until: None, last_pause_end: None, cut_off_until: None }
+        Faults {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            list_rng: ChaCha8Rng::seed_from_u64(seed ^ 0x1157_1157),
+            rates,
+            paused_until: None,
+            last_pause_end: None,
+            cut_off_until: None,
+        }
     }
 }
 
@@ -268,8 +282,9 @@ impl FaultyStore {
         let fate = {
             let mut f = fleet_io::lock(&self.faults);
             let r: f64 = f.rng.random();
-            let Rates { fail, hang, lost, .. } = f.rates;
-            if r < fail {
+            let Rates { fail, hang, lost, list_fail, .. } = f.rates;
+            let list_fails = op == "ListObjectsV2" && list_fail > 0.0 && f.list_rng.random_bool(list_fail);
+            if r < fail || list_fails {
                 Fate::Fail
             } else if r < fail + hang {
                 Fate::Hang(Duration::from_millis(f.rng.random_range(100..20_000)))

@@ -31,8 +31,8 @@
 //! its branch order from unseeded generators, and the initiator and processors compress and bill on
 //! tokio's blocking pool (simulated time stands still meanwhile, but what runs next depends on real
 //! time), so a seed replays its faults and jobs exactly but not always every step (a failing seed is
-//! rerun alone with its whole trace); no triggers (RabbitMQ) are simulated: listeners long-poll as
-//! they do without them.
+//! rerun alone with its whole trace). Work-detected triggers (RabbitMQ) are an in-memory bus in half
+//! the runs (`Setup::triggers`); in the other half listeners long-poll as they do without them.
 
 pub mod check;
 pub mod faults;
@@ -351,8 +351,8 @@ pub struct Options {
     pub echo: bool,
     /// Send no hostile results.
     pub no_hostile: bool,
-    /// Put work-detected triggers on an in-memory bus in half the runs (off by default: it finds a
-    /// livelock not fixed yet, see docs/mutations.md).
+    /// Put work-detected triggers on an in-memory bus in half the runs (`fleet-sim` does unless
+    /// `--no-triggers`).
     pub triggers: bool,
 }
 
@@ -666,6 +666,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                 lost: [0.0, 0.01, 0.03][rng.random_range(0..3)],
                 sqs_fail: [0.0, 0.01, 0.05][rng.random_range(0..3)],
                 sqs_latency_ms: [20, 150, 1_000][rng.random_range(0..3)],
+                list_fail: [0.0, 0.0, 0.3, 0.6][ChaCha8Rng::seed_from_u64(seed ^ 0x1157 ^ i as u64).random_range(0..4)],
             }
         };
         let skew_ms = rng.random_range(-max_skew..=max_skew);

@@ -33,10 +33,10 @@ struct Args {
     /// Send no hostile results.
     #[arg(long)]
     no_hostile: bool,
-    /// Work-detected triggers (an in-memory bus) in half the runs: idle listeners park and wake on
-    /// them, as with RabbitMQ.
+    /// No work-detected triggers: every listener long-polls (by default half the runs put triggers
+    /// on an in-memory bus, and idle listeners park and wake on them, as with RabbitMQ).
     #[arg(long)]
-    triggers: bool,
+    no_triggers: bool,
     /// Stop at the first failing seed.
     #[arg(long)]
     fail_fast: bool,
@@ -53,7 +53,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let opts = fleet_sim::Options { echo: args.trace, no_hostile: args.no_hostile, triggers: args.triggers };
+    let opts = fleet_sim::Options { echo: args.trace, no_hostile: args.no_hostile, triggers: !args.no_triggers };
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let undo = match args.undo.as_deref() {
         None => None,

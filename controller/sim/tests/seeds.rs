@@ -10,6 +10,11 @@ fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// As `fleet-sim` runs by default: work-detected triggers on an in-memory bus in half the runs.
+fn opts() -> Options {
+    Options { triggers: true, ..Options::default() }
+}
+
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -19,7 +24,7 @@ fn seeds_keep_every_invariant() {
     let from = env("FLEET_SIM_FROM", 1);
     let n = env("FLEET_SIM_SEEDS", 300);
     let started = std::time::Instant::now();
-    let s = soak(from, n, threads(), Options::default(), None, false, |run, _, _| {
+    let s = soak(from, n, threads(), opts(), None, false, |run, _, _| {
         if !run.violations.is_empty() {
             eprint!("{}", run.failure());
         }
@@ -39,8 +44,8 @@ fn seeds_keep_every_invariant() {
 #[test]
 fn a_seed_replays_its_faults_and_jobs() {
     for seed in [26, 215, 303] {
-        let a = run_seed(seed, Options::default());
-        let b = run_seed(seed, Options::default());
+        let a = run_seed(seed, opts());
+        let b = run_seed(seed, opts());
         assert!(a.trace_len > 50, "the run did something ({} trace lines)", a.trace_len);
         // The controllers' own scheduling draws from unseeded generators (the engine's back-off
         // jitter, `select!`): the schedule of faults and the verdict replay, not every call.
@@ -58,7 +63,7 @@ fn a_seed_replays_its_faults_and_jobs() {
 #[test]
 fn an_undone_fix_fails_a_seed() {
     for fix in [Fix::SealAgainstManifest, Fix::ReportOnce] {
-        let found = first_failure(1, 300, threads(), Options::default(), Some(fix));
+        let found = first_failure(1, 300, threads(), opts(), Some(fix));
         assert!(found.is_some(), "{} undone: no seed of 300 failed", fix.name());
     }
 }

@@ -127,6 +127,9 @@ impl Aggregator {
     /// written, the job takes what it committed ([`Job::saved`]) and the parts the document no longer
     /// names are deleted. A failed write leaves the job as it was.
     pub(super) async fn commit(&self, job: &mut Job, commit: Commit, calls: &RequestCounts) -> Result<()> {
+        if let Some(p) = lock(&self.memory).partition.get(job.id()) {
+            job.travels_on(*p);
+        }
         let save = job.plan(commit, calls)?;
         let started = Instant::now();
         if let Some((part, data)) = save.part() {

@@ -70,10 +70,10 @@ impl Aggregator {
         // for the partition's new owner.
         // So is every batch once the controller is stopping (a stop that ends on its deadline hands
         // nothing back after it).
-        let given_up = lock(&self.given_up).clone();
+        let read = lock(&self.read).clone();
         let stopping = self.stopping.load(std::sync::atomic::Ordering::SeqCst);
         let (back, msgs): (Vec<_>, Vec<_>) = msgs.into_iter().partition(|(_, k)| {
-            !crate::undo::is(crate::undo::Fix::HandBackHeld) && (stopping || self.partition_queues.get(k.queue()).is_some_and(|p| given_up.contains(p)))
+            !crate::undo::is(crate::undo::Fix::HandBackHeld) && (stopping || self.partition_queues.get(k.queue()).is_some_and(|p| !read.contains(p)))
         });
         if !back.is_empty() {
             tracing::info!(messages = back.len(), "messages of a partition given up handed back instead of held");

@@ -138,6 +138,17 @@ impl Job {
         &self.cp.job_id
     }
 
+    /// The results partition its messages travel on, as its checkpoint recorded it.
+    pub(super) fn partition(&self) -> Option<u16> {
+        self.cp.partition
+    }
+
+    /// Its messages came from results partition `p`: recorded with its next checkpoint (the first
+    /// partition seen stays: a job keeps its partition).
+    pub(super) fn travels_on(&mut self, p: u16) {
+        self.cp.partition.get_or_insert(p);
+    }
+
     pub(super) fn phase(&self) -> &Phase {
         &self.phase
     }
@@ -566,6 +577,7 @@ pub(super) fn fresh_checkpoint(job_id: &str, clock: &Clock) -> Checkpoint {
         updated_at: clock.rfc3339(),
         finishing: false,
         note: None,
+        partition: None,
     }
 }
 

@@ -237,9 +237,9 @@ pub struct Aggregator {
     expiry: Mutex<Expiry>,
     /// Messages held through a store outage (see `hold`).
     hold: Mutex<Hold>,
-    /// Results partitions let go of (`let_go`) and not read again since: their messages are never
-    /// held here.
-    given_up: Mutex<BTreeSet<u16>>,
+    /// Results partitions this controller reads now (`reading` to `let_go`): the messages of the
+    /// others are never held here, and their dormant jobs are left to their owners.
+    read: Mutex<BTreeSet<u16>>,
     /// The controller is stopping: nothing is held any more (see `hold`).
     stopping: std::sync::atomic::AtomicBool,
     /// What the jobs' own records say (see `records`).
@@ -319,7 +319,7 @@ impl Aggregator {
             known: Mutex::default(),
             expiry: Mutex::new(Expiry { scanned: None, idle_floor: Instant::now(), emptied: scan::Emptied::default() }),
             hold: Mutex::default(),
-            given_up: Mutex::default(),
+            read: Mutex::default(),
             stopping: Default::default(),
             records: Mutex::default(),
             budget: Arc::new(Budget::new(budget::DEFAULT_BUDGET_MIB << 20)),
@@ -375,9 +375,12 @@ impl Aggregator {
 
     /// Lets go of the jobs of results partition `p` (another controller reads it from now on): their
     /// pending messages checkpointed (returned for deletion) and their leases given back, so that the
-    /// partition's new owner takes them at once.
+    /// partition's new owner takes them at once; its dormant jobs forgotten.
     pub async fn let_go(&self, p: u16) -> Vec<Kept> {
-        lock(&self.given_up).insert(p);
+        lock(&self.read).remove(&p);
+        // What a scan saw of its dormant jobs goes stale from now on (they may have news on the new
+        // reader): a scan after the partition is read here again finds them afresh.
+        lock(&self.known).dormant.retain(|_, d| d.partition != Some(p));
         let done = self.flush().await;
         if crate::undo::is(crate::undo::Fix::LetGoOfPartitionJobs) {
             return done;
@@ -396,7 +399,7 @@ impl Aggregator {
 
     /// This controller reads results partition `p` (again): its messages may be held.
     pub fn reading(&self, p: u16) {
-        lock(&self.given_up).remove(&p);
+        lock(&self.read).insert(p);
     }
 
     /// What checkpoints have written so far.

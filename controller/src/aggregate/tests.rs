@@ -1240,6 +1240,40 @@ async fn news_on_another_controller_keeps_a_job_from_being_abandoned() {
     assert_eq!((r.status, r.transactions.processed), (JobStatus::Abandoned, 2));
 }
 
+/// A dormant job is loaded only by the reader of its partition, which its checkpoint names. Loaded by
+/// another controller, a sealed job whose last result waits in the partition's dead-letter queue
+/// never stalls, and its lease is renewed for ever while the owner hands that message back (found by
+/// the simulation with triggers, seed 257).
+#[tokio::test(start_paused = true)]
+async fn a_dormant_job_is_left_to_the_reader_of_its_partition() {
+    let store = MemoryStore::new();
+    put_chunks(&store, "pd", 2).await;
+    let clock = Clock::driven(1_800_000_000_000);
+    let hour = Duration::from_secs(3600);
+    let mut a = Aggregator::with_clock(store.clone(), "a".into(), LEASE, clock);
+    let mut b = Aggregator::with_clock(store.clone(), "b".into(), LEASE, clock);
+    for agg in [&mut a, &mut b] {
+        agg.set_partition_queue("billing-results", 0);
+        agg.set_partition_queue("billing-results-1", 1);
+    }
+    a.reading(0);
+    b.reading(1);
+    a.apply(Source::Results, keep(Source::Results, &[result("pd", 0, vec![acct("x", 1, 100, 1)])])).await;
+    assert_eq!(a.flush().await.len(), 1);
+    let progress = store.head(&checkpoint_key("pd")).await.unwrap().and_then(|m| Progress::from_meta(&m)).expect("a checkpoint");
+    assert_eq!(progress.partition, Some(0), "the checkpoint names the job's partition");
+    a.let_go(0).await;
+    tokio::time::advance(hour + Duration::from_secs(60)).await;
+    assert_eq!(b.scan_open().await.unwrap(), 1, "B knows the job as dormant");
+    b.expire(hour).await;
+    assert!(report_of(&store, "pd").await.is_none(), "not finished by a controller that does not read its partition");
+    assert_eq!(b.open_jobs(), 0, "nor loaded: no lease taken");
+    b.reading(0);
+    b.expire(hour).await;
+    let r = report_of(&store, "pd").await.expect("abandoned by its partition's reader");
+    assert_eq!((r.status, r.transactions.processed), (JobStatus::Abandoned, 1));
+}
+
 /// Sequence 4: a checkpoint write goes through but its answer is lost, and the retry meets the first
 /// write (412). That is this controller's own write, not another's: the job stays its own, the
 /// messages it covers are deleted, and the job finishes.
@@ -1496,6 +1530,7 @@ async fn partition_zero_fixture() -> (Arc<BrokenStore>, Arc<MemoryQueue>, Comple
     let done = Completions::start(queue.clone(), BatchSettings::default());
     let mut agg = quick_owned(store.clone(), "c".into(), Duration::from_secs(30));
     agg.set_partition_queue("billing-results", 0);
+    agg.reading(0);
     (store, queue, done, agg)
 }
 

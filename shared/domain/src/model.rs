@@ -238,6 +238,11 @@ pub struct Checkpoint {
     /// Why the job ended as it did, when that is not plain (abandoned, stalled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The results partition the job's messages travel on, once a message from a partition was
+    /// applied (absent before partitions): a controller that does not read it leaves the job to the
+    /// partition's owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u16>,
 }
 
 /// One object of a checkpoint's totals (`jobs/{job}/checkpoint/...`): zstd CSV rows.
@@ -266,6 +271,8 @@ pub struct Progress {
     pub processed: u64,
     /// When the checkpoint was written, Unix seconds.
     pub updated_unix: i64,
+    /// The results partition the job's messages travel on, when the checkpoint says.
+    pub partition: Option<u16>,
 }
 
 impl Progress {
@@ -280,12 +287,14 @@ impl Progress {
             failed: cp.failed_chunks.len() as u32,
             processed: cp.processed_transactions,
             updated_unix: updated.map_or(0, |t| t.unix_timestamp()),
+            partition: cp.partition,
         }
     }
 
     pub fn to_meta(self) -> std::collections::BTreeMap<String, String> {
         let status = serde_json::to_value(self.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
         let total = self.total.map(|t| ("total", t.to_string()));
+        let partition = self.partition.map(|p| ("partition", p.to_string()));
         [
             ("status", status),
             ("sealed", self.sealed.to_string()),
@@ -296,6 +305,7 @@ impl Progress {
         ]
         .into_iter()
         .chain(total)
+        .chain(partition)
         .map(|(k, v)| (k.to_string(), v))
         .collect()
     }
@@ -316,6 +326,7 @@ impl Progress {
             failed: m.get("failed")?.parse().ok()?,
             processed: m.get("processed")?.parse().ok()?,
             updated_unix: m.get("updated")?.parse().ok()?,
+            partition: m.get("partition").and_then(|p| p.parse().ok()),
         })
     }
 }
