@@ -1,13 +1,15 @@
-//! What can go wrong between a controller and S3 or SQS, drawn from the seed: each controller reaches
-//! the one shared in-memory store through its own [`FaultyStore`], whose calls may fail (a retryable
-//! error, nothing done), hang (seconds of simulated time, then go through), or go through with their
-//! answer lost and be tried again (as `fleet_io::call` retries: a conditional write then meets its own
-//! write), and which freezes while its controller is paused (a process stopped past its lease) or
-//! the store is out. Its queues are reached through [`FaultyQueue`]s: each call takes a network
-//! round trip of its own (which receiver gets a message is SQS's choice, not the order of the calls)
-//! and may fail. A crashed controller's calls never end ([`Life`]): nothing it had under way reaches
-//! the store or a queue after its crash. Every store call is written to the run's trace; every
-//! report written, to its record; every message received from a dead-letter queue, to its count.
+//! What can go wrong between a controller and S3 or SQS, drawn from the seed: each controller
+//! reaches the one shared in-memory store through its own [`FaultyStore`], whose calls may fail (a
+//! retryable error, nothing done), hang (seconds of simulated time, then go through), or go through
+//! with their answer lost and be tried again (as `fleet_io::call` retries: a conditional write then
+//! meets its own write), and which freezes while its controller is paused (a process stopped past
+//! its lease) or the store is out; some faults wait for the moment they aim at (a crash as a
+//! receive brings messages, a pause as a report is written; see [`Faults`]). Its queues are reached
+//! through [`FaultyQueue`]s: each call takes a network round trip of its own (which receiver gets a
+//! message is SQS's choice, not the order of the calls) and may fail. A crashed controller's calls
+//! never end ([`Life`]): nothing it had under way reaches the store or a queue after its crash.
+//! Every store call is written to the run's trace; every report written, to its record; every
+//! message received from a dead-letter queue, to its count.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,6 +60,15 @@ pub struct Faults {
     /// The controller is cut off from the store until then (the others are not): its calls hang
     /// until their deadline and fail.
     pub cut_off_until: Option<Instant>,
+    /// The controller crashes as its next receive that gets messages answers (an OOM kill in the
+    /// middle of a batch): the messages stay in flight, invisible, until their visibility timeout.
+    pub crash_mid_batch: bool,
+    /// The controller is paused for this long as it next writes a report (between the checkpoint
+    /// that commits a job's ending and the report), with the fault's margin after it: a peer may
+    /// take the job over and load it while this one, resumed, finishes it under its feet.
+    pub pause_at_report: Option<(Duration, Duration)>,
+    /// Its reads of checkpoint parts hang up to this long each (a large job's load is slow).
+    pub slow_parts: Option<Duration>,
 }
 
 impl Faults {
@@ -69,6 +80,9 @@ impl Faults {
             paused_until: None,
             last_pause_end: None,
             cut_off_until: None,
+            crash_mid_batch: false,
+            pause_at_report: None,
+            slow_parts: None,
         }
     }
 }
@@ -174,6 +188,12 @@ impl Queue for FaultyQueue {
         let got = self.inner.receive(max, wait).await?;
         // The answer of a process that crashed meanwhile never reaches it.
         self.life.check().await;
+        if !got.is_empty() && std::mem::take(&mut fleet_io::lock(&self.faults).crash_mid_batch) {
+            // Received, then gone: the simulation sees the ended life and restarts the process.
+            self.world.trace(format!("CHAOS ctl{} crashes with {} messages of {} just received", self.ctl, got.len(), self.inner.name()));
+            self.life.end();
+            self.life.check().await;
+        }
         if self.inner.name().contains("results") {
             self.world.read(self.inner.name(), self.ctl, &self.life, &self.faults);
         }
@@ -269,6 +289,20 @@ impl FaultyStore {
     async fn before(&self, op: &'static str, key: &str) -> Fate {
         self.life.check().await;
         unpaused(&self.faults).await;
+        if op == "PutObject" && key.starts_with(fleet_domain::layout::WAREHOUSE_PREFIX) {
+            let armed = fleet_io::lock(&self.faults).pause_at_report.take();
+            if let Some((d, margin)) = armed {
+                self.world.trace(format!("CHAOS ctl{} paused for {:.1} s as it writes {}", self.ctl, d.as_secs_f64(), short(key)));
+                let until = Instant::now() + d;
+                {
+                    let mut f = fleet_io::lock(&self.faults);
+                    f.paused_until = Some(until);
+                    f.last_pause_end = Some(until);
+                }
+                self.world.fault_until(until - self.world.start + margin);
+                unpaused(&self.faults).await;
+            }
+        }
         let cut_off = fleet_io::lock(&self.faults).cut_off_until.filter(|t| *t > Instant::now());
         if let Some(end) = self.world.outage_until().max(cut_off) {
             // A hung store: the call waits out its deadline (or the outage), then fails.
@@ -284,7 +318,11 @@ impl FaultyStore {
             let r: f64 = f.rng.random();
             let Rates { fail, hang, lost, list_fail, .. } = f.rates;
             let list_fails = op == "ListObjectsV2" && list_fail > 0.0 && f.list_rng.random_bool(list_fail);
-            if r < fail || list_fails {
+            let slow_part = f.slow_parts.filter(|_| op == "GetObject" && key.contains("/checkpoint/"));
+            if let Some(most) = slow_part {
+                let ms = f.list_rng.random_range(100..most.as_millis().max(101) as u64);
+                Fate::Hang(Duration::from_millis(ms))
+            } else if r < fail || list_fails {
                 Fate::Fail
             } else if r < fail + hang {
                 Fate::Hang(Duration::from_millis(f.rng.random_range(100..20_000)))

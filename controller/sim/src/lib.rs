@@ -90,6 +90,8 @@ pub struct Setup {
     /// Work-detected triggers on an in-memory bus (half the runs): idle listeners park and wake on
     /// them, as with RabbitMQ; without, they long-poll.
     pub triggers: bool,
+    /// The visibility timeout of the results partitions and their dead-letter queues.
+    pub results_visibility: Duration,
 }
 
 impl Setup {
@@ -112,7 +114,10 @@ impl Setup {
             settings.drain_secs = rng.random_range(10..=30);
         }
         let triggers = opts.triggers && ChaCha8Rng::seed_from_u64(seed ^ 0x7419_7419).random_bool(0.5);
-        Setup { controllers: rng.random_range(1..=3), partitions: rng.random_range(1..=4), settings, defaults, calm, fifo, triggers }
+        // The results queues' visibility timeout (an operator may raise it): the provisioned 30 s at
+        // the shipped defaults, else up to six times that (drawn apart).
+        let results_visibility = if defaults { VISIBILITY } else { VISIBILITY * [1, 3, 6][ChaCha8Rng::seed_from_u64(seed ^ 0x0715_0715).random_range(0..3)] };
+        Setup { controllers: rng.random_range(1..=3), partitions: rng.random_range(1..=4), settings, defaults, calm, fifo, triggers, results_visibility }
     }
 
     fn lease(&self) -> Duration {
@@ -367,14 +372,14 @@ pub struct Queues {
 }
 
 impl Queues {
-    fn new(fifo: bool, partitions: u16, triggers: bool) -> Queues {
+    fn new(fifo: bool, partitions: u16, triggers: bool, results_visibility: Duration) -> Queues {
         let (work, work_dlq) = if fifo { ("billing-work.fifo", "billing-work-dlq.fifo") } else { ("billing-work", "billing-work-dlq") };
         let work_dlq = MemoryQueue::new(work_dlq, VISIBILITY);
         let results = (0..partitions)
             .map(|p| {
                 let name = if p == 0 { "billing-results".to_string() } else { format!("billing-results-{p}") };
-                let dlq = MemoryQueue::new(&format!("{name}-dlq"), VISIBILITY);
-                (MemoryQueue::with_dlq(&name, VISIBILITY, MAX_RECEIVES, dlq.clone()), dlq)
+                let dlq = MemoryQueue::new(&format!("{name}-dlq"), results_visibility);
+                (MemoryQueue::with_dlq(&name, results_visibility, MAX_RECEIVES, dlq.clone()), dlq)
             })
             .collect();
         Queues { work: MemoryQueue::with_dlq(work, VISIBILITY, MAX_RECEIVES, work_dlq.clone()), work_dlq, results, bus: triggers.then(MemoryTriggers::new) }
@@ -581,6 +586,8 @@ struct Slot {
     generation: u32,
     /// Started again at this time (after a crash, a stop or an exit).
     restart_at: Option<Instant>,
+    /// How long it stays down after a crash in the middle of a batch.
+    mid_batch_down: Duration,
 }
 
 async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: observe::Memory, stops: observe::Stops) -> Run {
@@ -606,12 +613,12 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         echo: opts.echo,
     });
     let store = MemoryStore::new();
-    let queues = Arc::new(Queues::new(setup.fifo, setup.partitions, setup.triggers));
+    let queues = Arc::new(Queues::new(setup.fifo, setup.partitions, setup.triggers, setup.results_visibility));
     let lease = setup.lease();
     let hostile = !opts.no_hostile && !setup.calm;
     let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, hostile, true, setup.fifo, setup.partitions).into_iter().map(Arc::new).collect();
     world.trace(format!(
-        "CHAOS setup: {} controllers, {} partitions, {}, lease {} s, settle {} s, abandon {} s, stall {} s, retention {} s{}, work queue {}{}, jobs: {}",
+        "CHAOS setup: {} controllers, {} partitions, {}, lease {} s, settle {} s, abandon {} s, stall {} s, retention {} s{}, work queue {}, results visibility {} s{}, jobs: {}",
         setup.controllers,
         setup.partitions,
         if setup.defaults { "shipped defaults" } else { "drawn settings" },
@@ -622,6 +629,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         setup.settings.blob_retention_secs,
         if setup.calm { ", calm" } else { "" },
         queues.work.name(),
+        setup.results_visibility.as_secs(),
         if setup.triggers { ", triggers" } else { "" },
         jobs.iter()
             .map(|j| {
@@ -670,14 +678,21 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
             }
         };
         let skew_ms = rng.random_range(-max_skew..=max_skew);
+        // In half the runs with faults, its reads of checkpoint parts are slow (drawn apart).
+        let slow_parts = (!setup.calm && ChaCha8Rng::seed_from_u64(seed ^ 0x5103 ^ i as u64).random_bool(0.5)).then(|| Duration::from_secs(20));
         world.trace(format!("CHAOS ctl{i} faults {rates:?}, clock skew {skew_ms} ms"));
         Slot {
             ctl: None,
-            faults: Arc::new(Mutex::new(Faults::new(seed.wrapping_mul(31).wrapping_add(i as u64), rates))),
+            faults: Arc::new(Mutex::new({
+                let mut f = Faults::new(seed.wrapping_mul(31).wrapping_add(i as u64), rates);
+                f.slow_parts = slow_parts;
+                f
+            })),
             skew_ms,
             owner: format!("ctl{i}"),
             generation: 0,
             restart_at: Some(Instant::now()),
+            mid_batch_down: Duration::ZERO,
         }
     };
     for i in 0..setup.controllers {
@@ -708,6 +723,14 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                 slot.restart_at = Some(now + Duration::from_secs(5));
                 world.fault_until(elapsed + Duration::from_secs(5) + lease);
             }
+            // A process that crashed in the middle of a batch (`Faults::crash_mid_batch`).
+            if slot.ctl.as_ref().is_some_and(|c| c.life.ended()) {
+                let down = slot.mid_batch_down;
+                world.trace(format!("CHAOS ctl{i} back in {:.1} s as {}", down.as_secs_f64(), slot.owner));
+                slot.ctl.take().expect("checked").crash();
+                slot.restart_at = Some(now + down);
+                world.fault_until(elapsed + down + lease * 2);
+            }
             if slot.restart_at.is_some_and(|t| t <= now) {
                 slot.restart_at = None;
                 world.trace(format!("CHAOS ctl{i} starts as {}", slot.owner));
@@ -722,6 +745,9 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                 let mut f = fleet_io::lock(&s.faults);
                 f.rates = Rates { sqs_latency_ms: 150, ..Rates::default() };
                 f.paused_until = None;
+                f.crash_mid_batch = false;
+                f.pause_at_report = None;
+                f.slow_parts = None;
             }
         }
         if !calm && elapsed >= next {
@@ -735,20 +761,40 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                         slot.generation += 1;
                         slot.owner = format!("ctl{i}-{}", slot.generation);
                     }
-                    world.trace(format!("CHAOS ctl{i} crashes; back in {:.1} s as {}", down.as_secs_f64(), slot.owner));
-                    if let Some(c) = slot.ctl.take() {
-                        c.crash();
+                    // Half the crashes come in the middle of a batch (drawn apart, so that the rest
+                    // of the schedule stays as it was).
+                    if ChaCha8Rng::seed_from_u64(seed ^ 0xC4A5_4C4A ^ elapsed.as_millis() as u64).random_bool(0.5) {
+                        world.trace(format!("CHAOS ctl{i} will crash with its next batch"));
+                        slot.mid_batch_down = down;
+                        fleet_io::lock(&slot.faults).crash_mid_batch = true;
+                    } else {
+                        world.trace(format!("CHAOS ctl{i} crashes; back in {:.1} s as {}", down.as_secs_f64(), slot.owner));
+                        if let Some(c) = slot.ctl.take() {
+                            c.crash();
+                        }
+                        slot.restart_at = Some(Instant::now() + down);
+                        world.fault_until(elapsed + down + lease * 2);
                     }
-                    slot.restart_at = Some(Instant::now() + down);
-                    world.fault_until(elapsed + down + lease * 2);
                 }
                 3..5 => {
                     let d = Duration::from_millis(rng.random_range(500..(lease.as_millis() as u64 * 3)));
-                    world.trace(format!("CHAOS ctl{i} paused for {:.1} s (lease {:.1} s)", d.as_secs_f64(), lease.as_secs_f64()));
                     let mut f = fleet_io::lock(&slots[i].faults);
-                    f.paused_until = Some(Instant::now() + d);
-                    f.last_pause_end = f.paused_until;
-                    world.fault_until(elapsed + d + lease * 2);
+                    // Half the pauses come as the controller next writes a report, past a lease
+                    // (drawn apart, so that the rest of the schedule stays as it was).
+                    if ChaCha8Rng::seed_from_u64(seed ^ 0x9A05_E9A0 ^ elapsed.as_millis() as u64).random_bool(0.5) {
+                        let d = d.max(lease + Duration::from_secs(1));
+                        world.trace(format!(
+                            "CHAOS ctl{i} will pause for {:.1} s as it next writes a report (lease {:.1} s)",
+                            d.as_secs_f64(),
+                            lease.as_secs_f64()
+                        ));
+                        f.pause_at_report = Some((d, lease * 2));
+                    } else {
+                        world.trace(format!("CHAOS ctl{i} paused for {:.1} s (lease {:.1} s)", d.as_secs_f64(), lease.as_secs_f64()));
+                        f.paused_until = Some(Instant::now() + d);
+                        f.last_pause_end = f.paused_until;
+                        world.fault_until(elapsed + d + lease * 2);
+                    }
                 }
                 5 => {
                     let d = Duration::from_millis(rng.random_range(1_000..120_000));
@@ -777,7 +823,11 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                     // no longer takes holds nothing); a process paused through its stop (SIGTERM
                     // waits for SIGCONT) did nothing and is not judged.
                     let paused = fleet_io::lock(&slots[i].faults).last_pause_end.is_some_and(|t| t > now);
-                    let held: Vec<String> = world.still_held(i).into_iter().filter(|r| queues.hidden_for(r).is_some_and(|d| d > VISIBILITY)).collect();
+                    let held: Vec<String> = world
+                        .still_held(i)
+                        .into_iter()
+                        .filter(|r| queues.hidden_for(r).is_some_and(|d| d > setup.results_visibility.max(VISIBILITY)))
+                        .collect();
                     if paused && !held.is_empty() {
                         world.trace(format!("CHAOS ctl{i} was paused during its stop, which left {} messages held", held.len()));
                     } else if !held.is_empty() {
