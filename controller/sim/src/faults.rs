@@ -1,3 +1,7 @@
+//! Why one file: every fault a controller meets on its way to S3 and SQS is drawn from one
+//! per-controller state (`Faults`), and the two ways (`FaultyStore`, `FaultyQueue`) must read it the
+//! same way; split, a fault's rule would live apart from the calls it acts on.
+//!
 //! What can go wrong between a controller and S3 or SQS, drawn from the seed: each controller
 //! reaches the one shared in-memory store through its own [`FaultyStore`], whose calls may fail (a
 //! retryable error, nothing done), hang (seconds of simulated time, then go through), or go through

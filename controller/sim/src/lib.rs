@@ -590,6 +590,17 @@ struct Slot {
     mid_batch_down: Duration,
 }
 
+impl Slot {
+    /// Its process is gone (if running) and starts again `down` from now.
+    fn crash(&mut self, down: Duration, world: &World, lease: Duration) {
+        if let Some(c) = self.ctl.take() {
+            c.crash();
+        }
+        self.restart_at = Some(Instant::now() + down);
+        world.fault_until(Instant::now() - world.start + down + lease * 2);
+    }
+}
+
 async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: observe::Memory, stops: observe::Stops) -> Run {
     let setup = Setup::draw(seed, opts);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -727,9 +738,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
             if slot.ctl.as_ref().is_some_and(|c| c.life.ended()) {
                 let down = slot.mid_batch_down;
                 world.trace(format!("CHAOS ctl{i} back in {:.1} s as {}", down.as_secs_f64(), slot.owner));
-                slot.ctl.take().expect("checked").crash();
-                slot.restart_at = Some(now + down);
-                world.fault_until(elapsed + down + lease * 2);
+                slot.crash(down, &world, lease);
             }
             if slot.restart_at.is_some_and(|t| t <= now) {
                 slot.restart_at = None;
@@ -769,11 +778,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                         fleet_io::lock(&slot.faults).crash_mid_batch = true;
                     } else {
                         world.trace(format!("CHAOS ctl{i} crashes; back in {:.1} s as {}", down.as_secs_f64(), slot.owner));
-                        if let Some(c) = slot.ctl.take() {
-                            c.crash();
-                        }
-                        slot.restart_at = Some(Instant::now() + down);
-                        world.fault_until(elapsed + down + lease * 2);
+                        slot.crash(down, &world, lease);
                     }
                 }
                 3..5 => {
