@@ -289,3 +289,35 @@ pub fn lateness(jobs: &[Arc<JobPlan>], world: &World, setup: &Setup) -> (f64, Ve
     }
     (worst, v)
 }
+
+/// No job finished by the expiry before its time: one that never sealed not before the abandon time
+/// has passed since the fleet last sent a message of it, one that stalled not before the stall time
+/// (less the controllers' clock skew, read through checkpoint times, and a second of their
+/// precision). A controller that judged a job's quiet from a stale view (a scan's, before the job had
+/// news on another controller) finished it early, with results still to come.
+pub fn early(jobs: &[Arc<JobPlan>], world: &World, setup: &Setup) -> Vec<String> {
+    let written = fleet_io::lock(&world.reports).clone();
+    let last_sent = fleet_io::lock(&world.last_sent).clone();
+    let margin = Duration::from_secs(setup.settings.lease_secs) / 5 + Duration::from_secs(2);
+    let mut v = Vec::new();
+    for job in jobs {
+        let Some(at) = written.iter().filter(|(_, k, _, _)| *k == report_key(&job.id)).map(|(_, _, _, t)| *t).min() else { continue };
+        let Some(sent) = last_sent.get(&job.id).copied() else { continue };
+        let quiet = match job.ending {
+            Ending::DiedAfterManifest | Ending::DiedBeforeManifest => setup.settings.abandon_after,
+            Ending::Sealed if job.chunks.iter().any(|c| c.fate == Fate::Lost) => setup.settings.stall_after,
+            _ => continue,
+        };
+        let due = sent + Duration::from_secs(quiet);
+        if at + margin < due {
+            v.push(format!(
+                "job {} ({:?}): finished {:.0} s after its last message, {:.0} s before its quiet time of {quiet} s had passed",
+                job.id,
+                job.ending,
+                at.saturating_sub(sent).as_secs_f64(),
+                due.saturating_sub(at).as_secs_f64()
+            ));
+        }
+    }
+    v
+}

@@ -271,12 +271,25 @@ pub struct FaultyStore {
     world: Arc<World>,
     calls: CallCounter,
     breaker: Arc<Breaker>,
+    /// The process runs the release before partitions: its checkpoints name no partition.
+    previous_release: bool,
 }
 
 impl FaultyStore {
-    pub fn new(inner: Arc<MemoryStore>, ctl: usize, owner: &str, faults: Arc<Mutex<Faults>>, life: Life, world: Arc<World>) -> Arc<FaultyStore> {
+    pub fn new(inner: Arc<MemoryStore>, ctl: usize, owner: &str, faults: Arc<Mutex<Faults>>, life: Life, world: Arc<World>, previous_release: bool) -> Arc<FaultyStore> {
         let breaker = Breaker::new(Service::S3, BreakerPolicy::default());
-        Arc::new(FaultyStore { inner, ctl, owner: owner.to_string(), faults, life, world, calls: CallCounter::default(), breaker })
+        Arc::new(FaultyStore { inner, ctl, owner: owner.to_string(), faults, life, world, calls: CallCounter::default(), breaker, previous_release })
+    }
+
+    /// A checkpoint as the release before partitions wrote it: the same, naming no partition (in its
+    /// body and in its metadata).
+    fn as_previous_release(key: &str, body: Bytes, meta: &BTreeMap<String, String>) -> (Bytes, BTreeMap<String, String>) {
+        let checkpoint = key.starts_with("jobs/") && key.ends_with("/checkpoint.json.zst");
+        let old = checkpoint.then(|| fleet_domain::codec::from_zstd_json::<fleet_domain::model::Checkpoint>(&body, 1 << 30).ok()).flatten();
+        let Some(mut cp) = old else { return (body, meta.clone()) };
+        cp.partition = None;
+        let body = Bytes::from(fleet_domain::codec::to_zstd_json(&cp).expect("a checkpoint serializes"));
+        (body, meta.iter().filter(|(k, _)| *k != "partition").map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 
     /// Asks the store a cheap question (as the breaker's probe does), reporting the answer.
@@ -409,6 +422,11 @@ impl FaultyStore {
         if matches!(fate, Fate::Fail) {
             return Err(Self::failed("PutObject"));
         }
+        // (Not a write whose answer is lost: the writer reads it back and compares it with what it
+        // sent, which the previous release sent without the partition.)
+        let previous = self.previous_release && !matches!(fate, Fate::Lost);
+        let (body, meta) = if previous { Self::as_previous_release(key, body, meta) } else { (body, meta.clone()) };
+        let meta = &meta;
         let mut out = self.inner.put_if(key, body.clone(), content_type, meta, cond).await?;
         if matches!(fate, Fate::Lost) {
             // The answer never came: the call policy tries again, and the retry meets the first write.

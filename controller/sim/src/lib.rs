@@ -92,6 +92,10 @@ pub struct Setup {
     pub triggers: bool,
     /// The visibility timeout of the results partitions and their dead-letter queues.
     pub results_visibility: Duration,
+    /// A rolling upgrade from the release before partitions (half the runs with faults): each
+    /// controller's first life writes its checkpoints as that release did, naming no partition, until
+    /// it is stopped and started again as this release, within the chaos.
+    pub upgrade: bool,
 }
 
 impl Setup {
@@ -117,7 +121,8 @@ impl Setup {
         // The results queues' visibility timeout (an operator may raise it): the provisioned 30 s at
         // the shipped defaults, else up to six times that (drawn apart).
         let results_visibility = if defaults { VISIBILITY } else { VISIBILITY * [1, 3, 6][ChaCha8Rng::seed_from_u64(seed ^ 0x0715_0715).random_range(0..3)] };
-        Setup { controllers: rng.random_range(1..=3), partitions: rng.random_range(1..=4), settings, defaults, calm, fifo, triggers, results_visibility }
+        let upgrade = !calm && ChaCha8Rng::seed_from_u64(seed ^ 0x0b50_0b50).random_bool(0.5);
+        Setup { controllers: rng.random_range(1..=3), partitions: rng.random_range(1..=4), settings, defaults, calm, fifo, triggers, results_visibility, upgrade }
     }
 
     fn lease(&self) -> Duration {
@@ -438,7 +443,7 @@ fn start_controller(seed: u64, idx: usize, slot: &Slot, setup: &Setup, world: &A
     let way = |q: Arc<MemoryQueue>| FaultyQueue::wrap(q, idx, faults.clone(), life.clone(), world.clone());
     let results = Sharded::of(queues.results.iter().map(|(q, _)| way(q.clone())).collect()).expect("at least one partition");
     let results_dlq = Sharded::of(queues.results.iter().map(|(_, d)| way(d.clone())).collect()).expect("at least one partition");
-    let faulty = FaultyStore::new(store.clone(), idx, owner, faults.clone(), life.clone(), world.clone());
+    let faulty = FaultyStore::new(store.clone(), idx, owner, faults.clone(), life.clone(), world.clone(), slot.upgrade_at.is_some());
     let deps = controller::Deps {
         results,
         work_dlq: way(queues.work_dlq.clone()),
@@ -588,6 +593,9 @@ struct Slot {
     restart_at: Option<Instant>,
     /// How long it stays down after a crash in the middle of a batch.
     mid_batch_down: Duration,
+    /// Its process runs the release before partitions (`Setup::upgrade`) until it is upgraded then
+    /// (stopped gracefully and started again as this release); its next life is this release anyway.
+    upgrade_at: Option<Duration>,
 }
 
 impl Slot {
@@ -596,6 +604,7 @@ impl Slot {
         if let Some(c) = self.ctl.take() {
             c.crash();
         }
+        self.upgrade_at = None;
         self.restart_at = Some(Instant::now() + down);
         world.fault_until(Instant::now() - world.start + down + lease * 2);
     }
@@ -629,7 +638,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
     let hostile = !opts.no_hostile && !setup.calm;
     let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, hostile, true, setup.fifo, setup.partitions).into_iter().map(Arc::new).collect();
     world.trace(format!(
-        "CHAOS setup: {} controllers, {} partitions, {}, lease {} s, settle {} s, abandon {} s, stall {} s, retention {} s{}, work queue {}, results visibility {} s{}, jobs: {}",
+        "CHAOS setup: {} controllers, {} partitions, {}, lease {} s, settle {} s, abandon {} s, stall {} s, retention {} s{}, work queue {}, results visibility {} s{}{}, jobs: {}",
         setup.controllers,
         setup.partitions,
         if setup.defaults { "shipped defaults" } else { "drawn settings" },
@@ -642,6 +651,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         queues.work.name(),
         setup.results_visibility.as_secs(),
         if setup.triggers { ", triggers" } else { "" },
+        if setup.upgrade { ", upgrade" } else { "" },
         jobs.iter()
             .map(|j| {
                 let groups = j.groups.map(|g| format!(" {g:?}")).unwrap_or_default();
@@ -668,6 +678,27 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
             plain.clone(),
             bus.clone(),
         )));
+    }
+    // With triggers, the scaling agent's watch too (the real agent, scaling nothing): it announces a
+    // queue that turns non-empty with nobody announcing it (a work item back after a lost delete, a
+    // dead letter moved by SQS), which parked listeners would otherwise see only at their hourly poll.
+    if let Some(bus) = &queues.bus {
+        let sharded = |qs: Vec<Arc<MemoryQueue>>| Sharded::of(qs.into_iter().map(|q| q as Arc<dyn Queue>).collect()).expect("at least one partition");
+        let watched = scaling_agent::Watched {
+            work: queues.work.clone(),
+            work_dlq: queues.work_dlq.clone(),
+            results: sharded(queues.results.iter().map(|(q, _)| q.clone()).collect()),
+            results_dlq: sharded(queues.results.iter().map(|(_, d)| d.clone()).collect()),
+        };
+        let deps = scaling_agent::Deps {
+            watched,
+            publish: Some(bus.clone() as Arc<dyn fleet_io::trigger::TriggerBus>),
+            subscription: Some(bus.subscription()),
+            backend: Arc::new(scaling_agent::backend::NoneBackend::new(2)),
+        };
+        fleet_tasks.push(tokio::spawn(async move {
+            let _ = scaling_agent::run(scaling_agent::Settings::DEFAULT, deps, CancellationToken::new()).await;
+        }));
     }
     for n in 0..2u64 {
         fleet::start_processor(n, fated.clone(), queues.work.clone(), queues.work_dlq.clone(), queues.partitions(), plain.clone(), bus.clone()).await;
@@ -704,6 +735,9 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
             generation: 0,
             restart_at: Some(Instant::now()),
             mid_batch_down: Duration::ZERO,
+            // Drawn apart, so that the rest of the schedule stays as it was.
+            upgrade_at: (setup.upgrade && i < setup.controllers)
+                .then(|| Duration::from_millis(ChaCha8Rng::seed_from_u64(seed ^ 0x0b50 ^ i as u64).random_range(1_000..CHAOS.as_millis() as u64))),
         }
     };
     for i in 0..setup.controllers {
@@ -732,6 +766,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                     world.trace(format!("PANIC ctl{i}: {why}"));
                 }
                 slot.restart_at = Some(now + Duration::from_secs(5));
+                slot.upgrade_at = None;
                 world.fault_until(elapsed + Duration::from_secs(5) + lease);
             }
             // A process that crashed in the middle of a batch (`Faults::crash_mid_batch`).
@@ -740,9 +775,17 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                 world.trace(format!("CHAOS ctl{i} back in {:.1} s as {}", down.as_secs_f64(), slot.owner));
                 slot.crash(down, &world, lease);
             }
+            // A rolling upgrade's step: the previous release stops gracefully and exits (started
+            // again as this release, above).
+            if slot.upgrade_at.is_some_and(|t| t <= elapsed) && slot.ctl.as_ref().is_some_and(|c| !c.stop.is_cancelled()) {
+                world.trace(format!("CHAOS ctl{i} is upgraded: stopped, to start again as this release"));
+                slot.ctl.as_ref().expect("checked").stop.cancel();
+                world.fault_until(elapsed + Duration::from_secs(setup.settings.drain_secs + 5) + lease * 2);
+            }
             if slot.restart_at.is_some_and(|t| t <= now) {
                 slot.restart_at = None;
-                world.trace(format!("CHAOS ctl{i} starts as {}", slot.owner));
+                let release = if slot.upgrade_at.is_some() { " (the release before partitions)" } else { "" };
+                world.trace(format!("CHAOS ctl{i} starts as {}{release}", slot.owner));
                 let s = seed ^ ((elapsed.as_millis() as u64) << 20) ^ i as u64;
                 slot.ctl = Some(start_controller(s, i, slot, &setup, &world, &store, &queues));
             }
@@ -845,6 +888,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                         Err(_) => world.trace(format!("CHAOS ctl{i} ({}) did not stop within its drain time", c.owner)),
                     }
                     slots[i].restart_at = Some(Instant::now() + down);
+                    slots[i].upgrade_at = None;
                     world.fault_until(elapsed + down + lease * 2);
                 }
                 9 if slots.len() < MAX_CONTROLLERS => {
@@ -875,6 +919,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
     violations.extend(check::group_order(&jobs, &world));
     let lateness = check::lateness(&jobs, &world, &setup);
     violations.extend(lateness.1);
+    violations.extend(check::early(&jobs, &world, &setup));
     if setup.calm {
         violations.extend(check::calm(&world));
     }

@@ -94,11 +94,23 @@ impl Aggregator {
                             if crate::undo::is(crate::undo::Fix::NewsFromCheckpoint) {
                                 job.heard(d.since);
                             }
-                            // Let go of with its partition, like a job its messages brought.
-                            if let Some(p) = job.partition().filter(|p| self.is_partition(*p)) {
-                                lock(&self.memory).partition.insert(job_id.clone(), p);
+                            if !self.loads_here(job.partition()) {
+                                // The scan saw a checkpoint naming no partition (written by a release
+                                // before partitions), the one just loaded names a partition another
+                                // controller reads (its messages came there since): left to that
+                                // reader, which finishes it. Kept here, its lease would shut that
+                                // reader out while this controller finished it without them.
+                                tracing::info!(job = %job_id, partition = ?job.partition(), "a dormant job is left to the reader of its partition");
+                                if let Err(e) = self.leases.release(&job_id, job.lease()).await {
+                                    tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
+                                }
+                            } else {
+                                // Let go of with its partition, like a job its messages brought.
+                                if let Some(p) = job.partition().filter(|p| self.is_partition(*p)) {
+                                    lock(&self.memory).partition.insert(job_id.clone(), p);
+                                }
+                                *loaded = Some(*job)
                             }
-                            *loaded = Some(*job)
                         }
                         // Finished (its finish cut short, or its purge not recorded).
                         Ok(Taken::Finished) => {

@@ -1274,6 +1274,43 @@ async fn a_dormant_job_is_left_to_the_reader_of_its_partition() {
     assert_eq!((r.status, r.transactions.processed), (JobStatus::Abandoned, 1));
 }
 
+/// A job whose checkpoint named no partition when B's scan saw it (written by a release before
+/// partitions) may be loaded by any controller; when the checkpoint B loads names a partition A reads
+/// (its messages came there since), B gives the job back to A at once instead of holding its lease.
+#[tokio::test(start_paused = true)]
+async fn a_dormant_job_that_turns_out_to_be_of_another_partition_is_given_back() {
+    let store = MemoryStore::new();
+    put_chunks(&store, "lg", 3).await;
+    let clock = Clock::driven(1_800_000_000_000);
+    let hour = Duration::from_secs(3600);
+    let old = Aggregator::with_clock(store.clone(), "old".into(), LEASE, clock);
+    let mut a = Aggregator::with_clock(store.clone(), "a".into(), LEASE, clock);
+    let mut b = Aggregator::with_clock(store.clone(), "b".into(), LEASE, clock);
+    for agg in [&mut a, &mut b] {
+        agg.set_partition_queue("billing-results", 0);
+        agg.set_partition_queue("billing-results-1", 1);
+    }
+    a.reading(0);
+    b.reading(1);
+    old.apply(Source::Results, keep(Source::Results, &[result("lg", 0, vec![acct("x", 1, 100, 1)])])).await;
+    assert_eq!(old.flush().await.len(), 1);
+    old.release_leases().await;
+    tokio::time::advance(Duration::from_secs(50 * 60)).await;
+    assert_eq!(b.scan_open().await.unwrap(), 1, "B knows the job as dormant, of no partition");
+    tokio::time::advance(Duration::from_secs(5 * 60)).await;
+    let saved = a.apply(Source::Results, keep(Source::Results, &[result("lg", 1, vec![acct("x", 1, 100, 1)])])).await.delete.len();
+    assert_eq!(saved + a.flush().await.len(), 1);
+    a.release_leases().await;
+    let progress = store.head(&checkpoint_key("lg")).await.unwrap().and_then(|m| Progress::from_meta(&m)).expect("a checkpoint");
+    assert_eq!(progress.partition, Some(0), "A's checkpoint names the partition");
+    tokio::time::advance(Duration::from_secs(6 * 60)).await;
+    b.expire(hour).await;
+    assert_eq!(b.open_jobs(), 0, "B gave the job back (it held its lease while A read its messages)");
+    assert!(report_of(&store, "lg").await.is_none());
+    let saved = a.apply(Source::Results, keep(Source::Results, &[result("lg", 2, vec![acct("x", 1, 100, 1)])])).await.delete.len();
+    assert_eq!(saved + a.flush().await.len(), 1, "A takes the job at once");
+}
+
 /// Sequence 4: a checkpoint write goes through but its answer is lost, and the retry meets the first
 /// write (412). That is this controller's own write, not another's: the job stays its own, the
 /// messages it covers are deleted, and the job finishes.
