@@ -290,9 +290,9 @@ pub fn lateness(jobs: &[Arc<JobPlan>], world: &World, setup: &Setup) -> (f64, Ve
     (worst, v)
 }
 
-/// No job finished by the expiry before its time: one that never sealed not before the abandon time
-/// has passed since the fleet last sent a message of it, one that stalled not before the stall time
-/// (less the controllers' clock skew, read through checkpoint times, and a second of their
+/// No job finished before its time: one that never sealed not before the abandon time has passed
+/// since the fleet last sent a message of it, one that stalled not before the stall time, one with a
+/// failed chunk not before the settle time (less the controllers' clock skew, read through checkpoint times, and a second of their
 /// precision). A controller that judged a job's quiet from a stale view (a scan's, before the job had
 /// news on another controller) finished it early, with results still to come.
 pub fn early(jobs: &[Arc<JobPlan>], world: &World, setup: &Setup) -> Vec<String> {
@@ -306,6 +306,8 @@ pub fn early(jobs: &[Arc<JobPlan>], world: &World, setup: &Setup) -> Vec<String>
         let quiet = match job.ending {
             Ending::DiedAfterManifest | Ending::DiedBeforeManifest => setup.settings.abandon_after,
             Ending::Sealed if job.chunks.iter().any(|c| c.fate == Fate::Lost) => setup.settings.stall_after,
+            // A failure stands once nothing came for the settle time.
+            Ending::Sealed if job.chunks.iter().any(|c| matches!(c.fate, Fate::Failed | Fate::Poison)) => setup.settings.settle_secs,
             _ => continue,
         };
         let due = sent + Duration::from_secs(quiet);

@@ -276,7 +276,15 @@ pub struct FaultyStore {
 }
 
 impl FaultyStore {
-    pub fn new(inner: Arc<MemoryStore>, ctl: usize, owner: &str, faults: Arc<Mutex<Faults>>, life: Life, world: Arc<World>, previous_release: bool) -> Arc<FaultyStore> {
+    pub fn new(
+        inner: Arc<MemoryStore>,
+        ctl: usize,
+        owner: &str,
+        faults: Arc<Mutex<Faults>>,
+        life: Life,
+        world: Arc<World>,
+        previous_release: bool,
+    ) -> Arc<FaultyStore> {
         let breaker = Breaker::new(Service::S3, BreakerPolicy::default());
         Arc::new(FaultyStore { inner, ctl, owner: owner.to_string(), faults, life, world, calls: CallCounter::default(), breaker, previous_release })
     }

@@ -106,6 +106,9 @@ pub struct ChunkPlan {
     pub group: Option<String>,
     /// (account, currency, amount, fee)
     pub rows: Vec<(String, &'static str, Decimal, Decimal)>,
+    /// A straggler: the processor that first bills it is stalled this long as it sends the result
+    /// (a slow or paused node), so the job has news minutes after its other chunks.
+    pub straggle: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -174,7 +177,7 @@ fn fate(rng: &mut ChaCha8Rng, hostile: bool, poison: bool, fifo: bool) -> Fate {
 
 /// The jobs of a run (grouped when the work queue is FIFO; without chunks that truly dead-letter
 /// unless `poison`).
-pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: bool, partitions: u16) -> Vec<JobPlan> {
+pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: bool, partitions: u16, stragglers: bool) -> Vec<JobPlan> {
     let n = rng.random_range(1..=4);
     (0..n)
         .map(|j| {
@@ -215,7 +218,14 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
                             (a, cur, amount, fee)
                         })
                         .collect();
-                    ChunkPlan { fate: fate(rng, hostile, poison, fifo), group, rows }
+                    // One chunk in ten straggles, in runs with faults (drawn apart, so that the rest
+                    // of the plan stays as it was).
+                    let mut own = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed ^ 0x57a6_0000 ^ ((j as u64) << 32) ^ c as u64);
+                    // Only a chunk that is billed: a late failure report past the settle time is
+                    // a failure all the same, and the job's end does not wait for it.
+                    let straggle = (stragglers && own.random_bool(0.1)).then(|| Duration::from_secs(own.random_range(60..=420)));
+                    let fate = fate(rng, hostile, poison, fifo);
+                    ChunkPlan { fate, group, rows, straggle: straggle.filter(|_| fate.billed()) }
                 })
                 .collect();
             let ending = match rng.random_range(0..20) {
@@ -434,6 +444,19 @@ impl FatedQueue {
         let chunks: Vec<(String, u32)> = msgs.iter().filter_map(|m| chunk_of(&m.body)).collect();
         let mut ahead = Vec::new();
         let (mut answer_lost, mut forge) = (false, None);
+        // A straggler's first send waits (its batch with it).
+        let straggle = chunks
+            .iter()
+            .filter_map(|(job, chunk)| Some((job, chunk, self.fated.jobs.get(job)?.chunks.get(*chunk as usize)?.straggle?)))
+            .filter(|(job, chunk, _)| self.fated.first(job, *chunk | 0x8000_0000))
+            .map(|(job, chunk, d)| {
+                self.fated.world.trace(format!("CHAOS processor stalled {:.0} s as it sends {job} chunk {chunk}'s result", d.as_secs_f64()));
+                d
+            })
+            .max();
+        if let Some(d) = straggle {
+            tokio::time::sleep(d).await;
+        }
         for (job, chunk) in &chunks {
             let Some((plan, fate)) = self.fated.fate(job, *chunk) else { continue };
             match fate {

@@ -122,7 +122,17 @@ impl Setup {
         // the shipped defaults, else up to six times that (drawn apart).
         let results_visibility = if defaults { VISIBILITY } else { VISIBILITY * [1, 3, 6][ChaCha8Rng::seed_from_u64(seed ^ 0x0715_0715).random_range(0..3)] };
         let upgrade = !calm && ChaCha8Rng::seed_from_u64(seed ^ 0x0b50_0b50).random_bool(0.5);
-        Setup { controllers: rng.random_range(1..=3), partitions: rng.random_range(1..=4), settings, defaults, calm, fifo, triggers, results_visibility, upgrade }
+        Setup {
+            controllers: rng.random_range(1..=3),
+            partitions: rng.random_range(1..=4),
+            settings,
+            defaults,
+            calm,
+            fifo,
+            triggers,
+            results_visibility,
+            upgrade,
+        }
     }
 
     fn lease(&self) -> Duration {
@@ -636,7 +646,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
     let queues = Arc::new(Queues::new(setup.fifo, setup.partitions, setup.triggers, setup.results_visibility));
     let lease = setup.lease();
     let hostile = !opts.no_hostile && !setup.calm;
-    let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, hostile, true, setup.fifo, setup.partitions).into_iter().map(Arc::new).collect();
+    let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, hostile, true, setup.fifo, setup.partitions, !setup.calm).into_iter().map(Arc::new).collect();
     world.trace(format!(
         "CHAOS setup: {} controllers, {} partitions, {}, lease {} s, settle {} s, abandon {} s, stall {} s, retention {} s{}, work queue {}, results visibility {} s{}{}, jobs: {}",
         setup.controllers,

@@ -7,8 +7,9 @@
 //! the controller started, or since the store answered again after an outage, at the earliest, so
 //! that a controller that was down (or could not reach S3) does not finish a job whose seal or results
 //! wait on its queue (or in its hold). A dormant job is loaded only by the reader of the results
-//! partition its checkpoint names (any controller loads one whose checkpoint names none), and a
-//! partition let go takes its dormant jobs with it.
+//! partition its checkpoint names (any controller loads one whose checkpoint names none, and gives it
+//! back at once if the checkpoint it loads names a partition read elsewhere), and a partition let go
+//! takes its dormant jobs with it.
 
 use std::sync::Arc;
 use std::time::Duration;
