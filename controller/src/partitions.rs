@@ -231,6 +231,11 @@ impl Ownership {
         self.written.is_some_and(|w| w.elapsed() < self.ttl * 2 / 3)
     }
 
+    /// When the membership stops being fresh (see [`Ownership::fresh`]), if it was ever written.
+    pub fn stale_at(&self) -> Option<Instant> {
+        self.written.map(|w| w + self.ttl * 2 / 3)
+    }
+
     /// The document as last read or written.
     pub fn table(&self) -> &Table {
         &self.last

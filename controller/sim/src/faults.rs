@@ -169,6 +169,8 @@ impl FaultyQueue {
         tokio::time::sleep(delay).await;
         self.life.check().await;
         unpaused(&self.faults).await;
+        // A process killed while it was paused (its stop's deadline passed) never resumes.
+        self.life.check().await;
         if fails {
             return Err(Error::Service { service: Service::Sqs, operation: op, detail: "simulated: InternalError".into(), retryable: true, source: None });
         }

@@ -229,7 +229,7 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
                 })
                 .collect();
             let ending = match rng.random_range(0..20) {
-                0 => Ending::DiedAfterManifest,
+                0 | 3 => Ending::DiedAfterManifest,
                 1 => Ending::DiedBeforeManifest,
                 2 => Ending::Abandoned,
                 _ => Ending::Sealed,
