@@ -394,9 +394,7 @@ async fn balance(own: &tokio::sync::Mutex<partitions::Ownership>, readers: &toki
     // its visibility timeout), so that the membership renewed before it stays valid meanwhile.
     let grace = own.ttl() / 2;
     if !own.fresh() && !readers.running.is_empty() && !undo::is(undo::Fix::StaleStopsReading) {
-        tracing::warn!(partitions = ?readers.running(), "partition ownership not renewed in time: reading none until it is");
-        events::PartitionsToStop { owner: &readers.owner, partitions: &readers.running() }.emit();
-        readers.stop_all(grace).await;
+        stop_stale(&mut readers, grace).await;
     }
     // The partitions a round says to stop are stopped at once, their listeners quiescing together
     // (one taken while this controller could not renew is read by its new owner already: one per
@@ -410,16 +408,16 @@ async fn balance(own: &tokio::sync::Mutex<partitions::Ownership>, readers: &toki
         let mut stopped = running.is_empty() || stale_at.is_none() || undo::is(undo::Fix::StaleStopsReading);
         let result = loop {
             tokio::select! {
-                r = &mut round => break r,
-                // A round that hangs (a read, then a write, each up to the store's call deadline)
-                // past the membership's freshness: reading stops then, not when the round gives up
-                // (found by the simulation, seed 369 with a fifth of its jobs dying: 67 s read on).
+                biased;
+                // The membership goes stale while the round hangs (a read, then a write, each up to
+                // the store's call deadline): reading stops then,
+                // not when the round gives up (a round that hung kept a controller reading on for
+                // 67 s in the simulation, seed 369).
                 _ = tokio::time::sleep_until(stale_at.unwrap_or_else(tokio::time::Instant::now)), if !stopped => {
                     stopped = true;
-                    tracing::warn!(partitions = ?running, "partition ownership not renewed in time (the round hangs): reading none until it is");
-                    events::PartitionsToStop { owner: &readers.owner, partitions: &running }.emit();
-                    readers.stop_all(grace).await;
+                    stop_stale(&mut readers, grace).await;
                 }
+                r = &mut round => break r,
             }
         };
         match result {
@@ -447,6 +445,13 @@ async fn balance(own: &tokio::sync::Mutex<partitions::Ownership>, readers: &toki
             }
         }
     }
+}
+
+/// The membership was not renewed in time: every partition stops (within `grace`) until it is.
+async fn stop_stale(readers: &mut Readers, grace: Duration) {
+    tracing::warn!(partitions = ?readers.running(), "partition ownership not renewed in time: reading none until it is");
+    events::PartitionsToStop { owner: &readers.owner, partitions: &readers.running() }.emit();
+    readers.stop_all(grace).await;
 }
 
 /// Hands what is held through a store outage for partition `p` (`None`: all) back to its queue, visible

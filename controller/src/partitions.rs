@@ -228,7 +228,7 @@ impl Ownership {
     /// Whether this controller may read its partitions: its membership was written less than two
     /// thirds of a lease ago (the rest is the margin for clock skew and slow calls).
     pub fn fresh(&self) -> bool {
-        self.written.is_some_and(|w| w.elapsed() < self.ttl * 2 / 3)
+        self.stale_at().is_some_and(|t| Instant::now() < t)
     }
 
     /// When the membership stops being fresh (see [`Ownership::fresh`]), if it was ever written.

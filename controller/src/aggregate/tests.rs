@@ -1240,6 +1240,20 @@ async fn news_on_another_controller_keeps_a_job_from_being_abandoned() {
     assert_eq!((r.status, r.transactions.processed), (JobStatus::Abandoned, 2));
 }
 
+/// Two controllers on one store: A reads results partition 0, B partition 1.
+fn readers_of_0_and_1(store: &Arc<MemoryStore>, clock: Clock) -> (Aggregator, Aggregator) {
+    let pair = ["a", "b"].map(|owner| {
+        let mut agg = Aggregator::with_clock(store.clone(), owner.into(), LEASE, clock);
+        agg.set_partition_queue("billing-results", 0);
+        agg.set_partition_queue("billing-results-1", 1);
+        agg
+    });
+    let [a, b] = pair;
+    a.reading(0);
+    b.reading(1);
+    (a, b)
+}
+
 /// A dormant job is loaded only by the reader of its partition, which its checkpoint names. Loaded by
 /// another controller, a sealed job whose last result waits in the partition's dead-letter queue
 /// never stalls, and its lease is renewed for ever while the owner hands that message back (found by
@@ -1250,14 +1264,7 @@ async fn a_dormant_job_is_left_to_the_reader_of_its_partition() {
     put_chunks(&store, "pd", 2).await;
     let clock = Clock::driven(1_800_000_000_000);
     let hour = Duration::from_secs(3600);
-    let mut a = Aggregator::with_clock(store.clone(), "a".into(), LEASE, clock);
-    let mut b = Aggregator::with_clock(store.clone(), "b".into(), LEASE, clock);
-    for agg in [&mut a, &mut b] {
-        agg.set_partition_queue("billing-results", 0);
-        agg.set_partition_queue("billing-results-1", 1);
-    }
-    a.reading(0);
-    b.reading(1);
+    let (a, b) = readers_of_0_and_1(&store, clock);
     a.apply(Source::Results, keep(Source::Results, &[result("pd", 0, vec![acct("x", 1, 100, 1)])])).await;
     assert_eq!(a.flush().await.len(), 1);
     let progress = store.head(&checkpoint_key("pd")).await.unwrap().and_then(|m| Progress::from_meta(&m)).expect("a checkpoint");
@@ -1284,14 +1291,7 @@ async fn a_dormant_job_that_turns_out_to_be_of_another_partition_is_given_back()
     let clock = Clock::driven(1_800_000_000_000);
     let hour = Duration::from_secs(3600);
     let old = Aggregator::with_clock(store.clone(), "old".into(), LEASE, clock);
-    let mut a = Aggregator::with_clock(store.clone(), "a".into(), LEASE, clock);
-    let mut b = Aggregator::with_clock(store.clone(), "b".into(), LEASE, clock);
-    for agg in [&mut a, &mut b] {
-        agg.set_partition_queue("billing-results", 0);
-        agg.set_partition_queue("billing-results-1", 1);
-    }
-    a.reading(0);
-    b.reading(1);
+    let (a, b) = readers_of_0_and_1(&store, clock);
     old.apply(Source::Results, keep(Source::Results, &[result("lg", 0, vec![acct("x", 1, 100, 1)])])).await;
     assert_eq!(old.flush().await.len(), 1);
     old.release_leases().await;
