@@ -245,7 +245,10 @@ async fn a_flood_of_forged_results_is_quarantined_and_the_real_job_stays_exact()
     for batch in forged.chunks(10) {
         s.results.send(batch.to_vec()).await.unwrap();
     }
-    let c = s.start_controller();
+    // A bomb fails its chunk until the chunk's real result replaces the failure, which the real
+    // processor sends seconds later: a job whose chunks are all failed is finished a settle time after
+    // its last news, so this controller settles for 60 s, not the tests' 3 s (CI once lost that race).
+    let c = s.start_controller_settling(60);
     // The forgeries are ahead of the real results: the processor starts once the controller had them.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let p = s.start_processor(fast_processor());

@@ -52,6 +52,9 @@ pub trait Fleet {
     fn start_processor(&self, settings: processor::Settings) -> Running;
     fn start_agent(&self) -> Running;
     fn start_controller(&self) -> Running;
+    /// A controller like [`Fleet::start_controller`]'s that finishes a job with failed chunks
+    /// `settle_secs` after its last news.
+    fn start_controller_settling(&self, settle_secs: u64) -> Running;
     /// What a controller of this stack talks to, following and publishing triggers until `stop`.
     fn controller_deps(&self, stop: &CancellationToken) -> controller::Deps;
     async fn submit(&self, files: &[PathBuf], chunk_size: u64) -> Submitted;
@@ -115,14 +118,18 @@ impl Fleet for Stack {
     /// A controller that follows triggers: idle, its listeners park after one empty 1 s poll and wake
     /// only on triggers (processors and the initiator announce what they put on its queues).
     fn start_controller(&self) -> Running {
+        // A job with failed chunks is finished 3 s after its last news (tests wait less than the 120 s default).
+        self.start_controller_settling(3)
+    }
+
+    fn start_controller_settling(&self, settle_secs: u64) -> Running {
         let stop = CancellationToken::new();
         let deps = self.controller_deps(&stop);
         let settings = controller::Settings {
             listener: fleet_engine::args::ListenerArgs::quick(),
             drain_secs: 10,
             id: Some(TEST_CONTROLLER.into()),
-            // A job with failed chunks is finished 3 s after its last news (tests wait less than the 120 s default).
-            settle_secs: 3,
+            settle_secs,
             ..Default::default()
         };
         let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
