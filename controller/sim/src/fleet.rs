@@ -109,6 +109,10 @@ pub struct ChunkPlan {
     /// A straggler: the processor that first bills it is stalled this long as it sends the result
     /// (a slow or paused node), so the job has news minutes after its other chunks.
     pub straggle: Option<Duration>,
+    /// Its real result's first send lands on its partition's results dead-letter queue (as SQS
+    /// moves a result that controllers received too often without deleting it), racing the job's
+    /// other results on the results queue.
+    pub dead_lettered: bool,
 }
 
 #[derive(Debug)]
@@ -224,8 +228,10 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
                     // Only a chunk that is billed: a late failure report past the settle time is
                     // a failure all the same, and the job's end does not wait for it.
                     let straggle = (stragglers && own.random_bool(0.1)).then(|| Duration::from_secs(own.random_range(60..=420)));
+                    // One in ten comes by the dead-letter queue (drawn after, for the same reason).
+                    let dead_lettered = stragglers && own.random_bool(0.1);
                     let fate = fate(rng, hostile, poison, fifo);
-                    ChunkPlan { fate, group, rows, straggle: straggle.filter(|_| fate.billed()) }
+                    ChunkPlan { fate, group, rows, straggle: straggle.filter(|_| fate.billed()), dead_lettered: dead_lettered && fate.billed() }
                 })
                 .collect();
             let ending = match rng.random_range(0..20) {
@@ -294,7 +300,7 @@ pub async fn initiate(
     opts.job_id = Some(job.id.clone());
     opts.chunk_size = job.chunk_rows().max(1);
     opts.grouping = job.grouping();
-    let way = |q: Arc<dyn Queue>| -> Arc<dyn Queue> { Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Initiator }) };
+    let way = |q: Arc<dyn Queue>| -> Arc<dyn Queue> { Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Initiator, dlq: None }) };
     let results = Sharded::of(results.into_iter().map(way).collect()).expect("at least one partition");
     let clients = Clients {
         work: way(work),
@@ -340,14 +346,16 @@ pub async fn start_processor(
     fated: Arc<Fated>,
     work: Arc<dyn Queue>,
     work_dlq: Arc<dyn Queue>,
-    results: Vec<Arc<dyn Queue>>,
+    results: Vec<(Arc<dyn Queue>, Arc<dyn Queue>)>,
     store: Arc<dyn BlobStore>,
     bus: Option<Arc<MemoryTriggers>>,
 ) {
-    let way = |q: Arc<dyn Queue>| -> Arc<dyn Queue> { Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Processor }) };
+    let way = |q: Arc<dyn Queue>, dlq: Option<Arc<dyn Queue>>| -> Arc<dyn Queue> {
+        Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Processor, dlq })
+    };
     let mut deps = processor::Deps::new(
-        way(work),
-        Sharded::of(results.into_iter().map(way).collect()).expect("at least one partition"),
+        way(work, None),
+        Sharded::of(results.into_iter().map(|(q, dlq)| way(q, Some(dlq))).collect()).expect("at least one partition"),
         Arc::new(FatedStore { inner: store, fated: fated.clone(), role: Role::Processor }),
     );
     deps.work_dlq = Some(work_dlq);
@@ -418,6 +426,8 @@ struct FatedQueue {
     inner: Arc<dyn Queue>,
     fated: Arc<Fated>,
     role: Role,
+    /// A results partition's dead-letter queue (see [`ChunkPlan::dead_lettered`]).
+    dlq: Option<Arc<dyn Queue>>,
 }
 
 impl FatedQueue {
@@ -477,7 +487,24 @@ impl FatedQueue {
             self.inner.send(ahead).await?;
             return Err(lost("SendMessageBatch"));
         }
-        let calls = self.inner.send_messages(msgs).await?;
+        // A dead-lettered chunk's first result goes to the dead-letter queue instead.
+        let (to_dlq, msgs): (Vec<Outgoing>, Vec<Outgoing>) = msgs.iter().cloned().partition(|m| {
+            chunk_of(&m.body).is_some_and(|(job, chunk)| {
+                self.fated.jobs.get(&job).and_then(|p| p.chunks.get(chunk as usize)).is_some_and(|c| c.dead_lettered)
+                    && self.dlq.is_some()
+                    && self.fated.first(&job, chunk | 0x4000_0000)
+            })
+        });
+        let mut calls = 0;
+        if let (Some(dlq), false) = (&self.dlq, to_dlq.is_empty()) {
+            for (job, chunk) in to_dlq.iter().filter_map(|m| chunk_of(&m.body)) {
+                self.fated.world.trace(format!("CHAOS {job} chunk {chunk}'s result is dead-lettered ({})", dlq.name()));
+            }
+            calls += dlq.send_messages(&to_dlq).await?;
+        }
+        if !msgs.is_empty() {
+            calls += self.inner.send_messages(&msgs).await?;
+        }
         if let Some(plan) = forge {
             self.inner.send(forgeries(&plan)).await?;
         }

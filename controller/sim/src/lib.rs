@@ -711,7 +711,8 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         }));
     }
     for n in 0..2u64 {
-        fleet::start_processor(n, fated.clone(), queues.work.clone(), queues.work_dlq.clone(), queues.partitions(), plain.clone(), bus.clone()).await;
+        let results = queues.results.iter().map(|(q, d)| (q.clone() as Arc<dyn Queue>, d.clone() as Arc<dyn Queue>)).collect();
+        fleet::start_processor(n, fated.clone(), queues.work.clone(), queues.work_dlq.clone(), results, plain.clone(), bus.clone()).await;
     }
     // The controllers, each with its own faults and clock.
     let max_skew = (lease.as_millis() / 10) as i64;
