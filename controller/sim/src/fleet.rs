@@ -349,6 +349,7 @@ pub async fn start_processor(
     results: Vec<(Arc<dyn Queue>, Arc<dyn Queue>)>,
     store: Arc<dyn BlobStore>,
     bus: Option<Arc<MemoryTriggers>>,
+    park_poll_secs: Option<u64>,
 ) {
     let way = |q: Arc<dyn Queue>, dlq: Option<Arc<dyn Queue>>| -> Arc<dyn Queue> {
         Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Processor, dlq })
@@ -363,6 +364,9 @@ pub async fn start_processor(
     deps.publish = bus.map(|b| b as Arc<dyn TriggerBus>);
     let mut settings = processor::Settings::default();
     settings.listener.http_addr = None;
+    if let Some(secs) = park_poll_secs {
+        settings.listener.park_poll_secs = secs;
+    }
     // Never stopped: the run's end drops the runtime with it.
     let stop = tokio_util::sync::CancellationToken::new();
     if let Err(e) = processor::start(&settings, deps, &stop).await {

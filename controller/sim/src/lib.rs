@@ -96,6 +96,11 @@ pub struct Setup {
     /// controller's first life writes its checkpoints as that release did, naming no partition, until
     /// it is stopped and started again as this release, within the chaos.
     pub upgrade: bool,
+    /// The scaling agent is down for the whole run (a crash loop, its node lost; a third of the runs
+    /// with faults and triggers): nobody announces what comes back on a queue unannounced, and the
+    /// controllers must finish their jobs without it. The processors, whose work items come back so
+    /// (a lost delete) and whom the agent exists to wake, look every 30 s while parked.
+    pub agent_down: bool,
 }
 
 impl Setup {
@@ -122,6 +127,7 @@ impl Setup {
         // the shipped defaults, else up to six times that (drawn apart).
         let results_visibility = if defaults { VISIBILITY } else { VISIBILITY * [1, 3, 6][ChaCha8Rng::seed_from_u64(seed ^ 0x0715_0715).random_range(0..3)] };
         let upgrade = !calm && ChaCha8Rng::seed_from_u64(seed ^ 0x0b50_0b50).random_bool(0.5);
+        let agent_down = triggers && !calm && ChaCha8Rng::seed_from_u64(seed ^ 0xa6e7_a6e7).random_bool(1.0 / 3.0);
         Setup {
             controllers: rng.random_range(1..=3),
             partitions: rng.random_range(1..=4),
@@ -132,6 +138,7 @@ impl Setup {
             triggers,
             results_visibility,
             upgrade,
+            agent_down,
         }
     }
 
@@ -648,7 +655,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
     let hostile = !opts.no_hostile && !setup.calm;
     let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, hostile, true, setup.fifo, setup.partitions, !setup.calm).into_iter().map(Arc::new).collect();
     world.trace(format!(
-        "CHAOS setup: {} controllers, {} partitions, {}, lease {} s, settle {} s, abandon {} s, stall {} s, retention {} s{}, work queue {}, results visibility {} s{}{}, jobs: {}",
+        "CHAOS setup: {} controllers, {} partitions, {}, lease {} s, settle {} s, abandon {} s, stall {} s, retention {} s{}, work queue {}, results visibility {} s{}{}{}, jobs: {}",
         setup.controllers,
         setup.partitions,
         if setup.defaults { "shipped defaults" } else { "drawn settings" },
@@ -662,6 +669,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         setup.results_visibility.as_secs(),
         if setup.triggers { ", triggers" } else { "" },
         if setup.upgrade { ", upgrade" } else { "" },
+        if setup.agent_down { ", agent down" } else { "" },
         jobs.iter()
             .map(|j| {
                 let groups = j.groups.map(|g| format!(" {g:?}")).unwrap_or_default();
@@ -692,7 +700,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
     // With triggers, the scaling agent's watch too (the real agent, scaling nothing): it announces a
     // queue that turns non-empty with nobody announcing it (a work item back after a lost delete, a
     // dead letter moved by SQS), which parked listeners would otherwise see only at their hourly poll.
-    if let Some(bus) = &queues.bus {
+    if let (Some(bus), false) = (&queues.bus, setup.agent_down) {
         let sharded = |qs: Vec<Arc<MemoryQueue>>| Sharded::of(qs.into_iter().map(|q| q as Arc<dyn Queue>).collect()).expect("at least one partition");
         let watched = scaling_agent::Watched {
             work: queues.work.clone(),
@@ -712,7 +720,8 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
     }
     for n in 0..2u64 {
         let results = queues.results.iter().map(|(q, d)| (q.clone() as Arc<dyn Queue>, d.clone() as Arc<dyn Queue>)).collect();
-        fleet::start_processor(n, fated.clone(), queues.work.clone(), queues.work_dlq.clone(), results, plain.clone(), bus.clone()).await;
+        let park_poll = setup.agent_down.then_some(30);
+        fleet::start_processor(n, fated.clone(), queues.work.clone(), queues.work_dlq.clone(), results, plain.clone(), bus.clone(), park_poll).await;
     }
     // The controllers, each with its own faults and clock.
     let max_skew = (lease.as_millis() / 10) as i64;
