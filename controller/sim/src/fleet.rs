@@ -341,16 +341,10 @@ pub async fn initiate(
 
 /// Starts processor `n` as the service does (`processor::start`: the listener engine and the real
 /// work handler), through ways to the queues and the store that act out each chunk's fate.
-pub async fn start_processor(
-    n: u64,
-    fated: Arc<Fated>,
-    work: Arc<dyn Queue>,
-    work_dlq: Arc<dyn Queue>,
-    results: Vec<(Arc<dyn Queue>, Arc<dyn Queue>)>,
-    store: Arc<dyn BlobStore>,
-    bus: Option<Arc<MemoryTriggers>>,
-    park_poll_secs: Option<u64>,
-) {
+pub async fn start_processor(n: u64, fated: Arc<Fated>, queues: &crate::Queues, store: Arc<dyn BlobStore>, park_poll_secs: Option<u64>) {
+    let (work, work_dlq, bus) = (queues.work.clone() as Arc<dyn Queue>, queues.work_dlq.clone() as Arc<dyn Queue>, queues.bus.clone());
+    let results: Vec<(Arc<dyn Queue>, Arc<dyn Queue>)> =
+        queues.results.iter().map(|(q, d)| (q.clone() as Arc<dyn Queue>, d.clone() as Arc<dyn Queue>)).collect();
     let way = |q: Arc<dyn Queue>, dlq: Option<Arc<dyn Queue>>| -> Arc<dyn Queue> {
         Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Processor, dlq })
     };

@@ -719,9 +719,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         }));
     }
     for n in 0..2u64 {
-        let results = queues.results.iter().map(|(q, d)| (q.clone() as Arc<dyn Queue>, d.clone() as Arc<dyn Queue>)).collect();
-        let park_poll = setup.agent_down.then_some(30);
-        fleet::start_processor(n, fated.clone(), queues.work.clone(), queues.work_dlq.clone(), results, plain.clone(), bus.clone(), park_poll).await;
+        fleet::start_processor(n, fated.clone(), &queues, plain.clone(), setup.agent_down.then_some(30)).await;
     }
     // The controllers, each with its own faults and clock.
     let max_skew = (lease.as_millis() / 10) as i64;
