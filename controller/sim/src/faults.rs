@@ -70,7 +70,9 @@ pub struct Faults {
     /// The controller is paused for this long as it next writes a report (between the checkpoint
     /// that commits a job's ending and the report), with the fault's margin after it: a peer may
     /// take the job over and load it while this one, resumed, finishes it under its feet.
-    pub pause_at_report: Option<(Duration, Duration)>,
+    /// With `true`, the pause ends early as a peer reads the job's checkpoint parts, whose read then
+    /// hangs while this one finishes the job and deletes them.
+    pub pause_at_report: Option<(Duration, Duration, bool)>,
     /// Its reads of checkpoint parts hang up to this long each (a large job's load is slow).
     pub slow_parts: Option<Duration>,
 }
@@ -114,12 +116,13 @@ impl Life {
     }
 }
 
-/// Waits while the controller is paused (SIGSTOP).
+/// Waits while the controller is paused (SIGSTOP), looking every second (a pause may end early:
+/// see `Faults::pause_at_report`).
 async fn unpaused(faults: &Mutex<Faults>) {
     loop {
         let until = fleet_io::lock(faults).paused_until;
         match until {
-            Some(t) if t > Instant::now() => tokio::time::sleep_until(t).await,
+            Some(t) if t > Instant::now() => tokio::time::sleep_until(t.min(Instant::now() + Duration::from_secs(1))).await,
             _ => return,
         }
     }
@@ -318,8 +321,12 @@ impl FaultyStore {
         unpaused(&self.faults).await;
         if op == "PutObject" && key.starts_with(fleet_domain::layout::WAREHOUSE_PREFIX) {
             let armed = fleet_io::lock(&self.faults).pause_at_report.take();
-            if let Some((d, margin)) = armed {
+            if let Some((d, margin, until_read)) = armed {
                 self.world.trace(format!("CHAOS ctl{} paused for {:.1} s as it writes {}", self.ctl, d.as_secs_f64(), short(key)));
+                let job = key[fleet_domain::layout::WAREHOUSE_PREFIX.len()..].split('/').next().unwrap_or_default();
+                if until_read {
+                    fleet_io::lock(&self.world.report_pauses).insert(job.to_string(), (self.ctl, self.faults.clone()));
+                }
                 let until = Instant::now() + d;
                 {
                     let mut f = fleet_io::lock(&self.faults);
@@ -328,6 +335,31 @@ impl FaultyStore {
                 }
                 self.world.fault_until(until - self.world.start + margin);
                 unpaused(&self.faults).await;
+            }
+        }
+        // A peer paused as it wrote this job's report resumes as this controller reads the job's
+        // checkpoint parts, and this read hangs while it finishes the job.
+        let mut resumed_peer = false;
+        if let Some(job) = (op == "GetObject")
+            .then(|| key.strip_prefix(fleet_domain::layout::JOBS_PREFIX))
+            .flatten()
+            .and_then(|k| k.split_once("/checkpoint/"))
+            .map(|(j, _)| j)
+        {
+            let paused = fleet_io::lock(&self.world.report_pauses).remove(job);
+            match paused {
+                Some((ctl, faults)) if ctl != self.ctl => {
+                    self.world.trace(format!("CHAOS ctl{ctl} resumes as ctl{} reads job {job}'s checkpoint parts", self.ctl));
+                    let mut f = fleet_io::lock(&faults);
+                    let now = Instant::now() + Duration::from_millis(100);
+                    f.paused_until = f.paused_until.map(|t| t.min(now));
+                    f.last_pause_end = f.paused_until;
+                    resumed_peer = true;
+                }
+                Some(mine) => {
+                    fleet_io::lock(&self.world.report_pauses).insert(job.to_string(), mine);
+                }
+                None => {}
             }
         }
         let cut_off = fleet_io::lock(&self.faults).cut_off_until.filter(|t| *t > Instant::now());
@@ -346,7 +378,9 @@ impl FaultyStore {
             let Rates { fail, hang, lost, list_fail, .. } = f.rates;
             let list_fails = op == "ListObjectsV2" && list_fail > 0.0 && f.list_rng.random_bool(list_fail);
             let slow_part = f.slow_parts.filter(|_| op == "GetObject" && key.contains("/checkpoint/"));
-            if let Some(most) = slow_part {
+            if resumed_peer {
+                Fate::Hang(Duration::from_secs(20))
+            } else if let Some(most) = slow_part {
                 let ms = f.list_rng.random_range(100..most.as_millis().max(101) as u64);
                 Fate::Hang(Duration::from_millis(ms))
             } else if r < fail || list_fails {

@@ -182,6 +182,9 @@ pub struct World {
     deleted: Mutex<std::collections::BTreeSet<String>>,
     /// Per job, the owners (process names) that wrote its lease or checkpoint.
     writers: Mutex<BTreeMap<String, std::collections::BTreeSet<String>>>,
+    /// Controllers paused as they wrote a job's report until a peer reads that job's checkpoint
+    /// parts (`Faults::pause_at_report`), by job.
+    pub(crate) report_pauses: Mutex<BTreeMap<String, (usize, Arc<Mutex<Faults>>)>>,
     echo: bool,
 }
 
@@ -642,6 +645,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         faults_end: Mutex::default(),
         readers: Mutex::default(),
         writers: Mutex::default(),
+        report_pauses: Mutex::default(),
         held: Mutex::default(),
         deleted: Mutex::default(),
         stops,
@@ -854,7 +858,15 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                             d.as_secs_f64(),
                             lease.as_secs_f64()
                         ));
-                        f.pause_at_report = Some((d, lease * 2));
+                        // Half of those last until a peer loads the job and reads its checkpoint parts
+                        // (at most a settle time and three leases): the peer's read hangs while the
+                        // resumed one finishes the job under it (drawn apart, like the rest).
+                        let until_read = ChaCha8Rng::seed_from_u64(seed ^ 0x7EAD_7EAD ^ elapsed.as_millis() as u64).random_bool(0.5);
+                        let d = if until_read { d.max(Duration::from_secs(setup.settings.settle_secs) + lease * 3) } else { d };
+                        if until_read {
+                            world.trace(format!("CHAOS ctl{i}'s pause at its next report lasts until a peer reads the job's checkpoint parts"));
+                        }
+                        f.pause_at_report = Some((d, lease * 2, until_read));
                     } else {
                         world.trace(format!("CHAOS ctl{i} paused for {:.1} s (lease {:.1} s)", d.as_secs_f64(), lease.as_secs_f64()));
                         f.paused_until = Some(Instant::now() + d);
