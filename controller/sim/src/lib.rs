@@ -152,6 +152,9 @@ impl Setup {
     }
 }
 
+/// A controller paused as it wrote a report: which, and its faults (to end the pause).
+pub(crate) type PausedAtReport = (usize, Arc<Mutex<Faults>>);
+
 /// What a run shares: its trace (every fault and store call, in order) and what the checks read.
 pub struct World {
     start: Instant,
@@ -184,7 +187,7 @@ pub struct World {
     writers: Mutex<BTreeMap<String, std::collections::BTreeSet<String>>>,
     /// Controllers paused as they wrote a job's report until a peer reads that job's checkpoint
     /// parts (`Faults::pause_at_report`), by job.
-    pub(crate) report_pauses: Mutex<BTreeMap<String, (usize, Arc<Mutex<Faults>>)>>,
+    pub(crate) report_pauses: Mutex<BTreeMap<String, PausedAtReport>>,
     echo: bool,
 }
 
