@@ -53,10 +53,13 @@ pub enum Fix {
     PurgeRecorded,
     /// A dormant job of a partition this controller does not read is left to the partition's owner (issue 43, found by the simulation).
     OwnersLoadDormant,
+    /// A dormant job whose checkpoint names no partition (the release before partitions wrote it)
+    /// takes its partition from its manifest (issue 43, found by the simulation).
+    PartitionFromManifest,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 22] = [
+    pub const ALL: [Fix; 23] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -79,6 +82,7 @@ impl Fix {
         Fix::StopAtOnce,
         Fix::PurgeRecorded,
         Fix::OwnersLoadDormant,
+        Fix::PartitionFromManifest,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -106,6 +110,7 @@ impl Fix {
             Fix::StopAtOnce => "stop-at-once",
             Fix::PurgeRecorded => "purge-recorded",
             Fix::OwnersLoadDormant => "owners-load-dormant",
+            Fix::PartitionFromManifest => "partition-from-manifest",
         }
     }
 
@@ -134,6 +139,7 @@ impl Fix {
             Fix::StopAtOnce => "partitions to stop all stopped at once",
             Fix::PurgeRecorded => "a finished job's purge recorded before its open marker goes",
             Fix::OwnersLoadDormant => "a dormant job loaded only by its partition's reader",
+            Fix::PartitionFromManifest => "a dormant job without a partition takes its manifest's",
         }
     }
 }

@@ -75,7 +75,13 @@ pub struct Faults {
     pub pause_at_report: Option<(Duration, Duration, bool)>,
     /// Its reads of checkpoint parts hang up to this long each (a large job's load is slow).
     pub slow_parts: Option<Duration>,
+    /// Its listings fail for [`LIST_BURST`] after it gains a partition (S3 throttling the prefix its
+    /// rescan lists): the jobs of the gained partition are loaded on what an earlier scan saw.
+    pub list_burst: bool,
 }
+
+/// How long listings fail after a gain, with `Faults::list_burst`.
+pub const LIST_BURST: Duration = Duration::from_secs(180);
 
 impl Faults {
     pub fn new(seed: u64, rates: Rates) -> Faults {
@@ -89,6 +95,7 @@ impl Faults {
             crash_mid_batch: false,
             pause_at_report: None,
             slow_parts: None,
+            list_burst: false,
         }
     }
 }
@@ -377,6 +384,12 @@ impl FaultyStore {
             let r: f64 = f.rng.random();
             let Rates { fail, hang, lost, list_fail, .. } = f.rates;
             let list_fails = op == "ListObjectsV2" && list_fail > 0.0 && f.list_rng.random_bool(list_fail);
+            let burst = op == "ListObjectsV2" && f.list_burst && fleet_io::lock(&self.world.stops.1).get(&self.owner).is_some_and(|t| t.elapsed() < LIST_BURST);
+            if burst {
+                let end = fleet_io::lock(&self.world.stops.1).get(&self.owner).map(|t| *t + LIST_BURST).unwrap_or_else(Instant::now);
+                self.world.fault_until(end - self.world.start);
+            }
+            let list_fails = list_fails || burst;
             let slow_part = f.slow_parts.filter(|_| op == "GetObject" && key.contains("/checkpoint/"));
             if resumed_peer {
                 Fate::Hang(Duration::from_secs(20))

@@ -753,6 +753,9 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
             faults: Arc::new(Mutex::new({
                 let mut f = Faults::new(seed.wrapping_mul(31).wrapping_add(i as u64), rates);
                 f.slow_parts = slow_parts;
+                // In half the runs with faults, its listings fail for a while after each gain
+                // (drawn apart).
+                f.list_burst = !setup.calm && ChaCha8Rng::seed_from_u64(seed ^ 0x11B5 ^ i as u64).random_bool(0.5);
                 f
             })),
             skew_ms,
@@ -825,6 +828,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                 f.crash_mid_batch = false;
                 f.pause_at_report = None;
                 f.slow_parts = None;
+                f.list_burst = false;
             }
         }
         if !calm && elapsed >= next {

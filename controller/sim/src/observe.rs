@@ -156,7 +156,11 @@ impl Readers {
 /// controller stops receiving from all of them at once, so that none is read a receive's wait after
 /// the round (the `stop-at-once` fix); one it starts reading again is taken off.
 #[derive(Clone, Default)]
-pub struct Stops(pub Arc<Mutex<std::collections::BTreeMap<(String, u16), tokio::time::Instant>>>);
+pub struct Stops(
+    pub Arc<Mutex<std::collections::BTreeMap<(String, u16), tokio::time::Instant>>>,
+    /// When each controller (by owner) last gained a partition.
+    pub Arc<Mutex<std::collections::BTreeMap<String, tokio::time::Instant>>>,
+);
 
 #[derive(Default)]
 struct PartitionEvent {
@@ -200,6 +204,7 @@ impl<S: Subscriber> Layer<S> for Stops {
         let mut stops = fleet_io::lock(&self.0);
         match (e.change.as_deref(), e.partition) {
             (Some("gained"), Some(p)) => {
+                fleet_io::lock(&self.1).insert(owner.clone(), tokio::time::Instant::now());
                 stops.remove(&(owner, p));
             }
             (None, _) => {

@@ -14,8 +14,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_domain::layout::{check_job_id, checkpoint_key, OPEN_PREFIX};
-use fleet_domain::model::Progress;
+use fleet_domain::layout::{check_job_id, checkpoint_key, manifest_key, MAX_MANIFEST_BYTES, OPEN_PREFIX};
+use fleet_domain::model::{Manifest, Progress};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
 use fleet_io::error::Result;
@@ -95,7 +95,24 @@ impl Aggregator {
                             if crate::undo::is(crate::undo::Fix::NewsFromCheckpoint) {
                                 job.heard(d.since);
                             }
-                            if !self.loads_here(job.partition()) {
+                            // A checkpoint naming no partition (written by the release before
+                            // partitions, before any message of the job came from one) says nothing
+                            // of where its messages travel; its manifest, written at submission, does.
+                            // Kept by a controller that does not read that partition, the job's lease
+                            // would shut the partition's reader out for good (seed 1630).
+                            let mut unknown = false;
+                            if job.partition().is_none() && !crate::undo::is(crate::undo::Fix::PartitionFromManifest) {
+                                match self.manifest_partition(&job_id, &mut ctl).await {
+                                    Ok(Some(p)) => job.travels_on(p),
+                                    Ok(None) => {}
+                                    Err(e) => {
+                                        tracing::warn!(job = %job_id, error = %e, "could not read the manifest of a dormant job for its partition; trying again later");
+                                        lock(&self.known).dormant.insert(job_id.clone(), d);
+                                        unknown = true;
+                                    }
+                                }
+                            }
+                            if unknown || !self.loads_here(job.partition()) {
                                 // The scan saw a checkpoint naming no partition (written by a release
                                 // before partitions), the one just loaded names a partition another
                                 // controller reads (its messages came there since): left to that
@@ -194,6 +211,14 @@ impl Aggregator {
             Some(p) if self.is_partition(p) => lock(&self.read).contains(&p),
             _ => true,
         }
+    }
+
+    /// The results partition the job's manifest records (0 from an initiator before partitions,
+    /// whose results go to the first partition's queue); `None` when there is no manifest to read.
+    async fn manifest_partition(&self, job_id: &str, ctl: &mut RequestCounts) -> Result<Option<u16>> {
+        ctl.add("s3.GetObject", 1);
+        let found = self.store.get_capped(&manifest_key(job_id), MAX_MANIFEST_BYTES).await?;
+        Ok(found.and_then(|b| serde_json::from_slice::<Manifest>(&b).ok()).filter(|m| m.job_id == job_id).map(|m| m.partition))
     }
 
     /// Results partition `p` is one of this controller's partition queues.

@@ -1311,6 +1311,34 @@ async fn a_dormant_job_that_turns_out_to_be_of_another_partition_is_given_back()
     assert_eq!(saved + a.flush().await.len(), 1, "A takes the job at once");
 }
 
+/// A dormant job whose checkpoint names no partition (the release before partitions wrote it, and no
+/// message of it came since) is of the partition its manifest records: a controller that does not
+/// read that partition gives it back instead of keeping it, its lease renewed for ever while the
+/// partition's reader hands its last result back (found by the simulation, seed 1630).
+#[tokio::test(start_paused = true)]
+async fn a_dormant_job_without_a_partition_takes_its_manifests() {
+    let store = MemoryStore::new();
+    put_chunks(&store, "pm", 2).await;
+    put_manifest(&store, &Manifest { partition: 0, ..manifest("pm", &[1, 1]) }).await;
+    let clock = Clock::driven(1_800_000_000_000);
+    let hour = Duration::from_secs(3600);
+    let old = Aggregator::with_clock(store.clone(), "old".into(), LEASE, clock);
+    old.apply(Source::Results, keep(Source::Results, &[result("pm", 0, vec![acct("x", 1, 100, 1)]), sealed("pm", 2)])).await;
+    assert_eq!(old.flush().await.len(), 2);
+    old.release_leases().await;
+    let progress = store.head(&checkpoint_key("pm")).await.unwrap().and_then(|m| Progress::from_meta(&m)).expect("a checkpoint");
+    assert_eq!(progress.partition, None, "the release before partitions names none");
+    let (a, b) = readers_of_0_and_1(&store, clock);
+    assert_eq!(b.scan_open().await.unwrap(), 1, "B knows the job as dormant, of no partition");
+    tokio::time::advance(Duration::from_secs(30 * 60)).await;
+    b.expire(hour).await;
+    assert_eq!(b.open_jobs(), 0, "B gave the job back: its manifest names partition 0, which A reads");
+    let saved = a.apply(Source::Results, keep(Source::Results, &[result("pm", 1, vec![acct("x", 1, 100, 1)])])).await.delete.len();
+    assert_eq!(saved + a.flush().await.len(), 1, "A takes the job at once");
+    let r = report_of(&store, "pm").await.expect("finished by A");
+    assert_eq!((r.status, r.transactions.processed), (JobStatus::Complete, 2));
+}
+
 /// Sequence 4: a checkpoint write goes through but its answer is lost, and the retry meets the first
 /// write (412). That is this controller's own write, not another's: the job stays its own, the
 /// messages it covers are deleted, and the job finishes.
