@@ -181,7 +181,7 @@ fn fate(rng: &mut ChaCha8Rng, hostile: bool, poison: bool, fifo: bool) -> Fate {
 
 /// The jobs of a run (grouped when the work queue is FIFO; without chunks that truly dead-letter
 /// unless `poison`).
-pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: bool, partitions: u16, stragglers: bool) -> Vec<JobPlan> {
+pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: bool, partitions: u16, stragglers: f64) -> Vec<JobPlan> {
     let n = rng.random_range(1..=4);
     (0..n)
         .map(|j| {
@@ -227,9 +227,9 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
                     let mut own = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed ^ 0x57a6_0000 ^ ((j as u64) << 32) ^ c as u64);
                     // Only a chunk that is billed: a late failure report past the settle time is
                     // a failure all the same, and the job's end does not wait for it.
-                    let straggle = (stragglers && own.random_bool(0.1)).then(|| Duration::from_secs(own.random_range(60..=420)));
+                    let straggle = (stragglers > 0.0 && own.random_bool(stragglers)).then(|| Duration::from_secs(own.random_range(60..=420)));
                     // One in ten comes by the dead-letter queue (drawn after, for the same reason).
-                    let dead_lettered = stragglers && own.random_bool(0.1);
+                    let dead_lettered = stragglers > 0.0 && own.random_bool(0.1);
                     let fate = fate(rng, hostile, poison, fifo);
                     ChunkPlan { fate, group, rows, straggle: straggle.filter(|_| fate.billed()), dead_lettered: dead_lettered && fate.billed() }
                 })
