@@ -7,9 +7,9 @@
 //! the controller started, or since the store answered again after an outage, at the earliest, so
 //! that a controller that was down (or could not reach S3) does not finish a job whose seal or results
 //! wait on its queue (or in its hold). A dormant job is loaded only by the reader of the results
-//! partition its checkpoint names (any controller loads one whose checkpoint names none, and gives it
-//! back at once if the checkpoint it loads names a partition read elsewhere), and a partition let go
-//! takes its dormant jobs with it.
+//! partition its checkpoint names (any controller loads one whose checkpoint names none, then takes
+//! the partition from the checkpoint it loaded or else from the job's manifest, and gives the job back
+//! at once if that partition is read elsewhere), and a partition let go takes its dormant jobs with it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,25 +100,32 @@ impl Aggregator {
                             // of where its messages travel; its manifest, written at submission, does.
                             // Kept by a controller that does not read that partition, the job's lease
                             // would shut the partition's reader out for good (seed 1630).
+                            // A manifest that cannot be read for good (too large, refused) is no
+                            // authority: the job is kept here, as one without a manifest is.
                             let mut unknown = false;
-                            if job.partition().is_none() && !crate::undo::is(crate::undo::Fix::PartitionFromManifest) {
+                            let partitioned = !self.partition_queues.is_empty();
+                            if partitioned && job.partition().is_none() && !crate::undo::is(crate::undo::Fix::PartitionFromManifest) {
                                 match self.manifest_partition(&job_id, &mut ctl).await {
                                     Ok(Some(p)) => job.travels_on(p),
                                     Ok(None) => {}
-                                    Err(e) => {
-                                        tracing::warn!(job = %job_id, error = %e, "could not read the manifest of a dormant job for its partition; trying again later");
+                                    Err(e) if e.is_retryable() => {
+                                        tracing::warn!(job = %job_id, error = %e, "could not read the manifest of a dormant job for its partition; given back until it can");
                                         lock(&self.known).dormant.insert(job_id.clone(), d);
                                         unknown = true;
+                                    }
+                                    Err(e) => {
+                                        tracing::warn!(job = %job_id, error = %e, "the manifest of a dormant job cannot be read; the job is kept here");
                                     }
                                 }
                             }
                             if unknown || !self.loads_here(job.partition()) {
-                                // The scan saw a checkpoint naming no partition (written by a release
-                                // before partitions), the one just loaded names a partition another
-                                // controller reads (its messages came there since): left to that
-                                // reader, which finishes it. Kept here, its lease would shut that
-                                // reader out while this controller finished it without them.
-                                tracing::info!(job = %job_id, partition = ?job.partition(), "a dormant job is left to the reader of its partition");
+                                // The checkpoint just loaded (or the manifest) names a partition
+                                // another controller reads: left to that reader, which finishes it.
+                                // Kept here, its lease would shut that reader out while this
+                                // controller finished it without them.
+                                if !unknown {
+                                    tracing::info!(job = %job_id, partition = ?job.partition(), "a dormant job is left to the reader of its partition");
+                                }
                                 if let Err(e) = self.leases.release(&job_id, job.lease()).await {
                                     tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
                                 }

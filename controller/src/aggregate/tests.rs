@@ -1339,6 +1339,24 @@ async fn a_dormant_job_without_a_partition_takes_its_manifests() {
     assert_eq!((r.status, r.transactions.processed), (JobStatus::Complete, 2));
 }
 
+/// The same job, its manifest naming the partition the loading controller reads: kept there.
+#[tokio::test(start_paused = true)]
+async fn a_dormant_job_without_a_partition_is_kept_where_its_manifests_partition_is_read() {
+    let store = MemoryStore::new();
+    put_chunks(&store, "pk", 2).await;
+    put_manifest(&store, &Manifest { partition: 1, ..manifest("pk", &[1, 1]) }).await;
+    let clock = Clock::driven(1_800_000_000_000);
+    let old = Aggregator::with_clock(store.clone(), "old".into(), LEASE, clock);
+    old.apply(Source::Results, keep(Source::Results, &[result("pk", 0, vec![acct("x", 1, 100, 1)]), sealed("pk", 2)])).await;
+    assert_eq!(old.flush().await.len(), 2);
+    old.release_leases().await;
+    let (_a, b) = readers_of_0_and_1(&store, clock);
+    assert_eq!(b.scan_open().await.unwrap(), 1);
+    tokio::time::advance(Duration::from_secs(30 * 60)).await;
+    b.expire(Duration::from_secs(3600)).await;
+    assert_eq!(b.open_jobs(), 1, "B reads partition 1, which the manifest names: the job stays with B");
+}
+
 /// Sequence 4: a checkpoint write goes through but its answer is lost, and the retry meets the first
 /// write (412). That is this controller's own write, not another's: the job stays its own, the
 /// messages it covers are deleted, and the job finishes.
