@@ -356,7 +356,7 @@ impl FaultyStore {
             let paused = fleet_io::lock(&self.world.report_pauses).remove(job);
             match paused {
                 Some((ctl, faults)) if ctl != self.ctl => {
-                    self.world.trace(format!("CHAOS ctl{ctl} resumes as ctl{} reads job {job}'s checkpoint parts", self.ctl));
+                    self.world.trace(format!("PAUSE ENDS ctl{ctl} resumes as ctl{} reads job {job}'s checkpoint parts", self.ctl));
                     let mut f = fleet_io::lock(&faults);
                     let now = Instant::now() + Duration::from_millis(100);
                     f.paused_until = f.paused_until.map(|t| t.min(now));

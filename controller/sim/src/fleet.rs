@@ -496,7 +496,7 @@ impl FatedQueue {
         let mut calls = 0;
         if let (Some(dlq), false) = (&self.dlq, to_dlq.is_empty()) {
             for (job, chunk) in to_dlq.iter().filter_map(|m| chunk_of(&m.body)) {
-                self.fated.world.trace(format!("CHAOS {job} chunk {chunk}'s result is dead-lettered ({})", dlq.name()));
+                self.fated.world.trace(format!("FATE {job} chunk {chunk}'s result is dead-lettered ({})", dlq.name()));
             }
             calls += dlq.send_messages(&to_dlq).await?;
         }

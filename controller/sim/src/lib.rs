@@ -916,6 +916,10 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                     c.stop.cancel();
                     let drain = Duration::from_secs(setup.settings.drain_secs) + Duration::from_secs(5);
                     let stopped = tokio::time::timeout(drain, c.task).await;
+                    // The stop took as long as the controller's own (unseeded) scheduling made it: the
+                    // schedule goes on from the loop's half-second grid, so that what follows replays.
+                    let took = Instant::now().saturating_duration_since(now).as_millis();
+                    tokio::time::sleep_until(now + Duration::from_millis(500 * took.div_ceil(500) as u64)).await;
                     c.life.end();
                     c.probe.abort();
                     // What a stop left invisible for longer than a visibility timeout (a receipt SQS
