@@ -1311,21 +1311,28 @@ async fn a_dormant_job_that_turns_out_to_be_of_another_partition_is_given_back()
     assert_eq!(saved + a.flush().await.len(), 1, "A takes the job at once");
 }
 
+/// A two-chunk job whose manifest names `partition`, chunk 0 and its seal checkpointed by a
+/// controller that reads no partitions (as the release before partitions did), its lease given back.
+async fn old_release_job(job: &str, partition: u16) -> (Arc<MemoryStore>, Clock) {
+    let store = MemoryStore::new();
+    put_chunks(&store, job, 2).await;
+    put_manifest(&store, &Manifest { partition, ..manifest(job, &[1, 1]) }).await;
+    let clock = Clock::driven(1_800_000_000_000);
+    let old = Aggregator::with_clock(store.clone(), "old".into(), LEASE, clock);
+    old.apply(Source::Results, keep(Source::Results, &[result(job, 0, vec![acct("x", 1, 100, 1)]), sealed(job, 2)])).await;
+    assert_eq!(old.flush().await.len(), 2);
+    old.release_leases().await;
+    (store, clock)
+}
+
 /// A dormant job whose checkpoint names no partition (the release before partitions wrote it, and no
 /// message of it came since) is of the partition its manifest records: a controller that does not
 /// read that partition gives it back instead of keeping it, its lease renewed for ever while the
 /// partition's reader hands its last result back (found by the simulation, seed 1630).
 #[tokio::test(start_paused = true)]
 async fn a_dormant_job_without_a_partition_takes_its_manifests() {
-    let store = MemoryStore::new();
-    put_chunks(&store, "pm", 2).await;
-    put_manifest(&store, &Manifest { partition: 0, ..manifest("pm", &[1, 1]) }).await;
-    let clock = Clock::driven(1_800_000_000_000);
+    let (store, clock) = old_release_job("pm", 0).await;
     let hour = Duration::from_secs(3600);
-    let old = Aggregator::with_clock(store.clone(), "old".into(), LEASE, clock);
-    old.apply(Source::Results, keep(Source::Results, &[result("pm", 0, vec![acct("x", 1, 100, 1)]), sealed("pm", 2)])).await;
-    assert_eq!(old.flush().await.len(), 2);
-    old.release_leases().await;
     let progress = store.head(&checkpoint_key("pm")).await.unwrap().and_then(|m| Progress::from_meta(&m)).expect("a checkpoint");
     assert_eq!(progress.partition, None, "the release before partitions names none");
     let (a, b) = readers_of_0_and_1(&store, clock);
@@ -1342,14 +1349,7 @@ async fn a_dormant_job_without_a_partition_takes_its_manifests() {
 /// The same job, its manifest naming the partition the loading controller reads: kept there.
 #[tokio::test(start_paused = true)]
 async fn a_dormant_job_without_a_partition_is_kept_where_its_manifests_partition_is_read() {
-    let store = MemoryStore::new();
-    put_chunks(&store, "pk", 2).await;
-    put_manifest(&store, &Manifest { partition: 1, ..manifest("pk", &[1, 1]) }).await;
-    let clock = Clock::driven(1_800_000_000_000);
-    let old = Aggregator::with_clock(store.clone(), "old".into(), LEASE, clock);
-    old.apply(Source::Results, keep(Source::Results, &[result("pk", 0, vec![acct("x", 1, 100, 1)]), sealed("pk", 2)])).await;
-    assert_eq!(old.flush().await.len(), 2);
-    old.release_leases().await;
+    let (store, clock) = old_release_job("pk", 1).await;
     let (_a, b) = readers_of_0_and_1(&store, clock);
     assert_eq!(b.scan_open().await.unwrap(), 1);
     tokio::time::advance(Duration::from_secs(30 * 60)).await;
