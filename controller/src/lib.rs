@@ -106,6 +106,11 @@ pub struct Settings {
 /// Default `--abandon-after`, seconds: two hours, above a parked listener's hourly safety poll.
 pub const DEFAULT_ABANDON_AFTER: u64 = 7200;
 
+/// How often the partitions of jobs waiting here for results are looked at (and how long a job has
+/// been quiet before its partition is): a receive per listener a minute while a job waits, instead
+/// of an hour's wait for a result that comes back unannounced.
+pub const WAITING_LOOK: Duration = Duration::from_secs(60);
+
 impl Settings {
     /// The timings the start check reads: these settings', the fleet's call deadline and the work
     /// queue's visibility timeout (when read).
@@ -709,6 +714,43 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tick.tick() => agg.extend_held(),
+                }
+            }
+        });
+    }
+    if !undo::is(undo::Fix::WaitingLooks) {
+        // A job waiting here for results: its partition's listeners look every minute, parked or
+        // not. What it waits for may come back unannounced (SQS moves a result to the dead-letter
+        // queue after its last receive; with the scaling agent down nobody announces it), and a
+        // parked listener would see it only at its safety poll, an hour later (found by the
+        // simulation, seed 608 with a quiet rolling upgrade and the agent down).
+        let (agg, readers, stop) = (agg.clone(), readers.clone(), shutdown.clone());
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval(WAITING_LOOK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => {
+                        let waiting = agg.waiting(WAITING_LOOK);
+                        if waiting == aggregate::Waiting::default() {
+                            continue;
+                        }
+                        // A balancing round under way (it may wait out a stop's grace) skips this look.
+                        let Ok(r) = readers.try_lock() else { continue };
+                        let engines: Vec<Engine> = r
+                            .running
+                            .iter()
+                            .filter(|(p, _)| waiting.any || waiting.partitions.contains(p))
+                            .flat_map(|(_, (e, _))| e.clone())
+                            .collect();
+                        drop(r);
+                        for e in engines {
+                            // Depth 0: the parked consumer looks once; no depth query, no new consumer.
+                            e.wake(Some(0)).await;
+                        }
+                    }
                 }
             }
         });

@@ -56,10 +56,13 @@ pub enum Fix {
     /// A dormant job whose checkpoint names no partition (the release before partitions wrote it)
     /// takes its partition from its manifest (issue 43, found by the simulation).
     PartitionFromManifest,
+    /// The partition of a job waiting in memory is looked at every minute, its listeners parked or
+    /// not (issue 43, found by the simulation).
+    WaitingLooks,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 23] = [
+    pub const ALL: [Fix; 24] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -83,6 +86,7 @@ impl Fix {
         Fix::PurgeRecorded,
         Fix::OwnersLoadDormant,
         Fix::PartitionFromManifest,
+        Fix::WaitingLooks,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -111,6 +115,7 @@ impl Fix {
             Fix::PurgeRecorded => "purge-recorded",
             Fix::OwnersLoadDormant => "owners-load-dormant",
             Fix::PartitionFromManifest => "partition-from-manifest",
+            Fix::WaitingLooks => "waiting-looks",
         }
     }
 
@@ -140,6 +145,7 @@ impl Fix {
             Fix::PurgeRecorded => "a finished job's purge recorded before its open marker goes",
             Fix::OwnersLoadDormant => "a dormant job loaded only by its partition's reader",
             Fix::PartitionFromManifest => "a dormant job without a partition takes its manifest's",
+            Fix::WaitingLooks => "a waiting job's partition looked at every minute",
         }
     }
 }

@@ -96,6 +96,11 @@ pub struct Setup {
     /// controller's first life writes its checkpoints as that release did, naming no partition, until
     /// it is stopped and started again as this release, within the chaos.
     pub upgrade: bool,
+    /// A quiet rolling upgrade (a third of the upgrades, with at least two controllers): no other
+    /// fault of the controllers while the releases change, only the fleet's stragglers and dead
+    /// letters. Other faults break the leases the upgrade's mistakes hold for ever (a job kept by a
+    /// controller that does not read its partition: `partition-from-manifest`), and hide them.
+    pub quiet: bool,
     /// The scaling agent is down for the whole run (a crash loop, its node lost; a third of the runs
     /// with faults and triggers): nobody announces what comes back on a queue unannounced, and the
     /// controllers must finish their jobs without it. The processors, whose work items come back so
@@ -127,9 +132,11 @@ impl Setup {
         // the shipped defaults, else up to six times that (drawn apart).
         let results_visibility = if defaults { VISIBILITY } else { VISIBILITY * [1, 3, 6][ChaCha8Rng::seed_from_u64(seed ^ 0x0715_0715).random_range(0..3)] };
         let upgrade = !calm && ChaCha8Rng::seed_from_u64(seed ^ 0x0b50_0b50).random_bool(0.5);
+        let quiet = upgrade && ChaCha8Rng::seed_from_u64(seed ^ 0x9017_9017).random_bool(1.0 / 3.0);
         let agent_down = triggers && !calm && ChaCha8Rng::seed_from_u64(seed ^ 0xa6e7_a6e7).random_bool(1.0 / 3.0);
+        let controllers = rng.random_range(1..=3);
         Setup {
-            controllers: rng.random_range(1..=3),
+            controllers: if quiet { controllers.max(2) } else { controllers },
             partitions: rng.random_range(1..=4),
             settings,
             defaults,
@@ -138,6 +145,7 @@ impl Setup {
             triggers,
             results_visibility,
             upgrade,
+            quiet,
             agent_down,
         }
     }
@@ -689,7 +697,11 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         queues.work.name(),
         setup.results_visibility.as_secs(),
         if setup.triggers { ", triggers" } else { "" },
-        if setup.upgrade { ", upgrade" } else { "" },
+        match (setup.upgrade, setup.quiet) {
+            (true, true) => ", quiet upgrade",
+            (true, false) => ", upgrade",
+            _ => "",
+        },
         if setup.agent_down { ", agent down" } else { "" },
         jobs.iter()
             .map(|j| {
@@ -746,7 +758,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
     let max_skew = (lease.as_millis() / 10) as i64;
     let mut slots: Vec<Slot> = Vec::new();
     let new_slot = |rng: &mut ChaCha8Rng, i: usize, world: &World| {
-        let rates = if setup.calm {
+        let rates = if setup.calm || setup.quiet {
             Rates { sqs_latency_ms: 150, ..Rates::default() }
         } else {
             Rates {
@@ -760,7 +772,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         };
         let skew_ms = rng.random_range(-max_skew..=max_skew);
         // In half the runs with faults, its reads of checkpoint parts are slow (drawn apart).
-        let slow_parts = (!setup.calm && ChaCha8Rng::seed_from_u64(seed ^ 0x5103 ^ i as u64).random_bool(0.5)).then(|| Duration::from_secs(20));
+        let slow_parts = (!setup.calm && !setup.quiet && ChaCha8Rng::seed_from_u64(seed ^ 0x5103 ^ i as u64).random_bool(0.5)).then(|| Duration::from_secs(20));
         world.trace(format!("CHAOS ctl{i} faults {rates:?}, clock skew {skew_ms} ms"));
         Slot {
             ctl: None,
@@ -769,7 +781,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                 f.slow_parts = slow_parts;
                 // In half the runs with faults, its listings fail for a while after each gain
                 // (drawn apart).
-                f.list_burst = !setup.calm && ChaCha8Rng::seed_from_u64(seed ^ 0x11B5 ^ i as u64).random_bool(0.5);
+                f.list_burst = !setup.calm && !setup.quiet && ChaCha8Rng::seed_from_u64(seed ^ 0x11B5 ^ i as u64).random_bool(0.5);
                 f
             })),
             skew_ms,
@@ -845,7 +857,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                 f.list_burst = false;
             }
         }
-        if !calm && elapsed >= next {
+        if !calm && !setup.quiet && elapsed >= next {
             next = elapsed + Duration::from_millis(rng.random_range(2_000..60_000));
             let i = rng.random_range(0..slots.len());
             match rng.random_range(0..13) {

@@ -198,6 +198,15 @@ struct InMemory {
     partition: BTreeMap<String, u16>,
 }
 
+/// Where jobs in memory wait for results (see [`Aggregator::waiting`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Waiting {
+    /// The partitions their messages travel on.
+    pub partitions: BTreeSet<u16>,
+    /// A job whose partition is not known (its checkpoint came from the release before partitions).
+    pub any: bool,
+}
+
 /// What this controller knows of jobs not in memory, under one lock.
 #[derive(Default)]
 struct Known {
@@ -695,6 +704,31 @@ impl Aggregator {
     /// Jobs in memory (being aggregated).
     pub fn open_jobs(&self) -> usize {
         lock(&self.memory).slots.values().filter(|s| s.try_lock().map_or(true, |j| j.is_some())).count()
+    }
+
+    /// The partitions of the jobs in memory that have had no news for `quiet` (all of them for a job
+    /// of no partition): what they wait for may come unannounced (a result SQS moved to a dead-letter
+    /// queue with the scaling agent down), so their listeners look now rather than at their safety
+    /// poll. A job being worked on is skipped.
+    pub fn waiting(&self, quiet: Duration) -> Waiting {
+        let now = Instant::now();
+        let floor = lock(&self.expiry).idle_floor;
+        let mut out = Waiting::default();
+        for (_, slot) in self.slots() {
+            let Ok(loaded) = slot.try_lock() else { continue };
+            match loaded.as_ref() {
+                Some(job) if job.is_open() && job.quiet_for(now, floor) >= quiet => {
+                    match lock(&self.memory).partition.get(job.id()).copied().or(job.partition()) {
+                        Some(p) => {
+                            out.partitions.insert(p);
+                        }
+                        None => out.any = true,
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
     }
 
     /// Messages applied in memory and waiting for a checkpoint.

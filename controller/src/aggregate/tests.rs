@@ -1664,3 +1664,28 @@ async fn a_batch_that_fails_after_its_partition_was_let_go_is_handed_back_not_he
     agg.apply(Source::Results, batch).await;
     assert_eq!(agg.held(None), 1, "read again: held through the outage");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_job_quiet_in_memory_names_its_partition_as_waiting() {
+    // A job in memory with a chunk still to come: once quiet for the look's time its partition is
+    // waiting (its listeners look, parked or not); news makes it not waiting again; finished, it is
+    // gone. A job of no known partition makes every partition waiting.
+    let (store, queue, done, agg) = partition_zero_fixture().await;
+    let quiet = Duration::from_secs(60);
+    queue.send(vec![result("s", 0, vec![acct("a", 1, 100, 1)]).body, sealed("s", 2).body]).await.unwrap();
+    let batch: Vec<_> = queue.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done.keep(d)).collect();
+    agg.apply(Source::Results, batch).await;
+    assert_eq!(agg.waiting(quiet), Waiting::default(), "news just came");
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(agg.waiting(quiet), Waiting { partitions: BTreeSet::from([0]), any: false });
+    // A job whose messages came from no partition's queue (the release before partitions).
+    put_manifest(&store.inner, &manifest("old", &[1, 1])).await;
+    agg.apply(Source::ResultsDeadLetter, keep(Source::ResultsDeadLetter, &[result("old", 0, vec![acct("b", 1, 100, 1)])])).await;
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert!(agg.waiting(quiet).any, "a job of no known partition: every partition looks");
+    queue.send(vec![result("s", 1, vec![acct("a", 1, 100, 1)]).body]).await.unwrap();
+    let batch: Vec<_> = queue.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done.keep(d)).collect();
+    agg.apply(Source::Results, batch).await;
+    assert!(report_of(&store.inner, "s").await.is_some(), "finished with its last chunk");
+    assert!(agg.waiting(quiet).partitions.is_empty(), "a finished job waits for nothing");
+}
