@@ -26,6 +26,8 @@ promtool check config "$scrape" && rm -f "$scrape"
 # The fix the LocalStack runs with (localstack/patches): an S3 upload that breaks off leaves the object whole.
 PYTHONPATH="$repo/localstack/patches" "${LOCALSTACK_VENV:-$HOME/.cache/billing-fleet/localstack-venv}/bin/python" "$repo/localstack/patches/check.py"
 phase() { echo "test.sh: $1 ($(( $(date +%s) - t0 )) s since the start)"; }
+# The warehouse's readers (pyarrow, DuckDB with httpfs; PyPI), for the test that reads its tables.
+"$repo/deploy/warehouse/venv.sh" >/dev/null
 phase "stack up"
 # A test that needs LocalStack or RabbitMQ fails here when they are missing (outside this script it skips).
 export FLEET_REQUIRE_STACK=1

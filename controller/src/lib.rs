@@ -114,7 +114,7 @@ pub const WAITING_LOOK: Duration = Duration::from_secs(60);
 impl Settings {
     /// The timings the start check reads: these settings', the fleet's call deadline and the work
     /// queue's visibility timeout (when read).
-    pub fn timings(&self, call_deadline: Duration, work_visibility: Option<Duration>) -> timings::Timings {
+    pub fn timings(&self, call_deadline: Duration, work_visibility: Option<Duration>, results_visibility: Option<Duration>) -> timings::Timings {
         timings::Timings {
             settle: Duration::from_secs(self.settle_secs),
             lease: Duration::from_secs(self.lease_secs),
@@ -123,6 +123,7 @@ impl Settings {
             receive_wait: Duration::from_secs(self.listener.receive_wait_secs),
             call_deadline,
             work_visibility,
+            results_visibility,
         }
     }
 }

@@ -5,9 +5,10 @@
 //! - **Settle** (`--settle-secs`): the longest a real result can be away from the job's owner is a
 //!   peer cut off from S3 holding it: the calls of one try under way when S3 stopped answering (a load,
 //!   a checkpoint and a finish: three call deadlines, `--call-deadline`), then its hold, which hands
-//!   back what it held after a lease (`--lease-secs`); and a result can come after its work item was
-//!   dead-lettered by up to a visibility timeout of the work queue. A job whose chunks are all in,
-//!   some failed, must wait longer than that before it is finished.
+//!   back what it held after a lease (`--lease-secs`); or a controller that received it and died,
+//!   until the results queue's visibility timeout brings it back, whichever is longer; and a result
+//!   can come after its work item was dead-lettered by up to a visibility timeout of the work queue.
+//!   A job whose chunks are all in, some failed, must wait longer than that before it is finished.
 //! - **Abandon** (`--abandon-after`): a seal sent while the controller's listeners are parked and no
 //!   trigger reaches them waits for their safety poll (`--park-poll-secs`) and a long poll
 //!   (`--receive-wait-secs`); a job must not be abandoned before its seal can be read.
@@ -26,6 +27,9 @@ pub struct Timings {
     pub call_deadline: Duration,
     /// The work queue's visibility timeout (`None`: not known; the provisioned 30 s is assumed).
     pub work_visibility: Option<Duration>,
+    /// The results queues' visibility timeout (the longest of the partitions'; `None`: not known,
+    /// the provisioned 30 s is assumed).
+    pub results_visibility: Option<Duration>,
 }
 
 /// Calls under way in one try of a job (its load, a checkpoint, its finish).
@@ -36,7 +40,8 @@ const PROVISIONED_VISIBILITY: Duration = Duration::from_secs(30);
 impl Timings {
     /// The least settle time these timings allow.
     pub fn least_settle(&self) -> Duration {
-        self.call_deadline * CALLS_PER_TRY + self.lease + self.work_visibility.unwrap_or(PROVISIONED_VISIBILITY)
+        let held = (self.call_deadline * CALLS_PER_TRY + self.lease).max(self.results_visibility.unwrap_or(PROVISIONED_VISIBILITY));
+        held + self.work_visibility.unwrap_or(PROVISIONED_VISIBILITY)
     }
 
     /// The least abandon time these timings allow (`None`: no bound, listeners never park blind).
@@ -51,11 +56,14 @@ impl Timings {
         let settle = self.least_settle();
         if self.settle < settle {
             broken.push(format!(
-                "--settle-secs {} is shorter than a real result can be away from its job: {CALLS_PER_TRY} x --call-deadline {} + --lease-secs {} + the work queue's visibility timeout {}{}; \
+                "--settle-secs {} is shorter than a real result can be away from its job: the longer of {CALLS_PER_TRY} x --call-deadline {} + --lease-secs {} \
+                 and the results queue's visibility timeout {}{}, plus the work queue's visibility timeout {}{}; \
                  a job with a failed chunk could be finished before that chunk's real result reaches it: use --settle-secs {} or more",
                 secs(self.settle),
                 secs(self.call_deadline),
                 secs(self.lease),
+                secs(self.results_visibility.unwrap_or(PROVISIONED_VISIBILITY)),
+                if self.results_visibility.is_none() { " (assumed: not read)" } else { "" },
                 secs(self.work_visibility.unwrap_or(PROVISIONED_VISIBILITY)),
                 if self.work_visibility.is_none() { " (assumed: not read)" } else { "" },
                 settle.as_secs_f64().ceil()
@@ -94,6 +102,7 @@ mod tests {
             receive_wait: Duration::from_secs(20),
             call_deadline: Duration::from_secs(30),
             work_visibility: Some(Duration::from_secs(30)),
+            results_visibility: Some(Duration::from_secs(30)),
         }
     }
 
@@ -112,6 +121,15 @@ mod tests {
         assert_eq!(e.len(), 1);
         assert!(e[0].contains("--settle-secs 120") && e[0].contains("--call-deadline 30") && e[0].contains("--lease-secs 30"), "{}", e[0]);
         assert!(e[0].contains("use --settle-secs 150 or more"), "{}", e[0]);
+    }
+
+    #[test]
+    fn a_settle_shorter_than_the_results_visibility_is_refused() {
+        // A result received by a controller that died comes back after the results queue's
+        // visibility timeout (found by the simulation, seed 299: 180 s against a settle of 136 s).
+        let t = Timings { results_visibility: Some(Duration::from_secs(180)), ..shipped() };
+        let e = t.check().unwrap_err();
+        assert!(e[0].contains("the results queue's visibility timeout 180") && e[0].contains("use --settle-secs 210 or more"), "{}", e[0]);
     }
 
     #[test]

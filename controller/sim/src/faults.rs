@@ -485,11 +485,14 @@ impl FaultyStore {
         let (body, meta) = if previous { Self::as_previous_release(key, body, meta) } else { (body, meta.clone()) };
         let meta = &meta;
         let mut out = self.inner.put_if(key, body.clone(), content_type, meta, cond).await?;
+        let written = out.is_some();
         if matches!(fate, Fate::Lost) {
             // The answer never came: the call policy tries again, and the retry meets the first write.
             out = self.inner.put_if(key, body.clone(), content_type, meta, cond).await?;
         }
-        if out.is_some() {
+        // A write whose answer was lost wrote all the same (seed 381: a lease so written made its
+        // writer one of the job's two, and its later conclusion that the other owned the job right).
+        if written || out.is_some() {
             // Who wrote a job's lease or checkpoint (only a writer can fence another).
             let job = key
                 .strip_prefix("leases/")

@@ -231,7 +231,12 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
                     // One in ten comes by the dead-letter queue (drawn after, for the same reason).
                     let dead_lettered = stragglers > 0.0 && own.random_bool(0.1);
                     let fate = fate(rng, hostile, poison, fifo);
-                    ChunkPlan { fate, group, rows, straggle: straggle.filter(|_| fate.billed()), dead_lettered: dead_lettered && fate.billed() }
+                    // Not one with a failure report ahead: its real result, dead-lettered after the
+                    // receives of controllers that could not take it, may come after the settle time,
+                    // which bounds how long a live or crashed peer holds a result, not that; the job
+                    // may then end partial by design, which the oracle cannot tell.
+                    let dead_lettered = dead_lettered && fate.billed() && fate != Fate::FailedFirst;
+                    ChunkPlan { fate, group, rows, straggle: straggle.filter(|_| fate.billed()), dead_lettered }
                 })
                 .collect();
             let ending = match rng.random_range(0..20) {

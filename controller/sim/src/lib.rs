@@ -118,9 +118,12 @@ impl Setup {
         let fifo = ChaCha8Rng::seed_from_u64(seed ^ 0xf1f0_f1f0).random_bool(1.0 / 3.0);
         let mut settings = controller::Settings::default();
         settings.listener.http_addr = None;
+        // The results queues' visibility timeout (an operator may raise it): the provisioned 30 s at
+        // the shipped defaults, else up to six times that (drawn apart).
+        let results_visibility = if defaults { VISIBILITY } else { VISIBILITY * [1, 3, 6][ChaCha8Rng::seed_from_u64(seed ^ 0x0715_0715).random_range(0..3)] };
         if !defaults {
             settings.lease_secs = rng.random_range(10..=60);
-            let t = settings.timings(CALL_DEADLINE, Some(VISIBILITY));
+            let t = settings.timings(CALL_DEADLINE, Some(VISIBILITY), Some(results_visibility));
             settings.settle_secs = t.least_settle().as_secs() + rng.random_range(0..=120);
             settings.abandon_after = t.least_abandon().map_or(600, |d| d.as_secs()) + rng.random_range(0..=1800);
             settings.stall_after = rng.random_range(600..=3600);
@@ -128,9 +131,6 @@ impl Setup {
             settings.drain_secs = rng.random_range(10..=30);
         }
         let triggers = opts.triggers && ChaCha8Rng::seed_from_u64(seed ^ 0x7419_7419).random_bool(0.5);
-        // The results queues' visibility timeout (an operator may raise it): the provisioned 30 s at
-        // the shipped defaults, else up to six times that (drawn apart).
-        let results_visibility = if defaults { VISIBILITY } else { VISIBILITY * [1, 3, 6][ChaCha8Rng::seed_from_u64(seed ^ 0x0715_0715).random_range(0..3)] };
         let upgrade = !calm && ChaCha8Rng::seed_from_u64(seed ^ 0x0b50_0b50).random_bool(0.5);
         let quiet = upgrade && ChaCha8Rng::seed_from_u64(seed ^ 0x9017_9017).random_bool(1.0 / 3.0);
         let agent_down = triggers && !calm && ChaCha8Rng::seed_from_u64(seed ^ 0xa6e7_a6e7).random_bool(1.0 / 3.0);

@@ -117,7 +117,7 @@ impl Aggregator {
             // The finish's calls, counted once, with the commit that decides it.
             let mut calls = RequestCounts::default();
             calls.add("s3.GetObject", u64::from(read)); // the manifest
-            calls.add("s3.PutObject", 3); // report, accounts.csv, checkpoint
+            calls.add("s3.PutObject", 5); // report, accounts.csv, the two tables' objects, checkpoint
             calls.add("s3.DeleteObject", 1); // the open marker
             calls.add("sqs.DeleteMessageBatch", delete_calls(job.unsaved().iter()));
             if job.parts() > 0 {
@@ -133,7 +133,8 @@ impl Aggregator {
         r.requests.set_cost(&self.prices, manifest.submitted);
         r.status = decision.status;
         r.note = decision.note.clone();
-        r.finished_at = self.clock.rfc3339();
+        // The time the ending was committed, whoever writes it (a takeover writes the same).
+        r.finished_at = decision.at.clone();
         if r.transactions.processed.checked_add(r.transactions.failed) != Some(r.transactions.accepted) {
             tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
                 "accepted != processed + failed: the results disagree with the manifest");
@@ -144,11 +145,13 @@ impl Aggregator {
         if crate::undo::is(crate::undo::Fix::ReportOnce) || store.head(&report_key(&job_id)).await?.is_none() {
             if r.accounts.len() <= IN_MEMORY_ACCOUNTS {
                 store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
+                write_tables(store, &r).await?;
                 let json = Bytes::from(report::to_json(&r)?);
                 let cond = if crate::undo::is(crate::undo::Fix::ReportOnce) { fleet_io::blob::Cond::Any } else { fleet_io::blob::Cond::Absent };
                 store.put_if(&report_key(&job_id), json, "application/json", &Default::default(), &cond).await?;
             } else {
                 put_through_file(store, &accounts_key(&job_id), "text/csv", |w| report::write_accounts_csv(&r, w)).await?;
+                write_tables(store, &r).await?;
                 put_through_file(store, &report_key(&job_id), "application/json", |w| report::write_json(&r, w).map_err(std::io::Error::from)).await?;
             }
         }
@@ -188,6 +191,34 @@ impl Aggregator {
         Ok(r.status)
     }
 }
+
+/// Writes the job's rows to the warehouse tables (see `fleet_warehouse`): each object created only if
+/// absent, under the day of the committed ending, so that a finish tried again, or two controllers
+/// finishing the job, leave one object per table. Written before `report.json`, which says the job's
+/// warehouse objects are whole: a finish cut short between them is completed by the next one.
+async fn write_tables<A: report::AccountRows>(store: &dyn BlobStore, r: &report::Report<A>) -> Result<()> {
+    let encoded = fleet_warehouse::billed_on(r)
+        .and_then(|day| fleet_warehouse::Table::ALL.iter().map(|t| Ok((t.key(&day, &r.job_id), t.encode(r)?))).collect::<fleet_warehouse::Result<Vec<_>>>());
+    let objects = match encoded {
+        Ok(o) => o,
+        // Our own report's values (money at two places, our clock's times): never expected. The
+        // report is still written; `initiator warehouse backfill` writes the rows once mended.
+        Err(e) => {
+            tracing::error!(job = %r.job_id, error = %e, "the job's warehouse rows cannot be encoded; its report is written without them");
+            return Ok(());
+        }
+    };
+    for (key, body) in objects {
+        let created = store.put_if(&key, Bytes::from(body), PARQUET, &Default::default(), &fleet_io::blob::Cond::Absent).await?;
+        if created.is_none() {
+            tracing::debug!(job = %r.job_id, %key, "the table's object was there already (a finish tried again)");
+        }
+    }
+    Ok(())
+}
+
+/// The media type of a Parquet object.
+const PARQUET: &str = "application/vnd.apache.parquet";
 
 /// Up to this many accounts, a report and its accounts.csv are made in memory; a larger job's go
 /// through a temporary file each (`report.json` of a million accounts is about 135 MB).

@@ -46,6 +46,9 @@ pub(super) struct Decision {
     pub(super) status: JobStatus,
     pub(super) failed: Vec<FailedChunk>,
     pub(super) note: Option<String>,
+    /// When it was decided (RFC 3339, the aggregator's clock): committed with it, so that every
+    /// writer of the job's report and warehouse rows dates them alike.
+    pub(super) at: String,
 }
 
 /// What a checkpoint written commits (see [`Job::plan`]).
@@ -126,7 +129,8 @@ impl Job {
     pub(super) fn resume(mut cp: Checkpoint, totals: CheckedTotals, etag: String, lease: Lease, clock: Clock, unsaved: Unsaved) -> Job {
         let news = Clock::instant_ago(clock.since_rfc3339(&cp.updated_at));
         let phase = if cp.finishing {
-            Phase::Ending(Decision { status: cp.status, failed: std::mem::take(&mut cp.failed_chunks), note: cp.note.take() })
+            let at = cp.ended_at.clone().unwrap_or_else(|| cp.updated_at.clone());
+            Phase::Ending(Decision { status: cp.status, failed: std::mem::take(&mut cp.failed_chunks), note: cp.note.take(), at })
         } else {
             Phase::Open { abandon: None, stall: None }
         };
@@ -461,7 +465,10 @@ impl Job {
         let (abandon, stall) = match &self.phase {
             Phase::Open { abandon, stall } => (abandon, stall),
             Phase::Ending(d) => return d.clone(),
-            Phase::Finished(status) => return Decision { status: *status, failed: self.cp.failed_chunks.clone(), note: self.cp.note.clone() },
+            Phase::Finished(status) => {
+                let at = self.cp.ended_at.clone().unwrap_or_else(|| self.cp.updated_at.clone());
+                return Decision { status: *status, failed: self.cp.failed_chunks.clone(), note: self.cp.note.clone(), at };
+            }
         };
         let placeholder = manifest.created_at.is_empty();
         let mut failed = self.cp.failed_chunks.clone();
@@ -491,7 +498,7 @@ impl Job {
             (None, true) => JobStatus::Complete,
             (None, false) => JobStatus::Partial,
         };
-        Decision { status, failed, note }
+        Decision { status, failed, note, at: self.clock.rfc3339() }
     }
 
     /// Plans the checkpoint that commits `commit`, with `calls` counted in it (the calls the commit
@@ -506,12 +513,14 @@ impl Job {
             (Commit::Progress | Commit::Finished, Phase::Ending(d)) => {
                 doc.failed_chunks = d.failed.clone();
                 doc.note = d.note.clone();
+                doc.ended_at = Some(d.at.clone());
                 let finished = matches!(commit, Commit::Finished);
                 (d.status, !finished, if finished { Rows::Drop } else { Rows::Keep })
             }
             (Commit::Ending(d), Phase::Open { .. }) => {
                 doc.failed_chunks = d.failed.clone();
                 doc.note = d.note.clone();
+                doc.ended_at = Some(d.at.clone());
                 (d.status, true, Rows::Keep)
             }
             (Commit::Quarantined, Phase::Open { .. } | Phase::Ending(_)) => {
@@ -546,7 +555,7 @@ impl Job {
                 let Phase::Ending(d) = std::mem::replace(&mut self.phase, Phase::Finished(JobStatus::Running)) else {
                     unreachable!("only an ending job finishes")
                 };
-                (self.cp.status, self.cp.failed_chunks, self.cp.note) = (d.status, d.failed, d.note);
+                (self.cp.status, self.cp.failed_chunks, self.cp.note, self.cp.ended_at) = (d.status, d.failed, d.note, Some(d.at));
                 self.phase = Phase::Finished(d.status);
             }
             Commit::Quarantined => {
@@ -578,6 +587,7 @@ pub(super) fn fresh_checkpoint(job_id: &str, clock: &Clock) -> Checkpoint {
         finishing: false,
         note: None,
         partition: None,
+        ended_at: None,
     }
 }
 

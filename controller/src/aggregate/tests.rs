@@ -1585,7 +1585,7 @@ async fn results_for_jobs_nobody_submitted_make_nothing_and_are_quarantined() {
     let dead = agg.apply(Source::ResultsDeadLetter, keep(Source::ResultsDeadLetter, &forged[..5])).await;
     assert_eq!(dead.delete.len(), 5, "from the dead-letter queue at once");
     assert_eq!(agg.open_jobs(), 0);
-    for prefix in ["leases/", "jobs/", "open/", "warehouse/"] {
+    for prefix in ["leases/", "jobs/", "open/", "warehouse/", "tables/"] {
         assert!(store.list(prefix, 10).await.unwrap().is_empty(), "nothing under {prefix}");
     }
     assert_eq!(quarantined_of(&store, "forged7").await.len(), 1);
@@ -1688,4 +1688,35 @@ async fn a_job_quiet_in_memory_names_its_partition_as_waiting() {
     agg.apply(Source::Results, batch).await;
     assert!(report_of(&store.inner, "s").await.is_some(), "finished with its last chunk");
     assert!(agg.waiting(quiet).partitions.is_empty(), "a finished job waits for nothing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_finish_completed_by_another_controller_after_midnight_files_the_rows_under_the_committed_day() {
+    // The job's ending is committed at 23:59 on one controller, whose write of the accounts table
+    // fails; another controller, its clock a day on, finishes it: the tables' objects are filed under
+    // the committed day, once each, and the report says the committed time.
+    let broken = BrokenStore::new("tables/accounts/");
+    let store = broken.inner.clone();
+    put_manifest(&store, &manifest("mid", &[1, 1])).await;
+    let epoch = 1_795_823_940_000; // 2026-11-27T23:59:00Z
+    let mut first = Aggregator::with_clock(broken.clone(), "c1".into(), Duration::from_secs(30), crate::clock::Clock::driven(epoch));
+    first.set_settle(Duration::ZERO);
+    let msgs = [result("mid", 0, vec![acct("a", 1, 100, 1)]), result("mid", 1, vec![acct("b", 1, 250, 2)]), sealed("mid", 2)];
+    first.apply(Source::Results, keep(Source::Results, &msgs)).await;
+    assert!(report_of(&store, "mid").await.is_none(), "the accounts table could not be written: no report yet");
+    assert!(store.list("tables/", 10).await.unwrap().is_empty());
+    let cp: Checkpoint = from_zstd_json(&store.get(&checkpoint_key("mid")).await.unwrap().unwrap(), 1 << 20).unwrap();
+    assert!(cp.finishing, "the ending is committed");
+    assert_eq!(cp.ended_at.as_deref(), Some("2026-11-27T23:59:00Z"));
+    drop(first);
+
+    let mut second = Aggregator::with_clock(store.clone(), "c2".into(), Duration::from_secs(30), crate::clock::Clock::driven(epoch + 86_400_000));
+    second.set_settle(Duration::ZERO);
+    second.apply(Source::Results, keep(Source::Results, &[sealed("mid", 2)])).await;
+    let r = report_of(&store, "mid").await.expect("the second controller writes the report");
+    assert_eq!(r.finished_at, "2026-11-27T23:59:00Z", "the committed time, not the writer's clock");
+    assert_eq!(store.list("tables/", 10).await.unwrap(), ["tables/accounts/billed_on=2026-11-27/mid.parquet", "tables/jobs/billed_on=2026-11-27/mid.parquet"]);
+    // Finished again (a late duplicate, a controller that missed the end): still one object each.
+    second.apply(Source::Results, keep(Source::Results, &[sealed("mid", 2)])).await;
+    assert_eq!(store.list("tables/", 10).await.unwrap().len(), 2);
 }

@@ -46,7 +46,17 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
             None
         }
     };
-    if let Err(broken) = cli.settings.timings(cli.fleet.call_policy().deadline, visibility).check() {
+    // And the results queues' (the longest of the partitions' and their dead-letter queues').
+    let mut results_visibility = None;
+    for q in [results.as_ref(), results_dlq.as_ref()] {
+        match q.info().await {
+            Ok(i) => results_visibility = results_visibility.max(Some(i.visibility_timeout)),
+            Err(e) => {
+                tracing::warn!(queue = q.name(), error = %e, "could not read a results queue's visibility timeout; the timings check assumes the provisioned one")
+            }
+        }
+    }
+    if let Err(broken) = cli.settings.timings(cli.fleet.call_policy().deadline, visibility, results_visibility).check() {
         if !cli.settings.unchecked_timings {
             anyhow::bail!("the controller's timings do not agree:\n  {}\n(--unchecked-timings starts anyway, for test rigs)", broken.join("\n  "));
         }

@@ -243,6 +243,11 @@ pub struct Checkpoint {
     /// partition's owner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<u16>,
+    /// When the job's ending was committed (RFC 3339): the report's `finished_at` and the day its
+    /// warehouse rows are filed under, the same whoever writes them (absent before the ending, and
+    /// in checkpoints written before it was kept: then `updated_at` stands in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
 }
 
 /// One object of a checkpoint's totals (`jobs/{job}/checkpoint/...`): zstd CSV rows.

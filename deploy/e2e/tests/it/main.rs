@@ -24,3 +24,4 @@ mod status_page;
 mod traces;
 mod trigger;
 mod wakeup;
+mod warehouse;
