@@ -202,7 +202,8 @@ async fn write_tables<A: report::AccountRows>(store: &dyn BlobStore, r: &report:
     let objects = match encoded {
         Ok(o) => o,
         // Our own report's values (money at two places, our clock's times): never expected. The
-        // report is still written; `initiator warehouse backfill` writes the rows once mended.
+        // report is still written (it, not the tables, is the job's answer); the error names the job
+        // and the value, for whoever writes its rows from the report.
         Err(e) => {
             tracing::error!(job = %r.job_id, error = %e, "the job's warehouse rows cannot be encoded; its report is written without them");
             return Ok(());

@@ -129,7 +129,7 @@ impl Job {
     pub(super) fn resume(mut cp: Checkpoint, totals: CheckedTotals, etag: String, lease: Lease, clock: Clock, unsaved: Unsaved) -> Job {
         let news = Clock::instant_ago(clock.since_rfc3339(&cp.updated_at));
         let phase = if cp.finishing {
-            let at = cp.ended_at.clone().unwrap_or_else(|| cp.updated_at.clone());
+            let at = cp.ending_time().to_string();
             Phase::Ending(Decision { status: cp.status, failed: std::mem::take(&mut cp.failed_chunks), note: cp.note.take(), at })
         } else {
             Phase::Open { abandon: None, stall: None }
@@ -466,8 +466,7 @@ impl Job {
             Phase::Open { abandon, stall } => (abandon, stall),
             Phase::Ending(d) => return d.clone(),
             Phase::Finished(status) => {
-                let at = self.cp.ended_at.clone().unwrap_or_else(|| self.cp.updated_at.clone());
-                return Decision { status: *status, failed: self.cp.failed_chunks.clone(), note: self.cp.note.clone(), at };
+                return Decision { status: *status, failed: self.cp.failed_chunks.clone(), note: self.cp.note.clone(), at: self.cp.ending_time().to_string() }
             }
         };
         let placeholder = manifest.created_at.is_empty();

@@ -714,17 +714,16 @@ impl Aggregator {
         let now = Instant::now();
         let floor = lock(&self.expiry).idle_floor;
         let mut out = Waiting::default();
+        let partition = lock(&self.memory).partition.clone();
         for (_, slot) in self.slots() {
             let Ok(loaded) = slot.try_lock() else { continue };
             match loaded.as_ref() {
-                Some(job) if job.is_open() && job.quiet_for(now, floor) >= quiet => {
-                    match lock(&self.memory).partition.get(job.id()).copied().or(job.partition()) {
-                        Some(p) => {
-                            out.partitions.insert(p);
-                        }
-                        None => out.any = true,
+                Some(job) if job.is_open() && job.quiet_for(now, floor) >= quiet => match partition.get(job.id()).copied().or(job.partition()) {
+                    Some(p) => {
+                        out.partitions.insert(p);
                     }
-                }
+                    None => out.any = true,
+                },
                 _ => {}
             }
         }

@@ -250,6 +250,14 @@ pub struct Checkpoint {
     pub ended_at: Option<String>,
 }
 
+impl Checkpoint {
+    /// When the job's ending was committed: `ended_at`, or `updated_at` in a checkpoint written
+    /// before it was kept (the ending's commit was its last write then).
+    pub fn ending_time(&self) -> &str {
+        self.ended_at.as_deref().unwrap_or(&self.updated_at)
+    }
+}
+
 /// One object of a checkpoint's totals (`jobs/{job}/checkpoint/...`): zstd CSV rows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointPart {
