@@ -3,7 +3,7 @@
 # (deploy/local.sh), with a freshly started controller so that its peak memory and counters are the
 # job's own. Prints wall time (submit -> report), the controller's peak RSS (VmHWM), checkpoint
 # objects and bytes it wrote (its "controller stopped" log line), SQS+S3 requests per 1,000
-# transactions, and whether the totals equal those of `initiator local` over the same files.
+# transactions, the warehouse tables' objects (size against accounts.csv, encode time), and whether the totals equal those of `initiator local` over the same files.
 #
 #   deploy/bench-scale.sh [big|accounts|both] [CHUNK_SIZE]     defaults: both, chunks of 5000
 #
@@ -51,11 +51,20 @@ scenario() {
   local hwm; hwm=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
   stop_controller
   local stopped; stopped=$(tail -n +"$((log_from + 1))" "$run/controller.log" | grep "controller stopped" | tail -n 1)
-  python3 - "$run/scale-$name-local.json" "$run/scale-$name-fleet.json" "$t0" "$t1" "$t3" "$hwm" "$stopped" <<'PY'
+  local tables; tables=$(tail -n +"$((log_from + 1))" "$run/controller.log" | grep "warehouse tables written" | tail -n 1)
+  # The job's objects as stored (LocalStack answers an unsigned HEAD): accounts.csv and the two tables'.
+  local job day sizes=""
+  job=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["job_id"])' "$run/scale-$name-fleet.json")
+  day=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["finished_at"][:10])' "$run/scale-$name-fleet.json")
+  for key in "warehouse/$job/accounts.csv" "tables/accounts/billed_on=$day/$job.parquet" "tables/jobs/billed_on=$day/$job.parquet"; do
+    sizes="$sizes $(curl -sfI "$AWS_ENDPOINT_URL/${FLEET_BUCKET:-billing-fleet}/$key" | awk 'tolower($1)=="content-length:" {print $2+0}')"
+  done
+  python3 - "$run/scale-$name-local.json" "$run/scale-$name-fleet.json" "$t0" "$t1" "$t3" "$hwm" "$stopped" "$tables" "$sizes" <<'PY'
 import json, re, sys
 local, fleet = (json.load(open(p)) for p in sys.argv[1:3])
 t0, t1, t3 = map(float, sys.argv[3:6])
-hwm_kib, stopped = int(sys.argv[6]), sys.argv[7]
+hwm_kib, stopped, tables = int(sys.argv[6]), sys.argv[7], sys.argv[8]
+sizes = [int(x) for x in sys.argv[9].split()] + [0, 0, 0]
 field = lambda k: int(re.search(k + r"=(\d+)", stopped).group(1)) if re.search(k + r"=(\d+)", stopped) else -1
 n = fleet["transactions"]["processed"]
 req = fleet["requests"]
@@ -68,6 +77,9 @@ print(f"controller peak RSS     {hwm_kib / 1024:8.1f} MiB")
 print(f"checkpoint writes       {field('checkpoint_writes'):8d}     ({field('full_parts')} base parts, {field('delta_parts')} change parts)")
 print(f"checkpoint bytes        {field('checkpoint_bytes') / 1e6:8.2f} MB")
 print(f"SQS+S3 requests         {total:8d}     {total * 1000 / n:8.3f} per 1,000 transactions")
+csv_b, acc_b, jobs_b = sizes[:3]
+enc = re.search(r"encode_ms=(\d+)", tables)
+print(f"warehouse tables        accounts {acc_b / 1e6:.2f} MB ({acc_b / max(csv_b, 1):.0%} of accounts.csv's {csv_b / 1e6:.2f} MB), jobs {jobs_b:,} B, encoded in {int(enc.group(1)) if enc else -1} ms")
 print(f"totals identical        {'yes' if same else 'NO'}")
 sys.exit(0 if same else 1)
 PY

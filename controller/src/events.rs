@@ -209,12 +209,14 @@ impl PartitionChanged<'_> {
 pub struct PartitionsToStop<'a> {
     pub owner: &'a str,
     pub partitions: &'a BTreeSet<u16>,
+    /// Because the membership went stale (not renewed in time), not by a round's plan.
+    pub stale: bool,
 }
 
 impl PartitionsToStop<'_> {
     pub fn emit(&self) {
         let partitions: Vec<u16> = self.partitions.iter().copied().collect();
-        tracing::info!(target: PARTITIONS_TARGET, owner = self.owner, partitions = ?partitions, "stopping results partitions");
+        tracing::info!(target: PARTITIONS_TARGET, owner = self.owner, partitions = ?partitions, stale = self.stale, "stopping results partitions");
     }
 }
 

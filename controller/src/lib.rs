@@ -428,7 +428,7 @@ async fn balance(own: &tokio::sync::Mutex<partitions::Ownership>, readers: &toki
         };
         match result {
             Ok(plan) if !plan.stop.is_empty() => {
-                events::PartitionsToStop { owner: &readers.owner, partitions: &plan.stop }.emit();
+                events::PartitionsToStop { owner: &readers.owner, partitions: &plan.stop, stale: false }.emit();
                 if undo::is(undo::Fix::StopAtOnce) {
                     if let Some(p) = plan.stop.first() {
                         readers.stop(*p, grace).await;
@@ -456,7 +456,7 @@ async fn balance(own: &tokio::sync::Mutex<partitions::Ownership>, readers: &toki
 /// The membership was not renewed in time: every partition stops (within `grace`) until it is.
 async fn stop_stale(readers: &mut Readers, grace: Duration) {
     tracing::warn!(partitions = ?readers.running(), "partition ownership not renewed in time: reading none until it is");
-    events::PartitionsToStop { owner: &readers.owner, partitions: &readers.running() }.emit();
+    events::PartitionsToStop { owner: &readers.owner, partitions: &readers.running(), stale: true }.emit();
     readers.stop_all(grace).await;
 }
 
@@ -653,15 +653,14 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
     let tracker = TaskTracker::new();
     {
         let (own, readers, stop) = (own.clone(), readers.clone(), shutdown.clone());
-        let every = own.lock().await.interval();
         tracker.spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
             loop {
+                // When is the ownership's to say: an interval after the last round, sooner after
+                // one that failed.
+                let next = own.lock().await.next_round_at();
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tick.tick() => tokio::select! {
+                    _ = tokio::time::sleep_until(next) => tokio::select! {
                         _ = stop.cancelled() => return,
                         () = balance(&own, &readers, false) => {}
                     },

@@ -207,11 +207,13 @@ pub struct Ownership {
     written: Option<Instant>,
     /// The last document read or written, for the status page and the balancing tests.
     last: Table,
+    /// When the last round began, and whether it failed (see [`Ownership::next_round_at`]).
+    attempt: Option<(Instant, bool)>,
 }
 
 impl Ownership {
     pub fn new(store: Arc<dyn BlobStore>, me: String, ttl: Duration, count: u16, clock: Clock) -> Ownership {
-        Ownership { store, me, ttl, count, clock, written: None, last: Table::default() }
+        Ownership { store, me, ttl, count, clock, written: None, last: Table::default(), attempt: None }
     }
 
     /// The lease time (a membership runs out this long after its last renewal).
@@ -223,6 +225,24 @@ impl Ownership {
     /// out; a dead controller's partitions are free one lease time after its last renewal).
     pub fn interval(&self) -> Duration {
         self.ttl / 3
+    }
+
+    /// When to balance next: an interval after the last round; after one that failed, a twelfth of
+    /// a lease later, or sooner so that three more rounds fit before the membership goes stale (one
+    /// failed S3 call, say a 503, must not make it stale: at an interval of a third of a lease, the
+    /// next round would begin just as it goes stale, and a peer take the partitions at its end; a
+    /// controller whose calls failed one in twenty lost and asked back a partition every 20-30 s in
+    /// the simulation, seed 1852; and a hand-over's stop may take half a lease of the two thirds,
+    /// seed 1132).
+    pub fn next_round_at(&self) -> Instant {
+        match self.attempt {
+            None => Instant::now(),
+            Some((at, true)) if !crate::undo::is(crate::undo::Fix::RoundRetriedSoon) => {
+                let left = self.stale_at().map_or(Duration::MAX, |s| s.saturating_duration_since(at));
+                at + (self.ttl / 12).min(left / 3).max(Duration::from_millis(250))
+            }
+            Some((at, _)) => at + self.interval(),
+        }
     }
 
     /// Whether this controller may read its partitions: its membership was written less than two
@@ -246,6 +266,13 @@ impl Ownership {
     /// and calls again (on the way out nothing is written before). A write that loses a race is
     /// planned again from what the other controller wrote.
     pub async fn round(&mut self, running: &BTreeSet<u16>, leaving: bool) -> Result<Plan> {
+        let at = Instant::now();
+        let result = self.round_once(running, leaving).await;
+        self.attempt = Some((at, result.is_err()));
+        result
+    }
+
+    async fn round_once(&mut self, running: &BTreeSet<u16>, leaving: bool) -> Result<Plan> {
         for _ in 0..5 {
             let (table, cond) = match self.store.get_tagged(PARTITIONS_KEY).await? {
                 None => (Table::default(), Cond::Absent),
@@ -534,6 +561,60 @@ mod tests {
         let seeds: u64 = std::env::var("FLEET_PARTITION_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
         let failed: Vec<String> = (0..seeds).filter_map(|s| simulate(s).err()).collect();
         assert!(failed.is_empty(), "{} of {seeds} seeds failed; first: {}", failed.len(), failed[0]);
+    }
+
+    /// A store whose next `failing` reads fail (an S3 503 each).
+    struct Flaky {
+        inner: Arc<fleet_io::memory::MemoryStore>,
+        failing: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl BlobStore for Flaky {
+        fn bucket(&self) -> &str {
+            "flaky"
+        }
+        async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+            self.inner.put_if(key, body, content_type, meta, cond).await
+        }
+        async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+            let fail = self.failing.fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+            if fail {
+                let service = fleet_io::error::Service::S3;
+                return Err(fleet_io::Error::Service { service, operation: "GetObject", detail: "503 SlowDown".into(), retryable: true, source: None });
+            }
+            self.inner.get_tagged(key).await
+        }
+        async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+            self.inner.head(key).await
+        }
+        async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+            self.inner.list(prefix, limit).await
+        }
+        async fn delete(&self, key: &str) -> Result<()> {
+            self.inner.delete(key).await
+        }
+        fn calls(&self) -> &fleet_io::call::CallCounter {
+            self.inner.calls()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_rounds_are_tried_again_before_the_membership_goes_stale() {
+        let store = Arc::new(Flaky { inner: fleet_io::memory::MemoryStore::new(), failing: 0.into() });
+        let mut a = Ownership::new(store.clone(), "a".into(), TTL, 2, Clock::System);
+        assert!(a.next_round_at() <= Instant::now(), "the first round at once");
+        a.round(&none(), false).await.unwrap();
+        assert_eq!(a.next_round_at(), Instant::now() + a.interval());
+        // Three rounds in a row fail; the fourth renews the membership before it goes stale.
+        store.failing.store(3, std::sync::atomic::Ordering::SeqCst);
+        for round in 1..=4 {
+            tokio::time::sleep_until(a.next_round_at()).await;
+            assert!(a.fresh(), "stale before round {round}");
+            assert_eq!(a.round(&none(), false).await.is_ok(), round == 4);
+        }
+        assert!(a.fresh());
+        assert_eq!(a.table().owned_by("a").len(), 2);
     }
 
     #[tokio::test]

@@ -59,10 +59,13 @@ pub enum Fix {
     /// The partition of a job waiting in memory is looked at every minute, its listeners parked or
     /// not (issue 43, found by the simulation).
     WaitingLooks,
+    /// A failed balancing round is tried again a twelfth of a lease later, not an interval later
+    /// (issue 43, found by the simulation).
+    RoundRetriedSoon,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 24] = [
+    pub const ALL: [Fix; 25] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -87,6 +90,7 @@ impl Fix {
         Fix::OwnersLoadDormant,
         Fix::PartitionFromManifest,
         Fix::WaitingLooks,
+        Fix::RoundRetriedSoon,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -116,6 +120,7 @@ impl Fix {
             Fix::OwnersLoadDormant => "owners-load-dormant",
             Fix::PartitionFromManifest => "partition-from-manifest",
             Fix::WaitingLooks => "waiting-looks",
+            Fix::RoundRetriedSoon => "round-retried-soon",
         }
     }
 
@@ -146,6 +151,7 @@ impl Fix {
             Fix::OwnersLoadDormant => "a dormant job loaded only by its partition's reader",
             Fix::PartitionFromManifest => "a dormant job without a partition takes its manifest's",
             Fix::WaitingLooks => "a waiting job's partition looked at every minute",
+            Fix::RoundRetriedSoon => "a failed balancing round tried again within a twelfth of a lease",
         }
     }
 }

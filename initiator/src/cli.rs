@@ -51,6 +51,11 @@ pub enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// The warehouse's Parquet tables (`tables/accounts`, `tables/jobs`).
+    Warehouse {
+        #[command(subcommand)]
+        command: WarehouseCommand,
+    },
     /// Print a finished job's report (exit 0 complete, 2 partial or abandoned).
     Report {
         job: String,
@@ -138,6 +143,23 @@ pub enum DlqCommand {
         #[arg(long, value_enum, default_value = "auto")]
         method: RedriveMethod,
         /// Print the counts moved per place (and each dead-letter queue's method) as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum WarehouseCommand {
+    /// Write the tables' objects of jobs finished before the tables existed, from their reports
+    /// (`warehouse/{job}/report.json`): each job's object created only if absent, under the day of
+    /// its ending, so a rerun (or a job the controller filed meanwhile) writes nothing twice. Safe to
+    /// interrupt: a rerun skips what is there. Reads each report whole: `--concurrency` reports of a
+    /// million accounts take about 200 MB each.
+    Backfill {
+        /// Reports read and written at once.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+        concurrency: u16,
+        /// Print the counts (written, present, unreadable) as JSON.
         #[arg(long)]
         json: bool,
     },

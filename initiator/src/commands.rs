@@ -14,8 +14,9 @@ use fleet_io::call::CallPolicy;
 use fleet_io::config::{Aws, FleetArgs};
 use fleet_io::provision::QueueSettings;
 
-use crate::cli::{Cli, Command, DlqCommand, RedriveFrom, RedriveMethod, SubmitArgs};
+use crate::cli::{Cli, Command, DlqCommand, RedriveFrom, RedriveMethod, SubmitArgs, WarehouseCommand};
 use crate::submit::{Clients, SubmitOptions};
+use crate::Exit;
 use crate::{follow, job_exit_code, CliError};
 
 /// How long an interactive command gives the stack to answer its first call before it says it cannot
@@ -123,6 +124,17 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(job_exit_code(r.status))
         }
         Command::Dlq { command } => dlq(command, &fleet).await,
+        Command::Warehouse { command: WarehouseCommand::Backfill { concurrency, json } } => {
+            let aws = aws(&fleet).await?;
+            let store = store(&aws, &fleet).await?;
+            let done = crate::warehouse::backfill(store.as_ref(), usize::from(concurrency), true).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&done).map_err(fleet_io::Error::from)?);
+            } else {
+                println!("{done}");
+            }
+            Ok(if done.unreadable.is_empty() { ExitCode::SUCCESS } else { Exit::Input.into() })
+        }
         Command::Provision { max_receive_count, visibility_timeout, json } => {
             if max_receive_count == 0 {
                 return Err(CliError::Input("--max-receive-count must be at least 1".into()));

@@ -9,6 +9,7 @@ pub mod grouping;
 pub mod local;
 pub mod ops;
 pub mod submit;
+pub mod warehouse;
 
 use std::process::ExitCode;
 use std::time::Duration;

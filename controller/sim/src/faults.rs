@@ -103,11 +103,17 @@ impl Faults {
 /// One run of a controller process: when it crashes, every call it has under way or starts later
 /// hangs for ever (a process that is gone sends nothing more).
 #[derive(Clone, Default)]
-pub struct Life(Arc<AtomicBool>);
+pub struct Life(Arc<AtomicBool>, Arc<Mutex<Option<Instant>>>);
 
 impl Life {
     pub fn end(&self) {
         self.0.store(true, Ordering::SeqCst);
+        fleet_io::lock(&self.1).get_or_insert_with(Instant::now);
+    }
+
+    /// When the process crashed or stopped.
+    pub fn ended_at(&self) -> Option<Instant> {
+        *fleet_io::lock(&self.1)
     }
 
     /// The process has crashed or stopped.
@@ -325,6 +331,10 @@ impl FaultyStore {
     /// Waits out a pause or an outage, then draws the call's fate.
     async fn before(&self, op: &'static str, key: &str) -> Fate {
         self.life.check().await;
+        let paused = fleet_io::lock(&self.faults).paused_until.filter(|t| *t > Instant::now());
+        if let Some(until) = paused {
+            self.world.trouble(&self.owner, Instant::now(), until, true);
+        }
         unpaused(&self.faults).await;
         if op == "PutObject" && key.starts_with(fleet_domain::layout::WAREHOUSE_PREFIX) {
             let armed = fleet_io::lock(&self.faults).pause_at_report.take();
@@ -340,6 +350,7 @@ impl FaultyStore {
                     f.paused_until = Some(until);
                     f.last_pause_end = Some(until);
                 }
+                self.world.trouble(&self.owner, Instant::now(), until, true);
                 self.world.fault_until(until - self.world.start + margin);
                 unpaused(&self.faults).await;
             }
@@ -373,6 +384,7 @@ impl FaultyStore {
         if let Some(end) = self.world.outage_until().max(cut_off) {
             // A hung store: the call waits out its deadline (or the outage), then fails.
             let deadline = Instant::now() + Duration::from_secs(30);
+            self.world.trouble(&self.owner, Instant::now(), end.min(deadline), true);
             tokio::time::sleep_until(end.min(deadline)).await;
             if end > deadline {
                 self.world.trace(format!("ctl{} {op} {} timed out (outage)", self.ctl, short(key)));
@@ -413,6 +425,11 @@ impl FaultyStore {
             Fate::Lost => " ANSWER LOST, retried".to_string(),
         };
         self.world.trace(format!("ctl{} {op} {}{what}", self.ctl, short(key)));
+        match fate {
+            Fate::Hang(d) => self.world.trouble(&self.owner, Instant::now(), Instant::now() + d, true),
+            Fate::Fail | Fate::Lost if key == fleet_domain::layout::PARTITIONS_KEY => self.world.trouble(&self.owner, Instant::now(), Instant::now(), false),
+            _ => {}
+        }
         if let Fate::Hang(d) = fate {
             tokio::time::sleep(d).await;
         }

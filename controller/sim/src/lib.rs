@@ -176,6 +176,9 @@ impl Setup {
 /// A controller paused as it wrote a report: which, and its faults (to end the pause).
 pub(crate) type PausedAtReport = (usize, Arc<Mutex<Faults>>);
 
+/// A stretch of a controller's store calls in trouble: from, to, and whether hard (see `World`).
+type Trouble = (Instant, Instant, bool);
+
 /// What a run shares: its trace (every fault and store call, in order) and what the checks read.
 pub struct World {
     start: Instant,
@@ -204,6 +207,11 @@ pub struct World {
     late_reads: Mutex<Vec<String>>,
     /// Receipts deleted.
     deleted: Mutex<std::collections::BTreeSet<String>>,
+    /// Per owner, when its store calls were in trouble: (from, to, hard). Hard: hung, frozen by an
+    /// outage, a cut-off or a pause; soft: a call on the ownership document failed or lost its answer.
+    store_trouble: Mutex<BTreeMap<String, Vec<Trouble>>>,
+    /// Every controller process started: its name and its life.
+    lives: Mutex<Vec<(String, faults::Life)>>,
     /// Per job, the owners (process names) that wrote its lease or checkpoint.
     writers: Mutex<BTreeMap<String, std::collections::BTreeSet<String>>>,
     /// Controllers paused as they wrote a job's report until a peer reads that job's checkpoint
@@ -334,6 +342,11 @@ impl World {
     }
 
     /// A fault's effects last until `until` (simulated time from the start).
+    /// Records that `owner`'s store calls were in trouble from `from` to `to` (see `store_trouble`).
+    pub(crate) fn trouble(&self, owner: &str, from: Instant, to: Instant, hard: bool) {
+        fleet_io::lock(&self.store_trouble).entry(owner.to_string()).or_default().push((from, to, hard));
+    }
+
     fn fault_until(&self, until: Duration) {
         let mut end = fleet_io::lock(&self.faults_end);
         *end = (*end).max(until);
@@ -488,6 +501,7 @@ fn start_controller(seed: u64, idx: usize, slot: &Slot, setup: &Setup, world: &A
     let results = Sharded::of(queues.results.iter().map(|(q, _)| way(q.clone())).collect()).expect("at least one partition");
     let results_dlq = Sharded::of(queues.results.iter().map(|(_, d)| way(d.clone())).collect()).expect("at least one partition");
     let faulty = FaultyStore::new(store.clone(), idx, owner, faults.clone(), life.clone(), world.clone(), slot.upgrade_at.is_some());
+    fleet_io::lock(&world.lives).push((owner.to_string(), life.clone()));
     let deps = controller::Deps {
         results,
         work_dlq: way(queues.work_dlq.clone()),
@@ -675,6 +689,8 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         stops,
         names: Mutex::default(),
         late_reads: Mutex::default(),
+        store_trouble: Mutex::default(),
+        lives: Mutex::default(),
         echo: opts.echo,
     });
     let store = MemoryStore::new();
@@ -904,6 +920,9 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                         world.trace(format!("CHAOS ctl{i} paused for {:.1} s (lease {:.1} s)", d.as_secs_f64(), lease.as_secs_f64()));
                         f.paused_until = Some(Instant::now() + d);
                         f.last_pause_end = f.paused_until;
+                        if let Some(owner) = fleet_io::lock(&world.names).get(&i).cloned() {
+                            world.trouble(&owner, Instant::now(), Instant::now() + d, true);
+                        }
                         world.fault_until(elapsed + d + lease * 2);
                     }
                 }
@@ -1019,6 +1038,27 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         }
     }
     violations.extend(fleet_io::lock(&world.late_reads).iter().cloned());
+    // A membership goes stale only while the store does not answer (a hung call, an outage, a
+    // cut-off, a pause) or after rounds failing in a row: a failed round is tried again within a
+    // twelfth of a lease, so one failed call never costs a controller its partitions (seed 1852: a
+    // controller whose calls failed one in twenty lost partition 0 and asked it back every 20-30 s).
+    let stale = fleet_io::lock(&world.stops.2).clone();
+    let trouble = fleet_io::lock(&world.store_trouble).clone();
+    for (owner, at) in stale {
+        let from = at.checked_sub(lease * 2 / 3).unwrap_or(at);
+        let seen: Vec<&Trouble> = trouble.get(&owner).map(|t| t.iter().filter(|(a, b, _)| *a <= at && *b >= from).collect()).unwrap_or_default();
+        // (A process that crashed or stopped meanwhile: its rounds never ended, and it reads nothing.)
+        let ended = fleet_io::lock(&world.lives).iter().any(|(o, l)| *o == owner && l.ended_at().is_some_and(|t| t <= at && t >= from));
+        let hard = ended || seen.iter().any(|t| t.2);
+        let soft = seen.iter().filter(|t| !t.2).count();
+        if !hard && soft < 3 {
+            violations.push(format!(
+                "{owner}'s membership went stale at {:.1} s with {soft} failed call(s) on the ownership document and nothing hung (a failed round must be tried again before it goes stale)",
+                (at - world.start).as_secs_f64()
+            ));
+            break;
+        }
+    }
     // Memory within the budget: no inflated payload held more than the share its decode reserved.
     violations.extend(
         fleet_io::lock(&memory.over)

@@ -160,6 +160,8 @@ pub struct Stops(
     pub Arc<Mutex<std::collections::BTreeMap<(String, u16), tokio::time::Instant>>>,
     /// When each controller (by owner) last gained a partition.
     pub Arc<Mutex<std::collections::BTreeMap<String, tokio::time::Instant>>>,
+    /// When each controller (by owner) stopped reading because its membership went stale.
+    pub Arc<Mutex<Vec<(String, tokio::time::Instant)>>>,
 );
 
 #[derive(Default)]
@@ -168,6 +170,7 @@ struct PartitionEvent {
     partition: Option<u16>,
     partitions: Vec<u16>,
     change: Option<String>,
+    stale: bool,
 }
 
 impl Visit for PartitionEvent {
@@ -176,6 +179,12 @@ impl Visit for PartitionEvent {
             "owner" => self.owner = Some(value.to_string()),
             "change" => self.change = Some(value.to_string()),
             _ => {}
+        }
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        if field.name() == "stale" {
+            self.stale = value;
         }
     }
 
@@ -209,6 +218,9 @@ impl<S: Subscriber> Layer<S> for Stops {
             }
             (None, _) => {
                 let now = tokio::time::Instant::now();
+                if e.stale && !e.partitions.is_empty() {
+                    fleet_io::lock(&self.2).push((owner.clone(), now));
+                }
                 for p in e.partitions {
                     stops.entry((owner.clone(), p)).or_insert(now);
                 }

@@ -197,8 +197,14 @@ impl Aggregator {
 /// finishing the job, leave one object per table. Written before `report.json`, which says the job's
 /// warehouse objects are whole: a finish cut short between them is completed by the next one.
 async fn write_tables<A: report::AccountRows>(store: &dyn BlobStore, r: &report::Report<A>) -> Result<()> {
-    let encoded = fleet_warehouse::billed_on(r)
-        .and_then(|day| fleet_warehouse::Table::ALL.iter().map(|t| Ok((t.key(&day, &r.job_id), t.encode(r)?))).collect::<fleet_warehouse::Result<Vec<_>>>());
+    let started = std::time::Instant::now();
+    let encode =
+        || fleet_warehouse::keys(r).and_then(|keys| keys.into_iter().map(|(t, key)| Ok((key, t.encode(r)?))).collect::<fleet_warehouse::Result<Vec<_>>>());
+    // A large job's encoding (a second or two for a million accounts) leaves this runtime thread to
+    // the other tasks (a current-thread runtime, the simulation's, has no other to leave it to).
+    let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    let encoded = if r.accounts.len() > IN_MEMORY_ACCOUNTS && multi_thread { tokio::task::block_in_place(encode) } else { encode() };
+    let encode_ms = started.elapsed().as_millis() as u64;
     let objects = match encoded {
         Ok(o) => o,
         // Our own report's values (money at two places, our clock's times): never expected. The
@@ -209,17 +215,16 @@ async fn write_tables<A: report::AccountRows>(store: &dyn BlobStore, r: &report:
             return Ok(());
         }
     };
+    let bytes: Vec<usize> = objects.iter().map(|(_, b)| b.len()).collect();
     for (key, body) in objects {
-        let created = store.put_if(&key, Bytes::from(body), PARQUET, &Default::default(), &fleet_io::blob::Cond::Absent).await?;
+        let created = store.put_if(&key, Bytes::from(body), fleet_warehouse::MEDIA_TYPE, &Default::default(), &fleet_io::blob::Cond::Absent).await?;
         if created.is_none() {
             tracing::debug!(job = %r.job_id, %key, "the table's object was there already (a finish tried again)");
         }
     }
+    tracing::info!(job = %r.job_id, accounts = r.accounts.len(), accounts_bytes = bytes[0], jobs_bytes = bytes[1], encode_ms, "warehouse tables written");
     Ok(())
 }
-
-/// The media type of a Parquet object.
-const PARQUET: &str = "application/vnd.apache.parquet";
 
 /// Up to this many accounts, a report and its accounts.csv are made in memory; a larger job's go
 /// through a temporary file each (`report.json` of a million accounts is about 135 MB).

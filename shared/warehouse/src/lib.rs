@@ -28,6 +28,8 @@ use rust_decimal::Decimal;
 /// Where the tables live in the bucket (beside `warehouse/{job}/`, whose job-named folders a table
 /// root must not share).
 pub const TABLES_PREFIX: &str = "tables/";
+/// The media type the tables' objects are stored with.
+pub const MEDIA_TYPE: &str = "application/vnd.apache.parquet";
 /// The account rows of a large job are written in row groups of this many rows.
 pub const ROW_GROUP_ROWS: usize = 128 * 1024;
 
@@ -111,6 +113,12 @@ impl Table {
             Table::Jobs => jobs(r),
         }
     }
+}
+
+/// The keys of both tables' objects for the finished job `r`, filed under the day of its ending.
+pub fn keys<A>(r: &Report<A>) -> Result<[(Table, String); 2]> {
+    let day = billed_on(r)?;
+    Ok(Table::ALL.map(|t| (t, t.key(&day, &r.job_id))))
 }
 
 /// The day a finished job is filed under: the UTC date of its committed ending (`finished_at`).

@@ -1,5 +1,6 @@
 //! The warehouse's tables read by readers no one here wrote: pyarrow's dataset API and DuckDB (over
-//! S3, Hive partitioning), from PyPI (`deploy/warehouse/venv.sh`), after real jobs on LocalStack.
+//! S3, Hive partitioning), from PyPI (`deploy/warehouse/venv.sh`), after real jobs on LocalStack, two of
+//! them with objects made by `initiator warehouse backfill` from their reports.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -69,6 +70,24 @@ async fn the_tables_read_by_pyarrow_and_duckdb_equal_the_jobs_accounts_and_repor
         reports.push(st.wait_report(s, T).await);
     }
     assert_eq!(reports.iter().map(|r| r.status).collect::<Vec<_>>(), [JobStatus::Complete, JobStatus::Complete, JobStatus::Partial]);
+    // Jobs finished before the controller wrote tables: b's objects gone, c's jobs object gone (a
+    // finish cut short between the two); `initiator warehouse backfill` writes them from the
+    // reports, the bytes the controller wrote, and names a report it cannot read.
+    let (rb, rc) = (&reports[1], &reports[2]);
+    let [(_, b_accounts), (_, b_jobs)] = fleet_warehouse::keys(rb).unwrap();
+    let [_, (_, c_jobs)] = fleet_warehouse::keys(rc).unwrap();
+    let written_by_controller = st.store.get(&b_accounts).await.unwrap().expect("the controller wrote b's accounts");
+    for key in [&b_accounts, &b_jobs, &c_jobs] {
+        st.store.delete(key).await.unwrap();
+    }
+    st.store.put(&fleet_domain::layout::report_key("not-a-job"), Bytes::from_static(b"<html>"), "text/html").await.unwrap();
+    let done = initiator::warehouse::backfill(st.store.as_ref(), 2, false).await.unwrap();
+    eprintln!("backfill: {done}");
+    assert_eq!((done.jobs, done.filled, done.written, done.present), (4, 2, 3, 1), "{done}");
+    assert_eq!(done.unreadable.keys().cloned().collect::<Vec<_>>(), [fleet_domain::layout::report_key("not-a-job")]);
+    assert_eq!(st.store.get(&b_accounts).await.unwrap().expect("backfilled"), written_by_controller);
+    let again = initiator::warehouse::backfill(st.store.as_ref(), 2, false).await.unwrap();
+    assert_eq!((again.written, again.present), (0, 3), "a rerun writes nothing: {again}");
     // What the jobs' accounts.csv say, summed over the jobs.
     let mut expected = Sums::new();
     for s in [&sa, &sb, &sc] {
