@@ -563,51 +563,15 @@ mod tests {
         assert!(failed.is_empty(), "{} of {seeds} seeds failed; first: {}", failed.len(), failed[0]);
     }
 
-    /// A store whose next `failing` reads fail (an S3 503 each).
-    struct Flaky {
-        inner: Arc<fleet_io::memory::MemoryStore>,
-        failing: std::sync::atomic::AtomicUsize,
-    }
-
-    #[async_trait::async_trait]
-    impl BlobStore for Flaky {
-        fn bucket(&self) -> &str {
-            "flaky"
-        }
-        async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
-            self.inner.put_if(key, body, content_type, meta, cond).await
-        }
-        async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
-            let fail = self.failing.fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
-            if fail {
-                let service = fleet_io::error::Service::S3;
-                return Err(fleet_io::Error::Service { service, operation: "GetObject", detail: "503 SlowDown".into(), retryable: true, source: None });
-            }
-            self.inner.get_tagged(key).await
-        }
-        async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
-            self.inner.head(key).await
-        }
-        async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
-            self.inner.list(prefix, limit).await
-        }
-        async fn delete(&self, key: &str) -> Result<()> {
-            self.inner.delete(key).await
-        }
-        fn calls(&self) -> &fleet_io::call::CallCounter {
-            self.inner.calls()
-        }
-    }
-
     #[tokio::test(start_paused = true)]
     async fn failed_rounds_are_tried_again_before_the_membership_goes_stale() {
-        let store = Arc::new(Flaky { inner: fleet_io::memory::MemoryStore::new(), failing: 0.into() });
+        let store = fleet_io::memory::MemoryStore::new();
         let mut a = Ownership::new(store.clone(), "a".into(), TTL, 2, Clock::System);
         assert!(a.next_round_at() <= Instant::now(), "the first round at once");
         a.round(&none(), false).await.unwrap();
         assert_eq!(a.next_round_at(), Instant::now() + a.interval());
         // Three rounds in a row fail; the fourth renews the membership before it goes stale.
-        store.failing.store(3, std::sync::atomic::Ordering::SeqCst);
+        store.fail_reads(3);
         for round in 1..=4 {
             tokio::time::sleep_until(a.next_round_at()).await;
             assert!(a.fresh(), "stale before round {round}");

@@ -17,6 +17,8 @@ pub struct MemoryStore {
     objects: Mutex<HashMap<String, StoredBlob>>,
     writes: std::sync::atomic::AtomicU64,
     calls: CallCounter,
+    /// Reads (`get_tagged`) still to fail, as an S3 503 would (see [`MemoryStore::fail_reads`]).
+    failing_reads: std::sync::atomic::AtomicUsize,
 }
 
 struct StoredBlob {
@@ -28,6 +30,12 @@ struct StoredBlob {
 impl MemoryStore {
     pub fn new() -> Arc<MemoryStore> {
         Arc::new(MemoryStore::default())
+    }
+
+    /// The next `n` reads (`get_tagged`, and so `get`) fail with a retryable S3 error (503
+    /// SlowDown), nothing read: a store that answers, but not every time.
+    pub fn fail_reads(&self, n: usize) {
+        self.failing_reads.store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn keys(&self) -> Vec<String> {
@@ -62,6 +70,11 @@ impl BlobStore for MemoryStore {
 
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
         self.calls.bump("s3.GetObject");
+        let fail = self.failing_reads.fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        if fail {
+            let service = crate::error::Service::S3;
+            return Err(crate::Error::Service { service, operation: "GetObject", detail: "503 SlowDown (simulated)".into(), retryable: true, source: None });
+        }
         Ok(crate::lock(&self.objects).get(key).map(|o| (o.body.clone(), o.etag.clone())))
     }
 
