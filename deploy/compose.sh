@@ -34,6 +34,9 @@
 #   FLEET_WORK_QUEUE, FLEET_RESULTS_QUEUE, FLEET_BUCKET: resource names (the defaults otherwise)
 #   FLEET_AMQP_PASSWORD      the broker user `fleet`'s password; generated once into deploy/.env (0600, git
 #                            ignores it), which Compose reads by itself, so plain `docker compose` works too
+#
+# The status page's bearer token (job reports need it): deploy/.page-token, 32 random hex digits
+# generated once (git ignores it), mounted read-only into the controller; `up` prints where it is.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-billing-fleet}
@@ -67,6 +70,22 @@ fi
 if [ -z "${FLEET_AMQP_PASSWORD:-}" ] && ! grep -q '^FLEET_AMQP_PASSWORD=.' "$env_file" 2>/dev/null; then
   (umask 077; printf 'FLEET_AMQP_PASSWORD=%s\n' "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >>"$env_file")
   echo "compose: generated the broker's password into $env_file" >&2
+fi
+
+# The status page's bearer token: generated once (128 random bits, hex) into deploy/.page-token,
+# which the compose file mounts into the controller (secret fleet-page-token). The controller reads
+# it as user 65534: made that user's own (0400) when this runs as root, else readable by all (0644;
+# the page's host port is on 127.0.0.1 only).
+page_token="$repo/deploy/.page-token"
+if [ ! -s "$page_token" ]; then
+  (umask 077; od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$page_token")
+  echo "compose: generated the status page's token into $page_token" >&2
+fi
+if [ "$(id -u)" = 0 ]; then
+  chown 65534:65534 "$page_token" && chmod 0400 "$page_token"
+else
+  # (Left as it is when root made it user 65534's: the controller reads it all the same.)
+  chmod 0644 "$page_token" 2>/dev/null || true
 fi
 
 # Container ids of a service (running or not; not one-off containers), read from the labels Compose
@@ -106,7 +125,10 @@ show() {
     port=$(host_port "$id" 15672); [ -z "$port" ] || echo "  RabbitMQ UI    http://$port   (user fleet, password FLEET_AMQP_PASSWORD in deploy/.env)"
   done
   for id in $(running processor); do n=$((n + 1)); echo "  processor      http://$(host_port "$id" 9101)/state  /metrics   ($(name_of "$id"))"; done
-  for id in $(running controller); do echo "  status page    http://$(host_port "$id" 9102)/   (controller $(name_of "$id"): /state  /metrics  /status.json)"; done
+  for id in $(running controller); do
+    echo "  status page    http://$(host_port "$id" 9300)/   (controller $(name_of "$id"); job reports with the bearer token in $page_token)"
+    echo "  controller     http://$(host_port "$id" 9102)/state  /metrics"
+  done
   for id in $(running scaling-agent); do echo "  scaling-agent  http://$(host_port "$id" 9100)/state  /metrics   (scaling decisions: logs -f scaling-agent)"; done
   for id in $(running prometheus); do echo "  Prometheus     http://$(host_port "$id" 9090)   (targets: /targets, alerts: /alerts)"; done
   echo "  submit:  deploy/compose.sh submit FILE... --wait     logs: deploy/compose.sh logs -f [SERVICE]"

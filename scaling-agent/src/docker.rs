@@ -14,8 +14,14 @@
 //! mismatch is refused and logged, the container left alone), and a new container gets only a
 //! [`confined`] copy of the template's host config: no binds, mounts, devices, privileges or host
 //! namespaces, every capability dropped and no new privileges.
+//!
+//! With a targets file ([`targets`]), every listing of the service's containers also keeps a
+//! Prometheus file_sd file of the running ones up to date, for a Prometheus without the socket. The
+//! `none` backend in a compose project keeps it too ([`TargetsOnly`]): it decides only, the count is
+//! the user's, and the file follows the containers there are.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -27,10 +33,12 @@ use bollard::query_parameters::{CreateContainerOptions, InspectContainerOptions,
 use bollard::Docker;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, NoneBackend};
 
 mod confine;
+pub mod targets;
 use confine::{confined, inspect_verified};
+use targets::{Target, TargetsFile};
 
 const PROJECT: &str = "com.docker.compose.project";
 const SERVICE: &str = "com.docker.compose.service";
@@ -50,6 +58,12 @@ pub struct DockerBackend {
     stops: TaskTracker,
     /// The template's dropped settings were logged (once).
     warned: std::sync::atomic::AtomicBool,
+    /// Where the running containers are written for Prometheus (`--prometheus-targets-file`).
+    targets: Option<TargetsFile>,
+    /// Each running container's state endpoint port by id, read once (`None`: it serves none).
+    ports: Mutex<HashMap<String, Option<u16>>>,
+    /// The last write of the targets file failed (logged once until one succeeds).
+    targets_failing: std::sync::atomic::AtomicBool,
 }
 
 fn docker_error(what: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> BackendError {
@@ -60,13 +74,16 @@ fn docker_error(what: impl Into<String>) -> impl FnOnce(bollard::errors::Error) 
 impl DockerBackend {
     /// Connects to the Docker Engine (`DOCKER_HOST` or the local socket), agreeing on an API version
     /// the engine speaks. `project` unset: the compose project of the container the agent runs in.
-    pub async fn connect(project: Option<String>, service: String) -> Result<DockerBackend, BackendError> {
+    /// `targets_file`: where to keep the Prometheus file_sd list of the running containers (written
+    /// at once, then whenever the set changes).
+    pub async fn connect(project: Option<String>, service: String, targets_file: Option<PathBuf>) -> Result<DockerBackend, BackendError> {
         let docker = Docker::connect_with_local_defaults().map_err(docker_error("connect to the Docker Engine"))?;
         let docker = docker.negotiate_version().await.map_err(docker_error("reach the Docker Engine"))?;
         let project = match project {
             Some(p) => p,
             None => Self::own_project(&docker).await?,
         };
+        let targets = targets_file.map(|path| TargetsFile::new(path, service.clone()));
         let b = DockerBackend {
             docker,
             project,
@@ -75,9 +92,13 @@ impl DockerBackend {
             stopping: Arc::default(),
             stops: TaskTracker::new(),
             warned: Default::default(),
+            targets,
+            ports: Mutex::default(),
+            targets_failing: Default::default(),
         };
-        let running = b.list(false).await?;
-        tracing::info!(project = %b.project, service = %b.service, running = running.len(), "docker backend: scaling the compose service's containers");
+        let running = b.containers().await?.serving.len();
+        tracing::info!(project = %b.project, service = %b.service, running, targets_file = ?b.targets.as_ref().map(|t| t.path().display().to_string()),
+            "docker backend: connected to the compose service's containers");
         Ok(b)
     }
 
@@ -111,7 +132,11 @@ impl DockerBackend {
     async fn containers(&self) -> Result<Containers, BackendError> {
         let stopping = self.stopping.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut c = Containers::default();
-        for s in self.list(true).await? {
+        let listed = self.list(true).await?;
+        if self.targets.is_some() {
+            self.publish_targets(&listed).await;
+        }
+        for s in listed {
             let n = number(&s);
             c.highest = c.highest.max(n);
             let Some(id) = s.id.filter(|id| !stopping.contains(id)) else { continue };
@@ -124,6 +149,58 @@ impl DockerBackend {
         c.serving.sort();
         c.stopped.sort();
         Ok(c)
+    }
+
+    /// Keeps the targets file at the service's running containers (draining ones too: they serve
+    /// metrics until they exit). A container's port is read once (an inspect); one that cannot be
+    /// inspected now is left out until the next listing. A failed write is logged and tried again at
+    /// the next listing: scaling goes on regardless.
+    async fn publish_targets(&self, listed: &[ContainerSummary]) {
+        let Some(file) = &self.targets else { return };
+        let running: Vec<(String, String)> = listed
+            .iter()
+            .filter(|s| s.state == Some(ContainerSummaryStateEnum::RUNNING))
+            .filter_map(|s| {
+                let name = s.names.as_ref()?.first()?.trim_start_matches('/').to_string();
+                Some((s.id.clone()?, name))
+            })
+            .collect();
+        let unknown: Vec<String> = {
+            let mut ports = self.ports.lock().unwrap_or_else(|e| e.into_inner());
+            ports.retain(|id, _| running.iter().any(|(r, _)| r == id));
+            running.iter().filter(|(id, _)| !ports.contains_key(id)).map(|(id, _)| id.clone()).collect()
+        };
+        for id in unknown {
+            match self.docker.inspect_container(&id, None::<InspectContainerOptions>).await {
+                Ok(c) => {
+                    let port = c.config.and_then(|c| c.env).and_then(|env| targets::http_port(&env));
+                    if port.is_none() {
+                        tracing::warn!(container = %short(&id), "a running container has no {} port: not in the Prometheus targets", targets::HTTP_ADDR_ENV);
+                    }
+                    self.ports.lock().unwrap_or_else(|e| e.into_inner()).insert(id, port);
+                }
+                Err(e) => {
+                    tracing::debug!(container = %short(&id), error = %e, "could not inspect a container for its metrics port; tried again at the next look")
+                }
+            }
+        }
+        let found: Vec<Target> = {
+            let ports = self.ports.lock().unwrap_or_else(|e| e.into_inner());
+            running.into_iter().filter_map(|(id, container)| Some(Target { container, port: (*ports.get(&id)?)? })).collect()
+        };
+        use std::sync::atomic::Ordering::Relaxed;
+        match file.update(&found) {
+            Ok(true) => {
+                self.targets_failing.store(false, Relaxed);
+                tracing::info!(path = %file.path().display(), targets = found.len(), "Prometheus targets file written");
+            }
+            Ok(false) => {}
+            Err(e) => {
+                if !self.targets_failing.swap(true, Relaxed) {
+                    tracing::warn!(path = %file.path().display(), error = %e, "could not write the Prometheus targets file; trying again at each look");
+                }
+            }
+        }
     }
 
     /// Adds one container numbered `n`, copied from `t`, and starts it.
@@ -278,5 +355,39 @@ impl Backend for DockerBackend {
     async fn shutdown(&self) {
         self.stops.close();
         self.stops.wait().await;
+    }
+}
+
+/// The `none` backend (decide and report only) with the docker backend's targets file: the file
+/// follows the service's running containers at each of the agent's looks, and nothing is started or
+/// stopped.
+pub struct TargetsOnly {
+    none: NoneBackend,
+    docker: DockerBackend,
+}
+
+impl TargetsOnly {
+    /// `docker` must have a targets file ([`DockerBackend::connect`] with one).
+    pub fn new(none: NoneBackend, docker: DockerBackend) -> TargetsOnly {
+        TargetsOnly { none, docker }
+    }
+}
+
+#[async_trait]
+impl Backend for TargetsOnly {
+    fn name(&self) -> &'static str {
+        "none"
+    }
+
+    async fn actual(&self) -> Result<u32, BackendError> {
+        // Only for the targets file: the count stays the none backend's (the desired one).
+        if let Err(e) = self.docker.containers().await {
+            tracing::debug!(error = %e, "could not list the containers for the Prometheus targets file; tried again at the next look");
+        }
+        self.none.actual().await
+    }
+
+    async fn scale(&self, desired: u32) -> Result<(), BackendError> {
+        self.none.scale(desired).await
     }
 }

@@ -10,7 +10,7 @@ use fleet_io::pem::PemFile;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, BackendError, NoneBackend, ProcessBackend, ProcessSpec};
-use crate::docker::DockerBackend;
+use crate::docker::{DockerBackend, TargetsOnly};
 use crate::keda::{KedaBackend, KedaTls};
 use crate::Settings;
 
@@ -53,6 +53,11 @@ pub struct BackendArgs {
     /// Docker backend: the compose service to scale.
     #[arg(long, env = "AGENT_DOCKER_SERVICE", default_value = "processor")]
     pub docker_service: String,
+    /// Docker backend (and the none backend in a compose project): keep a Prometheus file_sd file here
+    /// listing the compose service's running containers (`name:port` of each one's
+    /// LISTENER_HTTP_ADDR), rewritten atomically whenever the set changes [default: none written].
+    #[arg(long, env = "AGENT_PROMETHEUS_TARGETS_FILE", value_name = "FILE")]
+    pub prometheus_targets_file: Option<PathBuf>,
     /// Keda backend: the external scaler's gRPC address.
     #[arg(long, env = "AGENT_KEDA_ADDR", default_value = "0.0.0.0:9090")]
     pub keda_addr: std::net::SocketAddr,
@@ -78,9 +83,21 @@ impl BackendArgs {
     /// Builds the backend these flags choose, for the agent's fleet (`fleet`) and settings (`settings`).
     pub async fn build(&self, fleet: &FleetArgs, settings: &Settings, shutdown: &CancellationToken) -> Result<Arc<dyn Backend>, BackendError> {
         let cli = self;
+        if let (Some(path), BackendKind::Process | BackendKind::Keda) = (&cli.prometheus_targets_file, cli.backend) {
+            tracing::warn!(path = %path.display(), backend = ?cli.backend, "--prometheus-targets-file lists compose containers (docker and none backends): nothing is written with this one");
+        }
         Ok(match cli.backend {
-            BackendKind::None => Arc::new(NoneBackend::new(settings.min_instances)),
-            BackendKind::Docker => Arc::new(DockerBackend::connect(cli.docker_project.clone(), cli.docker_service.clone()).await?),
+            BackendKind::None => match &cli.prometheus_targets_file {
+                // Through the Docker Engine, for the file only: nothing is started or stopped.
+                Some(path) => Arc::new(TargetsOnly::new(
+                    NoneBackend::new(settings.min_instances),
+                    DockerBackend::connect(cli.docker_project.clone(), cli.docker_service.clone(), Some(path.clone())).await?,
+                )),
+                None => Arc::new(NoneBackend::new(settings.min_instances)),
+            },
+            BackendKind::Docker => {
+                Arc::new(DockerBackend::connect(cli.docker_project.clone(), cli.docker_service.clone(), cli.prometheus_targets_file.clone()).await?)
+            }
             BackendKind::Keda => {
                 let policy = settings.policy();
                 let keda = KedaBackend::new(policy.min, policy.per_instance_within_sla(), format!("{}-sla-backlog", fleet.work_queue));

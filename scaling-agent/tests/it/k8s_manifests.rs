@@ -306,6 +306,20 @@ fn every_pod_is_restricted_probed_and_bounded() {
         let pdb = docs.iter().find(|d| kind_is(d, "PodDisruptionBudget")).expect("no PodDisruptionBudget");
         assert_eq!(pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"].as_str(), Some("controller"));
         assert!(pdb["spec"]["minAvailable"].as_i64().unwrap() >= 1);
+        // Readiness follows S3: during its outage no controller is ready, and a budget that counted
+        // only ready pods would block every node drain until S3 came back.
+        assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"].as_str(), Some("AlwaysAllow"), "{overlay}: the budget blocks drains in an outage");
+        // Spread over nodes, preferred only: one node still runs both.
+        let cp = pod(ctl);
+        let spread = cp["topologySpreadConstraints"].as_vec().expect("the controllers are not spread");
+        assert!(spread.iter().any(|c| c["topologyKey"].as_str() == Some("kubernetes.io/hostname")), "{overlay}: not spread over nodes");
+        for c in spread {
+            assert_eq!(c["whenUnsatisfiable"].as_str(), Some("ScheduleAnyway"), "{overlay}: a spread constraint that can leave a controller pending");
+            assert_eq!(c["labelSelector"]["matchLabels"]["app.kubernetes.io/name"].as_str(), Some("controller"));
+        }
+        let anti = &cp["affinity"]["podAntiAffinity"];
+        assert!(anti["requiredDuringSchedulingIgnoredDuringExecution"].is_badvalue(), "{overlay}: required anti-affinity (one node could not run both)");
+        assert!(anti["preferredDuringSchedulingIgnoredDuringExecution"].as_vec().is_some_and(|v| !v.is_empty()), "{overlay}: no anti-affinity preference");
 
         // Default deny both ways in the fleet's namespace.
         let deny = docs
@@ -321,16 +335,93 @@ fn every_pod_is_restricted_probed_and_bounded() {
     }
 }
 
+/// Monitoring and the status page: every fleet pod announces its metrics port (the `http` one) for
+/// scraping, which the monitoring namespace may reach, and nothing else; the controller's status page
+/// has its own port, its Service, its token from the Secret fleet-page-token, and only the namespace's
+/// pods may reach it; every pod may reach an OTLP collector.
+#[test]
+fn monitoring_reaches_metrics_and_the_page_stays_apart() {
+    for (overlay, docs) in overlays() {
+        let docs = &docs[..];
+        let policy = |n: &str| find(docs, "NetworkPolicy", n);
+        let ports_of = |rules: &Yaml| -> BTreeSet<i64> {
+            rules.as_vec().into_iter().flatten().flat_map(|r| r["ports"].as_vec().into_iter().flatten()).filter_map(|p| p["port"].as_i64()).collect()
+        };
+        let monitoring = ports_of(&policy("monitoring-to-state")["spec"]["ingress"]);
+        let mut metrics = BTreeSet::new();
+        for svc in SERVICES {
+            let d = find(docs, "Deployment", svc);
+            let annotations = &d["spec"]["template"]["metadata"]["annotations"];
+            let http = port(container(d), "http");
+            assert_eq!(annotations["prometheus.io/scrape"].as_str(), Some("true"), "{overlay} {svc}: not announced for scraping");
+            assert_eq!(annotations["prometheus.io/port"].as_str(), Some(http.to_string().as_str()), "{overlay} {svc}: scraped on another port than http");
+            assert_eq!(annotations["prometheus.io/path"].as_str(), Some("/metrics"));
+            metrics.insert(http);
+        }
+        assert_eq!(monitoring, metrics, "{overlay}: the monitoring namespace reaches other ports than the metrics ones");
+
+        // The status page: its own port, not the metrics one, behind the controller Service.
+        let ctl = find(docs, "Deployment", "controller");
+        let c = container(ctl);
+        let page = port(c, "page");
+        assert!(!metrics.contains(&page), "{overlay}: the page shares a metrics port");
+        assert!(env(c, "CONTROLLER_PAGE_ADDR").unwrap().ends_with(&format!(":{page}")), "{overlay}: CONTROLLER_PAGE_ADDR is not the page port");
+        assert!(env(c, "LISTENER_HTTP_ADDR").unwrap().ends_with(&format!(":{}", port(c, "http"))));
+        let svc = find(docs, "Service", "controller");
+        let labels = ctl["spec"]["template"]["metadata"]["labels"].as_hash().unwrap();
+        for (k, v) in svc["spec"]["selector"].as_hash().unwrap() {
+            assert_eq!(labels.get(k), Some(v), "{overlay}: the controller Service does not select the controllers");
+        }
+        let targets: Vec<&str> = svc["spec"]["ports"].as_vec().unwrap().iter().filter_map(|p| p["targetPort"].as_str()).collect();
+        assert_eq!(targets, vec!["page"], "{overlay}: the controller Service exposes more than the page");
+        // The token: a file of the mounted Secret fleet-page-token (generated on a laptop cluster, the
+        // operator's on AWS), key `token`.
+        let token_file = env(c, "CONTROLLER_PAGE_TOKEN_FILE").expect("no CONTROLLER_PAGE_TOKEN_FILE");
+        let mount = c["volumeMounts"]
+            .as_vec()
+            .unwrap()
+            .iter()
+            .find(|m| m["mountPath"].as_str().is_some_and(|p| token_file.starts_with(&format!("{p}/"))))
+            .expect("the page token file is on no mount");
+        assert_eq!(mount["readOnly"].as_bool(), Some(true));
+        let volume = pod(ctl)["volumes"].as_vec().unwrap().iter().find(|v| v["name"] == mount["name"]).unwrap();
+        let secret = volume["secret"]["secretName"].as_str().expect("the page token is not from a Secret");
+        let item = volume["secret"]["items"].as_vec().unwrap().iter().find(|i| token_file.ends_with(&format!("/{}", i["path"].as_str().unwrap()))).unwrap();
+        assert_eq!(item["key"].as_str(), Some("token"));
+        if overlay == "aws" {
+            assert_eq!(secret, "fleet-page-token");
+        } else {
+            let s = generated(docs, "Secret", "fleet-page-token");
+            assert_eq!(name(s), secret, "local: the controllers mount another Secret than the generated token");
+            assert!(!s["data"]["token"].is_badvalue(), "local: the generated Secret has no key token");
+        }
+        let page_in = policy("controller-page");
+        assert_eq!(page_in["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"].as_str(), Some("controller"));
+        assert_eq!(ports_of(&page_in["spec"]["ingress"]), BTreeSet::from([page]));
+        for rule in page_in["spec"]["ingress"].as_vec().unwrap() {
+            for from in rule["from"].as_vec().unwrap() {
+                assert!(from["namespaceSelector"].is_badvalue(), "{overlay}: the page is open to other namespaces: {from:?}");
+            }
+        }
+        // Out to an OTLP collector (gRPC and HTTP), from every fleet pod.
+        let egress = policy("fleet-egress");
+        assert_eq!(egress["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/part-of"].as_str(), Some(NS));
+        let out = ports_of(&egress["spec"]["egress"]);
+        assert!(out.contains(&4317) && out.contains(&4318), "{overlay}: no egress to OTLP: {out:?}");
+    }
+}
+
 /// No secret in a committed file: the aws overlay renders no Secret at all (the operator creates the
-/// broker's), the local one only LocalStack's placeholder keys and the broker credentials that
-/// `overlays/local/secrets.sh` generated into a directory git ignores, found in no tracked file.
+/// broker's and the page token's), the local one only LocalStack's placeholder keys, and the broker
+/// credentials and page token that `overlays/local/secrets.sh` generated into a directory git
+/// ignores, found in no tracked file.
 #[test]
 fn no_secret_is_committed() {
     let docs = render("aws");
     assert!(docs.iter().all(|d| !kind_is(d, "Secret")), "aws: a Secret is rendered from committed files");
     let docs = render("local");
     let secrets: Vec<&str> = docs.iter().filter(|d| kind_is(d, "Secret")).map(name).collect();
-    assert_eq!(secrets.len(), 3, "local: Secrets {secrets:?}");
+    assert_eq!(secrets.len(), 4, "local: Secrets {secrets:?}");
     let dir = k8s_dir().join("overlays/local/secrets");
     let ignored = Command::new("git").arg("check-ignore").arg("-q").arg(dir.join("amqp.env")).current_dir(k8s_dir()).status().unwrap();
     assert!(ignored.success(), "git does not ignore {}", dir.display());
@@ -339,6 +430,8 @@ fn no_secret_is_committed() {
     assert!(password.len() >= 32 && password != "guest", "a weak broker password");
     let amqp = std::fs::read_to_string(dir.join("amqp.env")).unwrap();
     assert!(amqp.contains(&format!("fleet:{password}@")), "the fleet's AMQP_URL does not carry the broker's password");
+    let token = std::fs::read_to_string(dir.join("page-token")).unwrap();
+    assert!(token.len() >= 32 && token.bytes().all(|b| b.is_ascii_hexdigit()), "a weak page token");
     let broker = generated(&docs, "Secret", "rabbitmq-credentials");
     assert_eq!(broker["metadata"]["namespace"].as_str(), Some("billing-fleet-deps"));
     let rabbit_pod = pod(find(&docs, "Deployment", "rabbitmq"));
@@ -349,6 +442,7 @@ fn no_secret_is_committed() {
         let path = root.join(String::from_utf8_lossy(f).as_ref());
         if let Ok(text) = std::fs::read(&path) {
             assert!(!text.windows(password.len()).any(|w| w == password.as_bytes()), "{} holds the broker's password", path.display());
+            assert!(!text.windows(token.len()).any(|w| w == token.as_bytes()), "{} holds the page token", path.display());
         }
     }
 }
