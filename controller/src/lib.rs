@@ -22,12 +22,14 @@ pub mod timings;
 pub mod undo;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_domain::prices::Prices;
+use fleet_engine::admin::AdminToken;
 use fleet_engine::args::ListenerArgs;
 use fleet_engine::dynamic_consumers::ScalingPolicy;
 use fleet_engine::http::Engines;
@@ -81,8 +83,21 @@ pub struct Settings {
     /// its report is written (0: at once); the report, accounts, manifest and checkpoint stay.
     #[arg(long, env = "CONTROLLER_BLOB_RETENTION_SECS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=365 * 86_400))]
     pub blob_retention_secs: u64,
+    /// Serve the status page (GET / and /status.json; with the page token, GET /jobs/{id} and
+    /// /jobs/{id}/report) on this address (e.g. 127.0.0.1:9300), apart from the metrics and health on
+    /// `--http-addr`, so that a monitoring system let in to scrape metrics reaches no billing data.
+    #[arg(long, env = "CONTROLLER_PAGE_ADDR")]
+    pub page_addr: Option<SocketAddr>,
+    /// File holding the status page's bearer token (at least 16 characters), read at start: job
+    /// reports (every account's totals) and per-job detail are served only to requests carrying it,
+    /// and not at all without one.
+    #[arg(long, env = "CONTROLLER_PAGE_TOKEN_FILE", value_name = "FILE", value_parser = AdminToken::from_file)]
+    pub page_token_file: Option<AdminToken>,
+    /// The status page's bearer token itself (prefer the file: a flag shows in `ps`).
+    #[arg(long, env = "CONTROLLER_PAGE_TOKEN", hide_env_values = true, value_name = "TOKEN", value_parser = AdminToken::parse, conflicts_with = "page_token_file")]
+    pub page_token: Option<AdminToken>,
     /// The scaling agent's state endpoint (e.g. http://scaling-agent:9090), read by the status page
-    /// (`GET /` on `--http-addr`) for the fleet, its decisions and the queues' depths; without it
+    /// (`GET /` on `--page-addr`) for the fleet, its decisions and the queues' depths; without it
     /// the page reads the depths from SQS and shows no fleet.
     #[arg(long, env = "CONTROLLER_AGENT_URL")]
     pub agent_url: Option<String>,
@@ -140,6 +155,9 @@ impl Default for Settings {
             id: None,
             blob_retention_secs: 0,
             agent_url: None,
+            page_addr: None,
+            page_token_file: None,
+            page_token: None,
             decode_budget_mib: aggregate::budget::DEFAULT_BUDGET_MIB,
             prices: Prices::default(),
             unchecked_timings: false,
@@ -648,8 +666,19 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
     if let Some(work) = &deps.work {
         roles.insert(0, ("work", work.clone()));
     }
-    let page = status::StatusSource::new(owner.clone(), deps.store.clone(), roles, engines.clone(), settings.agent_url.clone());
-    http::serve_from_args_with(&settings.listener, &engines, Some(page.router()), &shutdown).await?;
+    http::serve_from_args_with(&settings.listener, &engines, None, &shutdown).await?;
+    if let Some(addr) = settings.page_addr {
+        let token = settings.page_token_file.clone().or_else(|| settings.page_token.clone());
+        let page = status::StatusSource::new(owner.clone(), deps.store.clone(), roles, engines.clone(), settings.agent_url.clone(), token.clone());
+        let bound = http::serve_app("status page", addr, page.router(), shutdown.clone())
+            .await
+            .map_err(|e| fleet_io::Error::Config(format!("status page on {addr}: {e}")))?;
+        tracing::info!(%bound, reports = if token.is_some() { "with the page token" } else { "not served (no page token)" }, "status page: GET /, /status.json, /jobs/{{id}}, /jobs/{{id}}/report");
+        if token.is_some() && !bound.ip().is_loopback() {
+            tracing::warn!(%bound, "the status page listens beyond this host on plain HTTP: its token and the reports cross the network in clear; \
+                keep it behind TLS (an ingress, a sidecar, a service mesh) or bind it to 127.0.0.1");
+        }
+    }
     let tracker = TaskTracker::new();
     {
         let (own, readers, stop) = (own.clone(), readers.clone(), shutdown.clone());

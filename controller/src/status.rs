@@ -1,20 +1,29 @@
 //! Why one file: the page, its document and the cached reads behind it change together (a field shown is
 //! a field read); the HTML is a constant at the end.
 //!
-//! The status page, served by the controller on its state endpoint (`--http-addr`): `GET /` is one
-//! HTML page with its script and style inline (no build step, nothing fetched from elsewhere) that
-//! reads `GET /status.json` every two seconds. The document is made on demand and kept for
-//! [`FRESH_FOR`], so a page left open costs a few requests per refresh, and nothing when no one looks:
+//! The status page, served by the controller on its own address (`--page-addr`), apart from the
+//! metrics and health on `--http-addr`: `GET /` is one HTML page with its script and style inline (no
+//! build step, nothing fetched from elsewhere) that reads `GET /status.json` every [`FRESH_FOR`] while
+//! it is visible, and not at all while its tab is hidden. The document is made on demand and kept for
+//! [`FRESH_FOR`] (one maker at a time), so the bucket is read for the page at most that often whatever
+//! the number of tabs, and not at all when no one looks; the quarantine count (a LIST of up to a
+//! thousand keys) is read anew at most every [`QUARANTINE_FRESH_FOR`]:
 //!
 //! - jobs: every open job of the fleet (the `open/` markers in the bucket, whichever controller owns
 //!   them, with the progress its checkpoint's metadata carries: one HEAD each), and the jobs this
-//!   controller finished last (its `JobFinished` events), each linking to `/jobs/{id}/report`;
+//!   controller finished last (its `JobFinished` events): ids, statuses and counts, no money;
 //! - queues: depth of the work, results and both dead-letter queues, the oldest waiting work item's
 //!   age against the SLA: from the scaling agent's `/state` when `--agent-url` is given and it
 //!   answers (no request of ours), else read from SQS;
 //! - the fleet: the agent's instances, its last decisions as a chart, the breakers of this
 //!   controller and of the instances;
 //! - dead letters and the quarantine count.
+//!
+//! Billing data is behind the page's token (`--page-token-file`): `GET /jobs/{id}` (one job's
+//! progress) and `GET /jobs/{id}/report` (every account's totals) answer only a request carrying
+//! `Authorization: Bearer <token>` (the page asks for it once and keeps it for the tab), and not at
+//! all when the controller has no token. A report is streamed from the bucket as it is read, a few
+//! at a time, never whole in memory.
 //!
 //! Every source is read under its own short deadline and reported on its own: a source that is down
 //! (the agent, S3, SQS) leaves its section saying so, since when, and the rest of the page working.
@@ -23,13 +32,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use fleet_domain::layout::{check_job_id, checkpoint_key, report_key, OPEN_PREFIX};
 use fleet_domain::model::Progress;
+use fleet_engine::admin::AdminToken;
 use fleet_engine::http::Engines;
 use fleet_io::blob::BlobStore;
 use fleet_io::queue::Queue;
@@ -44,8 +54,18 @@ use crate::events::{recent_finished, FinishedView};
 /// The page itself.
 const PAGE: &str = include_str!("status.html");
 
-/// A status document is served again for this long before it is made anew.
-pub const FRESH_FOR: Duration = Duration::from_secs(2);
+/// A status document is served again for this long before it is made anew (and the page asks this
+/// often).
+pub const FRESH_FOR: Duration = Duration::from_secs(5);
+
+/// The quarantine count is read anew at most this often (it changes when a result is set aside, rarely).
+pub const QUARANTINE_FRESH_FOR: Duration = Duration::from_secs(60);
+
+/// Reports streamed at once; one more is refused with a 503 and `Retry-After`.
+const REPORT_STREAMS: usize = 4;
+
+/// A report's bytes must keep coming: a stream stalled this long is cut (the permit is given back).
+const REPORT_CHUNK_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Each source's deadline: the page never waits on a hung dependency for longer.
 const SOURCE_DEADLINE: Duration = Duration::from_millis(1500);
@@ -75,8 +95,12 @@ struct Inner {
     cache: tokio::sync::Mutex<Option<(Instant, Bytes)>>,
     /// When each failing source started failing (Unix seconds), for "down since".
     down_since: Mutex<std::collections::BTreeMap<&'static str, i64>>,
-    /// Reports read now (one at a time).
-    report_reads: tokio::sync::Semaphore,
+    /// Reports streamed now (at most [`REPORT_STREAMS`]).
+    report_reads: Arc<tokio::sync::Semaphore>,
+    /// The token billing data is served for; none: not served.
+    token: Option<AdminToken>,
+    /// The last quarantine count and when it was read.
+    quarantine: tokio::sync::Mutex<Option<(Instant, Result<usize, String>)>>,
 }
 
 /// One queue's line.
@@ -167,6 +191,7 @@ impl StatusSource {
         queues: Vec<(&'static str, Arc<dyn Queue>)>,
         engines: Engines,
         agent_url: Option<String>,
+        token: Option<AdminToken>,
     ) -> StatusSource {
         let http = Client::builder(TokioExecutor::new()).build_http();
         let agent_url = agent_url.map(|u| u.trim_end_matches('/').to_string()).filter(|u| !u.is_empty());
@@ -180,20 +205,37 @@ impl StatusSource {
                 http,
                 cache: tokio::sync::Mutex::new(None),
                 down_since: Mutex::default(),
-                report_reads: tokio::sync::Semaphore::new(1),
+                report_reads: Arc::new(tokio::sync::Semaphore::new(REPORT_STREAMS)),
+                token,
+                quarantine: tokio::sync::Mutex::new(None),
             }),
         }
     }
 
-    /// The page's routes: `/`, `/status.json`, `/jobs/{id}`, `/jobs/{id}/report`.
+    /// The page's routes: `/`, `/status.json`; with the token, `/jobs/{id}`, `/jobs/{id}/report`.
     pub fn router(self) -> Router {
-        Router::new()
-            .route("/", get(page))
-            .route("/status", get(page))
-            .route("/status.json", get(status_json))
-            .route("/jobs/{id}", get(job))
-            .route("/jobs/{id}/report", get(report))
-            .with_state(self)
+        let token = self.inner.token.clone();
+        let guard = move |method: Method, uri: Uri, headers: HeaderMap, req: axum::extract::Request, next: axum::middleware::Next| {
+            let token = token.clone();
+            async move {
+                let Some(token) = token else {
+                    return problem(
+                        StatusCode::FORBIDDEN,
+                        "this controller serves no job detail or report: it was started without a page token (--page-token-file)".to_string(),
+                    );
+                };
+                if !token.authorizes(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes())) {
+                    // Method and path only: nothing of what was sent.
+                    tracing::info!(%method, path = uri.path(), "status page request refused: no valid bearer token");
+                    let mut r = problem(StatusCode::UNAUTHORIZED, "the page's token is required (Authorization: Bearer ...)".to_string());
+                    r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+                    return r;
+                }
+                next.run(req).await
+            }
+        };
+        let billing = Router::new().route("/jobs/{id}", get(job)).route("/jobs/{id}/report", get(report)).route_layer(axum::middleware::from_fn(guard));
+        Router::new().route("/", get(page)).route("/status", get(page)).route("/status.json", get(status_json)).merge(billing).with_state(self)
     }
 
     /// Notes a source's outcome: `Err` keeps the time it first failed.
@@ -256,13 +298,23 @@ impl StatusSource {
         futures::future::join_all(reads).await.into_iter().collect()
     }
 
+    /// The quarantine count, read anew at most every [`QUARANTINE_FRESH_FOR`] (a failed read is tried
+    /// again at the next document).
+    async fn quarantined(&self) -> Result<usize, String> {
+        let mut last = self.inner.quarantine.lock().await;
+        if let Some((at, Ok(n))) = last.as_ref() {
+            if at.elapsed() < QUARANTINE_FRESH_FOR {
+                return Ok(*n);
+            }
+        }
+        let n = bounded(fleet_io::quarantine::list(self.inner.store.as_ref(), MAX_QUARANTINE_COUNTED + 1)).await.map(|keys| keys.len());
+        *last = Some((Instant::now(), n.clone()));
+        n
+    }
+
     async fn make(&self) -> StatusDoc {
-        let (agent, open, quarantine, owners) = tokio::join!(
-            self.agent_state(),
-            self.open_jobs(),
-            bounded(fleet_io::quarantine::list(self.inner.store.as_ref(), MAX_QUARANTINE_COUNTED + 1)),
-            bounded(self.inner.store.get(fleet_domain::layout::PARTITIONS_KEY))
-        );
+        let (agent, open, quarantine, owners) =
+            tokio::join!(self.agent_state(), self.open_jobs(), self.quarantined(), bounded(self.inner.store.get(fleet_domain::layout::PARTITIONS_KEY)));
         let partitions = owners.and_then(|body| match body {
             None => Ok(Default::default()),
             Some(b) => serde_json::from_slice::<crate::partitions::Table>(&b)
@@ -282,7 +334,6 @@ impl StatusSource {
             Ok((jobs, more)) => (Ok(jobs), more),
             Err(d) => (Err(d), false),
         };
-        let quarantine = quarantine.map(|keys| keys.len());
         let quarantined_more = quarantine.as_ref().is_ok_and(|n| *n > MAX_QUARANTINE_COUNTED);
         let mut breakers: Vec<fleet_io::breaker::BreakerState> = Vec::new();
         for e in &self.inner.engines.all() {
@@ -392,26 +443,45 @@ async fn job(State(s): State<StatusSource>, Path(id): Path<String>) -> Response 
 
 /// The agent's `/state` is read up to this many bytes (it is a few KB).
 const MAX_AGENT_STATE: usize = 1 << 20;
-/// A report is served up to this size (a million accounts: about 135 MB) ...
-const MAX_REPORT_BYTES: u64 = 256 << 20;
 
-/// A finished job's report, as the warehouse holds it (bounded: see [`MAX_REPORT_BYTES`]).
+/// A finished job's report, as the warehouse holds it, streamed as it is read (a million accounts'
+/// report is about 135 MB: never whole in memory), at most [`REPORT_STREAMS`] at a time.
 async fn report(State(s): State<StatusSource>, Path(id): Path<String>) -> Response {
     if let Err(e) = check_job_id(&id) {
         return problem(StatusCode::BAD_REQUEST, e.to_string());
     }
-    // One at a time: the page's memory stays bounded whatever the number of requests.
-    let Ok(_reading) = s.inner.report_reads.try_acquire() else {
-        let mut r = problem(StatusCode::SERVICE_UNAVAILABLE, "another report is being read; try again in a few seconds".to_string());
+    let Ok(permit) = s.inner.report_reads.clone().try_acquire_owned() else {
+        let mut r = problem(StatusCode::SERVICE_UNAVAILABLE, format!("{REPORT_STREAMS} reports are being read; try again in a few seconds"));
         r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("2"));
         return r;
     };
-    match tokio::time::timeout(Duration::from_secs(10), s.inner.store.get_capped(&report_key(&id), MAX_REPORT_BYTES)).await {
-        Ok(Ok(Some(body))) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Ok(Ok(None)) => problem(StatusCode::NOT_FOUND, format!("job {id} has no report (yet)")),
-        Ok(Err(e @ fleet_io::Error::Corrupt(_))) => {
-            problem(StatusCode::PAYLOAD_TOO_LARGE, format!("{e}: larger than the page serves; read it from the bucket ({})", report_key(&id)))
+    match tokio::time::timeout(Duration::from_secs(10), s.inner.store.get_stream(&report_key(&id))).await {
+        Ok(Ok(Some(blob))) => {
+            let key = report_key(&id);
+            // The permit goes with the body: it is given back when the body is sent, cut or dropped.
+            let chunks = futures::stream::unfold((blob.chunks, Some(permit), key), |(mut chunks, permit, key)| async move {
+                permit.as_ref()?;
+                match tokio::time::timeout(REPORT_CHUNK_DEADLINE, futures::StreamExt::next(&mut chunks)).await {
+                    Ok(Some(Ok(b))) => Some((Ok(b), (chunks, permit, key))),
+                    Ok(None) => None,
+                    Ok(Some(Err(e))) => {
+                        tracing::warn!(key, error = %e, "a report's body broke off while it was served");
+                        Some((Err(std::io::Error::other(e.to_string())), (chunks, None, key)))
+                    }
+                    Err(_) => {
+                        tracing::warn!(key, "a report's body stalled while it was served: cut");
+                        Some((Err(std::io::Error::other("the bucket stopped sending")), (chunks, None, key)))
+                    }
+                }
+            });
+            let mut r = Response::new(axum::body::Body::from_stream(chunks));
+            r.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+            if let Some(len) = blob.len {
+                r.headers_mut().insert(header::CONTENT_LENGTH, header::HeaderValue::from(len));
+            }
+            r
         }
+        Ok(Ok(None)) => problem(StatusCode::NOT_FOUND, format!("job {id} has no report (yet)")),
         Ok(Err(e)) => problem(StatusCode::SERVICE_UNAVAILABLE, format!("the bucket does not answer: {e}")),
         Err(_) => problem(StatusCode::SERVICE_UNAVAILABLE, "the bucket did not answer within 10 s".to_string()),
     }
@@ -423,10 +493,12 @@ mod tests {
     use fleet_io::blob::memory::MemoryStore;
     use fleet_io::queue::memory::MemoryQueue;
 
+    const TOKEN: &str = "page-token-0123456789";
+
     fn source(store: Arc<MemoryStore>, agent_url: Option<String>) -> StatusSource {
         let q = |n: &str| -> Arc<dyn Queue> { MemoryQueue::new(n, Duration::from_secs(30)) };
         let queues = vec![("work", q("w")), ("results", q("r")), ("work_dlq", q("wd")), ("results_dlq", q("rd"))];
-        StatusSource::new("c1".into(), store, queues, Engines::default(), agent_url)
+        StatusSource::new("c1".into(), store, queues, Engines::default(), agent_url, Some(AdminToken::parse(TOKEN).unwrap()))
     }
 
     #[tokio::test]
@@ -470,5 +542,71 @@ mod tests {
         assert_eq!((lines[0].visible, lines[0].in_flight, lines[0].oldest_age_s), (5, 2, Some(4.5)));
         assert_eq!((lines[1].delayed, lines[1].oldest_age_s), (3, None));
         assert!(queues_from_agent(&serde_json::json!({ "depths": null }), &queues).is_none(), "no look yet: read SQS");
+    }
+
+    /// Serves `s`'s router on a free port; its address.
+    async fn serve(s: StatusSource) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, s.router()).await });
+        addr
+    }
+
+    /// One GET over a fresh connection: status code and body.
+    async fn get(addr: std::net::SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+        c.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n{auth}\r\n").as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        c.read_to_end(&mut buf).await.unwrap();
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        (code, text.split("\r\n\r\n").nth(1).unwrap_or_default().to_string())
+    }
+
+    #[tokio::test]
+    async fn reports_and_job_detail_are_served_only_with_the_pages_token() {
+        let store = MemoryStore::new();
+        let report = format!("{{\"job_id\":\"j1\",\"accounts\":[{}]}}", vec!["{\"account_id\":\"A1\",\"net\":\"1.00\"}"; 5000].join(","));
+        store.put(&report_key("j1"), Bytes::from(report.clone()), "application/json").await.unwrap();
+        let addr = serve(source(store.clone(), None)).await;
+
+        for path in ["/jobs/j1/report", "/jobs/j1"] {
+            let (code, body) = get(addr, path, None).await;
+            assert_eq!(code, 401, "{path} without the token: {body}");
+            assert!(!body.contains("A1"), "nothing of the report: {body}");
+            assert_eq!(get(addr, path, Some("page-token-wrong-789")).await.0, 401, "{path} with another token");
+        }
+        let (code, body) = get(addr, "/jobs/j1/report", Some(TOKEN)).await;
+        assert_eq!((code, body.len()), (200, report.len()), "the report, whole, with the token");
+        assert_eq!(body, report);
+        let (code, body) = get(addr, "/jobs/j1", Some(TOKEN)).await;
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("/jobs/j1/report"), "{body}");
+        assert_eq!(get(addr, "/jobs/nope/report", Some(TOKEN)).await.0, 404);
+        // The page and its document need no token: they carry no money.
+        assert_eq!(get(addr, "/", None).await.0, 200);
+        assert_eq!(get(addr, "/status.json", None).await.0, 200);
+
+        // A controller without a token serves no billing data to anyone.
+        let q = |n: &str| -> Arc<dyn Queue> { MemoryQueue::new(n, Duration::from_secs(30)) };
+        let open = StatusSource::new("c2".into(), store, vec![("results", q("r"))], Engines::default(), None, None);
+        let addr = serve(open).await;
+        let (code, body) = get(addr, "/jobs/j1/report", Some(TOKEN)).await;
+        assert_eq!(code, 403, "{body}");
+        assert!(body.contains("--page-token-file"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn the_quarantine_count_is_read_at_most_once_a_minute() {
+        let store = MemoryStore::new();
+        let s = source(store.clone(), None);
+        let lists = || store.calls().snapshot().get("s3.ListObjectsV2").copied().unwrap_or(0);
+        assert_eq!(s.quarantined().await, Ok(0));
+        let after_first = lists();
+        assert!(after_first >= 1, "the first count lists");
+        assert_eq!(s.quarantined().await, Ok(0));
+        assert_eq!(lists(), after_first, "the second within a minute does not");
     }
 }

@@ -24,18 +24,18 @@ impl AdminToken {
     pub fn parse(s: &str) -> Result<AdminToken, String> {
         let t = s.trim();
         if t.chars().count() < MIN_TOKEN_LEN {
-            return Err(format!("the admin token must have at least {MIN_TOKEN_LEN} characters"));
+            return Err(format!("the token must have at least {MIN_TOKEN_LEN} characters"));
         }
         if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err("the admin token must not contain whitespace or control characters".into());
+            return Err("the token must not contain whitespace or control characters".into());
         }
         Ok(AdminToken(t.to_string()))
     }
 
     /// A token read from `path` (a mounted secret, say).
     pub fn from_file(path: &str) -> Result<AdminToken, String> {
-        let text = std::fs::read_to_string(Path::new(path)).map_err(|e| format!("admin token file {path}: {e}"))?;
-        AdminToken::parse(&text).map_err(|e| format!("admin token file {path}: {e}"))
+        let text = std::fs::read_to_string(Path::new(path)).map_err(|e| format!("token file {path}: {e}"))?;
+        AdminToken::parse(&text).map_err(|e| format!("token file {path}: {e}"))
     }
 
     /// Whether an `Authorization` header value is `Bearer <this token>`; the comparison takes the

@@ -245,7 +245,8 @@ pub fn admin_router(engines: impl Into<Engines>, token: AdminToken) -> Router {
         .with_state(engines.into())
 }
 
-async fn serve_router(what: &'static str, addr: SocketAddr, app: Router, stop: CancellationToken) -> std::io::Result<SocketAddr> {
+/// Serves `app` on `addr` until `stop` (`what` names it in logs). Returns the bound address.
+pub async fn serve_app(what: &'static str, addr: SocketAddr, app: Router, stop: CancellationToken) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
@@ -268,14 +269,14 @@ pub async fn serve_with(addr: SocketAddr, engines: impl Into<Engines>, extra: Op
         Some(extra) => router(engines).merge(extra),
         None => router(engines),
     };
-    let bound = serve_router("state", addr, app, stop).await?;
+    let bound = serve_app("state", addr, app, stop).await?;
     tracing::info!(%bound, "state endpoint: GET /state, /metrics, /livez, /readyz, /healthz");
     Ok(bound)
 }
 
 /// Serves the admin router on `addr` until `stop`. Returns the bound address.
 pub async fn serve_admin(addr: SocketAddr, engines: impl Into<Engines>, token: AdminToken, stop: CancellationToken) -> std::io::Result<SocketAddr> {
-    let bound = serve_router("admin", addr, admin_router(engines, token), stop).await?;
+    let bound = serve_app("admin", addr, admin_router(engines, token), stop).await?;
     tracing::info!(%bound, "admin endpoint: PUT /throttle (bearer token)");
     if !bound.ip().is_loopback() {
         tracing::warn!(%bound, "the admin endpoint listens beyond this host on plain HTTP: its bearer token crosses the network in clear; \

@@ -106,6 +106,17 @@ impl Table {
         format!("{TABLES_PREFIX}{}/billed_on={day}/{job}.parquet", self.name())
     }
 
+    /// The folder of the jobs filed under `day` in this table.
+    pub fn day_prefix(self, day: &str) -> String {
+        format!("{TABLES_PREFIX}{}/billed_on={day}/", self.name())
+    }
+
+    /// The job an object of this table holds, from its key (`None` for another key).
+    pub fn job_of(self, key: &str) -> Option<&str> {
+        let rest = key.strip_prefix(TABLES_PREFIX)?.strip_prefix(self.name())?.strip_prefix("/billed_on=")?;
+        rest.split_once('/')?.1.strip_suffix(".parquet")
+    }
+
     /// The object's bytes for the report `r`.
     pub fn encode<A: AccountRows>(self, r: &Report<A>) -> Result<Vec<u8>> {
         match self {
@@ -121,11 +132,15 @@ pub fn keys<A>(r: &Report<A>) -> Result<[(Table, String); 2]> {
     Ok(Table::ALL.map(|t| (t, t.key(&day, &r.job_id))))
 }
 
+/// The `billed_on` day of a UTC date.
+pub fn day(d: time::Date) -> String {
+    format!("{:04}-{:02}-{:02}", d.year(), u8::from(d.month()), d.day())
+}
+
 /// The day a finished job is filed under: the UTC date of its committed ending (`finished_at`).
 pub fn billed_on<A>(r: &Report<A>) -> Result<String> {
     let t = timestamp(&r.job_id, "finished_at", &r.finished_at)?;
-    let d = t.to_offset(time::UtcOffset::UTC).date();
-    Ok(format!("{:04}-{:02}-{:02}", d.year(), u8::from(d.month()), d.day()))
+    Ok(day(t.to_offset(time::UtcOffset::UTC).date()))
 }
 
 fn timestamp(job: &str, field: &str, s: &str) -> Result<time::OffsetDateTime> {

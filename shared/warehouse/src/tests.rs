@@ -66,6 +66,9 @@ fn a_partial_jobs_accounts_and_job_row_read_back_exactly() {
     r.requests.set_cost(&Prices::default(), r.transactions.submitted);
     assert_eq!(billed_on(&r).unwrap(), "2026-11-28", "the UTC day of the committed ending");
     assert_eq!(Table::Accounts.key("2026-11-28", "j-1"), "tables/accounts/billed_on=2026-11-28/j-1.parquet");
+    let key = Table::Jobs.key("2026-11-28", "j-1");
+    assert!(key.starts_with(&Table::Jobs.day_prefix("2026-11-28")));
+    assert_eq!((Table::Jobs.job_of(&key), Table::Accounts.job_of(&key)), (Some("j-1"), None), "a key names its job, in its own table only");
 
     let got = rows(Table::Accounts.encode(&r).unwrap());
     let text: Vec<(String, String, String, i64, String, String, String)> = got

@@ -60,7 +60,9 @@ async fn submit_wait_json_status_report_and_refusals() {
     // completes once one does).
     let out = initiator(&st, &["submit", one_bad_row.to_str().unwrap(), "--wait", "--wait-timeout-secs", "1"]);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("not finished after 1 s; it goes on: follow it with `initiator status"), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("not finished after 1 s; it goes on: follow it with `initiator wait"), "{err}");
+    let timed_out = err.split("job ").filter_map(|s| s.split_once(" not finished")).map(|(id, _)| id.to_string()).next().expect("the job named");
 
     let p = st.start_processor(fast_processor());
     let c = st.start_controller();
@@ -79,6 +81,23 @@ async fn submit_wait_json_status_report_and_refusals() {
     let meta = fleet_io::blob::BlobStore::head(st.store.as_ref(), &fleet_domain::layout::checkpoint_key(&job)).await.unwrap().expect("checkpoint");
     let progress = fleet_domain::model::Progress::from_meta(&meta).unwrap_or_else(|| panic!("no progress in the checkpoint's metadata: {meta:?}"));
     assert_eq!((progress.status, progress.accounted, progress.failed, progress.processed), (fleet_domain::model::JobStatus::Complete, 6, 0, 4_001));
+    // The job whose --wait gave up is followed again to its end: the same exit code and report.
+    let out = initiator(&st, &["wait", &timed_out, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON on stdout");
+    assert_eq!((again["job_id"].as_str(), again["status"].as_str()), (Some(timed_out.as_str()), Some("complete")));
+    let out = initiator(&st, &["wait", "no-such-job"]);
+    assert_eq!(out.status.code(), Some(1), "an unknown job is said, not waited for: {}", text(&out.stderr));
+    // Both are listed among today's finished jobs (from the warehouse's jobs table), the newest first.
+    let out = initiator(&st, &["jobs", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("jobs JSON on stdout");
+    let finished: Vec<&str> = listed["finished"].as_array().unwrap().iter().filter_map(|j| j["job_id"].as_str()).collect();
+    let (at_job, at_timed_out) = (finished.iter().position(|j| *j == job), finished.iter().position(|j| *j == timed_out));
+    assert!(at_job.is_some() && at_timed_out.is_some() && at_job < at_timed_out, "both finished, newest first: {listed}");
+    assert!(listed["finished"].as_array().unwrap().iter().all(|j| j["status"] == "complete"), "{listed}");
+    let out = initiator(&st, &["jobs"]);
+    assert!(text(&out.stdout).contains(&job) && text(&out.stdout).contains(" finished ("), "{}", text(&out.stdout));
     let out = initiator(&st, &["status", &job]);
     assert_eq!(out.status.code(), Some(0));
     assert!(text(&out.stdout).contains("complete, 6/6 chunks"), "{}", text(&out.stdout));
@@ -232,6 +251,19 @@ fn completions_and_man_page() {
     assert_eq!(out.status.code(), Some(0));
     let man = text(&out.stdout);
     assert!(man.starts_with(".ie") || man.contains(".TH initiator"), "roff: {}", &man[..man.len().min(200)]);
+    // A page per command: one on stdout, or all into a directory.
+    let (out, _) = bare(&["man", "dlq", "redrive"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).contains(".TH initiator-dlq-redrive") && text(&out.stdout).contains("\\-\\-limit"), "{}", text(&out.stdout));
+    let dir = tempfile::tempdir().unwrap();
+    let (out, _) = bare(&["man", "--out-dir", dir.path().to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    for page in ["initiator.1", "initiator-submit.1", "initiator-wait.1", "initiator-jobs.1", "initiator-warehouse-backfill.1"] {
+        assert!(dir.path().join(page).is_file(), "{page} written");
+    }
+    let (out, _) = bare(&["man", "nope"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no command `nope`"), "{}", text(&out.stderr));
 }
 
 #[test]
@@ -505,4 +537,37 @@ async fn dlq_redrive_moves_dead_letters_back_with_a_move_task_or_a_fifo_safe_cop
         back.sort();
         assert_eq!(back, bodies, "fifo={fifo}: every dead letter is back on the work queue once");
     }
+}
+
+/// Ctrl-C during `submit` abandons the job at once: exit 130, a line that says so, and the controller
+/// finishes it `abandoned` with what was billed, instead of showing it as being submitted until
+/// `--abandon-after`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ctrl_c_during_submit_abandons_the_job() {
+    use fleet_io::blob::BlobStore;
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
+    let c = st.start_controller();
+    let dir = tempfile::tempdir().unwrap();
+    let big = generated(dir.path(), "big.csv", 300_000, 1_000, 3);
+    let child = fleet_command(&st, "initiator")
+        .args(["submit", big.to_str().unwrap(), "--chunk-size", "2000", "--upload-concurrency", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Interrupted once its first chunk is stored (150 chunks, one at a time: far from done).
+    until(Duration::from_secs(60), async || st.store.list(fleet_domain::layout::JOBS_PREFIX, 1).await.is_ok_and(|k| !k.is_empty())).await;
+    let kill = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    let job = err.split("interrupted: job ").nth(1).and_then(|s| s.split_once(" abandoned")).map(|(id, _)| id.to_string()).unwrap_or_else(|| panic!("{err}"));
+    // The controller finishes it as abandoned (exit 2), the reason in its report.
+    let out = initiator(&st, &["wait", &job, "--json", "--timeout-secs", "120"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON on stdout");
+    assert_eq!(report["status"], "abandoned", "{report}");
+    assert!(report.to_string().contains("Ctrl-C"), "the reason recorded: {report}");
+    c.stop().await;
 }

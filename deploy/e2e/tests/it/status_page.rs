@@ -5,7 +5,8 @@
 //!
 //! The browser runs the page's script against the controller (`--dump-dom` after a virtual-time
 //! budget): what is asserted is the DOM the script built from `/status.json`, as a person would see
-//! it. `FLEET_STATUS_SCREENSHOT=DIR` also saves screenshots of each step there.
+//! it. `FLEET_STATUS_SCREENSHOT=DIR` also saves screenshots of each step there. The page is on its own
+//! address; its report is refused without the page's token and served with it.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -68,6 +69,16 @@ async fn until(browser: &'static str, url: &str, within: Duration, what: &str, p
     }
 }
 
+/// A GET carrying the page's bearer token: the whole answer.
+async fn get_with_token(addr: &str, path: &str, token: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_shows_a_job_to_completion_and_keeps_working_without_the_agent() {
     let Some(browser) = chromium() else {
@@ -91,10 +102,13 @@ async fn the_status_page_shows_a_job_to_completion_and_keeps_working_without_the
         let settings = scaling_agent::Settings { http_addr: Some(agent_http), ..scaling_agent::Settings::quick() };
         tokio::spawn(scaling_agent::run(settings, deps, agent_stop.clone()))
     };
-    let controller_http = free_addr();
+    let (controller_http, controller_page) = (free_addr(), free_addr());
+    const TOKEN: &str = "status-page-test-token-42";
     let controller = tokio::spawn(controller::run(
         controller::Settings {
             listener: fleet_engine::args::ListenerArgs { http_addr: Some(controller_http), ..fleet_engine::args::ListenerArgs::quick() },
+            page_addr: Some(controller_page),
+            page_token: Some(fleet_engine::admin::AdminToken::parse(TOKEN).unwrap()),
             drain_secs: 10,
             settle_secs: 3,
             agent_url: Some(format!("http://{agent_http}")),
@@ -111,7 +125,7 @@ async fn the_status_page_shows_a_job_to_completion_and_keeps_working_without_the
         },
         stop.clone(),
     ));
-    let url = format!("http://{controller_http}/");
+    let url = format!("http://{controller_page}/");
 
     // Loads, with its script: the fleet section from the agent, four queues, no job yet.
     let d = until(browser, &url, Duration::from_secs(30), "the agent's fleet and four queues", |d| {
@@ -119,6 +133,9 @@ async fn the_status_page_shows_a_job_to_completion_and_keeps_working_without_the
     })
     .await;
     assert!(d.contains(r#"id="no-open""#), "a new stack has no job under way: {d}");
+    // Metrics and health on their own address, the page on its own.
+    assert!(get(&controller_http.to_string(), "/metrics").await.is_some_and(|r| r.starts_with("HTTP/1.0 200")));
+    assert!(get(&controller_http.to_string(), "/status.json").await.is_some_and(|r| r.starts_with("HTTP/1.0 404")), "no page beside the metrics");
 
     // A job submitted while no processor runs: under way, its chunks known once it is sealed.
     let dir = tempfile::tempdir().unwrap();
@@ -136,7 +153,11 @@ async fn the_status_page_shows_a_job_to_completion_and_keeps_working_without_the
     let done = format!(r#"{row} data-status="complete""#);
     let d = until(browser, &url, Duration::from_secs(90), "the job complete", |d| d.contains(&done)).await;
     assert!(d.contains(&format!(r#"href="/jobs/{}/report""#, job.job_id)), "the report's link: {d}");
-    let report = get(&controller_http.to_string(), &format!("/jobs/{}/report", job.job_id)).await.expect("the report link answers");
+    let path = format!("/jobs/{}/report", job.job_id);
+    let refused = get(&controller_page.to_string(), &path).await.expect("the report link answers");
+    assert!(refused.starts_with("HTTP/1.0 401"), "no report without the page's token: {}", &refused[..refused.len().min(400)]);
+    assert!(!refused.contains("\"accounts\""), "{refused}");
+    let report = get_with_token(&controller_page.to_string(), &path, TOKEN).await;
     assert!(report.starts_with("HTTP/1.0 200"), "{}", &report[..report.len().min(400)]);
     let body: serde_json::Value = serde_json::from_str(report.split("\r\n\r\n").nth(1).unwrap()).expect("the report is JSON");
     assert_eq!((body["job_id"].as_str(), body["status"].as_str()), (Some(job.job_id.as_str()), Some("complete")));

@@ -55,6 +55,12 @@ pub trait BlobStore: Send + Sync + 'static {
             found => Ok(found),
         }
     }
+    /// An object's body as a stream of chunks (`None` when it does not exist), with its length when
+    /// known: a reader that passes it on (the status page serving a report) never holds it whole.
+    /// The S3 store streams the response body; this default reads it whole (the in-memory twin).
+    async fn get_stream(&self, key: &str) -> Result<Option<BlobStream>> {
+        Ok(self.get(key).await?.map(|b| BlobStream { len: Some(b.len() as u64), chunks: Box::pin(futures::stream::once(async move { Ok(b) })) }))
+    }
     /// Keys under `prefix`, in key order, at most `limit` of them.
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>>;
     /// Deletes an object (no error when it does not exist).
@@ -65,6 +71,14 @@ pub trait BlobStore: Send + Sync + 'static {
     fn breaker(&self) -> Option<std::sync::Arc<crate::breaker::Breaker>> {
         None
     }
+}
+
+/// An object's body read as it arrives ([`BlobStore::get_stream`]): a chunk error is a broken-off
+/// body (the object is not read again).
+pub struct BlobStream {
+    /// The body's length, when the store said.
+    pub len: Option<u64>,
+    pub chunks: std::pin::Pin<Box<dyn futures::Stream<Item = Result<Bytes>> + Send>>,
 }
 
 /// A conditional write that tells a lost answer from a lost race. [`BlobStore::put_if`] is retried

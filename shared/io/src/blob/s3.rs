@@ -110,6 +110,31 @@ impl BlobStore for S3Store {
             .await
     }
 
+    async fn get_stream(&self, key: &str) -> Result<Option<super::BlobStream>> {
+        // The request is retried by the policy; the body, once it flows, is not (a reader passing it
+        // on has sent part of it).
+        let out = self
+            .policy
+            .run(Service::S3, "GetObject", Duration::ZERO, || async {
+                self.calls.bump("s3.GetObject");
+                match self.client.get_object().bucket(&self.bucket).key(key).send().await {
+                    Ok(out) => Ok(Some(out)),
+                    Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
+                    Err(e) => Err(sdk_error(Service::S3, "GetObject", &self.endpoint, e)),
+                }
+            })
+            .await?;
+        Ok(out.map(|out| {
+            let len = out.content_length().and_then(|n| u64::try_from(n).ok());
+            let key = key.to_string();
+            let chunks = futures::stream::unfold((out.body, key), |(mut body, key)| async move {
+                let next = body.next().await?;
+                Some((next.map_err(|e| body_error(&key, e)), (body, key)))
+            });
+            super::BlobStream { len, chunks: Box::pin(chunks) }
+        }))
+    }
+
     async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
         self.policy
             .run(Service::S3, "PutObject", Duration::ZERO, || async {
