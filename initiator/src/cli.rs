@@ -10,7 +10,7 @@ use fleet_io::config::{FleetArgs, LogArgs};
 #[derive(Parser)]
 #[command(
     version,
-    after_help = "Exit codes: 0 complete (or done); 1 usage or input error; 2 job partial or abandoned; 3 infrastructure (unreachable, credentials, missing queue or bucket); 4 --wait timed out (the job goes on)."
+    after_help = "Exit codes: 0 complete (or done); 1 usage or input error; 2 job partial, abandoned or quarantined; 3 infrastructure (unreachable, credentials, missing queue or bucket); 4 --wait timed out (the job goes on); 130 interrupted (Ctrl-C: a submission is abandoned, a wait leaves the job going on)."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -28,6 +28,31 @@ pub enum Command {
     /// Show a job's progress.
     Status {
         job: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow a job until it finishes, with its progress, then print its summary: the same exit codes
+    /// as `submit --wait` (to come back to a job after `--wait` gave up, a Ctrl-C, or from another
+    /// terminal).
+    Wait {
+        job: String,
+        /// Give up after this many seconds (exit 4; the job goes on).
+        #[arg(long, default_value_t = 3600)]
+        timeout_secs: u64,
+        /// Print the report JSON instead of the summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the open jobs (those a controller has begun) and those finished in the last days
+    /// (the warehouse's jobs table), newest first.
+    Jobs {
+        /// Days of finished jobs, today (UTC) included.
+        #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u16).range(0..=366))]
+        days: u16,
+        /// Most jobs listed of each kind.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        limit: u64,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -95,8 +120,16 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff) on stdout (e.g. `initiator man > initiator.1; man ./initiator.1`).
-    Man,
+    /// Print the man page (roff) on stdout (e.g. `initiator man > initiator.1; man ./initiator.1`), of
+    /// the initiator or of one command (`initiator man submit`, `initiator man dlq redrive`); or write
+    /// every page into a directory (`--out-dir`: initiator.1, initiator-submit.1, ...).
+    Man {
+        /// The command whose page to print.
+        command: Vec<String>,
+        /// Write every page into this directory instead.
+        #[arg(long, conflicts_with = "command")]
+        out_dir: Option<PathBuf>,
+    },
     /// Write a deterministic sample CSV to stdout.
     Generate {
         /// Number of transactions.

@@ -51,9 +51,34 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             clap_complete::generate(shell, &mut cmd, "initiator", &mut std::io::stdout());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Man => {
-            let cmd = <Cli as clap::CommandFactory>::command();
-            clap_mangen::Man::new(cmd).render(&mut std::io::stdout()).map_err(|e| CliError::Input(format!("writing stdout: {e}")))?;
+        Command::Man { command, out_dir } => {
+            man(&command, out_dir.as_deref())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Wait { job, timeout_secs, json } => {
+            follow::checked(&job)?;
+            let aws = aws(&fleet).await?;
+            let store = store(&aws, &fleet).await?;
+            // An unknown job is said at once (exit 1), not waited for.
+            let p = follow::progress(store.as_ref(), &job).await?;
+            let show = std::io::stderr().is_terminal();
+            let wait = follow::wait(store.as_ref(), &job, p.total_chunks.unwrap_or(0), Duration::from_secs(timeout_secs), show);
+            let Some(r) = until_interrupted(wait).await? else {
+                eprintln!("interrupted: job {job} goes on; `initiator wait {job}` follows it again");
+                return Ok(Exit::Interrupted.into());
+            };
+            print_report(&r, json)?;
+            Ok(job_exit_code(r.status))
+        }
+        Command::Jobs { days, limit, json } => {
+            let aws = aws(&fleet).await?;
+            let store = store(&aws, &fleet).await?;
+            let l = crate::jobs::list(store.as_ref(), time::OffsetDateTime::now_utc().date(), days, limit as usize).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&l).map_err(fleet_io::Error::from)?);
+            } else {
+                println!("{l}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Generate { rows, accounts, seed, every_account } => {
@@ -247,6 +272,66 @@ async fn dlq(command: DlqCommand, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     Ok(ExitCode::SUCCESS)
 }
 
+/// `f`'s outcome, or `None` when the user interrupts it (Ctrl-C, SIGINT) first; `f` is dropped then.
+/// The handler is installed before `f` starts, so an early Ctrl-C is not the default (a kill).
+async fn until_interrupted<T>(f: impl std::future::Future<Output = Result<T, CliError>>) -> Result<Option<T>, CliError> {
+    #[cfg(unix)]
+    let mut interrupt =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).map_err(|e| CliError::Input(format!("Ctrl-C handler: {e}")))?;
+    #[cfg(unix)]
+    let interrupted = interrupt.recv();
+    #[cfg(not(unix))]
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::select! {
+        r = f => r.map(Some),
+        _ = interrupted => Ok(None),
+    }
+}
+
+/// The man pages: the initiator's, or one command's, on stdout; or all of them into `out_dir`.
+fn man(command: &[String], out_dir: Option<&std::path::Path>) -> Result<(), CliError> {
+    let root = <Cli as clap::CommandFactory>::command();
+    let write = |e: std::io::Error, what: &str| CliError::Input(format!("writing {what}: {e}"));
+    if let Some(dir) = out_dir {
+        let mut pages = Vec::new();
+        man_pages(root, "initiator", &mut pages);
+        std::fs::create_dir_all(dir).map_err(|e| write(e, &dir.display().to_string()))?;
+        for (name, cmd) in &pages {
+            let path = dir.join(format!("{name}.1"));
+            let mut out = std::fs::File::create(&path).map_err(|e| write(e, &path.display().to_string()))?;
+            clap_mangen::Man::new(cmd.clone()).render(&mut out).map_err(|e| write(e, &path.display().to_string()))?;
+        }
+        eprintln!("{} man pages written to {}", pages.len(), dir.display());
+        return Ok(());
+    }
+    let mut cmd = root;
+    let mut name = "initiator".to_string();
+    for word in command {
+        let Some(sub) = cmd.find_subcommand(word).cloned() else {
+            return Err(CliError::Input(format!("no command `{word}` in `{}`", name.replace('-', " "))));
+        };
+        name = format!("{name}-{word}");
+        cmd = sub.name(leaked(&name));
+    }
+    clap_mangen::Man::new(cmd).render(&mut std::io::stdout()).map_err(|e| write(e, "stdout"))
+}
+
+/// A page's name for clap, which keeps `'static` names: a few short strings, once per run.
+fn leaked(name: &str) -> &'static str {
+    Box::leak(name.to_string().into_boxed_str())
+}
+
+/// Every page of `cmd` and its commands, each named `initiator-sub-subsub`.
+fn man_pages(cmd: clap::Command, name: &str, pages: &mut Vec<(String, clap::Command)>) {
+    let cmd = cmd.name(leaked(name));
+    for sub in cmd.get_subcommands() {
+        if sub.get_name() != "help" {
+            man_pages(sub.clone(), &format!("{name}-{}", sub.get_name()), pages);
+        }
+    }
+    pages.push((name.to_string(), cmd));
+}
+
 fn load_tariff(path: Option<&PathBuf>) -> Result<Tariff, CliError> {
     match path {
         Some(p) => Tariff::load(p).map_err(|e| CliError::Input(format!("tariff {e}"))),
@@ -279,7 +364,10 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     // The results queue, or its partitions as one queue (each job's seal goes to its own).
     let (results, _) = aws.results_queues(fleet, quick()).await?;
     let clients = Clients { work, results, store: store.clone(), triggers: fleet.trigger_bus() };
+    // The job's id is chosen here, so that a Ctrl-C can abandon it.
+    let job_id = fleet_domain::layout::new_job_id();
     let opts = SubmitOptions {
+        job_id: Some(job_id.clone()),
         chunk_size,
         chunk_bytes: args.chunk_bytes,
         strict: args.strict,
@@ -292,7 +380,18 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
         stdin,
         ..SubmitOptions::new(args.files)
     };
-    let s = crate::submit::submit_inputs(opts, inputs, &clients).await?;
+    let Some(s) = until_interrupted(crate::submit::submit_inputs(opts, inputs, &clients)).await? else {
+        // Whatever was enqueued is billed and reported as `abandoned`: the job does not wait, unsealed,
+        // for --abandon-after.
+        let reason = "submission interrupted (Ctrl-C)";
+        match crate::ops::abandon(&clients.results, clients.triggers.as_deref(), &job_id, reason, None).await {
+            Ok(()) => {
+                eprintln!("interrupted: job {job_id} abandoned; the controller finishes it as `abandoned` with what was billed (`initiator wait {job_id}`)")
+            }
+            Err(e) => eprintln!("interrupted: abandoning job {job_id} failed ({e}): run `initiator abandon {job_id}`"),
+        }
+        return Ok(Exit::Interrupted.into());
+    };
     eprintln!(
         "job {}: {} rows read, {} accepted, {} rejected; {} chunks of up to {chunk_size} transactions enqueued",
         s.job_id, s.counts.submitted, s.counts.accepted, s.counts.rejected, s.total_chunks
@@ -309,7 +408,11 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let r = follow::wait(store.as_ref(), &s.job_id, s.total_chunks, Duration::from_secs(args.wait_timeout_secs), show).await?;
+    let wait = follow::wait(store.as_ref(), &s.job_id, s.total_chunks, Duration::from_secs(args.wait_timeout_secs), show);
+    let Some(r) = until_interrupted(wait).await? else {
+        eprintln!("interrupted: job {} goes on; `initiator wait {}` follows it again", s.job_id, s.job_id);
+        return Ok(Exit::Interrupted.into());
+    };
     print_report(&r, args.json)?;
     Ok(job_exit_code(r.status))
 }

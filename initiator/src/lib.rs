@@ -6,6 +6,7 @@ pub mod cli;
 pub mod commands;
 pub mod follow;
 pub mod grouping;
+pub mod jobs;
 pub mod local;
 pub mod ops;
 pub mod submit;
@@ -23,13 +24,16 @@ pub enum Exit {
     /// Usage or input: a bad flag, a missing or unreadable file, a bad row under `--strict`, a bad
     /// tariff, an unknown job. Found before anything is sent, unless the message says otherwise.
     Input = 1,
-    /// The job ended `partial` or `abandoned`.
+    /// The job ended `partial`, `abandoned` or `quarantined`.
     Unfinished = 2,
     /// Infrastructure: SQS, S3 or RabbitMQ unreachable or refusing, missing credentials or region, a
     /// missing queue or bucket, a document that failed its checks.
     Infra = 3,
-    /// `--wait` gave up before the job finished (it goes on; follow it with `initiator status`).
+    /// `--wait` gave up before the job finished (it goes on; follow it with `initiator wait`).
     WaitTimedOut = 4,
+    /// Interrupted (Ctrl-C): a submission's job was abandoned, a waited-for job goes on (128 + SIGINT,
+    /// as a shell reports it).
+    Interrupted = 130,
 }
 
 impl From<Exit> for ExitCode {
@@ -51,7 +55,7 @@ pub enum CliError {
     #[error(transparent)]
     Corrupt(#[from] fleet_domain::Error),
     /// `--wait` gave up; the job goes on. Exit 4.
-    #[error("job {job_id} not finished after {} s; it goes on: follow it with `initiator status {job_id}` (is a controller running?)", .after.as_secs())]
+    #[error("job {job_id} not finished after {} s; it goes on: follow it with `initiator wait {job_id}` (is a controller running?)", .after.as_secs())]
     WaitTimedOut { job_id: String, after: Duration },
     /// A submission failed after some of its work items were enqueued: says how many and what became
     /// of the job. Exit code of the cause.

@@ -1,0 +1,192 @@
+//! `initiator jobs`: the fleet's jobs as an operator looks for one, without knowing its id: the open
+//! ones (the controllers' `open/` markers, written at a job's first checkpoint, with the progress its
+//! checkpoint's metadata carries: one HEAD each) and the ones finished in the last days (the
+//! warehouse's `jobs` table, one object per job under the day its ending was committed: one LIST per
+//! day, newest first, then a HEAD each). A job submitted while no controller runs is not listed until
+//! one begins it; `initiator status JOB` finds it by id.
+
+use fleet_domain::layout::{checkpoint_key, OPEN_PREFIX};
+use fleet_domain::model::{JobStatus, Progress};
+use fleet_io::blob::BlobStore;
+use fleet_warehouse::Table;
+use futures::{StreamExt, TryStreamExt};
+use serde::Serialize;
+
+use crate::CliError;
+
+/// Most finished jobs of one day looked through for its newest.
+const MAX_PER_DAY: usize = 100_000;
+
+/// HEAD requests in flight at once.
+const HEADS_AT_ONCE: usize = 16;
+
+/// One job as listed.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct JobLine {
+    pub job_id: String,
+    /// From its checkpoint; `None` when it has none yet (or it cannot be read).
+    pub status: Option<JobStatus>,
+    pub accounted_chunks: u32,
+    /// Known once the job is sealed.
+    pub total_chunks: Option<u32>,
+    pub failed_chunks: u32,
+    pub processed: u64,
+    /// The day the job's ending was committed (finished jobs only).
+    pub billed_on: Option<String>,
+}
+
+/// The open jobs and those finished in the last `days`.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobList {
+    pub open: Vec<JobLine>,
+    /// More open jobs than the limit.
+    pub open_more: bool,
+    pub finished: Vec<JobLine>,
+    /// The days looked at for finished jobs, newest first.
+    pub days: Vec<String>,
+}
+
+/// The jobs of the bucket: at most `limit` open and `limit` finished, the finished ones from the
+/// `days` days up to `today` (UTC), newest day first.
+pub async fn list(store: &dyn BlobStore, today: time::Date, days: u16, limit: usize) -> Result<JobList, CliError> {
+    let keys = store.list(OPEN_PREFIX, limit + 1).await?;
+    let open_more = keys.len() > limit;
+    let open_ids: Vec<(String, Option<String>)> =
+        keys.iter().take(limit).filter_map(|k| k.strip_prefix(OPEN_PREFIX)).map(|id| (id.to_string(), None)).collect();
+    let mut finished_ids = Vec::new();
+    let mut looked = Vec::new();
+    let mut day = today;
+    for _ in 0..days {
+        if finished_ids.len() >= limit {
+            break;
+        }
+        let d = fleet_warehouse::day(day);
+        // The whole day (a LIST per thousand jobs), for its newest: job ids are UUIDv7, time-ordered.
+        let keys = store.list(&Table::Jobs.day_prefix(&d), MAX_PER_DAY).await?;
+        let want = limit - finished_ids.len();
+        finished_ids.extend(keys.iter().rev().filter_map(|k| Table::Jobs.job_of(k)).take(want).map(|id| (id.to_string(), Some(d.clone()))));
+        looked.push(d);
+        match day.previous_day() {
+            Some(p) => day = p,
+            None => break,
+        }
+    }
+    Ok(JobList { open: lines(store, open_ids).await?, open_more, finished: lines(store, finished_ids).await?, days: looked })
+}
+
+/// Each job's line, its progress read from its checkpoint's metadata.
+async fn lines(store: &dyn BlobStore, ids: Vec<(String, Option<String>)>) -> Result<Vec<JobLine>, CliError> {
+    futures::stream::iter(ids)
+        .map(|(job_id, billed_on)| async move {
+            let p: Option<Progress> = store.head(&checkpoint_key(&job_id)).await?.as_ref().and_then(Progress::from_meta);
+            Ok::<_, CliError>(JobLine {
+                status: p.map(|p| p.status),
+                accounted_chunks: p.map_or(0, |p| p.accounted),
+                total_chunks: p.and_then(|p| p.total),
+                failed_chunks: p.map_or(0, |p| p.failed),
+                processed: p.map_or(0, |p| p.processed),
+                job_id,
+                billed_on,
+            })
+        })
+        .buffered(HEADS_AT_ONCE)
+        .try_collect()
+        .await
+}
+
+fn status_word(s: Option<JobStatus>) -> &'static str {
+    match s {
+        None => "-",
+        Some(JobStatus::Running) => "running",
+        Some(JobStatus::Complete) => "complete",
+        Some(JobStatus::Partial) => "partial",
+        Some(JobStatus::Abandoned) => "abandoned",
+        Some(JobStatus::Quarantined) => "quarantined",
+    }
+}
+
+impl std::fmt::Display for JobList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let row = |f: &mut std::fmt::Formatter<'_>, j: &JobLine| {
+            let chunks = format!("{}/{}", j.accounted_chunks, j.total_chunks.map_or("?".to_string(), |t| t.to_string()));
+            writeln!(
+                f,
+                "{:<38} {:<11} {:>11} {:>7} {:>12} {}",
+                j.job_id,
+                status_word(j.status),
+                chunks,
+                j.failed_chunks,
+                j.processed,
+                j.billed_on.as_deref().unwrap_or("-")
+            )
+        };
+        writeln!(f, "{:<38} {:<11} {:>11} {:>7} {:>12} billed_on", "job", "status", "chunks", "failed", "processed")?;
+        for j in &self.open {
+            row(f, j)?;
+        }
+        if self.open_more {
+            writeln!(f, "... more open jobs than shown (--limit)")?;
+        }
+        for j in &self.finished {
+            row(f, j)?;
+        }
+        let span = match (self.days.first(), self.days.last()) {
+            (Some(a), Some(b)) if a != b => format!("{b} to {a}"),
+            (Some(a), _) => a.clone(),
+            _ => "no day".into(),
+        };
+        write!(f, "{} open, {} finished ({span}, UTC)", self.open.len(), self.finished.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use fleet_io::blob::memory::MemoryStore;
+    use fleet_io::blob::Cond;
+
+    async fn checkpoint(store: &MemoryStore, job: &str, status: JobStatus, accounted: u32) {
+        let p =
+            Progress { status, sealed: true, total: Some(4), accounted, failed: 0, processed: u64::from(accounted) * 10, updated_unix: 1, partition: Some(0) };
+        store.put_if(&checkpoint_key(job), Bytes::from_static(b"{}"), "application/json", &p.to_meta(), &Cond::Any).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn open_jobs_and_the_last_days_finished_newest_first() {
+        let store = MemoryStore::new();
+        let today = time::Date::from_calendar_date(2026, time::Month::November, 29).unwrap();
+        store.put("open/j-open", Bytes::new(), "application/octet-stream").await.unwrap();
+        checkpoint(&store, "j-open", JobStatus::Running, 1).await;
+        for (day, job, status) in [
+            ("2026-11-29", "j-a", JobStatus::Complete),
+            ("2026-11-29", "j-b", JobStatus::Partial),
+            ("2026-11-27", "j-c", JobStatus::Abandoned),
+            ("2026-11-20", "j-old", JobStatus::Complete),
+        ] {
+            store.put(&Table::Jobs.key(day, job), Bytes::from_static(b"PAR1"), "application/vnd.apache.parquet").await.unwrap();
+            store.put(&Table::Accounts.key(day, job), Bytes::from_static(b"PAR1"), "application/vnd.apache.parquet").await.unwrap();
+            checkpoint(&store, job, status, 4).await;
+        }
+        let l = list(store.as_ref(), today, 7, 10).await.unwrap();
+        assert_eq!(l.open.iter().map(|j| (j.job_id.as_str(), j.status, j.accounted_chunks)).collect::<Vec<_>>(), [("j-open", Some(JobStatus::Running), 1)]);
+        let finished: Vec<(&str, Option<JobStatus>, Option<&str>)> = l.finished.iter().map(|j| (j.job_id.as_str(), j.status, j.billed_on.as_deref())).collect();
+        assert_eq!(
+            finished,
+            [
+                ("j-b", Some(JobStatus::Partial), Some("2026-11-29")),
+                ("j-a", Some(JobStatus::Complete), Some("2026-11-29")),
+                ("j-c", Some(JobStatus::Abandoned), Some("2026-11-27"))
+            ],
+            "a week back, newest first; a job ten days old is not listed"
+        );
+        assert_eq!(l.days.len(), 7);
+        let text = l.to_string();
+        assert!(text.contains("j-open") && text.contains("partial") && text.contains("1 open, 3 finished (2026-11-23 to 2026-11-29, UTC)"), "{text}");
+
+        // The limit holds, and stops the days looked at once reached.
+        let l = list(store.as_ref(), today, 7, 1).await.unwrap();
+        assert_eq!((l.finished.len(), l.days.len()), (1, 1));
+        assert_eq!(l.finished[0].job_id, "j-b");
+    }
+}
