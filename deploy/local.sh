@@ -10,6 +10,8 @@
 #                           RabbitMQ is left running unless FLEET_STOP_RABBITMQ=1.
 #   deploy/local.sh status  shows what runs.
 #
+# The controller's status page: http://127.0.0.1:9300/ (its reports need the token in .run/page-token).
+#
 # Logs and pid files go to the run directory ($FLEET_RUN_DIR, default .run/ in the repository).
 # `up` twice is safe: running pieces are left alone.
 set -euo pipefail
@@ -37,9 +39,15 @@ up() {
     if alive "$s"; then echo "$s: already running (pid $(cat "$run/$s.pid"))"; continue; fi
     # State endpoints: processors on :9110 + N, controller on :9102 (GET /state, /metrics; PUT /throttle),
     # scaling agent on :9100 (GET /state, /metrics).
-    http=""
-    case "$s" in controller) http=${CONTROLLER_HTTP_ADDR:-127.0.0.1:9102} ;; esac
-    LISTENER_HTTP_ADDR=$http AGENT_HTTP_ADDR=${AGENT_HTTP_ADDR:-127.0.0.1:9100} AGENT_BACKEND=process \
+    # The controller's status page on :9300, its token (for reports) in $run/page-token.
+    http="" page=()
+    case "$s" in controller)
+      http=${CONTROLLER_HTTP_ADDR:-127.0.0.1:9102}
+      [ -s "$run/page-token" ] || (umask 077; od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$run/page-token")
+      page=(CONTROLLER_PAGE_ADDR="${CONTROLLER_PAGE_ADDR:-127.0.0.1:9300}" CONTROLLER_PAGE_TOKEN_FILE="$run/page-token"
+            CONTROLLER_AGENT_URL="${CONTROLLER_AGENT_URL:-http://${AGENT_HTTP_ADDR:-127.0.0.1:9100}}") ;;
+    esac
+    env "${page[@]}" LISTENER_HTTP_ADDR=$http AGENT_HTTP_ADDR=${AGENT_HTTP_ADDR:-127.0.0.1:9100} AGENT_BACKEND=process \
       AGENT_PROCESSOR_BIN="$repo/target/release/processor" AGENT_PROCESSOR_HTTP_BASE=${AGENT_PROCESSOR_HTTP_BASE:-9110} \
       AGENT_PROCESSOR_LOG_DIR="$run" AGENT_MIN_INSTANCES=${AGENT_MIN_INSTANCES:-1} AGENT_MAX_INSTANCES=${AGENT_MAX_INSTANCES:-4} \
       nohup "$repo/target/release/$s" >>"$run/$s.log" 2>&1 </dev/null &
