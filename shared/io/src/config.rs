@@ -15,11 +15,28 @@ use crate::error::{Error, Result};
 use crate::queue::{Queue, Sharded, SqsQueue};
 use crate::trigger::{redact_url, spawn_subscription, AmqpCa, RabbitTriggers, Subscription, TriggerBus};
 
+/// A bucket name as S3 takes it (3 to 63 lowercase letters, digits, dots and hyphens, beginning and
+/// ending with a letter or digit): a bad one is said at once, by name, not as the SDK's error.
+pub fn bucket_name(s: &str) -> Result<String, String> {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-';
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if !(3..=63).contains(&s.len()) {
+        return Err(format!("bucket name {s:?}: must have 3 to 63 characters, has {}", s.len()));
+    }
+    if let Some(c) = s.chars().find(|c| !ok_char(*c)) {
+        return Err(format!("bucket name {s:?}: {c:?} is not allowed (lowercase letters, digits, '.' and '-' only)"));
+    }
+    if !edge(s.chars().next()) || !edge(s.chars().last()) {
+        return Err(format!("bucket name {s:?}: must begin and end with a lowercase letter or a digit"));
+    }
+    Ok(s.to_string())
+}
+
 /// Names of the fleet's queues, bucket and trigger exchange.
 #[derive(Clone, clap::Args)]
 pub struct FleetArgs {
     /// S3 bucket for chunk blobs (jobs/ prefix) and reports (warehouse/ prefix).
-    #[arg(long, global = true, env = "FLEET_BUCKET", default_value = "billing-fleet")]
+    #[arg(long, global = true, env = "FLEET_BUCKET", default_value = "billing-fleet", value_parser = bucket_name)]
     pub bucket: String,
     /// Work queue (name or URL).
     #[arg(long, global = true, env = "FLEET_WORK_QUEUE", default_value = "billing-work")]
@@ -375,6 +392,26 @@ mod tests {
         );
         let o = FleetArgs { work_dlq_override: Some("mine".into()), ..d };
         assert_eq!(o.with_suffix("t1").work_dlq(), "mine-t1");
+    }
+
+    #[test]
+    fn bucket_names_are_checked_as_s3_checks_them() {
+        for good in ["billing-fleet", "abc", "a.b-c.9", &"x".repeat(63)] {
+            assert_eq!(bucket_name(good).as_deref(), Ok(good));
+        }
+        for (bad, says) in
+            [("", "3 to 63"), ("ab", "3 to 63"), ("Billing", "'B' is not allowed"), ("a_b-c", "'_'"), ("-abc", "begin and end"), ("abc.", "begin and end")]
+        {
+            let e = bucket_name(bad).unwrap_err();
+            assert!(e.contains(says) && e.contains(&format!("{bad:?}")), "{bad:?}: {e}");
+        }
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            fleet: FleetArgs,
+        }
+        let e = <Only as clap::Parser>::try_parse_from(["x", "--bucket", ""]).err().expect("an empty bucket is refused").to_string();
+        assert!(e.contains("--bucket") && e.contains("bucket name \"\": must have 3 to 63 characters"), "{e}");
     }
 
     #[test]
