@@ -60,6 +60,18 @@ pub fn recent_finished() -> Vec<FinishedView> {
 pub fn register_metrics() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
+        // The series of a known label value are there at 0 from the start, not at their first event:
+        // an alert or a dashboard finds them on every controller (`promtool check metrics` and
+        // deploy/e2e/tests/compose.rs look for them). The quarantine's are per queue, made at the first.
+        for status in [JobStatus::Complete, JobStatus::Partial, JobStatus::Abandoned, JobStatus::Quarantined] {
+            drop(JOBS.get_or_create(&vec![("status".to_string(), status_label(status).to_string())]));
+        }
+        for why in ["contradicts", "unrecorded"] {
+            drop(REFUSED.get_or_create(&vec![("why".to_string(), why.to_string())]));
+        }
+        for change in ["gained", "given_up"] {
+            drop(PARTITION_CHANGES.get_or_create(&vec![("change".to_string(), change.to_string())]));
+        }
         fleet_engine::metrics::register(|r| {
             r.register("controller_jobs_finished", "Jobs finished, by status", JOBS.clone());
             r.register("controller_transactions_billed", "Transactions billed into finished jobs' reports", BILLED.clone());

@@ -17,6 +17,14 @@ static SEND_FAILURES: LazyLock<Family<Labels, Counter>> = LazyLock::new(Family::
 pub fn register_metrics() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
+        // Every series there at 0 from the start, not at its first event (a dashboard or an alert finds
+        // it on every processor).
+        for result in ["billed", "failed", "retried", "held"] {
+            drop(CHUNKS.get_or_create(&vec![("result".to_string(), result.to_string())]));
+        }
+        for cause in ["outage", "other"] {
+            drop(SEND_FAILURES.get_or_create(&vec![("cause".to_string(), cause.to_string())]));
+        }
         fleet_engine::metrics::register(|r| {
             r.register(
                 "processor_chunks",

@@ -276,7 +276,8 @@ fn a_target_per_instance_sets_the_starting_throughput() {
 }
 
 /// `/metrics` in OpenMetrics: build info, and series whose value is not known yet (no decision, no
-/// waiting item) left out rather than set to -1; once a decision is made they appear.
+/// waiting item) left out rather than set to -1; once a decision is made they appear. Both clean
+/// under `promtool check metrics` (when promtool is on PATH).
 #[tokio::test(start_paused = true)]
 async fn metrics_leave_unknown_series_out_and_carry_build_info() {
     let settings = Settings { min_instances: 1, interval_secs: 1, ..Settings::quick() };
@@ -285,10 +286,17 @@ async fn metrics_leave_unknown_series_out_and_carry_build_info() {
     assert!(m.contains("# TYPE fleet_build_info gauge") && m.contains("fleet_build_info{service="), "{m}");
     assert!(!m.contains("agent_desired_instances") && !m.contains("agent_oldest_age_seconds") && !m.contains(" -1"), "{m}");
     assert!(m.trim_end().ends_with("# EOF"), "{m}");
+    fleet_test_support::promtool::assert_clean("the agent's /metrics before a decision", &m);
     let f = start(settings);
     f.work.send(bodies(3)).await.unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let m = crate::http::render_metrics(&lock(&f.state));
     assert!(m.contains("agent_desired_instances "), "{m}");
+    // Every series present (a decision, an item waiting, the depths): `promtool check metrics` clean.
+    let names = fleet_test_support::promtool::metric_names(&m);
+    for name in ["agent_actual_instances", "agent_oldest_age_seconds", "agent_sla_seconds", "agent_queue_messages", "agent_decisions_total"] {
+        assert!(names.contains(name), "{name} missing:\n{m}");
+    }
+    fleet_test_support::promtool::assert_clean("the agent's /metrics", &m);
     f.stop().await;
 }

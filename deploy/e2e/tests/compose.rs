@@ -21,6 +21,10 @@ use std::time::{Duration, Instant, SystemTime};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::Value;
 
+// Under tests/compose/: not a test target of its own.
+#[path = "compose/alert_metrics.rs"]
+mod alert_metrics;
+
 /// Images of these tests, apart from a user's (`billing-fleet/...`).
 const PREFIX: &str = "billing-fleet-test";
 const MILLION: u64 = 1_000_000;
@@ -43,8 +47,10 @@ fn main() -> ExitCode {
         shared("two_controller_replicas_rolling_restart_mid_job_totals_exact", controllers_rolling_restart),
         shared("rabbitmq_container_stopped_mid_job_job_completes", rabbitmq_stopped_mid_job),
         trial("agent_scales_processor_containers_up_and_back_totals_exact", agent_scales_containers),
+        // Without Docker: the alert rules' metric names as the agent scenario reads them.
+        Trial::test(NO_DOCKER_TRIAL, || std::panic::catch_unwind(rules_metric_names).map_err(|p| Failed::from(panic_text(&*p)))),
     ];
-    let ran_any = trials.iter().any(|t| args.filter.as_deref().is_none_or(|f| t.name().contains(f))) && !args.list;
+    let ran_any = trials.iter().filter(|t| t.name() != NO_DOCKER_TRIAL).any(|t| args.filter.as_deref().is_none_or(|f| t.name().contains(f))) && !args.list;
     let conclusion = libtest_mimic::run(&args, trials);
     // A shared fleet the last of its scenarios did not bring down (a filter left that one out).
     drop(SHARED.lock().unwrap_or_else(|e| e.into_inner()).take());
@@ -56,6 +62,39 @@ fn main() -> ExitCode {
     }
     conclusion.exit_code()
 }
+
+/// The one trial that needs no Docker Engine (and builds no image).
+const NO_DOCKER_TRIAL: &str = "compose::rules::alert_rules_metric_names_extracted";
+
+/// The alert rules of deploy/prometheus/alerts.yml and the metric names each selects.
+fn alert_rules() -> Vec<(String, std::collections::BTreeSet<String>)> {
+    let rules = std::fs::read_to_string(repo().join("deploy/prometheus/alerts.yml")).expect("deploy/prometheus/alerts.yml");
+    alert_metrics::alert_metric_names(&rules)
+}
+
+/// The extractor on known shapes, and on the rules: every alert selects some metric, and the ones
+/// [`Fleet::metrics_name_every_alerts_metric`] looks for are these.
+fn rules_metric_names() {
+    alert_metrics::self_check();
+    let rules = alert_rules();
+    assert!(rules.len() >= 10, "alerts.yml: {rules:?}");
+    let all: std::collections::BTreeSet<&str> = rules.iter().flat_map(|(_, n)| n.iter().map(String::as_str)).collect();
+    for name in ["fleet_build_info", "listener_received_total", "controller_jobs_finished_total", "agent_oldest_age_seconds", "listener_breaker_open"] {
+        assert!(all.contains(name), "{name} not found in the rules: {all:?}");
+    }
+    println!("alerts.yml selects: {}", all.iter().copied().collect::<Vec<_>>().join(" "));
+}
+
+/// Metric names of alerts.yml that a running fleet's scrape need not show, each with why: none of them
+/// is a misspelling the compose test would otherwise catch.
+const MAY_BE_ABSENT: &[(&str, &str)] = &[
+    // Made by Prometheus for every target, not served by any.
+    ("up", "Prometheus's own per target"),
+    // Per queue: made at a controller's first quarantined message (controller/tests/metrics.rs sees it).
+    ("controller_messages_quarantined_total", "appears at the first quarantined message"),
+    // Left out while nothing waits (never -1); scaling-agent/src/tests.rs sees it with work waiting.
+    ("agent_oldest_age_seconds", "absent while no work item waits"),
+];
 
 fn trial(name: &'static str, f: impl FnOnce() + Send + 'static) -> Trial {
     Trial::test(format!("compose::{name}"), move || {
@@ -385,6 +424,55 @@ impl Fleet {
             assert!(t.elapsed() < Duration::from_secs(30), "build_info of every service: {build}");
             std::thread::sleep(Duration::from_secs(1));
         }
+    }
+
+    /// Every running fleet service's `/metrics` (each processor container, the controller, the
+    /// agent), scraped directly: `promtool check metrics` is clean on each (skipped without promtool,
+    /// unless FLEET_REQUIRE_STACK), and every metric name an alert of deploy/prometheus/alerts.yml
+    /// selects is served by at least one of them ([`MAY_BE_ABSENT`] apart).
+    fn metrics_name_every_alerts_metric(&self) {
+        let t = Instant::now();
+        let mut scraped: Vec<(String, String)> = Vec::new();
+        for (service, port) in [("processor", 9101), ("controller", 9102), ("scaling-agent", 9100)] {
+            let ids = self.running(service);
+            assert!(!ids.is_empty(), "no {service} container running");
+            for id in ids {
+                let addr = self.host_addr(&id, port);
+                let url = format!("http://{addr}/metrics");
+                let body = stdout_of(Command::new("curl").args(["-fsS", "--max-time", "5", &url]));
+                assert!(body.contains("fleet_build_info{"), "{service} {id}: no fleet_build_info at {url}:\n{body}");
+                fleet_test_support::promtool::assert_clean(&format!("{service} container {id} ({url})"), &body);
+                scraped.push((format!("{service} {}", &id[..12.min(id.len())]), body));
+            }
+        }
+        let served: std::collections::HashSet<String> = scraped.iter().flat_map(|(_, b)| fleet_test_support::promtool::metric_names(b)).collect();
+        let mut checked = std::collections::BTreeSet::new();
+        let mut missing = Vec::new();
+        for (alert, names) in alert_rules() {
+            for name in names {
+                let exempt = MAY_BE_ABSENT.iter().find(|(n, _)| *n == name);
+                if !served.contains(&name) {
+                    match exempt {
+                        Some((_, why)) => println!("[metrics] {alert}: {name} not served now ({why})"),
+                        None => missing.push(format!("{alert}: {name}")),
+                    }
+                }
+                checked.insert(name);
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "metrics the alert rules select that no service serves: {missing:?} (scraped: {:?})",
+            scraped.iter().map(|(w, _)| w).collect::<Vec<_>>()
+        );
+        println!(
+            "[metrics] {} /metrics scraped ({}), promtool check metrics {}; the alerts' metrics checked: {} ({:.1} s)",
+            scraped.len(),
+            scraped.iter().map(|(w, _)| w.as_str()).collect::<Vec<_>>().join(", "),
+            if fleet_test_support::promtool::available() { "clean on each" } else { "skipped (no promtool)" },
+            checked.into_iter().collect::<Vec<_>>().join(" "),
+            t.elapsed().as_secs_f64()
+        );
     }
 
     /// Prints the fleet's last log lines, then brings it down (a failed scenario's fleet).
@@ -796,6 +884,8 @@ fn agent_scales_containers() {
     println!("[agent] the stopped processor replaced {:.1} s after its stop began", secs_since(stopped_at));
     // Prometheus scrapes every service, the processor the agent started last included.
     fleet.prometheus_scrapes_every_service();
+    // And each service's /metrics itself: clean under promtool, every alert's metric served.
+    fleet.metrics_name_every_alerts_metric();
 
     let report = finish(child, &out, Duration::from_secs(300));
     let took = t0.elapsed();

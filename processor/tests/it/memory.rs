@@ -82,6 +82,8 @@ async fn bills_good_items_and_fails_corrupt_ones_at_once() {
     assert_eq!(value(r#"processor_chunks_total{result="failed"} "#), Some(1), "{metrics}");
     assert_eq!(value("processor_transactions_billed_total "), Some(ok.transactions), "{metrics}");
     assert_eq!(value("processor_results_sent_total "), Some(2), "{metrics}");
+    assert_eq!(value(r#"processor_chunks_total{result="held"} "#), Some(0), "every result's series is there from the start: {metrics}");
+    fleet_test_support::promtool::assert_clean("the processor's /metrics", &metrics);
     stop.cancel();
     running.await.unwrap().unwrap();
 }

@@ -64,7 +64,7 @@ fn render_listeners(states: &[ListenerState], reg: &mut Registry) {
     }
     let gauges: [Metric<i64>; 11] = [
         ("consumers_active", "Consumers receiving now", |s| s.consumers_active as i64),
-        ("consumers_total", "Consumer tasks alive (active, parked or stopping)", |s| s.consumers_total as i64),
+        ("consumers", "Consumer tasks alive (active, parked or stopping)", |s| s.consumers_total as i64),
         ("consumers_max", "Upper bound of consumers", |s| s.consumers_max as i64),
         ("concurrency_in_use", "Messages being processed", |s| s.concurrency_in_use as i64),
         ("concurrency_limit", "Maximum messages processed at once", |s| s.concurrency_limit as i64),

@@ -859,4 +859,5 @@ async fn a_kept_delivery_is_completed_later_on_its_queue_and_the_heartbeat_lets_
     assert_eq!(q.calls().snapshot().get("sqs.DeleteMessageBatch"), Some(&1));
 }
 
+mod metrics_lint;
 mod outage;

@@ -8,6 +8,7 @@
 //! `None`, so those tests end at once; with `FLEET_REQUIRE_STACK=1` (deploy/test.sh, CI) a missing stack
 //! fails them instead.
 
+pub mod promtool;
 pub mod proxy;
 pub mod tls;
 
