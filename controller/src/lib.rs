@@ -36,6 +36,7 @@ use fleet_engine::http::Engines;
 use fleet_engine::{http, Completions, Engine, EngineConfig, Handler, Kept, Outcome};
 use fleet_io::blob::BlobStore;
 use fleet_io::queue::{Delivery, Queue};
+use fleet_io::telemetry::Operation;
 use fleet_io::trigger::{Notifier, Subscription, TriggerBus};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -251,6 +252,8 @@ pub(crate) fn outcomes(done: &Completions, applied: aggregate::Applied) -> Vec<(
 
 struct ResultsHandler {
     source: Source,
+    /// The queue it reads (`messaging.destination.name` of its spans).
+    queue: String,
     agg: Arc<Aggregator>,
     /// Announces messages handed back for another controller (shared with the hold's retry).
     notifiers: Arc<Notifiers>,
@@ -278,11 +281,16 @@ impl Handler for ResultsHandler {
         // the messages and the checkpoint makes the replay a no-op. Only this batch's jobs are locked.
         // What `apply` does not return waits in its job for the next checkpoint (or, when the job
         // could not be saved, is dropped and comes back after the visibility timeout).
-        // A child of the span that billed (or sent) the batch's first traced message: the job's trace
-        // goes on here (exported when OTEL_EXPORTER_OTLP_ENDPOINT is set).
-        let span = tracing::info_span!("apply_results", source = ?self.source, messages = msgs.len());
-        fleet_io::telemetry::follow(&span, msgs.iter().find_map(|m| m.attrs.trace.as_deref()));
+        // One CONSUMER span for the batch, which may hold several jobs' messages: it links the context
+        // of every message (the spans that billed or forwarded them), each job's trace reaching it by
+        // its link, rather than being a child of any one (exported when OTEL_EXPORTER_OTLP_ENDPOINT is
+        // set; see `fleet_io::telemetry`).
+        let n = msgs.len();
+        let span = tracing::info_span!("apply_results", otel.kind = "consumer", source = ?self.source, messages = n);
+        fleet_io::telemetry::Messaging { operation: Operation::Process, destination: &self.queue, message_id: None, batch: Some(n) }.set(&span);
+        fleet_io::telemetry::link_all(&span, msgs.iter().map(|m| m.attrs.trace.as_deref()));
         let kept = msgs.into_iter().map(|d| done.keep(d)).collect();
+        // A job that could not be applied marks it failed (`Aggregator::apply`).
         let applied = tracing::Instrument::instrument(self.agg.apply(self.source, kept), span).await;
         events::ResultsApplied { open_jobs: self.agg.open_jobs() }.emit();
         // Announced when they are visible again, so that the owner's parked listener finds them.
@@ -326,8 +334,13 @@ impl Readers {
         // Gained as its first listener may receive (a start cut short gives it up again).
         events::PartitionChanged { owner: &self.owner, partition: p, owned: true }.emit();
         for (source, q, cfg) in [(Source::Results, results, self.cfg.clone()), (Source::ResultsDeadLetter, dlq, self.dlq_cfg.clone())] {
-            let handler =
-                Arc::new(ResultsHandler { source, agg: self.agg.clone(), notifiers: self.notifiers.clone(), store_breaker: self.store_breaker.clone() });
+            let handler = Arc::new(ResultsHandler {
+                source,
+                queue: q.name().to_string(),
+                agg: self.agg.clone(),
+                notifiers: self.notifiers.clone(),
+                store_breaker: self.store_breaker.clone(),
+            });
             let e = match Engine::start(q, None, handler, cfg).await {
                 Ok(e) => e,
                 Err(err) => {

@@ -207,6 +207,13 @@ impl<'a> Enqueue<'a> {
 
     async fn send(&self, batch: Vec<Result<Chunk, CliError>>) -> Result<Vec<Chunk>, CliError> {
         let batch = batch.into_iter().collect::<Result<Vec<_>, _>>()?;
+        // A PRODUCER span per SendMessageBatch call, a child of the submission's: its context goes with
+        // each of its work items (their processors' spans are its children).
+        let span = tracing::info_span!("send_work", otel.kind = "producer", job_id = %self.job_id, messages = batch.len());
+        let queue = self.clients.work.name();
+        fleet_io::telemetry::Messaging { operation: fleet_io::telemetry::Operation::Send, destination: queue, message_id: None, batch: Some(batch.len()) }
+            .set(&span);
+        let trace = fleet_io::telemetry::traceparent(&span).or_else(|| self.attrs.trace.clone());
         let bodies = batch
             .iter()
             .map(|c| {
@@ -221,13 +228,16 @@ impl<'a> Enqueue<'a> {
                 })
                 .map(|body| {
                     let group = self.groups.map(|g| g.group_id(self.job_id, c.number, c.partition));
-                    fleet_io::queue::Outgoing { body, attrs: fleet_io::queue::Attrs { group, ..self.attrs.clone() }, dedup: None }
+                    fleet_io::queue::Outgoing { body, attrs: fleet_io::queue::Attrs { group, trace: trace.clone(), ..self.attrs.clone() }, dedup: None }
                 })
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| CliError::Input(e.to_string()))?;
         self.attempted.fetch_add(bodies.len() as u64, Ordering::SeqCst);
-        self.clients.work.send_messages(&bodies).await?;
+        if let Err(e) = tracing::Instrument::instrument(self.clients.work.send_messages(&bodies), span.clone()).await {
+            fleet_io::telemetry::fail(&span, &e);
+            return Err(e.into());
+        }
         self.sent.fetch_add(bodies.len() as u64, Ordering::SeqCst);
         self.bar.inc(bodies.len() as u64);
         let mut trigger = self.trigger.lock().unwrap_or_else(|e| e.into_inner());

@@ -86,7 +86,7 @@ pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken
             dead_letters: deps.publish.as_ref().zip(dlq.as_ref()).map(|(bus, q)| Notifier::new(bus.clone(), q.name(), "processor", ANNOUNCE_INTERVAL)),
         };
         let fifo = fleet_io::config::is_fifo(work.name());
-        let handler = Arc::new(listener::WorkHandler::new(deps.results.clone(), deps.store.clone(), settings.max_chunk_bytes, announce, fifo));
+        let handler = Arc::new(listener::WorkHandler::new(work.name(), deps.results.clone(), deps.store.clone(), settings.max_chunk_bytes, announce, fifo));
         let engine = Engine::start(work, dlq, handler, cfg.clone()).await?;
         if let Some(sub) = &deps.triggers {
             engine.follow_triggers(sub, shutdown.clone());

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use fleet_domain::model::{ChunkResult, ResultMessage, WorkItem};
+use fleet_domain::model::{ChunkOutcome, ChunkResult, ResultMessage, WorkItem};
 use fleet_domain::prices::{sqs_extra_chunks, SQS_EXTRA_64K};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::{Completions, ErrorEvent, Handler, Outcome};
@@ -13,6 +13,7 @@ use fleet_io::blob::BlobStore;
 use fleet_io::breaker::Breaker;
 use fleet_io::error::Error;
 use fleet_io::queue::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue};
+use fleet_io::telemetry::Operation;
 use fleet_io::trigger::Notifier;
 use futures::future::join_all;
 
@@ -44,6 +45,8 @@ impl Announce {
 }
 
 pub struct WorkHandler {
+    /// The work queue (shard) it reads: `messaging.destination.name` of its spans.
+    queue: String,
     results: Arc<dyn Queue>,
     store: Arc<dyn BlobStore>,
     max_chunk_bytes: u64,
@@ -54,8 +57,8 @@ pub struct WorkHandler {
 }
 
 impl WorkHandler {
-    pub fn new(results: Arc<dyn Queue>, store: Arc<dyn BlobStore>, max_chunk_bytes: u64, announce: Announce, work_fifo: bool) -> WorkHandler {
-        WorkHandler { results, store, max_chunk_bytes, announce, work_fifo }
+    pub fn new(queue: &str, results: Arc<dyn Queue>, store: Arc<dyn BlobStore>, max_chunk_bytes: u64, announce: Announce, work_fifo: bool) -> WorkHandler {
+        WorkHandler { queue: queue.to_string(), results, store, max_chunk_bytes, announce, work_fifo }
     }
 
     /// The chunk's result, or why it should be tried again. A chunk that can never succeed (its blob
@@ -92,7 +95,8 @@ impl WorkHandler {
 
     /// Sends one job's results to its partition, each with the trace context of the span that billed
     /// it; the first carries the batch's calls (receive, sends, deletes).
-    async fn send_job(&self, job: &str, partition: u16, results: Vec<(ChunkResult, Option<String>)>) -> fleet_io::Result<()> {
+    /// `span` is the send's, given its messaging attributes here.
+    async fn send_job(&self, span: &tracing::Span, job: &str, partition: u16, results: Vec<(ChunkResult, Option<String>)>) -> fleet_io::Result<()> {
         let (mut results, traces): (Vec<ChunkResult>, Vec<Option<String>>) = results.into_iter().unzip();
         let rest: Vec<String> = results.drain(1..).map(|r| serde_json::to_string(&ResultMessage::Chunk(r))).collect::<Result<_, _>>()?;
         let Some(mut first) = results.pop() else { return Ok(()) };
@@ -117,7 +121,9 @@ impl WorkHandler {
             .map(|(body, trace)| Outgoing { body, attrs: Attrs { trace, ..Attrs::default() }, dedup: None })
             .collect();
         let chunks = bodies.len();
-        fleet_io::queue::partition(&self.results, partition)?.send_messages(&bodies).await?;
+        let queue = fleet_io::queue::partition(&self.results, partition)?;
+        fleet_io::telemetry::Messaging { operation: Operation::Send, destination: queue.name(), message_id: None, batch: Some(chunks) }.set(span);
+        queue.send_messages(&bodies).await?;
         events::ResultsSent { job, chunks }.emit();
         Ok(())
     }
@@ -156,11 +162,18 @@ impl Handler for WorkHandler {
 
     async fn handle(&self, msgs: Vec<Delivery>, _done: &Completions) -> Vec<(Delivery, Outcome)> {
         let handled = join_all(msgs.into_iter().map(|m| async move {
-            // A child of the submission's span (its context came with the work item).
-            let span = tracing::info_span!("bill_chunk", receive_count = m.receive_count);
+            // One CONSUMER span per work item, a child of the span that sent it (its context came with
+            // the work item); its result carries this span's context on.
+            let span = tracing::info_span!("bill_chunk", otel.kind = "consumer", receive_count = m.receive_count);
             fleet_io::telemetry::follow(&span, m.attrs.trace.as_deref());
+            fleet_io::telemetry::Messaging { operation: Operation::Process, destination: &self.queue, message_id: Some(&m.id), batch: None }.set(&span);
             let trace = fleet_io::telemetry::traceparent(&span);
-            let r = tracing::Instrument::instrument(self.handle_one(&m), span).await;
+            let r = tracing::Instrument::instrument(self.handle_one(&m), span.clone()).await;
+            match &r {
+                Ok((ChunkResult { outcome: ChunkOutcome::Failed { reason }, .. }, _)) => fleet_io::telemetry::fail(&span, reason),
+                Err(Failure::Own(why) | Failure::Outage(why)) => fleet_io::telemetry::fail(&span, why),
+                Ok(_) => {}
+            }
             (m, r.map(|r| (r, trace)))
         }))
         .await;
@@ -177,12 +190,18 @@ impl Handler for WorkHandler {
         for ((job, partition), items) in by_job {
             let (deliveries, results): (Vec<Delivery>, Vec<(ChunkResult, Option<String>)>) = items.into_iter().unzip();
             let n = results.len() as u64;
-            match self.send_job(&job, partition, results).await {
+            // A PRODUCER span per job's send, a child of the context its first work item came with
+            // (the job's trace), linking the span that billed each result (each result's context).
+            let span = tracing::info_span!("send_results", otel.kind = "producer", job_id = %job, partition, messages = n);
+            fleet_io::telemetry::follow(&span, deliveries.first().and_then(|d| d.attrs.trace.as_deref()));
+            fleet_io::telemetry::link_all(&span, results.iter().map(|(_, trace)| trace.as_deref()));
+            match tracing::Instrument::instrument(self.send_job(&span, &job, partition, results), span.clone()).await {
                 Ok(()) => {
                     self.announce.results(partition, n);
                     out.extend(deliveries.into_iter().map(|m| (m, Outcome::Done)));
                 }
                 Err(e) => {
+                    fleet_io::telemetry::fail(&span, &e);
                     // Not sent: not deleted; the work items come back and are processed again.
                     events::ResultsNotSent { job: &job, outage: e.is_outage(), error: &e }.emit();
                     let failure = if e.is_outage() { Failure::Outage(format!("sending results: {e}")) } else { Failure::Own(format!("sending results: {e}")) };

@@ -608,6 +608,8 @@ impl Aggregator {
             };
             match &step {
                 Err(e) => {
+                    // The batch's span (`apply_results`) shows the failure.
+                    fleet_io::telemetry::fail(&tracing::Span::current(), format_args!("job {job_id}: {e}"));
                     if e.is_retryable() && !failing {
                         lock(&self.memory).failing.insert(job_id.to_string(), Instant::now() + FAILING_FOR);
                     }

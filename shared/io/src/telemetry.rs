@@ -1,11 +1,21 @@
 //! Tracing setup: RUST_LOG filter, human text (coloured only on a terminal) or JSON lines on stderr;
 //! and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, the fleet's spans exported over OTLP (HTTP and
 //! protobuf, the collector's port 4318) with the W3C trace context carried between services in each
-//! message's `traceparent` attribute, so one job is one trace: the initiator's submission, each
-//! processor's billing of a chunk, the controller's applying of its results. Nothing is exported, and
-//! no exporter is built, when the variable is not set.
+//! message's `traceparent` attribute, so one job is one trace: the initiator's submission and sends,
+//! each processor's billing of a chunk and sending of its results; the controller's applying of a
+//! batch of results (several jobs' at once) links each result's context. Nothing is exported, and no
+//! exporter is built, when the variable is not set.
+//!
+//! Queue spans follow OpenTelemetry's messaging conventions ([`Messaging`]): a `send` is a PRODUCER
+//! span, the processing of one message a CONSUMER span parented to the context the message came with,
+//! and the processing of a batch a CONSUMER span that *links* every message's context ([`link_all`])
+//! instead of taking one of them as its parent. Their attributes, links and error status go to the
+//! exported span only (not the log lines); without an exporter none of it is computed.
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use opentelemetry::trace::{Status, TraceContextExt as _};
 
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
@@ -88,7 +98,8 @@ fn init_with(json: bool, directives: &str) -> Telemetry {
     if provider.is_some() {
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     }
-    let _ = tracing_subscriber::registry().with(fmt.with_filter(filter)).with(otel).try_init();
+    let installed = tracing_subscriber::registry().with(fmt.with_filter(filter)).with(otel).try_init().is_ok();
+    EXPORTING.store(installed && provider.is_some(), Ordering::Relaxed);
     Telemetry { provider }
 }
 
@@ -103,10 +114,106 @@ pub fn traceparent(span: &tracing::Span) -> Option<String> {
 
 /// Makes `span` a child of the span that sent a message with this `traceparent` (if any).
 pub fn follow(span: &tracing::Span, traceparent: Option<&str>) {
-    let Some(tp) = traceparent else { return };
-    let carrier: std::collections::HashMap<String, String> = [("traceparent".to_string(), tp.to_string())].into();
-    let cx = TraceContextPropagator::new().extract(&carrier);
-    let _ = span.set_parent(cx);
+    let Some(tp) = traceparent.filter(|_| exporting()) else { return };
+    let _ = span.set_parent(extract(tp));
+}
+
+/// Links `span` to the context each message came with (each distinct one once; messages without one,
+/// or with one that does not parse, are skipped): how a span that handles a batch of messages from
+/// several traces shows where each came from (OpenTelemetry's guidance for batch receive). Returns
+/// how many links were added (0 when nothing is exported).
+pub fn link_all<'a>(span: &tracing::Span, traceparents: impl IntoIterator<Item = Option<&'a str>>) -> usize {
+    if !exporting() {
+        return 0;
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut linked = 0;
+    for tp in traceparents.into_iter().flatten() {
+        if !seen.insert(tp) {
+            continue;
+        }
+        let cx = extract(tp);
+        let sc = cx.span().span_context().clone();
+        if sc.is_valid() {
+            span.add_link(sc);
+            linked += 1;
+        }
+    }
+    linked
+}
+
+fn extract(traceparent: &str) -> opentelemetry::Context {
+    let carrier: std::collections::HashMap<String, String> = [("traceparent".to_string(), traceparent.to_string())].into();
+    TraceContextPropagator::new().extract(&carrier)
+}
+
+/// Whether spans are exported (an OTLP endpoint is configured and the exporting layer installed).
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
+
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// The `messaging.system` of the fleet's queues.
+pub const MESSAGING_SYSTEM: &str = "aws_sqs";
+
+/// What a queue span does (`messaging.operation.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// Sending messages (a PRODUCER span).
+    Send,
+    /// Processing received messages, one or a batch (a CONSUMER span).
+    Process,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Send => "send",
+            Operation::Process => "process",
+        }
+    }
+}
+
+/// The OpenTelemetry messaging attributes of a queue span: `messaging.system` (`aws_sqs`),
+/// `messaging.operation.type` and `.name`, `messaging.destination.name`, and either
+/// `messaging.message.id` (one message) or `messaging.batch.message_count` (a batch). The span's kind
+/// is its `otel.kind` field (`"producer"` or `"consumer"`), given where it is made.
+#[derive(Debug, Clone, Copy)]
+pub struct Messaging<'a> {
+    pub operation: Operation,
+    /// The queue's name.
+    pub destination: &'a str,
+    /// One message: its id.
+    pub message_id: Option<&'a str>,
+    /// A batch: how many messages.
+    pub batch: Option<usize>,
+}
+
+impl Messaging<'_> {
+    /// Sets the attributes on the exported `span` (nothing when nothing is exported).
+    pub fn set(&self, span: &tracing::Span) {
+        if !exporting() {
+            return;
+        }
+        span.set_attribute("messaging.system", MESSAGING_SYSTEM);
+        span.set_attribute("messaging.operation.type", self.operation.as_str());
+        span.set_attribute("messaging.operation.name", self.operation.as_str());
+        span.set_attribute("messaging.destination.name", self.destination.to_string());
+        if let Some(id) = self.message_id {
+            span.set_attribute("messaging.message.id", id.to_string());
+        }
+        if let Some(n) = self.batch {
+            span.set_attribute("messaging.batch.message_count", n as i64);
+        }
+    }
+}
+
+/// Marks the exported `span` as failed (`ERROR` status, with why as its description).
+pub fn fail(span: &tracing::Span, why: impl std::fmt::Display) {
+    if exporting() {
+        span.set_status(Status::error(why.to_string()));
+    }
 }
 
 /// The content type every `/metrics` answers with (prometheus-client writes OpenMetrics text).
