@@ -679,7 +679,7 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
     if let Some(work) = &deps.work {
         roles.insert(0, ("work", work.clone()));
     }
-    http::serve_from_args_with(&settings.listener, &engines, None, &shutdown).await?;
+    http::serve_from_args_with(&settings.listener, &engines, &shutdown).await?;
     if let Some(addr) = settings.page_addr {
         let token = settings.page_token_file.clone().or_else(|| settings.page_token.clone());
         let page = status::StatusSource::new(owner.clone(), deps.store.clone(), roles, engines.clone(), settings.agent_url.clone(), token.clone());

@@ -99,8 +99,8 @@ struct Inner {
     report_reads: Arc<tokio::sync::Semaphore>,
     /// The token billing data is served for; none: not served.
     token: Option<AdminToken>,
-    /// The last quarantine count and when it was read.
-    quarantine: tokio::sync::Mutex<Option<(Instant, Result<usize, String>)>>,
+    /// The last quarantine count read and when.
+    quarantine: tokio::sync::Mutex<Option<(Instant, usize)>>,
 }
 
 /// One queue's line.
@@ -302,14 +302,14 @@ impl StatusSource {
     /// again at the next document).
     async fn quarantined(&self) -> Result<usize, String> {
         let mut last = self.inner.quarantine.lock().await;
-        if let Some((at, Ok(n))) = last.as_ref() {
+        if let Some((at, n)) = *last {
             if at.elapsed() < QUARANTINE_FRESH_FOR {
-                return Ok(*n);
+                return Ok(n);
             }
         }
-        let n = bounded(fleet_io::quarantine::list(self.inner.store.as_ref(), MAX_QUARANTINE_COUNTED + 1)).await.map(|keys| keys.len());
-        *last = Some((Instant::now(), n.clone()));
-        n
+        let n = bounded(fleet_io::quarantine::list(self.inner.store.as_ref(), MAX_QUARANTINE_COUNTED + 1)).await?.len();
+        *last = Some((Instant::now(), n));
+        Ok(n)
     }
 
     async fn make(&self) -> StatusDoc {

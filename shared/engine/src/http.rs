@@ -258,18 +258,8 @@ pub async fn serve_app(what: &'static str, addr: SocketAddr, app: Router, stop: 
 }
 
 /// Serves the read-only router on `addr` until `stop`. Returns the bound address (port 0 picks one).
-pub async fn serve(addr: SocketAddr, engines: Vec<Engine>, stop: CancellationToken) -> std::io::Result<SocketAddr> {
-    serve_with(addr, engines, None, stop).await
-}
-
-/// [`serve`], with the service's own read-only routes (`extra`: the controller's status page) beside
-/// the listeners'.
-pub async fn serve_with(addr: SocketAddr, engines: impl Into<Engines>, extra: Option<Router>, stop: CancellationToken) -> std::io::Result<SocketAddr> {
-    let app = match extra {
-        Some(extra) => router(engines).merge(extra),
-        None => router(engines),
-    };
-    let bound = serve_app("state", addr, app, stop).await?;
+pub async fn serve(addr: SocketAddr, engines: impl Into<Engines>, stop: CancellationToken) -> std::io::Result<SocketAddr> {
+    let bound = serve_app("state", addr, router(engines), stop).await?;
     tracing::info!(%bound, "state endpoint: GET /state, /metrics, /livez, /readyz, /healthz");
     Ok(bound)
 }
@@ -288,19 +278,18 @@ pub async fn serve_admin(addr: SocketAddr, engines: impl Into<Engines>, token: A
 /// The endpoints a listener's flags ask for: the state endpoint on `--http-addr`, the admin endpoint
 /// on `--admin-addr` when a token is given. Returns their bound addresses.
 pub async fn serve_from_args(args: &ListenerArgs, engines: &[Engine], stop: &CancellationToken) -> fleet_io::Result<(Option<SocketAddr>, Option<SocketAddr>)> {
-    serve_from_args_with(args, &Engines::new(engines.to_vec()), None, stop).await
+    serve_from_args_with(args, &Engines::new(engines.to_vec()), stop).await
 }
 
-/// [`serve_from_args`], with the service's own read-only routes on the state endpoint.
+/// [`serve_from_args`] for a set of listeners that may change while served (the controller's).
 pub async fn serve_from_args_with(
     args: &ListenerArgs,
     engines: &Engines,
-    extra: Option<Router>,
     stop: &CancellationToken,
 ) -> fleet_io::Result<(Option<SocketAddr>, Option<SocketAddr>)> {
     let config = |what: &str, addr: SocketAddr, e: std::io::Error| fleet_io::Error::Config(format!("{what} endpoint on {addr}: {e}"));
     let state = match args.http_addr {
-        Some(addr) => Some(serve_with(addr, engines.clone(), extra, stop.clone()).await.map_err(|e| config("state", addr, e))?),
+        Some(addr) => Some(serve(addr, engines.clone(), stop.clone()).await.map_err(|e| config("state", addr, e))?),
         None => None,
     };
     let admin = match args.admin_token() {
