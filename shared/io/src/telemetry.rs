@@ -106,6 +106,10 @@ fn init_with(json: bool, directives: &str) -> Telemetry {
 /// The W3C `traceparent` of `span`, to send with a message (`None` when nothing is exported or the
 /// span is not recorded).
 pub fn traceparent(span: &tracing::Span) -> Option<String> {
+    // Without the exporting layer a span has no context to carry: nothing is made per message.
+    if !exporting() {
+        return None;
+    }
     let cx = span.context();
     let mut carrier = std::collections::HashMap::new();
     TraceContextPropagator::new().inject_context(&cx, &mut carrier);
