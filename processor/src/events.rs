@@ -4,14 +4,26 @@
 
 use std::sync::{LazyLock, Once};
 
-use fleet_engine::metrics::Labels;
+use fleet_engine::metrics::{Histograms, Labels};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
 static CHUNKS: LazyLock<Family<Labels, Counter>> = LazyLock::new(Family::default);
 static BILLED: LazyLock<Counter> = LazyLock::new(Counter::default);
 static RESULTS_SENT: LazyLock<Counter> = LazyLock::new(Counter::default);
 static SEND_FAILURES: LazyLock<Family<Labels, Counter>> = LazyLock::new(Family::default);
+static WAITED: LazyLock<Histograms> = LazyLock::new(|| Family::new_with_constructor(wait_histogram as fn() -> Histogram));
+
+/// Seconds, 50 ms to about 27 minutes.
+fn wait_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.05, 2.0, 16))
+}
+
+/// `first` for a work item's first receive, `again` for a redelivery.
+fn delivery(receive_count: u32) -> Labels {
+    vec![("delivery".to_string(), if receive_count <= 1 { "first" } else { "again" }.to_string())]
+}
 
 /// Adds the processor's metrics to the process's `/metrics` (once).
 pub fn register_metrics() {
@@ -21,6 +33,9 @@ pub fn register_metrics() {
         // it on every processor).
         for result in ["billed", "failed", "retried", "held"] {
             drop(CHUNKS.get_or_create(&vec![("result".to_string(), result.to_string())]));
+        }
+        for n in [1, 2] {
+            drop(WAITED.get_or_create(&delivery(n)));
         }
         for cause in ["outage", "other"] {
             drop(SEND_FAILURES.get_or_create(&vec![("cause".to_string(), cause.to_string())]));
@@ -33,6 +48,11 @@ pub fn register_metrics() {
             );
             r.register("processor_transactions_billed", "Transactions in chunks billed (before the controller counts each chunk once)", BILLED.clone());
             r.register("processor_results_sent", "Chunk results sent to the results queue", RESULTS_SENT.clone());
+            r.register(
+                "processor_work_wait_seconds",
+                "Time from a work item's sending to the start of its billing (in the queue and the listener's buffer: the processing delay the SLA bounds), by delivery: first, or again after a failed or released receive",
+                WAITED.clone(),
+            );
             r.register("processor_results_send_failures", "Batches of results not sent (their work items come back), by cause: outage or other", SEND_FAILURES.clone());
         });
     });
@@ -40,6 +60,20 @@ pub fn register_metrics() {
 
 fn chunk(kind: &'static str) {
     CHUNKS.get_or_create(&vec![("result".to_string(), kind.to_string())]).inc();
+}
+
+/// A work item's billing starts, `waited` after it was sent (when the queue said when).
+pub struct WorkItemStarted {
+    pub receive_count: u32,
+    pub waited: Option<std::time::Duration>,
+}
+
+impl WorkItemStarted {
+    pub fn emit(&self) {
+        if let Some(w) = self.waited {
+            WAITED.get_or_create(&delivery(self.receive_count)).observe(w.as_secs_f64());
+        }
+    }
 }
 
 /// A chunk was billed (its result is sent next).

@@ -18,10 +18,15 @@ pub const COMPRESSED_INLINE_LIMIT: usize = 160 * 1024;
 
 pub use fleet_domain::model::parse_work_item;
 
-/// Processes one work item. Returns the chunk result (requests: the S3 calls made for it).
-pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u64) -> Result<ChunkResult> {
-    let mut requests = RequestCounts::default();
-    requests.add("s3.GetObject", 1);
+/// Processes one work item. Returns the chunk result, and with it (or its error) the requests made for
+/// it: the S3 calls, every attempt, as the store's own counter saw them ([`fleet_io::call::counted`]).
+pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u64) -> (Result<ChunkResult>, RequestCounts) {
+    let (r, calls) = fleet_io::call::counted(bill(item, store, max_chunk_bytes)).await;
+    let requests = RequestCounts::from(calls.snapshot());
+    (r.map(|r| ChunkResult { requests: requests.clone(), ..r }), requests)
+}
+
+async fn bill(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u64) -> Result<ChunkResult> {
     let data = store.get(&item.blob.key).await?.ok_or_else(|| Error::Corrupt(format!("chunk blob {} does not exist", item.blob.key)))?;
     let (blob, rows, tariff) = (item.blob.clone(), item.transactions, item.tariff.clone());
     let (accounts, packed, n_rows) = tokio::task::spawn_blocking(move || {
@@ -46,7 +51,6 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
                 // A cap for the reader: the longest row the validator's limits allow, per row.
                 raw_bytes: n_rows as u64 * MAX_ACCOUNT_ROW_BYTES,
             };
-            requests.add("s3.PutObject", 1);
             store.put(&blob.key, Bytes::from(z), "application/zstd").await?;
             AccountsPayload::Blob { blob }
         }
@@ -57,14 +61,12 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
         chunk: item.chunk,
         transactions: item.transactions,
         outcome: ChunkOutcome::Processed { payload },
-        requests,
+        requests: RequestCounts::default(),
     })
 }
 
-/// The result sent for a work item that failed on its last allowed receive.
-pub fn failed_result(item: &WorkItem, reason: String) -> ChunkResult {
-    let mut requests = RequestCounts::default();
-    requests.add("s3.GetObject", 1);
+/// The result sent for a work item that failed for good, with the requests made for it.
+pub fn failed_result(item: &WorkItem, reason: String, requests: RequestCounts) -> ChunkResult {
     ChunkResult {
         v: WIRE_VERSION,
         job_id: item.job_id.clone(),

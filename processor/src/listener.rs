@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use fleet_domain::model::{ChunkOutcome, ChunkResult, ResultMessage, WorkItem};
-use fleet_domain::prices::{sqs_extra_chunks, SQS_EXTRA_64K};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::{Completions, ErrorEvent, Handler, Outcome};
 use fleet_io::blob::BlobStore;
 use fleet_io::breaker::Breaker;
 use fleet_io::error::Error;
+use fleet_io::op::{sqs_extra_chunks, Billed, Op};
 use fleet_io::queue::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue};
 use fleet_io::telemetry::Operation;
 use fleet_io::trigger::Notifier;
@@ -73,14 +73,15 @@ impl WorkHandler {
 
     async fn bill(&self, item: &WorkItem, m: &Message) -> Result<ChunkResult, Failure> {
         let (job, chunk) = (item.job_id.as_str(), item.chunk);
-        match process(item, self.store.as_ref(), self.max_chunk_bytes).await {
+        let (r, requests) = process(item, self.store.as_ref(), self.max_chunk_bytes).await;
+        match r {
             Ok(r) => {
                 events::ChunkBilled { job, chunk, transactions: r.transactions }.emit();
                 Ok(r)
             }
             Err(e @ Error::Corrupt(_)) => {
                 events::ChunkFailedForGood { job, chunk, receive_count: m.receive_count, error: &e }.emit();
-                Ok(failed_result(item, format!("{e} (attempt {}; not retried: it can never succeed)", m.receive_count)))
+                Ok(failed_result(item, format!("{e} (attempt {}; not retried: it can never succeed)", m.receive_count), requests))
             }
             Err(e) if e.is_outage() => {
                 events::WorkItemHeld { job, chunk, error: &e }.emit();
@@ -104,15 +105,17 @@ impl WorkHandler {
         let first_size = serde_json::to_vec(&first)?.len() + 128;
         let sizes: Vec<usize> = std::iter::once(first_size).chain(rest.iter().map(String::len)).collect();
         let n = sizes.len() as u64;
+        // The batch's SQS calls are planned, not read off the counter: the sends carry them and the
+        // deletes follow the sends (`processor/tests/it/memory.rs`: `a_jobs_requests_are_what_the_clients_counted`).
         let mut batch_calls = RequestCounts::default();
-        let (receive, delete) =
-            if self.work_fifo { ("sqs.fifo.ReceiveMessage", "sqs.fifo.DeleteMessageBatch") } else { ("sqs.ReceiveMessage", "sqs.DeleteMessageBatch") };
-        batch_calls.add(receive, 1);
+        let fifo = self.work_fifo;
+        let mut add = |what: Billed, n: u64| batch_calls.add(&what.name(), n);
+        add(Billed::Call { op: Op::SqsReceiveMessage, fifo }, 1);
         let batches = plan_batches(&sizes);
-        batch_calls.add("sqs.SendMessageBatch", batches.len() as u64);
+        add(Billed::call(Op::SqsSendMessageBatch), batches.len() as u64);
         // SQS bills each further 64 KiB of a batch's payload as one more request.
-        batch_calls.add(SQS_EXTRA_64K, batches.iter().map(|b| sqs_extra_chunks(sizes[b.clone()].iter().sum())).sum());
-        batch_calls.add(delete, n.div_ceil(10));
+        add(Billed::Extra64KiB { fifo: false }, batches.iter().map(|b| sqs_extra_chunks(sizes[b.clone()].iter().sum())).sum());
+        add(Billed::Call { op: Op::SqsDeleteMessageBatch, fifo }, n.div_ceil(10));
         first.requests.merge(&batch_calls);
         let head = serde_json::to_string(&ResultMessage::Chunk(first))?;
         let bodies: Vec<Outgoing> = std::iter::once(head)
@@ -162,6 +165,7 @@ impl Handler for WorkHandler {
 
     async fn handle(&self, msgs: Vec<Delivery>, _done: &Completions) -> Vec<(Delivery, Outcome)> {
         let handled = join_all(msgs.into_iter().map(|m| async move {
+            events::WorkItemStarted { receive_count: m.receive_count, waited: m.age() }.emit();
             // One CONSUMER span per work item, a child of the span that sent it (its context came with
             // the work item); its result carries this span's context on.
             let span = tracing::info_span!("bill_chunk", otel.kind = "consumer", receive_count = m.receive_count);
@@ -216,7 +220,10 @@ impl Handler for WorkHandler {
     async fn on_poison(&self, msg: &Message, reason: &str) {
         // The work item goes to the dead-letter queue next; tell the controller why now.
         let Ok(item) = parse_work_item(&msg.body) else { return };
-        let body = match serde_json::to_string(&ResultMessage::Chunk(failed_result(&item, reason.to_string()))) {
+        // The failed attempts' own counts went with them: the last one's chunk read is counted here.
+        let mut requests = RequestCounts::default();
+        requests.add(&Billed::call(Op::S3GetObject).name(), 1);
+        let body = match serde_json::to_string(&ResultMessage::Chunk(failed_result(&item, reason.to_string(), requests))) {
             Ok(b) => b,
             Err(e) => return tracing::error!(error = %e, "cannot encode a failed result"),
         };

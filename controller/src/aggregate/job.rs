@@ -828,7 +828,7 @@ mod tests {
     fn kept_delivery(id: &str) -> (Kept, fleet_engine::Completions) {
         let q = fleet_io::memory::MemoryQueue::new("billing-results", Duration::from_secs(30));
         let done = fleet_engine::Completions::start(q, Default::default());
-        let m = fleet_io::queue::Message { id: id.into(), body: String::new(), receive_count: 1, attrs: Default::default() };
+        let m = fleet_io::queue::Message { id: id.into(), body: String::new(), receive_count: 1, ..Default::default() };
         (done.keep(fleet_io::queue::Delivery::new(m, format!("r-{id}"))), done)
     }
 
@@ -840,7 +840,7 @@ mod tests {
         let q = fleet_io::memory::MemoryQueue::new("billing-results", Duration::from_secs(30));
         let done = fleet_engine::Completions::start(q, Default::default());
         let kept = |id: &str| {
-            let m = fleet_io::queue::Message { id: id.into(), body: String::new(), receive_count: 1, attrs: Default::default() };
+            let m = fleet_io::queue::Message { id: id.into(), body: String::new(), receive_count: 1, ..Default::default() };
             done.keep(fleet_io::queue::Delivery::new(m, format!("r-{id}")))
         };
         let count = Arc::new(AtomicUsize::new(0));

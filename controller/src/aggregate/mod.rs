@@ -26,12 +26,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_domain::model::JobStatus;
-use fleet_domain::prices::{sqs_extra_chunks, Prices, SQS_EXTRA_64K};
+use fleet_domain::prices::{Prices, SQS_EXTRA_64K};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
+use fleet_io::op::sqs_extra_chunks;
 use tokio::time::Instant;
 
 use crate::clock::Clock;

@@ -46,8 +46,27 @@ async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
+/// The tests here that run a processor, one at a time: the process's metrics are shared, and the
+/// first test reads what its run added.
+static ONE_PROCESSOR: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn metric(series: &str) -> Option<u64> {
+    let metrics = fleet_engine::http::render_metrics(&[]);
+    metrics.lines().find_map(|l| l.strip_prefix(series)).and_then(|v| v.trim().parse::<u64>().ok())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bills_good_items_and_fails_corrupt_ones_at_once() {
+    let _one = ONE_PROCESSOR.lock().await;
+    let before: Vec<u64> = [
+        r#"processor_chunks_total{result="billed"} "#,
+        r#"processor_chunks_total{result="failed"} "#,
+        "processor_transactions_billed_total ",
+        "processor_results_sent_total ",
+    ]
+    .iter()
+    .map(|s| metric(s).unwrap_or(0))
+    .collect();
     let store = MemoryStore::new();
     let dlq = MemoryQueue::new("work-dlq", Duration::from_secs(30));
     let work = MemoryQueue::with_dlq("work", Duration::from_secs(30), 2, dlq.clone());
@@ -75,15 +94,54 @@ async fn bills_good_items_and_fails_corrupt_ones_at_once() {
     let ResultMessage::Chunk(failed) = &outcomes[1] else { panic!("chunk result expected") };
     let ChunkOutcome::Failed { reason } = &failed.outcome else { panic!("failure expected") };
     assert!(reason.starts_with("corrupt data: blob jobs/j1/chunks/000001") && reason.contains("attempt 1; not retried"), "{reason}");
-    // The typed events counted what they logged (this test binary's only processor).
+    // The typed events counted what they logged (what this run added to the process's metrics).
     let metrics = fleet_engine::http::render_metrics(&[]);
-    let value = |series: &str| metrics.lines().find_map(|l| l.strip_prefix(series)).and_then(|v| v.trim().parse::<u64>().ok());
-    assert_eq!(value(r#"processor_chunks_total{result="billed"} "#), Some(1), "{metrics}");
-    assert_eq!(value(r#"processor_chunks_total{result="failed"} "#), Some(1), "{metrics}");
-    assert_eq!(value("processor_transactions_billed_total "), Some(ok.transactions), "{metrics}");
-    assert_eq!(value("processor_results_sent_total "), Some(2), "{metrics}");
+    let value = |series: &str, i: usize| metrics.lines().find_map(|l| l.strip_prefix(series)).and_then(|v| v.trim().parse::<u64>().ok()).map(|v| v - before[i]);
+    assert_eq!(value(r#"processor_chunks_total{result="billed"} "#, 0), Some(1), "{metrics}");
+    assert_eq!(value(r#"processor_chunks_total{result="failed"} "#, 1), Some(1), "{metrics}");
+    assert_eq!(value("processor_transactions_billed_total ", 2), Some(ok.transactions), "{metrics}");
+    assert_eq!(value("processor_results_sent_total ", 3), Some(2), "{metrics}");
+    let value = |series: &str| metric(series);
+    // Both items waited in the queue (a first delivery each), observed as they started.
+    assert!(value(r#"processor_work_wait_seconds_count{delivery="first"} "#).is_some_and(|n| n >= 2), "{metrics}");
     assert_eq!(value(r#"processor_chunks_total{result="held"} "#), Some(0), "every result's series is there from the start: {metrics}");
     fleet_test_support::promtool::assert_clean("the processor's /metrics", &metrics);
     stop.cancel();
     running.await.unwrap().unwrap();
+}
+
+/// A job's request counts, summed over its results, are what the clients counted: the chunk reads
+/// (read off the store's own counter), the result sends (planned as the queue then batches them); the
+/// planned deletes are at least the batched deletes made (the completion batcher may merge two
+/// handler calls' deletes into one request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_requests_are_what_the_clients_counted() {
+    let _one = ONE_PROCESSOR.lock().await;
+    let store = MemoryStore::new();
+    let work = MemoryQueue::new("work", Duration::from_secs(30));
+    let results = MemoryQueue::new("results", Duration::from_secs(30));
+    let mut items = Vec::new();
+    for chunk in 0..25 {
+        items.push(work_item(&store, "j2", chunk, &[("t1", "a", "1.00"), ("t2", "b", "2.00")]).await);
+    }
+    let reads_before = store.calls().snapshot().get("s3.GetObject").copied().unwrap_or(0);
+    work.send(items).await.unwrap();
+    let stop = CancellationToken::new();
+    let settings = processor::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() };
+    let running = tokio::spawn(processor::run(settings, processor::Deps::new(work.clone(), results.clone(), store.clone()), stop.clone()));
+    wait_until("25 results", || results.bodies().len() == 25).await;
+    wait_until("all items deleted", || work.bodies().is_empty()).await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    let mut job = fleet_domain::requests::RequestCounts::default();
+    for b in results.bodies() {
+        let ResultMessage::Chunk(c) = serde_json::from_str(&b).unwrap() else { panic!("chunk result expected") };
+        job.merge(&c.requests);
+    }
+    let counted = |q: &dyn Queue, op: &str| q.calls().snapshot().get(op).copied().unwrap_or(0);
+    let reads = store.calls().snapshot().get("s3.GetObject").copied().unwrap_or(0) - reads_before;
+    assert_eq!(job.0.get("s3.GetObject").copied(), Some(reads), "{job:?}");
+    assert_eq!(job.0.get("sqs.SendMessageBatch").copied(), Some(counted(results.as_ref(), "sqs.SendMessageBatch")), "{job:?}");
+    let deletes = counted(work.as_ref(), "sqs.DeleteMessageBatch");
+    assert!(deletes > 0 && job.0.get("sqs.DeleteMessageBatch").copied().unwrap_or(0) >= deletes, "{job:?} against {deletes} deletes");
 }

@@ -27,15 +27,6 @@ pub const SQS_FIFO_EXTRA_64K: &str = "sqs.fifo.Extra64KiBChunks";
 /// How a FIFO queue's calls are named within the `sqs` service: `fifo.ReceiveMessage`.
 pub const FIFO_OP_PREFIX: &str = "fifo.";
 
-/// Bytes of payload SQS bills as one request.
-pub const SQS_BILLING_CHUNK: usize = 64 * 1024;
-
-/// The requests SQS bills for one call carrying `bytes` of payload beyond the first: `ceil(bytes /
-/// 64 KiB) - 1`.
-pub fn sqs_extra_chunks(bytes: usize) -> u64 {
-    (bytes.div_ceil(SQS_BILLING_CHUNK) as u64).saturating_sub(1)
-}
-
 /// List prices of requests, USD.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Prices {
@@ -207,7 +198,6 @@ mod tests {
 
     #[test]
     fn a_jobs_requests_are_billed_by_class_with_sqs_payload_chunks() {
-        assert_eq!((sqs_extra_chunks(0), sqs_extra_chunks(1), sqs_extra_chunks(65_536), sqs_extra_chunks(65_537), sqs_extra_chunks(262_144)), (0, 0, 0, 1, 3));
         let mut c = RequestCounts::default();
         c.add("sqs.SendMessageBatch", 100);
         c.add("sqs.ReceiveMessage", 400);

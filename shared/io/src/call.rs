@@ -7,21 +7,33 @@
 //! The AWS SDK's own retries are switched off where the clients are built (`config::Aws`): this policy is
 //! the only place that decides how often and how long a call is tried.
 //!
-//! Being that one place, it also records which operations a process calls ([`called`]); with
-//! `FLEET_CALLS_FILE` set, a binary writes them there when it exits ([`write_called`]), which is how
-//! the IAM policies in `deploy/k8s/iam/` are checked against what each service really calls.
+//! Being that one place, it is also where calls are observed, by their typed [`Op`]: the process's
+//! call metrics ([`register_metrics`]: a latency histogram, retries and errors by service and
+//! operation), and which operations a process calls ([`called`]; with `FLEET_CALLS_FILE` set, a binary
+//! writes them there when it exits ([`write_called`]), which is how the IAM policies in
+//! `deploy/k8s/iam/` are checked against what each service really calls).
+//!
+//! A client counts the requests the services bill in its [`CallCounter`] (an attempt each, by
+//! [`Billed`]); [`counted`] runs a future with a counter of its own that sees the same counts, which is
+//! how a work item's requests are a snapshot of the counter rather than a second count kept by hand.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::error::{Error, Result, Service};
+use crate::error::{Error, Result};
+pub use crate::op::{Billed, Op};
 
-static CALLED: Mutex<BTreeSet<(&'static str, &'static str)>> = Mutex::new(BTreeSet::new());
+static CALLED: Mutex<BTreeSet<Op>> = Mutex::new(BTreeSet::new());
 
 /// Recording is on only when `FLEET_CALLS_FILE` is set (read once): otherwise a call takes no lock.
 fn recording() -> bool {
@@ -29,22 +41,16 @@ fn recording() -> bool {
     *ON.get_or_init(|| std::env::var_os("FLEET_CALLS_FILE").is_some())
 }
 
-fn record(service: Service, operation: &'static str) {
-    if !recording() {
-        return;
+fn record(op: Op) {
+    if recording() {
+        crate::lock(&CALLED).insert(op);
     }
-    let s = match service {
-        Service::Sqs => "sqs",
-        Service::S3 => "s3",
-        Service::RabbitMq => "amqp",
-    };
-    crate::lock(&CALLED).insert((s, operation));
 }
 
 /// The operations this process has called so far, as `sqs.ReceiveMessage`, `s3.GetObject`, ...
 /// (recorded only with `FLEET_CALLS_FILE` set).
 pub fn called() -> Vec<String> {
-    crate::lock(&CALLED).iter().map(|(s, o)| format!("{s}.{o}")).collect()
+    crate::lock(&CALLED).iter().map(Op::to_string).collect()
 }
 
 /// Writes [`called`], one a line, to the file `FLEET_CALLS_FILE` names (when set).
@@ -55,6 +61,73 @@ pub fn write_called() {
             tracing::warn!(path = %std::path::Path::new(&path).display(), error = %e, "could not write the calls file");
         }
     }
+}
+
+/// The labels of a call's series.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CallLabels {
+    service: &'static str,
+    operation: &'static str,
+}
+
+/// The labels of a failed call's series: `outage` when the failure was the dependency's (no answer,
+/// refused, 5xx, throttled: what the breakers count), not the request's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ErrorLabels {
+    service: &'static str,
+    operation: &'static str,
+    outage: &'static str,
+}
+
+/// Seconds, 1 ms to about 24 s (a long poll's 20 s wait included).
+fn call_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.5, 12))
+}
+
+/// Call histograms by operation.
+type CallHistograms = Family<CallLabels, Histogram, fn() -> Histogram>;
+
+static SECONDS: LazyLock<CallHistograms> = LazyLock::new(|| Family::new_with_constructor(call_histogram as fn() -> Histogram));
+static RETRIES: LazyLock<Family<CallLabels, Counter>> = LazyLock::new(Family::default);
+static ERRORS: LazyLock<Family<ErrorLabels, Counter>> = LazyLock::new(Family::default);
+
+fn labels(op: Op) -> CallLabels {
+    CallLabels { service: op.service().key(), operation: op.name() }
+}
+
+fn error_labels(op: Op, outage: bool) -> ErrorLabels {
+    ErrorLabels { service: op.service().key(), operation: op.name(), outage: if outage { "true" } else { "false" } }
+}
+
+/// A call of `op` ended after `attempts` attempts in `seconds`, failed with `error` or not. Its series
+/// are all made at the operation's first call, at 0, so that an alert's `increase` sees the first error.
+fn observe(op: Op, seconds: f64, attempts: u32, error: Option<&Error>) {
+    let l = labels(op);
+    SECONDS.get_or_create(&l).observe(seconds);
+    let retries = RETRIES.get_or_create(&l);
+    retries.inc_by(u64::from(attempts.saturating_sub(1)));
+    for outage in [false, true] {
+        let errors = ERRORS.get_or_create(&error_labels(op, outage));
+        if error.is_some_and(|e| e.is_outage() == outage) {
+            errors.inc();
+        }
+    }
+}
+
+/// Registers the process's call metrics (`fleet_call_seconds`, `fleet_call_retries_total`,
+/// `fleet_call_errors_total`, by `service` and `operation`) into `reg`.
+pub fn register_metrics(reg: &mut Registry) {
+    reg.register(
+        "fleet_call_seconds",
+        "Time an SQS, S3 or RabbitMQ call took, its attempts and back-off included (a long poll its wait), by service and operation",
+        SECONDS.clone(),
+    );
+    reg.register("fleet_call_retries", "Attempts of SQS, S3 or RabbitMQ calls beyond each call's first, by service and operation", RETRIES.clone());
+    reg.register(
+        "fleet_call_errors",
+        "SQS, S3 or RabbitMQ calls that failed (after their retries), by service, operation and whether the failure was the dependency's (outage=true: no answer, refused, 5xx, throttled) or the request's",
+        ERRORS.clone(),
+    );
 }
 
 /// How every external call is bounded.
@@ -122,20 +195,33 @@ impl CallPolicy {
     /// Runs `attempt` until it succeeds, fails with a non-retryable error, or the deadline has passed
     /// (then the last error, or a timeout, is returned: retryable, so the caller leaves its messages for
     /// redelivery). `extra` lengthens each attempt's timeout (a long poll's wait).
-    pub async fn run<T, F, Fut>(&self, service: Service, operation: &'static str, extra: Duration, mut attempt: F) -> Result<T>
+    pub async fn run<T, F, Fut>(&self, op: Op, extra: Duration, attempt: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        record(service, operation);
+        record(op);
+        let start = std::time::Instant::now();
+        let (r, attempts) = self.attempts(op, extra, attempt).await;
+        observe(op, start.elapsed().as_secs_f64(), attempts, r.as_ref().err());
+        r
+    }
+
+    /// The attempts of [`CallPolicy::run`], and how many were made.
+    async fn attempts<T, F, Fut>(&self, op: Op, extra: Duration, mut attempt: F) -> (Result<T>, u32)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let (service, operation) = (op.service(), op.name());
         let start = Instant::now();
         let end = start + self.deadline + extra;
         let mut cap = self.first_backoff;
         for n in 1u32.. {
             let per_attempt = (self.attempt_timeout + extra).min(end.saturating_duration_since(Instant::now()));
             let err = match tokio::time::timeout(per_attempt, attempt()).await {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if !e.is_retryable() => return Err(e),
+                Ok(Ok(v)) => return (Ok(v), n),
+                Ok(Err(e)) if !e.is_retryable() => return (Err(e), n),
                 Ok(Err(e)) => e,
                 Err(_) => Error::Timeout { service, operation, after: per_attempt, attempts: n },
             };
@@ -143,10 +229,11 @@ impl CallPolicy {
             cap = (cap * 2).min(self.max_backoff);
             if Instant::now() + wait >= end {
                 tracing::warn!(%service, operation, attempts = n, elapsed_ms = start.elapsed().as_millis() as u64, error = %err, "call failed; deadline reached");
-                return Err(match err {
+                let err = match err {
                     Error::Timeout { after, .. } => Error::Timeout { service, operation, after, attempts: n },
                     other => other,
-                });
+                };
+                return (Err(err), n);
             }
             tracing::debug!(%service, operation, attempt = n, wait_ms = wait.as_millis() as u64, error = %err, "call failed; retrying");
             tokio::time::sleep(wait).await;
@@ -156,13 +243,16 @@ impl CallPolicy {
 
     /// One attempt under the attempt timeout (plus `extra`), no retry: for calls whose caller retries on
     /// its own terms (a listener's receive, a trigger publication).
-    pub async fn once<T>(&self, service: Service, operation: &'static str, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
-        record(service, operation);
+    pub async fn once<T>(&self, op: Op, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        record(op);
+        let start = std::time::Instant::now();
         let limit = self.attempt_timeout + extra;
-        match tokio::time::timeout(limit, fut).await {
+        let r = match tokio::time::timeout(limit, fut).await {
             Ok(r) => r,
-            Err(_) => Err(Error::Timeout { service, operation, after: limit, attempts: 1 }),
-        }
+            Err(_) => Err(Error::Timeout { service: op.service(), operation: op.name(), after: limit, attempts: 1 }),
+        };
+        observe(op, start.elapsed().as_secs_f64(), 1, r.as_ref().err());
+        r
     }
 }
 
@@ -187,17 +277,17 @@ impl Guarded {
     }
 
     /// [`CallPolicy::run`], reported to the breaker.
-    pub async fn run<T, F, Fut>(&self, service: Service, operation: &'static str, extra: Duration, attempt: F) -> Result<T>
+    pub async fn run<T, F, Fut>(&self, op: Op, extra: Duration, attempt: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        self.record(self.policy.run(service, operation, extra, attempt).await)
+        self.record(self.policy.run(op, extra, attempt).await)
     }
 
     /// [`CallPolicy::once`], reported to the breaker.
-    pub async fn once<T>(&self, service: Service, operation: &'static str, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
-        self.record(self.policy.once(service, operation, extra, fut).await)
+    pub async fn once<T>(&self, op: Op, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        self.record(self.policy.once(op, extra, fut).await)
     }
 }
 
@@ -209,30 +299,56 @@ fn jitter(cap: Duration) -> Duration {
     Duration::from_nanos(rand::rng().random_range(0..=cap.as_nanos() as u64))
 }
 
-/// Process-wide call counter kept inside a client. Cheap to bump from many tasks. A clone counts into
+/// The requests a client made, by what is billed: cheap to bump from many tasks. A clone counts into
 /// the same totals (the shards of a sharded queue share one).
 #[derive(Debug, Default, Clone)]
 pub struct CallCounter {
-    calls: std::sync::Arc<Mutex<BTreeMap<&'static str, u64>>>,
+    calls: std::sync::Arc<Mutex<BTreeMap<Billed, u64>>>,
+}
+
+tokio::task_local! {
+    /// The counter of the [`counted`] scope the current task runs in.
+    static SCOPE: CallCounter;
+}
+
+/// Runs `fut`, and gives back with its output the requests that every client counted while it ran,
+/// within this task: what `fut` itself made (a job's share of work), read off the same counts as the
+/// clients' own (nothing counted twice by hand).
+pub async fn counted<F: Future>(fut: F) -> (F::Output, CallCounter) {
+    let scope = CallCounter::default();
+    let out = SCOPE.scope(scope.clone(), fut).await;
+    (out, scope)
 }
 
 impl CallCounter {
-    pub fn bump(&self, op: &'static str) {
-        self.add(op, 1);
+    /// One call of `op` (on a standard queue, or a service without FIFO queues).
+    pub fn bump(&self, op: Op) {
+        self.add(Billed::call(op), 1);
     }
 
-    /// Counts `n` more of `op` (none for 0).
-    pub fn add(&self, op: &'static str, n: u64) {
+    /// Counts `n` more of `what` (none for 0), here and in the [`counted`] scope the task runs in.
+    pub fn add(&self, what: Billed, n: u64) {
         if n > 0 {
-            let mut calls = crate::lock(&self.calls);
-            *calls.entry(op).or_default() += n;
+            self.add_here(what, n);
+            let _ = SCOPE.try_with(|scope| scope.add_here(what, n));
         }
     }
 
-    /// Calls so far by `"service.Operation"` name.
+    fn add_here(&self, what: Billed, n: u64) {
+        let mut calls = crate::lock(&self.calls);
+        let c = calls.entry(what).or_default();
+        *c = c.saturating_add(n);
+    }
+
+    /// Counted so far of `what`.
+    pub fn get(&self, what: Billed) -> u64 {
+        crate::lock(&self.calls).get(&what).copied().unwrap_or(0)
+    }
+
+    /// Calls so far by billed name ([`Billed::name`]: `sqs.ReceiveMessage`, `s3.GetObject`, ...).
     pub fn snapshot(&self) -> BTreeMap<String, u64> {
         let calls = crate::lock(&self.calls);
-        calls.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+        calls.iter().map(|(k, v)| (k.name(), *v)).collect()
     }
 }
 
@@ -241,6 +357,7 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+    use crate::error::Service;
 
     fn policy() -> CallPolicy {
         CallPolicy { attempt_timeout: Duration::from_secs(2), deadline: Duration::from_secs(7), ..CallPolicy::default() }
@@ -251,7 +368,7 @@ mod tests {
         let tries = AtomicU32::new(0);
         let start = Instant::now();
         let r: Result<()> = policy()
-            .run(Service::S3, "GetObject", Duration::ZERO, || {
+            .run(Op::S3GetObject, Duration::ZERO, || {
                 tries.fetch_add(1, Ordering::Relaxed);
                 std::future::pending()
             })
@@ -271,7 +388,7 @@ mod tests {
         let tries = AtomicU32::new(0);
         let start = Instant::now();
         let r = policy()
-            .run(Service::Sqs, "DeleteMessageBatch", Duration::ZERO, || async {
+            .run(Op::SqsDeleteMessageBatch, Duration::ZERO, || async {
                 if tries.fetch_add(1, Ordering::Relaxed) < 3 {
                     Err(Error::Service { service: Service::Sqs, operation: "DeleteMessageBatch", detail: "503".into(), retryable: true, source: None })
                 } else {
@@ -289,7 +406,7 @@ mod tests {
     async fn a_permanent_error_is_returned_at_once() {
         let tries = AtomicU32::new(0);
         let r: Result<()> = policy()
-            .run(Service::S3, "GetObject", Duration::ZERO, || async {
+            .run(Op::S3GetObject, Duration::ZERO, || async {
                 tries.fetch_add(1, Ordering::Relaxed);
                 Err(Error::Corrupt("bad".into()))
             })
@@ -301,7 +418,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_long_poll_gets_its_wait_on_top_of_the_attempt_timeout() {
         let r = policy()
-            .run(Service::Sqs, "ReceiveMessage", Duration::from_secs(20), || async {
+            .run(Op::SqsReceiveMessage, Duration::from_secs(20), || async {
                 tokio::time::sleep(Duration::from_secs(21)).await;
                 Ok(())
             })
@@ -326,5 +443,55 @@ mod tests {
         assert_eq!(positive_secs("2.5"), Ok(2.5));
         let p = CallArgs { call_attempt_timeout: 5.0, call_deadline: 1.0 }.policy();
         assert_eq!(p.deadline, Duration::from_secs(5), "the deadline is never shorter than one attempt");
+    }
+
+    /// The call metrics: one histogram observation per call (not per attempt), its retries, and its
+    /// error under `outage` = whether the dependency failed.
+    #[tokio::test(start_paused = true)]
+    async fn calls_are_observed_by_operation_with_their_retries_and_errors() {
+        let op = Op::SqsChangeMessageVisibilityBatch; // called by no other test of this process
+        let tries = AtomicU32::new(0);
+        let ok = policy()
+            .run(op, Duration::ZERO, || async {
+                if tries.fetch_add(1, Ordering::Relaxed) < 2 {
+                    Err(Error::Service { service: Service::Sqs, operation: op.name(), detail: "503".into(), retryable: true, source: None })
+                } else {
+                    Ok(())
+                }
+            })
+            .await;
+        assert!(ok.is_ok());
+        let bad: Result<()> = policy().once(op, Duration::ZERO, async { Err(Error::Corrupt("x".into())) }).await;
+        assert!(bad.is_err());
+        let mut reg = Registry::default();
+        register_metrics(&mut reg);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        let series =
+            |name: &str| -> Option<String> { text.lines().find(|l| l.starts_with(name)).map(|l| l.rsplit(' ').next().unwrap_or_default().to_string()) };
+        let l = r#"{service="sqs",operation="ChangeMessageVisibilityBatch""#;
+        assert_eq!(series(&format!("fleet_call_seconds_count{l}}}")).as_deref(), Some("2"), "{text}");
+        assert_eq!(series(&format!("fleet_call_retries_total{l}}}")).as_deref(), Some("2"), "{text}");
+        assert_eq!(series(&format!(r#"fleet_call_errors_total{l},outage="false"}}"#)).as_deref(), Some("1"), "{text}");
+        assert_eq!(series(&format!(r#"fleet_call_errors_total{l},outage="true"}}"#)).as_deref(), Some("0"), "{text}");
+    }
+
+    /// A `counted` scope sees what the clients count within it (and only that), the clients' own
+    /// counters everything.
+    #[tokio::test]
+    async fn a_counted_scope_sees_the_clients_counts_made_within_it() {
+        let client = CallCounter::default();
+        client.bump(Op::S3GetObject);
+        let ((), scope) = counted(async {
+            client.bump(Op::S3GetObject);
+            client.add(Billed::Extra64KiB { fifo: false }, 2);
+            tokio::task::yield_now().await;
+            client.bump(Op::S3PutObject);
+        })
+        .await;
+        client.bump(Op::S3PutObject);
+        let want: BTreeMap<String, u64> = [("s3.GetObject", 1), ("s3.PutObject", 1), ("sqs.Extra64KiBChunks", 2)].map(|(k, v)| (k.to_string(), v)).into();
+        assert_eq!(scope.snapshot(), want);
+        assert_eq!((client.get(Billed::call(Op::S3GetObject)), client.get(Billed::call(Op::S3PutObject))), (2, 2));
     }
 }

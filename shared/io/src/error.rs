@@ -138,10 +138,11 @@ pub fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Maps an SDK error to the library error, telling unreachable endpoints apart from service errors.
-pub(crate) fn sdk_error<E>(service: Service, operation: &'static str, endpoint: &str, e: SdkError<E, HttpResponse>) -> Error
+pub(crate) fn sdk_error<E>(op: crate::op::Op, endpoint: &str, e: SdkError<E, HttpResponse>) -> Error
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
+    let (service, operation) = (op.service(), op.name());
     match &e {
         SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
             Error::Unreachable { service, endpoint: endpoint.to_string(), detail: root_cause(&e), source: Some(Box::new(e)) }
@@ -163,12 +164,13 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::op::Op;
     use aws_sdk_sqs::operation::get_queue_url::GetQueueUrlError;
 
     #[test]
     fn sdk_errors_keep_their_source_and_say_whether_to_retry() {
         let timeout: SdkError<GetQueueUrlError, HttpResponse> = SdkError::timeout_error("connect timed out");
-        let e = sdk_error(Service::Sqs, "GetQueueUrl", "http://127.0.0.1:1", timeout);
+        let e = sdk_error(Op::SqsGetQueueUrl, "http://127.0.0.1:1", timeout);
         assert!(matches!(e, Error::Unreachable { .. }) && e.is_retryable(), "{e:?}");
         let source = std::error::Error::source(&e).expect("the SDK's error is the source");
         assert!(source.to_string().contains("timeout") || format!("{source:?}").contains("connect timed out"), "{source:?}");

@@ -10,7 +10,8 @@ use aws_sdk_sqs::types::QueueAttributeName;
 
 use crate::config::{is_fifo, Aws, FleetArgs};
 use crate::error::sdk_error;
-use crate::error::{Error, Result, Service};
+use crate::error::{Error, Result};
+use crate::op::Op;
 
 /// Queue settings.
 #[derive(Debug, Clone, Copy)]
@@ -34,14 +35,14 @@ async fn create_queue(aws: &Aws, name: &str, mut attrs: Vec<(QueueAttributeName,
     for (k, v) in attrs {
         req = req.attributes(k, v);
     }
-    let url = req.send().await.map_err(|e| sdk_error(Service::Sqs, "CreateQueue", &aws.endpoint, e))?.queue_url().unwrap_or_default().to_string();
+    let url = req.send().await.map_err(|e| sdk_error(Op::SqsCreateQueue, &aws.endpoint, e))?.queue_url().unwrap_or_default().to_string();
     let arn = sqs
         .get_queue_attributes()
         .queue_url(&url)
         .attribute_names(QueueAttributeName::QueueArn)
         .send()
         .await
-        .map_err(|e| sdk_error(Service::Sqs, "GetQueueAttributes", &aws.endpoint, e))?
+        .map_err(|e| sdk_error(Op::SqsGetQueueAttributes, &aws.endpoint, e))?
         .attributes()
         .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
         .ok_or_else(|| Error::Config(format!("queue {name} has no ARN")))?;
@@ -69,7 +70,7 @@ pub async fn ensure_queue_with_dlq(aws: &Aws, name: &str, dlq: &str, s: QueueSet
         .attributes(QueueAttributeName::VisibilityTimeout, s.visibility_timeout.as_secs().to_string())
         .send()
         .await
-        .map_err(|e| sdk_error(Service::Sqs, "SetQueueAttributes", &aws.endpoint, e))?;
+        .map_err(|e| sdk_error(Op::SqsSetQueueAttributes, &aws.endpoint, e))?;
     Ok(url)
 }
 
@@ -87,7 +88,7 @@ pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
     match s3.create_bucket().bucket(bucket).send().await {
         Ok(_) => {}
         Err(e) if e.as_service_error().is_some_and(|s| s.is_bucket_already_owned_by_you() || s.is_bucket_already_exists()) => {}
-        Err(e) => return Err(sdk_error(Service::S3, "CreateBucket", &aws.endpoint, e)),
+        Err(e) => return Err(sdk_error(Op::S3CreateBucket, &aws.endpoint, e)),
     }
     let build = |r: std::result::Result<LifecycleRule, aws_sdk_s3::error::BuildError>| r.map_err(|e| Error::Config(format!("lifecycle rule: {e}")));
     let mut rules = Vec::new();
@@ -115,7 +116,7 @@ pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
         .lifecycle_configuration(cfg)
         .send()
         .await
-        .map_err(|e| sdk_error(Service::S3, "PutBucketLifecycleConfiguration", &aws.endpoint, e))?;
+        .map_err(|e| sdk_error(Op::S3PutBucketLifecycleConfiguration, &aws.endpoint, e))?;
     Ok(())
 }
 

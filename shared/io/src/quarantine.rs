@@ -124,6 +124,7 @@ mod tests {
             id: "id/1".into(),
             body: "{not json".into(),
             receive_count: 3,
+            sent_ms: Some(1),
             attrs: Attrs { priority: 2, deadline_ms: Some(9), group: None, reason: Some("x".into()), trace: None },
         };
         let key = put(store.as_ref(), "billing-results-dlq", &m, "invalid JSON").await.unwrap();

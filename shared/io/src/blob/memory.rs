@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::{BlobStore, Cond};
-use crate::call::CallCounter;
+use crate::call::{CallCounter, Op};
 use crate::error::Result;
 
 /// An in-memory blob store. ETags are write numbers.
@@ -52,7 +52,7 @@ impl BlobStore for MemoryStore {
     }
 
     async fn put_if(&self, key: &str, body: Bytes, _content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
-        self.calls.bump("s3.PutObject");
+        self.calls.bump(Op::S3PutObject);
         let mut objects = crate::lock(&self.objects);
         let current = objects.get(key).map(|o| o.etag.as_str());
         let holds = match cond {
@@ -69,7 +69,7 @@ impl BlobStore for MemoryStore {
     }
 
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
-        self.calls.bump("s3.GetObject");
+        self.calls.bump(Op::S3GetObject);
         let fail = self.failing_reads.fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
         if fail {
             let service = crate::error::Service::S3;
@@ -79,12 +79,12 @@ impl BlobStore for MemoryStore {
     }
 
     async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
-        self.calls.bump("s3.HeadObject");
+        self.calls.bump(Op::S3HeadObject);
         Ok(crate::lock(&self.objects).get(key).map(|o| o.meta.clone()))
     }
 
     async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
-        self.calls.bump("s3.ListObjectsV2");
+        self.calls.bump(Op::S3ListObjectsV2);
         let mut k: Vec<String> = crate::lock(&self.objects).keys().filter(|k| k.starts_with(prefix)).cloned().collect();
         k.sort();
         k.truncate(limit);
@@ -92,7 +92,7 @@ impl BlobStore for MemoryStore {
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        self.calls.bump("s3.DeleteObject");
+        self.calls.bump(Op::S3DeleteObject);
         crate::lock(&self.objects).remove(key);
         Ok(())
     }

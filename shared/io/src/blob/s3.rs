@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::{BlobStore, Cond};
 use crate::breaker::Breaker;
-use crate::call::{CallCounter, CallPolicy, Guarded};
+use crate::call::{CallCounter, CallPolicy, Guarded, Op};
 use crate::error::{sdk_error, Error, Result, Service};
 
 /// An S3 bucket. Every call is bounded by its [`CallPolicy`]; a GetObject's attempt covers reading the
@@ -35,8 +35,8 @@ impl S3Store {
             let (client, bucket, endpoint) = (client.clone(), bucket.clone(), endpoint.clone());
             Box::pin(async move {
                 policy
-                    .once(Service::S3, "HeadBucket", Duration::ZERO, async {
-                        client.head_bucket().bucket(&bucket).send().await.map(|_| ()).map_err(|e| sdk_error(Service::S3, "HeadBucket", &endpoint, e))
+                    .once(Op::S3HeadBucket, Duration::ZERO, async {
+                        client.head_bucket().bucket(&bucket).send().await.map(|_| ()).map_err(|e| sdk_error(Op::S3HeadBucket, &endpoint, e))
                     })
                     .await
             })
@@ -48,13 +48,13 @@ impl S3Store {
     /// Checks that the bucket exists and is reachable (HeadBucket).
     pub async fn check(&self) -> Result<()> {
         self.policy
-            .run(Service::S3, "HeadBucket", Duration::ZERO, || async {
-                self.calls.bump("s3.HeadBucket");
+            .run(Op::S3HeadBucket, Duration::ZERO, || async {
+                self.calls.bump(Op::S3HeadBucket);
                 self.client.head_bucket().bucket(&self.bucket).send().await.map_err(|e| {
                     if e.as_service_error().is_some_and(|s| s.is_not_found()) {
                         Error::NotFound { service: Service::S3, what: format!("bucket {:?} does not exist at {}", self.bucket, self.endpoint) }
                     } else {
-                        sdk_error(Service::S3, "HeadBucket", &self.endpoint, e)
+                        sdk_error(Op::S3HeadBucket, &self.endpoint, e)
                     }
                 })
             })
@@ -71,8 +71,8 @@ impl BlobStore for S3Store {
 
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
         self.policy
-            .run(Service::S3, "GetObject", Duration::ZERO, || async {
-                self.calls.bump("s3.GetObject");
+            .run(Op::S3GetObject, Duration::ZERO, || async {
+                self.calls.bump(Op::S3GetObject);
                 match self.client.get_object().bucket(&self.bucket).key(key).send().await {
                     Ok(out) => {
                         let etag = out.e_tag().unwrap_or_default().to_string();
@@ -80,7 +80,7 @@ impl BlobStore for S3Store {
                         Ok(Some((data.into_bytes(), etag)))
                     }
                     Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
-                    Err(e) => Err(sdk_error(Service::S3, "GetObject", &self.endpoint, e)),
+                    Err(e) => Err(sdk_error(Op::S3GetObject, &self.endpoint, e)),
                 }
             })
             .await
@@ -90,8 +90,8 @@ impl BlobStore for S3Store {
         // One byte past the cap tells a larger object from one of exactly `max` bytes.
         let range = format!("bytes=0-{max}");
         self.policy
-            .run(Service::S3, "GetObject", Duration::ZERO, || async {
-                self.calls.bump("s3.GetObject");
+            .run(Op::S3GetObject, Duration::ZERO, || async {
+                self.calls.bump(Op::S3GetObject);
                 match self.client.get_object().bucket(&self.bucket).key(key).range(&range).send().await {
                     Ok(out) => {
                         let data = out.body.collect().await.map_err(|e| body_error(key, e))?;
@@ -104,7 +104,7 @@ impl BlobStore for S3Store {
                     Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
                     // A range of an empty object is not satisfiable.
                     Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 416) => Ok(Some(Bytes::new())),
-                    Err(e) => Err(sdk_error(Service::S3, "GetObject", &self.endpoint, e)),
+                    Err(e) => Err(sdk_error(Op::S3GetObject, &self.endpoint, e)),
                 }
             })
             .await
@@ -115,12 +115,12 @@ impl BlobStore for S3Store {
         // on has sent part of it).
         let out = self
             .policy
-            .run(Service::S3, "GetObject", Duration::ZERO, || async {
-                self.calls.bump("s3.GetObject");
+            .run(Op::S3GetObject, Duration::ZERO, || async {
+                self.calls.bump(Op::S3GetObject);
                 match self.client.get_object().bucket(&self.bucket).key(key).send().await {
                     Ok(out) => Ok(Some(out)),
                     Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
-                    Err(e) => Err(sdk_error(Service::S3, "GetObject", &self.endpoint, e)),
+                    Err(e) => Err(sdk_error(Op::S3GetObject, &self.endpoint, e)),
                 }
             })
             .await?;
@@ -137,8 +137,8 @@ impl BlobStore for S3Store {
 
     async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
         self.policy
-            .run(Service::S3, "PutObject", Duration::ZERO, || async {
-                self.calls.bump("s3.PutObject");
+            .run(Op::S3PutObject, Duration::ZERO, || async {
+                self.calls.bump(Op::S3PutObject);
                 let req = self
                     .client
                     .put_object()
@@ -156,7 +156,7 @@ impl BlobStore for S3Store {
                     Ok(out) => Ok(Some(out.e_tag().unwrap_or_default().to_string())),
                     // 412: the condition failed; 409: a concurrent conditional write won.
                     Err(e) if e.raw_response().is_some_and(|r| matches!(r.status().as_u16(), 409 | 412)) => Ok(None),
-                    Err(e) => Err(sdk_error(Service::S3, "PutObject", &self.endpoint, e)),
+                    Err(e) => Err(sdk_error(Op::S3PutObject, &self.endpoint, e)),
                 }
             })
             .await
@@ -164,13 +164,13 @@ impl BlobStore for S3Store {
 
     async fn put_file(&self, key: &str, path: &std::path::Path, content_type: &str) -> Result<()> {
         self.policy
-            .run(Service::S3, "PutObject", Duration::ZERO, || async {
-                self.calls.bump("s3.PutObject");
+            .run(Op::S3PutObject, Duration::ZERO, || async {
+                self.calls.bump(Op::S3PutObject);
                 // Read as it is sent, a piece at a time (opened again by each attempt).
                 let body = ByteStream::from_path(path).await.map_err(|e| crate::Error::local_file(path, e))?;
                 match self.client.put_object().bucket(&self.bucket).key(key).content_type(content_type).body(body).send().await {
                     Ok(_) => Ok(()),
-                    Err(e) => Err(sdk_error(Service::S3, "PutObject", &self.endpoint, e)),
+                    Err(e) => Err(sdk_error(Op::S3PutObject, &self.endpoint, e)),
                 }
             })
             .await
@@ -178,12 +178,12 @@ impl BlobStore for S3Store {
 
     async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
         self.policy
-            .run(Service::S3, "HeadObject", Duration::ZERO, || async {
-                self.calls.bump("s3.HeadObject");
+            .run(Op::S3HeadObject, Duration::ZERO, || async {
+                self.calls.bump(Op::S3HeadObject);
                 match self.client.head_object().bucket(&self.bucket).key(key).send().await {
                     Ok(out) => Ok(Some(out.metadata().map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default())),
                     Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(None),
-                    Err(e) => Err(sdk_error(Service::S3, "HeadObject", &self.endpoint, e)),
+                    Err(e) => Err(sdk_error(Op::S3HeadObject, &self.endpoint, e)),
                 }
             })
             .await
@@ -195,8 +195,8 @@ impl BlobStore for S3Store {
         while keys.len() < limit {
             let page = self
                 .policy
-                .run(Service::S3, "ListObjectsV2", Duration::ZERO, || async {
-                    self.calls.bump("s3.ListObjectsV2");
+                .run(Op::S3ListObjectsV2, Duration::ZERO, || async {
+                    self.calls.bump(Op::S3ListObjectsV2);
                     self.client
                         .list_objects_v2()
                         .bucket(&self.bucket)
@@ -205,7 +205,7 @@ impl BlobStore for S3Store {
                         .set_continuation_token(token.clone())
                         .send()
                         .await
-                        .map_err(|e| sdk_error(Service::S3, "ListObjectsV2", &self.endpoint, e))
+                        .map_err(|e| sdk_error(Op::S3ListObjectsV2, &self.endpoint, e))
                 })
                 .await?;
             keys.extend(page.contents().iter().filter_map(|o| o.key().map(str::to_string)));
@@ -220,9 +220,9 @@ impl BlobStore for S3Store {
 
     async fn delete(&self, key: &str) -> Result<()> {
         self.policy
-            .run(Service::S3, "DeleteObject", Duration::ZERO, || async {
-                self.calls.bump("s3.DeleteObject");
-                self.client.delete_object().bucket(&self.bucket).key(key).send().await.map_err(|e| sdk_error(Service::S3, "DeleteObject", &self.endpoint, e))
+            .run(Op::S3DeleteObject, Duration::ZERO, || async {
+                self.calls.bump(Op::S3DeleteObject);
+                self.client.delete_object().bucket(&self.bucket).key(key).send().await.map_err(|e| sdk_error(Op::S3DeleteObject, &self.endpoint, e))
             })
             .await?;
         Ok(())

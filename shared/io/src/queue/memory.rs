@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::call::CallCounter;
+use crate::call::{CallCounter, Op};
 use crate::error::Result;
 use crate::queue::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
 
@@ -20,6 +20,8 @@ struct Stored {
     body: String,
     attrs: Attrs,
     receive_count: u32,
+    /// When it was sent (Unix ms), as SQS's `SentTimestamp`.
+    sent_ms: u64,
     visible_at: Instant,
     /// Receipt of the current receive; stale receipts are ignored.
     receipt: Option<String>,
@@ -110,7 +112,7 @@ impl MemoryQueue {
         let mut s = self.lock();
         s.next_id += 1;
         let id = format!("m{}", s.next_id);
-        s.messages.push_back(Stored { id, body, attrs, receive_count, visible_at: Instant::now(), receipt: None });
+        s.messages.push_back(Stored { id, body, attrs, receive_count, sent_ms: crate::queue::unix_ms(), visible_at: Instant::now(), receipt: None });
         drop(s);
         self.arrived.notify_waiters();
     }
@@ -177,7 +179,10 @@ impl MemoryQueue {
             m.receive_count += 1;
             m.visible_at = now + self.visibility;
             m.receipt = Some(receipt.clone());
-            out.push(Delivery::new(Message { id: m.id.clone(), body: m.body.clone(), receive_count: m.receive_count, attrs: m.attrs.clone() }, receipt));
+            out.push(Delivery::new(
+                Message { id: m.id.clone(), body: m.body.clone(), receive_count: m.receive_count, sent_ms: Some(m.sent_ms), attrs: m.attrs.clone() },
+                receipt,
+            ));
             i += 1;
         }
         drop(s);
@@ -207,7 +212,7 @@ impl Queue for MemoryQueue {
         let sizes: Vec<usize> = msgs.iter().map(|m| m.body.len()).collect();
         let plan = plan_batches(&sizes);
         for _ in &plan {
-            self.calls.bump("sqs.SendMessageBatch");
+            self.calls.bump(Op::SqsSendMessageBatch);
         }
         for m in msgs {
             if !self.first_send(m) {
@@ -219,7 +224,7 @@ impl Queue for MemoryQueue {
     }
 
     async fn receive(&self, max: u32, wait: Duration) -> Result<Vec<Delivery>> {
-        self.calls.bump("sqs.ReceiveMessage");
+        self.calls.bump(Op::SqsReceiveMessage);
         let latency = *crate::lock(&self.latency);
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
@@ -243,7 +248,7 @@ impl Queue for MemoryQueue {
         if receipts.is_empty() {
             return Ok(Vec::new());
         }
-        self.calls.bump("sqs.DeleteMessageBatch");
+        self.calls.bump(Op::SqsDeleteMessageBatch);
         let (failed, ok): (Vec<usize>, Vec<usize>) = (0..receipts.len()).partition(|_| self.entry_fails());
         let ok: Vec<&str> = ok.into_iter().map(|i| receipts[i].as_str()).collect();
         self.lock().messages.retain(|m| m.receipt.as_deref().is_none_or(|r| !ok.contains(&r)));
@@ -256,7 +261,7 @@ impl Queue for MemoryQueue {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
-        self.calls.bump("sqs.ChangeMessageVisibilityBatch");
+        self.calls.bump(Op::SqsChangeMessageVisibilityBatch);
         let now = Instant::now();
         let mut failed = Vec::new();
         let mut s = self.lock();
@@ -273,7 +278,7 @@ impl Queue for MemoryQueue {
     }
 
     async fn depth(&self) -> Result<QueueDepth> {
-        self.calls.bump("sqs.GetQueueAttributes");
+        self.calls.bump(Op::SqsGetQueueAttributes);
         let now = Instant::now();
         let s = self.lock();
         let visible = s.messages.iter().filter(|m| m.visible_at <= now).count() as u64;

@@ -76,7 +76,23 @@ pub struct Message {
     pub body: String,
     /// How many times the message has been received, this time included.
     pub receive_count: u32,
+    /// When the queue got it (Unix ms; SQS's `SentTimestamp`), when the queue says.
+    pub sent_ms: Option<u64>,
     pub attrs: Attrs,
+}
+
+impl Message {
+    /// How long it has been since the queue got it (none when the queue did not say, or the clocks
+    /// disagree).
+    pub fn age(&self) -> Option<Duration> {
+        let sent = self.sent_ms?;
+        unix_ms().checked_sub(sent).map(Duration::from_millis)
+    }
+}
+
+/// Now, as Unix ms.
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The handle SQS gives with a receive to delete the message or change its visibility (valid for that

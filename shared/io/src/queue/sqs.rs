@@ -14,7 +14,7 @@ use aws_sdk_sqs::types::{
     SendMessageBatchRequestEntry,
 };
 
-use fleet_domain::prices::{sqs_extra_chunks, SQS_EXTRA_64K, SQS_FIFO_EXTRA_64K};
+use crate::op::{sqs_extra_chunks, Billed, Op};
 
 use super::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
 use crate::breaker::Breaker;
@@ -60,9 +60,9 @@ impl SqsQueue {
             (name_or_url.rsplit('/').next().unwrap_or(name_or_url).to_string(), name_or_url.to_string())
         } else {
             let out = policy
-                .run(Service::Sqs, "GetQueueUrl", Duration::ZERO, || async {
-                    calls.bump(if crate::config::is_fifo(name_or_url) { "sqs.fifo.GetQueueUrl" } else { "sqs.GetQueueUrl" });
-                    client.get_queue_url().queue_name(name_or_url).send().await.map_err(|e| match sdk_error(Service::Sqs, "GetQueueUrl", endpoint, e) {
+                .run(Op::SqsGetQueueUrl, Duration::ZERO, || async {
+                    calls.add(Billed::Call { op: Op::SqsGetQueueUrl, fifo: crate::config::is_fifo(name_or_url) }, 1);
+                    client.get_queue_url().queue_name(name_or_url).send().await.map_err(|e| match sdk_error(Op::SqsGetQueueUrl, endpoint, e) {
                         Error::NotFound { .. } => {
                             Error::NotFound { service: Service::Sqs, what: format!("queue {name_or_url:?} does not exist at {endpoint}") }
                         }
@@ -75,10 +75,14 @@ impl SqsQueue {
         Ok(SqsQueue { client, name, url, endpoint: endpoint.to_string(), calls, policy: Guarded::new(policy) })
     }
 
-    /// Counts `n` calls of an operation: a FIFO queue's under `fifo` (SQS bills them at its FIFO
-    /// price), a standard queue's under `standard`.
-    fn count(&self, standard: &'static str, fifo: &'static str, n: u64) {
-        self.calls.add(if self.is_fifo() { fifo } else { standard }, n);
+    /// Counts `n` calls of `op`, a FIFO queue's apart (SQS bills them at its FIFO price).
+    fn count(&self, op: Op, n: u64) {
+        self.calls.add(Billed::Call { op, fifo: self.is_fifo() }, n);
+    }
+
+    /// Counts the further 64 KiB chunks of a call's `payload` bytes (each billed as one request).
+    fn count_payload(&self, payload: usize) {
+        self.calls.add(Billed::Extra64KiB { fifo: self.is_fifo() }, sqs_extra_chunks(payload));
     }
 
     /// The same queue counting its calls into `calls` from now on (the shards of a sharded queue share
@@ -102,7 +106,7 @@ impl SqsQueue {
             let (client, url, endpoint) = (client.clone(), url.clone(), endpoint.clone());
             Box::pin(async move {
                 policy
-                    .once(Service::Sqs, "GetQueueAttributes", Duration::ZERO, async {
+                    .once(Op::SqsGetQueueAttributes, Duration::ZERO, async {
                         client
                             .get_queue_attributes()
                             .queue_url(&url)
@@ -110,7 +114,7 @@ impl SqsQueue {
                             .send()
                             .await
                             .map(|_| ())
-                            .map_err(|e| sdk_error(Service::Sqs, "GetQueueAttributes", &endpoint, e))
+                            .map_err(|e| sdk_error(Op::SqsGetQueueAttributes, &endpoint, e))
                     })
                     .await
             })
@@ -123,11 +127,11 @@ impl SqsQueue {
         &self.url
     }
 
-    fn err<E>(&self, op: &'static str, e: SdkError<E, HttpResponse>) -> Error
+    fn err<E>(&self, op: Op, e: SdkError<E, HttpResponse>) -> Error
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
-        sdk_error(Service::Sqs, op, &self.endpoint, e)
+        sdk_error(op, &self.endpoint, e)
     }
 
     fn is_fifo(&self) -> bool {
@@ -152,8 +156,8 @@ impl SqsQueue {
     pub async fn start_move_to(&self, arn: &str, to: &SqsQueue) -> Result<String> {
         let to_arn = to.arn().await?;
         self.policy
-            .run(Service::Sqs, "StartMessageMoveTask", Duration::ZERO, || async {
-                self.count("sqs.StartMessageMoveTask", "sqs.fifo.StartMessageMoveTask", 1);
+            .run(Op::SqsStartMessageMoveTask, Duration::ZERO, || async {
+                self.count(Op::SqsStartMessageMoveTask, 1);
                 let out = self
                     .client
                     .start_message_move_task()
@@ -161,7 +165,7 @@ impl SqsQueue {
                     .destination_arn(&to_arn)
                     .send()
                     .await
-                    .map_err(|e| self.err("StartMessageMoveTask", e))?;
+                    .map_err(|e| self.err(Op::SqsStartMessageMoveTask, e))?;
                 Ok(out.task_handle().unwrap_or_default().to_string())
             })
             .await
@@ -170,9 +174,10 @@ impl SqsQueue {
     /// The most recent message move task from this queue (its `arn`), if any (`ListMessageMoveTasks`).
     pub async fn move_task(&self, arn: &str) -> Result<Option<MoveTask>> {
         self.policy
-            .run(Service::Sqs, "ListMessageMoveTasks", Duration::ZERO, || async {
-                self.count("sqs.ListMessageMoveTasks", "sqs.fifo.ListMessageMoveTasks", 1);
-                let out = self.client.list_message_move_tasks().source_arn(arn).max_results(1).send().await.map_err(|e| self.err("ListMessageMoveTasks", e))?;
+            .run(Op::SqsListMessageMoveTasks, Duration::ZERO, || async {
+                self.count(Op::SqsListMessageMoveTasks, 1);
+                let out =
+                    self.client.list_message_move_tasks().source_arn(arn).max_results(1).send().await.map_err(|e| self.err(Op::SqsListMessageMoveTasks, e))?;
                 Ok(out.results().first().map(|t| MoveTask {
                     status: t.status().unwrap_or("UNKNOWN").to_string(),
                     moved: t.approximate_number_of_messages_moved(),
@@ -186,15 +191,15 @@ impl SqsQueue {
 
     async fn attributes(&self, names: &[QueueAttributeName]) -> Result<aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesOutput> {
         self.policy
-            .run(Service::Sqs, "GetQueueAttributes", Duration::ZERO, || async {
-                self.count("sqs.GetQueueAttributes", "sqs.fifo.GetQueueAttributes", 1);
+            .run(Op::SqsGetQueueAttributes, Duration::ZERO, || async {
+                self.count(Op::SqsGetQueueAttributes, 1);
                 self.client
                     .get_queue_attributes()
                     .queue_url(&self.url)
                     .set_attribute_names(Some(names.to_vec()))
                     .send()
                     .await
-                    .map_err(|e| self.err("GetQueueAttributes", e))
+                    .map_err(|e| self.err(Op::SqsGetQueueAttributes, e))
             })
             .await
     }
@@ -221,16 +226,16 @@ impl SqsQueue {
         let payload: usize = msgs.iter().map(|(_, m)| m.body.len() + attrs_len(&m.attrs)).sum();
         let out = self
             .policy
-            .run(Service::Sqs, "SendMessageBatch", Duration::ZERO, || async {
-                self.count("sqs.SendMessageBatch", "sqs.fifo.SendMessageBatch", 1);
-                self.count(SQS_EXTRA_64K, SQS_FIFO_EXTRA_64K, sqs_extra_chunks(payload));
+            .run(Op::SqsSendMessageBatch, Duration::ZERO, || async {
+                self.count(Op::SqsSendMessageBatch, 1);
+                self.count_payload(payload);
                 self.client
                     .send_message_batch()
                     .queue_url(&self.url)
                     .set_entries(Some(entries.clone()))
                     .send()
                     .await
-                    .map_err(|e| self.err("SendMessageBatch", e))
+                    .map_err(|e| self.err(Op::SqsSendMessageBatch, e))
             })
             .await?;
         let mut failed = Vec::new();
@@ -314,8 +319,8 @@ impl Queue for SqsQueue {
         // receive took come back after their visibility timeout.
         let out = self
             .policy
-            .once(Service::Sqs, "ReceiveMessage", wait, async {
-                self.count("sqs.ReceiveMessage", "sqs.fifo.ReceiveMessage", 1);
+            .once(Op::SqsReceiveMessage, wait, async {
+                self.count(Op::SqsReceiveMessage, 1);
                 self.client
                     .receive_message()
                     .queue_url(&self.url)
@@ -323,14 +328,15 @@ impl Queue for SqsQueue {
                     .wait_time_seconds(wait.as_secs() as i32)
                     .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
                     .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+                    .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
                     .message_attribute_names("All")
                     .send()
                     .await
-                    .map_err(|e| self.err("ReceiveMessage", e))
+                    .map_err(|e| self.err(Op::SqsReceiveMessage, e))
             })
             .await?;
         let payload: usize = out.messages().iter().map(|m| m.body().map_or(0, str::len)).sum();
-        self.count(SQS_EXTRA_64K, SQS_FIFO_EXTRA_64K, sqs_extra_chunks(payload));
+        self.count_payload(payload);
         Ok(out
             .messages()
             .iter()
@@ -343,6 +349,7 @@ impl Queue for SqsQueue {
                         .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
                         .and_then(|v| v.parse().ok())
                         .unwrap_or(1),
+                    sent_ms: m.attributes().and_then(|a| a.get(&MessageSystemAttributeName::SentTimestamp)).and_then(|v| v.parse().ok()),
                     attrs: {
                         let attr = |n: &str| m.message_attributes().and_then(|a| a.get(n)).and_then(|v| v.string_value());
                         Attrs {
@@ -371,15 +378,15 @@ impl Queue for SqsQueue {
             .map_err(|e| Error::Config(e.to_string()))?;
         let out = self
             .policy
-            .run(Service::Sqs, "DeleteMessageBatch", Duration::ZERO, || async {
-                self.count("sqs.DeleteMessageBatch", "sqs.fifo.DeleteMessageBatch", 1);
+            .run(Op::SqsDeleteMessageBatch, Duration::ZERO, || async {
+                self.count(Op::SqsDeleteMessageBatch, 1);
                 self.client
                     .delete_message_batch()
                     .queue_url(&self.url)
                     .set_entries(Some(entries.clone()))
                     .send()
                     .await
-                    .map_err(|e| self.err("DeleteMessageBatch", e))
+                    .map_err(|e| self.err(Op::SqsDeleteMessageBatch, e))
             })
             .await?;
         Ok(failed_entries(receipts.len(), out.failed().iter().map(|f| (f.id(), f.code()))))
@@ -404,15 +411,15 @@ impl Queue for SqsQueue {
             .map_err(|e| Error::Config(e.to_string()))?;
         let out = self
             .policy
-            .run(Service::Sqs, "ChangeMessageVisibilityBatch", Duration::ZERO, || async {
-                self.count("sqs.ChangeMessageVisibilityBatch", "sqs.fifo.ChangeMessageVisibilityBatch", 1);
+            .run(Op::SqsChangeMessageVisibilityBatch, Duration::ZERO, || async {
+                self.count(Op::SqsChangeMessageVisibilityBatch, 1);
                 self.client
                     .change_message_visibility_batch()
                     .queue_url(&self.url)
                     .set_entries(Some(built.clone()))
                     .send()
                     .await
-                    .map_err(|e| self.err("ChangeMessageVisibilityBatch", e))
+                    .map_err(|e| self.err(Op::SqsChangeMessageVisibilityBatch, e))
             })
             .await?;
         Ok(failed_entries(entries.len(), out.failed().iter().map(|f| (f.id(), f.code()))))

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{instance_report_key, redact_url, work_key, InstanceReport, Subscription, TriggerBus, WorkDetected};
-use crate::call::CallPolicy;
+use crate::call::{CallPolicy, Op};
 use crate::error::{Error, Result, Service};
 use crate::pem::PemFile;
 
@@ -48,7 +48,7 @@ impl AmqpCa {
 
 /// Connects, opens a channel and declares the exchange, all within one attempt of `policy`.
 async fn open_channel(url: &str, exchange: &str, ca: Option<&AmqpCa>, policy: &CallPolicy) -> Result<(Connection, Channel)> {
-    policy.once(Service::RabbitMq, "connect", Duration::ZERO, open_channel_unbounded(url, exchange, ca)).await
+    policy.once(Op::AmqpConnect, Duration::ZERO, open_channel_unbounded(url, exchange, ca)).await
 }
 
 async fn open_channel_unbounded(url: &str, exchange: &str, ca: Option<&AmqpCa>) -> Result<(Connection, Channel)> {
@@ -159,7 +159,7 @@ impl RabbitTriggers {
         let (_, ch) = st.link.as_ref().expect("link just opened");
         let confirmed = self
             .policy
-            .once(Service::RabbitMq, "basic.publish", Duration::ZERO, async {
+            .once(Op::AmqpPublish, Duration::ZERO, async {
                 let confirm = ch
                     .basic_publish(self.exchange.as_str().into(), key.into(), BasicPublishOptions::default(), payload, BasicProperties::default())
                     .await

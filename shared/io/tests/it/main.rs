@@ -50,7 +50,7 @@ async fn sqs_counts_the_further_64k_chunks_it_is_billed_for() {
         let batch = st.work.receive(10, Duration::from_secs(1)).await.unwrap();
         got += batch.len();
         let bytes: usize = batch.iter().map(|d| d.body.len()).sum();
-        received_bytes += fleet_domain::prices::sqs_extra_chunks(bytes);
+        received_bytes += fleet_io::op::sqs_extra_chunks(bytes);
     }
     assert_eq!(got, 6);
     assert_eq!(extra(st.work.as_ref()) - before, 3 + received_bytes, "receives count theirs too");
