@@ -1,4 +1,5 @@
-//! The engine's settings (built from the command line by `args`) and their defaults.
+//! The engine's settings (built from the command line by `args`) and their defaults, and the fixed
+//! receive bounds they do not set.
 
 use std::time::Duration;
 
@@ -6,6 +7,12 @@ use crate::backoff::{IdleBackoff, RetryBackoff};
 use crate::completion::BatchSettings;
 use crate::dynamic_consumers::{ScalingPolicy, WorkRules};
 use crate::throttle::ThrottleLimits;
+
+/// How long a receive may take beyond its long-poll wait before it is abandoned (consumers; the
+/// health check's stall bound counts it too).
+pub(crate) const RECEIVE_GRACE: Duration = Duration::from_secs(10);
+/// How long past its long-poll wait a receive in flight at a stop is waited for.
+pub(crate) const STOP_POLL_MARGIN: Duration = Duration::from_secs(1);
 
 /// Engine settings.
 #[derive(Debug, Clone)]

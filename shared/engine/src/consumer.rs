@@ -4,15 +4,16 @@
 //! samples activity and scales the consumer set; a work-detected trigger raises it at once.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::backoff::{EmptyContext, EmptyDecision};
+use crate::config::{RECEIVE_GRACE, STOP_POLL_MARGIN};
 use crate::dynamic_consumers::{decide, Activity, ScaleDecision};
-use crate::{bump, lock, release, sleep_until, ErrorEvent, Inner};
+use crate::events::{self, Retired};
+use crate::{lock, release, sleep_until, ErrorEvent, Inner};
 use fleet_io::breaker::{all_closed, any_open};
 use fleet_io::queue::{Delivery, Message};
 
@@ -56,7 +57,7 @@ impl Consumers {
 }
 
 pub(crate) fn spawn_consumer(inner: &Arc<Inner>) -> Option<usize> {
-    if inner.stop_receiving.is_cancelled() {
+    if inner.lifecycle.stopping() {
         return None;
     }
     let id = {
@@ -67,57 +68,45 @@ pub(crate) fn spawn_consumer(inner: &Arc<Inner>) -> Option<usize> {
         c.note();
         id
     };
-    inner.consumer_tasks.spawn(consume(inner.clone(), id));
+    inner.lifecycle.consumer_tasks.spawn(consume(inner.clone(), id));
     Some(id)
 }
 
 pub(crate) async fn wait_for_room(inner: &Inner) -> Option<usize> {
     loop {
-        let notified = inner.room.notified();
+        let notified = inner.buffer.room.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         // Room must not start a receive once stopping (a returned message was received again at once).
-        if inner.stop_receiving.is_cancelled() {
+        if inner.lifecycle.stopping() {
             return None;
         }
-        let n = lock(&inner.throttle).reserve(inner.cfg.receive_batch);
+        let n = lock(&inner.buffer.throttle).reserve(inner.cfg.receive_batch);
         if n > 0 {
             return Some(n);
         }
         tokio::select! {
-            _ = inner.stop_receiving.cancelled() => return None,
+            _ = inner.lifecycle.stop_receiving.cancelled() => return None,
             _ = notified => {}
         }
     }
 }
 
-/// Gives back room reserved for a receive that brought nothing (or less): consumers waiting for room
-/// must hear of it (one waited forever behind a long poll that came back empty).
-pub(crate) fn unreserve(inner: &Inner, n: usize) {
-    lock(&inner.throttle).unreserve(n);
-    inner.room.notify_waiters();
-}
-
 /// Waits `d` (None: until woken). `Some(true)`: woken, also by a wake since `wakes` was read (a trigger
 /// that arrived during the receive that came back empty); `Some(false)`: waited; `None`: stopping.
 pub(crate) async fn pause(inner: &Inner, d: Option<Duration>, wakes: u64) -> Option<bool> {
-    let notified = inner.wake.notified();
+    let notified = inner.wakeups.wake.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
-    if inner.wakes.load(Ordering::SeqCst) != wakes {
+    if inner.wakeups.count() != wakes {
         return Some(true);
     }
     tokio::select! {
-        _ = inner.stop_receiving.cancelled() => None,
+        _ = inner.lifecycle.stop_receiving.cancelled() => None,
         _ = notified => Some(true),
         _ = sleep_until(d.map(|d| Instant::now() + d)) => Some(false),
     }
 }
-
-/// How long a receive may take beyond its long-poll wait before it is abandoned.
-pub(crate) const RECEIVE_GRACE: Duration = Duration::from_secs(10);
-/// How long past its long-poll wait a receive in flight at a stop is waited for.
-pub(crate) const STOP_POLL_MARGIN: Duration = Duration::from_secs(1);
 
 pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
     let mut idle: u32 = 0;
@@ -129,12 +118,11 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
         }
         if any_open(&inner.breakers) {
             // A dependency is down: take nothing new until it answers (the breaker's probe tells).
-            bump(&inner.stats.paused, 1);
             set_parked(&inner, id, true);
-            tracing::info!(queue = inner.queue.name(), consumer = id, "a dependency is down: receiving nothing until it answers");
+            events::ConsumerPaused { queue: inner.queue.name(), consumer: id }.emit(&inner.observed.stats);
             let stopped = tokio::select! {
                 _ = all_closed(&inner.breakers) => false,
-                _ = inner.stop_receiving.cancelled() => true,
+                _ = inner.lifecycle.stop_receiving.cancelled() => true,
             };
             set_parked(&inner, id, false);
             if stopped {
@@ -148,7 +136,7 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
             break;
         };
         let started = Instant::now();
-        let wakes = inner.wakes.load(Ordering::SeqCst);
+        let wakes = inner.wakeups.count();
         // A stop does not cut the receive short: the queue would keep serving a poll cut on this side
         // and could hand it messages nobody sees until their visibility timeout (a restart cost a job
         // 30 s). The poll ends within its wait; what it brings goes straight back (see `accept`).
@@ -159,7 +147,7 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
         tokio::pin!(receive);
         let answer = tokio::select! {
             r = &mut receive => r,
-            _ = inner.stop_receiving.cancelled() => {
+            _ = inner.lifecycle.stop_receiving.cancelled() => {
                 let end = started + inner.cfg.receive_wait + STOP_POLL_MARGIN;
                 tokio::time::timeout_at(end, receive).await.unwrap_or_else(Err)
             }
@@ -174,7 +162,6 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
             })
         });
         iterations += 1;
-        bump(&inner.stats.receives, 1);
         // One look at the consumer set: record this iteration; the main consumer is the oldest alive.
         let (main, alive) = {
             let mut c = lock(&inner.consumers);
@@ -185,9 +172,9 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
         };
         match received {
             Err(e) => {
-                unreserve(&inner, max);
+                inner.buffer.unreserve(max);
                 inner.handler.on_error(ErrorEvent::Receive { error: &e });
-                tracing::warn!(queue = inner.queue.name(), consumer = id, error = %e, retry_in_ms = error_backoff.as_millis() as u64, "receive failed");
+                events::ReceiveFailed { queue: inner.queue.name(), consumer: id, error: &e, retry_in: error_backoff }.emit(&inner.observed.stats);
                 if pause(&inner, Some(error_backoff), wakes).await.is_none() {
                     break;
                 }
@@ -196,6 +183,7 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
             }
             Ok(msgs) => {
                 error_backoff = Duration::from_millis(100);
+                events::ReceiveDone { queue: inner.queue.name(), consumer: id, messages: msgs.len() }.emit(&inner.observed.stats);
                 if !msgs.is_empty() {
                     let was_idle = idle > 0;
                     idle = 0;
@@ -204,8 +192,7 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
                         work_detected(&inner, None).await;
                     }
                 } else {
-                    unreserve(&inner, max);
-                    bump(&inner.stats.empty_receives, 1);
+                    inner.buffer.unreserve(max);
                     idle = idle.saturating_add(1);
                     let ctx = EmptyContext {
                         idle_count: idle,
@@ -213,16 +200,16 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
                         main,
                         alive,
                         min_consumers: inner.cfg.scaling.min_consumers,
-                        triggers: inner.cfg.triggers && inner.triggers_live.load(Ordering::SeqCst),
+                        triggers: inner.cfg.triggers && inner.wakeups.triggers_live(),
                     };
                     match inner.handler.queue_empty(&inner.cfg.backoff, ctx) {
                         EmptyDecision::Stop if !main => {
-                            tracing::debug!(queue = inner.queue.name(), consumer = id, idle, "idle consumer stops");
+                            events::ConsumerRetired { queue: inner.queue.name(), consumer: id, why: Retired::Idle(idle) }.emit();
                             break;
                         }
                         EmptyDecision::Park | EmptyDecision::Stop => {
                             set_parked(&inner, id, true);
-                            tracing::debug!(queue = inner.queue.name(), consumer = id, "parked until work is detected");
+                            events::ConsumerParked { queue: inner.queue.name(), consumer: id }.emit();
                             let woke = pause(&inner, inner.cfg.park_poll, wakes).await;
                             set_parked(&inner, id, false);
                             match woke {
@@ -267,7 +254,7 @@ pub(crate) fn sample(inner: &Arc<Inner>) {
     match decision {
         ScaleDecision::Up => {
             if let Some(id) = spawn_consumer(inner) {
-                tracing::debug!(queue = inner.queue.name(), consumer = id, "all consumers busy: one more");
+                events::ConsumerAdded { queue: inner.queue.name(), consumer: id }.emit();
             }
         }
         ScaleDecision::Down(id) => {
@@ -278,8 +265,8 @@ pub(crate) fn sample(inner: &Arc<Inner>) {
             }
             c.note();
             drop(c);
-            inner.wake.notify_waiters();
-            tracing::debug!(queue = inner.queue.name(), consumer = id, "idle consumer stopped");
+            inner.wakeups.rouse();
+            events::ConsumerRetired { queue: inner.queue.name(), consumer: id, why: Retired::Sampled }.emit();
         }
         ScaleDecision::Hold => {}
     }
@@ -287,18 +274,18 @@ pub(crate) fn sample(inner: &Arc<Inner>) {
 
 /// QueueWorkDetected: raise the consumers at once to the optimal count for the queue depth.
 pub(crate) async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
-    if inner.stop_receiving.is_cancelled() {
+    if inner.lifecycle.stopping() {
         return;
     }
     let depth = match depth {
         Some(d) => d,
         None => match inner.queue.depth().await {
             Ok(d) => {
-                crate::state::note_depth(inner, d);
+                inner.observed.note_depth(d);
                 d.visible
             }
             Err(e) => {
-                tracing::debug!(queue = inner.queue.name(), error = %e, "queue depth unavailable");
+                events::DepthUnavailable { queue: inner.queue.name(), error: &e }.emit();
                 return;
             }
         },
@@ -308,7 +295,7 @@ pub(crate) async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
     // consumer on every trigger that woke a parked engine).
     let active = lock(&inner.consumers).list.values().filter(|c| !c.retiring).count();
     if target > active {
-        tracing::debug!(queue = inner.queue.name(), depth, from = active, to = target, "work detected: raising consumers");
+        events::ConsumersRaised { queue: inner.queue.name(), depth, from: active, to: target }.emit();
     }
     for _ in active..target {
         spawn_consumer(inner);
@@ -317,26 +304,19 @@ pub(crate) async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
 
 pub(crate) fn accept(inner: &Arc<Inner>, msgs: Vec<Delivery>, reserved: usize) {
     let now = Instant::now();
-    bump(&inner.stats.received, msgs.len() as u64);
-    if inner.stop_receiving.is_cancelled() {
+    if inner.lifecycle.stopping() {
         // A poll that was under way at the stop: none of it starts here, all of it goes straight back.
-        unreserve(inner, reserved);
-        tracing::info!(queue = inner.queue.name(), returned = msgs.len(), "stopping: returning what the last poll brought");
+        inner.buffer.unreserve(reserved);
+        events::PollReturned { queue: inner.queue.name(), returned: msgs.len() }.emit();
         for m in msgs {
             release(inner, m, Duration::ZERO);
         }
         return;
     }
-    {
-        let mut hb = lock(&inner.heartbeat);
-        for m in &msgs {
-            hb.track(m.receipt(), now);
-        }
-    }
-    inner.heartbeat_changed.notify_one();
+    inner.in_hand.track(msgs.iter().map(|m| m.receipt()), now);
     let mut back = Vec::new();
     {
-        let mut t = lock(&inner.throttle);
+        let mut t = lock(&inner.buffer.throttle);
         t.unreserve(reserved);
         for m in msgs {
             let group = fifo_group(inner, &m);
@@ -345,13 +325,12 @@ pub(crate) fn accept(inner: &Arc<Inner>, msgs: Vec<Delivery>, reserved: usize) {
         }
     }
     for m in back {
-        bump(&inner.stats.evicted, 1);
+        events::Evicted { queue: inner.queue.name(), message_id: &m.id }.emit(&inner.observed.stats);
         inner.handler.on_error(ErrorEvent::Evicted { msg: &m });
         release(inner, m, Duration::ZERO);
     }
-    inner.dispatch.notify_one();
-    // Fewer messages than reserved leave room for another receive.
-    inner.room.notify_waiters();
+    // Something to dispatch; and fewer messages than reserved leave room for another receive.
+    inner.buffer.changed();
 }
 
 /// The message group that orders a message: only on a FIFO queue.

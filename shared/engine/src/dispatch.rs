@@ -18,8 +18,9 @@ use fleet_io::breaker::{all_closed, any_open};
 use fleet_io::queue::Delivery;
 
 use crate::consumer::fifo_group;
+use crate::events;
 use crate::expiry::expire;
-use crate::{bump, lock, release, sleep_until, Inner, Outcome};
+use crate::{lock, release, sleep_until, Inner, Outcome};
 
 /// Marks a batch's messages finished in the throttle even if the handler panics.
 pub(crate) struct Running {
@@ -29,23 +30,22 @@ pub(crate) struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let mut t = lock(&self.inner.throttle);
+        let mut t = lock(&self.inner.buffer.throttle);
         let back: Vec<Delivery> = self.groups.iter().flat_map(|g| t.finish(g.as_deref())).collect();
         drop(t);
         for m in back {
             release(&self.inner, m, Duration::ZERO);
         }
-        self.inner.dispatch.notify_one();
-        self.inner.room.notify_waiters();
+        self.inner.buffer.changed();
     }
 }
 
 pub(crate) async fn dispatch_loop(inner: Arc<Inner>) {
     let batch = inner.handler.batch_size().max(1);
     loop {
-        let notified = inner.dispatch.notified();
+        let notified = inner.buffer.dispatch.notified();
         let (ready, expired, next) = {
-            let mut t = lock(&inner.throttle);
+            let mut t = lock(&inner.buffer.throttle);
             let expired = t.expire(Instant::now());
             let mut ready = Vec::new();
             while let Some(x) = t.pop_ready() {
@@ -54,19 +54,19 @@ pub(crate) async fn dispatch_loop(inner: Arc<Inner>) {
             (ready, expired, t.next_expiry())
         };
         if !expired.is_empty() {
-            inner.room.notify_waiters();
+            inner.buffer.room.notify_waiters();
         }
         for m in expired {
-            inner.work_tasks.spawn(expire(inner.clone(), m));
+            inner.lifecycle.work_tasks.spawn(expire(inner.clone(), m));
         }
         let mut ready = ready.into_iter().peekable();
         while ready.peek().is_some() {
             let (msgs, groups): (Vec<Delivery>, Vec<Option<String>>) = ready.by_ref().take(batch).unzip();
             let running = Running { inner: inner.clone(), groups };
-            inner.work_tasks.spawn(process(inner.clone(), msgs, running));
+            inner.lifecycle.work_tasks.spawn(process(inner.clone(), msgs, running));
         }
         tokio::select! {
-            _ = inner.stop_all.cancelled() => return,
+            _ = inner.lifecycle.stop_all.cancelled() => return,
             _ = notified => {}
             _ = sleep_until(next) => {}
         }
@@ -91,7 +91,7 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
         let (held, given_back): (Vec<_>, Vec<_>) = given_back.into_iter().partition(|(_, o)| matches!(o, Outcome::Unavailable(_)));
         let (mut again, given_back): (Vec<_>, Vec<_>) = given_back.into_iter().partition(|(m, o)| retry_in_place(&inner, m, o, &tried));
         {
-            let mut hb = lock(&inner.heartbeat);
+            let mut hb = lock(&inner.in_hand.schedule);
             let now = Instant::now();
             for r in &receipts {
                 if held.iter().chain(&again).any(|(m, _)| m.receipt() == r) {
@@ -103,7 +103,8 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
             }
         }
         // A handler may give back deliveries of earlier batches (kept ones it completes now).
-        bump(&inner.stats.processed, handed.saturating_sub(held.len() + given_back.len() + again.len()) as u64);
+        let processed = handed.saturating_sub(held.len() + given_back.len() + again.len()) as u64;
+        events::Processed { queue: inner.queue.name(), messages: processed }.emit(&inner.observed.stats);
         for (m, outcome) in given_back {
             let attempt = attempt(&m, &tried);
             complete(&inner, m, outcome, attempt).await;
@@ -118,7 +119,7 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
             };
             if unopened > HELD_WITHOUT_OUTAGE {
                 // The dependency answers everyone else: this one's failures are its own.
-                tracing::warn!(queue = inner.queue.name(), held = held.len(), %reason, "a dependency keeps failing for these messages only: treated as failures");
+                events::HeldFailing { queue: inner.queue.name(), held: held.len(), reason: &reason }.emit();
                 for (m, o) in held {
                     let Outcome::Unavailable(reason) = o else { continue };
                     let failed = Outcome::Failed(reason);
@@ -130,11 +131,7 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
                     }
                 }
             } else {
-                bump(&inner.stats.held, held.len() as u64);
-                tracing::info!(
-                    queue = inner.queue.name(), held = held.len(), dependency_down = open, %reason,
-                    "a dependency failed: holding the messages (visibility kept, receive count unspent) until it answers"
-                );
+                events::DeliveriesHeld { queue: inner.queue.name(), held: held.len(), dependency_down: open, reason: &reason }.emit(&inner.observed.stats);
                 outage = Some((open, held));
             }
         }
@@ -149,15 +146,12 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
             let attempt = m.receive_count + *failures;
             let delay = inner.cfg.retry.delay(attempt - 1);
             back_off = Some(back_off.map_or(delay, |b| b.min(delay)));
-            bump(&inner.stats.failed, 1);
             let reason = match o {
                 Outcome::Failed(r) => r.as_str(),
                 _ => "",
             };
-            tracing::warn!(
-                queue = inner.queue.name(), message_id = %m.id, receive_count = m.receive_count, attempt,
-                retry_in_s = delay.as_secs(), %reason, "message failed; retried in place (FIFO: its group waits, no receive spent)"
-            );
+            events::RetriedInPlace { queue: inner.queue.name(), message_id: &m.id, receive_count: m.receive_count, attempt, retry_in: delay, reason }
+                .emit(&inner.observed.stats);
         }
         let open = outage.as_ref().is_some_and(|(open, _)| *open);
         let waits_outage = outage.is_some();
@@ -173,12 +167,12 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
                 tokio::time::sleep(back_off.unwrap_or_default()).await;
             }
         };
-        inner.holding.fetch_add(msgs.len(), Ordering::SeqCst);
+        inner.observed.holding.fetch_add(msgs.len(), Ordering::SeqCst);
         let stopped = tokio::select! {
             _ = wait => false,
-            _ = inner.stop_receiving.cancelled() => true,
+            _ = inner.lifecycle.stop_receiving.cancelled() => true,
         };
-        inner.holding.fetch_sub(msgs.len(), Ordering::SeqCst);
+        inner.observed.holding.fetch_sub(msgs.len(), Ordering::SeqCst);
         if stopped {
             // A drain: they go back now, their receive count unspent beyond this one.
             for m in msgs {
@@ -218,24 +212,27 @@ const HELD_RETRY_CAP: Duration = Duration::from_secs(30);
 async fn complete(inner: &Arc<Inner>, m: Delivery, outcome: Outcome, attempt: u32) {
     match outcome {
         Outcome::Done => {
-            bump(&inner.stats.processed, 1);
+            events::Processed { queue: inner.queue.name(), messages: 1 }.emit(&inner.observed.stats);
             inner.completions.delete(m);
         }
         Outcome::Release(after) => inner.completions.release(m, after),
         // Handled by `process` (held, or retried in place); as a failure when it gets here.
         Outcome::Failed(reason) | Outcome::Unavailable(reason) => {
-            bump(&inner.stats.failed, 1);
             let last = last_attempt(inner, attempt);
-            let delay = if last {
+            let delay = if last { Duration::ZERO } else { inner.cfg.retry.delay(attempt) };
+            events::MessageFailed {
+                queue: inner.queue.name(),
+                message_id: &m.id,
+                receive_count: m.receive_count,
+                attempt,
+                last_attempt: last,
+                retry_in: delay,
+                reason: &reason,
+            }
+            .emit(&inner.observed.stats);
+            if last {
                 inner.handler.on_poison(&m, &reason).await;
-                Duration::ZERO
-            } else {
-                inner.cfg.retry.delay(attempt)
-            };
-            tracing::warn!(
-                queue = inner.queue.name(), message_id = %m.id, receive_count = m.receive_count, attempt, last_attempt = last,
-                retry_in_s = delay.as_secs(), %reason, "message failed"
-            );
+            }
             let group = fifo_group(inner, &m);
             // FIFO, last attempt: to the dead-letter queue now, so that the group's later messages
             // go on in order without going back (each would spend a receive).
@@ -244,11 +241,11 @@ async fn complete(inner: &Arc<Inner>, m: Delivery, outcome: Outcome, attempt: u3
                     let receipt = m.receipt().to_string();
                     match m.dead_letter(inner.queue.as_ref(), dlq.as_ref(), "failed").await {
                         Ok(()) => {
-                            lock(&inner.heartbeat).untrack(&receipt);
+                            inner.in_hand.untrack(&receipt);
                             return;
                         }
                         Err((e, m)) => {
-                            tracing::warn!(queue = inner.queue.name(), error = %e, "could not dead-letter a failed FIFO message; returning it with its group");
+                            events::DeadLetterFailed { queue: inner.queue.name(), why: "failed", error: &e }.emit();
                             m
                         }
                     }
@@ -259,7 +256,7 @@ async fn complete(inner: &Arc<Inner>, m: Delivery, outcome: Outcome, attempt: u3
             // overtake it; they go back right after it. (A FIFO failure with attempts left is
             // retried in place by `process` and never gets here.)
             let successors = match group {
-                Some(g) => lock(&inner.throttle).take_group(&g),
+                Some(g) => lock(&inner.buffer.throttle).take_group(&g),
                 None => Vec::new(),
             };
             inner.completions.release(m, delay);

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{bump, lock, sleep_until, ErrorEvent};
+use crate::events;
+use crate::{lock, sleep_until, ErrorEvent};
 
 struct Tracked {
     received: Instant,
@@ -104,25 +105,22 @@ impl Heartbeat {
 /// overdue through the error hook.
 pub(crate) async fn heartbeat_loop(inner: Arc<crate::Inner>) {
     loop {
-        let notified = inner.heartbeat_changed.notified();
+        let notified = inner.in_hand.changed.notified();
         let (due, next, visibility) = {
-            let mut hb = lock(&inner.heartbeat);
+            let mut hb = lock(&inner.in_hand.schedule);
             let due = hb.due(Instant::now());
             (due, hb.next_due(), hb.visibility())
         };
-        if !due.extend.is_empty() {
-            bump(&inner.stats.extended, due.extend.len() as u64);
-            tracing::debug!(queue = inner.queue.name(), messages = due.extend.len(), "extending visibility");
-        }
+        events::VisibilityExtended { queue: inner.queue.name(), messages: due.extend.len() }.emit(&inner.observed.stats);
         for r in due.extend {
             inner.completions.extend(&r, visibility);
         }
         for r in &due.overdue {
             inner.handler.on_error(ErrorEvent::Overdue { receipt: r });
-            tracing::warn!(queue = inner.queue.name(), "message passed the maximum processing time; no longer extended");
+            events::Overdue { queue: inner.queue.name() }.emit();
         }
         tokio::select! {
-            _ = inner.stop_all.cancelled() => return,
+            _ = inner.lifecycle.stop_all.cancelled() => return,
             _ = notified => {}
             _ = sleep_until(next) => {}
         }

@@ -13,25 +13,29 @@ mod config;
 mod consumer;
 mod dispatch;
 pub mod dynamic_consumers;
+mod events;
 mod expiry;
 pub mod heartbeat;
 #[cfg(feature = "http")]
 pub mod http;
+mod inner;
 pub mod metrics;
 pub mod report;
 pub mod state;
 pub mod throttle;
 mod trigger;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
 use tokio::time::Instant;
+
+// The tests (`use super::*`) name these; the engine's own code reaches them through `events` and `inner`.
+#[cfg(test)]
+use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(test)]
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use backoff::{default_queue_empty, EmptyContext, EmptyDecision, IdleBackoff};
 pub use completion::{Completions, Kept, Visibility};
@@ -39,11 +43,13 @@ pub use config::EngineConfig;
 use consumer::{spawn_consumer, work_detected, Consumers};
 use dispatch::dispatch_loop;
 use dynamic_consumers::ScalingPolicy;
+pub use events::Stats;
 use fleet_io::breaker::Breaker;
 use fleet_io::error::Result;
 use fleet_io::lock;
 use fleet_io::queue::{Delivery, Message, Queue, QueueInfo};
 use heartbeat::{heartbeat_loop, Heartbeat};
+use inner::{Buffer, InHand, Lifecycle, Observed, Wakeups};
 use throttle::{LimitsChange, Throttle, ThrottleLimits};
 
 /// What the engine does with a delivery the handler gives back.
@@ -109,30 +115,9 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
-/// Counters.
-#[derive(Debug, Default)]
-pub struct Stats {
-    pub receives: AtomicU64,
-    pub empty_receives: AtomicU64,
-    pub received: AtomicU64,
-    pub processed: AtomicU64,
-    pub failed: AtomicU64,
-    pub expired: AtomicU64,
-    pub evicted: AtomicU64,
-    pub extended: AtomicU64,
-    /// Times a delivery was held for a dependency's outage.
-    pub held: AtomicU64,
-    /// Times a consumer paused for an open breaker.
-    pub paused: AtomicU64,
-}
-
-fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
-}
-
 /// The state every task of one engine shares (consumers, dispatcher, work tasks, heartbeat,
-/// completion batchers, the HTTP state endpoint). Locks are std mutexes held for a few statements,
-/// never across an await.
+/// completion batchers, the HTTP state endpoint), grouped by what each part guards (`inner`). Locks
+/// are std mutexes held for a few statements, never across an await.
 struct Inner {
     /// The queue listened to (receives, depth; completions go through `completions`).
     queue: Arc<dyn Queue>,
@@ -141,64 +126,27 @@ struct Inner {
     /// The queue's visibility timeout, maxReceiveCount and FIFO flag, read once at start.
     info: QueueInfo,
     /// Settings, clamped to what SQS allows at start; never changed after (the throttle's limits
-    /// change through `throttle`).
+    /// change through `buffer`).
     cfg: EngineConfig,
     /// The service's handler and hooks.
     handler: Arc<dyn Handler>,
-    /// Received messages waiting for a slot, and the slots in use. Written by consumers (push, reserve),
-    /// the dispatcher (pop, expire), work tasks (finish) and `set_limits`/`quiesce`.
-    throttle: Mutex<Throttle<Delivery>>,
-    /// Something may be ready to dispatch: notified by consumers after a push and by work tasks as
-    /// they finish; the dispatcher waits on it.
-    dispatch: Notify,
-    /// Room may have opened in the throttle: notified when slots or reservations are given back;
-    /// consumers waiting to receive (`wait_for_room`) wait on it.
-    room: Notify,
-    /// Wakes paused and parked consumers: notified by triggers, `wake`, a retiring decision and stops;
-    /// consumers wait on it in `pause`.
-    wake: Notify,
-    /// Wakes so far: a consumer that was receiving when one came does not wait after an empty receive.
-    /// Bumped with every `wake` notification; read by consumers before a receive.
-    wakes: AtomicU64,
-    /// A trigger can reach this engine now (triggers on and the bus subscription live): only then does
-    /// an idle main consumer park; otherwise it polls at its back-off cap. Written by the task of
-    /// `follow_triggers`; read by consumers.
-    triggers_live: AtomicBool,
+    /// The breakers of the handler's dependencies (read at start): consumers pause while one is open.
+    breakers: Vec<Arc<Breaker>>,
+    /// Batched deletes and releases on `queue` (the handler's kept deliveries complete here too).
+    completions: Completions,
+    /// The throttle (received messages waiting for a slot, slots in use) and its signals.
+    buffer: Buffer,
+    /// Wake-ups of paused and parked consumers, and whether a trigger can reach them.
+    wakeups: Wakeups,
     /// The consumer set: written by consumers (activity, parked, leaving), the main consumer's sample
     /// (one more, one retiring) and `work_detected`; read by the state endpoint.
     consumers: Mutex<Consumers>,
-    /// Receipts in hand and when their visibility must be extended: tracked when received, untracked
-    /// when completed; the heartbeat task reads it.
-    heartbeat: Mutex<Heartbeat>,
-    /// The heartbeat's schedule changed (a new message in hand): the heartbeat task waits on it.
-    heartbeat_changed: Notify,
-    /// Batched deletes and releases on `queue` (the handler's kept deliveries complete here too).
-    completions: Completions,
-    /// Cancelled by `quiesce`/`finish`: consumers stop receiving, and what a poll under way brings
-    /// goes straight back.
-    stop_receiving: CancellationToken,
-    /// Cancelled by `finish`: the dispatcher and heartbeat end.
-    stop_all: CancellationToken,
-    /// Consumer tasks; `quiesce` waits for them (their long polls end within the wait).
-    consumer_tasks: TaskTracker,
-    /// Handler calls and expiries in progress; `quiesce` waits for them within the grace period.
-    work_tasks: TaskTracker,
-    /// Dispatcher, heartbeat and trigger follower; `finish` waits for them.
-    service_tasks: TaskTracker,
-    /// Counters for the state endpoint and tests, bumped where the event happens.
-    stats: Stats,
-    /// The breakers of the handler's dependencies (read at start): consumers pause while one is open.
-    breakers: Vec<Arc<Breaker>>,
-    /// Deliveries held for an outage right now: written by work tasks as they start and stop waiting.
-    holding: AtomicUsize,
-    /// When the engine started (the consumer timeline's origin).
-    started: Instant,
-    /// The queue's depth at the last look and when it was taken: the state endpoint reports it and
-    /// never asks the queue itself (see `state::depth_loop`).
-    last_depth: Mutex<Option<(fleet_io::queue::QueueDepth, Instant)>>,
-    /// The progress count (receives and completed messages) at the last health check and since when it
-    /// has not moved (see `state::Health`).
-    progress: Mutex<(u64, Instant)>,
+    /// The receipts in hand and when the heartbeat extends them.
+    in_hand: InHand,
+    /// Stop tokens and task trackers.
+    lifecycle: Lifecycle,
+    /// Counters, held deliveries, the last depth and progress: what the state endpoint and health read.
+    observed: Observed,
 }
 
 /// Sleeps until `t`, or forever when there is none (a `select!` arm that may have no deadline).
@@ -250,38 +198,26 @@ impl Engine {
             v
         });
         let inner = Arc::new(Inner {
-            heartbeat: Mutex::new(Heartbeat::new(info.visibility_timeout, cfg.max_processing)),
-            throttle: Mutex::new(Throttle::new(cfg.throttle)),
+            in_hand: InHand::new(Heartbeat::new(info.visibility_timeout, cfg.max_processing)),
+            buffer: Buffer::new(Throttle::new(cfg.throttle)),
             consumers: Mutex::new(Consumers::new()),
             queue,
             dead_letter,
             info,
             cfg,
             handler,
-            dispatch: Notify::new(),
-            room: Notify::new(),
-            wake: Notify::new(),
-            wakes: AtomicU64::new(0),
-            heartbeat_changed: Notify::new(),
+            wakeups: Wakeups::new(),
             completions,
-            stop_receiving: CancellationToken::new(),
-            stop_all: CancellationToken::new(),
-            consumer_tasks: TaskTracker::new(),
-            work_tasks: TaskTracker::new(),
-            service_tasks: TaskTracker::new(),
-            stats: Stats::default(),
+            lifecycle: Lifecycle::new(),
             breakers,
-            holding: AtomicUsize::new(0),
-            triggers_live: AtomicBool::new(true),
-            started: Instant::now(),
-            last_depth: Mutex::new(None),
-            progress: Mutex::new((0, Instant::now())),
+            observed: Observed::new(),
         });
-        inner.service_tasks.spawn(dispatch_loop(inner.clone()));
+        let tasks = &inner.lifecycle.service_tasks;
+        tasks.spawn(dispatch_loop(inner.clone()));
         if inner.cfg.heartbeat {
-            inner.service_tasks.spawn(heartbeat_loop(inner.clone()));
+            tasks.spawn(heartbeat_loop(inner.clone()));
         }
-        inner.service_tasks.spawn(state::depth_loop(inner.clone()));
+        tasks.spawn(state::depth_loop(inner.clone()));
         for _ in 0..inner.cfg.scaling.min_consumers {
             spawn_consumer(&inner);
         }
@@ -313,7 +249,7 @@ impl Engine {
     }
 
     pub fn stats(&self) -> &Stats {
-        &self.inner.stats
+        &self.inner.observed.stats
     }
 
     /// Consumers active now (not parked, not stopping).
@@ -323,18 +259,18 @@ impl Engine {
 
     /// (seconds since start, active consumers) at every change.
     pub fn timeline(&self) -> Vec<(f64, usize)> {
-        let start = self.inner.started;
+        let start = self.inner.observed.started;
         lock(&self.inner.consumers).timeline.iter().map(|(t, n)| (t.duration_since(start).as_secs_f64(), *n)).collect()
     }
 
     pub fn limits(&self) -> ThrottleLimits {
-        lock(&self.inner.throttle).limits()
+        lock(&self.inner.buffer.throttle).limits()
     }
 
     /// Changes the throttle at runtime; messages that no longer fit go back to the queue.
     pub fn set_limits(&self, change: &LimitsChange) -> ThrottleLimits {
         let (limits, back) = {
-            let mut t = lock(&self.inner.throttle);
+            let mut t = lock(&self.inner.buffer.throttle);
             let limits = t.limits().apply(change);
             let back = t.set_limits(limits);
             (limits, back)
@@ -343,16 +279,14 @@ impl Engine {
         for m in back {
             release(&self.inner, m, Duration::ZERO);
         }
-        self.inner.room.notify_waiters();
-        self.inner.dispatch.notify_one();
+        self.inner.buffer.changed();
         limits
     }
 
     /// Work was detected elsewhere (a trigger): wake waiting consumers and raise the consumer count
     /// for `depth` (queried when unknown).
     pub async fn wake(&self, depth: Option<u64>) {
-        self.inner.wakes.fetch_add(1, Ordering::SeqCst);
-        self.inner.wake.notify_waiters();
+        self.inner.wakeups.wake();
         work_detected(&self.inner, depth).await;
     }
 
@@ -362,24 +296,25 @@ impl Engine {
     pub async fn quiesce(&self, grace: Duration) -> bool {
         let inner = &self.inner;
         let deadline = Instant::now() + grace;
-        inner.stop_receiving.cancel();
-        inner.wake.notify_waiters();
-        let back = lock(&inner.throttle).take_all();
+        inner.lifecycle.stop_receiving.cancel();
+        inner.wakeups.rouse();
+        let back = lock(&inner.buffer.throttle).take_all();
         if !back.is_empty() {
             tracing::info!(queue = self.queue_name(), returned = back.len(), "returning buffered messages to the queue");
         }
         for m in back {
             release(inner, m, Duration::ZERO);
         }
-        inner.consumer_tasks.close();
-        let polls_ended = tokio::time::timeout_at(deadline, inner.consumer_tasks.wait()).await.is_ok();
-        inner.work_tasks.close();
-        let finished = polls_ended && tokio::time::timeout_at(deadline, inner.work_tasks.wait()).await.is_ok();
+        let l = &inner.lifecycle;
+        l.consumer_tasks.close();
+        let polls_ended = tokio::time::timeout_at(deadline, l.consumer_tasks.wait()).await.is_ok();
+        l.work_tasks.close();
+        let finished = polls_ended && tokio::time::timeout_at(deadline, l.work_tasks.wait()).await.is_ok();
         if !finished {
             tracing::warn!(queue = self.queue_name(), grace_s = grace.as_secs(), polls_ended, "messages still in progress after the grace period");
         }
         // FIFO messages held for a group still in progress after the grace period.
-        let held = lock(&inner.throttle).take_held();
+        let held = lock(&inner.buffer.throttle).take_held();
         for m in held {
             release(inner, m, Duration::ZERO);
         }
@@ -390,10 +325,11 @@ impl Engine {
     /// visibility changes are flushed; without, they are dropped (those messages come back).
     pub async fn finish(&self, drain: bool) {
         let inner = &self.inner;
-        inner.stop_receiving.cancel();
-        inner.stop_all.cancel();
-        inner.service_tasks.close();
-        inner.service_tasks.wait().await;
+        let l = &inner.lifecycle;
+        l.stop_receiving.cancel();
+        l.stop_all.cancel();
+        l.service_tasks.close();
+        l.service_tasks.wait().await;
         inner.completions.finish(drain).await;
         tracing::info!(queue = self.queue_name(), drained = drain, "listener stopped");
     }
@@ -407,7 +343,7 @@ impl Engine {
 
 /// Returns a delivery to the queue after `after`: it is no longer in hand.
 fn release(inner: &Inner, d: Delivery, after: Duration) {
-    lock(&inner.heartbeat).untrack(d.receipt());
+    inner.in_hand.untrack(d.receipt());
     inner.completions.release(d, after);
 }
 

@@ -14,6 +14,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{lock, Engine, Inner};
+use crate::config::RECEIVE_GRACE;
+use crate::events;
 use fleet_io::queue::QueueDepth;
 
 /// A snapshot of one listener.
@@ -78,10 +80,10 @@ impl Engine {
     pub fn counts(&self) -> Counts {
         let inner = &self.inner;
         Counts {
-            in_hand: lock(&inner.heartbeat).len(),
-            processed: inner.stats.processed.load(Ordering::Relaxed),
+            in_hand: inner.in_hand.len(),
+            processed: inner.observed.stats.processed.load(Ordering::Relaxed),
             consumers_active: lock(&inner.consumers).active(),
-            concurrency_limit: lock(&inner.throttle).limits().max_concurrency,
+            concurrency_limit: lock(&inner.buffer.throttle).limits().max_concurrency,
         }
     }
 
@@ -93,16 +95,16 @@ impl Engine {
     /// The current state (no request: the depth is the last look).
     pub fn state(&self) -> ListenerState {
         let inner = &self.inner;
-        let look = *lock(&inner.last_depth);
+        let look = inner.observed.last_depth();
         let (active, total, parked) = {
             let c = lock(&inner.consumers);
             (c.active(), c.list.len(), c.list.values().filter(|s| s.parked).count())
         };
         let (running, len, limits) = {
-            let t = lock(&inner.throttle);
+            let t = lock(&inner.buffer.throttle);
             (t.running(), t.len(), t.limits())
         };
-        let s = &inner.stats;
+        let s = &inner.observed.stats;
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         ListenerState {
             queue: inner.queue.name().to_string(),
@@ -118,7 +120,7 @@ impl Engine {
             buffer_len: len,
             buffer_capacity: limits.buffer,
             ttl_ms: limits.ttl.map_or(0, |t| t.as_millis() as u64),
-            in_hand: lock(&inner.heartbeat).len(),
+            in_hand: inner.in_hand.len(),
             pending_deletes: inner.completions.pending().0,
             pending_visibility_changes: inner.completions.pending().1,
             receives: get(&s.receives),
@@ -130,7 +132,7 @@ impl Engine {
             evicted: get(&s.evicted),
             extended: get(&s.extended),
             paused_for: self.paused_for(),
-            held: inner.holding.load(Ordering::SeqCst) + inner.handler.holding(),
+            held: inner.observed.holding() + inner.handler.holding(),
             held_total: get(&s.held),
             paused_total: get(&s.paused),
             breakers: inner.breakers.iter().map(|b| b.state()).collect(),
@@ -146,28 +148,23 @@ pub const DEPTH_REFRESH: Duration = Duration::from_secs(15);
 pub(crate) async fn depth_loop(inner: Arc<Inner>) {
     loop {
         tokio::select! {
-            () = inner.stop_all.cancelled() => return,
+            () = inner.lifecycle.stop_all.cancelled() => return,
             () = tokio::time::sleep(DEPTH_REFRESH) => {}
         }
         let receiving = lock(&inner.consumers).active() > 0;
-        if !receiving || inner.breakers.iter().any(|b| b.is_open()) || inner.stop_receiving.is_cancelled() {
+        if !receiving || inner.breakers.iter().any(|b| b.is_open()) || inner.lifecycle.stopping() {
             continue;
         }
         // A look under way never holds up a stop (a hung queue answers only at the call's deadline).
         let depth = tokio::select! {
-            () = inner.stop_all.cancelled() => return,
+            () = inner.lifecycle.stop_all.cancelled() => return,
             d = inner.queue.depth() => d,
         };
         match depth {
-            Ok(d) => note_depth(&inner, d),
-            Err(e) => tracing::debug!(queue = inner.queue.name(), error = %e, "queue depth unavailable"),
+            Ok(d) => inner.observed.note_depth(d),
+            Err(e) => events::DepthUnavailable { queue: inner.queue.name(), error: &e }.emit(),
         }
     }
-}
-
-/// Keeps `d` as the last look at the queue's depth (what the state endpoint reports).
-pub(crate) fn note_depth(inner: &Inner, d: QueueDepth) {
-    *lock(&inner.last_depth) = Some((d, tokio::time::Instant::now()));
 }
 
 /// Whether a listener can take work now ([`Health::ready`]: every dependency's breaker closed and, with
@@ -192,7 +189,7 @@ impl Engine {
     /// busy on slow ones), the longest processing time plus the slack.
     pub fn stall_bound(&self, in_hand: bool) -> Duration {
         let c = &self.inner.cfg;
-        let turn = c.receive_wait + crate::consumer::RECEIVE_GRACE + c.backoff.max_idle + STALL_SLACK;
+        let turn = c.receive_wait + RECEIVE_GRACE + c.backoff.max_idle + STALL_SLACK;
         if in_hand {
             turn.max(c.max_processing + STALL_SLACK)
         } else {
@@ -203,14 +200,14 @@ impl Engine {
     /// Readiness and liveness now (no request).
     pub fn health(&self) -> Health {
         let inner = &self.inner;
-        let s = &inner.stats;
+        let s = &inner.observed.stats;
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         let mut reasons = Vec::new();
         let open = self.paused_for();
         for d in &open {
             reasons.push(format!("{d} unreachable (breaker open)"));
         }
-        let bus_down = inner.cfg.triggers && !inner.triggers_live.load(Ordering::SeqCst);
+        let bus_down = inner.cfg.triggers && !inner.wakeups.triggers_live();
         if bus_down {
             reasons.push("trigger bus subscription down".into());
         }
@@ -219,7 +216,7 @@ impl Engine {
             let c = lock(&inner.consumers);
             (c.list.len(), c.active())
         };
-        let stopping = inner.stop_receiving.is_cancelled();
+        let stopping = inner.lifecycle.stopping();
         let mut live = true;
         if total == 0 && !stopping {
             live = false;
@@ -229,13 +226,13 @@ impl Engine {
         let mark = get(&s.receives) + get(&s.processed) + get(&s.failed) + get(&s.expired);
         let now = tokio::time::Instant::now();
         let quiet = {
-            let mut p = lock(&inner.progress);
+            let mut p = lock(&inner.observed.progress);
             if p.0 != mark || active == 0 || !open.is_empty() || stopping {
                 *p = (mark, now);
             }
             now - p.1
         };
-        let in_hand = !lock(&inner.heartbeat).is_empty();
+        let in_hand = !inner.in_hand.is_empty();
         let bound = self.stall_bound(in_hand);
         if quiet > bound {
             live = false;

@@ -5,8 +5,6 @@
 //! their reconnect back-off (up to 30 s) before they publish again, and a trigger skipped meanwhile
 //! would leave a parked listener asleep until its safety poll.
 
-use std::sync::atomic::Ordering;
-
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -27,12 +25,12 @@ impl Engine {
         let engine = self.clone();
         let mut rx = sub.events.subscribe();
         let mut live = sub.live.clone();
-        self.inner.service_tasks.spawn(async move {
+        self.inner.lifecycle.service_tasks.spawn(async move {
             let inner = &engine.inner;
             let mut was_live = *live.borrow_and_update();
-            inner.triggers_live.store(was_live, Ordering::SeqCst);
+            inner.wakeups.set_triggers_live(was_live);
             if !was_live {
-                inner.wake.notify_waiters();
+                inner.wakeups.rouse();
             }
             // When the bus came back: parking is allowed again at this time. (Not after the first
             // connection: nobody has been failing to publish.)
@@ -47,10 +45,10 @@ impl Engine {
                 };
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = inner.stop_receiving.cancelled() => return,
+                    _ = inner.lifecycle.stop_receiving.cancelled() => return,
                     _ = grace => {
                         park_at = None;
-                        inner.triggers_live.store(true, Ordering::SeqCst);
+                        inner.wakeups.set_triggers_live(true);
                         tracing::debug!(queue = engine.queue_name(), "publishers had time to reconnect: idle consumers park again");
                     }
                     changed = live.changed() => {
@@ -60,19 +58,18 @@ impl Engine {
                         let now_live = *live.borrow_and_update();
                         if !now_live {
                             park_at = None;
-                            inner.triggers_live.store(false, Ordering::SeqCst);
+                            inner.wakeups.set_triggers_live(false);
                         } else if !was_live && ever_live {
                             park_at = Some(tokio::time::Instant::now() + REJOIN_GRACE);
                         } else if !was_live {
-                            inner.triggers_live.store(true, Ordering::SeqCst);
+                            inner.wakeups.set_triggers_live(true);
                         }
                         ever_live |= now_live;
                         if now_live != was_live {
                             tracing::info!(queue = engine.queue_name(), live = now_live, "work-detected triggers {}", if now_live { "reach this listener again" } else { "unreachable: polling instead of parking" });
                             // Down: parked consumers go back to polling. Back: one poll for what a
                             // lost trigger announced.
-                            inner.wakes.fetch_add(1, Ordering::SeqCst);
-                            inner.wake.notify_waiters();
+                            inner.wakeups.wake();
                         }
                         was_live = now_live;
                     }
@@ -98,6 +95,6 @@ impl Engine {
 
     /// Whether a trigger can reach this engine now (see [`Engine::follow_triggers`]).
     pub fn triggers_live(&self) -> bool {
-        self.inner.cfg.triggers && self.inner.triggers_live.load(Ordering::SeqCst)
+        self.inner.cfg.triggers && self.inner.wakeups.triggers_live()
     }
 }
