@@ -149,6 +149,19 @@ async fn run(o: Outage) {
     assert!(m.to_ascii_lowercase().contains("content-type: application/openmetrics-text"), "{m}");
     assert!(m.contains("controller_jobs_finished_total{status=\"complete\"}") && m.contains("controller_job_latency_seconds_count"), "{m}");
     assert!(m.contains("listener_handling_seconds_bucket") && m.contains("fleet_build_info"), "{m}");
+    // The hung service's calls failed as outages (after their retries), by operation, in the call
+    // metrics every call passes through; and the calls were timed.
+    let sum = |prefix: &str, with: &str| -> f64 {
+        m.lines().filter(|l| l.starts_with(prefix) && l.contains(with)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    };
+    for (down, service) in [(o.s3, "s3"), (o.sqs, "sqs")] {
+        let errors = sum(&format!("fleet_call_errors_total{{service=\"{service}\","), "outage=\"true\"");
+        if down {
+            assert!(errors > 0.0, "[{}] no {service} call counted as failed for the outage:\n{m}", o.name);
+        }
+        eprintln!("[{}] {service} calls failed for an outage: {errors}", o.name);
+    }
+    assert!(sum("fleet_call_seconds_count{service=\"sqs\",operation=\"ReceiveMessage\"", "") > 0.0, "{m}");
     stop.cancel();
     processor.await.unwrap().unwrap();
     controller.await.unwrap().unwrap();
