@@ -228,7 +228,6 @@ impl Aggregator {
             }
             known.cloned().unwrap_or_default()
         };
-        let mut requests = RequestCounts::default();
         let pending = |rec: &JobRecords| items.iter().any(|i| rec.judge(i, false).is_none());
         // Chunk records first (the manifest names them all, but is written only at the end); an
         // abandon of a job nothing else is known of looks for its first chunk.
@@ -240,13 +239,13 @@ impl Aggregator {
         wanted.sort_unstable();
         wanted.dedup();
         let store = self.store.as_ref();
+        // The lookups' requests count for the job: read off the store's own counter (every attempt).
+        let (looked, calls) = fleet_io::call::counted(async {
         let heads = futures::future::join_all(wanted.iter().map(|&c| async move { (c, store.head(&chunk_key(job_id, c)).await) })).await;
         for (c, found) in heads {
-            requests.add("s3.HeadObject", 1);
             rec.found_chunk(c, found?.as_ref());
         }
         if pending(&rec) && rec.manifest.is_none() {
-            requests.add("s3.GetObject", 1);
             if let Some(b) = self.store.get_capped(&manifest_key(job_id), MAX_MANIFEST_BYTES).await? {
                 // One that cannot be read or disagrees with itself is no authority: the job is
                 // quarantined when it is finished (see `quarantine`); its chunks' blobs still are.
@@ -261,12 +260,15 @@ impl Aggregator {
         }
         let mut finished = None;
         if pending(&rec) && !rec.checkpointed {
-            requests.add("s3.HeadObject", 1);
             if let Some(meta) = self.store.head(&checkpoint_key(job_id)).await? {
                 rec.checkpointed = true;
                 finished = Progress::from_meta(&meta).map(|p| p.status).filter(|s| s.is_finished());
             }
         }
+        Ok::<_, fleet_io::Error>(finished)
+        })
+        .await;
+        let (finished, requests) = (looked?, RequestCounts::from(calls.snapshot()));
         let verdicts = items.iter().map(|i| rec.judge(i, true).expect("every lookup made")).collect();
         if rec.known() {
             let mut cache = lock(&self.records);
