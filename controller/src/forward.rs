@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use fleet_domain::model::{ResultMessage, WorkItem, WIRE_VERSION};
 use fleet_engine::{Completions, Handler, Outcome};
 use fleet_io::queue::{Attrs, Delivery, Outgoing, Queue};
+use fleet_io::telemetry::Operation;
 use fleet_io::trigger::Notifier;
 
 use crate::aggregate::{Aggregator, Source};
@@ -71,7 +72,16 @@ impl Handler for Forwarder {
         }
         for (p, items) in by_partition {
             let (deliveries, outgoing): (Vec<Delivery>, Vec<Outgoing>) = items.into_iter().unzip();
-            match self.partitions[usize::from(p)].send_messages(&outgoing).await {
+            // A PRODUCER span per partition's send, linking each dead letter's trace (its job's).
+            let queue = &self.partitions[usize::from(p)];
+            let span = tracing::info_span!("forward_dead_letters", otel.kind = "producer", partition = p, messages = outgoing.len());
+            fleet_io::telemetry::link_all(&span, outgoing.iter().map(|o| o.attrs.trace.as_deref()));
+            fleet_io::telemetry::Messaging { operation: Operation::Send, destination: queue.name(), message_id: None, batch: Some(outgoing.len()) }.set(&span);
+            let sent = tracing::Instrument::instrument(queue.send_messages(&outgoing), span.clone()).await;
+            if let Err(e) = &sent {
+                fleet_io::telemetry::fail(&span, e);
+            }
+            match sent {
                 Ok(_) => {
                     tracing::info!(partition = p, dead_letters = deliveries.len(), "dead-lettered work items forwarded to their partition");
                     if let Some(n) = self.notifiers.get(usize::from(p)) {

@@ -227,8 +227,10 @@ impl Handler for WorkHandler {
             Ok(b) => b,
             Err(e) => return tracing::error!(error = %e, "cannot encode a failed result"),
         };
+        // It carries the work item's trace context on: the controller's span links the job's trace.
+        let out = Outgoing { body, attrs: Attrs { trace: msg.attrs.trace.clone(), ..Attrs::default() }, dedup: None };
         let sent = match fleet_io::queue::partition(&self.results, item.partition) {
-            Ok(q) => q.send(vec![body]).await,
+            Ok(q) => q.send_messages(std::slice::from_ref(&out)).await.map(drop),
             Err(e) => Err(e),
         };
         match sent {

@@ -483,6 +483,8 @@ impl Aggregator {
         match fleet_io::quarantine::put(self.store.as_ref(), queue, &m, reason).await {
             Ok(key) => {
                 crate::events::MessageQuarantined { queue, message_id: &m.id, key: &key, reason }.emit();
+                // The batch's span (`apply_results`) shows it: a message not applied.
+                fleet_io::telemetry::fail(&tracing::Span::current(), format_args!("message {} of {queue} quarantined: {reason}", m.id));
                 Some(m)
             }
             Err(qe) if qe.is_retryable() => {
