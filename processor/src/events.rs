@@ -50,7 +50,7 @@ pub fn register_metrics() {
             r.register("processor_results_sent", "Chunk results sent to the results queue", RESULTS_SENT.clone());
             r.register(
                 "processor_work_wait_seconds",
-                "Time from a work item's sending to the start of its billing (in the queue and the listener's buffer: the processing delay the SLA bounds), by delivery: first, or again after a failed or released receive",
+                "Time a work item waited in the queue, from its sending to its receive (once per receive), by delivery: first, or again (after a failed or released receive: its wait since it was first sent)",
                 WAITED.clone(),
             );
             r.register("processor_results_send_failures", "Batches of results not sent (their work items come back), by cause: outage or other", SEND_FAILURES.clone());
@@ -62,13 +62,14 @@ fn chunk(kind: &'static str) {
     CHUNKS.get_or_create(&vec![("result".to_string(), kind.to_string())]).inc();
 }
 
-/// A work item's billing starts, `waited` after it was sent (when the queue said when).
-pub struct WorkItemStarted {
+/// A work item was received, `waited` after it was sent (when the queue said when: SQS's
+/// `SentTimestamp`; a clock behind the queue's counts as no wait rather than none).
+pub struct WorkItemReceived {
     pub receive_count: u32,
     pub waited: Option<std::time::Duration>,
 }
 
-impl WorkItemStarted {
+impl WorkItemReceived {
     pub fn emit(&self) {
         if let Some(w) = self.waited {
             WAITED.get_or_create(&delivery(self.receive_count)).observe(w.as_secs_f64());

@@ -165,7 +165,6 @@ impl Handler for WorkHandler {
 
     async fn handle(&self, msgs: Vec<Delivery>, _done: &Completions) -> Vec<(Delivery, Outcome)> {
         let handled = join_all(msgs.into_iter().map(|m| async move {
-            events::WorkItemStarted { receive_count: m.receive_count, waited: m.age() }.emit();
             // One CONSUMER span per work item, a child of the span that sent it (its context came with
             // the work item); its result carries this span's context on.
             let span = tracing::info_span!("bill_chunk", otel.kind = "consumer", receive_count = m.receive_count);
@@ -215,6 +214,12 @@ impl Handler for WorkHandler {
             }
         }
         out
+    }
+
+    fn on_received(&self, msgs: &[Delivery]) {
+        for m in msgs {
+            events::WorkItemReceived { receive_count: m.receive_count, waited: m.age() }.emit();
+        }
     }
 
     async fn on_poison(&self, msg: &Message, reason: &str) {

@@ -241,31 +241,32 @@ impl Aggregator {
         let store = self.store.as_ref();
         // The lookups' requests count for the job: read off the store's own counter (every attempt).
         let (looked, calls) = fleet_io::call::counted(async {
-        let heads = futures::future::join_all(wanted.iter().map(|&c| async move { (c, store.head(&chunk_key(job_id, c)).await) })).await;
-        for (c, found) in heads {
-            rec.found_chunk(c, found?.as_ref());
-        }
-        if pending(&rec) && rec.manifest.is_none() {
-            if let Some(b) = self.store.get_capped(&manifest_key(job_id), MAX_MANIFEST_BYTES).await? {
-                // One that cannot be read or disagrees with itself is no authority: the job is
-                // quarantined when it is finished (see `quarantine`); its chunks' blobs still are.
-                match serde_json::from_slice::<Manifest>(&b) {
-                    Ok(m) if m.chunk_transactions.len() == m.total_chunks as usize && m.job_id == job_id => rec.manifest = Some(Arc::new(m)),
-                    _ => {
-                        tracing::warn!(job = %job_id, "the job's manifest cannot be read or disagrees with itself: chunks are checked against their blobs' records");
-                        rec.manifest_unreadable = true;
+            let heads = futures::future::join_all(wanted.iter().map(|&c| async move { (c, store.head(&chunk_key(job_id, c)).await) })).await;
+            for (c, found) in heads {
+                rec.found_chunk(c, found?.as_ref());
+            }
+            if pending(&rec) && rec.manifest.is_none() {
+                if let Some(b) = self.store.get_capped(&manifest_key(job_id), MAX_MANIFEST_BYTES).await? {
+                    // One that cannot be read or disagrees with itself is no authority: the job is
+                    // quarantined when it is finished (see `quarantine`); its chunks' blobs still are.
+                    match serde_json::from_slice::<Manifest>(&b) {
+                        Ok(m) if m.chunk_transactions.len() == m.total_chunks as usize && m.job_id == job_id => rec.manifest = Some(Arc::new(m)),
+                        _ => {
+                            let why = "the job's manifest cannot be read or disagrees with itself: chunks are checked against their blobs' records";
+                            tracing::warn!(job = %job_id, "{why}");
+                            rec.manifest_unreadable = true;
+                        }
                     }
                 }
             }
-        }
-        let mut finished = None;
-        if pending(&rec) && !rec.checkpointed {
-            if let Some(meta) = self.store.head(&checkpoint_key(job_id)).await? {
-                rec.checkpointed = true;
-                finished = Progress::from_meta(&meta).map(|p| p.status).filter(|s| s.is_finished());
+            let mut finished = None;
+            if pending(&rec) && !rec.checkpointed {
+                if let Some(meta) = self.store.head(&checkpoint_key(job_id)).await? {
+                    rec.checkpointed = true;
+                    finished = Progress::from_meta(&meta).map(|p| p.status).filter(|s| s.is_finished());
+                }
             }
-        }
-        Ok::<_, fleet_io::Error>(finished)
+            Ok::<_, fleet_io::Error>(finished)
         })
         .await;
         let (finished, requests) = (looked?, RequestCounts::from(calls.snapshot()));

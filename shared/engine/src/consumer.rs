@@ -187,6 +187,7 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
                 if !msgs.is_empty() {
                     let was_idle = idle > 0;
                     idle = 0;
+                    inner.handler.on_received(&msgs);
                     accept(&inner, msgs, max);
                     if was_idle {
                         work_detected(&inner, None).await;

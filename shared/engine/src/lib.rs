@@ -103,6 +103,9 @@ pub trait Handler: Send + Sync + 'static {
     fn holding(&self) -> usize {
         0
     }
+    /// Messages just received, before they wait for a slot: called once per receive (a delivery
+    /// handed to `handle` again, after an outage, is not received again).
+    fn on_received(&self, _msgs: &[Delivery]) {}
     /// A message failed on its last allowed receive (it goes to the dead-letter queue next).
     async fn on_poison(&self, _msg: &Message, _reason: &str) {}
     /// The error hook.

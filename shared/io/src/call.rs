@@ -8,8 +8,8 @@
 //! the only place that decides how often and how long a call is tried.
 //!
 //! Being that one place, it is also where calls are observed, by their typed [`Op`]: the process's
-//! call metrics ([`register_metrics`]: a latency histogram, retries and errors by service and
-//! operation), and which operations a process calls ([`called`]; with `FLEET_CALLS_FILE` set, a binary
+//! call metrics ([`register_metrics`]: a latency histogram, retries, errors and calls given up by
+//! their caller, by service and operation), and which operations a process calls ([`called`]; with `FLEET_CALLS_FILE` set, a binary
 //! writes them there when it exits ([`write_called`]), which is how the IAM policies in
 //! `deploy/k8s/iam/` are checked against what each service really calls).
 //!
@@ -90,6 +90,7 @@ type CallHistograms = Family<CallLabels, Histogram, fn() -> Histogram>;
 static SECONDS: LazyLock<CallHistograms> = LazyLock::new(|| Family::new_with_constructor(call_histogram as fn() -> Histogram));
 static RETRIES: LazyLock<Family<CallLabels, Counter>> = LazyLock::new(Family::default);
 static ERRORS: LazyLock<Family<ErrorLabels, Counter>> = LazyLock::new(Family::default);
+static CANCELLED: LazyLock<Family<CallLabels, Counter>> = LazyLock::new(Family::default);
 
 fn labels(op: Op) -> CallLabels {
     CallLabels { service: op.service().key(), operation: op.name() }
@@ -106,10 +107,40 @@ fn observe(op: Op, seconds: f64, attempts: u32, error: Option<&Error>) {
     SECONDS.get_or_create(&l).observe(seconds);
     let retries = RETRIES.get_or_create(&l);
     retries.inc_by(u64::from(attempts.saturating_sub(1)));
+    drop(CANCELLED.get_or_create(&l));
     for outage in [false, true] {
         let errors = ERRORS.get_or_create(&error_labels(op, outage));
         if error.is_some_and(|e| e.is_outage() == outage) {
             errors.inc();
+        }
+    }
+}
+
+/// Observes a call when it ends, and also when its caller drops it before it ended (a receive cut off
+/// by the listener's own timeout or a stop): then its time so far, as cancelled.
+struct Watch {
+    op: Op,
+    start: std::time::Instant,
+    ended: bool,
+}
+
+impl Watch {
+    fn new(op: Op) -> Watch {
+        Watch { op, start: std::time::Instant::now(), ended: false }
+    }
+
+    fn ended(mut self, attempts: u32, error: Option<&Error>) {
+        self.ended = true;
+        observe(self.op, self.start.elapsed().as_secs_f64(), attempts, error);
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if !self.ended {
+            let l = labels(self.op);
+            SECONDS.get_or_create(&l).observe(self.start.elapsed().as_secs_f64());
+            CANCELLED.get_or_create(&l).inc();
         }
     }
 }
@@ -123,6 +154,11 @@ pub fn register_metrics(reg: &mut Registry) {
         SECONDS.clone(),
     );
     reg.register("fleet_call_retries", "Attempts of SQS, S3 or RabbitMQ calls beyond each call's first, by service and operation", RETRIES.clone());
+    reg.register(
+        "fleet_call_cancelled",
+        "SQS, S3 or RabbitMQ calls their caller gave up before they ended (a receive cut off by a listener's own timeout or a stop), by service and operation",
+        CANCELLED.clone(),
+    );
     reg.register(
         "fleet_call_errors",
         "SQS, S3 or RabbitMQ calls that failed (after their retries), by service, operation and whether the failure was the dependency's (outage=true: no answer, refused, 5xx, throttled) or the request's",
@@ -201,9 +237,9 @@ impl CallPolicy {
         Fut: Future<Output = Result<T>>,
     {
         record(op);
-        let start = std::time::Instant::now();
+        let watch = Watch::new(op);
         let (r, attempts) = self.attempts(op, extra, attempt).await;
-        observe(op, start.elapsed().as_secs_f64(), attempts, r.as_ref().err());
+        watch.ended(attempts, r.as_ref().err());
         r
     }
 
@@ -245,13 +281,13 @@ impl CallPolicy {
     /// its own terms (a listener's receive, a trigger publication).
     pub async fn once<T>(&self, op: Op, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
         record(op);
-        let start = std::time::Instant::now();
+        let watch = Watch::new(op);
         let limit = self.attempt_timeout + extra;
         let r = match tokio::time::timeout(limit, fut).await {
             Ok(r) => r,
             Err(_) => Err(Error::Timeout { service: op.service(), operation: op.name(), after: limit, attempts: 1 }),
         };
-        observe(op, start.elapsed().as_secs_f64(), 1, r.as_ref().err());
+        watch.ended(1, r.as_ref().err());
         r
     }
 }
@@ -474,6 +510,16 @@ mod tests {
         assert_eq!(series(&format!("fleet_call_retries_total{l}}}")).as_deref(), Some("2"), "{text}");
         assert_eq!(series(&format!(r#"fleet_call_errors_total{l},outage="false"}}"#)).as_deref(), Some("1"), "{text}");
         assert_eq!(series(&format!(r#"fleet_call_errors_total{l},outage="true"}}"#)).as_deref(), Some("0"), "{text}");
+        assert_eq!(series(&format!("fleet_call_cancelled_total{l}}}")).as_deref(), Some("0"), "{text}");
+        // A call its caller gives up (a timeout around it) is observed too, as cancelled.
+        let cut = tokio::time::timeout(Duration::from_secs(1), policy().once(op, Duration::ZERO, std::future::pending::<Result<()>>())).await;
+        assert!(cut.is_err());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        let series =
+            |name: &str| -> Option<String> { text.lines().find(|l| l.starts_with(name)).map(|l| l.rsplit(' ').next().unwrap_or_default().to_string()) };
+        assert_eq!(series(&format!("fleet_call_cancelled_total{l}}}")).as_deref(), Some("1"), "{text}");
+        assert_eq!(series(&format!("fleet_call_seconds_count{l}}}")).as_deref(), Some("3"), "{text}");
     }
 
     /// A `counted` scope sees what the clients count within it (and only that), the clients' own

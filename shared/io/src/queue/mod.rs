@@ -82,11 +82,11 @@ pub struct Message {
 }
 
 impl Message {
-    /// How long it has been since the queue got it (none when the queue did not say, or the clocks
-    /// disagree).
+    /// How long it has been since the queue got it (none when the queue did not say; zero when this
+    /// host's clock is behind the queue's).
     pub fn age(&self) -> Option<Duration> {
         let sent = self.sent_ms?;
-        unix_ms().checked_sub(sent).map(Duration::from_millis)
+        Some(Duration::from_millis(unix_ms().saturating_sub(sent)))
     }
 }
 
