@@ -44,6 +44,7 @@ pub fn render_metrics(s: &AgentState) -> String {
     let info = Family::<Labels, Gauge>::default();
     info.get_or_create(&fleet_io::telemetry::build_info().to_vec()).set(1);
     root.register("fleet_build_info", "Which binary and version this is (always 1)", info);
+    fleet_io::metrics::register(&mut root);
     let reg = root.sub_registry_with_prefix("agent");
     let d = s.last_decision;
     maybe_gauge(reg, "desired_instances", "Instances the last decision asked for", d.map(|d| f64::from(d.desired)));

@@ -284,6 +284,10 @@ async fn metrics_leave_unknown_series_out_and_carry_build_info() {
     let state = new_state(&settings, "none");
     let m = crate::http::render_metrics(&lock(&state));
     assert!(m.contains("# TYPE fleet_build_info gauge") && m.contains("fleet_build_info{service="), "{m}");
+    // The process's own figures, as every fleet service serves them.
+    let rss = m.lines().find_map(|l| l.strip_prefix("process_resident_memory_bytes ")).and_then(|v| v.parse::<u64>().ok());
+    assert!(rss.is_some_and(|b| b > 1 << 20), "{m}");
+    assert!(m.contains("# TYPE process_cpu_seconds counter") && m.contains("process_open_fds "), "{m}");
     assert!(!m.contains("agent_desired_instances") && !m.contains("agent_oldest_age_seconds") && !m.contains(" -1"), "{m}");
     assert!(m.trim_end().ends_with("# EOF"), "{m}");
     fleet_test_support::promtool::assert_clean("the agent's /metrics before a decision", &m);

@@ -38,8 +38,7 @@ type BreakerMetric<T> = (&'static str, &'static str, fn(&fleet_io::breaker::Brea
 pub fn render_metrics(states: &[ListenerState]) -> String {
     let mut root = Registry::default();
     crate::metrics::register_build_info(&mut root);
-    crate::metrics::register_process(&mut root);
-    fleet_io::call::register_metrics(&mut root);
+    fleet_io::metrics::register(&mut root);
     crate::metrics::register_service(&mut root);
     let listener = root.sub_registry_with_prefix("listener");
     render_listeners(states, listener);

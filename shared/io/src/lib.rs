@@ -8,6 +8,7 @@ pub mod breaker;
 pub mod call;
 pub mod config;
 pub mod error;
+pub mod metrics;
 pub mod op;
 pub mod pem;
 pub mod provision;
