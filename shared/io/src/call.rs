@@ -92,61 +92,48 @@ static RETRIES: LazyLock<Family<CallLabels, Counter>> = LazyLock::new(Family::de
 static ERRORS: LazyLock<Family<ErrorLabels, Counter>> = LazyLock::new(Family::default);
 static CANCELLED: LazyLock<Family<CallLabels, Counter>> = LazyLock::new(Family::default);
 
-fn labels(op: Op) -> CallLabels {
-    CallLabels { service: op.service().key(), operation: op.name() }
-}
-
-fn error_labels(op: Op, outage: bool) -> ErrorLabels {
-    ErrorLabels { service: op.service().key(), operation: op.name(), outage: if outage { "true" } else { "false" } }
-}
-
-/// A call of `op` ended after `attempts` attempts in `seconds`, failed with `error` or not. Its series
-/// are all made at the operation's first call, at 0, so that an alert's `increase` sees the first error.
-fn observe(op: Op, seconds: f64, attempts: u32, error: Option<&Error>) {
-    let l = labels(op);
-    SECONDS.get_or_create(&l).observe(seconds);
-    let retries = RETRIES.get_or_create(&l);
-    retries.inc_by(u64::from(attempts.saturating_sub(1)));
-    drop(CANCELLED.get_or_create(&l));
-    for outage in [false, true] {
-        let errors = ERRORS.get_or_create(&error_labels(op, outage));
-        if error.is_some_and(|e| e.is_outage() == outage) {
-            errors.inc();
-        }
-    }
-}
-
-/// Observes a call when it ends, and also when its caller drops it before it ended (a receive cut off
-/// by the listener's own timeout or a stop): then its time so far, as cancelled.
+/// Observes a call once, when it is dropped: as it ended (after how many attempts, failed or not) or,
+/// when its caller gave it up first (a receive cut off by the listener's own timeout or a stop), as
+/// cancelled. All of an operation's series are made at its first call, at 0, so that an alert's
+/// `increase` sees the first error.
 struct Watch {
     op: Op,
     start: std::time::Instant,
-    ended: bool,
+    /// Attempts made and, when it failed, whether the failure was an outage; none until it ends.
+    ended: Option<(u32, Option<bool>)>,
 }
 
 impl Watch {
     fn new(op: Op) -> Watch {
-        Watch { op, start: std::time::Instant::now(), ended: false }
+        Watch { op, start: std::time::Instant::now(), ended: None }
     }
 
-    fn ended(mut self, attempts: u32, error: Option<&Error>) {
-        self.ended = true;
-        observe(self.op, self.start.elapsed().as_secs_f64(), attempts, error);
+    fn ended<T>(mut self, attempts: u32, r: &Result<T>) {
+        self.ended = Some((attempts, r.as_ref().err().map(Error::is_outage)));
     }
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        if !self.ended {
-            let l = labels(self.op);
-            SECONDS.get_or_create(&l).observe(self.start.elapsed().as_secs_f64());
-            CANCELLED.get_or_create(&l).inc();
+        let l = CallLabels { service: self.op.service().key(), operation: self.op.name() };
+        SECONDS.get_or_create(&l).observe(self.start.elapsed().as_secs_f64());
+        let (attempts, failed) = self.ended.unwrap_or((1, None));
+        RETRIES.get_or_create(&l).inc_by(u64::from(attempts.saturating_sub(1)));
+        let cancelled = CANCELLED.get_or_create(&l);
+        if self.ended.is_none() {
+            cancelled.inc();
+        }
+        for outage in [false, true] {
+            let errors = ERRORS.get_or_create(&ErrorLabels { service: l.service, operation: l.operation, outage: if outage { "true" } else { "false" } });
+            if failed == Some(outage) {
+                errors.inc();
+            }
         }
     }
 }
 
 /// Registers the process's call metrics (`fleet_call_seconds`, `fleet_call_retries_total`,
-/// `fleet_call_errors_total`, by `service` and `operation`) into `reg`.
+/// `fleet_call_cancelled_total`, `fleet_call_errors_total`, by `service` and `operation`) into `reg`.
 pub fn register_metrics(reg: &mut Registry) {
     reg.register(
         "fleet_call_seconds",
@@ -239,7 +226,7 @@ impl CallPolicy {
         record(op);
         let watch = Watch::new(op);
         let (r, attempts) = self.attempts(op, extra, attempt).await;
-        watch.ended(attempts, r.as_ref().err());
+        watch.ended(attempts, &r);
         r
     }
 
@@ -287,22 +274,27 @@ impl CallPolicy {
             Ok(r) => r,
             Err(_) => Err(Error::Timeout { service: op.service(), operation: op.name(), after: limit, attempts: 1 }),
         };
-        watch.ended(1, r.as_ref().err());
+        watch.ended(1, &r);
         r
     }
 }
 
-/// A client's calls: bounded by the policy, and each result reported to its dependency's breaker
-/// (when it has one), so that every caller of the process sees an outage at once.
+/// A client's calls: bounded by the policy, each attempt counted as billed into the client's counter
+/// (a FIFO queue's apart: SQS bills them at its FIFO price), and each result reported to its
+/// dependency's breaker (when it has one), so that every caller of the process sees an outage at once.
 #[derive(Clone)]
 pub struct Guarded {
     pub policy: CallPolicy,
     pub breaker: Option<std::sync::Arc<crate::breaker::Breaker>>,
+    /// The client's billed requests: one per attempt of every call made here.
+    pub calls: CallCounter,
+    /// The client is a FIFO queue's.
+    pub fifo: bool,
 }
 
 impl Guarded {
     pub fn new(policy: CallPolicy) -> Guarded {
-        Guarded { policy, breaker: None }
+        Guarded { policy, breaker: None, calls: CallCounter::default(), fifo: false }
     }
 
     fn record<T>(&self, r: Result<T>) -> Result<T> {
@@ -312,18 +304,37 @@ impl Guarded {
         r
     }
 
-    /// [`CallPolicy::run`], reported to the breaker.
-    pub async fn run<T, F, Fut>(&self, op: Op, extra: Duration, attempt: F) -> Result<T>
+    /// One attempt of `op`, billed.
+    fn bill(&self, op: Op) {
+        self.calls.add(Billed::Call { op, fifo: self.fifo }, 1);
+    }
+
+    /// [`CallPolicy::run`], each attempt billed, reported to the breaker.
+    pub async fn run<T, F, Fut>(&self, op: Op, extra: Duration, mut attempt: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        self.record(self.policy.run(op, extra, attempt).await)
+        let r = self
+            .policy
+            .run(op, extra, || {
+                self.bill(op);
+                attempt()
+            })
+            .await;
+        self.record(r)
     }
 
-    /// [`CallPolicy::once`], reported to the breaker.
+    /// [`CallPolicy::once`], billed, reported to the breaker.
     pub async fn once<T>(&self, op: Op, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
-        self.record(self.policy.once(op, extra, fut).await)
+        let r = self
+            .policy
+            .once(op, extra, async {
+                self.bill(op);
+                fut.await
+            })
+            .await;
+        self.record(r)
     }
 }
 
@@ -374,11 +385,6 @@ impl CallCounter {
         let mut calls = crate::lock(&self.calls);
         let c = calls.entry(what).or_default();
         *c = c.saturating_add(n);
-    }
-
-    /// Counted so far of `what`.
-    pub fn get(&self, what: Billed) -> u64 {
-        crate::lock(&self.calls).get(&what).copied().unwrap_or(0)
     }
 
     /// Calls so far by billed name ([`Billed::name`]: `sqs.ReceiveMessage`, `s3.GetObject`, ...).
@@ -538,6 +544,27 @@ mod tests {
         client.bump(Op::S3PutObject);
         let want: BTreeMap<String, u64> = [("s3.GetObject", 1), ("s3.PutObject", 1), ("sqs.Extra64KiBChunks", 2)].map(|(k, v)| (k.to_string(), v)).into();
         assert_eq!(scope.snapshot(), want);
-        assert_eq!((client.get(Billed::call(Op::S3GetObject)), client.get(Billed::call(Op::S3PutObject))), (2, 2));
+        let all = client.snapshot();
+        assert_eq!((all.get("s3.GetObject"), all.get("s3.PutObject")), (Some(&2), Some(&2)));
+    }
+
+    /// A client's calls are billed where they are bounded: one per attempt, a FIFO queue's apart.
+    #[tokio::test(start_paused = true)]
+    async fn every_attempt_of_a_guarded_call_is_billed() {
+        let fifo = Guarded { fifo: true, ..Guarded::new(policy()) };
+        let tries = AtomicU32::new(0);
+        let r = fifo
+            .run(Op::SqsDeleteMessageBatch, Duration::ZERO, || async {
+                if tries.fetch_add(1, Ordering::Relaxed) < 2 {
+                    Err(Error::Service { service: Service::Sqs, operation: "DeleteMessageBatch", detail: "503".into(), retryable: true, source: None })
+                } else {
+                    Ok(())
+                }
+            })
+            .await;
+        assert!(r.is_ok());
+        let _ = fifo.once(Op::SqsReceiveMessage, Duration::ZERO, async { Ok(()) }).await;
+        let want: BTreeMap<String, u64> = [("sqs.fifo.DeleteMessageBatch", 3), ("sqs.fifo.ReceiveMessage", 1)].map(|(k, v)| (k.to_string(), v)).into();
+        assert_eq!(fifo.calls.snapshot(), want);
     }
 }

@@ -19,13 +19,12 @@ pub struct S3Store {
     client: aws_sdk_s3::Client,
     bucket: String,
     endpoint: String,
-    calls: CallCounter,
     policy: Guarded,
 }
 
 impl S3Store {
     pub fn new(client: aws_sdk_s3::Client, endpoint: &str, bucket: &str, policy: CallPolicy) -> S3Store {
-        S3Store { client, bucket: bucket.to_string(), endpoint: endpoint.to_string(), calls: CallCounter::default(), policy: Guarded::new(policy) }
+        S3Store { client, bucket: bucket.to_string(), endpoint: endpoint.to_string(), policy: Guarded::new(policy) }
     }
 
     /// Reports every call to `breaker` (S3's of the process) and offers it a probe: HeadBucket.
@@ -49,7 +48,6 @@ impl S3Store {
     pub async fn check(&self) -> Result<()> {
         self.policy
             .run(Op::S3HeadBucket, Duration::ZERO, || async {
-                self.calls.bump(Op::S3HeadBucket);
                 self.client.head_bucket().bucket(&self.bucket).send().await.map_err(|e| {
                     if e.as_service_error().is_some_and(|s| s.is_not_found()) {
                         Error::NotFound { service: Service::S3, what: format!("bucket {:?} does not exist at {}", self.bucket, self.endpoint) }
@@ -72,7 +70,6 @@ impl BlobStore for S3Store {
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
         self.policy
             .run(Op::S3GetObject, Duration::ZERO, || async {
-                self.calls.bump(Op::S3GetObject);
                 match self.client.get_object().bucket(&self.bucket).key(key).send().await {
                     Ok(out) => {
                         let etag = out.e_tag().unwrap_or_default().to_string();
@@ -91,7 +88,6 @@ impl BlobStore for S3Store {
         let range = format!("bytes=0-{max}");
         self.policy
             .run(Op::S3GetObject, Duration::ZERO, || async {
-                self.calls.bump(Op::S3GetObject);
                 match self.client.get_object().bucket(&self.bucket).key(key).range(&range).send().await {
                     Ok(out) => {
                         let data = out.body.collect().await.map_err(|e| body_error(key, e))?;
@@ -116,7 +112,6 @@ impl BlobStore for S3Store {
         let out = self
             .policy
             .run(Op::S3GetObject, Duration::ZERO, || async {
-                self.calls.bump(Op::S3GetObject);
                 match self.client.get_object().bucket(&self.bucket).key(key).send().await {
                     Ok(out) => Ok(Some(out)),
                     Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
@@ -138,7 +133,6 @@ impl BlobStore for S3Store {
     async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
         self.policy
             .run(Op::S3PutObject, Duration::ZERO, || async {
-                self.calls.bump(Op::S3PutObject);
                 let req = self
                     .client
                     .put_object()
@@ -165,7 +159,6 @@ impl BlobStore for S3Store {
     async fn put_file(&self, key: &str, path: &std::path::Path, content_type: &str) -> Result<()> {
         self.policy
             .run(Op::S3PutObject, Duration::ZERO, || async {
-                self.calls.bump(Op::S3PutObject);
                 // Read as it is sent, a piece at a time (opened again by each attempt).
                 let body = ByteStream::from_path(path).await.map_err(|e| crate::Error::local_file(path, e))?;
                 match self.client.put_object().bucket(&self.bucket).key(key).content_type(content_type).body(body).send().await {
@@ -179,7 +172,6 @@ impl BlobStore for S3Store {
     async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
         self.policy
             .run(Op::S3HeadObject, Duration::ZERO, || async {
-                self.calls.bump(Op::S3HeadObject);
                 match self.client.head_object().bucket(&self.bucket).key(key).send().await {
                     Ok(out) => Ok(Some(out.metadata().map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default())),
                     Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(None),
@@ -196,7 +188,6 @@ impl BlobStore for S3Store {
             let page = self
                 .policy
                 .run(Op::S3ListObjectsV2, Duration::ZERO, || async {
-                    self.calls.bump(Op::S3ListObjectsV2);
                     self.client
                         .list_objects_v2()
                         .bucket(&self.bucket)
@@ -221,7 +212,6 @@ impl BlobStore for S3Store {
     async fn delete(&self, key: &str) -> Result<()> {
         self.policy
             .run(Op::S3DeleteObject, Duration::ZERO, || async {
-                self.calls.bump(Op::S3DeleteObject);
                 self.client.delete_object().bucket(&self.bucket).key(key).send().await.map_err(|e| sdk_error(Op::S3DeleteObject, &self.endpoint, e))
             })
             .await?;
@@ -229,7 +219,7 @@ impl BlobStore for S3Store {
     }
 
     fn calls(&self) -> &CallCounter {
-        &self.calls
+        &self.policy.calls
     }
 
     fn breaker(&self) -> Option<std::sync::Arc<Breaker>> {

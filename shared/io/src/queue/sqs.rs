@@ -48,7 +48,6 @@ pub struct SqsQueue {
     name: String,
     url: String,
     endpoint: String,
-    calls: CallCounter,
     policy: Guarded,
 }
 
@@ -72,23 +71,19 @@ impl SqsQueue {
                 .await?;
             (name_or_url.to_string(), out.queue_url().unwrap_or_default().to_string())
         };
-        Ok(SqsQueue { client, name, url, endpoint: endpoint.to_string(), calls, policy: Guarded::new(policy) })
-    }
-
-    /// Counts `n` calls of `op`, a FIFO queue's apart (SQS bills them at its FIFO price).
-    fn count(&self, op: Op, n: u64) {
-        self.calls.add(Billed::Call { op, fifo: self.is_fifo() }, n);
+        let fifo = crate::config::is_fifo(&name);
+        Ok(SqsQueue { client, name, url, endpoint: endpoint.to_string(), policy: Guarded { calls, fifo, ..Guarded::new(policy) } })
     }
 
     /// Counts the further 64 KiB chunks of a call's `payload` bytes (each billed as one request).
     fn count_payload(&self, payload: usize) {
-        self.calls.add(Billed::Extra64KiB { fifo: self.is_fifo() }, sqs_extra_chunks(payload));
+        self.policy.calls.add(Billed::Extra64KiB { fifo: self.policy.fifo }, sqs_extra_chunks(payload));
     }
 
     /// The same queue counting its calls into `calls` from now on (the shards of a sharded queue share
     /// one counter).
     pub fn counting_into(mut self, calls: &CallCounter) -> SqsQueue {
-        self.calls = calls.clone();
+        self.policy.calls = calls.clone();
         self
     }
 
@@ -157,7 +152,6 @@ impl SqsQueue {
         let to_arn = to.arn().await?;
         self.policy
             .run(Op::SqsStartMessageMoveTask, Duration::ZERO, || async {
-                self.count(Op::SqsStartMessageMoveTask, 1);
                 let out = self
                     .client
                     .start_message_move_task()
@@ -175,7 +169,6 @@ impl SqsQueue {
     pub async fn move_task(&self, arn: &str) -> Result<Option<MoveTask>> {
         self.policy
             .run(Op::SqsListMessageMoveTasks, Duration::ZERO, || async {
-                self.count(Op::SqsListMessageMoveTasks, 1);
                 let out =
                     self.client.list_message_move_tasks().source_arn(arn).max_results(1).send().await.map_err(|e| self.err(Op::SqsListMessageMoveTasks, e))?;
                 Ok(out.results().first().map(|t| MoveTask {
@@ -192,7 +185,6 @@ impl SqsQueue {
     async fn attributes(&self, names: &[QueueAttributeName]) -> Result<aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesOutput> {
         self.policy
             .run(Op::SqsGetQueueAttributes, Duration::ZERO, || async {
-                self.count(Op::SqsGetQueueAttributes, 1);
                 self.client
                     .get_queue_attributes()
                     .queue_url(&self.url)
@@ -227,7 +219,6 @@ impl SqsQueue {
         let out = self
             .policy
             .run(Op::SqsSendMessageBatch, Duration::ZERO, || async {
-                self.count(Op::SqsSendMessageBatch, 1);
                 self.count_payload(payload);
                 self.client
                     .send_message_batch()
@@ -320,7 +311,6 @@ impl Queue for SqsQueue {
         let out = self
             .policy
             .once(Op::SqsReceiveMessage, wait, async {
-                self.count(Op::SqsReceiveMessage, 1);
                 self.client
                     .receive_message()
                     .queue_url(&self.url)
@@ -379,7 +369,6 @@ impl Queue for SqsQueue {
         let out = self
             .policy
             .run(Op::SqsDeleteMessageBatch, Duration::ZERO, || async {
-                self.count(Op::SqsDeleteMessageBatch, 1);
                 self.client
                     .delete_message_batch()
                     .queue_url(&self.url)
@@ -412,7 +401,6 @@ impl Queue for SqsQueue {
         let out = self
             .policy
             .run(Op::SqsChangeMessageVisibilityBatch, Duration::ZERO, || async {
-                self.count(Op::SqsChangeMessageVisibilityBatch, 1);
                 self.client
                     .change_message_visibility_batch()
                     .queue_url(&self.url)
@@ -460,7 +448,7 @@ impl Queue for SqsQueue {
     }
 
     fn calls(&self) -> &CallCounter {
-        &self.calls
+        &self.policy.calls
     }
 
     fn breaker(&self) -> Option<std::sync::Arc<Breaker>> {
