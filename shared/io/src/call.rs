@@ -8,8 +8,8 @@
 //! the only place that decides how often and how long a call is tried.
 //!
 //! Being that one place, it is also where calls are observed, by their typed [`Op`]: the process's
-//! call metrics ([`register_metrics`]: a latency histogram, retries, errors and calls given up by
-//! their caller, by service and operation), and which operations a process calls ([`called`]; with `FLEET_CALLS_FILE` set, a binary
+//! call metrics (`crate::metrics`: a latency histogram, retries, errors and calls given up by their
+//! caller, by service and operation), and which operations a process calls ([`called`]; with `FLEET_CALLS_FILE` set, a binary
 //! writes them there when it exits ([`write_called`]), which is how the IAM policies in
 //! `deploy/k8s/iam/` are checked against what each service really calls).
 //!
@@ -19,18 +19,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::{LazyLock, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
 use rand::Rng;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::metrics::Watch;
 pub use crate::op::{Billed, Op};
 
 static CALLED: Mutex<BTreeSet<Op>> = Mutex::new(BTreeSet::new());
@@ -61,96 +57,6 @@ pub fn write_called() {
             tracing::warn!(path = %std::path::Path::new(&path).display(), error = %e, "could not write the calls file");
         }
     }
-}
-
-/// The labels of a call's series.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct CallLabels {
-    service: &'static str,
-    operation: &'static str,
-}
-
-/// The labels of a failed call's series: `outage` when the failure was the dependency's (no answer,
-/// refused, 5xx, throttled: what the breakers count), not the request's.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ErrorLabels {
-    service: &'static str,
-    operation: &'static str,
-    outage: &'static str,
-}
-
-/// Seconds, 1 ms to about 24 s (a long poll's 20 s wait included).
-fn call_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.001, 2.5, 12))
-}
-
-/// Call histograms by operation.
-type CallHistograms = Family<CallLabels, Histogram, fn() -> Histogram>;
-
-static SECONDS: LazyLock<CallHistograms> = LazyLock::new(|| Family::new_with_constructor(call_histogram as fn() -> Histogram));
-static RETRIES: LazyLock<Family<CallLabels, Counter>> = LazyLock::new(Family::default);
-static ERRORS: LazyLock<Family<ErrorLabels, Counter>> = LazyLock::new(Family::default);
-static CANCELLED: LazyLock<Family<CallLabels, Counter>> = LazyLock::new(Family::default);
-
-/// Observes a call once, when it is dropped: as it ended (after how many attempts, failed or not) or,
-/// when its caller gave it up first (a receive cut off by the listener's own timeout or a stop), as
-/// cancelled. All of an operation's series are made at its first call, at 0, so that an alert's
-/// `increase` sees the first error.
-struct Watch {
-    op: Op,
-    start: std::time::Instant,
-    /// Attempts made and, when it failed, whether the failure was an outage; none until it ends.
-    ended: Option<(u32, Option<bool>)>,
-}
-
-impl Watch {
-    fn new(op: Op) -> Watch {
-        Watch { op, start: std::time::Instant::now(), ended: None }
-    }
-
-    fn ended<T>(mut self, attempts: u32, r: &Result<T>) {
-        self.ended = Some((attempts, r.as_ref().err().map(Error::is_outage)));
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let l = CallLabels { service: self.op.service().key(), operation: self.op.name() };
-        SECONDS.get_or_create(&l).observe(self.start.elapsed().as_secs_f64());
-        let (attempts, failed) = self.ended.unwrap_or((1, None));
-        RETRIES.get_or_create(&l).inc_by(u64::from(attempts.saturating_sub(1)));
-        let cancelled = CANCELLED.get_or_create(&l);
-        if self.ended.is_none() {
-            cancelled.inc();
-        }
-        for outage in [false, true] {
-            let errors = ERRORS.get_or_create(&ErrorLabels { service: l.service, operation: l.operation, outage: if outage { "true" } else { "false" } });
-            if failed == Some(outage) {
-                errors.inc();
-            }
-        }
-    }
-}
-
-/// Registers the process's call metrics (`fleet_call_seconds`, `fleet_call_retries_total`,
-/// `fleet_call_cancelled_total`, `fleet_call_errors_total`, by `service` and `operation`) into `reg`.
-pub fn register_metrics(reg: &mut Registry) {
-    reg.register(
-        "fleet_call_seconds",
-        "Time an SQS, S3 or RabbitMQ call took, its attempts and back-off included (a long poll its wait), by service and operation",
-        SECONDS.clone(),
-    );
-    reg.register("fleet_call_retries", "Attempts of SQS, S3 or RabbitMQ calls beyond each call's first, by service and operation", RETRIES.clone());
-    reg.register(
-        "fleet_call_cancelled",
-        "SQS, S3 or RabbitMQ calls their caller gave up before they ended (a receive cut off by a listener's own timeout or a stop), by service and operation",
-        CANCELLED.clone(),
-    );
-    reg.register(
-        "fleet_call_errors",
-        "SQS, S3 or RabbitMQ calls that failed (after their retries), by service, operation and whether the failure was the dependency's (outage=true: no answer, refused, 5xx, throttled) or the request's",
-        ERRORS.clone(),
-    );
 }
 
 /// How every external call is bounded.
@@ -505,8 +411,8 @@ mod tests {
         assert!(ok.is_ok());
         let bad: Result<()> = policy().once(op, Duration::ZERO, async { Err(Error::Corrupt("x".into())) }).await;
         assert!(bad.is_err());
-        let mut reg = Registry::default();
-        register_metrics(&mut reg);
+        let mut reg = prometheus_client::registry::Registry::default();
+        crate::metrics::register_calls(&mut reg);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
         let series =

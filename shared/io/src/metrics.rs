@@ -1,16 +1,114 @@
 //! The metrics every fleet process serves whatever it is (the engine's services and the scaling agent
 //! alike): its own figures (`process_*`, read from `/proc` at each scrape, named as Prometheus's client
 //! libraries name them) and its SQS, S3 and RabbitMQ calls (`fleet_call_*`, observed in
-//! [`crate::call`], where every call passes).
+//! [`crate::call`], where every call passes, through a `Watch` each).
 
+use std::sync::LazyLock;
+
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-/// Registers both: [`register_process`] and the call metrics ([`crate::call::register_metrics`]).
+use crate::error::{Error, Result};
+use crate::op::Op;
+
+/// Registers both: [`register_process`] and [`register_calls`].
 pub fn register(reg: &mut Registry) {
     register_process(reg);
-    crate::call::register_metrics(reg);
+    register_calls(reg);
+}
+
+/// The labels of a call's series.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CallLabels {
+    service: &'static str,
+    operation: &'static str,
+}
+
+/// The labels of a failed call's series: `outage` when the failure was the dependency's (no answer,
+/// refused, 5xx, throttled: what the breakers count), not the request's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ErrorLabels {
+    service: &'static str,
+    operation: &'static str,
+    outage: &'static str,
+}
+
+/// Seconds, 1 ms to about 24 s (a long poll's 20 s wait included).
+fn call_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.5, 12))
+}
+
+/// Call histograms by operation.
+type CallHistograms = Family<CallLabels, Histogram, fn() -> Histogram>;
+
+static SECONDS: LazyLock<CallHistograms> = LazyLock::new(|| Family::new_with_constructor(call_histogram as fn() -> Histogram));
+static RETRIES: LazyLock<Family<CallLabels, Counter>> = LazyLock::new(Family::default);
+static ERRORS: LazyLock<Family<ErrorLabels, Counter>> = LazyLock::new(Family::default);
+static CANCELLED: LazyLock<Family<CallLabels, Counter>> = LazyLock::new(Family::default);
+
+/// Observes a call once, when it is dropped: as it ended (after how many attempts, failed or not) or,
+/// when its caller gave it up first (a receive cut off by the listener's own timeout or a stop), as
+/// cancelled. All of an operation's series are made at its first call, at 0, so that an alert's
+/// `increase` sees the first error.
+pub(crate) struct Watch {
+    op: Op,
+    start: std::time::Instant,
+    /// Attempts made and, when it failed, whether the failure was an outage; none until it ends.
+    ended: Option<(u32, Option<bool>)>,
+}
+
+impl Watch {
+    pub(crate) fn new(op: Op) -> Watch {
+        Watch { op, start: std::time::Instant::now(), ended: None }
+    }
+
+    pub(crate) fn ended<T>(mut self, attempts: u32, r: &Result<T>) {
+        self.ended = Some((attempts, r.as_ref().err().map(Error::is_outage)));
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let l = CallLabels { service: self.op.service().key(), operation: self.op.name() };
+        SECONDS.get_or_create(&l).observe(self.start.elapsed().as_secs_f64());
+        let (attempts, failed) = self.ended.unwrap_or((1, None));
+        RETRIES.get_or_create(&l).inc_by(u64::from(attempts.saturating_sub(1)));
+        let cancelled = CANCELLED.get_or_create(&l);
+        if self.ended.is_none() {
+            cancelled.inc();
+        }
+        for outage in [false, true] {
+            let errors = ERRORS.get_or_create(&ErrorLabels { service: l.service, operation: l.operation, outage: if outage { "true" } else { "false" } });
+            if failed == Some(outage) {
+                errors.inc();
+            }
+        }
+    }
+}
+
+/// Registers the process's call metrics (`fleet_call_seconds`, `fleet_call_retries_total`,
+/// `fleet_call_cancelled_total`, `fleet_call_errors_total`, by `service` and `operation`) into `reg`.
+pub fn register_calls(reg: &mut Registry) {
+    reg.register(
+        "fleet_call_seconds",
+        "Time an SQS, S3 or RabbitMQ call took, its attempts and back-off included (a long poll its wait), by service and operation",
+        SECONDS.clone(),
+    );
+    reg.register("fleet_call_retries", "Attempts of SQS, S3 or RabbitMQ calls beyond each call's first, by service and operation", RETRIES.clone());
+    reg.register(
+        "fleet_call_cancelled",
+        "SQS, S3 or RabbitMQ calls their caller gave up before they ended (a receive cut off by a listener's own timeout or a stop), by service and operation",
+        CANCELLED.clone(),
+    );
+    reg.register(
+        "fleet_call_errors",
+        "SQS, S3 or RabbitMQ calls that failed (after their retries), by service, operation and whether the failure was the dependency's (outage=true: no answer, refused, 5xx, throttled) or the request's",
+        ERRORS.clone(),
+    );
 }
 
 /// The process's own figures, read now: `process_cpu_seconds_total`, `process_resident_memory_bytes`,
