@@ -1,3 +1,7 @@
+//! Why one file: how long a call may take, how often it is tried, and what each attempt is billed are
+//! decided in one loop; split, the billing would have to guess how many attempts the loop made. (The
+//! tests at the end are half of it.)
+//!
 //! One bound on every call to SQS, S3 and RabbitMQ: each attempt has a timeout, the whole call an
 //! overall deadline, and retryable failures are tried again after a jittered exponential back-off
 //! ("full jitter": a uniform wait between zero and the doubling cap). Every client takes its
