@@ -18,6 +18,8 @@ struct OutageHandler {
     /// (body, receive count) of every delivery billed.
     billed: Mutex<Vec<(String, u32)>>,
     attempts: AtomicU64,
+    /// Deliveries the hook `on_received` was told of.
+    received: AtomicU64,
     poisoned: Mutex<Vec<String>>,
 }
 
@@ -55,6 +57,10 @@ impl Handler for OutageHandler {
         out
     }
 
+    fn on_received(&self, msgs: &[Delivery]) {
+        self.received.fetch_add(msgs.len() as u64, Ordering::SeqCst);
+    }
+
     async fn on_poison(&self, msg: &Message, _reason: &str) {
         lock(&self.poisoned).push(msg.body.clone());
     }
@@ -80,6 +86,7 @@ fn outage_handler(stuck: &[&str]) -> (Arc<OutageHandler>, Arc<AtomicBool>) {
         stuck: stuck.iter().map(|s| s.to_string()).collect(),
         billed: Mutex::default(),
         attempts: AtomicU64::new(0),
+        received: AtomicU64::new(0),
         poisoned: Mutex::default(),
     };
     (Arc::new(h), down)
@@ -127,6 +134,9 @@ async fn an_outage_of_ten_minutes_holds_the_work_and_spends_no_receive_count() {
     // Work sent after the outage flows at once.
     send(&q, [("after".to_string(), Attrs::default())]).await;
     assert!(until(Duration::from_secs(5), || lock(&h.billed).len() == 26).await);
+    // The receive hook heard of each delivery once, however often the outage handed it back.
+    let (received, attempts) = (h.received.load(Ordering::SeqCst), h.attempts.load(Ordering::SeqCst));
+    assert!(received == 26 && attempts > 26, "on_received told of {received} deliveries, handle tried {attempts}");
     e.shutdown(Duration::from_secs(5)).await;
 }
 
