@@ -26,6 +26,7 @@ static LAST_RESULT: LazyLock<Gauge> = LazyLock::new(Gauge::default);
 static OPEN_JOBS: LazyLock<Gauge> = LazyLock::new(Gauge::default);
 static PARTITIONS: LazyLock<Gauge> = LazyLock::new(Gauge::default);
 static PARTITION_CHANGES: LazyLock<Family<Labels, Counter>> = LazyLock::new(Family::default);
+static STRAYS: LazyLock<Counter> = LazyLock::new(Counter::default);
 
 /// The jobs this controller finished last (newest last), for the status page.
 static RECENT: Mutex<VecDeque<FinishedView>> = Mutex::new(VecDeque::new());
@@ -83,6 +84,11 @@ pub fn register_metrics() {
                 "controller_messages_refused",
                 "Messages that contradict their job's records (why=contradicts) or that it has no record of (why=unrecorded): quarantined, never counted",
                 REFUSED.clone(),
+            );
+            r.register(
+                "controller_messages_stray",
+                "Messages read from a results partition other than the one their job's records name: forwarded to it, never applied or leased here",
+                STRAYS.clone(),
             );
             r.register(
                 "controller_messages_quarantined",
@@ -189,6 +195,24 @@ impl MessageRefused<'_> {
         let why = if self.recorded { "contradicts" } else { "unrecorded" };
         tracing::error!(job = self.job, message_id = self.message_id, reason = self.reason, why, "message refused: the job's records say otherwise");
         REFUSED.get_or_create(&vec![("why".to_string(), why.to_string())]).inc();
+    }
+}
+
+/// A message came from a results partition other than its job's (as the job's records name it): it
+/// is forwarded there, never applied, loaded or leased here.
+pub struct MessageStray<'a> {
+    pub job: &'a str,
+    pub message_id: &'a str,
+    /// The partition it was read from.
+    pub from: u16,
+    /// Its job's partition.
+    pub to: u16,
+}
+
+impl MessageStray<'_> {
+    pub fn emit(&self) {
+        tracing::warn!(job = self.job, message_id = self.message_id, from = self.from, to = self.to, "a stray message: forwarded to its job's partition");
+        STRAYS.inc();
     }
 }
 

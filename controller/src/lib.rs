@@ -609,6 +609,7 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
     for (p, (q, dlq)) in parts.iter().enumerate() {
         aggregator.set_partition_queue(q.name(), p as u16);
         aggregator.set_partition_queue(dlq.name(), p as u16);
+        aggregator.forward_strays_to(p as u16, q.clone());
     }
     match &deps.work {
         Some(work) => aggregator.set_stall_limit(

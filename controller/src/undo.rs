@@ -62,10 +62,19 @@ pub enum Fix {
     /// A failed balancing round is tried again a twelfth of a lease later, not an interval later
     /// (issue 43, found by the simulation).
     RoundRetriedSoon,
+    /// A message read from a partition other than its job's recorded one is forwarded there, never
+    /// loaded or leased where it was read (issue 58).
+    StraysForwarded,
+    /// A result whose decoding could take more than the whole decode budget is refused, not decoded
+    /// alone past it (issue 58).
+    RefuseOverBudget,
+    /// A job is finished `complete` only when processed + failed transactions equal the accepted
+    /// (issue 58).
+    CompleteOnlyWhenCounted,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 25] = [
+    pub const ALL: [Fix; 28] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -91,6 +100,9 @@ impl Fix {
         Fix::PartitionFromManifest,
         Fix::WaitingLooks,
         Fix::RoundRetriedSoon,
+        Fix::StraysForwarded,
+        Fix::RefuseOverBudget,
+        Fix::CompleteOnlyWhenCounted,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -121,6 +133,9 @@ impl Fix {
             Fix::PartitionFromManifest => "partition-from-manifest",
             Fix::WaitingLooks => "waiting-looks",
             Fix::RoundRetriedSoon => "round-retried-soon",
+            Fix::StraysForwarded => "strays-forwarded",
+            Fix::RefuseOverBudget => "refuse-over-budget",
+            Fix::CompleteOnlyWhenCounted => "complete-only-when-counted",
         }
     }
 
@@ -152,6 +167,9 @@ impl Fix {
             Fix::PartitionFromManifest => "a dormant job without a partition takes its manifest's",
             Fix::WaitingLooks => "a waiting job's partition looked at every minute",
             Fix::RoundRetriedSoon => "a failed balancing round tried again within a twelfth of a lease",
+            Fix::StraysForwarded => "a message on another partition than its job's forwarded there, never leased",
+            Fix::RefuseOverBudget => "a result that could decode past the whole budget refused",
+            Fix::CompleteOnlyWhenCounted => "complete only when processed + failed = accepted",
         }
     }
 }

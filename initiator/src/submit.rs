@@ -132,10 +132,11 @@ async fn encode(number: u32, partition: usize, w: ChunkWriter, job_id: &str, bar
 }
 
 /// Stores a chunk's blob with its record (its transactions and size, in the blob's metadata): the
-/// job's own word on the chunk, which the controller checks every result for it against.
-async fn put(mut c: Chunk, store: &Arc<dyn BlobStore>) -> Result<Chunk, CliError> {
+/// job's own word on the chunk, which the controller checks every result for it against, and the
+/// results partition its messages travel on (a copy read from another partition is a stray).
+async fn put(mut c: Chunk, store: &Arc<dyn BlobStore>, results_partition: u16) -> Result<Chunk, CliError> {
     if let Some(b) = c.bytes.take() {
-        let record = ChunkRecord { transactions: c.rows, raw_bytes: c.blob.raw_bytes };
+        let record = ChunkRecord { transactions: c.rows, raw_bytes: c.blob.raw_bytes, partition: Some(results_partition) };
         store.put_if(&c.blob.key, b, "application/zstd", &record.to_meta(), &fleet_io::blob::Cond::Any).await?;
     }
     Ok(c)
@@ -459,11 +460,11 @@ async fn submit_enqueued(
             }
             return Err(CliError::Input(msg));
         }
-        let stored = run_all(futures::stream::iter(held?).map(|c| put(c, &store)), n, fifo);
+        let stored = run_all(futures::stream::iter(held?).map(|c| put(c, &store, enqueue.partition)), n, fifo);
         (Ok(read), enqueue.run(stored).await)
     } else {
         // Chunks are stored and their work items sent while reading goes on, so processing starts at once.
-        let stored = run_all(encoded.map(|r| async { put(r?, &store).await }), n, fifo);
+        let stored = run_all(encoded.map(|r| async { put(r?, &store, enqueue.partition).await }), n, fifo);
         let (read, sent) = tokio::join!(reader, enqueue.run(stored));
         (read_result(read), sent)
     };

@@ -129,6 +129,9 @@ pub struct JobPlan {
     pub groups: Option<Groups>,
     /// Its results partition (as the initiator picks it: a hash of its id).
     pub partition: u16,
+    /// A copy of its chunk 0's first result is also sent on another results partition (a stray, as a
+    /// misrouting or hostile processor sends it): it may never load or lease the job there.
+    pub stray: bool,
 }
 
 pub type Row = (u64, Decimal, Decimal);
@@ -247,7 +250,10 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
             };
             let forged_beyond = hostile && rng.random_bool(0.15);
             let partition = partition_of(&id, partitions);
-            JobPlan { id, shape, chunks, ending, submit_at: Duration::from_millis(rng.random_range(0..60_000)), forged_beyond, groups, partition }
+            // Drawn apart (the rest of the plan stays as it was for every seed).
+            let mut own = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed ^ 0x5742_0000_0000 ^ j as u64);
+            let stray = hostile && partitions > 1 && own.random_bool(0.25);
+            JobPlan { id, shape, chunks, ending, submit_at: Duration::from_millis(rng.random_range(0..60_000)), forged_beyond, groups, partition, stray }
         })
         .collect()
 }
@@ -305,7 +311,7 @@ pub async fn initiate(
     opts.job_id = Some(job.id.clone());
     opts.chunk_size = job.chunk_rows().max(1);
     opts.grouping = job.grouping();
-    let way = |q: Arc<dyn Queue>| -> Arc<dyn Queue> { Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Initiator, dlq: None }) };
+    let way = |q: Arc<dyn Queue>| -> Arc<dyn Queue> { Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Initiator, dlq: None, partitions: Vec::new() }) };
     let results = Sharded::of(results.into_iter().map(way).collect()).expect("at least one partition");
     let clients = Clients {
         work: way(work),
@@ -350,8 +356,9 @@ pub async fn start_processor(n: u64, fated: Arc<Fated>, queues: &crate::Queues, 
     let (work, work_dlq, bus) = (queues.work.clone() as Arc<dyn Queue>, queues.work_dlq.clone() as Arc<dyn Queue>, queues.bus.clone());
     let results: Vec<(Arc<dyn Queue>, Arc<dyn Queue>)> =
         queues.results.iter().map(|(q, d)| (q.clone() as Arc<dyn Queue>, d.clone() as Arc<dyn Queue>)).collect();
+    let partitions: Vec<Arc<dyn Queue>> = results.iter().map(|(q, _)| q.clone()).collect();
     let way = |q: Arc<dyn Queue>, dlq: Option<Arc<dyn Queue>>| -> Arc<dyn Queue> {
-        Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Processor, dlq })
+        Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Processor, dlq, partitions: partitions.clone() })
     };
     let mut deps = processor::Deps::new(
         way(work, None),
@@ -431,6 +438,8 @@ struct FatedQueue {
     role: Role,
     /// A results partition's dead-letter queue (see [`ChunkPlan::dead_lettered`]).
     dlq: Option<Arc<dyn Queue>>,
+    /// Every results partition's queue, by number (a processor's: where its strays go).
+    partitions: Vec<Arc<dyn Queue>>,
 }
 
 impl FatedQueue {
@@ -523,6 +532,17 @@ impl FatedQueue {
         }
         if let Some(plan) = forge {
             self.inner.send(forgeries(&plan)).await?;
+        }
+        // A stray: a copy of a stray job's chunk 0 result on the next partition, where the job is in
+        // no reader's memory. Its reader must forward it, never take the job's lease.
+        for m in &msgs {
+            let Some((job, 0)) = chunk_of(&m.body) else { continue };
+            let Some(plan) = self.fated.jobs.get(&job).filter(|p| p.stray && self.partitions.len() > 1) else { continue };
+            if self.fated.first(&job, 0x2000_0000) {
+                let to = &self.partitions[(usize::from(plan.partition) + 1) % self.partitions.len()];
+                self.fated.world.trace(format!("HOSTILE a copy of {job} chunk 0's result sent on {} (a stray)", to.name()));
+                let _ = to.send_messages(std::slice::from_ref(m)).await;
+            }
         }
         if answer_lost {
             return Err(lost("SendMessageBatch"));

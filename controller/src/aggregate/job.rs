@@ -492,10 +492,29 @@ impl Job {
                 f.transactions = n;
             }
         }
+        let mut note = note;
         let status = match (abandon, failed.is_empty()) {
             (Some(_), _) => JobStatus::Abandoned,
             (None, true) => JobStatus::Complete,
             (None, false) => JobStatus::Partial,
+        };
+        // Never `complete` unless every accepted transaction is accounted for, billed or failed: the
+        // results disagree with the manifest (the report says so; the operator looks).
+        let processed = self.totals.transactions();
+        let failed_n = failed.iter().fold(0u64, |n, f| n.saturating_add(f.transactions));
+        let counted = processed.checked_add(failed_n);
+        let status = if status == JobStatus::Complete && counted != Some(manifest.accepted) && !crate::undo::is(crate::undo::Fix::CompleteOnlyWhenCounted) {
+            let why = format!(
+                "not complete: {processed} transactions processed and {failed_n} failed, but the manifest accepted {}: the results disagree with the job's records",
+                manifest.accepted
+            );
+            note = Some(match note {
+                Some(n) => format!("{n}; {why}"),
+                None => why,
+            });
+            JobStatus::Partial
+        } else {
+            status
         };
         Decision { status, failed, note, at: self.clock.rfc3339() }
     }

@@ -241,6 +241,9 @@ pub struct Aggregator {
     queues: HashMap<Source, String>,
     /// The results partition each partition queue (results and dead letters) belongs to.
     partition_queues: HashMap<String, u16>,
+    /// Each results partition's queue, where a stray (a message read from a partition other than its
+    /// job's) is forwarded (see `forward_strays`).
+    strays_to: BTreeMap<u16, Arc<dyn fleet_io::queue::Queue>>,
     leases: Leases,
     memory: Mutex<InMemory>,
     known: Mutex<Known>,
@@ -276,6 +279,9 @@ pub struct Aggregator {
 
 /// A message of a job another controller owns goes back to the queue after this long (for its owner).
 pub const HAND_BACK: Duration = Duration::from_secs(1);
+
+/// A stray whose forward to its job's partition failed comes back after this long.
+const STRAY_RETRY: Duration = Duration::from_secs(5);
 
 /// How long a job's messages are turned back without a try after its S3 calls failed.
 const FAILING_FOR: Duration = Duration::from_secs(2);
@@ -324,6 +330,7 @@ impl Aggregator {
             store,
             queues,
             partition_queues: HashMap::new(),
+            strays_to: BTreeMap::new(),
             leases,
             memory: Mutex::default(),
             known: Mutex::default(),
@@ -381,6 +388,13 @@ impl Aggregator {
     /// whose messages come from it are let go with the partition (`let_go`).
     pub fn set_partition_queue(&mut self, name: &str, p: u16) {
         self.partition_queues.insert(name.to_string(), p);
+    }
+
+    /// Forwards a stray of results partition `p`'s jobs (read from another partition) to `queue`, its
+    /// results queue. A stray of a partition with no queue set (the count lowered while its job was in
+    /// flight) is applied where it was read, as before partitions.
+    pub fn forward_strays_to(&mut self, p: u16, queue: Arc<dyn fleet_io::queue::Queue>) {
+        self.strays_to.insert(p, queue);
     }
 
     /// Lets go of the jobs of results partition `p` (another controller reads it from now on): their
@@ -462,8 +476,10 @@ impl Aggregator {
         if !self.partition_queues.is_empty() {
             let mut memory = lock(&self.memory);
             for (job_id, items) in &groups {
+                // Until its records are read (`apply_group`), which name it for good: a stray must
+                // not move a job this controller holds.
                 if let Some(p) = items.first().and_then(|(k, _)| self.partition_queues.get(k.queue())) {
-                    memory.partition.insert(job_id.clone(), *p);
+                    memory.partition.entry(job_id.clone()).or_insert(*p);
                 }
             }
         }
@@ -528,9 +544,32 @@ impl Aggregator {
             self.record_step(&job_id, self.apply_job(&job_id, source, nothing(), kept).await, &mut out);
             return out;
         }
+        // Messages read from a partition other than the one the job's records name are strays: sent
+        // on to their partition, never a reason to load or lease the job here (its own reader would
+        // hand its real results back for ever while this lease lasted).
+        let (kept, items, verdicts) = match checked.partition {
+            Some(p) => self.forward_strays(&job_id, p, kept, items, checked.verdicts, &mut out).await,
+            None => (kept, items, checked.verdicts),
+        };
+        if kept.is_empty() {
+            return out;
+        }
         let mut agreeing = Vec::with_capacity(items.len());
-        for ((k, item), verdict) in kept.into_iter().zip(items).zip(checked.verdicts) {
+        let budget = self.budget.bytes();
+        for ((k, item), verdict) in kept.into_iter().zip(items).zip(verdicts) {
             match verdict {
+                // More than the whole budget to decode: refused, not decoded alone past it (a result
+                // of a chunk from the release before records, held only to its own count).
+                Verdict::Agrees(Some(f)) if f.max_memory() > budget && !crate::undo::is(crate::undo::Fix::RefuseOverBudget) => {
+                    let why = format!(
+                        "decoding the result of job {job_id} chunk {} could take {} MiB, more than the decode budget of {} MiB (--decode-budget-mib): refused; redrive it after raising the budget",
+                        item.chunk().unwrap_or_default(),
+                        f.max_memory().div_ceil(1 << 20),
+                        budget >> 20
+                    );
+                    crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded: true }.emit();
+                    out.delete.extend(self.quarantine_message(source, k, &why).await);
+                }
                 Verdict::Agrees(figures) => {
                     let share = figures.map_or(0, records::Figures::max_memory);
                     agreeing.push(((k, item, figures), share));
@@ -565,6 +604,52 @@ impl Aggregator {
             self.record_step(&job_id, step, &mut out);
         }
         out
+    }
+
+    /// Sends on the messages of a job whose records name results partition `p` that were read from
+    /// another partition's queue, and returns the rest (with their items and verdicts). A forwarded
+    /// stray is deleted once sent (at its job's reader it is judged again, a duplicate when it is a
+    /// copy); one whose send failed comes back later. The job's partition in memory is the recorded one.
+    async fn forward_strays(
+        &self,
+        job_id: &str,
+        p: u16,
+        kept: Vec<Kept>,
+        items: Vec<Item>,
+        verdicts: Vec<Verdict>,
+        out: &mut Applied,
+    ) -> (Vec<Kept>, Vec<Item>, Vec<Verdict>) {
+        if self.is_partition(p) {
+            lock(&self.memory).partition.insert(job_id.to_string(), p);
+        }
+        let to = self.strays_to.get(&p).filter(|_| !crate::undo::is(crate::undo::Fix::StraysForwarded));
+        let mut rest = (Vec::with_capacity(kept.len()), Vec::with_capacity(kept.len()), Vec::with_capacity(kept.len()));
+        let mut strays = Vec::new();
+        for ((k, item), verdict) in kept.into_iter().zip(items).zip(verdicts) {
+            match (self.partition_queues.get(k.queue()), to) {
+                (Some(&from), Some(_)) if from != p => {
+                    crate::events::MessageStray { job: job_id, message_id: &k.id, from, to: p }.emit();
+                    strays.push(k);
+                }
+                _ => {
+                    rest.0.push(k);
+                    rest.1.push(item);
+                    rest.2.push(verdict);
+                }
+            }
+        }
+        if let (Some(to), false) = (to, strays.is_empty()) {
+            let outgoing: Vec<fleet_io::queue::Outgoing> =
+                strays.iter().map(|k| fleet_io::queue::Outgoing { body: k.body.clone(), attrs: k.attrs.clone(), dedup: None }).collect();
+            match to.send_messages(&outgoing).await {
+                Ok(_) => out.delete.extend(strays),
+                Err(e) => {
+                    tracing::warn!(job = %job_id, partition = p, error = %e, "could not forward strays to their job's partition; they come back");
+                    out.release.extend(strays.into_iter().map(|k| (k, STRAY_RETRY)));
+                }
+            }
+        }
+        rest
     }
 
     /// The error a job's messages are turned back with, without a call, while its S3 calls failed

@@ -103,6 +103,16 @@ pub(super) struct JobRecords {
 }
 
 impl JobRecords {
+    /// The results partition the job's messages travel on, as its records say (the manifest's, else
+    /// any chunk's; `None`: written by an initiator before partitions were recorded, or nothing
+    /// looked up yet). Records are written once, by the submitter: no message can move a job.
+    pub(super) fn partition(&self) -> Option<u16> {
+        match &self.manifest {
+            Some(m) => Some(m.partition),
+            None => self.chunks.values().find_map(|r| r.partition),
+        }
+    }
+
     /// Something of the job is on record.
     fn known(&self) -> bool {
         self.manifest.is_some() || self.manifest_unreadable || self.checkpointed || !self.chunks.is_empty() || !self.unrecorded_blobs.is_empty()
@@ -134,7 +144,8 @@ impl JobRecords {
 
     /// The figures of chunk `c` as recorded (`Err`: the manifest says the job has no such chunk; `Ok(None)`:
     /// nothing recorded yet).
-    fn chunk(&self, c: u32, declared: u64) -> std::result::Result<Option<Figures>, String> {
+    /// `looked`: the manifest was looked up (a chunk blob without a record is judged by it when it exists).
+    fn chunk(&self, c: u32, declared: u64, looked: bool) -> std::result::Result<Option<Figures>, String> {
         let blob = self.chunks.get(&c).map(|r| Figures { transactions: r.transactions, raw_bytes: Some(r.raw_bytes) });
         match &self.manifest {
             Some(m) if c >= m.total_chunks => Err(format!("chunk {c} is outside the job: its manifest has {} chunks", m.total_chunks)),
@@ -146,7 +157,10 @@ impl JobRecords {
                     (None, None) => None,
                 })
             }
-            None if blob.is_none() && self.unrecorded_blobs.contains(&c) => Ok(Some(Figures { transactions: declared, raw_bytes: None })),
+            // A chunk from the release before records: held to the manifest once it exists (looked
+            // up first), and only without one to the message's own count.
+            None if blob.is_none() && self.unrecorded_blobs.contains(&c) && looked => Ok(Some(Figures { transactions: declared, raw_bytes: None })),
+            None if blob.is_none() && self.unrecorded_blobs.contains(&c) => Ok(None),
             None => Ok(blob),
         }
     }
@@ -180,7 +194,7 @@ impl JobRecords {
             Item::Result(ResultMessage::Chunk(c)) => (c.chunk, c.transactions, "result"),
             Item::Dead { item, .. } | Item::Result(ResultMessage::DeadLettered { item, .. }) => (item.chunk, item.transactions, "dead-lettered work item"),
         };
-        match self.chunk(chunk, declared) {
+        match self.chunk(chunk, declared, looked) {
             Err(why) => Some(Verdict::Refused(format!("{what} for job {job}: {why}"))),
             Ok(Some(f)) if f.transactions != declared && !crate::undo::is(crate::undo::Fix::CountAgainstRecord) => Some(Verdict::Refused(format!(
                 "{what} for job {job} chunk {chunk} declares {declared} transactions; the chunk has {} as recorded",
@@ -210,6 +224,8 @@ pub(super) struct Checked {
     pub(super) finished: Option<fleet_domain::model::JobStatus>,
     /// The calls made to look records up.
     pub(super) requests: RequestCounts,
+    /// The results partition the job's records name (see [`JobRecords::partition`]).
+    pub(super) partition: Option<u16>,
 }
 
 impl Aggregator {
@@ -224,7 +240,8 @@ impl Aggregator {
             let known = cache.jobs.get(job_id);
             let judged: Option<Vec<Verdict>> = known.and_then(|r| items.iter().map(|i| r.judge(i, false)).collect());
             if let Some(verdicts) = judged {
-                return Ok(Checked { verdicts, finished: None, requests: RequestCounts::default() });
+                let partition = known.and_then(JobRecords::partition);
+                return Ok(Checked { verdicts, finished: None, requests: RequestCounts::default(), partition });
             }
             known.cloned().unwrap_or_default()
         };
@@ -271,6 +288,7 @@ impl Aggregator {
         .await;
         let (finished, requests) = (looked?, RequestCounts::from(calls.snapshot()));
         let verdicts = items.iter().map(|i| rec.judge(i, true).expect("every lookup made")).collect();
+        let partition = rec.partition();
         if rec.known() {
             let mut cache = lock(&self.records);
             if cache.jobs.len() >= MAX_JOBS && !cache.jobs.contains_key(job_id) {
@@ -278,7 +296,7 @@ impl Aggregator {
             }
             cache.jobs.entry(job_id.to_string()).or_default().merge(rec);
         }
-        Ok(Checked { verdicts, finished, requests })
+        Ok(Checked { verdicts, finished, requests, partition })
     }
 
     /// The job's manifest if its records hold it (read when its seal was checked).
@@ -325,7 +343,7 @@ mod tests {
         assert_eq!(r.judge(&result(0, 3), false), None, "not looked up yet");
         assert!(matches!(r.judge(&result(0, 3), true), Some(Verdict::Unrecorded(_))), "no records at all");
         assert!(matches!(r.judge(&seal(3), true), Some(Verdict::Unrecorded(_))), "a seal without a manifest");
-        r.chunks.insert(0, ChunkRecord { transactions: 3, raw_bytes: 300 });
+        r.chunks.insert(0, ChunkRecord { transactions: 3, raw_bytes: 300, partition: None });
         let f = Figures { transactions: 3, raw_bytes: Some(300) };
         assert_eq!(r.judge(&result(0, 3), false), Some(Verdict::Agrees(Some(f))));
         assert!(matches!(r.judge(&result(0, 11), false), Some(Verdict::Refused(why)) if why.contains("declares 11 transactions; the chunk has 3")));

@@ -229,7 +229,7 @@ impl Aggregator {
     }
 
     /// Results partition `p` is one of this controller's partition queues.
-    fn is_partition(&self, p: u16) -> bool {
+    pub(super) fn is_partition(&self, p: u16) -> bool {
         self.partition_queues.values().any(|q| *q == p)
     }
 

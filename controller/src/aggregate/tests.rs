@@ -93,7 +93,7 @@ async fn put_chunks(store: &MemoryStore, job: &str, n: u32) {
 /// The chunk blobs with their records (transactions; a generous size), as the initiator writes them.
 async fn put_records(store: &MemoryStore, job: &str, chunks: &[u64]) {
     for (c, &n) in chunks.iter().enumerate() {
-        let record = ChunkRecord { transactions: n, raw_bytes: 100 * n };
+        let record = ChunkRecord { transactions: n, raw_bytes: 100 * n, partition: None };
         let key = fleet_domain::layout::chunk_key(job, c as u32);
         store.put_if(&key, Bytes::from_static(b"chunk"), "application/zstd", &record.to_meta(), &Cond::Any).await.unwrap();
     }
@@ -1719,4 +1719,125 @@ async fn a_finish_completed_by_another_controller_after_midnight_files_the_rows_
     // Finished again (a late duplicate, a controller that missed the end): still one object each.
     second.apply(Source::Results, keep(Source::Results, &[sealed("mid", 2)])).await;
     assert_eq!(store.list("tables/", 10).await.unwrap().len(), 2);
+}
+
+/// The chunk records of a job whose messages travel on results partition `p`, as the initiator writes them.
+async fn put_records_on(store: &MemoryStore, job: &str, chunks: &[u64], p: u16) {
+    for (c, &n) in chunks.iter().enumerate() {
+        let record = ChunkRecord { transactions: n, raw_bytes: 100 * n, partition: Some(p) };
+        let key = fleet_domain::layout::chunk_key(job, c as u32);
+        store.put_if(&key, Bytes::from_static(b"chunk"), "application/zstd", &record.to_meta(), &Cond::Any).await.unwrap();
+    }
+}
+
+/// Issue 58, finding 1: a copy of job J's result read from another partition (a stray) while J is in
+/// no reader's memory made that partition's reader take J's lease and keep it; J's own reader handed
+/// J's real results back for ever. Now the stray is forwarded to J's partition (where it is a
+/// duplicate) and deleted; no lease is taken, and J finishes exactly on its own reader.
+#[tokio::test(start_paused = true)]
+async fn a_stray_on_another_partition_is_forwarded_never_leased() {
+    let store = MemoryStore::new();
+    let mut m = manifest("st", &[1, 1]);
+    m.partition = 0;
+    put_records_on(&store, "st", &m.chunk_transactions, 0).await;
+    let clock = Clock::driven(1_800_000_000_000);
+    let q0 = MemoryQueue::new("billing-results", Duration::from_secs(30));
+    let q1 = MemoryQueue::new("billing-results-1", Duration::from_secs(30));
+    let [mut a, mut b] = ["a", "b"].map(|owner| {
+        let mut agg = Aggregator::with_clock(store.clone(), owner.into(), LEASE, clock);
+        agg.set_partition_queue("billing-results", 0);
+        agg.set_partition_queue("billing-results-1", 1);
+        agg.set_settle(Duration::ZERO);
+        agg
+    });
+    for agg in [&mut a, &mut b] {
+        agg.forward_strays_to(0, q0.clone());
+        agg.forward_strays_to(1, q1.clone());
+    }
+    a.reading(0);
+    b.reading(1);
+    let r0 = result("st", 0, vec![acct("x", 1, 100, 1)]);
+    // The stray reaches B, which reads partition 1, before the job's manifest exists.
+    q1.send(vec![r0.body.clone()]).await.unwrap();
+    let done1 = Completions::start(q1.clone(), BatchSettings::default());
+    let stray: Vec<Kept> = q1.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done1.keep(d)).collect();
+    let applied = b.apply(Source::Results, stray).await;
+    assert_eq!((applied.delete.len(), applied.release.len()), (1, 0), "the stray is deleted once forwarded");
+    assert_eq!(b.open_jobs(), 0, "B neither loaded nor leased the job");
+    assert!(store.get(&fleet_domain::layout::lease_key("st")).await.unwrap().is_none(), "no lease taken for a stray");
+    assert_eq!(q0.depth().await.unwrap().visible, 1, "forwarded to the job's own partition");
+    // J's own reader applies the forwarded copy, the real results and the seal: exact, at once.
+    store.put(&manifest_key("st"), Bytes::from(serde_json::to_vec(&m).unwrap()), "application/json").await.unwrap();
+    q0.send(vec![r0.body.clone(), result("st", 1, vec![acct("y", 1, 200, 2)]).body, sealed("st", 2).body]).await.unwrap();
+    let done0 = Completions::start(q0.clone(), BatchSettings::default());
+    let batch: Vec<Kept> = q0.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done0.keep(d)).collect();
+    assert_eq!(batch.len(), 4);
+    let applied = a.apply(Source::Results, batch).await;
+    assert!(applied.release.is_empty(), "nothing handed back: nobody else holds the job");
+    let r = report_of(&store, "st").await.expect("finished by its own reader");
+    assert_eq!((r.status, r.transactions.processed), (JobStatus::Complete, 2));
+}
+
+/// Without a queue for the job's partition (the count lowered while it was in flight), a message is
+/// applied where it was read, as before partitions.
+#[tokio::test(start_paused = true)]
+async fn a_message_of_a_partition_with_no_queue_is_applied_where_it_is_read() {
+    let store = MemoryStore::new();
+    put_records_on(&store, "gone", &[1], 5).await;
+    let agg = quick(store.clone());
+    agg.apply(Source::Results, keep(Source::Results, &[result("gone", 0, vec![acct("x", 1, 100, 1)])])).await;
+    assert_eq!(agg.open_jobs(), 1, "applied here");
+}
+
+/// Issue 58, remnant: a job whose results account for fewer transactions than its manifest accepted
+/// (processed + failed != accepted) is never written `complete`.
+#[tokio::test]
+async fn a_report_is_complete_only_when_every_accepted_transaction_is_counted() {
+    let store = MemoryStore::new();
+    let mut m = manifest("cnt", &[1, 1]);
+    put_manifest(&store, &m).await;
+    // The manifest's own figures disagree with its chunks (accepted 3, chunks 1 + 1).
+    m.accepted = 3;
+    store.put(&manifest_key("cnt"), Bytes::from(serde_json::to_vec(&m).unwrap()), "application/json").await.unwrap();
+    let agg = quick(store.clone());
+    let msgs = [result("cnt", 0, vec![acct("a", 1, 100, 1)]), result("cnt", 1, vec![acct("b", 1, 100, 1)]), sealed("cnt", 2)];
+    agg.apply(Source::Results, keep(Source::Results, &msgs)).await;
+    let r = report_of(&store, "cnt").await.expect("finished");
+    assert_eq!(r.status, JobStatus::Partial, "{:?}", r.note);
+    assert!(r.note.as_deref().is_some_and(|n| n.contains("manifest accepted 3")), "{:?}", r.note);
+}
+
+/// Issue 58, remnants: a chunk blob without a record (the release before records) is held to the
+/// manifest once the manifest exists, not to the message's own count; and a result that could decode
+/// to more than the whole decode budget is refused, not decoded alone past it.
+#[tokio::test]
+async fn an_unrecorded_chunk_is_judged_by_the_manifest_and_an_oversized_share_refused() {
+    let store = MemoryStore::new();
+    put_chunks(&store, "old", 2).await;
+    let m = manifest("old", &[3, 2]);
+    store.put(&manifest_key("old"), Bytes::from(serde_json::to_vec(&m).unwrap()), "application/json").await.unwrap();
+    let mut agg = quick(store.clone());
+    agg.set_decode_budget(4 << 20);
+    // 11 transactions declared for a chunk of 3: refused against the manifest.
+    let eleven = result("old", 0, (0..11).map(|i| acct(&format!("a{i}"), 1, 100, 1)).collect());
+    let applied = agg.apply(Source::Results, keep(Source::Results, &[eleven])).await;
+    assert_eq!(applied.delete.len(), 1, "quarantined");
+    let why = quarantined_of(&store, "old").await;
+    assert!(why.iter().any(|w| w.contains("declares 11 transactions; the chunk has 3")), "{why:?}");
+    // Without a manifest, the declared count is all there is: a result declaring a million rows
+    // could decode far past a 4 MiB budget, and is refused.
+    put_chunks(&store, "old2", 1).await;
+    let huge = ResultMessage::Chunk(ChunkResult {
+        v: 1,
+        job_id: "old2".into(),
+        chunk: 0,
+        transactions: 1_000_000,
+        outcome: ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts: vec![acct("z", 1_000_000, 100, 1)] } },
+        requests: RequestCounts::default(),
+    });
+    let applied = agg.apply(Source::Results, keep(Source::Results, &[msg(serde_json::to_string(&huge).unwrap())])).await;
+    assert_eq!(applied.delete.len(), 1, "quarantined");
+    let why = quarantined_of(&store, "old2").await;
+    assert!(why.iter().any(|w| w.contains("more than the decode budget")), "{why:?}");
+    assert_eq!(agg.open_jobs(), 0, "nothing applied");
 }

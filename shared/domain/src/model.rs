@@ -34,16 +34,29 @@ pub struct ChunkRecord {
     pub transactions: u64,
     /// The chunk's CSV size, decompressed.
     pub raw_bytes: u64,
+    /// The results partition the job's messages travel on (`None`: a chunk written by an initiator
+    /// before partitions were recorded): a message about the job read from any other partition is a
+    /// stray, never a reason to load or lease the job there.
+    pub partition: Option<u16>,
 }
 
 impl ChunkRecord {
     pub fn to_meta(self) -> std::collections::BTreeMap<String, String> {
-        [("transactions", self.transactions.to_string()), ("raw-bytes", self.raw_bytes.to_string())].into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+        let mut m: std::collections::BTreeMap<String, String> =
+            [("transactions", self.transactions.to_string()), ("raw-bytes", self.raw_bytes.to_string())].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        if let Some(p) = self.partition {
+            m.insert("partition".into(), p.to_string());
+        }
+        m
     }
 
     /// `None` when the metadata does not hold a record (a chunk written by an initiator before records).
     pub fn from_meta(m: &std::collections::BTreeMap<String, String>) -> Option<ChunkRecord> {
-        Some(ChunkRecord { transactions: m.get("transactions")?.parse().ok()?, raw_bytes: m.get("raw-bytes")?.parse().ok()? })
+        Some(ChunkRecord {
+            transactions: m.get("transactions")?.parse().ok()?,
+            raw_bytes: m.get("raw-bytes")?.parse().ok()?,
+            partition: m.get("partition").and_then(|p| p.parse().ok()),
+        })
     }
 }
 
