@@ -10,7 +10,7 @@ use fleet_io::config::{FleetArgs, LogArgs};
 #[derive(Parser)]
 #[command(
     version,
-    after_help = "Exit codes: 0 complete (or done); 1 usage or input error; 2 job partial, abandoned or quarantined; 3 infrastructure (unreachable, credentials, missing queue or bucket); 4 --wait timed out (the job goes on); 130 interrupted (Ctrl-C: a submission is abandoned, a wait leaves the job going on)."
+    after_help = "Exit codes: 0 complete (or done); 1 usage or input error; 2 job partial, abandoned or quarantined; 3 infrastructure (unreachable, credentials, missing queue or bucket); 4 --wait timed out (the job goes on); 130 interrupted (Ctrl-C: a submission is abandoned unless its seal was sent, a wait leaves the job going on)."
 )]
 pub struct Cli {
     #[command(subcommand)]

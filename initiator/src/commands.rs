@@ -15,6 +15,7 @@ use fleet_io::config::{Aws, FleetArgs};
 use fleet_io::provision::QueueSettings;
 
 use crate::cli::{Cli, Command, DlqCommand, RedriveFrom, RedriveMethod, SubmitArgs, WarehouseCommand};
+use crate::interrupt::{OnInterrupt, Submission};
 use crate::submit::{Clients, SubmitOptions};
 use crate::Exit;
 use crate::{follow, job_exit_code, CliError};
@@ -364,10 +365,13 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     // The results queue, or its partitions as one queue (each job's seal goes to its own).
     let (results, _) = aws.results_queues(fleet, quick()).await?;
     let clients = Clients { work, results, store: store.clone(), triggers: fleet.trigger_bus() };
-    // The job's id is chosen here, so that a Ctrl-C can abandon it.
+    // The job's id is chosen here, so that a Ctrl-C can abandon it; and the submission's phase is
+    // shared, so that a Ctrl-C once the seal's send has begun leaves the job to finish instead.
     let job_id = fleet_domain::layout::new_job_id();
+    let submission = Submission::default();
     let opts = SubmitOptions {
         job_id: Some(job_id.clone()),
+        submission: submission.clone(),
         chunk_size,
         chunk_bytes: args.chunk_bytes,
         strict: args.strict,
@@ -381,8 +385,14 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
         ..SubmitOptions::new(args.files)
     };
     let Some(s) = until_interrupted(crate::submit::submit_inputs(opts, inputs, &clients)).await? else {
-        // Whatever was enqueued is billed and reported as `abandoned`: the job does not wait, unsealed,
-        // for --abandon-after.
+        // Once the seal's send has begun the job is whole and finishes on its own: no `Abandon`, a line
+        // that says so and how to follow it, exit 130 all the same.
+        if let OnInterrupt::GoesOn { line } = submission.on_interrupt(&job_id) {
+            eprintln!("{line}");
+            return Ok(Exit::Interrupted.into());
+        }
+        // Before it, whatever was enqueued is billed and reported as `abandoned`: the job does not
+        // wait, unsealed, for --abandon-after.
         let reason = "submission interrupted (Ctrl-C)";
         match crate::ops::abandon(&clients.results, clients.triggers.as_deref(), &job_id, reason, None).await {
             Ok(()) => {

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod commands;
 pub mod follow;
 pub mod grouping;
+pub mod interrupt;
 pub mod jobs;
 pub mod local;
 pub mod ops;
@@ -31,8 +32,9 @@ pub enum Exit {
     Infra = 3,
     /// `--wait` gave up before the job finished (it goes on; follow it with `initiator wait`).
     WaitTimedOut = 4,
-    /// Interrupted (Ctrl-C): a submission's job was abandoned, a waited-for job goes on (128 + SIGINT,
-    /// as a shell reports it).
+    /// Interrupted (Ctrl-C): a submission's job was abandoned if its seal's send had not begun, and
+    /// goes on otherwise (see [`interrupt`]); a waited-for job goes on (128 + SIGINT, as a shell
+    /// reports it).
     Interrupted = 130,
 }
 

@@ -30,6 +30,7 @@ use futures::{Future, Stream, StreamExt, TryStreamExt};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::grouping::Grouping;
+use crate::interrupt::{Phase, Submission};
 use crate::CliError;
 
 /// Submission options.
@@ -58,6 +59,10 @@ pub struct SubmitOptions {
     /// The job's id, when the caller chose it (the fleet simulation, whose seed fixes every id);
     /// otherwise a new UUIDv7, as the CLI always takes.
     pub job_id: Option<String>,
+    /// How far the submission has gone, shared with the caller (a clone): the CLI reads it when a
+    /// Ctrl-C drops the submission, to abandon a job whose seal's send had not begun and to leave one
+    /// whose seal's send had begun to finish on its own (see [`crate::interrupt`]).
+    pub submission: Submission,
 }
 
 /// Standard input as an input file (`-`): the name its rows are reported under, and its size when
@@ -89,6 +94,7 @@ impl SubmitOptions {
             grouping: Grouping::None,
             stdin: Stdin::default(),
             job_id: None,
+            submission: Submission::default(),
         }
     }
 }
@@ -502,7 +508,12 @@ async fn submit_enqueued(
     let seal =
         serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: job_id.clone(), total_chunks }).map_err(|e| CliError::Input(e.to_string()))?;
     let results = fleet_io::queue::partition(&clients.results, enqueue.partition)?;
+    // The job is whole from the moment its seal's send begins, not when it is answered: a send cut off
+    // by a Ctrl-C may still have reached the queue, and an `Abandon` after it would end a job that
+    // finishes on its own. So the phase moves before the call starts.
+    opts.submission.enter(Phase::Sealing);
     results.send(vec![seal]).await?;
+    opts.submission.enter(Phase::Sealed);
     enqueue.finish().await;
     // The seal may be the last message the controller gets for this job (or the only one, for a job
     // with no chunks): wake it if it is parked.
