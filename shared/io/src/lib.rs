@@ -3,6 +3,7 @@
 //! (`queue::{sqs,memory}`, `blob::{s3,memory}`, `trigger::{rabbitmq,memory}`); the call policy that
 //! bounds every call, provisioning, the quarantine, configuration, shutdown and telemetry.
 
+pub mod auth;
 pub mod blob;
 pub mod breaker;
 pub mod call;

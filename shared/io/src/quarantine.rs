@@ -39,6 +39,9 @@ pub struct Quarantined {
     pub deadline_ms: Option<u64>,
     #[serde(default)]
     pub group: Option<String>,
+    /// Its sender's role signature (`auth`), so that a redrive keeps its sender's word.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<String>,
     pub quarantined_at: String,
 }
 
@@ -53,6 +56,7 @@ impl Quarantined {
             priority: m.attrs.priority,
             deadline_ms: m.attrs.deadline_ms,
             group: m.attrs.group.clone(),
+            auth: m.attrs.auth.clone(),
             quarantined_at: time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
         }
     }
@@ -65,7 +69,7 @@ impl Quarantined {
     pub fn outgoing(&self) -> Outgoing {
         Outgoing {
             body: self.body.clone(),
-            attrs: Attrs { priority: self.priority, deadline_ms: self.deadline_ms, group: self.group.clone(), reason: None, trace: None },
+            attrs: Attrs { priority: self.priority, deadline_ms: self.deadline_ms, group: self.group.clone(), reason: None, trace: None, auth: self.auth.clone() },
             // Sent back later than a first send's window may be, or not: never dropped as its duplicate.
             dedup: Some(Outgoing::redrive_dedup(&self.body, &self.message_id)),
         }
@@ -125,7 +129,7 @@ mod tests {
             body: "{not json".into(),
             receive_count: 3,
             sent_ms: Some(1),
-            attrs: Attrs { priority: 2, deadline_ms: Some(9), group: None, reason: Some("x".into()), trace: None },
+            attrs: Attrs { priority: 2, deadline_ms: Some(9), group: None, reason: Some("x".into()), trace: None, auth: Some("v1.processor.k.m".into()) },
         };
         let key = put(store.as_ref(), "billing-results-dlq", &m, "invalid JSON").await.unwrap();
         assert_eq!(key, "quarantine/billing-results-dlq/id_1.json");
@@ -137,6 +141,7 @@ mod tests {
         assert!(redrive(store.as_ref(), &key, queue.as_ref()).await.unwrap());
         let back = queue.receive(10, std::time::Duration::ZERO).await.unwrap();
         assert_eq!((back.len(), back[0].body.as_str(), back[0].attrs.priority), (1, "{not json", 2));
+        assert_eq!(back[0].attrs.auth.as_deref(), Some("v1.processor.k.m"), "a redrive keeps its sender's signature");
         assert!(list(store.as_ref(), 10).await.unwrap().is_empty());
         assert!(!redrive(store.as_ref(), &key, queue.as_ref()).await.unwrap(), "already redriven");
     }

@@ -34,6 +34,9 @@ pub struct Attrs {
     /// The W3C trace context (`traceparent`) of the span that sent it: the receiver's span joins the
     /// job's trace (see `telemetry`).
     pub trace: Option<String>,
+    /// Its sender's role signature (see `auth`): kept wherever the message travels (a dead-letter
+    /// queue, the quarantine and its redrive, a stray forwarded to its partition).
+    pub auth: Option<String>,
 }
 
 /// A message to send.

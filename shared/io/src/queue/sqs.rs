@@ -268,6 +268,9 @@ fn attribute_values(attrs: &Attrs) -> Vec<(&'static str, MessageAttributeValue)>
     if let Some(t) = &attrs.trace {
         out.extend(text(t).map(|v| ("traceparent", v)));
     }
+    if let Some(a) = &attrs.auth {
+        out.extend(text(a).map(|v| (crate::auth::ATTRIBUTE, v)));
+    }
     out
 }
 
@@ -278,8 +281,8 @@ impl Queue for SqsQueue {
     }
 
     async fn send_messages(&self, msgs: &[Outgoing]) -> Result<u64> {
-        // The body and its attributes (priority, deadline, reason, traceparent: under 200 bytes).
-        let sizes: Vec<usize> = msgs.iter().map(|m| m.body.len() + 200).collect();
+        // The body and its attributes (priority, deadline, reason, traceparent, signature: under 320 bytes).
+        let sizes: Vec<usize> = msgs.iter().map(|m| m.body.len() + 320).collect();
         let mut calls = 0;
         for range in plan_batches(&sizes) {
             let mut pending: Vec<(usize, &Outgoing)> = range.map(|i| (i, &msgs[i])).collect();
@@ -348,6 +351,7 @@ impl Queue for SqsQueue {
                             group: m.attributes().and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId)).cloned(),
                             reason: attr("reason").map(str::to_string),
                             trace: attr("traceparent").map(str::to_string),
+                            auth: attr(crate::auth::ATTRIBUTE).map(str::to_string),
                         }
                     },
                 };

@@ -1,0 +1,260 @@
+//! Authority by role: who may send what on the results queue. Every sender holds the key of its role
+//! (a submitter, an operator, a processor, a controller) and signs each message it sends with it, an
+//! HMAC-SHA256 over its role and its body, carried as the message attribute `fleet-auth`; the
+//! controller holds every role's key (its keyring) and counts a message only when its signature
+//! verifies and its role may send that kind of message (`controller::aggregate::item`). SQS keeps
+//! message attributes through a dead-letter redrive, and the quarantine keeps them for a redrive, so a
+//! message keeps its sender's word wherever it travels; a stray forwarded to its partition keeps it too.
+//!
+//! Why a MAC per role and not SQS's `SenderId` or separate queues: LocalStack fills `SenderId` with
+//! one account for every caller, so a test could never tell a processor from a submitter, and IAM on
+//! separate queues is enforced only on AWS; a signature is checked by the same code on both. The keys
+//! are plain files (Kubernetes Secrets, compose's generated `deploy/.keys/`), one per role; a key's id
+//! is its hash's prefix, so a keyring may hold several keys of a role at once: rotation adds the new
+//! key to the controllers' keyring, moves the senders to it, then removes the old one, without downtime
+//! (docs/security.md).
+//!
+//! A key file is one line: the role, a space, and at least 32 bytes of secret in base64
+//! (`processor 3q2+7w...`); lines starting with `#` are comments. Nothing here logs a secret: a key
+//! shows as its role and id.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// The message attribute that carries a signature.
+pub const ATTRIBUTE: &str = "fleet-auth";
+
+/// Least secret length, bytes.
+const MIN_SECRET: usize = 32;
+
+/// Who sent a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// `initiator submit`: work items, the seal, and an abandon of its own submission.
+    Submitter,
+    /// The operator's commands (`initiator abandon`, `dlq redrive`).
+    Operator,
+    /// A processor: chunk results and failure reports.
+    Processor,
+    /// A controller: dead-lettered work items forwarded to their job's partition.
+    Controller,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Submitter, Role::Operator, Role::Processor, Role::Controller];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Submitter => "submitter",
+            Role::Operator => "operator",
+            Role::Processor => "processor",
+            Role::Controller => "controller",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == s).ok_or_else(|| Error::Config(format!("unknown role {s:?}: expected one of submitter, operator, processor, controller")))
+    }
+}
+
+/// One role's key. Its `Debug` shows the role and id, never the secret.
+#[derive(Clone)]
+pub struct Key {
+    role: Role,
+    id: String,
+    secret: Vec<u8>,
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({} {}, ***)", self.role, self.id)
+    }
+}
+
+impl Key {
+    /// A key of `role` with this secret (at least 32 bytes).
+    pub fn new(role: Role, secret: Vec<u8>) -> Result<Key> {
+        if secret.len() < MIN_SECRET {
+            return Err(Error::Config(format!("a {role} key needs at least {MIN_SECRET} bytes of secret, it has {}", secret.len())));
+        }
+        let id = hex(&Sha256::digest(&secret)[..8]);
+        Ok(Key { role, id, secret })
+    }
+
+    /// A new random key of `role` (its file's line: [`Key::to_line`]).
+    pub fn generate(role: Role) -> Key {
+        let secret: Vec<u8> = (0..MIN_SECRET).map(|_| rand::random::<u8>()).collect();
+        Key::new(role, secret).expect("long enough")
+    }
+
+    /// Reads a key file (`ROLE BASE64`; `#` comments), saying which file and line is wrong.
+    pub fn from_file(path: &Path) -> Result<Key> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("{}: cannot read the key: {e}", path.display())))?;
+        Key::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+    }
+
+    /// Parses a key file's text.
+    pub fn parse(text: &str) -> std::result::Result<Key, String> {
+        let (n, line) = text
+            .lines()
+            .enumerate()
+            .map(|(n, l)| (n + 1, l.trim()))
+            .find(|(_, l)| !l.is_empty() && !l.starts_with('#'))
+            .ok_or("no key in it (expected a line `ROLE BASE64-SECRET`)")?;
+        let (role, secret) = line.split_once(char::is_whitespace).ok_or_else(|| format!("line {n}: expected `ROLE BASE64-SECRET`"))?;
+        let role = Role::ALL.into_iter().find(|r| r.as_str() == role).ok_or_else(|| format!("line {n}: unknown role {role:?}: expected one of submitter, operator, processor, controller"))?;
+        let secret = base64::engine::general_purpose::STANDARD.decode(secret.trim()).map_err(|e| format!("line {n}: the secret is not base64: {e}"))?;
+        Key::new(role, secret).map_err(|e| format!("line {n}: {e}"))
+    }
+
+    /// The key file's line.
+    pub fn to_line(&self) -> String {
+        format!("{} {}\n", self.role, base64::engine::general_purpose::STANDARD.encode(&self.secret))
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Its id: the first 8 bytes of its secret's SHA-256, hex.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn mac(&self, body: &str) -> Vec<u8> {
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.secret).expect("HMAC takes any key length");
+        m.update(b"fleet-auth v1\0");
+        m.update(self.role.as_str().as_bytes());
+        m.update(b"\0");
+        m.update(body.as_bytes());
+        m.finalize().into_bytes().to_vec()
+    }
+
+    /// The signature of `body` as this key's role: the value of [`ATTRIBUTE`]
+    /// (`v1.ROLE.KEY-ID.MAC`, the MAC in base64 without padding).
+    pub fn sign(&self, body: &str) -> String {
+        format!("v1.{}.{}.{}", self.role, self.id, base64::engine::general_purpose::STANDARD_NO_PAD.encode(self.mac(body)))
+    }
+}
+
+/// Why a message's signature does not count.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("it is not signed (no {ATTRIBUTE} attribute)")]
+    Unsigned,
+    #[error("its signature cannot be read")]
+    Malformed,
+    #[error("it is signed with a key this controller does not hold ({role} key {id})")]
+    UnknownKey { role: String, id: String },
+    #[error("its signature does not match its body (a {0} key)")]
+    Mismatch(Role),
+}
+
+/// The keys a receiver checks signatures with: every role's, several per role while a key is rotated.
+#[derive(Debug, Clone, Default)]
+pub struct Keyring {
+    keys: BTreeMap<String, Key>,
+}
+
+impl Keyring {
+    pub fn new(keys: impl IntoIterator<Item = Key>) -> Keyring {
+        Keyring { keys: keys.into_iter().map(|k| (k.id.clone(), k)).collect() }
+    }
+
+    /// Every key file (`*.key`) in `dir`.
+    pub fn from_dir(dir: &Path) -> Result<Keyring> {
+        let entries = std::fs::read_dir(dir).map_err(|e| Error::Config(format!("{}: cannot read the keyring: {e}", dir.display())))?;
+        let mut files: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "key")).collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(Error::Config(format!("{}: no key files (*.key) in the keyring", dir.display())));
+        }
+        Ok(Keyring::new(files.iter().map(|p| Key::from_file(p)).collect::<Result<Vec<_>>>()?))
+    }
+
+    /// The roles it holds keys of, with how many keys each.
+    pub fn roles(&self) -> BTreeMap<Role, usize> {
+        let mut out = BTreeMap::new();
+        for k in self.keys.values() {
+            *out.entry(k.role).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// The role whose key signed `body`, from its [`ATTRIBUTE`] value.
+    pub fn verify(&self, body: &str, signature: Option<&str>) -> std::result::Result<Role, Refused> {
+        let sig = signature.ok_or(Refused::Unsigned)?;
+        let mut parts = sig.splitn(4, '.');
+        let (Some("v1"), Some(role), Some(id), Some(mac)) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+            return Err(Refused::Malformed);
+        };
+        let key = self.keys.get(id).filter(|k| k.role.as_str() == role).ok_or_else(|| Refused::UnknownKey { role: role.chars().take(16).collect(), id: id.chars().take(16).collect() })?;
+        let given = base64::engine::general_purpose::STANDARD_NO_PAD.decode(mac).map_err(|_| Refused::Malformed)?;
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&key.secret).expect("HMAC takes any key length");
+        m.update(b"fleet-auth v1\0");
+        m.update(key.role.as_str().as_bytes());
+        m.update(b"\0");
+        m.update(body.as_bytes());
+        // Compared in constant time.
+        m.verify_slice(&given).map_err(|_| Refused::Mismatch(key.role))?;
+        Ok(key.role)
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signature_names_its_role_and_verifies_only_with_its_body_and_key() {
+        let p = Key::generate(Role::Processor);
+        let s = Key::generate(Role::Submitter);
+        let ring = Keyring::new([p.clone(), s.clone()]);
+        let sig = p.sign("{\"kind\":\"chunk\"}");
+        assert_eq!(ring.verify("{\"kind\":\"chunk\"}", Some(&sig)), Ok(Role::Processor));
+        assert_eq!(ring.verify("{\"kind\":\"abandon\"}", Some(&sig)), Err(Refused::Mismatch(Role::Processor)), "another body");
+        // A processor claiming the submitter's role with its own key: no submitter key has its id.
+        let claimed = sig.replacen("processor", "submitter", 1);
+        assert!(matches!(ring.verify("{\"kind\":\"chunk\"}", Some(&claimed)), Err(Refused::UnknownKey { .. })));
+        assert_eq!(ring.verify("x", None), Err(Refused::Unsigned));
+        assert_eq!(ring.verify("x", Some("v2.a.b.c")), Err(Refused::Malformed));
+        let other = Key::generate(Role::Processor);
+        assert!(matches!(ring.verify("x", Some(&other.sign("x"))), Err(Refused::UnknownKey { .. })), "a key the ring does not hold");
+        // Rotation: both keys of a role verify while both are in the ring.
+        let both = Keyring::new([p.clone(), other.clone()]);
+        assert_eq!(both.verify("x", Some(&other.sign("x"))), Ok(Role::Processor));
+        assert_eq!(both.verify("x", Some(&p.sign("x"))), Ok(Role::Processor));
+        assert_eq!(both.roles().get(&Role::Processor), Some(&2));
+    }
+
+    #[test]
+    fn key_files_round_trip_and_bad_ones_say_where() {
+        let k = Key::generate(Role::Operator);
+        let back = Key::parse(&format!("# the operator's key\n{}", k.to_line())).unwrap();
+        assert_eq!((back.role(), back.id()), (Role::Operator, k.id()));
+        assert!(Key::parse("operator c2hvcnQ=").unwrap_err().contains("at least 32 bytes"));
+        assert!(Key::parse("\n\nboss AAAA").unwrap_err().starts_with("line 3: unknown role"));
+        assert!(Key::parse("processor !!!").unwrap_err().contains("not base64"));
+        assert!(!format!("{k:?}").contains(&k.to_line()[10..20]), "Debug shows no secret: {k:?}");
+    }
+}
