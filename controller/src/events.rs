@@ -67,7 +67,7 @@ pub fn register_metrics() {
         for status in [JobStatus::Complete, JobStatus::Partial, JobStatus::Abandoned, JobStatus::Quarantined] {
             drop(JOBS.get_or_create(&vec![("status".to_string(), status_label(status).to_string())]));
         }
-        for why in ["contradicts", "unrecorded"] {
+        for why in ["contradicts", "unrecorded", "role"] {
             drop(REFUSED.get_or_create(&vec![("why".to_string(), why.to_string())]));
         }
         for change in ["gained", "given_up"] {
@@ -82,7 +82,7 @@ pub fn register_metrics() {
             r.register("controller_checkpoint_part_bytes", "Bytes of checkpoint parts written", CHECKPOINT_BYTES.clone());
             r.register(
                 "controller_messages_refused",
-                "Messages that contradict their job's records (why=contradicts) or that it has no record of (why=unrecorded): quarantined, never counted",
+                "Messages that contradict their job's records (why=contradicts), that it has no record of (why=unrecorded), or that no role allowed to send them signed (why=role): quarantined, never counted",
                 REFUSED.clone(),
             );
             r.register(
@@ -195,6 +195,20 @@ impl MessageRefused<'_> {
         let why = if self.recorded { "contradicts" } else { "unrecorded" };
         tracing::error!(job = self.job, message_id = self.message_id, reason = self.reason, why, "message refused: the job's records say otherwise");
         REFUSED.get_or_create(&vec![("why".to_string(), why.to_string())]).inc();
+    }
+}
+
+/// A message was not signed by a role that may send it (see `fleet_io::auth`); it is quarantined.
+pub struct MessageUnauthorized<'a> {
+    pub job: &'a str,
+    pub message_id: &'a str,
+    pub reason: &'a str,
+}
+
+impl MessageUnauthorized<'_> {
+    pub fn emit(&self) {
+        tracing::error!(job = self.job, message_id = self.message_id, reason = self.reason, why = "role", "message refused: not sent by a role that may send it");
+        REFUSED.get_or_create(&vec![("why".to_string(), "role".to_string())]).inc();
     }
 }
 

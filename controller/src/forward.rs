@@ -16,6 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fleet_domain::model::{ResultMessage, WorkItem, WIRE_VERSION};
 use fleet_engine::{Completions, Handler, Outcome};
+use fleet_io::auth::Role;
 use fleet_io::queue::{Attrs, Delivery, Outgoing, Queue};
 use fleet_io::telemetry::Operation;
 use fleet_io::trigger::Notifier;
@@ -55,13 +56,18 @@ impl Handler for Forwarder {
         let mut here = Vec::new();
         let mut by_partition: BTreeMap<u16, Vec<(Delivery, Outgoing)>> = BTreeMap::new();
         for d in msgs {
+            // With a keyring, only a work item its submitter signed is forwarded under this
+            // controller's signature; anything else is judged (and quarantined) here.
+            let ring = self.agg.keyring();
+            let signed = ring.is_none_or(|r| r.verify(&d.body, d.attrs.auth.as_deref()) == Ok(Role::Submitter));
             match serde_json::from_str::<WorkItem>(&d.body) {
-                Ok(item) if usize::from(item.partition) < self.partitions.len() && !crate::undo::is(crate::undo::Fix::ForwardDeadLetters) => {
+                Ok(item) if signed && usize::from(item.partition) < self.partitions.len() && !crate::undo::is(crate::undo::Fix::ForwardDeadLetters) => {
                     let p = item.partition;
                     let msg = ResultMessage::DeadLettered { v: WIRE_VERSION, item, receives: d.receive_count, reason: d.attrs.reason.clone() };
                     match serde_json::to_string(&msg) {
                         Ok(body) => {
-                            let attrs = Attrs { trace: d.attrs.trace.clone(), ..Attrs::default() };
+                            let auth = ring.and_then(|r| r.signing_key(Role::Controller)).map(|k| k.sign(&body));
+                            let attrs = Attrs { trace: d.attrs.trace.clone(), auth, ..Attrs::default() };
                             by_partition.entry(p).or_default().push((d, Outgoing { body, attrs, dedup: None }));
                         }
                         Err(_) => here.push(d),

@@ -84,6 +84,15 @@ pub struct Settings {
     /// its report is written (0: at once); the report, accounts, manifest and checkpoint stay.
     #[arg(long, env = "CONTROLLER_BLOB_RETENTION_SECS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=365 * 86_400))]
     pub blob_retention_secs: u64,
+    /// The keyring (a directory of `*.key` files, one key each: `ROLE BASE64`): every role's key,
+    /// several of a role while one is rotated. With it, a message counts only when it is signed by a
+    /// role that may send it (results by processors, seals by submitters, abandons by submitters or
+    /// operators, forwarded dead letters by controllers, dead-lettered work items by submitters);
+    /// anything else is quarantined. This controller signs what it forwards with the keyring's
+    /// controller key. Without it, messages are not checked by role (a warning says so at start).
+    /// See docs/security.md.
+    #[arg(long = "role-keys", env = "FLEET_ROLE_KEYS", value_name = "DIR", value_parser = role_keys)]
+    pub role_keys: Option<fleet_io::auth::Keyring>,
     /// Serve the status page (GET / and /status.json; with the page token, GET /jobs/{id} and
     /// /jobs/{id}/report) on this address (e.g. 127.0.0.1:9300), apart from the metrics and health on
     /// `--http-addr`, so that a monitoring system let in to scrape metrics reaches no billing data.
@@ -162,8 +171,14 @@ impl Default for Settings {
             decode_budget_mib: aggregate::budget::DEFAULT_BUDGET_MIB,
             prices: Prices::default(),
             unchecked_timings: false,
+            role_keys: None,
         }
     }
+}
+
+/// Reads the keyring directory given by `--role-keys` (an error names the file and line).
+fn role_keys(dir: &str) -> Result<fleet_io::auth::Keyring, String> {
+    fleet_io::auth::Keyring::from_dir(std::path::Path::new(dir)).map_err(|e| e.to_string())
 }
 
 /// The services a controller talks to.
@@ -603,6 +618,19 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
     aggregator.set_settle(Duration::from_secs(settings.settle_secs));
     aggregator.set_prices(settings.prices);
     aggregator.set_decode_budget(settings.decode_budget_mib << 20);
+    match &settings.role_keys {
+        Some(ring) => {
+            let roles: Vec<String> = ring.roles().iter().map(|(r, n)| format!("{r}: {n}")).collect();
+            if ring.signing_key(fleet_io::auth::Role::Controller).is_none() {
+                tracing::warn!("the keyring holds no controller key: dead letters this controller forwards will not count");
+            }
+            tracing::info!(keys = %roles.join(", "), "messages count only when signed by a role that may send them");
+            aggregator.check_roles(ring.clone());
+        }
+        None => tracing::warn!(
+            "no keyring (--role-keys / FLEET_ROLE_KEYS): messages are not checked by role, so anyone who may send to the results queue can end or bill a job (docs/security.md)"
+        ),
+    }
     aggregator.set_queue(Source::Results, parts[0].0.name());
     aggregator.set_queue(Source::ResultsDeadLetter, parts[0].1.name());
     aggregator.set_queue(Source::WorkDeadLetter, deps.work_dlq.name());

@@ -71,10 +71,12 @@ pub enum Fix {
     /// A job is finished `complete` only when processed + failed transactions equal the accepted
     /// (issue 58).
     CompleteOnlyWhenCounted,
+    /// A message counts only when signed by a role that may send it (issue 58).
+    RolesChecked,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 28] = [
+    pub const ALL: [Fix; 29] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -103,6 +105,7 @@ impl Fix {
         Fix::StraysForwarded,
         Fix::RefuseOverBudget,
         Fix::CompleteOnlyWhenCounted,
+        Fix::RolesChecked,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -136,6 +139,7 @@ impl Fix {
             Fix::StraysForwarded => "strays-forwarded",
             Fix::RefuseOverBudget => "refuse-over-budget",
             Fix::CompleteOnlyWhenCounted => "complete-only-when-counted",
+            Fix::RolesChecked => "roles-checked",
         }
     }
 
@@ -170,6 +174,7 @@ impl Fix {
             Fix::StraysForwarded => "a message on another partition than its job's forwarded there, never leased",
             Fix::RefuseOverBudget => "a result that could decode past the whole budget refused",
             Fix::CompleteOnlyWhenCounted => "complete only when processed + failed = accepted",
+            Fix::RolesChecked => "a message counts only when signed by a role that may send it",
         }
     }
 }

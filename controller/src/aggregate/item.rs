@@ -7,6 +7,7 @@ use fleet_domain::billing::{AccountTotals, RowBatch};
 use fleet_domain::codec::{accounts_from_csv_rows, base64_decode, decompress_capped, sha256_hex};
 use fleet_domain::layout::{check_job_id, result_key};
 use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, ResultMessage, WorkItem};
+use fleet_io::auth::{Keyring, Role};
 use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 use fleet_io::queue::Message;
@@ -39,6 +40,38 @@ impl Item {
             Item::Dead { item, .. } | Item::Result(ResultMessage::DeadLettered { item, .. }) => Some(item.chunk),
             Item::Result(_) => None,
         }
+    }
+}
+
+/// The roles that may send `item` read from `source` (see `fleet_io::auth`): a result or failure
+/// report a processor's; a seal a submitter's; an abandon a submitter's or an operator's; a dead letter
+/// forwarded to its partition a controller's; a work item in the work dead-letter queue its
+/// submitter's (SQS and the listeners keep its signature as they move it).
+pub(super) fn may_send(source: Source, item: &Item) -> &'static [Role] {
+    match (source, item) {
+        (Source::WorkDeadLetter, _) => &[Role::Submitter],
+        (_, Item::Dead { .. }) | (_, Item::Result(ResultMessage::DeadLettered { .. })) => &[Role::Controller],
+        (_, Item::Result(ResultMessage::Chunk(_))) => &[Role::Processor],
+        (_, Item::Result(ResultMessage::Sealed { .. })) => &[Role::Submitter],
+        (_, Item::Result(ResultMessage::Abandon { .. })) => &[Role::Submitter, Role::Operator],
+    }
+}
+
+/// Whether `m` (parsed as `item`) counts: signed by a key of `keyring` whose role may send it. The
+/// reason when not (never the signature itself).
+pub(super) fn authorize(keyring: &Keyring, source: Source, m: &Message, item: &Item) -> std::result::Result<Role, String> {
+    let allowed = may_send(source, item);
+    let kind = match item {
+        Item::Result(ResultMessage::Chunk(_)) => "a result",
+        Item::Result(ResultMessage::Sealed { .. }) => "a seal",
+        Item::Result(ResultMessage::Abandon { .. }) => "an abandon",
+        Item::Dead { .. } | Item::Result(ResultMessage::DeadLettered { .. }) => "a dead letter",
+    };
+    let names = || allowed.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(" or ");
+    match keyring.verify(&m.body, m.attrs.auth.as_deref()) {
+        Ok(role) if allowed.contains(&role) => Ok(role),
+        Ok(role) => Err(format!("{kind} of job {} signed by a {role}, which may not send one (only a {})", item.job_id(), names())),
+        Err(e) => Err(format!("{kind} of job {} does not count: {e}; only a {} may send one", item.job_id(), names())),
     }
 }
 

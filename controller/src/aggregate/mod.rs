@@ -244,6 +244,9 @@ pub struct Aggregator {
     /// Each results partition's queue, where a stray (a message read from a partition other than its
     /// job's) is forwarded (see `forward_strays`).
     strays_to: BTreeMap<u16, Arc<dyn fleet_io::queue::Queue>>,
+    /// Every role's key: with it, a message counts only when signed by a role that may send it
+    /// (`item::authorize`); without it, roles are not checked.
+    keyring: Option<fleet_io::auth::Keyring>,
     leases: Leases,
     memory: Mutex<InMemory>,
     known: Mutex<Known>,
@@ -331,6 +334,7 @@ impl Aggregator {
             queues,
             partition_queues: HashMap::new(),
             strays_to: BTreeMap::new(),
+            keyring: None,
             leases,
             memory: Mutex::default(),
             known: Mutex::default(),
@@ -395,6 +399,17 @@ impl Aggregator {
     /// flight) is applied where it was read, as before partitions.
     pub fn forward_strays_to(&mut self, p: u16, queue: Arc<dyn fleet_io::queue::Queue>) {
         self.strays_to.insert(p, queue);
+    }
+
+    /// Counts a message only when it is signed by a role that may send it (see `fleet_io::auth`);
+    /// anything else is quarantined with the reason.
+    pub fn check_roles(&mut self, keyring: fleet_io::auth::Keyring) {
+        self.keyring = Some(keyring);
+    }
+
+    /// The keyring roles are checked with (none: they are not).
+    pub fn keyring(&self) -> Option<&fleet_io::auth::Keyring> {
+        self.keyring.as_ref()
     }
 
     /// Lets go of the jobs of results partition `p` (another controller reads it from now on): their
@@ -468,9 +483,22 @@ impl Aggregator {
         let mut applied = Applied::default();
         let mut groups: BTreeMap<String, Vec<(Kept, Item)>> = BTreeMap::new();
         for m in msgs {
-            match parse(source, &m) {
+            let parsed = parse(source, &m).map_err(|e| e.to_string());
+            // Authority by role: only a role that may send it (checked before anything of the job is
+            // looked up, loaded or leased).
+            let authorized = match (&self.keyring, parsed) {
+                (Some(ring), Ok(item)) if !crate::undo::is(crate::undo::Fix::RolesChecked) => match item::authorize(ring, source, &m, &item) {
+                    Ok(_) => Ok(item),
+                    Err(why) => {
+                        crate::events::MessageUnauthorized { job: item.job_id(), message_id: &m.id, reason: &why }.emit();
+                        Err(why)
+                    }
+                },
+                (_, parsed) => parsed,
+            };
+            match authorized {
                 Ok(item) => groups.entry(item.job_id().to_string()).or_default().push((m, item)),
-                Err(e) => applied.delete.extend(self.quarantine_message(source, m, &e.to_string()).await),
+                Err(why) => applied.delete.extend(self.quarantine_message(source, m, &why).await),
             }
         }
         if !self.partition_queues.is_empty() {

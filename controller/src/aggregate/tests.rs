@@ -1841,3 +1841,50 @@ async fn an_unrecorded_chunk_is_judged_by_the_manifest_and_an_oversized_share_re
     assert!(why.iter().any(|w| w.contains("more than the decode budget")), "{why:?}");
     assert_eq!(agg.open_jobs(), 0, "nothing applied");
 }
+
+/// `m` signed with `key` (as its role's sender signs it).
+fn signed(mut m: Message, key: &fleet_io::auth::Key) -> Message {
+    m.attrs.auth = Some(key.sign(&m.body));
+    m
+}
+
+/// Issue 58, findings 2 and 4 (authority by role): with a keyring, a message counts only when a role
+/// that may send it signed it. A processor's forged abandon (any results-queue sender knew the job's
+/// id) and an unsigned or submitter-signed result are quarantined; the job finishes exact from its
+/// processors' results and its submitter's seal; an operator's abandon still ends a job.
+#[tokio::test]
+async fn only_a_role_that_may_send_a_message_makes_it_count() {
+    use fleet_io::auth::{Key, Keyring, Role};
+    let (processor, submitter, operator) = (Key::generate(Role::Processor), Key::generate(Role::Submitter), Key::generate(Role::Operator));
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("rl", &[1, 1])).await;
+    let mut agg = quick(store.clone());
+    agg.check_roles(Keyring::new([processor.clone(), submitter.clone(), operator.clone()]));
+    let forged = [
+        signed(abandon("rl"), &processor),
+        result("rl", 0, vec![acct("mallory", 1, 99_999_999_999, 0)]),
+        signed(result("rl", 1, vec![acct("mallory", 1, 99_999_999_999, 0)]), &submitter),
+        signed(sealed("rl", 2), &processor),
+    ];
+    let applied = agg.apply(Source::Results, keep(Source::Results, &forged)).await;
+    assert_eq!(applied.delete.len(), 4, "all four quarantined, then deleted");
+    assert_eq!(agg.open_jobs(), 0, "nothing of the job loaded or leased");
+    let why = quarantined_of(&store, "rl").await;
+    assert_eq!(why.len(), 4, "{why:?}");
+    assert!(why.iter().any(|w| w.contains("an abandon of job rl signed by a processor, which may not send one")), "{why:?}");
+    assert!(why.iter().any(|w| w.contains("is not signed")), "{why:?}");
+    let real = [
+        signed(result("rl", 0, vec![acct("a", 1, 100, 1)]), &processor),
+        signed(result("rl", 1, vec![acct("b", 1, 200, 2)]), &processor),
+        signed(sealed("rl", 2), &submitter),
+    ];
+    agg.apply(Source::Results, keep(Source::Results, &real)).await;
+    let r = report_of(&store, "rl").await.expect("finished");
+    assert_eq!((r.status, r.transactions.processed, r.accounts.len()), (JobStatus::Complete, 2, 2));
+    assert!(r.accounts.iter().all(|a| a.account_id != "mallory"));
+    // An operator's abandon counts.
+    put_manifest(&store, &manifest("op", &[1, 1])).await;
+    agg.apply(Source::Results, keep(Source::Results, &[signed(result("op", 0, vec![acct("a", 1, 100, 1)]), &processor)])).await;
+    agg.apply(Source::Results, keep(Source::Results, &[signed(abandon("op"), &operator)])).await;
+    assert_eq!(report_of(&store, "op").await.expect("abandoned").status, JobStatus::Abandoned);
+}

@@ -170,11 +170,24 @@ pub enum Refused {
 #[derive(Debug, Clone, Default)]
 pub struct Keyring {
     keys: BTreeMap<String, Key>,
+    /// Each role's last key given (its file's name sorts last): the one its holder signs with.
+    last: BTreeMap<Role, Key>,
 }
 
 impl Keyring {
     pub fn new(keys: impl IntoIterator<Item = Key>) -> Keyring {
-        Keyring { keys: keys.into_iter().map(|k| (k.id.clone(), k)).collect() }
+        let mut ring = Keyring::default();
+        for k in keys {
+            ring.last.insert(k.role, k.clone());
+            ring.keys.insert(k.id.clone(), k);
+        }
+        ring
+    }
+
+    /// The key a holder of the keyring signs with as `role`: the last one given (from a directory,
+    /// the file whose name sorts last, so a rotation names the new file after the old).
+    pub fn signing_key(&self, role: Role) -> Option<&Key> {
+        self.last.get(&role)
     }
 
     /// Every key file (`*.key`) in `dir`.
