@@ -137,7 +137,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 Some(body) => serde_json::from_slice::<fleet_domain::model::Manifest>(&body).ok().map(|m| m.partition),
                 None => None,
             };
-            crate::ops::abandon(&results, bus.as_deref(), &job, &reason, partition).await?;
+            // Signed with this process's key: an operator's (a submitter's counts too).
+            crate::ops::abandon(&results, bus.as_deref(), &job, &reason, partition, fleet.signing_key.as_ref()).await?;
             if no_wait {
                 eprintln!("job {job}: abandon requested");
                 if json {
@@ -364,7 +365,7 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
     store.check().await?;
     // The results queue, or its partitions as one queue (each job's seal goes to its own).
     let (results, _) = aws.results_queues(fleet, quick()).await?;
-    let clients = Clients { work, results, store: store.clone(), triggers: fleet.trigger_bus() };
+    let clients = Clients { work, results, store: store.clone(), triggers: fleet.trigger_bus(), signing_key: fleet.signing_key.clone() };
     // The job's id is chosen here, so that a Ctrl-C can abandon it; and the submission's phase is
     // shared, so that a Ctrl-C once the seal's send has begun leaves the job to finish instead.
     let job_id = fleet_domain::layout::new_job_id();
@@ -394,7 +395,7 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
         // Before it, whatever was enqueued is billed and reported as `abandoned`: the job does not
         // wait, unsealed, for --abandon-after.
         let reason = "submission interrupted (Ctrl-C)";
-        match crate::ops::abandon(&clients.results, clients.triggers.as_deref(), &job_id, reason, None).await {
+        match crate::ops::abandon(&clients.results, clients.triggers.as_deref(), &job_id, reason, None, clients.signing_key.as_ref()).await {
             Ok(()) => {
                 eprintln!("interrupted: job {job_id} abandoned; the controller finishes it as `abandoned` with what was billed (`initiator wait {job_id}`)")
             }

@@ -224,7 +224,7 @@ mod tests {
             }
         };
         let store = MemoryStore::new();
-        let clients = Clients { work: queue("work"), results: queue("results"), store: store.clone(), triggers: None };
+        let clients = Clients { work: queue("work"), results: queue("results"), store: store.clone(), triggers: None, signing_key: None };
         let submission = Submission::default();
         let opts = SubmitOptions { job_id: Some(JOB.into()), chunk_size: 10, submission: submission.clone(), ..SubmitOptions::new(vec![path.clone()]) };
         let files = open_inputs(&[path], &Stdin::default()).unwrap();
@@ -262,7 +262,13 @@ mod tests {
         let path = dir.path().join("day.csv");
         std::fs::write(&path, "txn_id,account_id,amount,currency,timestamp\nt1,A1,1.25,EUR,2026-01-01T00:00:00Z\n").unwrap();
         let results = MemoryQueue::new("results", Duration::from_secs(30));
-        let clients = Clients { work: MemoryQueue::new("work", Duration::from_secs(30)), results: results.clone(), store: MemoryStore::new(), triggers: None };
+        let clients = Clients {
+            work: MemoryQueue::new("work", Duration::from_secs(30)),
+            results: results.clone(),
+            store: MemoryStore::new(),
+            triggers: None,
+            signing_key: None,
+        };
         let submission = Submission::default();
         let opts = SubmitOptions { job_id: Some(JOB.into()), submission: submission.clone(), ..SubmitOptions::new(vec![path.clone()]) };
         submit_inputs(opts, open_inputs(&[path], &Stdin::default()).unwrap(), &clients).await.unwrap();

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use fleet_domain::layout::check_job_id;
 use fleet_domain::model::{ResultMessage, WIRE_VERSION};
+use fleet_io::auth::Key;
 use fleet_io::blob::BlobStore;
 use fleet_io::quarantine::{self, Quarantined};
 use fleet_io::queue::{Delivery, Message, Outgoing, Queue, SqsQueue};
@@ -18,19 +19,24 @@ use crate::CliError;
 /// Sends the job's `Abandon` message: the controller finishes it as `abandoned` when it reads it.
 /// The abandon goes to the job's results partition: `partition` (its manifest's, when it has one),
 /// else the one its id hashes to with the fleet's partition count (as `submit` chose it).
+/// It is signed with `key` (`--signing-key`: an operator's for `initiator abandon`, the submitter's for
+/// a submission that gives up on itself); a controller with a keyring counts an abandon only from a
+/// submitter or an operator. `None`: sent unsigned.
 pub async fn abandon(
     results: &std::sync::Arc<dyn Queue>,
     triggers: Option<&dyn TriggerBus>,
     job_id: &str,
     reason: &str,
     partition: Option<u16>,
+    key: Option<&Key>,
 ) -> Result<(), CliError> {
     check_job_id(job_id).map_err(|e| CliError::Input(e.to_string()))?;
     let p = partition.unwrap_or_else(|| fleet_domain::layout::partition_of(job_id, fleet_io::queue::partitions(results).len() as u16));
     let results = fleet_io::queue::partition(results, p)?;
     let body = serde_json::to_string(&ResultMessage::Abandon { v: WIRE_VERSION, job_id: job_id.to_string(), reason: reason.to_string() })
         .map_err(fleet_io::Error::from)?;
-    results.send(vec![body]).await?;
+    let out = Outgoing { attrs: fleet_io::queue::Attrs { auth: key.map(|k| k.sign(&body)), ..Default::default() }, body, dedup: None };
+    results.send_messages(std::slice::from_ref(&out)).await?;
     if let Some(bus) = triggers {
         announce(bus, &WorkDetected { queue: results.name().to_string(), messages: 1, source: "initiator".into() }).await;
     }
@@ -218,7 +224,9 @@ pub async fn redrive_queue(from: &dyn Queue, to: &dyn Queue, limit: usize) -> Re
             break;
         }
         // Each with a de-duplication id of its own on a FIFO queue: a message dead-lettered within 5
-        // minutes of its first send would otherwise be dropped as that send's duplicate.
+        // minutes of its first send would otherwise be dropped as that send's duplicate. Its other
+        // attributes go with it as they came, its sender's signature (`auth`) among them: the redrive
+        // signs nothing of its own.
         let out: Vec<Outgoing> = got
             .iter()
             .map(|m| Outgoing {
@@ -250,4 +258,62 @@ pub async fn redrive_quarantine(store: &dyn BlobStore, targets: &[(&str, &dyn Qu
         }
     }
     Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use fleet_io::auth::{Keyring, Refused, Role};
+    use fleet_io::memory::MemoryQueue;
+    use fleet_io::queue::Attrs;
+
+    use super::*;
+
+    const JOB: &str = "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b";
+
+    /// The messages on `q`, taken off it: body and signature each.
+    async fn taken(q: &MemoryQueue) -> Vec<(String, Option<String>)> {
+        let got = q.receive(10, Duration::ZERO).await.unwrap();
+        let out = got.iter().map(|d| (d.body.clone(), d.attrs.auth.clone())).collect();
+        q.delete(got).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn an_abandon_is_signed_with_the_key_it_is_given() {
+        let operator = Key::generate(Role::Operator);
+        let ring = Keyring::new([operator.clone(), Key::generate(Role::Submitter)]);
+        let mem = MemoryQueue::new("results", Duration::from_secs(30));
+        let results: std::sync::Arc<dyn Queue> = mem.clone();
+        abandon(&results, None, JOB, "operator gave up", None, Some(&operator)).await.unwrap();
+        let sent = taken(&mem).await;
+        assert_eq!(sent.len(), 1);
+        let (body, auth) = &sent[0];
+        assert!(matches!(serde_json::from_str(body).unwrap(), ResultMessage::Abandon { .. }), "{body}");
+        assert_eq!(ring.verify(body, auth.as_deref()), Ok(Role::Operator));
+        // Without a key: unsigned, and a keyring does not count it.
+        abandon(&results, None, JOB, "operator gave up", None, None).await.unwrap();
+        let sent = taken(&mem).await;
+        assert_eq!(ring.verify(&sent[0].0, sent[0].1.as_deref()), Err(Refused::Unsigned));
+    }
+
+    #[tokio::test]
+    async fn a_work_item_keeps_its_submitters_signature_through_expiry_and_a_redrive() {
+        let submitter = Key::generate(Role::Submitter);
+        let ring = Keyring::new([submitter.clone()]);
+        let work = MemoryQueue::new("work", Duration::from_secs(30));
+        let dlq = MemoryQueue::new("work-dlq", Duration::from_secs(30));
+        let body = r#"{"v":1,"job_id":"j","chunk":0}"#.to_string();
+        let attrs = Attrs { priority: 3, auth: Some(submitter.sign(&body)), ..Attrs::default() };
+        work.send_messages(&[Outgoing { body: body.clone(), attrs, dedup: None }]).await.unwrap();
+        // Dead-lettered as a listener does with an expired work item.
+        let d = work.receive(1, Duration::ZERO).await.unwrap().pop().unwrap();
+        d.dead_letter(work.as_ref(), dlq.as_ref(), "expired").await.map_err(|(e, _)| e).unwrap();
+        let peeked = peek(dlq.as_ref(), 10).await.unwrap();
+        assert_eq!(ring.verify(&peeked[0].body, peeked[0].attrs.auth.as_deref()), Ok(Role::Submitter), "in the dead-letter queue");
+        // `initiator dlq redrive` (a copy) sends it back with its signature, not a new one nor none.
+        assert_eq!(redrive_queue(dlq.as_ref(), work.as_ref(), 10).await.unwrap(), 1);
+        let back = taken(&work).await;
+        assert_eq!(back, vec![(body.clone(), Some(submitter.sign(&body)))]);
+        assert_eq!(ring.verify(&back[0].0, back[0].1.as_deref()), Ok(Role::Submitter), "redriven");
+    }
 }

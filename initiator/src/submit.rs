@@ -22,8 +22,9 @@ use fleet_domain::input::{Counts, InputFile, Validator};
 use fleet_domain::layout::{chunk_key, manifest_key, new_job_id};
 use fleet_domain::model::{now_rfc3339, BlobRef, ChunkRecord, Manifest, Rejected, ResultMessage, WorkItem, WIRE_VERSION};
 use fleet_domain::requests::RequestCounts;
+use fleet_io::auth::Key;
 use fleet_io::blob::BlobStore;
-use fleet_io::queue::Queue;
+use fleet_io::queue::{Attrs, Outgoing, Queue};
 use fleet_io::trigger::{announce_on, TriggerBus};
 use futures::stream::BoxStream;
 use futures::{Future, Stream, StreamExt, TryStreamExt};
@@ -106,6 +107,17 @@ pub struct Clients {
     pub results: Arc<dyn Queue>,
     pub store: Arc<dyn BlobStore>,
     pub triggers: Option<Arc<dyn TriggerBus>>,
+    /// The submitter's role key (`--signing-key`): its work items, its seal and an abandon of its own
+    /// submission are signed with it, so that a controller with a keyring counts them (a work item
+    /// keeps its signature to the dead-letter queue, where the controller reads it); `None`: unsigned.
+    pub signing_key: Option<Key>,
+}
+
+impl Clients {
+    /// The signature of a message body it sends ([`fleet_io::auth::ATTRIBUTE`]), when it has a key.
+    pub fn sign(&self, body: &str) -> Option<String> {
+        self.signing_key.as_ref().map(|k| k.sign(body))
+    }
 }
 
 /// What a submission did.
@@ -174,7 +186,7 @@ struct Enqueue<'a> {
     clients: &'a Clients,
     job_id: &'a str,
     tariff: &'a Tariff,
-    attrs: fleet_io::queue::Attrs,
+    attrs: Attrs,
     /// Message groups, on a FIFO queue.
     groups: Option<Grouping>,
     bar: ProgressBar,
@@ -188,7 +200,7 @@ struct Enqueue<'a> {
 }
 
 impl<'a> Enqueue<'a> {
-    fn new(clients: &'a Clients, job_id: &'a str, tariff: &'a Tariff, attrs: fleet_io::queue::Attrs, groups: Option<Grouping>, bar: ProgressBar) -> Self {
+    fn new(clients: &'a Clients, job_id: &'a str, tariff: &'a Tariff, attrs: Attrs, groups: Option<Grouping>, bar: ProgressBar) -> Self {
         let partition = fleet_domain::layout::partition_of(job_id, fleet_io::queue::partitions(&clients.results).len() as u16);
         Enqueue {
             clients,
@@ -235,7 +247,10 @@ impl<'a> Enqueue<'a> {
                 })
                 .map(|body| {
                     let group = self.groups.map(|g| g.group_id(self.job_id, c.number, c.partition));
-                    fleet_io::queue::Outgoing { body, attrs: fleet_io::queue::Attrs { group, trace: trace.clone(), ..self.attrs.clone() }, dedup: None }
+                    // Signed as the submitter's: a work item the controller finds dead-lettered counts
+                    // only with its submitter's signature (kept by every re-send and redrive).
+                    let auth = self.clients.sign(&body);
+                    Outgoing { body, attrs: Attrs { group, trace: trace.clone(), auth, ..self.attrs.clone() }, dedup: None }
                 })
             })
             .collect::<Result<Vec<_>, _>>()
@@ -408,7 +423,7 @@ pub async fn submit_inputs(opts: SubmitOptions, files: Vec<InputFile>, clients: 
     // The job's trace starts here (exported when OTEL_EXPORTER_OTLP_ENDPOINT is set): every work item
     // carries its context, so the processors' and the controller's spans join it.
     let span = tracing::info_span!("submit", job_id = %job_id, files = opts.files.len());
-    let attrs = fleet_io::queue::Attrs {
+    let attrs = Attrs {
         priority: opts.priority,
         deadline_ms: opts.deadline.and_then(|d| d.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_millis() as u64),
         trace: fleet_io::telemetry::traceparent(&span),
@@ -423,7 +438,7 @@ pub async fn submit_inputs(opts: SubmitOptions, files: Vec<InputFile>, clients: 
         Err(cause) => {
             // Work items are out: the job must not wait an abandon time for a seal that never comes.
             let reason = format!("the submission failed: {cause}");
-            let fate = match crate::ops::abandon(&clients.results, clients.triggers.as_deref(), &job_id, &reason, None).await {
+            let fate = match crate::ops::abandon(&clients.results, clients.triggers.as_deref(), &job_id, &reason, None, clients.signing_key.as_ref()).await {
                 Ok(()) => format!("so it was abandoned: the controller finishes it as `abandoned` with what was billed (`initiator report {job_id}`)"),
                 Err(e) => format!("and abandoning it failed too ({e}): run `initiator abandon {job_id}`, or the controller abandons it after --abandon-after"),
             };
@@ -512,7 +527,9 @@ async fn submit_enqueued(
     // by a Ctrl-C may still have reached the queue, and an `Abandon` after it would end a job that
     // finishes on its own. So the phase moves before the call starts.
     opts.submission.enter(Phase::Sealing);
-    results.send(vec![seal]).await?;
+    // Signed as the submitter's: the controller counts a seal only from a submitter.
+    let seal = Outgoing { attrs: Attrs { auth: clients.sign(&seal), ..Attrs::default() }, body: seal, dedup: None };
+    results.send_messages(std::slice::from_ref(&seal)).await?;
     opts.submission.enter(Phase::Sealed);
     enqueue.finish().await;
     // The seal may be the last message the controller gets for this job (or the only one, for a job
@@ -560,6 +577,42 @@ mod tests {
         files.push(stream(Some(bytes.len() as u64)));
         assert_eq!(auto_chunk_size(&files), n);
         assert_eq!(auto_chunk_size(&[stream(None)]), AUTO_CHUNK_MAX);
+    }
+
+    /// A submission with a submitter's key: every work item (on both shards of a sharded work queue)
+    /// and the seal verify as the submitter's; without a key, none is signed.
+    #[tokio::test]
+    async fn a_submitters_key_signs_its_work_items_and_its_seal() {
+        use fleet_io::auth::{Keyring, Refused, Role};
+        use fleet_io::memory::{MemoryQueue, MemoryStore};
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let path = csv(dir.path(), "day.csv", 45);
+        let key = Key::generate(Role::Submitter);
+        let ring = Keyring::new([key.clone(), Key::generate(Role::Processor)]);
+        for signing_key in [Some(key.clone()), None] {
+            let shards = [MemoryQueue::new("work", Duration::from_secs(30)), MemoryQueue::new("work-1", Duration::from_secs(30))];
+            let work = fleet_io::queue::Sharded::of(shards.iter().map(|q| q.clone() as Arc<dyn Queue>).collect()).unwrap();
+            let results = MemoryQueue::new("results", Duration::from_secs(30));
+            let clients = Clients { work, results: results.clone(), store: MemoryStore::new(), triggers: None, signing_key: signing_key.clone() };
+            let opts = SubmitOptions { chunk_size: 10, ..SubmitOptions::new(vec![path.clone()]) };
+            let s = submit_inputs(opts, open(std::slice::from_ref(&path)), &clients).await.unwrap();
+            assert_eq!(s.total_chunks, 5);
+            let mut items = Vec::new();
+            for q in &shards {
+                items.extend(q.receive(10, Duration::ZERO).await.unwrap());
+            }
+            let seals = results.receive(10, Duration::ZERO).await.unwrap();
+            assert_eq!((items.len(), seals.len()), (5, 1));
+            assert!(seals[0].body.contains(r#""kind":"sealed""#), "{}", seals[0].body);
+            for m in items.iter().chain(&seals) {
+                let verified = ring.verify(&m.body, m.attrs.auth.as_deref());
+                match signing_key {
+                    Some(_) => assert_eq!(verified, Ok(Role::Submitter), "{}", m.body),
+                    None => assert_eq!((m.attrs.auth.as_deref(), verified), (None, Err(Refused::Unsigned)), "{}", m.body),
+                }
+            }
+        }
     }
 
     #[test]

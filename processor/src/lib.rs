@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use fleet_engine::args::ListenerArgs;
 use fleet_engine::{http, Engine};
+use fleet_io::auth::{Key, Role};
 use fleet_io::blob::BlobStore;
 use fleet_io::queue::Queue;
 use fleet_io::trigger::{Notifier, Subscription, TriggerBus};
@@ -52,12 +53,15 @@ pub struct Deps {
     /// Where this processor announces the results (and dead letters) it puts on queues, and reports its
     /// throughput and work in hand to the scaling agent while it has work, when enabled.
     pub publish: Option<Arc<dyn TriggerBus>>,
+    /// The processor's role key (`--signing-key`): every chunk result and failure report it sends is
+    /// signed with it, so that a controller with a keyring counts them; `None`: sent unsigned.
+    pub signing_key: Option<Key>,
 }
 
 impl Deps {
     /// Work queue, results queue and store only: no dead-letter queue for expired work items, no triggers.
     pub fn new(work: Arc<dyn Queue>, results: Arc<dyn Queue>, store: Arc<dyn BlobStore>) -> Deps {
-        Deps { work, work_dlq: None, results, store, triggers: None, publish: None }
+        Deps { work, work_dlq: None, results, store, triggers: None, publish: None, signing_key: None }
     }
 }
 
@@ -72,6 +76,7 @@ pub const REPORT_INTERVAL: Duration = Duration::from_secs(2);
 /// items go to the shard's own dead-letter queue.
 pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken) -> fleet_io::Result<Vec<Engine>> {
     events::register_metrics();
+    say_signing(deps.signing_key.as_ref());
     let cfg = settings.listener.engine(deps.triggers.is_some());
     let shards = shards(&deps);
     // One results notifier per partition for every shard's listener (its rate limit is the instance's).
@@ -86,7 +91,10 @@ pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken
             dead_letters: deps.publish.as_ref().zip(dlq.as_ref()).map(|(bus, q)| Notifier::new(bus.clone(), q.name(), "processor", ANNOUNCE_INTERVAL)),
         };
         let fifo = fleet_io::config::is_fifo(work.name());
-        let handler = Arc::new(listener::WorkHandler::new(work.name(), deps.results.clone(), deps.store.clone(), settings.max_chunk_bytes, announce, fifo));
+        let handler = Arc::new(
+            listener::WorkHandler::new(work.name(), deps.results.clone(), deps.store.clone(), settings.max_chunk_bytes, announce, fifo)
+                .with_signing_key(deps.signing_key.clone()),
+        );
         let engine = Engine::start(work, dlq, handler, cfg.clone()).await?;
         if let Some(sub) = &deps.triggers {
             engine.follow_triggers(sub, shutdown.clone());
@@ -98,6 +106,23 @@ pub async fn start(settings: &Settings, deps: Deps, shutdown: &CancellationToken
     }
     http::serve_from_args(&settings.listener, &engines, shutdown).await?;
     Ok(engines)
+}
+
+/// Says once, at start, how the processor's messages are signed: unsigned (info), with its key (its
+/// role and id, never the secret), or with a key of another role than a processor's (a warning: a
+/// controller with a keyring counts results and failure reports only from a processor's key).
+fn say_signing(key: Option<&Key>) {
+    match key {
+        None => tracing::info!(
+            "no signing key (--signing-key / FLEET_SIGNING_KEY_FILE): results and failure reports are sent unsigned; a controller with a keyring (--role-keys) will not count them"
+        ),
+        Some(k) if k.role() != Role::Processor => tracing::warn!(
+            role = %k.role(),
+            key_id = k.id(),
+            "the signing key is not a processor's: a controller with a keyring will not count the results and failure reports it signs"
+        ),
+        Some(k) => tracing::info!(role = %k.role(), key_id = k.id(), "results and failure reports are signed"),
+    }
 }
 
 /// A shard of the work queue and its dead-letter queue.

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use fleet_domain::model::{ChunkOutcome, ChunkResult, ResultMessage, WorkItem};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::{Completions, ErrorEvent, Handler, Outcome};
+use fleet_io::auth::Key;
 use fleet_io::blob::BlobStore;
 use fleet_io::breaker::Breaker;
 use fleet_io::error::Error;
@@ -54,11 +55,23 @@ pub struct WorkHandler {
     /// The work queue is a FIFO queue: its receives and deletes are counted as FIFO calls (SQS bills
     /// them at its FIFO price).
     work_fifo: bool,
+    /// Signs every result and failure report it sends (`None`: sent unsigned).
+    signing_key: Option<Key>,
 }
 
 impl WorkHandler {
     pub fn new(queue: &str, results: Arc<dyn Queue>, store: Arc<dyn BlobStore>, max_chunk_bytes: u64, announce: Announce, work_fifo: bool) -> WorkHandler {
-        WorkHandler { queue: queue.to_string(), results, store, max_chunk_bytes, announce, work_fifo }
+        WorkHandler { queue: queue.to_string(), results, store, max_chunk_bytes, announce, work_fifo, signing_key: None }
+    }
+
+    /// The same handler signing what it sends with `key` (the processor's role key).
+    pub fn with_signing_key(self, key: Option<Key>) -> WorkHandler {
+        WorkHandler { signing_key: key, ..self }
+    }
+
+    /// The signature of a message body it sends ([`fleet_io::auth::ATTRIBUTE`]), when it has a key.
+    fn sign(&self, body: &str) -> Option<String> {
+        self.signing_key.as_ref().map(|k| k.sign(body))
     }
 
     /// The chunk's result, or why it should be tried again. A chunk that can never succeed (its blob
@@ -121,7 +134,7 @@ impl WorkHandler {
         let bodies: Vec<Outgoing> = std::iter::once(head)
             .chain(rest)
             .zip(traces)
-            .map(|(body, trace)| Outgoing { body, attrs: Attrs { trace, ..Attrs::default() }, dedup: None })
+            .map(|(body, trace)| Outgoing { attrs: Attrs { trace, auth: self.sign(&body), ..Attrs::default() }, body, dedup: None })
             .collect();
         let chunks = bodies.len();
         let queue = fleet_io::queue::partition(&self.results, partition)?;
@@ -233,7 +246,8 @@ impl Handler for WorkHandler {
             Err(e) => return tracing::error!(error = %e, "cannot encode a failed result"),
         };
         // It carries the work item's trace context on: the controller's span links the job's trace.
-        let out = Outgoing { body, attrs: Attrs { trace: msg.attrs.trace.clone(), ..Attrs::default() }, dedup: None };
+        // Signed as the processor's: the controller counts a failure report only from a processor.
+        let out = Outgoing { attrs: Attrs { trace: msg.attrs.trace.clone(), auth: self.sign(&body), ..Attrs::default() }, body, dedup: None };
         let sent = match fleet_io::queue::partition(&self.results, item.partition) {
             Ok(q) => q.send_messages(std::slice::from_ref(&out)).await.map(drop),
             Err(e) => Err(e),
@@ -250,6 +264,67 @@ impl Handler for WorkHandler {
         match event {
             ErrorEvent::Expired { dead_lettered: true, .. } => self.announce.dead_letter(),
             event => tracing::debug!(?event, "listener event"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use fleet_domain::model::{BlobRef, WIRE_VERSION};
+    use fleet_io::auth::{Keyring, Refused, Role};
+    use fleet_io::memory::{MemoryQueue, MemoryStore};
+
+    use super::*;
+
+    fn item(chunk: u32) -> WorkItem {
+        let blob = BlobRef { key: fleet_domain::layout::chunk_key("j1", chunk), sha256: "0".repeat(64), compressed_bytes: 10, raw_bytes: 20 };
+        WorkItem { v: WIRE_VERSION, job_id: "j1".into(), chunk, transactions: 2, blob, tariff: Default::default(), partition: 0 }
+    }
+
+    fn handler(results: &Arc<MemoryQueue>, key: Option<Key>) -> WorkHandler {
+        WorkHandler::new("work", results.clone(), MemoryStore::new(), 1 << 20, Announce::default(), false).with_signing_key(key)
+    }
+
+    /// Every message on `q`, taken off it: its body and signature.
+    async fn taken(q: &MemoryQueue) -> Vec<(String, Option<String>)> {
+        let got = q.receive(10, Duration::ZERO).await.unwrap();
+        let out = got.iter().map(|d| (d.body.clone(), d.attrs.auth.clone())).collect();
+        q.delete(got).await.unwrap();
+        out
+    }
+
+    /// A job's results (two chunks: one batch) and a failure report (a work item's last receive),
+    /// sent by a processor with a key and by one without.
+    async fn sent_by(key: Option<Key>) -> Vec<(String, Option<String>)> {
+        let results = MemoryQueue::new("results", Duration::from_secs(30));
+        let h = handler(&results, key);
+        let billed = (0..2).map(|c| (failed_result(&item(c), "billed elsewhere".into(), RequestCounts::default()), None)).collect();
+        h.send_job(&tracing::Span::none(), "j1", 0, billed).await.unwrap();
+        let poison = Message { id: "m2".into(), body: serde_json::to_string(&item(2)).unwrap(), receive_count: 5, sent_ms: None, attrs: Attrs::default() };
+        h.on_poison(&poison, "it kept failing").await;
+        let sent = taken(&results).await;
+        assert_eq!(sent.len(), 3, "two results and a failure report: {sent:?}");
+        assert!(sent.iter().any(|(b, _)| b.contains("it kept failing")), "the failure report: {sent:?}");
+        sent
+    }
+
+    #[tokio::test]
+    async fn results_and_failure_reports_are_signed_as_a_processors_with_its_key() {
+        let key = Key::generate(Role::Processor);
+        let ring = Keyring::new([key.clone()]);
+        for (body, auth) in sent_by(Some(key)).await {
+            assert_eq!(ring.verify(&body, auth.as_deref()), Ok(Role::Processor), "{body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn without_a_key_they_go_unsigned() {
+        let ring = Keyring::new([Key::generate(Role::Processor)]);
+        for (body, auth) in sent_by(None).await {
+            assert_eq!(auth, None, "{body}");
+            assert_eq!(ring.verify(&body, auth.as_deref()), Err(Refused::Unsigned));
         }
     }
 }

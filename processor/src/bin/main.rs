@@ -31,6 +31,7 @@ async fn start(cli: Cli, shutdown: tokio_util::sync::CancellationToken) -> anyho
     let store = aws.store(&cli.fleet.bucket);
     let triggers = cli.fleet.subscribe(fleet_io::trigger::work_keys(&[work.as_ref()]), &shutdown);
     let publish = cli.fleet.trigger_bus();
-    processor::run(cli.settings, processor::Deps { work, work_dlq: Some(work_dlq), results, store, triggers, publish }, shutdown).await?;
+    let signing_key = cli.fleet.signing_key.clone();
+    processor::run(cli.settings, processor::Deps { work, work_dlq: Some(work_dlq), results, store, triggers, publish, signing_key }, shutdown).await?;
     Ok(())
 }

@@ -145,3 +145,33 @@ async fn a_jobs_requests_are_what_the_clients_counted() {
     let deletes = counted(work.as_ref(), "sqs.DeleteMessageBatch");
     assert!(deletes > 0 && job.0.get("sqs.DeleteMessageBatch").copied().unwrap_or(0) >= deletes, "{job:?} against {deletes} deletes");
 }
+
+/// The key given in `Deps` reaches the handler: a processor run with a processor's key sends results
+/// a controller's keyring counts as a processor's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_processor_with_a_key_signs_its_results() {
+    use fleet_io::auth::{Key, Keyring, Role};
+    let _one = ONE_PROCESSOR.lock().await;
+    let store = MemoryStore::new();
+    let work = MemoryQueue::new("work", Duration::from_secs(30));
+    let results = MemoryQueue::new("results", Duration::from_secs(30));
+    let mut items = Vec::new();
+    for chunk in 0..3 {
+        items.push(work_item(&store, "j3", chunk, &[("t1", "a", "1.00")]).await);
+    }
+    work.send(items).await.unwrap();
+    let key = Key::generate(Role::Processor);
+    let stop = CancellationToken::new();
+    let settings = processor::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() };
+    let deps = processor::Deps { signing_key: Some(key.clone()), ..processor::Deps::new(work.clone(), results.clone(), store.clone()) };
+    let running = tokio::spawn(processor::run(settings, deps, stop.clone()));
+    wait_until("3 results", || results.bodies().len() == 3).await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    let ring = Keyring::new([key]);
+    let got = results.receive(10, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 3);
+    for m in &got {
+        assert_eq!(ring.verify(&m.body, m.attrs.auth.as_deref()), Ok(Role::Processor), "{}", m.body);
+    }
+}

@@ -8,6 +8,7 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 
+use crate::auth::Key;
 use crate::blob::S3Store;
 use crate::breaker::Breakers;
 use crate::call::{CallArgs, CallCounter, CallPolicy};
@@ -30,6 +31,14 @@ pub fn bucket_name(s: &str) -> Result<String, String> {
         return Err(format!("bucket name {s:?}: must begin and end with a lowercase letter or a digit"));
     }
     Ok(s.to_string())
+}
+
+/// `--signing-key`: the key file read and checked at once; an error names the file (never the secret).
+fn signing_key_file(path: &str) -> Result<Key, String> {
+    Key::from_file(std::path::Path::new(path)).map_err(|e| match e {
+        Error::Config(why) => format!("signing key {why}"),
+        e => format!("signing key {path}: {e}"),
+    })
 }
 
 /// Names of the fleet's queues, bucket and trigger exchange.
@@ -74,6 +83,11 @@ pub struct FleetArgs {
     /// (`report.{queue}`).
     #[arg(long, global = true, env = "FLEET_TRIGGER_EXCHANGE", default_value = "billing.fleet")]
     pub trigger_exchange: String,
+    /// This process's role key (a submitter's, an operator's, a processor's): every message it sends on
+    /// the work and results queues is signed with it; a controller given a keyring (`--role-keys`)
+    /// counts only signed messages of the roles that may send them (docs/security.md).
+    #[arg(long = "signing-key", global = true, env = "FLEET_SIGNING_KEY_FILE", value_name = "FILE", value_parser = signing_key_file)]
+    pub signing_key: Option<Key>,
     #[command(flatten)]
     pub calls: CallArgs,
 }
@@ -91,6 +105,7 @@ impl std::fmt::Debug for FleetArgs {
             .field("amqp_url", &redact_url(&self.amqp_url))
             .field("amqp_ca", &self.amqp_ca)
             .field("trigger_exchange", &self.trigger_exchange)
+            .field("signing_key", &self.signing_key)
             .field("calls", &self.calls)
             .finish()
     }
@@ -109,6 +124,7 @@ impl FleetArgs {
             amqp_url: "amqp://guest:guest@127.0.0.1:5672/%2f".into(),
             amqp_ca: None,
             trigger_exchange: "billing.fleet".into(),
+            signing_key: None,
             calls: CallArgs::default(),
         }
     }
@@ -184,6 +200,7 @@ impl FleetArgs {
             amqp_url: self.amqp_url.clone(),
             amqp_ca: self.amqp_ca.clone(),
             trigger_exchange: format!("{}-{suffix}", self.trigger_exchange),
+            signing_key: self.signing_key.clone(),
             calls: self.calls,
         }
     }
@@ -412,6 +429,37 @@ mod tests {
         }
         let e = <Only as clap::Parser>::try_parse_from(["x", "--bucket", ""]).err().expect("an empty bucket is refused").to_string();
         assert!(e.contains("--bucket") && e.contains("bucket name \"\": must have 3 to 63 characters"), "{e}");
+    }
+
+    #[test]
+    fn the_signing_key_is_read_from_its_file_and_a_bad_one_is_named() {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            fleet: FleetArgs,
+        }
+        let dir = std::env::temp_dir().join(format!("fleet-signing-key-{}-{}", std::process::id(), rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = crate::auth::Key::generate(crate::auth::Role::Processor);
+        let good = dir.join("processor.key");
+        std::fs::write(&good, key.to_line()).unwrap();
+        let parsed = <Only as clap::Parser>::try_parse_from(["x", "--signing-key", good.to_str().unwrap()]).unwrap().fleet;
+        let got = parsed.signing_key.as_ref().expect("the key");
+        assert_eq!((got.role(), got.id()), (crate::auth::Role::Processor, key.id()));
+        // The same signature as the key it was written from.
+        assert_eq!(got.sign("body"), key.sign("body"));
+        // Shown by role and id, never the secret.
+        let shown = format!("{parsed:?}");
+        assert!(shown.contains(&format!("Key(processor {}, ***)", key.id())) && !shown.contains(key.to_line().split_whitespace().nth(1).unwrap()), "{shown}");
+        assert!(<Only as clap::Parser>::try_parse_from(["x"]).unwrap().fleet.signing_key.is_none());
+        assert!(FleetArgs::defaults().signing_key.is_none());
+        let bad = dir.join("bad.key");
+        std::fs::write(&bad, "boss AAAA").unwrap();
+        for (path, says) in [(bad.clone(), "line 1: unknown role"), (dir.join("missing.key"), "cannot read the key")] {
+            let e = <Only as clap::Parser>::try_parse_from(["x", "--signing-key", path.to_str().unwrap()]).err().expect("refused").to_string();
+            assert!(e.contains("--signing-key") && e.contains(&format!("signing key {}: {says}", path.display())), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
