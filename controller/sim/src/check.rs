@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_domain::layout::{checkpoint_key, manifest_key, open_key, quarantined_checkpoint_key, report_key};
-use fleet_domain::model::{JobStatus, ResultMessage};
+use fleet_domain::model::{AccountsPayload, ChunkOutcome, JobStatus, ResultMessage};
 use fleet_domain::report::Report;
 use fleet_io::blob::BlobStore;
 use fleet_io::memory::MemoryStore;
 use fleet_io::queue::Queue;
 use rust_decimal::Decimal;
 
-use crate::fleet::{Ending, Fate, Groups, JobPlan, Row, FORGED};
+use crate::fleet::{Ending, Fate, Groups, JobPlan, Row, FORGED, MALLORY, ROGUE_ABANDON};
 use crate::{Setup, World, MAX_RECEIVES, VISIBILITY};
 
 /// Whether the fleet hears of the job at all (a message of it reaches a results or dead-letter queue).
@@ -167,6 +167,11 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
         let forged = match fleet_io::quarantine::read(store, &key).await {
             Ok(Some(q)) => match serde_json::from_str::<ResultMessage>(&q.body) {
                 Ok(m) if m.job_id().ends_with(FORGED) => true,
+                // Refused by role: a rogue processor's abandon or seal, a rogue submitter's (or an
+                // unsigned) result billing its own account.
+                Ok(ResultMessage::Abandon { reason, .. }) if reason == ROGUE_ABANDON => true,
+                Ok(ResultMessage::Sealed { .. }) if q.auth.as_deref().is_some_and(|a| a.starts_with("v1.processor.")) => true,
+                Ok(ResultMessage::Chunk(c)) if matches!(&c.outcome, ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts } } if accounts.iter().any(|a| a.account_id == MALLORY)) => true,
                 Ok(ResultMessage::Chunk(c)) => jobs.iter().find(|j| j.id == c.job_id).is_some_and(|j| {
                     let beyond = c.chunk as usize >= j.chunks.len();
                     beyond || c.transactions != j.chunks[c.chunk as usize].rows.len() as u64

@@ -32,6 +32,7 @@ use fleet_domain::input::InputFile;
 use fleet_domain::layout::{chunk_key, manifest_key, partition_of};
 use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, ResultMessage, WorkItem, WIRE_VERSION};
 use fleet_domain::requests::RequestCounts;
+use fleet_io::auth::{Key, Keyring, Role as AuthRole};
 use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::call::CallCounter;
 use fleet_io::error::{Error, Result, Service};
@@ -261,6 +262,41 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
 /// The suffix of job ids the hostile sender makes up (nobody submitted them).
 pub const FORGED: &str = "-forged";
 
+/// The reason of the abandons a rogue processor forges (signed with its own, a processor's, key).
+pub const ROGUE_ABANDON: &str = "forged by a rogue processor";
+
+/// The account a rogue submitter's forged results bill (signed with its own, a submitter's, key).
+pub const MALLORY: &str = "mallory";
+
+/// The run's role keys (`fleet_io::auth`), drawn from the seed: every participant signs with its
+/// role's, the controllers check them all; the hostile participants sign with their own roles' keys.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    pub submitter: Key,
+    pub operator: Key,
+    pub processor: Key,
+    pub controller: Key,
+}
+
+impl Keys {
+    pub fn of(seed: u64) -> Keys {
+        let mut rng = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed ^ 0x6e75_0000_0000);
+        let mut key = |role| Key::new(role, (0..32).map(|_| rng.random::<u8>()).collect()).expect("32 bytes");
+        Keys { submitter: key(AuthRole::Submitter), operator: key(AuthRole::Operator), processor: key(AuthRole::Processor), controller: key(AuthRole::Controller) }
+    }
+
+    /// The controllers' keyring: every role's key.
+    pub fn ring(&self) -> Keyring {
+        Keyring::new([self.submitter.clone(), self.operator.clone(), self.processor.clone(), self.controller.clone()])
+    }
+}
+
+/// `body` signed with `key`, ready to send.
+fn signed(body: String, key: &Key) -> Outgoing {
+    let auth = Some(key.sign(&body));
+    Outgoing { body, attrs: fleet_io::queue::Attrs { auth, ..Default::default() }, dedup: None }
+}
+
 impl JobPlan {
     /// Transactions per chunk (every chunk of a job has as many): the initiator's `--chunk-size`.
     fn chunk_rows(&self) -> u64 {
@@ -316,8 +352,9 @@ pub async fn initiate(
     let clients = Clients {
         work: way(work),
         results: results.clone(),
-        store: Arc::new(FatedStore { inner: store, fated, role: Role::Initiator }),
+        store: Arc::new(FatedStore { inner: store, fated: fated.clone(), role: Role::Initiator }),
         triggers: bus.map(|b| b as Arc<dyn TriggerBus>),
+        signing_key: Some(fated.keys.submitter.clone()),
     };
     let submitted = async {
         let s = submit_inputs(opts, vec![file], &clients).await.map_err(|e| e.to_string())?;
@@ -326,6 +363,7 @@ pub async fn initiate(
         }
         Ok(())
     };
+    let operator = fated.keys.operator.clone();
     let abandon = async {
         // The operator gives up on a submission that died before its seal.
         while !matches!(clients.store.head(&manifest_key(&job.id)).await, Ok(Some(_))) {
@@ -333,7 +371,7 @@ pub async fn initiate(
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
         world.trace(format!("operator: initiator abandon {}", job.id));
-        abandon(&results, None, &job.id, "simulated operator", None).await.map_err(|e| e.to_string())
+        abandon(&results, None, &job.id, "simulated operator", None, Some(&operator)).await.map_err(|e| e.to_string())
     };
     let outcome = if job.ending == Ending::Abandoned {
         tokio::select! {
@@ -366,6 +404,7 @@ pub async fn start_processor(n: u64, fated: Arc<Fated>, queues: &crate::Queues, 
         Arc::new(FatedStore { inner: store, fated: fated.clone(), role: Role::Processor }),
     );
     deps.work_dlq = Some(work_dlq);
+    deps.signing_key = Some(fated.keys.processor.clone());
     deps.triggers = bus.as_ref().map(|b| b.subscription());
     deps.publish = bus.map(|b| b as Arc<dyn TriggerBus>);
     let mut settings = processor::Settings::default();
@@ -398,11 +437,13 @@ pub struct Fated {
     done: std::sync::Mutex<BTreeSet<(String, u32)>>,
     /// The chunk each processor's receipt is for.
     receipts: std::sync::Mutex<BTreeMap<String, (String, u32)>>,
+    /// The run's role keys.
+    pub keys: Keys,
 }
 
 impl Fated {
-    pub fn new(jobs: Arc<BTreeMap<String, Arc<JobPlan>>>, world: Arc<World>, rng: ChaCha8Rng) -> Arc<Fated> {
-        Arc::new(Fated { jobs, world, rng: std::sync::Mutex::new(rng), done: Default::default(), receipts: Default::default() })
+    pub fn new(jobs: Arc<BTreeMap<String, Arc<JobPlan>>>, world: Arc<World>, rng: ChaCha8Rng, keys: Keys) -> Arc<Fated> {
+        Arc::new(Fated { jobs, world, rng: std::sync::Mutex::new(rng), done: Default::default(), receipts: Default::default(), keys })
     }
 
     fn fate(&self, job: &str, chunk: u32) -> Option<(&Arc<JobPlan>, Fate)> {
@@ -496,7 +537,9 @@ impl FatedQueue {
             self.fated.world.sent(job);
         }
         if !ahead.is_empty() {
-            self.inner.send(ahead).await?;
+            // A processor's (a rogue one's, for the bomb): signed with the processor's key.
+            let ahead: Vec<Outgoing> = ahead.into_iter().map(|b| signed(b, &self.fated.keys.processor)).collect();
+            self.inner.send_messages(&ahead).await?;
             return Err(lost("SendMessageBatch"));
         }
         // A dead-lettered chunk's first result goes to the dead-letter queue instead.
@@ -531,7 +574,7 @@ impl FatedQueue {
             calls += self.inner.send_messages(&msgs).await?;
         }
         if let Some(plan) = forge {
-            self.inner.send(forgeries(&plan)).await?;
+            self.inner.send_messages(&forgeries(&plan, &self.fated.keys)).await?;
         }
         // A stray: a copy of a stray job's chunk 0 result on the next partition, where the job is in
         // no reader's memory. Its reader must forward it, never take the job's lease.
@@ -688,7 +731,7 @@ impl BlobStore for FatedStore {
 /// a count larger than its chunk's with an account of its own, and a result and a seal for a job
 /// nobody submitted. None of it may count, and the forged job may leave nothing behind but its
 /// quarantined messages.
-fn forgeries(job: &JobPlan) -> Vec<String> {
+fn forgeries(job: &JobPlan, keys: &Keys) -> Vec<Outgoing> {
     let real = |chunk: u32, accounts: Vec<AccountTotals>, transactions: u64| ChunkResult {
         v: WIRE_VERSION,
         job_id: job.id.clone(),
@@ -711,7 +754,21 @@ fn forgeries(job: &JobPlan) -> Vec<String> {
     more.job_id = format!("{}{FORGED}", job.id);
     bodies.push(body(ResultMessage::Chunk(more)));
     bodies.push(body(ResultMessage::Sealed { v: WIRE_VERSION, job_id: format!("{}{FORGED}", job.id), total_chunks: 1 }));
-    bodies
+    // What a rogue processor signs with its own key passes the role check where a processor may send
+    // it (results: the records refute the ones above), and nowhere else: a seal of the right size and
+    // an abandon of the job (any results-queue sender knew the job's id).
+    let mut out: Vec<Outgoing> = bodies.into_iter().map(|b| signed(b, &keys.processor)).collect();
+    out.push(signed(body(ResultMessage::Sealed { v: WIRE_VERSION, job_id: job.id.clone(), total_chunks: n }), &keys.processor));
+    out.push(signed(body(ResultMessage::Abandon { v: WIRE_VERSION, job_id: job.id.clone(), reason: ROGUE_ABANDON.into() }), &keys.processor));
+    // A rogue submitter's result for the job's last chunk, with the chunk's recorded count and an
+    // account of its own, ahead of the real one (the records bound its count, never its money), and
+    // an unsigned one.
+    let last = n - 1;
+    let rows = job.chunks[last as usize].rows.len() as u64;
+    let mallory = vec![AccountTotals { account_id: MALLORY.into(), currency: "EUR".into(), count: rows, gross: Decimal::new(99_999_999_999, 2), fees: Decimal::ZERO }];
+    out.push(signed(body(ResultMessage::Chunk(real(last, mallory.clone(), rows))), &keys.submitter));
+    out.push(Outgoing::plain(body(ResultMessage::Chunk(real(last, mallory, rows)))));
+    out
 }
 
 fn failed(job: &JobPlan, chunk: u32) -> String {

@@ -118,6 +118,8 @@ impl Setup {
         let fifo = ChaCha8Rng::seed_from_u64(seed ^ 0xf1f0_f1f0).random_bool(1.0 / 3.0);
         let mut settings = controller::Settings::default();
         settings.listener.http_addr = None;
+        // Every message is checked by role (the keys are the run's, drawn from the seed).
+        settings.role_keys = Some(fleet::Keys::of(seed).ring());
         // The results queues' visibility timeout (an operator may raise it): the provisioned 30 s at
         // the shipped defaults, else up to six times that (drawn apart).
         let results_visibility = if defaults { VISIBILITY } else { VISIBILITY * [1, 3, 6][ChaCha8Rng::seed_from_u64(seed ^ 0x0715_0715).random_range(0..3)] };
@@ -732,7 +734,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
     // their chunks' fates say (the controllers' fail at their own rates).
     let plain: Arc<dyn BlobStore> = store.clone();
     let by_id: Arc<BTreeMap<String, Arc<JobPlan>>> = Arc::new(jobs.iter().map(|j| (j.id.clone(), j.clone())).collect());
-    let fated = fleet::Fated::new(by_id, world.clone(), ChaCha8Rng::seed_from_u64(seed ^ 0xfeed_0000));
+    let fated = fleet::Fated::new(by_id, world.clone(), ChaCha8Rng::seed_from_u64(seed ^ 0xfeed_0000), fleet::Keys::of(seed));
     let bus = queues.bus.clone();
     let mut fleet_tasks = Vec::new();
     for j in &jobs {

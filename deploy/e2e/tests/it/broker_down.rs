@@ -44,6 +44,7 @@ async fn with_the_broker_down_listeners_poll_and_the_job_completes() {
         store: s.store.clone(),
         triggers: s.names.subscribe(vec![work_key(s.work.name())], &stop),
         publish: s.names.trigger_bus(),
+        signing_key: Some(crate::support::role_keys().key(fleet_io::auth::Role::Processor)),
     };
     let engine = processor::start(&crate::support::fast_processor(), deps, &stop).await.unwrap().remove(0);
     let controller = s.start_controller();

@@ -57,6 +57,7 @@ async fn large_results_travel_as_blobs() {
         results: results.clone() as Arc<dyn Queue>,
         store: store.clone() as Arc<dyn BlobStore>,
         triggers: None,
+        signing_key: None,
     };
     let s = initiator::submit::submit(SubmitOptions { chunk_size: 30_000, chunk_bytes: 64 << 20, ..SubmitOptions::new(vec![path.clone()]) }, &clients)
         .await
@@ -148,6 +149,7 @@ async fn failure_mid_submission_is_an_error_not_a_hang() {
         results: MemoryQueue::new("results", Duration::from_secs(30)) as Arc<dyn Queue>,
         store: store as Arc<dyn BlobStore>,
         triggers: None,
+        signing_key: None,
     };
     // 1,000 chunks of 5: far more than the reader's hand-over channel holds.
     let opts = SubmitOptions { chunk_size: 5, ..SubmitOptions::new(vec![path]) };
@@ -171,7 +173,7 @@ async fn failure_after_work_items_went_out_abandons_the_job_and_says_so() {
     let work = MemoryQueue::new("work", Duration::from_secs(30));
     let results = MemoryQueue::new("results", Duration::from_secs(30));
     let clients =
-        Clients { work: work.clone() as Arc<dyn Queue>, results: results.clone() as Arc<dyn Queue>, store: store as Arc<dyn BlobStore>, triggers: None };
+        Clients { work: work.clone() as Arc<dyn Queue>, results: results.clone() as Arc<dyn Queue>, store: store as Arc<dyn BlobStore>, triggers: None, signing_key: None };
     let opts = SubmitOptions { chunk_size: 5, ..SubmitOptions::new(vec![path]) };
     let r = tokio::time::timeout(Duration::from_secs(20), initiator::submit::submit(opts, &clients)).await.expect("submit returned");
     let Err(e @ initiator::CliError::Enqueued { .. }) = r else { panic!("expected an error after enqueueing, got {r:?}") };
@@ -201,6 +203,7 @@ async fn group_by_account_keeps_each_accounts_order() {
         results: MemoryQueue::new("results", Duration::from_secs(30)) as Arc<dyn Queue>,
         store: Arc::new(UploadStore { inner: store.clone(), ok: None, jitter: true }) as Arc<dyn BlobStore>,
         triggers: None,
+        signing_key: None,
     };
     let grouping = Grouping::new(Some(GroupBy::Account), 4);
     let opts = SubmitOptions { chunk_size: 250, upload_concurrency: 8, grouping, ..SubmitOptions::new(vec![path.clone()]) };

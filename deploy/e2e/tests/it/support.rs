@@ -15,6 +15,39 @@ use initiator::submit::{Clients, SubmitOptions, Submitted};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// The test run's role keys (`fleet_io::auth`): one key file per role in one directory, which is also
+/// the controllers' keyring. Every participant a test starts signs with its role's key and every
+/// controller checks roles, as a deployment with keys does.
+pub struct RoleKeys {
+    pub dir: PathBuf,
+    pub ring: fleet_io::auth::Keyring,
+}
+
+impl RoleKeys {
+    /// The key file of `role`.
+    pub fn file(&self, role: fleet_io::auth::Role) -> PathBuf {
+        self.dir.join(format!("{role}.key"))
+    }
+
+    /// The key of `role`.
+    pub fn key(&self, role: fleet_io::auth::Role) -> fleet_io::auth::Key {
+        self.ring.signing_key(role).expect("every role has a key").clone()
+    }
+}
+
+/// The run's role keys, made once (in a directory that lives as long as the test process).
+pub fn role_keys() -> &'static RoleKeys {
+    static KEYS: std::sync::OnceLock<RoleKeys> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a directory for the role keys").keep();
+        for role in fleet_io::auth::Role::ALL {
+            std::fs::write(dir.join(format!("{role}.key")), fleet_io::auth::Key::generate(role).to_line()).expect("write a role key");
+        }
+        let ring = fleet_io::auth::Keyring::from_dir(&dir).expect("the keyring reads back");
+        RoleKeys { dir, ring }
+    })
+}
+
 pub struct Running {
     pub stop: CancellationToken,
     pub handle: JoinHandle<fleet_io::Result<()>>,
@@ -64,7 +97,13 @@ pub trait Fleet {
 
 impl Fleet for Stack {
     fn clients(&self) -> Clients {
-        Clients { work: self.work_queues().0, results: self.results_queues().0, store: self.store.clone(), triggers: self.names.trigger_bus() }
+        Clients {
+            work: self.work_queues().0,
+            results: self.results_queues().0,
+            store: self.store.clone(),
+            triggers: self.names.trigger_bus(),
+            signing_key: Some(role_keys().key(fleet_io::auth::Role::Submitter)),
+        }
     }
 
     fn start_processor(&self, settings: processor::Settings) -> Running {
@@ -78,6 +117,7 @@ impl Fleet for Stack {
             store: self.store.clone(),
             triggers: self.names.subscribe(keys, &stop),
             publish: self.names.trigger_bus(),
+            signing_key: Some(role_keys().key(fleet_io::auth::Role::Processor)),
         };
         let handle = tokio::spawn(processor::run(settings, deps, stop.clone()));
         Running { stop, handle }
@@ -130,6 +170,7 @@ impl Fleet for Stack {
             drain_secs: 10,
             id: Some(TEST_CONTROLLER.into()),
             settle_secs,
+            role_keys: Some(role_keys().ring.clone()),
             ..Default::default()
         };
         let handle = tokio::spawn(controller::run(settings, deps, stop.clone()));
@@ -164,7 +205,18 @@ pub fn fleet_command(st: &Stack, name: &str) -> std::process::Command {
         .env("FLEET_RESULTS_PARTITIONS", n.results_partitions.to_string())
         .env("FLEET_WORK_SHARDS", n.work_shards.to_string())
         .env("FLEET_TRIGGER_EXCHANGE", &n.trigger_exchange)
-        .env("AMQP_URL", &n.amqp_url);
+        .env("AMQP_URL", &n.amqp_url)
+        // Roles: the controller's keyring, and each sender's own key (an operator's command signs
+        // with the submitter's: it may abandon too).
+        .env("FLEET_ROLE_KEYS", &role_keys().dir);
+    let signer = match name {
+        "processor" => Some(fleet_io::auth::Role::Processor),
+        "initiator" => Some(fleet_io::auth::Role::Submitter),
+        _ => None,
+    };
+    if let Some(role) = signer {
+        cmd.env("FLEET_SIGNING_KEY_FILE", role_keys().file(role));
+    }
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
         cmd.env("AWS_ENDPOINT_URL", LOCALSTACK).env("AWS_ACCESS_KEY_ID", "test").env("AWS_SECRET_ACCESS_KEY", "test").env("AWS_REGION", "us-east-1");
     }
@@ -215,6 +267,7 @@ pub fn start_processor_and_controller(
             store: q.store.clone(),
             triggers: names.subscribe(vec![fleet_io::trigger::work_key(q.work.name())], stop),
             publish: names.trigger_bus(),
+            signing_key: Some(role_keys().key(fleet_io::auth::Role::Processor)),
         },
         stop.clone(),
     ));
@@ -223,6 +276,7 @@ pub fn start_processor_and_controller(
             listener: fleet_engine::args::ListenerArgs { http_addr: Some(controller_http), ..fleet_engine::args::ListenerArgs::quick() },
             drain_secs: 10,
             settle_secs: 3,
+            role_keys: Some(role_keys().ring.clone()),
             ..Default::default()
         },
         controller::Deps {
