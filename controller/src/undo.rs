@@ -73,10 +73,12 @@ pub enum Fix {
     CompleteOnlyWhenCounted,
     /// A message counts only when signed by a role that may send it (issue 58).
     RolesChecked,
+    /// A result counts only with its chunk's token, which only its work item brought (issue 58).
+    ChunkTokenChecked,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 29] = [
+    pub const ALL: [Fix; 30] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -106,6 +108,7 @@ impl Fix {
         Fix::RefuseOverBudget,
         Fix::CompleteOnlyWhenCounted,
         Fix::RolesChecked,
+        Fix::ChunkTokenChecked,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -140,6 +143,7 @@ impl Fix {
             Fix::RefuseOverBudget => "refuse-over-budget",
             Fix::CompleteOnlyWhenCounted => "complete-only-when-counted",
             Fix::RolesChecked => "roles-checked",
+            Fix::ChunkTokenChecked => "chunk-token-checked",
         }
     }
 
@@ -175,6 +179,7 @@ impl Fix {
             Fix::RefuseOverBudget => "a result that could decode past the whole budget refused",
             Fix::CompleteOnlyWhenCounted => "complete only when processed + failed = accepted",
             Fix::RolesChecked => "a message counts only when signed by a role that may send it",
+            Fix::ChunkTokenChecked => "a result counts only with its chunk's token",
         }
     }
 }

@@ -250,7 +250,9 @@ impl<'a> Enqueue<'a> {
                     // Signed as the submitter's: a work item the controller finds dead-lettered counts
                     // only with its submitter's signature (kept by every re-send and redrive).
                     let auth = self.clients.sign(&body);
-                    Outgoing { body, attrs: Attrs { group, trace: trace.clone(), auth, ..self.attrs.clone() }, dedup: None }
+                    // The chunk's token: only the processor handed this work item can report the chunk.
+                    let chunk_token = self.clients.signing_key.as_ref().map(|k| k.chunk_token(self.job_id, c.number));
+                    Outgoing { body, attrs: Attrs { group, trace: trace.clone(), auth, chunk_token, ..self.attrs.clone() }, dedup: None }
                 })
             })
             .collect::<Result<Vec<_>, _>>()
@@ -435,6 +437,15 @@ pub async fn submit_inputs(opts: SubmitOptions, files: Vec<InputFile>, clients: 
     match outcome {
         Ok(s) => Ok(s),
         Err(cause) if enqueue.attempted.load(Ordering::SeqCst) == 0 => Err(cause),
+        // The seal's send began: it may have reached the queue (an answer lost, a timeout after SQS
+        // took it), and an abandon would end a whole job. Left to finish, or to the controller's
+        // abandon time if the seal never arrived.
+        Err(cause) if opts.submission.phase() != crate::interrupt::Phase::Submitting => {
+            let fate = format!(
+                "its seal was being sent, so it was not abandoned: follow it with `initiator wait {job_id}`; if the seal never arrived, the controller abandons it after --abandon-after"
+            );
+            Err(CliError::Enqueued { job_id: job_id.clone(), enqueued: enqueue.sent.load(Ordering::SeqCst), fate, cause: Box::new(cause) })
+        }
         Err(cause) => {
             // Work items are out: the job must not wait an abandon time for a seal that never comes.
             let reason = format!("the submission failed: {cause}");

@@ -110,7 +110,16 @@ impl WorkHandler {
     /// Sends one job's results to its partition, each with the trace context of the span that billed
     /// it; the first carries the batch's calls (receive, sends, deletes).
     /// `span` is the send's, given its messaging attributes here.
-    async fn send_job(&self, span: &tracing::Span, job: &str, partition: u16, results: Vec<(ChunkResult, Option<String>)>) -> fleet_io::Result<()> {
+    /// `tokens`: each result's chunk token, as its work item brought it (passed on: the controller
+    /// counts a result only with its chunk's token).
+    async fn send_job(
+        &self,
+        span: &tracing::Span,
+        job: &str,
+        partition: u16,
+        results: Vec<(ChunkResult, Option<String>)>,
+        tokens: Vec<Option<String>>,
+    ) -> fleet_io::Result<()> {
         let (mut results, traces): (Vec<ChunkResult>, Vec<Option<String>>) = results.into_iter().unzip();
         let rest: Vec<String> = results.drain(1..).map(|r| serde_json::to_string(&ResultMessage::Chunk(r))).collect::<Result<_, _>>()?;
         let Some(mut first) = results.pop() else { return Ok(()) };
@@ -134,7 +143,8 @@ impl WorkHandler {
         let bodies: Vec<Outgoing> = std::iter::once(head)
             .chain(rest)
             .zip(traces)
-            .map(|(body, trace)| Outgoing { attrs: Attrs { trace, auth: self.sign(&body), ..Attrs::default() }, body, dedup: None })
+            .zip(tokens)
+            .map(|((body, trace), chunk_token)| Outgoing { attrs: Attrs { trace, auth: self.sign(&body), chunk_token, ..Attrs::default() }, body, dedup: None })
             .collect();
         let chunks = bodies.len();
         let queue = fleet_io::queue::partition(&self.results, partition)?;
@@ -211,7 +221,8 @@ impl Handler for WorkHandler {
             let span = tracing::info_span!("send_results", otel.kind = "producer", job_id = %job, partition, messages = n);
             fleet_io::telemetry::follow(&span, deliveries.first().and_then(|d| d.attrs.trace.as_deref()));
             fleet_io::telemetry::link_all(&span, results.iter().map(|(_, trace)| trace.as_deref()));
-            match tracing::Instrument::instrument(self.send_job(&span, &job, partition, results), span.clone()).await {
+            let tokens = deliveries.iter().map(|d| d.attrs.chunk_token.clone()).collect();
+            match tracing::Instrument::instrument(self.send_job(&span, &job, partition, results, tokens), span.clone()).await {
                 Ok(()) => {
                     self.announce.results(partition, n);
                     out.extend(deliveries.into_iter().map(|m| (m, Outcome::Done)));
@@ -247,7 +258,11 @@ impl Handler for WorkHandler {
         };
         // It carries the work item's trace context on: the controller's span links the job's trace.
         // Signed as the processor's: the controller counts a failure report only from a processor.
-        let out = Outgoing { attrs: Attrs { trace: msg.attrs.trace.clone(), auth: self.sign(&body), ..Attrs::default() }, body, dedup: None };
+        let out = Outgoing {
+            attrs: Attrs { trace: msg.attrs.trace.clone(), auth: self.sign(&body), chunk_token: msg.attrs.chunk_token.clone(), ..Attrs::default() },
+            body,
+            dedup: None,
+        };
         let sent = match fleet_io::queue::partition(&self.results, item.partition) {
             Ok(q) => q.send_messages(std::slice::from_ref(&out)).await.map(drop),
             Err(e) => Err(e),
@@ -301,9 +316,19 @@ mod tests {
         let results = MemoryQueue::new("results", Duration::from_secs(30));
         let h = handler(&results, key);
         let billed = (0..2).map(|c| (failed_result(&item(c), "billed elsewhere".into(), RequestCounts::default()), None)).collect();
-        h.send_job(&tracing::Span::none(), "j1", 0, billed).await.unwrap();
-        let poison = Message { id: "m2".into(), body: serde_json::to_string(&item(2)).unwrap(), receive_count: 5, sent_ms: None, attrs: Attrs::default() };
+        // Each result passes its work item's chunk token on.
+        let tokens = vec![Some("token-0".to_string()), Some("token-1".to_string())];
+        h.send_job(&tracing::Span::none(), "j1", 0, billed, tokens).await.unwrap();
+        let attrs = Attrs { chunk_token: Some("token-2".into()), ..Attrs::default() };
+        let poison = Message { id: "m2".into(), body: serde_json::to_string(&item(2)).unwrap(), receive_count: 5, sent_ms: None, attrs };
         h.on_poison(&poison, "it kept failing").await;
+        let got = results.receive(10, Duration::ZERO).await.unwrap();
+        let mut passed: Vec<Option<String>> = got.iter().map(|d| d.attrs.chunk_token.clone()).collect();
+        passed.sort();
+        assert_eq!(passed, ["token-0", "token-1", "token-2"].map(|t| Some(t.to_string())), "each result carries its work item's chunk token");
+        for d in got {
+            d.release(results.as_ref(), Duration::ZERO).await.unwrap();
+        }
         let sent = taken(&results).await;
         assert_eq!(sent.len(), 3, "two results and a failure report: {sent:?}");
         assert!(sent.iter().any(|(b, _)| b.contains("it kept failing")), "the failure report: {sent:?}");

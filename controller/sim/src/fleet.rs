@@ -538,7 +538,16 @@ impl FatedQueue {
         }
         if !ahead.is_empty() {
             // A processor's (a rogue one's, for the bomb): signed with the processor's key.
-            let ahead: Vec<Outgoing> = ahead.into_iter().map(|b| signed(b, &self.fated.keys.processor)).collect();
+            // It holds the chunk's work item: its token goes with it.
+            let ahead: Vec<Outgoing> = ahead
+                .into_iter()
+                .map(|b| {
+                    let token = chunk_of(&b).map(|(j, c)| self.fated.keys.submitter.chunk_token(&j, c));
+                    let mut o = signed(b, &self.fated.keys.processor);
+                    o.attrs.chunk_token = token;
+                    o
+                })
+                .collect();
             self.inner.send_messages(&ahead).await?;
             return Err(lost("SendMessageBatch"));
         }
@@ -758,6 +767,13 @@ fn forgeries(job: &JobPlan, keys: &Keys) -> Vec<Outgoing> {
     // it (results: the records refute the ones above), and nowhere else: a seal of the right size and
     // an abandon of the job (any results-queue sender knew the job's id).
     let mut out: Vec<Outgoing> = bodies.into_iter().map(|b| signed(b, &keys.processor)).collect();
+    // It was handed chunk 0's work item (its forgeries follow that chunk's first result): its
+    // forgeries of chunk 0 carry the chunk's token, and the job's records must refute them.
+    for o in &mut out {
+        if chunk_of(&o.body).is_some_and(|(j, c)| j == job.id && c == 0) {
+            o.attrs.chunk_token = Some(keys.submitter.chunk_token(&job.id, 0));
+        }
+    }
     out.push(signed(body(ResultMessage::Sealed { v: WIRE_VERSION, job_id: job.id.clone(), total_chunks: n }), &keys.processor));
     out.push(signed(body(ResultMessage::Abandon { v: WIRE_VERSION, job_id: job.id.clone(), reason: ROGUE_ABANDON.into() }), &keys.processor));
     // A rogue submitter's result for the job's last chunk, with the chunk's recorded count and an
@@ -767,7 +783,10 @@ fn forgeries(job: &JobPlan, keys: &Keys) -> Vec<Outgoing> {
     let rows = job.chunks[last as usize].rows.len() as u64;
     let mallory = vec![AccountTotals { account_id: MALLORY.into(), currency: "EUR".into(), count: rows, gross: Decimal::new(99_999_999_999, 2), fees: Decimal::ZERO }];
     out.push(signed(body(ResultMessage::Chunk(real(last, mallory.clone(), rows))), &keys.submitter));
-    out.push(Outgoing::plain(body(ResultMessage::Chunk(real(last, mallory, rows)))));
+    out.push(Outgoing::plain(body(ResultMessage::Chunk(real(last, mallory.clone(), rows)))));
+    // And the rogue processor's own, signed with its key but without the chunk's token (it was not
+    // handed that work item).
+    out.push(signed(body(ResultMessage::Chunk(real(last, mallory, rows))), &keys.processor));
     out
 }
 

@@ -33,6 +33,11 @@ impl Item {
         }
     }
 
+    /// It carries a payload to decode (a processed result).
+    pub(super) fn decodes(&self) -> bool {
+        matches!(self, Item::Result(ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Processed { .. }, .. })))
+    }
+
     /// The chunk it is about (a result or a dead-lettered work item).
     pub(super) fn chunk(&self) -> Option<u32> {
         match self {
@@ -69,7 +74,16 @@ pub(super) fn authorize(keyring: &Keyring, source: Source, m: &Message, item: &I
     };
     let names = || allowed.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(" or ");
     match keyring.verify(&m.body, m.attrs.auth.as_deref()) {
-        Ok(role) if allowed.contains(&role) => Ok(role),
+        // A result also carries its chunk's token, which only its work item brought: a processor
+        // reports only chunks it was handed.
+        Ok(role) if allowed.contains(&role) => match item {
+            Item::Result(ResultMessage::Chunk(_)) if crate::undo::is(crate::undo::Fix::ChunkTokenChecked) => Ok(role),
+            Item::Result(ResultMessage::Chunk(c)) => match keyring.verify_chunk_token(&c.job_id, c.chunk, m.attrs.chunk_token.as_deref()) {
+                Ok(()) => Ok(role),
+                Err(e) => Err(format!("{kind} of job {} chunk {} does not count: {e}", c.job_id, c.chunk)),
+            },
+            _ => Ok(role),
+        },
         Ok(role) => Err(format!("{kind} of job {} signed by a {role}, which may not send one (only a {})", item.job_id(), names())),
         Err(e) => Err(format!("{kind} of job {} does not count: {e}; only a {} may send one", item.job_id(), names())),
     }

@@ -588,7 +588,9 @@ impl Aggregator {
             match verdict {
                 // More than the whole budget to decode: refused, not decoded alone past it (a result
                 // of a chunk from the release before records, held only to its own count).
-                Verdict::Agrees(Some(f)) if f.max_memory() > budget && !crate::undo::is(crate::undo::Fix::RefuseOverBudget) => {
+                Verdict::Agrees(Some(f))
+                    if f.raw_bytes.is_none() && item.decodes() && f.max_memory() > budget && !crate::undo::is(crate::undo::Fix::RefuseOverBudget) =>
+                {
                     let why = format!(
                         "decoding the result of job {job_id} chunk {} could take {} MiB, more than the decode budget of {} MiB (--decode-budget-mib): refused; redrive it after raising the budget",
                         item.chunk().unwrap_or_default(),
@@ -664,6 +666,13 @@ impl Aggregator {
                     rest.1.push(item);
                     rest.2.push(verdict);
                 }
+            }
+        }
+        // A job only strays were read of leaves nothing here (its partition's entry was the stray's).
+        if rest.0.is_empty() {
+            let mut memory = lock(&self.memory);
+            if !memory.slots.contains_key(job_id) {
+                memory.partition.remove(job_id);
             }
         }
         if let (Some(to), false) = (to, strays.is_empty()) {

@@ -1848,6 +1848,13 @@ fn signed(mut m: Message, key: &fleet_io::auth::Key) -> Message {
     m
 }
 
+/// `m` (a result) with its chunk's token, as `submitter` made it for the work item.
+fn with_token(mut m: Message, submitter: &fleet_io::auth::Key) -> Message {
+    let Ok(ResultMessage::Chunk(c)) = serde_json::from_str::<ResultMessage>(&m.body) else { panic!("a result") };
+    m.attrs.chunk_token = Some(submitter.chunk_token(&c.job_id, c.chunk));
+    m
+}
+
 /// Issue 58, findings 2 and 4 (authority by role): with a keyring, a message counts only when a role
 /// that may send it signed it. A processor's forged abandon (any results-queue sender knew the job's
 /// id) and an unsigned or submitter-signed result are quarantined; the job finishes exact from its
@@ -1873,9 +1880,14 @@ async fn only_a_role_that_may_send_a_message_makes_it_count() {
     assert_eq!(why.len(), 4, "{why:?}");
     assert!(why.iter().any(|w| w.contains("an abandon of job rl signed by a processor, which may not send one")), "{why:?}");
     assert!(why.iter().any(|w| w.contains("is not signed")), "{why:?}");
+    // A rogue processor's result with the recorded count and its own account, signed with its own
+    // key but without the chunk's token (it was not handed the work item).
+    let rogue = signed(result("rl", 0, vec![acct("mallory", 1, 99_999_999_999, 0)]), &processor);
+    assert_eq!(agg.apply(Source::Results, keep(Source::Results, &[rogue])).await.delete.len(), 1);
+    assert!(quarantined_of(&store, "rl").await.iter().any(|w| w.contains("no valid token of its chunk")));
     let real = [
-        signed(result("rl", 0, vec![acct("a", 1, 100, 1)]), &processor),
-        signed(result("rl", 1, vec![acct("b", 1, 200, 2)]), &processor),
+        signed(with_token(result("rl", 0, vec![acct("a", 1, 100, 1)]), &submitter), &processor),
+        signed(with_token(result("rl", 1, vec![acct("b", 1, 200, 2)]), &submitter), &processor),
         signed(sealed("rl", 2), &submitter),
     ];
     agg.apply(Source::Results, keep(Source::Results, &real)).await;
@@ -1884,7 +1896,7 @@ async fn only_a_role_that_may_send_a_message_makes_it_count() {
     assert!(r.accounts.iter().all(|a| a.account_id != "mallory"));
     // An operator's abandon counts.
     put_manifest(&store, &manifest("op", &[1, 1])).await;
-    agg.apply(Source::Results, keep(Source::Results, &[signed(result("op", 0, vec![acct("a", 1, 100, 1)]), &processor)])).await;
+    agg.apply(Source::Results, keep(Source::Results, &[signed(with_token(result("op", 0, vec![acct("a", 1, 100, 1)]), &submitter), &processor)])).await;
     agg.apply(Source::Results, keep(Source::Results, &[signed(abandon("op"), &operator)])).await;
     assert_eq!(report_of(&store, "op").await.expect("abandoned").status, JobStatus::Abandoned);
 }

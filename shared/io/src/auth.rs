@@ -9,10 +9,16 @@
 //! Why a MAC per role and not SQS's `SenderId` or separate queues: LocalStack fills `SenderId` with
 //! one account for every caller, so a test could never tell a processor from a submitter, and IAM on
 //! separate queues is enforced only on AWS; a signature is checked by the same code on both. The keys
-//! are plain files (Kubernetes Secrets, compose's generated `deploy/.keys/`), one per role; a key's id
-//! is its hash's prefix, so a keyring may hold several keys of a role at once: rotation adds the new
-//! key to the controllers' keyring, moves the senders to it, then removes the old one, without downtime
+//! are plain files (mounted from a secret store), one per role; a key's id is a hash of its role and
+//! secret, so a keyring may hold several keys of a role at once: rotation adds the new key to the
+//! controllers' keyring, moves the senders to it, then removes the old one, without downtime
 //! (docs/security.md).
+//!
+//! A chunk's token ([`Key::chunk_token`]) binds a result to its work item: the submitter makes one per
+//! chunk with its key, the work item carries it, the processor passes it on. It keeps a processor that
+//! only knows a job's id from reporting its chunks; a processor that receives the work item (any
+//! processor may) holds the token, so a rogue processor can still spoil the chunks it reads: that is
+//! its role's to spoil.
 //!
 //! A key file is one line: the role, a space, and at least 32 bytes of secret in base64
 //! (`processor 3q2+7w...`); lines starting with `#` are comments. Nothing here logs a secret: a key
@@ -30,6 +36,10 @@ use crate::error::{Error, Result};
 
 /// The message attribute that carries a signature.
 pub const ATTRIBUTE: &str = "fleet-auth";
+
+/// The message attribute that carries a chunk's token (see [`Key::chunk_token`]), on its work item
+/// and on its result.
+pub const CHUNK_ATTRIBUTE: &str = "fleet-chunk";
 
 /// Least secret length, bytes.
 const MIN_SECRET: usize = 32;
@@ -93,7 +103,13 @@ impl Key {
         if secret.len() < MIN_SECRET {
             return Err(Error::Config(format!("a {role} key needs at least {MIN_SECRET} bytes of secret, it has {}", secret.len())));
         }
-        let id = hex(&Sha256::digest(&secret)[..8]);
+        // The role is part of the id: one secret given to two roles makes two keys, never one that
+        // silently replaces the other in a keyring.
+        let mut h = Sha256::new();
+        h.update(role.as_str().as_bytes());
+        h.update(b"\0");
+        h.update(&secret);
+        let id = hex(&h.finalize()[..8]);
         Ok(Key { role, id, secret })
     }
 
@@ -146,6 +162,19 @@ impl Key {
         m.finalize().into_bytes().to_vec()
     }
 
+    /// A submitter's token for chunk `chunk` of `job` (the work item's [`CHUNK_ATTRIBUTE`]): the
+    /// processor handed the work item passes it on with the chunk's result, and the controller counts a
+    /// result only with it. So a processor can report only chunks whose work items it has read: one that
+    /// only knows a job's id cannot bill its chunks.
+    pub fn chunk_token(&self, job: &str, chunk: u32) -> String {
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.secret).expect("HMAC takes any key length");
+        m.update(b"fleet-chunk v1\0");
+        m.update(job.as_bytes());
+        m.update(b"\0");
+        m.update(chunk.to_string().as_bytes());
+        format!("{}.{}", self.id, base64::engine::general_purpose::STANDARD_NO_PAD.encode(m.finalize().into_bytes()))
+    }
+
     /// The signature of `body` as this key's role: the value of [`ATTRIBUTE`]
     /// (`v1.ROLE.KEY-ID.MAC`, the MAC in base64 without padding).
     pub fn sign(&self, body: &str) -> String {
@@ -164,30 +193,34 @@ pub enum Refused {
     UnknownKey { role: String, id: String },
     #[error("its signature does not match its body (a {0} key)")]
     Mismatch(Role),
+    #[error("it carries no valid token of its chunk (only the processor handed the chunk's work item has one)")]
+    ChunkToken,
 }
 
 /// The keys a receiver checks signatures with: every role's, several per role while a key is rotated.
 #[derive(Debug, Clone, Default)]
 pub struct Keyring {
     keys: BTreeMap<String, Key>,
-    /// Each role's last key given (its file's name sorts last): the one its holder signs with.
-    last: BTreeMap<Role, Key>,
+    /// Each role's first key given (its file's name sorts first): the one its holder signs with.
+    first: BTreeMap<Role, Key>,
 }
 
 impl Keyring {
     pub fn new(keys: impl IntoIterator<Item = Key>) -> Keyring {
         let mut ring = Keyring::default();
         for k in keys {
-            ring.last.insert(k.role, k.clone());
+            ring.first.entry(k.role).or_insert_with(|| k.clone());
             ring.keys.insert(k.id.clone(), k);
         }
         ring
     }
 
-    /// The key a holder of the keyring signs with as `role`: the last one given (from a directory,
-    /// the file whose name sorts last, so a rotation names the new file after the old).
+    /// The key a holder of the keyring signs with as `role`: the first one given (from a directory,
+    /// the file whose name sorts first). A rotation names the new file after the old one: every
+    /// controller keeps signing with the old key, which all of them hold, until the old file is
+    /// removed everywhere, and only then signs with the new one, which by then all of them hold.
     pub fn signing_key(&self, role: Role) -> Option<&Key> {
-        self.last.get(&role)
+        self.first.get(&role)
     }
 
     /// Every key file (`*.key`) in `dir`.
@@ -230,6 +263,22 @@ impl Keyring {
     }
 }
 
+impl Keyring {
+    /// Whether `token` is a submitter's token for chunk `chunk` of `job` (see [`Key::chunk_token`]).
+    pub fn verify_chunk_token(&self, job: &str, chunk: u32, token: Option<&str>) -> std::result::Result<(), Refused> {
+        let token = token.ok_or(Refused::ChunkToken)?;
+        let id = token.split_once('.').map(|(id, _)| id).ok_or(Refused::ChunkToken)?;
+        let key = self.keys.get(id).filter(|k| k.role == Role::Submitter).ok_or(Refused::ChunkToken)?;
+        // Compared in constant time, as a MAC over the expected token.
+        let expected = key.chunk_token(job, chunk);
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&key.secret).expect("HMAC takes any key length");
+        m.update(expected.as_bytes());
+        let mut n = <Hmac<Sha256> as Mac>::new_from_slice(&key.secret).expect("HMAC takes any key length");
+        n.update(token.as_bytes());
+        m.verify_slice(&n.finalize().into_bytes()).map_err(|_| Refused::ChunkToken)
+    }
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -258,6 +307,19 @@ mod tests {
         assert_eq!(both.verify("x", Some(&other.sign("x"))), Ok(Role::Processor));
         assert_eq!(both.verify("x", Some(&p.sign("x"))), Ok(Role::Processor));
         assert_eq!(both.roles().get(&Role::Processor), Some(&2));
+    }
+
+    #[test]
+    fn a_chunk_token_is_its_submitters_for_that_chunk_only() {
+        let s = Key::generate(Role::Submitter);
+        let p = Key::generate(Role::Processor);
+        let ring = Keyring::new([s.clone(), p.clone()]);
+        let t = s.chunk_token("job-1", 3);
+        assert_eq!(ring.verify_chunk_token("job-1", 3, Some(&t)), Ok(()));
+        assert_eq!(ring.verify_chunk_token("job-1", 4, Some(&t)), Err(Refused::ChunkToken), "another chunk");
+        assert_eq!(ring.verify_chunk_token("job-2", 3, Some(&t)), Err(Refused::ChunkToken), "another job");
+        assert_eq!(ring.verify_chunk_token("job-1", 3, Some(&p.chunk_token("job-1", 3))), Err(Refused::ChunkToken), "a processor's key makes none");
+        assert_eq!(ring.verify_chunk_token("job-1", 3, None), Err(Refused::ChunkToken));
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct Quarantined {
     /// Its sender's role signature (`auth`), so that a redrive keeps its sender's word.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<String>,
+    /// Its chunk token (`auth::Key::chunk_token`), kept for a redrive too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_token: Option<String>,
     pub quarantined_at: String,
 }
 
@@ -57,6 +60,7 @@ impl Quarantined {
             deadline_ms: m.attrs.deadline_ms,
             group: m.attrs.group.clone(),
             auth: m.attrs.auth.clone(),
+            chunk_token: m.attrs.chunk_token.clone(),
             quarantined_at: time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
         }
     }
@@ -69,7 +73,7 @@ impl Quarantined {
     pub fn outgoing(&self) -> Outgoing {
         Outgoing {
             body: self.body.clone(),
-            attrs: Attrs { priority: self.priority, deadline_ms: self.deadline_ms, group: self.group.clone(), reason: None, trace: None, auth: self.auth.clone() },
+            attrs: Attrs { priority: self.priority, deadline_ms: self.deadline_ms, group: self.group.clone(), reason: None, trace: None, auth: self.auth.clone(), chunk_token: self.chunk_token.clone() },
             // Sent back later than a first send's window may be, or not: never dropped as its duplicate.
             dedup: Some(Outgoing::redrive_dedup(&self.body, &self.message_id)),
         }
@@ -129,7 +133,7 @@ mod tests {
             body: "{not json".into(),
             receive_count: 3,
             sent_ms: Some(1),
-            attrs: Attrs { priority: 2, deadline_ms: Some(9), group: None, reason: Some("x".into()), trace: None, auth: Some("v1.processor.k.m".into()) },
+            attrs: Attrs { priority: 2, deadline_ms: Some(9), group: None, reason: Some("x".into()), trace: None, auth: Some("v1.processor.k.m".into()), chunk_token: None },
         };
         let key = put(store.as_ref(), "billing-results-dlq", &m, "invalid JSON").await.unwrap();
         assert_eq!(key, "quarantine/billing-results-dlq/id_1.json");

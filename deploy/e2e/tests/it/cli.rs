@@ -325,7 +325,15 @@ async fn abandon_quarantine_and_dlq_commands() {
     // Its chunk blob, as the initiator writes it before the work item (a result for a chunk without
     // one waits for the job's seal).
     st.store.put(&fleet_domain::layout::chunk_key(&job, 3), bytes::Bytes::from_static(b"chunk"), "application/zstd").await.unwrap();
-    st.results.send(vec![serde_json::to_string(&result).unwrap()]).await.unwrap();
+    // As a processor sends it: signed with its key, with the chunk's token its work item brought.
+    let keys = crate::support::role_keys();
+    let body = serde_json::to_string(&result).unwrap();
+    let attrs = fleet_io::queue::Attrs {
+        auth: Some(keys.key(fleet_io::auth::Role::Processor).sign(&body)),
+        chunk_token: Some(keys.key(fleet_io::auth::Role::Submitter).chunk_token(&job, 3)),
+        ..Default::default()
+    };
+    st.results.send_messages(&[fleet_io::queue::Outgoing { body, attrs, dedup: None }]).await.unwrap();
     until(Duration::from_secs(30), async || initiator::follow::progress(st.store.as_ref(), &job).await.is_ok_and(|p| p.accounted_chunks == 1)).await;
     let out = initiator(&st, &["abandon", &job, "--reason", "the submitting host died", "--json"]);
     assert_eq!(out.status.code(), Some(2), "abandoned is not complete: {}", text(&out.stderr));

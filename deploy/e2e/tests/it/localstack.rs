@@ -239,6 +239,7 @@ async fn a_processor_killed_with_sigkill_mid_job_loses_nothing() {
         .env("LISTENER_MAX_CONCURRENCY", "1")
         .env("LISTENER_BUFFER", "10")
         .env("LISTENER_HTTP_ADDR", &addr)
+        .env("FLEET_SIGNING_KEY_FILE", crate::support::role_keys().file(fleet_io::auth::Role::Processor))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {

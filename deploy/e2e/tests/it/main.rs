@@ -18,6 +18,7 @@ mod outage;
 mod partitions;
 mod pipeline;
 mod reliability;
+mod roles;
 mod scaling;
 mod shards;
 mod status_page;

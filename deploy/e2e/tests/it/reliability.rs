@@ -242,8 +242,24 @@ async fn a_flood_of_forged_results_is_quarantined_and_the_real_job_stays_exact()
     }
     forged.push(serde_json::to_string(&ResultMessage::Sealed { v: 1, job_id: nobody[0].clone(), total_chunks: 1 }).unwrap());
     let n_forged = forged.len();
+    // Sent with every credential a participant could hold (a processor's key and its chunks' tokens, a
+    // submitter's key for the seals), so that only the jobs' own records stand between them and the
+    // bill (the role check has its own tests: roles.rs).
+    let keys = crate::support::role_keys();
+    let (processor, submitter) = (keys.key(fleet_io::auth::Role::Processor), keys.key(fleet_io::auth::Role::Submitter));
+    let forged: Vec<fleet_io::queue::Outgoing> = forged
+        .into_iter()
+        .map(|body| {
+            let m: ResultMessage = serde_json::from_str(&body).unwrap();
+            let (auth, chunk_token) = match &m {
+                ResultMessage::Chunk(c) => (processor.sign(&body), Some(submitter.chunk_token(&c.job_id, c.chunk))),
+                _ => (submitter.sign(&body), None),
+            };
+            fleet_io::queue::Outgoing { attrs: fleet_io::queue::Attrs { auth: Some(auth), chunk_token, ..Default::default() }, body, dedup: None }
+        })
+        .collect();
     for batch in forged.chunks(10) {
-        s.results.send(batch.to_vec()).await.unwrap();
+        s.results.send_messages(batch).await.unwrap();
     }
     // A bomb fails its chunk until the chunk's real result replaces the failure, which the real
     // processor sends seconds later: a job whose chunks are all failed is finished a settle time after

@@ -31,7 +31,11 @@ fn spec(s: &crate::support::Stack) -> ProcessSpec {
     .into_iter()
     .flat_map(|(k, v)| [k.to_string(), v])
     .collect();
-    let mut envs = vec![("AMQP_URL".to_string(), n.amqp_url.clone()), ("RUST_LOG".to_string(), "warn".to_string())];
+    let mut envs = vec![
+        ("AMQP_URL".to_string(), n.amqp_url.clone()),
+        ("RUST_LOG".to_string(), "warn".to_string()),
+        ("FLEET_SIGNING_KEY_FILE".to_string(), crate::support::role_keys().file(fleet_io::auth::Role::Processor).display().to_string()),
+    ];
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
         for (k, v) in
             [("AWS_ENDPOINT_URL", crate::support::LOCALSTACK), ("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_REGION", "us-east-1")]

@@ -37,6 +37,8 @@ pub struct Attrs {
     /// Its sender's role signature (see `auth`): kept wherever the message travels (a dead-letter
     /// queue, the quarantine and its redrive, a stray forwarded to its partition).
     pub auth: Option<String>,
+    /// A work item's chunk token (see `auth::Key::chunk_token`), passed on with its result.
+    pub chunk_token: Option<String>,
 }
 
 /// A message to send.

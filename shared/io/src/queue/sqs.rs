@@ -271,6 +271,9 @@ fn attribute_values(attrs: &Attrs) -> Vec<(&'static str, MessageAttributeValue)>
     if let Some(a) = &attrs.auth {
         out.extend(text(a).map(|v| (crate::auth::ATTRIBUTE, v)));
     }
+    if let Some(t) = &attrs.chunk_token {
+        out.extend(text(t).map(|v| (crate::auth::CHUNK_ATTRIBUTE, v)));
+    }
     out
 }
 
@@ -281,8 +284,9 @@ impl Queue for SqsQueue {
     }
 
     async fn send_messages(&self, msgs: &[Outgoing]) -> Result<u64> {
-        // The body and its attributes (priority, deadline, reason, traceparent, signature: under 320 bytes).
-        let sizes: Vec<usize> = msgs.iter().map(|m| m.body.len() + 320).collect();
+        // The body and its attributes (priority, deadline, reason, traceparent, signature, chunk
+        // token: under 400 bytes).
+        let sizes: Vec<usize> = msgs.iter().map(|m| m.body.len() + 400).collect();
         let mut calls = 0;
         for range in plan_batches(&sizes) {
             let mut pending: Vec<(usize, &Outgoing)> = range.map(|i| (i, &msgs[i])).collect();
@@ -352,6 +356,7 @@ impl Queue for SqsQueue {
                             reason: attr("reason").map(str::to_string),
                             trace: attr("traceparent").map(str::to_string),
                             auth: attr(crate::auth::ATTRIBUTE).map(str::to_string),
+                            chunk_token: attr(crate::auth::CHUNK_ATTRIBUTE).map(str::to_string),
                         }
                     },
                 };
