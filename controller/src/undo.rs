@@ -75,10 +75,13 @@ pub enum Fix {
     RolesChecked,
     /// A result counts only with its chunk's token, which only its work item brought (issue 58).
     ChunkTokenChecked,
+    /// A message of a partition this controller no longer reads is handed back, never applied
+    /// (issue 58, seeds 7000529 and 7002198).
+    AppliedOnlyWhereRead,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 30] = [
+    pub const ALL: [Fix; 31] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -109,6 +112,7 @@ impl Fix {
         Fix::CompleteOnlyWhenCounted,
         Fix::RolesChecked,
         Fix::ChunkTokenChecked,
+        Fix::AppliedOnlyWhereRead,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -144,6 +148,7 @@ impl Fix {
             Fix::CompleteOnlyWhenCounted => "complete-only-when-counted",
             Fix::RolesChecked => "roles-checked",
             Fix::ChunkTokenChecked => "chunk-token-checked",
+            Fix::AppliedOnlyWhereRead => "applied-only-where-read",
         }
     }
 
@@ -180,6 +185,7 @@ impl Fix {
             Fix::CompleteOnlyWhenCounted => "complete only when processed + failed = accepted",
             Fix::RolesChecked => "a message counts only when signed by a role that may send it",
             Fix::ChunkTokenChecked => "a result counts only with its chunk's token",
+            Fix::AppliedOnlyWhereRead => "a message of a partition no longer read handed back, never applied",
         }
     }
 }

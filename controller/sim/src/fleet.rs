@@ -235,11 +235,13 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
                     // One in ten comes by the dead-letter queue (drawn after, for the same reason).
                     let dead_lettered = stragglers > 0.0 && own.random_bool(0.1);
                     let fate = fate(rng, hostile, poison, fifo);
-                    // Not one with a failure report ahead: its real result, dead-lettered after the
+                    // Not one with a failure report (or a hostile result) ahead: its real result, dead-lettered after the
                     // receives of controllers that could not take it, may come after the settle time,
                     // which bounds how long a live or crashed peer holds a result, not that; the job
                     // may then end partial by design, which the oracle cannot tell.
-                    let dead_lettered = dead_lettered && fate.billed() && fate != Fate::FailedFirst;
+                    // A hostile result ahead fails its chunk just as a failure report does (seed
+                    // 9104710: its real result, dead-lettered, came after the settle time).
+                    let dead_lettered = dead_lettered && fate.billed() && !matches!(fate, Fate::FailedFirst | Fate::HostileFirst);
                     ChunkPlan { fate, group, rows, straggle: straggle.filter(|_| fate.billed()), dead_lettered }
                 })
                 .collect();

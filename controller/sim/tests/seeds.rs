@@ -67,3 +67,18 @@ fn an_undone_fix_fails_a_seed() {
         assert!(found.is_some(), "{} undone: no seed of 300 failed", fix.name());
     }
 }
+
+/// Seeds that failed once, each kept as a regression: issue 58's 7000529 and 7002198 (a held
+/// message's retry loaded a job after its controller let go of the partition: its new reader handed
+/// its messages back for ever; `applied-only-where-read`), 9104710 (a chunk with a hostile result
+/// ahead and its real result dead-lettered past the settle time: the plan now treats it as it treats
+/// a failure report ahead). 7000529 fails with its fix undone (7002198 did too before the plan's
+/// change for 9104710 altered its run).
+#[test]
+fn regression_seeds_pass() {
+    for seed in [7_000_529, 7_002_198, 9_104_710] {
+        let run = run_seed(seed, opts());
+        assert!(run.violations.is_empty(), "seed {seed}: {:?}", run.violations);
+    }
+    assert!(first_failure(7_000_529, 1, 1, opts(), Some(Fix::AppliedOnlyWhereRead)).is_some(), "seed 7000529 passes with the fix undone");
+}

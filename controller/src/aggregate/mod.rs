@@ -483,6 +483,15 @@ impl Aggregator {
         let mut applied = Applied::default();
         let mut groups: BTreeMap<String, Vec<(Kept, Item)>> = BTreeMap::new();
         for m in msgs {
+            // Of a partition this controller no longer reads (a held message retried, or a batch that
+            // outlived its partition's stop): straight back to the queue for its new reader, never
+            // applied here (it would load and lease its job after the partition was let go, and the
+            // new reader would hand the job's messages back for ever: seeds 7000529, 7002198).
+            if self.not_read(m.queue()) {
+                tracing::debug!(queue = m.queue(), message_id = %m.id, "a message of a partition no longer read here: handed back");
+                applied.release.push((m, Duration::ZERO));
+                continue;
+            }
             let parsed = parse(source, &m).map_err(|e| e.to_string());
             // Authority by role: only a role that may send it (checked before anything of the job is
             // looked up, loaded or leased).
@@ -517,6 +526,14 @@ impl Aggregator {
             applied.release.extend(a.release);
         }
         applied
+    }
+
+    /// `queue` is a results partition's queue this controller does not read now.
+    fn not_read(&self, queue: &str) -> bool {
+        if crate::undo::is(crate::undo::Fix::AppliedOnlyWhereRead) {
+            return false;
+        }
+        self.partition_queues.get(queue).is_some_and(|p| !lock(&self.read).contains(p))
     }
 
     /// Keeps a message in the quarantine (`initiator dlq list`) with the reason; returns it for
@@ -800,6 +817,14 @@ impl Aggregator {
         }
         if loaded.is_none() {
             match self.take(job_id, &mut ctl).await? {
+                // Its partition let go of while the job was being taken: given back at once with its
+                // messages, for the partition's new reader.
+                Taken::Open(job) if kept.iter().any(|(_, k)| self.not_read(k.queue())) => {
+                    if let Err(e) = self.leases.release(job_id, job.lease()).await {
+                        tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
+                    }
+                    return Ok(Step::NotMine(unpaired(kept), Duration::ZERO));
+                }
                 Taken::Open(job) => *loaded = Some(*job),
                 Taken::Finished => return Ok(Step::Delete(self.complete_late(job_id, std::mem::take(kept)).await)),
                 Taken::Busy(after) => {
