@@ -207,7 +207,13 @@ pub struct MessageUnauthorized<'a> {
 
 impl MessageUnauthorized<'_> {
     pub fn emit(&self) {
-        tracing::error!(job = self.job, message_id = self.message_id, reason = self.reason, why = "role", "message refused: not sent by a role that may send it");
+        tracing::error!(
+            job = self.job,
+            message_id = self.message_id,
+            reason = self.reason,
+            why = "role",
+            "message refused: not sent by a role that may send it"
+        );
         REFUSED.get_or_create(&vec![("why".to_string(), "role".to_string())]).inc();
     }
 }

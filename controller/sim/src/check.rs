@@ -171,7 +171,9 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
                 // unsigned) result billing its own account.
                 Ok(ResultMessage::Abandon { reason, .. }) if reason == ROGUE_ABANDON => true,
                 Ok(ResultMessage::Sealed { .. }) if q.auth.as_deref().is_some_and(|a| a.starts_with("v1.processor.")) => true,
-                Ok(ResultMessage::Chunk(c)) if matches!(&c.outcome, ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts } } if accounts.iter().any(|a| a.account_id == MALLORY)) => true,
+                Ok(ResultMessage::Chunk(c)) if matches!(&c.outcome, ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts } } if accounts.iter().any(|a| a.account_id == MALLORY)) => {
+                    true
+                }
                 Ok(ResultMessage::Chunk(c)) => jobs.iter().find(|j| j.id == c.job_id).is_some_and(|j| {
                     let beyond = c.chunk as usize >= j.chunks.len();
                     beyond || c.transactions != j.chunks[c.chunk as usize].rows.len() as u64

@@ -284,7 +284,12 @@ impl Keys {
     pub fn of(seed: u64) -> Keys {
         let mut rng = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed ^ 0x6e75_0000_0000);
         let mut key = |role| Key::new(role, (0..32).map(|_| rng.random::<u8>()).collect()).expect("32 bytes");
-        Keys { submitter: key(AuthRole::Submitter), operator: key(AuthRole::Operator), processor: key(AuthRole::Processor), controller: key(AuthRole::Controller) }
+        Keys {
+            submitter: key(AuthRole::Submitter),
+            operator: key(AuthRole::Operator),
+            processor: key(AuthRole::Processor),
+            controller: key(AuthRole::Controller),
+        }
     }
 
     /// The controllers' keyring: every role's key.
@@ -349,7 +354,9 @@ pub async fn initiate(
     opts.job_id = Some(job.id.clone());
     opts.chunk_size = job.chunk_rows().max(1);
     opts.grouping = job.grouping();
-    let way = |q: Arc<dyn Queue>| -> Arc<dyn Queue> { Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Initiator, dlq: None, partitions: Vec::new() }) };
+    let way = |q: Arc<dyn Queue>| -> Arc<dyn Queue> {
+        Arc::new(FatedQueue { inner: q, fated: fated.clone(), role: Role::Initiator, dlq: None, partitions: Vec::new() })
+    };
     let results = Sharded::of(results.into_iter().map(way).collect()).expect("at least one partition");
     let clients = Clients {
         work: way(work),
@@ -783,7 +790,8 @@ fn forgeries(job: &JobPlan, keys: &Keys) -> Vec<Outgoing> {
     // an unsigned one.
     let last = n - 1;
     let rows = job.chunks[last as usize].rows.len() as u64;
-    let mallory = vec![AccountTotals { account_id: MALLORY.into(), currency: "EUR".into(), count: rows, gross: Decimal::new(99_999_999_999, 2), fees: Decimal::ZERO }];
+    let mallory =
+        vec![AccountTotals { account_id: MALLORY.into(), currency: "EUR".into(), count: rows, gross: Decimal::new(99_999_999_999, 2), fees: Decimal::ZERO }];
     out.push(signed(body(ResultMessage::Chunk(real(last, mallory.clone(), rows))), &keys.submitter));
     out.push(Outgoing::plain(body(ResultMessage::Chunk(real(last, mallory.clone(), rows)))));
     // And the rogue processor's own, signed with its key but without the chunk's token (it was not

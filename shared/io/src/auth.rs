@@ -79,7 +79,10 @@ impl fmt::Display for Role {
 impl std::str::FromStr for Role {
     type Err = Error;
     fn from_str(s: &str) -> Result<Role> {
-        Role::ALL.into_iter().find(|r| r.as_str() == s).ok_or_else(|| Error::Config(format!("unknown role {s:?}: expected one of submitter, operator, processor, controller")))
+        Role::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| Error::Config(format!("unknown role {s:?}: expected one of submitter, operator, processor, controller")))
     }
 }
 
@@ -134,7 +137,10 @@ impl Key {
             .find(|(_, l)| !l.is_empty() && !l.starts_with('#'))
             .ok_or("no key in it (expected a line `ROLE BASE64-SECRET`)")?;
         let (role, secret) = line.split_once(char::is_whitespace).ok_or_else(|| format!("line {n}: expected `ROLE BASE64-SECRET`"))?;
-        let role = Role::ALL.into_iter().find(|r| r.as_str() == role).ok_or_else(|| format!("line {n}: unknown role {role:?}: expected one of submitter, operator, processor, controller"))?;
+        let role = Role::ALL
+            .into_iter()
+            .find(|r| r.as_str() == role)
+            .ok_or_else(|| format!("line {n}: unknown role {role:?}: expected one of submitter, operator, processor, controller"))?;
         let secret = base64::engine::general_purpose::STANDARD.decode(secret.trim()).map_err(|e| format!("line {n}: the secret is not base64: {e}"))?;
         Key::new(role, secret).map_err(|e| format!("line {n}: {e}"))
     }
@@ -250,7 +256,11 @@ impl Keyring {
         let (Some("v1"), Some(role), Some(id), Some(mac)) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
             return Err(Refused::Malformed);
         };
-        let key = self.keys.get(id).filter(|k| k.role.as_str() == role).ok_or_else(|| Refused::UnknownKey { role: role.chars().take(16).collect(), id: id.chars().take(16).collect() })?;
+        let key = self
+            .keys
+            .get(id)
+            .filter(|k| k.role.as_str() == role)
+            .ok_or_else(|| Refused::UnknownKey { role: role.chars().take(16).collect(), id: id.chars().take(16).collect() })?;
         let given = base64::engine::general_purpose::STANDARD_NO_PAD.decode(mac).map_err(|_| Refused::Malformed)?;
         let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&key.secret).expect("HMAC takes any key length");
         m.update(b"fleet-auth v1\0");

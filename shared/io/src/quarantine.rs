@@ -73,7 +73,15 @@ impl Quarantined {
     pub fn outgoing(&self) -> Outgoing {
         Outgoing {
             body: self.body.clone(),
-            attrs: Attrs { priority: self.priority, deadline_ms: self.deadline_ms, group: self.group.clone(), reason: None, trace: None, auth: self.auth.clone(), chunk_token: self.chunk_token.clone() },
+            attrs: Attrs {
+                priority: self.priority,
+                deadline_ms: self.deadline_ms,
+                group: self.group.clone(),
+                reason: None,
+                trace: None,
+                auth: self.auth.clone(),
+                chunk_token: self.chunk_token.clone(),
+            },
             // Sent back later than a first send's window may be, or not: never dropped as its duplicate.
             dedup: Some(Outgoing::redrive_dedup(&self.body, &self.message_id)),
         }
@@ -133,7 +141,15 @@ mod tests {
             body: "{not json".into(),
             receive_count: 3,
             sent_ms: Some(1),
-            attrs: Attrs { priority: 2, deadline_ms: Some(9), group: None, reason: Some("x".into()), trace: None, auth: Some("v1.processor.k.m".into()), chunk_token: None },
+            attrs: Attrs {
+                priority: 2,
+                deadline_ms: Some(9),
+                group: None,
+                reason: Some("x".into()),
+                trace: None,
+                auth: Some("v1.processor.k.m".into()),
+                chunk_token: None,
+            },
         };
         let key = put(store.as_ref(), "billing-results-dlq", &m, "invalid JSON").await.unwrap();
         assert_eq!(key, "quarantine/billing-results-dlq/id_1.json");

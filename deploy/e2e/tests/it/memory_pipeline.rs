@@ -172,8 +172,13 @@ async fn failure_after_work_items_went_out_abandons_the_job_and_says_so() {
     let store = Arc::new(UploadStore { inner: MemoryStore::new(), ok: Some(40.into()), jitter: false });
     let work = MemoryQueue::new("work", Duration::from_secs(30));
     let results = MemoryQueue::new("results", Duration::from_secs(30));
-    let clients =
-        Clients { work: work.clone() as Arc<dyn Queue>, results: results.clone() as Arc<dyn Queue>, store: store as Arc<dyn BlobStore>, triggers: None, signing_key: None };
+    let clients = Clients {
+        work: work.clone() as Arc<dyn Queue>,
+        results: results.clone() as Arc<dyn Queue>,
+        store: store as Arc<dyn BlobStore>,
+        triggers: None,
+        signing_key: None,
+    };
     let opts = SubmitOptions { chunk_size: 5, ..SubmitOptions::new(vec![path]) };
     let r = tokio::time::timeout(Duration::from_secs(20), initiator::submit::submit(opts, &clients)).await.expect("submit returned");
     let Err(e @ initiator::CliError::Enqueued { .. }) = r else { panic!("expected an error after enqueueing, got {r:?}") };

@@ -89,13 +89,19 @@ async fn a_forged_abandon_and_result_from_a_processors_credentials_leave_the_job
     assert_eq!(r.status, JobStatus::Complete, "{:?}", r.note);
     assert_eq!(crate::support::report_accounts(&r), crate::support::expected_accounts(&files), "exact totals, no mallory");
     let metrics = crate::support::get(&http.to_string(), "/metrics").await.expect("the controller's metrics");
-    assert!(metrics.lines().any(|l| l == "controller_messages_refused_total{why=\"role\"} 2"), "{}", metrics.lines().filter(|l| l.contains("refused")).collect::<Vec<_>>().join("\n"));
+    assert!(
+        metrics.lines().any(|l| l == "controller_messages_refused_total{why=\"role\"} 2"),
+        "{}",
+        metrics.lines().filter(|l| l.contains("refused")).collect::<Vec<_>>().join("\n")
+    );
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stray_copy_on_another_partition_during_a_rolling_restart_of_three_controllers_leaves_the_job_exact() {
-    let Some(st) = crate::support::partitioned_stack(3, QueueSettings { max_receive_count: 10, visibility_timeout: Duration::from_secs(5) }).await else { return };
+    let Some(st) = crate::support::partitioned_stack(3, QueueSettings { max_receive_count: 10, visibility_timeout: Duration::from_secs(5) }).await else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let files = vec![crate::support::generated(dir.path(), "stray.csv", 4_000, 60, 59)];
     // Every result and the seal on the job's partition, no controller running yet.
@@ -125,7 +131,10 @@ async fn a_stray_copy_on_another_partition_during_a_rolling_restart_of_three_con
     }
     let t = Instant::now();
     let r = st.wait_report(&job, Duration::from_secs(120)).await;
-    println!("== roles: a stray copy during a rolling restart of three controllers; the job finished {:.1} s after the last restart", t.elapsed().as_secs_f64());
+    println!(
+        "== roles: a stray copy during a rolling restart of three controllers; the job finished {:.1} s after the last restart",
+        t.elapsed().as_secs_f64()
+    );
     assert_eq!(r.status, JobStatus::Complete, "{:?}", r.note);
     assert_eq!(crate::support::report_accounts(&r), crate::support::expected_accounts(&files), "exact totals");
     // The stray was forwarded (a duplicate at its job's reader), not quarantined, and nothing is left.
