@@ -6,7 +6,7 @@
 //! (SIGSTOP) past its lease mid-job and again while it finishes, the others killed and restarted:
 //! every job complete and exact.
 
-use crate::support::Fleet as _;
+use crate::support::{Fleet as _, Procs};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -162,17 +162,4 @@ async fn three_controllers_one_stopped_past_its_lease_while_finishing_others_res
     }
     agent.stop().await;
     p.stop().await;
-}
-
-/// Child processes killed when the test ends, also when it fails.
-struct Procs(Vec<std::process::Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = std::process::Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::support::Fleet as _;
+use crate::support::{Fleet as _, Procs};
 use fleet_io::blob::BlobStore;
 use fleet_io::provision::QueueSettings;
 use fleet_io::queue::Queue;
@@ -132,18 +132,6 @@ async fn three_controllers_balance_six_partitions_a_calm_run_dead_letters_nothin
     assert_eq!(crate::support::report_accounts(&r), crate::support::expected_accounts(&more));
     assert_eq!(dead_letters(&st).await, 0);
     p.stop().await;
-}
-
-/// Child processes killed when the test ends, also when it fails.
-struct Procs(Vec<std::process::Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// A partition taken over from a controller that died holding its messages: they are invisible when

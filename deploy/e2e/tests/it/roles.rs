@@ -6,23 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::Fleet as _;
+use crate::support::{Fleet as _, Procs};
 use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, JobStatus, ResultMessage};
 use fleet_io::auth::Role;
 use fleet_io::provision::QueueSettings;
 use fleet_io::queue::{Attrs, Outgoing, Queue};
-
-/// Child processes killed when the test ends, also when it fails.
-struct Procs(Vec<std::process::Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// Waits until `f` holds, at most `timeout`.
 async fn until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {

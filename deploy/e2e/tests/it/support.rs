@@ -48,6 +48,19 @@ pub fn role_keys() -> &'static RoleKeys {
     })
 }
 
+/// Child processes killed when the test ends, also when it fails (a paused one continued first).
+pub struct Procs(pub Vec<std::process::Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = std::process::Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 pub struct Running {
     pub stop: CancellationToken,
     pub handle: JoinHandle<fleet_io::Result<()>>,
