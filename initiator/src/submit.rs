@@ -530,7 +530,16 @@ async fn submit_enqueued(
         partition: enqueue.partition,
     };
     let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| CliError::Input(e.to_string()))?;
-    clients.store.put(&manifest_key(&job_id), Bytes::from(manifest_bytes), "application/json").await?;
+    // Created only if absent (the submitter's policy allows no other write of a manifest): a job's
+    // manifest, the authority its results are judged by, is never replaced. A write that finds one
+    // is ours when it holds these very bytes (an earlier attempt whose answer was lost).
+    let manifest_bytes = Bytes::from(manifest_bytes);
+    let key = manifest_key(&job_id);
+    if clients.store.put_if(&key, manifest_bytes.clone(), "application/json", &Default::default(), &fleet_io::blob::Cond::Absent).await?.is_none()
+        && clients.store.get(&key).await?.as_ref() != Some(&manifest_bytes)
+    {
+        return Err(CliError::Input(format!("job {job_id} already has a manifest that is not this submission's: a job's manifest is written once")));
+    }
     let seal =
         serde_json::to_string(&ResultMessage::Sealed { v: WIRE_VERSION, job_id: job_id.clone(), total_chunks }).map_err(|e| CliError::Input(e.to_string()))?;
     let results = fleet_io::queue::partition(&clients.results, enqueue.partition)?;
@@ -588,6 +597,32 @@ mod tests {
         files.push(stream(Some(bytes.len() as u64)));
         assert_eq!(auto_chunk_size(&files), n);
         assert_eq!(auto_chunk_size(&[stream(None)]), AUTO_CHUNK_MAX);
+    }
+
+    #[tokio::test]
+    async fn a_jobs_manifest_is_written_once_never_replaced() {
+        // Issue 58: a job's manifest is the authority its results are judged by. A submission under
+        // the id of a job that already has one (someone else's) is refused and leaves it unchanged,
+        // and no seal goes out.
+        use fleet_io::memory::{MemoryQueue, MemoryStore};
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let path = csv(dir.path(), "day.csv", 20);
+        let store = MemoryStore::new();
+        store.put(&manifest_key("taken"), Bytes::from_static(b"{\"theirs\":1}"), "application/json").await.unwrap();
+        let results = MemoryQueue::new("results", Duration::from_secs(30));
+        let clients = Clients {
+            work: MemoryQueue::new("work", Duration::from_secs(30)),
+            results: results.clone(),
+            store: store.clone(),
+            triggers: None,
+            signing_key: None,
+        };
+        let opts = SubmitOptions { chunk_size: 10, job_id: Some("taken".into()), ..SubmitOptions::new(vec![path.clone()]) };
+        let err = submit_inputs(opts, open(std::slice::from_ref(&path)), &clients).await.map(|_| ()).unwrap_err();
+        assert!(err.to_string().contains("already has a manifest"), "{err}");
+        assert_eq!(store.get(&manifest_key("taken")).await.unwrap().as_deref(), Some(&b"{\"theirs\":1}"[..]), "left unchanged");
+        assert!(results.receive(10, Duration::ZERO).await.unwrap().iter().all(|m| !m.body.contains(r#""kind":"sealed""#)), "no seal");
     }
 
     /// A submission with a submitter's key: every work item (on both shards of a sharded work queue)
