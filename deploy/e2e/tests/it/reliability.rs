@@ -137,12 +137,20 @@ async fn poison_work_items_fail_their_chunks_and_nothing_else() {
     bomb_item.blob =
         BlobRef { key: chunk_key(&job.job_id, 7), sha256: fleet_domain::codec::sha256_hex(&bomb), compressed_bytes: bomb.len() as u64, raw_bytes: 4096 };
     // Back on the queue: every item (chunk 7 as the bomb), chunk 5 twice, and two garbage bodies.
-    let mut bodies: Vec<String> = (0..10u32).filter(|c| *c != 7).map(|c| serde_json::to_string(&item(c)).unwrap()).collect();
-    bodies.push(serde_json::to_string(&bomb_item).unwrap());
-    bodies.push(serde_json::to_string(&item(5)).unwrap());
-    bodies.push("garbage, not JSON".into());
-    bodies.push("{\"v\":1,\"job_id\":\"../../etc\"}".into());
-    s.work.send(bodies).await.unwrap();
+    // Signed, with their chunks' tokens, as the initiator sends them (the garbage is not).
+    let submitter = crate::support::role_keys().key(fleet_io::auth::Role::Submitter);
+    let signed = |w: &WorkItem| {
+        let body = serde_json::to_string(w).unwrap();
+        let attrs =
+            fleet_io::queue::Attrs { auth: Some(submitter.sign(&body)), chunk_token: Some(submitter.chunk_token(&w.job_id, w.chunk)), ..Default::default() };
+        fleet_io::queue::Outgoing { body, attrs, dedup: None }
+    };
+    let mut bodies: Vec<fleet_io::queue::Outgoing> = (0..10u32).filter(|c| *c != 7).map(|c| signed(&item(c))).collect();
+    bodies.push(signed(&bomb_item));
+    bodies.push(signed(&item(5)));
+    bodies.push(fleet_io::queue::Outgoing::plain("garbage, not JSON".into()));
+    bodies.push(fleet_io::queue::Outgoing::plain("{\"v\":1,\"job_id\":\"../../etc\"}".into()));
+    s.work.send_messages(&bodies).await.unwrap();
     s.work.delete(items.into_iter().map(|(_, d)| d).collect()).await.unwrap();
 
     let p = s.start_processor(fast_processor());
