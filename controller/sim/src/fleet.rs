@@ -776,6 +776,14 @@ fn forgeries(job: &JobPlan, keys: &Keys) -> Vec<Outgoing> {
     // it (results: the records refute the ones above), and nowhere else: a seal of the right size and
     // an abandon of the job (any results-queue sender knew the job's id).
     let mut out: Vec<Outgoing> = bodies.into_iter().map(|b| signed(b, &keys.processor)).collect();
+    // The undersized seal is a rogue submitter's (its own key): only the manifest refutes it.
+    for o in &mut out {
+        if let Ok(ResultMessage::Sealed { job_id, total_chunks, .. }) = serde_json::from_str::<ResultMessage>(&o.body) {
+            if job_id == job.id && total_chunks != n {
+                o.attrs.auth = Some(keys.submitter.sign(&o.body));
+            }
+        }
+    }
     // It was handed chunk 0's work item (its forgeries follow that chunk's first result): its
     // forgeries of chunk 0 carry the chunk's token, and the job's records must refute them.
     for o in &mut out {
