@@ -13,9 +13,15 @@
 //!
 //! Being that one place, it is also where calls are observed, by their typed [`Op`]: the process's
 //! call metrics (`crate::metrics`: a latency histogram, retries, errors and calls given up by their
-//! caller, by service and operation), and which operations a process calls ([`called`]; with `FLEET_CALLS_FILE` set, a binary
-//! writes them there when it exits ([`write_called`]), which is how the IAM policies in
-//! `deploy/k8s/iam/` are checked against what each service really calls).
+//! caller, by service and operation), and, with `FLEET_CALLS_FILE` set only, what a process calls and
+//! on what ([`called`]): each call's operation, the resource it names ([`On`]: the SQS queue, the S3
+//! bucket, the bucket and key) and the request's IAM condition keys (a conditional PutObject's
+//! `s3:if-none-match` / `s3:if-match`, a listing's `s3:prefix`), one line per distinct call, at most
+//! [`MAX_CALLED`] lines. Every call passes its [`On`] to [`CallPolicy::run`] / [`CallPolicy::once`]
+//! (provisioning, which calls the SDK without the policy, to [`record`]), so none is left out. A binary
+//! writes the lines to that file when it exits ([`write_called`]): the IAM test
+//! (`deploy/e2e/tests/it/iam.rs`) evaluates each against its service's policy in `deploy/k8s/iam/`,
+//! action, resource and condition, as IAM would.
 //!
 //! A client counts the requests the services bill in its [`CallCounter`] (an attempt each, by
 //! [`Billed`]); [`counted`] runs a future with a counter of its own that sees the same counts, which is
@@ -33,30 +39,110 @@ use crate::error::{Error, Result};
 use crate::metrics::Watch;
 pub use crate::op::{Billed, Op};
 
-static CALLED: Mutex<BTreeSet<Op>> = Mutex::new(BTreeSet::new());
+static CALLED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
-/// Recording is on only when `FLEET_CALLS_FILE` is set (read once): otherwise a call takes no lock.
+/// Most distinct calls kept (a long-lived process names many keys); past it, new ones are dropped and
+/// the calls file ends with a line saying so ([`TRUNCATED`]).
+pub const MAX_CALLED: usize = 10_000;
+
+/// The last line of a calls file whose calls were more than [`MAX_CALLED`].
+pub const TRUNCATED: &str = "# truncated";
+
+static DROPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Recording is on only when `FLEET_CALLS_FILE` is set (read once): otherwise a call takes no lock
+/// and formats nothing.
 fn recording() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("FLEET_CALLS_FILE").is_some())
 }
 
-fn record(op: Op) {
-    if recording() {
-        crate::lock(&CALLED).insert(op);
+/// What a call acts on, as IAM names its resource (and the request's condition keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum On<'a> {
+    /// No resource IAM knows of (RabbitMQ's calls).
+    Unnamed,
+    /// An SQS queue, by name.
+    Queue(&'a str),
+    /// A message move task from the queue `from` to the queue `to` (by name): IAM checks the task on
+    /// `from` and what SQS does on the caller's behalf (receive and delete there, send to `to`).
+    Move { from: &'a str, to: &'a str },
+    /// An S3 bucket (HeadBucket, CreateBucket, ...); a ListObjectsV2 with its prefix (`s3:prefix`).
+    Bucket { bucket: &'a str, prefix: Option<&'a str> },
+    /// An object; a PutObject with its precondition, if any.
+    Object { bucket: &'a str, key: &'a str, cond: Option<Precondition> },
+}
+
+/// A conditional write's precondition: IAM's `s3:if-none-match` / `s3:if-match` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precondition {
+    /// `If-None-Match: *` (created only if absent).
+    IfNoneMatch,
+    /// `If-Match: <etag>` (replaced only if unchanged; the etag itself is not recorded).
+    IfMatch,
+}
+
+impl On<'_> {
+    /// An object `key` of `bucket`, written unconditionally or read.
+    pub fn object<'a>(bucket: &'a str, key: &'a str) -> On<'a> {
+        On::Object { bucket, key, cond: None }
+    }
+
+    /// A bucket without a prefix.
+    pub fn bucket(bucket: &str) -> On<'_> {
+        On::Bucket { bucket, prefix: None }
     }
 }
 
-/// The operations this process has called so far, as `sqs.ReceiveMessage`, `s3.GetObject`, ...
-/// (recorded only with `FLEET_CALLS_FILE` set).
-pub fn called() -> Vec<String> {
-    crate::lock(&CALLED).iter().map(Op::to_string).collect()
+/// One call as a line of the calls file: the operation, then tab-separated the resource (a queue's
+/// name, `bucket` or `bucket/key`) and the condition keys the request carries, each `key=value`:
+/// `s3.PutObject\tbilling-fleet/jobs/J/manifest.json\ts3:if-none-match=*`,
+/// `sqs.ReceiveMessage\tbilling-results-1`, `s3.ListObjectsV2\tbilling-fleet\ts3:prefix=open/`
+/// (a move task's `destination=` is no condition key: the queue its messages are sent to).
+pub fn call_line(op: Op, on: On<'_>) -> String {
+    match on {
+        On::Unnamed => op.to_string(),
+        On::Queue(name) => format!("{op}\t{name}"),
+        On::Move { from, to } => format!("{op}\t{from}\tdestination={to}"),
+        On::Bucket { bucket, prefix: None } => format!("{op}\t{bucket}"),
+        On::Bucket { bucket, prefix: Some(p) } => format!("{op}\t{bucket}\ts3:prefix={p}"),
+        On::Object { bucket, key, cond: None } => format!("{op}\t{bucket}/{key}"),
+        On::Object { bucket, key, cond: Some(Precondition::IfNoneMatch) } => format!("{op}\t{bucket}/{key}\ts3:if-none-match=*"),
+        On::Object { bucket, key, cond: Some(Precondition::IfMatch) } => format!("{op}\t{bucket}/{key}\ts3:if-match=<etag>"),
+    }
 }
 
-/// Writes [`called`], one a line, to the file `FLEET_CALLS_FILE` names (when set).
+/// Records a call of `op` on `on` (with `FLEET_CALLS_FILE` set only): [`CallPolicy::run`] and
+/// [`CallPolicy::once`] do it for every call they bound; a call made outside them records itself.
+pub fn record(op: Op, on: On<'_>) {
+    if recording() {
+        record_line(call_line(op, on));
+    }
+}
+
+fn record_line(line: String) {
+    let mut called = crate::lock(&CALLED);
+    if called.len() < MAX_CALLED || called.contains(&line) {
+        called.insert(line);
+    } else {
+        DROPPED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The distinct calls this process has made so far, as [`call_line`]s, sorted (recorded only with
+/// `FLEET_CALLS_FILE` set).
+pub fn called() -> Vec<String> {
+    crate::lock(&CALLED).iter().cloned().collect()
+}
+
+/// Writes [`called`], one a line, to the file `FLEET_CALLS_FILE` names (when set); then [`TRUNCATED`]
+/// if calls were dropped past [`MAX_CALLED`].
 pub fn write_called() {
     if let Some(path) = std::env::var_os("FLEET_CALLS_FILE") {
-        let text: String = called().into_iter().map(|c| c + "\n").collect();
+        let mut text: String = called().into_iter().map(|c| c + "\n").collect();
+        if DROPPED.load(std::sync::atomic::Ordering::Relaxed) {
+            text.push_str(&format!("{TRUNCATED} at {MAX_CALLED} distinct calls\n"));
+        }
         if let Err(e) = std::fs::write(&path, text) {
             tracing::warn!(path = %std::path::Path::new(&path).display(), error = %e, "could not write the calls file");
         }
@@ -128,12 +214,12 @@ impl CallPolicy {
     /// Runs `attempt` until it succeeds, fails with a non-retryable error, or the deadline has passed
     /// (then the last error, or a timeout, is returned: retryable, so the caller leaves its messages for
     /// redelivery). `extra` lengthens each attempt's timeout (a long poll's wait).
-    pub async fn run<T, F, Fut>(&self, op: Op, extra: Duration, attempt: F) -> Result<T>
+    pub async fn run<T, F, Fut>(&self, op: Op, on: On<'_>, extra: Duration, attempt: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        record(op);
+        record(op, on);
         let watch = Watch::new(op);
         let (r, attempts) = self.attempts(op, extra, attempt).await;
         watch.ended(attempts, &r);
@@ -176,8 +262,8 @@ impl CallPolicy {
 
     /// One attempt under the attempt timeout (plus `extra`), no retry: for calls whose caller retries on
     /// its own terms (a listener's receive, a trigger publication).
-    pub async fn once<T>(&self, op: Op, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
-        record(op);
+    pub async fn once<T>(&self, op: Op, on: On<'_>, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        record(op, on);
         let watch = Watch::new(op);
         let limit = self.attempt_timeout + extra;
         let r = match tokio::time::timeout(limit, fut).await {
@@ -220,14 +306,14 @@ impl Guarded {
     }
 
     /// [`CallPolicy::run`], each attempt billed, reported to the breaker.
-    pub async fn run<T, F, Fut>(&self, op: Op, extra: Duration, mut attempt: F) -> Result<T>
+    pub async fn run<T, F, Fut>(&self, op: Op, on: On<'_>, extra: Duration, mut attempt: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
         let r = self
             .policy
-            .run(op, extra, || {
+            .run(op, on, extra, || {
                 self.bill(op);
                 attempt()
             })
@@ -236,10 +322,10 @@ impl Guarded {
     }
 
     /// [`CallPolicy::once`], billed, reported to the breaker.
-    pub async fn once<T>(&self, op: Op, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
+    pub async fn once<T>(&self, op: Op, on: On<'_>, extra: Duration, fut: impl Future<Output = Result<T>>) -> Result<T> {
         let r = self
             .policy
-            .once(op, extra, async {
+            .once(op, on, extra, async {
                 self.bill(op);
                 fut.await
             })
@@ -320,7 +406,7 @@ mod tests {
         let tries = AtomicU32::new(0);
         let start = Instant::now();
         let r: Result<()> = policy()
-            .run(Op::S3GetObject, Duration::ZERO, || {
+            .run(Op::S3GetObject, On::Unnamed, Duration::ZERO, || {
                 tries.fetch_add(1, Ordering::Relaxed);
                 std::future::pending()
             })
@@ -340,7 +426,7 @@ mod tests {
         let tries = AtomicU32::new(0);
         let start = Instant::now();
         let r = policy()
-            .run(Op::SqsDeleteMessageBatch, Duration::ZERO, || async {
+            .run(Op::SqsDeleteMessageBatch, On::Unnamed, Duration::ZERO, || async {
                 if tries.fetch_add(1, Ordering::Relaxed) < 3 {
                     Err(Error::Service { service: Service::Sqs, operation: "DeleteMessageBatch", detail: "503".into(), retryable: true, source: None })
                 } else {
@@ -358,7 +444,7 @@ mod tests {
     async fn a_permanent_error_is_returned_at_once() {
         let tries = AtomicU32::new(0);
         let r: Result<()> = policy()
-            .run(Op::S3GetObject, Duration::ZERO, || async {
+            .run(Op::S3GetObject, On::Unnamed, Duration::ZERO, || async {
                 tries.fetch_add(1, Ordering::Relaxed);
                 Err(Error::Corrupt("bad".into()))
             })
@@ -370,12 +456,28 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_long_poll_gets_its_wait_on_top_of_the_attempt_timeout() {
         let r = policy()
-            .run(Op::SqsReceiveMessage, Duration::from_secs(20), || async {
+            .run(Op::SqsReceiveMessage, On::Unnamed, Duration::from_secs(20), || async {
                 tokio::time::sleep(Duration::from_secs(21)).await;
                 Ok(())
             })
             .await;
         assert!(r.is_ok(), "a 21 s long poll fits 20 s + 2 s");
+    }
+
+    /// A call's line names its resource and the condition keys the request carries: what the IAM test
+    /// evaluates.
+    #[test]
+    fn a_calls_line_names_its_resource_and_condition_keys() {
+        let b = "billing-fleet";
+        assert_eq!(call_line(Op::SqsReceiveMessage, On::Queue("billing-results-1")), "sqs.ReceiveMessage\tbilling-results-1");
+        assert_eq!(call_line(Op::S3HeadBucket, On::bucket(b)), "s3.HeadBucket\tbilling-fleet");
+        assert_eq!(call_line(Op::S3ListObjectsV2, On::Bucket { bucket: b, prefix: Some("open/") }), "s3.ListObjectsV2\tbilling-fleet\ts3:prefix=open/");
+        assert_eq!(call_line(Op::S3GetObject, On::object(b, "jobs/j/manifest.json")), "s3.GetObject\tbilling-fleet/jobs/j/manifest.json");
+        let put = |cond| call_line(Op::S3PutObject, On::Object { bucket: b, key: "jobs/j/manifest.json", cond });
+        assert_eq!(put(Some(Precondition::IfNoneMatch)), "s3.PutObject\tbilling-fleet/jobs/j/manifest.json\ts3:if-none-match=*");
+        assert_eq!(put(Some(Precondition::IfMatch)), "s3.PutObject\tbilling-fleet/jobs/j/manifest.json\ts3:if-match=<etag>");
+        assert_eq!(call_line(Op::SqsStartMessageMoveTask, On::Move { from: "q-dlq", to: "q" }), "sqs.StartMessageMoveTask\tq-dlq\tdestination=q");
+        assert_eq!(call_line(Op::AmqpPublish, On::Unnamed), "amqp.basic.publish");
     }
 
     #[test]
@@ -404,7 +506,7 @@ mod tests {
         let op = Op::SqsChangeMessageVisibilityBatch; // called by no other test of this process
         let tries = AtomicU32::new(0);
         let ok = policy()
-            .run(op, Duration::ZERO, || async {
+            .run(op, On::Unnamed, Duration::ZERO, || async {
                 if tries.fetch_add(1, Ordering::Relaxed) < 2 {
                     Err(Error::Service { service: Service::Sqs, operation: op.name(), detail: "503".into(), retryable: true, source: None })
                 } else {
@@ -413,7 +515,7 @@ mod tests {
             })
             .await;
         assert!(ok.is_ok());
-        let bad: Result<()> = policy().once(op, Duration::ZERO, async { Err(Error::Corrupt("x".into())) }).await;
+        let bad: Result<()> = policy().once(op, On::Unnamed, Duration::ZERO, async { Err(Error::Corrupt("x".into())) }).await;
         assert!(bad.is_err());
         let mut reg = prometheus_client::registry::Registry::default();
         crate::metrics::register_calls(&mut reg);
@@ -428,7 +530,7 @@ mod tests {
         assert_eq!(series(&format!(r#"fleet_call_errors_total{l},outage="true"}}"#)).as_deref(), Some("0"), "{text}");
         assert_eq!(series(&format!("fleet_call_cancelled_total{l}}}")).as_deref(), Some("0"), "{text}");
         // A call its caller gives up (a timeout around it) is observed too, as cancelled.
-        let cut = tokio::time::timeout(Duration::from_secs(1), policy().once(op, Duration::ZERO, std::future::pending::<Result<()>>())).await;
+        let cut = tokio::time::timeout(Duration::from_secs(1), policy().once(op, On::Unnamed, Duration::ZERO, std::future::pending::<Result<()>>())).await;
         assert!(cut.is_err());
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
@@ -464,7 +566,7 @@ mod tests {
         let fifo = Guarded { fifo: true, ..Guarded::new(policy()) };
         let tries = AtomicU32::new(0);
         let r = fifo
-            .run(Op::SqsDeleteMessageBatch, Duration::ZERO, || async {
+            .run(Op::SqsDeleteMessageBatch, On::Unnamed, Duration::ZERO, || async {
                 if tries.fetch_add(1, Ordering::Relaxed) < 2 {
                     Err(Error::Service { service: Service::Sqs, operation: "DeleteMessageBatch", detail: "503".into(), retryable: true, source: None })
                 } else {
@@ -473,7 +575,7 @@ mod tests {
             })
             .await;
         assert!(r.is_ok());
-        let _ = fifo.once(Op::SqsReceiveMessage, Duration::ZERO, async { Ok(()) }).await;
+        let _ = fifo.once(Op::SqsReceiveMessage, On::Unnamed, Duration::ZERO, async { Ok(()) }).await;
         let want: BTreeMap<String, u64> = [("sqs.fifo.DeleteMessageBatch", 3), ("sqs.fifo.ReceiveMessage", 1)].map(|(k, v)| (k.to_string(), v)).into();
         assert_eq!(fifo.calls.snapshot(), want);
     }

@@ -2,12 +2,14 @@
 //! A queue named `*.fifo` is created as a FIFO queue (with a FIFO dead-letter queue, as SQS requires);
 //! senders give every message a de-duplication id, so content-based de-duplication stays off.
 //! `localstack/init/ready.d/10-billing-fleet.py` does the same for deployments; tests use this to
-//! make their own uniquely named resources.
+//! make their own uniquely named resources. Its calls go to the SDK directly, not through the call policy,
+//! so each records itself for the IAM test ([`crate::call::record`]).
 
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 
+use crate::call::{record, On};
 use crate::config::{is_fifo, Aws, FleetArgs};
 use crate::error::sdk_error;
 use crate::error::{Error, Result};
@@ -31,11 +33,13 @@ async fn create_queue(aws: &Aws, name: &str, mut attrs: Vec<(QueueAttributeName,
     if is_fifo(name) {
         attrs.push((QueueAttributeName::FifoQueue, "true".into()));
     }
+    record(Op::SqsCreateQueue, On::Queue(name));
     let mut req = sqs.create_queue().queue_name(name);
     for (k, v) in attrs {
         req = req.attributes(k, v);
     }
     let url = req.send().await.map_err(|e| sdk_error(Op::SqsCreateQueue, &aws.endpoint, e))?.queue_url().unwrap_or_default().to_string();
+    record(Op::SqsGetQueueAttributes, On::Queue(name));
     let arn = sqs
         .get_queue_attributes()
         .queue_url(&url)
@@ -63,6 +67,7 @@ pub async fn ensure_queue_with_dlq(aws: &Aws, name: &str, dlq: &str, s: QueueSet
     )
     .await?;
     // CreateQueue on an existing queue with other attributes fails on AWS; keep settings current.
+    record(Op::SqsSetQueueAttributes, On::Queue(name));
     aws.sqs()
         .set_queue_attributes()
         .queue_url(&url)
@@ -85,6 +90,7 @@ pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
         AbortIncompleteMultipartUpload, BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleFilter,
     };
     let s3 = aws.s3();
+    record(Op::S3CreateBucket, On::bucket(bucket));
     match s3.create_bucket().bucket(bucket).send().await {
         Ok(_) => {}
         Err(e) if e.as_service_error().is_some_and(|s| s.is_bucket_already_owned_by_you() || s.is_bucket_already_exists()) => {}
@@ -111,6 +117,7 @@ pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
             .build(),
     )?);
     let cfg = BucketLifecycleConfiguration::builder().set_rules(Some(rules)).build().map_err(|e| Error::Config(format!("lifecycle: {e}")))?;
+    record(Op::S3PutBucketLifecycleConfiguration, On::bucket(bucket));
     s3.put_bucket_lifecycle_configuration()
         .bucket(bucket)
         .lifecycle_configuration(cfg)

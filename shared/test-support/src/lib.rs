@@ -108,7 +108,8 @@ pub fn stack_running() -> bool {
     up
 }
 
-async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Option<Stack> {
+/// Creates a fresh fleet with unique names from `base` (shards, partitions, FIFO as it says).
+pub async fn stack_of(base: FleetArgs, settings: QueueSettings) -> Option<Stack> {
     if !stack_running() {
         return None;
     }

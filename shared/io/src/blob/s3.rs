@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::{BlobStore, Cond};
 use crate::breaker::Breaker;
-use crate::call::{CallCounter, CallPolicy, Guarded, Op};
+use crate::call::{CallCounter, CallPolicy, Guarded, On, Op, Precondition};
 use crate::error::{sdk_error, Error, Result, Service};
 
 /// An S3 bucket. Every call is bounded by its [`CallPolicy`]; a GetObject's attempt covers reading the
@@ -34,7 +34,7 @@ impl S3Store {
             let (client, bucket, endpoint) = (client.clone(), bucket.clone(), endpoint.clone());
             Box::pin(async move {
                 policy
-                    .once(Op::S3HeadBucket, Duration::ZERO, async {
+                    .once(Op::S3HeadBucket, On::bucket(&bucket), Duration::ZERO, async {
                         client.head_bucket().bucket(&bucket).send().await.map(|_| ()).map_err(|e| sdk_error(Op::S3HeadBucket, &endpoint, e))
                     })
                     .await
@@ -47,7 +47,7 @@ impl S3Store {
     /// Checks that the bucket exists and is reachable (HeadBucket).
     pub async fn check(&self) -> Result<()> {
         self.policy
-            .run(Op::S3HeadBucket, Duration::ZERO, || async {
+            .run(Op::S3HeadBucket, On::bucket(&self.bucket), Duration::ZERO, || async {
                 self.client.head_bucket().bucket(&self.bucket).send().await.map_err(|e| {
                     if e.as_service_error().is_some_and(|s| s.is_not_found()) {
                         Error::NotFound { service: Service::S3, what: format!("bucket {:?} does not exist at {}", self.bucket, self.endpoint) }
@@ -69,7 +69,7 @@ impl BlobStore for S3Store {
 
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
         self.policy
-            .run(Op::S3GetObject, Duration::ZERO, || async {
+            .run(Op::S3GetObject, On::object(&self.bucket, key), Duration::ZERO, || async {
                 match self.client.get_object().bucket(&self.bucket).key(key).send().await {
                     Ok(out) => {
                         let etag = out.e_tag().unwrap_or_default().to_string();
@@ -87,7 +87,7 @@ impl BlobStore for S3Store {
         // One byte past the cap tells a larger object from one of exactly `max` bytes.
         let range = format!("bytes=0-{max}");
         self.policy
-            .run(Op::S3GetObject, Duration::ZERO, || async {
+            .run(Op::S3GetObject, On::object(&self.bucket, key), Duration::ZERO, || async {
                 match self.client.get_object().bucket(&self.bucket).key(key).range(&range).send().await {
                     Ok(out) => {
                         let data = out.body.collect().await.map_err(|e| body_error(key, e))?;
@@ -111,7 +111,7 @@ impl BlobStore for S3Store {
         // on has sent part of it).
         let out = self
             .policy
-            .run(Op::S3GetObject, Duration::ZERO, || async {
+            .run(Op::S3GetObject, On::object(&self.bucket, key), Duration::ZERO, || async {
                 match self.client.get_object().bucket(&self.bucket).key(key).send().await {
                     Ok(out) => Ok(Some(out)),
                     Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
@@ -131,8 +131,13 @@ impl BlobStore for S3Store {
     }
 
     async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+        let precondition = match cond {
+            Cond::Any => None,
+            Cond::Absent => Some(Precondition::IfNoneMatch),
+            Cond::Matches(_) => Some(Precondition::IfMatch),
+        };
         self.policy
-            .run(Op::S3PutObject, Duration::ZERO, || async {
+            .run(Op::S3PutObject, On::Object { bucket: &self.bucket, key, cond: precondition }, Duration::ZERO, || async {
                 let req = self
                     .client
                     .put_object()
@@ -158,7 +163,7 @@ impl BlobStore for S3Store {
 
     async fn put_file(&self, key: &str, path: &std::path::Path, content_type: &str) -> Result<()> {
         self.policy
-            .run(Op::S3PutObject, Duration::ZERO, || async {
+            .run(Op::S3PutObject, On::object(&self.bucket, key), Duration::ZERO, || async {
                 // Read as it is sent, a piece at a time (opened again by each attempt).
                 let body = ByteStream::from_path(path).await.map_err(|e| crate::Error::local_file(path, e))?;
                 match self.client.put_object().bucket(&self.bucket).key(key).content_type(content_type).body(body).send().await {
@@ -171,7 +176,7 @@ impl BlobStore for S3Store {
 
     async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
         self.policy
-            .run(Op::S3HeadObject, Duration::ZERO, || async {
+            .run(Op::S3HeadObject, On::object(&self.bucket, key), Duration::ZERO, || async {
                 match self.client.head_object().bucket(&self.bucket).key(key).send().await {
                     Ok(out) => Ok(Some(out.metadata().map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default())),
                     Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(None),
@@ -187,7 +192,7 @@ impl BlobStore for S3Store {
         while keys.len() < limit {
             let page = self
                 .policy
-                .run(Op::S3ListObjectsV2, Duration::ZERO, || async {
+                .run(Op::S3ListObjectsV2, On::Bucket { bucket: &self.bucket, prefix: Some(prefix) }, Duration::ZERO, || async {
                     self.client
                         .list_objects_v2()
                         .bucket(&self.bucket)
@@ -211,7 +216,7 @@ impl BlobStore for S3Store {
 
     async fn delete(&self, key: &str) -> Result<()> {
         self.policy
-            .run(Op::S3DeleteObject, Duration::ZERO, || async {
+            .run(Op::S3DeleteObject, On::object(&self.bucket, key), Duration::ZERO, || async {
                 self.client.delete_object().bucket(&self.bucket).key(key).send().await.map_err(|e| sdk_error(Op::S3DeleteObject, &self.endpoint, e))
             })
             .await?;

@@ -19,7 +19,7 @@ use crate::op::{sqs_extra_chunks, Billed, Op};
 use super::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
 use crate::breaker::Breaker;
 use crate::call::CallCounter;
-use crate::call::{CallPolicy, Guarded};
+use crate::call::{CallPolicy, Guarded, On};
 use crate::error::{sdk_error, Error, Result, Service};
 
 /// A message move task's state, as `ListMessageMoveTasks` says it.
@@ -59,7 +59,7 @@ impl SqsQueue {
             (name_or_url.rsplit('/').next().unwrap_or(name_or_url).to_string(), name_or_url.to_string())
         } else {
             let out = policy
-                .run(Op::SqsGetQueueUrl, Duration::ZERO, || async {
+                .run(Op::SqsGetQueueUrl, On::Queue(name_or_url), Duration::ZERO, || async {
                     calls.add(Billed::Call { op: Op::SqsGetQueueUrl, fifo: crate::config::is_fifo(name_or_url) }, 1);
                     client.get_queue_url().queue_name(name_or_url).send().await.map_err(|e| match sdk_error(Op::SqsGetQueueUrl, endpoint, e) {
                         Error::NotFound { .. } => {
@@ -96,12 +96,12 @@ impl SqsQueue {
     /// Reports every call to `breaker` (SQS's of the process) and offers it a probe: this queue's
     /// GetQueueAttributes.
     pub fn with_breaker(mut self, breaker: std::sync::Arc<Breaker>) -> SqsQueue {
-        let (client, url, endpoint, policy) = (self.client.clone(), self.url.clone(), self.endpoint.clone(), self.policy.policy);
+        let (client, name, url, endpoint, policy) = (self.client.clone(), self.name.clone(), self.url.clone(), self.endpoint.clone(), self.policy.policy);
         breaker.set_probe(std::sync::Arc::new(move || {
-            let (client, url, endpoint) = (client.clone(), url.clone(), endpoint.clone());
+            let (client, name, url, endpoint) = (client.clone(), name.clone(), url.clone(), endpoint.clone());
             Box::pin(async move {
                 policy
-                    .once(Op::SqsGetQueueAttributes, Duration::ZERO, async {
+                    .once(Op::SqsGetQueueAttributes, On::Queue(&name), Duration::ZERO, async {
                         client
                             .get_queue_attributes()
                             .queue_url(&url)
@@ -151,7 +151,7 @@ impl SqsQueue {
     pub async fn start_move_to(&self, arn: &str, to: &SqsQueue) -> Result<String> {
         let to_arn = to.arn().await?;
         self.policy
-            .run(Op::SqsStartMessageMoveTask, Duration::ZERO, || async {
+            .run(Op::SqsStartMessageMoveTask, On::Move { from: &self.name, to: &to.name }, Duration::ZERO, || async {
                 let out = self
                     .client
                     .start_message_move_task()
@@ -168,7 +168,7 @@ impl SqsQueue {
     /// The most recent message move task from this queue (its `arn`), if any (`ListMessageMoveTasks`).
     pub async fn move_task(&self, arn: &str) -> Result<Option<MoveTask>> {
         self.policy
-            .run(Op::SqsListMessageMoveTasks, Duration::ZERO, || async {
+            .run(Op::SqsListMessageMoveTasks, On::Queue(&self.name), Duration::ZERO, || async {
                 let out =
                     self.client.list_message_move_tasks().source_arn(arn).max_results(1).send().await.map_err(|e| self.err(Op::SqsListMessageMoveTasks, e))?;
                 Ok(out.results().first().map(|t| MoveTask {
@@ -184,7 +184,7 @@ impl SqsQueue {
 
     async fn attributes(&self, names: &[QueueAttributeName]) -> Result<aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesOutput> {
         self.policy
-            .run(Op::SqsGetQueueAttributes, Duration::ZERO, || async {
+            .run(Op::SqsGetQueueAttributes, On::Queue(&self.name), Duration::ZERO, || async {
                 self.client
                     .get_queue_attributes()
                     .queue_url(&self.url)
@@ -218,7 +218,7 @@ impl SqsQueue {
         let payload: usize = msgs.iter().map(|(_, m)| m.body.len() + attrs_len(&m.attrs)).sum();
         let out = self
             .policy
-            .run(Op::SqsSendMessageBatch, Duration::ZERO, || async {
+            .run(Op::SqsSendMessageBatch, On::Queue(&self.name), Duration::ZERO, || async {
                 self.count_payload(payload);
                 self.client
                     .send_message_batch()
@@ -317,7 +317,7 @@ impl Queue for SqsQueue {
         // receive took come back after their visibility timeout.
         let out = self
             .policy
-            .once(Op::SqsReceiveMessage, wait, async {
+            .once(Op::SqsReceiveMessage, On::Queue(&self.name), wait, async {
                 self.client
                     .receive_message()
                     .queue_url(&self.url)
@@ -377,7 +377,7 @@ impl Queue for SqsQueue {
             .map_err(|e| Error::Config(e.to_string()))?;
         let out = self
             .policy
-            .run(Op::SqsDeleteMessageBatch, Duration::ZERO, || async {
+            .run(Op::SqsDeleteMessageBatch, On::Queue(&self.name), Duration::ZERO, || async {
                 self.client
                     .delete_message_batch()
                     .queue_url(&self.url)
@@ -409,7 +409,7 @@ impl Queue for SqsQueue {
             .map_err(|e| Error::Config(e.to_string()))?;
         let out = self
             .policy
-            .run(Op::SqsChangeMessageVisibilityBatch, Duration::ZERO, || async {
+            .run(Op::SqsChangeMessageVisibilityBatch, On::Queue(&self.name), Duration::ZERO, || async {
                 self.client
                     .change_message_visibility_batch()
                     .queue_url(&self.url)

@@ -48,7 +48,7 @@ impl AmqpCa {
 
 /// Connects, opens a channel and declares the exchange, all within one attempt of `policy`.
 async fn open_channel(url: &str, exchange: &str, ca: Option<&AmqpCa>, policy: &CallPolicy) -> Result<(Connection, Channel)> {
-    policy.once(Op::AmqpConnect, Duration::ZERO, open_channel_unbounded(url, exchange, ca)).await
+    policy.once(Op::AmqpConnect, crate::call::On::Unnamed, Duration::ZERO, open_channel_unbounded(url, exchange, ca)).await
 }
 
 async fn open_channel_unbounded(url: &str, exchange: &str, ca: Option<&AmqpCa>) -> Result<(Connection, Channel)> {
@@ -159,7 +159,7 @@ impl RabbitTriggers {
         let (_, ch) = st.link.as_ref().expect("link just opened");
         let confirmed = self
             .policy
-            .once(Op::AmqpPublish, Duration::ZERO, async {
+            .once(Op::AmqpPublish, crate::call::On::Unnamed, Duration::ZERO, async {
                 let confirm = ch
                     .basic_publish(self.exchange.as_str().into(), key.into(), BasicPublishOptions::default(), payload, BasicProperties::default())
                     .await
