@@ -289,6 +289,9 @@ pub struct Completions {
     /// Receipts released or deleted lately: an extension of one still waiting in its batcher is
     /// dropped, never sent after the release (the two batchers flush in no set order, and an
     /// extension sent after a release made the message invisible again for the extension's time).
+    /// A release of a receipt whose extension is already in flight waits for that call's answer
+    /// (the two calls could land in either order; found by the simulation, seed 61207294: a hold's
+    /// extension landed after the hand-back and left two messages invisible for two minutes).
     done_with: Arc<Mutex<DoneWith>>,
 }
 
@@ -302,6 +305,10 @@ struct DoneWith {
     extended: std::collections::HashSet<String>,
     done: std::collections::HashSet<String>,
     order: VecDeque<(Instant, String)>,
+    /// Receipts in an extension call not answered yet (how many such calls), and the releases that
+    /// wait for them.
+    in_flight: std::collections::HashMap<String, usize>,
+    deferred: Vec<(Receipt, Duration)>,
 }
 
 impl std::fmt::Debug for Completions {
@@ -334,21 +341,45 @@ impl Completions {
         let q = queue.clone();
         let done_with: Arc<Mutex<DoneWith>> = Arc::default();
         let released = done_with.clone();
+        let releases = visibility.clone();
         let extensions = Batcher::start(
             1,
             settings,
             Arc::new(move |_, mut batch: Vec<(String, Duration)>| {
-                let q = q.clone();
+                let (q, released, releases) = (q.clone(), released.clone(), releases.clone());
                 {
-                    let released = lock(&released);
-                    batch.retain(|(r, _)| !released.done.contains(r));
+                    let mut d = lock(&released);
+                    batch.retain(|(r, _)| !d.done.contains(r));
+                    for (r, _) in &batch {
+                        *d.in_flight.entry(r.clone()).or_default() += 1;
+                    }
                 }
                 Box::pin(async move {
                     if batch.is_empty() {
                         return Vec::new();
                     }
                     let refs: Vec<(&str, Duration)> = batch.iter().map(|(r, d)| (r.as_str(), *d)).collect();
-                    let r = match q.extend(&refs).await {
+                    let answer = q.extend(&refs).await;
+                    // Answered: the releases that waited for this call go now.
+                    let ready: Vec<(Receipt, Duration)> = {
+                        let mut d = lock(&released);
+                        for (r, _) in &batch {
+                            if let std::collections::hash_map::Entry::Occupied(mut e) = d.in_flight.entry(r.clone()) {
+                                *e.get_mut() -= 1;
+                                if *e.get() == 0 {
+                                    e.remove();
+                                }
+                            }
+                        }
+                        let d = &mut *d;
+                        let (ready, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut d.deferred).into_iter().partition(|(r, _)| !d.in_flight.contains_key(r.as_str()));
+                        d.deferred = wait;
+                        ready
+                    };
+                    for entry in ready {
+                        releases.push(0, entry);
+                    }
+                    let r = match answer {
                         Ok(failed) => Ok(fleet_io::queue::pick(batch, &failed)),
                         Err(e) => Err((e, batch)),
                     };
@@ -397,6 +428,13 @@ impl Completions {
     pub fn release(&self, d: Delivery, after: Duration) {
         let r = d.into_receipt();
         self.done_with(&r);
+        {
+            let mut d = lock(&self.done_with);
+            if d.in_flight.contains_key(r.as_str()) {
+                d.deferred.push((r, after));
+                return;
+            }
+        }
         self.visibility.push(0, (r, after));
     }
 

@@ -156,3 +156,28 @@ async fn an_item_pushed_after_completion_still_goes_out() {
     let sent: Vec<u32> = lock(&log).iter().flat_map(|(_, batch)| batch.clone()).collect();
     assert_eq!(sent, [1, 2]);
 }
+
+/// A release of a message whose extension is already in flight waits for that call's answer: the
+/// two calls could land in either order, and an extension landing after the release made the
+/// message invisible again for the extension's time with nobody holding it (the simulation, seed
+/// 61207294: a hold's two-minute extension landed after the hand-back). Here SQS answers the
+/// extension after 2 s; the release issued meanwhile lands after it.
+#[tokio::test(start_paused = true)]
+async fn a_release_during_an_extension_in_flight_lands_after_it() {
+    use fleet_io::memory::MemoryQueue;
+    use fleet_io::queue::Queue;
+    let q = MemoryQueue::new("q", Duration::from_secs(30));
+    q.send(vec!["m".to_string()]).await.unwrap();
+    let d = q.receive(1, Duration::ZERO).await.unwrap().pop().expect("a message");
+    let receipt = d.receipt().to_string();
+    let done = Completions::start(q.clone(), BatchSettings { push_interval: Duration::from_millis(10), ..BatchSettings::default() });
+    q.delay_next_changes(1, Duration::from_secs(2));
+    let kept = done.keep(d);
+    kept.extend(Duration::from_secs(120));
+    // The extension's call is under way (answered in 2 s); the message is handed back meanwhile.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    kept.release(Duration::from_secs(1));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(q.hidden_for(&receipt).is_none_or(|left| left <= Duration::from_secs(1)), "hidden for {:?} after the hand-back", q.hidden_for(&receipt));
+    assert_eq!(q.receive(1, Duration::ZERO).await.unwrap().len(), 1, "visible again a second after its hand-back");
+}

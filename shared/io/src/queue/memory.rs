@@ -51,6 +51,8 @@ pub struct MemoryQueue {
     fail_entries: std::sync::atomic::AtomicUsize,
     /// Simulated round-trip time of a receive call.
     latency: Mutex<Duration>,
+    /// Visibility calls still to answer late, and how late (the change lands when the answer comes).
+    slow_changes: Mutex<(usize, Duration)>,
 }
 
 impl MemoryQueue {
@@ -73,6 +75,7 @@ impl MemoryQueue {
             calls: CallCounter::default(),
             fail_entries: Default::default(),
             latency: Mutex::new(Duration::ZERO),
+            slow_changes: Mutex::new((0, Duration::ZERO)),
         })
     }
 
@@ -83,6 +86,11 @@ impl MemoryQueue {
     /// Makes every receive call take `d` before it looks at the queue (a network round trip).
     pub fn set_latency(&self, d: Duration) {
         *crate::lock(&self.latency) = d;
+    }
+
+    /// Makes the next `n` visibility calls land (and answer) `d` late, as a call in flight does.
+    pub fn delay_next_changes(&self, n: usize, d: Duration) {
+        *crate::lock(&self.slow_changes) = (n, d);
     }
 
     /// Makes the next `n` entries of batch calls fail (as SQS reports failed entries).
@@ -262,6 +270,15 @@ impl Queue for MemoryQueue {
             return Ok(Vec::new());
         }
         self.calls.bump(Op::SqsChangeMessageVisibilityBatch);
+        let late = {
+            let mut slow = crate::lock(&self.slow_changes);
+            let late = (slow.0 > 0).then_some(slow.1);
+            slow.0 = slow.0.saturating_sub(1);
+            late
+        };
+        if let Some(d) = late {
+            tokio::time::sleep(d).await;
+        }
         let now = Instant::now();
         let mut failed = Vec::new();
         let mut s = self.lock();
