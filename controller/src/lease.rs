@@ -5,6 +5,10 @@
 //! controller that receives a message of the job takes it over. Checkpoints are fenced the same way
 //! (`aggregate`): written If-Match the ETag the owner last read or wrote, so an owner that lost its
 //! lease (paused, partitioned) cannot overwrite what the new owner wrote.
+//!
+//! Expiry is judged on the reader's clock alone (`sighting`): another controller's lease is free once
+//! this controller has seen it unchanged (the same ETag) for a whole lease. The expiry time in the
+//! document is the writer's wall clock; it only paces hand-backs, never decides a take.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,11 +22,13 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::clock::Clock;
+use crate::sighting::Sightings;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct LeaseDoc {
     owner: String,
-    /// Unix time, ms, after which another controller may take the job.
+    /// Unix time, ms, on the writer's clock, when the lease runs out; 0: given back. Read by
+    /// another controller as a hint only (see the module header).
     expires_ms: u64,
     /// Grows with every change of owner.
     epoch: u64,
@@ -91,8 +97,11 @@ pub enum Acquired {
     /// Another controller holds it.
     Busy {
         owner: String,
-        /// How long its owner's lease still runs.
+        /// How long, on this controller's clock, until it may take the lease if nothing changes.
         expires_in: Duration,
+        /// Its owner looks alive: it renewed within half a lease as far as this controller saw (on a
+        /// first sight, the document's own expiry says so).
+        live: bool,
     },
 }
 
@@ -102,11 +111,13 @@ pub struct Leases {
     owner: String,
     ttl: Duration,
     clock: Clock,
+    /// Other controllers' leases as this controller saw them (by ETag), to age them on its own clock.
+    seen: std::sync::Mutex<Sightings<String, String>>,
 }
 
 impl Leases {
     pub fn new(store: Arc<dyn BlobStore>, owner: String, ttl: Duration, clock: Clock) -> Leases {
-        Leases { store, owner, ttl, clock }
+        Leases { store, owner, ttl, clock, seen: std::sync::Mutex::new(Sightings::new(ttl * 3)) }
     }
 
     /// This controller's name in leases.
@@ -132,9 +143,20 @@ impl Leases {
         let (cond, epoch) = match self.store.get_tagged(&lease_key(job)).await? {
             None => (Cond::Absent, 1),
             Some((body, etag)) => match serde_json::from_slice::<LeaseDoc>(&body) {
-                Ok(doc) if doc.owner != self.owner && doc.expires_ms > self.clock.now_ms() => {
-                    let expires_in = Duration::from_millis(doc.expires_ms - self.clock.now_ms());
-                    return Ok(Acquired::Busy { owner: doc.owner, expires_in });
+                Ok(doc) if doc.owner != self.owner && doc.expires_ms > 0 => {
+                    let hint = Duration::from_millis(doc.expires_ms.saturating_sub(self.clock.now_ms()));
+                    if crate::undo::is(crate::undo::Fix::OneClock) {
+                        if !hint.is_zero() {
+                            return Ok(Acquired::Busy { owner: doc.owner, expires_in: hint, live: hint >= self.ttl / 2 });
+                        }
+                    } else {
+                        let age = self.seen.lock().expect("sightings").age(&job.to_string(), etag.clone(), Instant::now());
+                        if age < self.ttl {
+                            let live = if age.is_zero() { hint >= self.ttl / 2 } else { age < self.ttl / 2 };
+                            return Ok(Acquired::Busy { owner: doc.owner, expires_in: self.ttl - age, live });
+                        }
+                    }
+                    (Cond::Matches(etag), doc.epoch + 1)
                 }
                 Ok(doc) => (Cond::Matches(etag), doc.epoch + u64::from(doc.owner != self.owner)),
                 // Unreadable: nobody can hold it.
@@ -143,13 +165,14 @@ impl Leases {
         };
         let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: self.clock.now_ms() + self.ttl.as_millis() as u64, epoch };
         let written = Instant::now();
+        self.seen.lock().expect("sightings").forget(&job.to_string());
         Ok(match self.write(job, &doc, cond).await? {
             Some(etag) => {
                 tracing::debug!(job, epoch, owner = %self.owner, "lease taken");
                 Acquired::Ours(Lease::new(etag, epoch, written))
             }
             // Another controller wrote it between our read and write.
-            None => Acquired::Busy { owner: "(another controller, just now)".into(), expires_in: self.ttl },
+            None => Acquired::Busy { owner: "(another controller, just now)".into(), expires_in: self.ttl, live: true },
         })
     }
 
@@ -160,8 +183,8 @@ impl Leases {
     /// the job can be taken over, not every `soon` meanwhile (each receive spends one of its
     /// maxReceiveCount, and an owner stopped for a few leases would push its job's results into
     /// the dead-letter queue).
-    pub fn hand_back_after(&self, expires_in: Duration, soon: Duration) -> Duration {
-        if expires_in >= self.ttl / 2 {
+    pub fn hand_back_after(&self, live: bool, expires_in: Duration, soon: Duration) -> Duration {
+        if live {
             soon
         } else {
             (expires_in + Duration::from_millis(250)).max(soon)
@@ -244,10 +267,45 @@ mod tests {
     fn messages_of_a_late_owner_come_back_when_its_lease_runs_out() {
         let l = Leases::new(MemoryStore::new(), "b".into(), Duration::from_secs(30), Clock::System);
         let soon = Duration::from_secs(1);
-        assert_eq!(l.hand_back_after(Duration::from_secs(25), soon), soon);
-        assert_eq!(l.hand_back_after(Duration::from_secs(15), soon), soon);
-        assert_eq!(l.hand_back_after(Duration::from_secs(9), soon), Duration::from_millis(9_250));
-        assert_eq!(l.hand_back_after(Duration::from_millis(100), soon), soon, "never sooner than at once");
+        assert_eq!(l.hand_back_after(true, Duration::from_secs(25), soon), soon);
+        assert_eq!(l.hand_back_after(true, Duration::from_secs(15), soon), soon);
+        assert_eq!(l.hand_back_after(false, Duration::from_secs(9), soon), Duration::from_millis(9_250));
+        assert_eq!(l.hand_back_after(false, Duration::from_millis(100), soon), soon, "never sooner than at once");
+    }
+
+    /// Expiry on one clock: however far the owner's wall clock is from the reader's (ten leases
+    /// either way), the reader takes the lease only once it has seen it unchanged for a whole lease
+    /// of its own time; while the owner renews it is never taken, and after its last renewal it is
+    /// taken one lease after the reader's first sight of that renewal.
+    #[tokio::test(start_paused = true)]
+    async fn a_skewed_owner_keeps_its_lease_while_it_renews_and_loses_it_a_lease_after_it_stops() {
+        let ttl = Duration::from_secs(30);
+        for skew in [-300_000i64, -10_000, 10_000, 300_000] {
+            let store = MemoryStore::new();
+            let wall = 1_800_000_000_000u64;
+            let a = Leases::new(store.clone(), "a".into(), ttl, Clock::driven(wall.saturating_add_signed(skew)));
+            let b = Leases::new(store.clone(), "b".into(), ttl, Clock::driven(wall));
+            let Acquired::Ours(ha) = a.acquire("j").await.unwrap() else { panic!("free lease") };
+            for _ in 0..9 {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                assert!(matches!(b.acquire("j").await.unwrap(), Acquired::Busy { .. }), "skew {skew}: taken while a renews");
+                if a.due(&ha).await {
+                    assert!(a.renew("j", &ha).await.unwrap());
+                }
+                assert!(a.fresh(&ha).await);
+            }
+            // a stops renewing; b saw its last renewal at most 5 s after it was written.
+            let stopped = Instant::now();
+            let taken = loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if let Acquired::Ours(_) = b.acquire("j").await.unwrap() {
+                    assert!(!a.fresh(&ha).await, "skew {skew}: taken while a may still act on it");
+                    break stopped.elapsed();
+                }
+            };
+            assert!(taken <= ttl + Duration::from_secs(2), "skew {skew}: taken {taken:?} after a stopped");
+            assert!(!a.renew("j", &ha).await.unwrap(), "skew {skew}: a lost it");
+        }
     }
 
     #[tokio::test]
@@ -259,6 +317,9 @@ mod tests {
         assert!(matches!(b.acquire("j").await.unwrap(), Acquired::Busy { owner, .. } if owner == "a"));
         assert!(a.renew("j", &ha).await.unwrap());
         assert!(matches!(a.acquire("j").await.unwrap(), Acquired::Ours(_)), "ours: taken again");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        // b judges on its own clock: the renewed lease is new to it, so it waits a lease from now.
+        assert!(matches!(b.acquire("j").await.unwrap(), Acquired::Busy { owner, .. } if owner == "a"), "first sight of the renewal");
         tokio::time::sleep(Duration::from_millis(250)).await;
         let Acquired::Ours(hb) = b.acquire("j").await.unwrap() else { panic!("expired: b takes it") };
         assert_eq!(hb.epoch().await, 2);

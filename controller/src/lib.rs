@@ -17,6 +17,7 @@ pub mod forward;
 pub mod lease;
 pub mod partitions;
 pub mod purge;
+pub mod sighting;
 pub mod status;
 pub mod timings;
 pub mod undo;

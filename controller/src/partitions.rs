@@ -19,9 +19,11 @@
 //! loaded controller. Unlike Event Hubs, which steals at once (both read the partition until the old
 //! owner notices), the ask is a hand-over: the owner stops reading the partition (the batch in hand
 //! applied, its jobs checkpointed and their leases given back) and only then writes the new owner
-//! in. A dead controller's partitions are free once its membership runs out: one lease time. A
+//! in. A dead controller's partitions are free once its membership runs out: when a peer has seen
+//! it unrenewed for one lease time of the peer's own clock (`sighting`; never by comparing the
+//! writer's wall clock with the reader's, so any clock skew takes nothing still being read). A
 //! controller that cannot renew stops reading its partitions when its last write is two thirds of a
-//! lease old (the margin its peers' clocks need), before anyone else may take them.
+//! lease old, before any peer may take them.
 //!
 //! [`plan`] decides (pure: the document as read, the time, what this controller reads now; returns the
 //! document to write and the partitions to start and stop); [`Ownership`] reads and writes it.
@@ -38,11 +40,13 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::clock::Clock;
+use crate::sighting::Sightings;
 
 /// The ownership document.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Table {
-    /// Live controllers: when each one's membership runs out (Unix ms, its own clock).
+    /// Live controllers, each with the stamp of its last renewal: when its membership runs out by
+    /// its own wall clock (Unix ms). Peers judge it by whether the stamp changes, never by its value.
     pub members: BTreeMap<String, u64>,
     /// Each partition's ownership, by partition number.
     pub owners: BTreeMap<u16, Owned>,
@@ -90,12 +94,20 @@ pub struct Plan {
     pub stop: BTreeSet<u16>,
 }
 
-/// One balancing round of controller `me` (see the module header): `table` as read, `running` the
-/// partitions it reads now, `leaving` on a graceful stop (it gives every partition back and leaves
-/// the members). Pure.
-pub fn plan(table: &Table, me: &str, now_ms: u64, ttl: Duration, count: u16, running: &BTreeSet<u16>, leaving: bool) -> Plan {
+/// The members of `table` whose stamp ran out by the wall clock `now_ms` (how expiry was judged
+/// before it was judged on one clock; kept for the `one-clock` switch and the plan's tests).
+pub fn expired_by_wall(table: &Table, now_ms: u64) -> BTreeSet<String> {
+    table.members.iter().filter(|(_, until)| **until <= now_ms).map(|(m, _)| m.clone()).collect()
+}
+
+/// One balancing round of controller `me` (see the module header): `table` as read, `expired` its
+/// members this controller judged dead, `now_ms` the stamp it renews its own membership with,
+/// `running` the partitions it reads now, `leaving` on a graceful stop (it gives every partition
+/// back and leaves the members). Pure.
+#[allow(clippy::too_many_arguments)]
+pub fn plan(table: &Table, me: &str, expired: &BTreeSet<String>, now_ms: u64, ttl: Duration, count: u16, running: &BTreeSet<u16>, leaving: bool) -> Plan {
     let mut t = table.clone();
-    t.members.retain(|m, until| (*until > now_ms || crate::undo::is(crate::undo::Fix::DropExpiredMembers)) && m != me);
+    t.members.retain(|m, _| (!expired.contains(m) || crate::undo::is(crate::undo::Fix::DropExpiredMembers)) && m != me);
     if !leaving {
         t.members.insert(me.to_string(), now_ms + ttl.as_millis() as u64);
     }
@@ -209,11 +221,13 @@ pub struct Ownership {
     last: Table,
     /// When the last round began, and whether it failed (see [`Ownership::next_round_at`]).
     attempt: Option<(Instant, bool)>,
+    /// The members' stamps as this controller saw them, to judge their expiry on its own clock.
+    seen: Sightings<String, u64>,
 }
 
 impl Ownership {
     pub fn new(store: Arc<dyn BlobStore>, me: String, ttl: Duration, count: u16, clock: Clock) -> Ownership {
-        Ownership { store, me, ttl, count, clock, written: None, last: Table::default(), attempt: None }
+        Ownership { store, me, ttl, count, clock, written: None, last: Table::default(), attempt: None, seen: Sightings::new(ttl * 3) }
     }
 
     /// The lease time (a membership runs out this long after its last renewal).
@@ -222,7 +236,8 @@ impl Ownership {
     }
 
     /// How often to balance: a third of the lease time (a membership is renewed well before it runs
-    /// out; a dead controller's partitions are free one lease time after its last renewal).
+    /// out; a dead controller's partitions are free one lease time after a peer first saw its last
+    /// renewal).
     pub fn interval(&self) -> Duration {
         self.ttl / 3
     }
@@ -272,6 +287,17 @@ impl Ownership {
         result
     }
 
+    /// The members of `table` (other than this controller) it has seen unrenewed for a whole lease.
+    fn expired(&mut self, table: &Table) -> BTreeSet<String> {
+        if crate::undo::is(crate::undo::Fix::OneClock) {
+            return expired_by_wall(table, self.clock.now_ms());
+        }
+        let now = Instant::now();
+        self.seen.retain(|m| table.members.contains_key(m));
+        let me = self.me.as_str();
+        table.members.iter().filter(|(m, _)| *m != me).filter(|(m, stamp)| self.seen.age(*m, **stamp, now) >= self.ttl).map(|(m, _)| m.clone()).collect()
+    }
+
     async fn round_once(&mut self, running: &BTreeSet<u16>, leaving: bool) -> Result<Plan> {
         for _ in 0..5 {
             let (table, cond) = match self.store.get_tagged(PARTITIONS_KEY).await? {
@@ -285,7 +311,8 @@ impl Ownership {
                 },
             };
             self.last = table.clone();
-            let plan = plan(&table, &self.me, self.clock.now_ms(), self.ttl, self.count, running, leaving);
+            let expired = self.expired(&table);
+            let plan = plan(&table, &self.me, &expired, self.clock.now_ms(), self.ttl, self.count, running, leaving);
             // Partitions to stop first: the membership is renewed all the same (the stops may take a
             // while, and this controller reads its other partitions meanwhile), except on the way out,
             // where the document is written only once nothing is read any more.
@@ -314,6 +341,11 @@ mod tests {
 
     const TTL: Duration = Duration::from_secs(30);
 
+    /// A round judging expiry by the wall clock `now` (the tests of the plan's logic move one clock).
+    fn plan_at(t: &Table, me: &str, now: u64, ttl: Duration, count: u16, running: &BTreeSet<u16>, leaving: bool) -> Plan {
+        plan(t, me, &expired_by_wall(t, now), now, ttl, count, running, leaving)
+    }
+
     fn none() -> BTreeSet<u16> {
         BTreeSet::new()
     }
@@ -326,10 +358,10 @@ mod tests {
             let before = t.clone();
             for w in who {
                 let r = running.get_mut(*w).unwrap();
-                let mut p = plan(&t, w, now + round as u64, TTL, count, r, false);
+                let mut p = plan_at(&t, w, now + round as u64, TTL, count, r, false);
                 if !p.stop.is_empty() {
                     r.retain(|x| !p.stop.contains(x));
-                    p = plan(&t, w, now + round as u64, TTL, count, r, false);
+                    p = plan_at(&t, w, now + round as u64, TTL, count, r, false);
                 }
                 assert!(p.stop.is_empty());
                 r.extend(p.start.iter().copied());
@@ -359,7 +391,7 @@ mod tests {
 
     #[test]
     fn the_first_controller_takes_every_partition() {
-        let p = plan(&Table::default(), "a", 1000, TTL, 4, &none(), false);
+        let p = plan_at(&Table::default(), "a", 1000, TTL, 4, &none(), false);
         assert_eq!(p.start, (0..4).collect());
         assert!(p.table.owners.values().all(|o| o.owner.as_deref() == Some("a") && o.epoch == 1));
         assert_eq!(p.table.members["a"], 1000 + 30_000);
@@ -401,18 +433,18 @@ mod tests {
     #[test]
     fn a_partition_asked_for_is_handed_over_only_once_its_owner_stopped_reading_it() {
         let (t, _) = settle(Table::default(), &["a"], 2, 0);
-        let p = plan(&t, "b", 1, TTL, 2, &none(), false);
+        let p = plan_at(&t, "b", 1, TTL, 2, &none(), false);
         let asked: Vec<u16> = p.table.owners.iter().filter(|(_, o)| o.wanted_by.as_deref() == Some("b")).map(|(p, _)| *p).collect();
         assert_eq!(asked.len(), 1);
         assert!(p.start.is_empty(), "b starts nothing before it is handed over");
         let running: BTreeSet<u16> = [0, 1].into();
-        let a = plan(&p.table, "a", 2, TTL, 2, &running, false);
+        let a = plan_at(&p.table, "a", 2, TTL, 2, &running, false);
         assert_eq!(a.stop, [asked[0]].into(), "a stops reading it first");
         let after: BTreeSet<u16> = running.difference(&a.stop).copied().collect();
-        let a = plan(&p.table, "a", 2, TTL, 2, &after, false);
+        let a = plan_at(&p.table, "a", 2, TTL, 2, &after, false);
         assert!(a.stop.is_empty());
         assert_eq!(a.table.owners[&asked[0]].owner.as_deref(), Some("b"));
-        let b = plan(&a.table, "b", 3, TTL, 2, &none(), false);
+        let b = plan_at(&a.table, "b", 3, TTL, 2, &none(), false);
         assert_eq!(b.start, [asked[0]].into());
     }
 
@@ -420,9 +452,9 @@ mod tests {
     fn leaving_gives_every_partition_back_after_stopping_it() {
         let (t, _) = settle(Table::default(), &["a", "b"], 4, 0);
         let mine = t.owned_by("a");
-        let p = plan(&t, "a", 5, TTL, 4, &mine, true);
+        let p = plan_at(&t, "a", 5, TTL, 4, &mine, true);
         assert_eq!(p.stop, mine);
-        let p = plan(&t, "a", 5, TTL, 4, &none(), true);
+        let p = plan_at(&t, "a", 5, TTL, 4, &none(), true);
         assert!(p.table.owned_by("a").is_empty() && !p.table.members.contains_key("a"));
         let (t, _) = settle(p.table, &["b"], 4, 6);
         assert_eq!(shares(&t), [4]);
@@ -433,7 +465,7 @@ mod tests {
         let (t, _) = settle(Table::default(), &["a"], 2, 0);
         // a could not renew; b took both after a's membership ran out.
         let (t, _) = settle(t, &["b"], 2, 40_000);
-        let p = plan(&t, "a", 40_001, TTL, 2, &[0, 1].into(), false);
+        let p = plan_at(&t, "a", 40_001, TTL, 2, &[0, 1].into(), false);
         assert_eq!(p.stop, [0, 1].into());
     }
 
@@ -447,8 +479,10 @@ mod tests {
         /// When its last round wrote (or found) its membership, on the simulation's clock.
         written: Option<u64>,
         next_round: u64,
-        /// Its wall clock's offset (clock skew between controllers).
+        /// Its wall clock's offset (clock skew between controllers, up to five leases either way).
         skew: i64,
+        /// The members' stamps as it saw them (lost when it is killed).
+        seen: Sightings<String, u64>,
     }
 
     /// A seeded simulation of the ownership protocol: 2-5 controllers and 1-8 partitions, each
@@ -474,10 +508,12 @@ mod tests {
                 running: BTreeSet::new(),
                 written: None,
                 next_round: rng.random_range(0..ttl_ms / 3),
-                skew: rng.random_range(-(ttl_ms as i64) / 10..=(ttl_ms as i64) / 10),
+                skew: rng.random_range(-(ttl_ms as i64) * 5..=(ttl_ms as i64) * 5),
+                seen: Sightings::new(ttl * 3),
             })
             .collect();
         let mut table = Table::default();
+        let base = Instant::now();
         let mut now: u64 = 1_000_000;
         let calm_from = now + 40 * ttl_ms;
         let end = calm_from + 20 * ttl_ms;
@@ -496,6 +532,7 @@ mod tests {
                 c.alive = false;
                 c.running.clear();
                 c.written = None;
+                c.seen = Sightings::new(ttl * 3);
             }
             if faults && rng.random_bool(0.03) {
                 let c = &mut cs[rng.random_range(0..n)];
@@ -520,7 +557,15 @@ mod tests {
             if !c.cut_off {
                 let wall = now.saturating_add_signed(c.skew);
                 loop {
-                    let p = plan(&table, &c.id, wall, ttl, count, &c.running, false);
+                    // Expiry judged on the controller's own (monotonic) clock: the simulation's.
+                    let at = base + Duration::from_millis(now);
+                    let expired: BTreeSet<String> = if crate::undo::is(crate::undo::Fix::OneClock) {
+                        expired_by_wall(&table, wall)
+                    } else {
+                        c.seen.retain(|m| table.members.contains_key(m));
+                        table.members.iter().filter(|(m, _)| **m != c.id).filter(|(m, v)| c.seen.age(*m, **v, at) >= ttl).map(|(m, _)| m.clone()).collect()
+                    };
+                    let p = plan(&table, &c.id, &expired, wall, ttl, count, &c.running, false);
                     if !p.stop.is_empty() {
                         c.running.retain(|x| !p.stop.contains(x));
                         continue;

@@ -78,10 +78,13 @@ pub enum Fix {
     /// A message of a partition this controller no longer reads is handed back, never applied
     /// (issue 58, seeds 7000529 and 7002198).
     AppliedOnlyWhereRead,
+    /// Lease and membership expiry is judged by the reader's monotonic clock since it saw the value
+    /// change, never by comparing the writer's wall clock with its own (issue 58).
+    OneClock,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 31] = [
+    pub const ALL: [Fix; 32] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -113,6 +116,7 @@ impl Fix {
         Fix::RolesChecked,
         Fix::ChunkTokenChecked,
         Fix::AppliedOnlyWhereRead,
+        Fix::OneClock,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -149,6 +153,7 @@ impl Fix {
             Fix::RolesChecked => "roles-checked",
             Fix::ChunkTokenChecked => "chunk-token-checked",
             Fix::AppliedOnlyWhereRead => "applied-only-where-read",
+            Fix::OneClock => "one-clock",
         }
     }
 
@@ -186,6 +191,7 @@ impl Fix {
             Fix::RolesChecked => "a message counts only when signed by a role that may send it",
             Fix::ChunkTokenChecked => "a result counts only with its chunk's token",
             Fix::AppliedOnlyWhereRead => "a message of a partition no longer read handed back, never applied",
+            Fix::OneClock => "lease and membership expiry judged on the reader's own clock",
         }
     }
 }

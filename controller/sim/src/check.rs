@@ -241,11 +241,13 @@ pub fn calm(world: &World) -> Vec<String> {
 }
 
 /// How long after its job's last message (or the end of the last fault, whichever is later) a
-/// report may be written, beyond what the job's kind waits by design: a lease (a takeover), two
-/// visibility timeouts (a message in a dead controller's hands, then a hand-back), a long poll, the
-/// checkpoint interval and a minute of slack for the listeners' idle back-off and S3 calls.
+/// report may be written, beyond what the job's kind waits by design: two leases (a takeover: the
+/// dead owner's membership, then its job's lease, each free a lease after the heir first saw it
+/// unchanged), two visibility timeouts (a message in a dead controller's hands, then a hand-back), a
+/// long poll, the checkpoint interval and a minute of slack for the listeners' idle back-off and S3
+/// calls.
 pub fn lateness_bound(setup: &Setup) -> Duration {
-    Duration::from_secs(setup.settings.lease_secs)
+    Duration::from_secs(setup.settings.lease_secs) * 2
         + setup.results_visibility.max(VISIBILITY) * 2
         + Duration::from_secs(setup.settings.listener.receive_wait_secs)
         + controller::FLUSH_INTERVAL

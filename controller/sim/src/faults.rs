@@ -518,6 +518,12 @@ impl FaultyStore {
             if let Some(job) = job {
                 self.world.wrote(job, &self.owner);
             }
+            let (now, run_time) = (tokio::time::Instant::now(), self.world.now());
+            if let Some(job) = key.strip_prefix("leases/").and_then(|k| k.strip_suffix(".json")) {
+                fleet_io::lock(&self.world.takeovers).lease(job, &body, now, run_time);
+            } else if key == fleet_domain::layout::PARTITIONS_KEY {
+                fleet_io::lock(&self.world.takeovers).table(&self.owner, &body, now, run_time);
+            }
         }
         if out.is_some() && key.ends_with("/report.json") {
             self.world.report_written(self.ctl, key, body);

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use fleet_domain::billing::{AccountTotals, Tariff};
+use fleet_domain::billing::AccountTotals;
 use fleet_domain::codec::base64_encode;
 use fleet_domain::input::InputFile;
 use fleet_domain::layout::{chunk_key, manifest_key, partition_of};
@@ -220,10 +220,12 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
                             let a = format!("acct-{a:05}");
                             let cur = if rng.random_bool(0.8) { "EUR" } else { "USD" };
                             // Refunds and charges; never zero (the initiator rejects a zero amount).
-                            let cents = rng.random_range(-5_000..100_000);
-                            let amount = Decimal::new(if cents == 0 { 1 } else { cents }, 2);
-                            let fee = Tariff::default().calculator().fee(amount, cur);
-                            (a, cur, amount, fee)
+                            let cents = match rng.random_range(-5_000..100_000) {
+                                0 => 1,
+                                c => c,
+                            };
+                            let amount = Decimal::new(cents, 2);
+                            (a, cur, amount, oracle_fee(cents))
                         })
                         .collect();
                     // One chunk in ten straggles, in runs with faults (drawn apart, so that the rest
@@ -835,4 +837,33 @@ fn hostile(job: &JobPlan, chunk: u32) -> String {
         requests: RequestCounts::default(),
     };
     serde_json::to_string(&ResultMessage::Chunk(r)).expect("serializable")
+}
+
+/// The oracle's fee for a charge or refund of `cents`, in integer cents and independent of the
+/// processor's fee code (`fleet_domain::billing`): the shipped tariff is 0.30 + 2.9% per charge,
+/// rounded half away from zero to the cent, and nothing for a refund.
+fn oracle_fee(cents: i64) -> Decimal {
+    if cents <= 0 {
+        return Decimal::ZERO;
+    }
+    // 2.9% of `cents` is cents * 29 / 1000, rounded half up (it is positive).
+    Decimal::new(30 + (cents * 29 + 500) / 1000, 2)
+}
+
+#[cfg(test)]
+mod oracle_tests {
+    use super::*;
+
+    /// The oracle's fee agrees with the processor's on the shipped tariff, computed apart.
+    #[test]
+    fn the_oracles_fee_agrees_with_the_tariff_on_every_amount_the_simulation_draws() {
+        let calc = fleet_domain::billing::Tariff::default().calculator();
+        for cents in -5_000..100_000i64 {
+            let cents = if cents == 0 { 1 } else { cents };
+            assert_eq!(oracle_fee(cents), calc.fee(Decimal::new(cents, 2), "EUR"), "{cents} cents");
+        }
+        assert_eq!(oracle_fee(1_000), Decimal::new(59, 2), "10.00: 0.30 + 0.29");
+        assert_eq!(oracle_fee(50), Decimal::new(31, 2), "0.50: 0.30 + 0.0145, rounded to 0.01");
+        assert_eq!(oracle_fee(-100), Decimal::ZERO, "a refund is free");
+    }
 }

@@ -11,7 +11,8 @@
 //! initiator (`initiator::submit::submit_inputs`, one submission per job) and two real processors
 //! (`processor::start`: the listener engine and the work handler), on one thread under tokio's paused
 //! clock (`fleet`). Each controller
-//! reads wall time from a clock of its own, skewed from the others' by up to a tenth of a lease. The
+//! reads wall time from a clock of its own, skewed from the others' by up to three leases either way
+//! (leases, memberships and a job's news are judged on each reader's own clock, `controller::sighting`). The
 //! settings are the shipped defaults in half the runs and drawn around them in the rest (always a
 //! combination the start check, `controller::timings`, accepts); the results queue has one to four
 //! partitions.
@@ -207,6 +208,8 @@ pub struct World {
     stops: observe::Stops,
     names: Mutex<BTreeMap<usize, String>>,
     late_reads: Mutex<Vec<String>>,
+    /// Leases and memberships taken from a holder that may still act on them (see `observe::Takeovers`).
+    pub(crate) takeovers: Mutex<observe::Takeovers>,
     /// Receipts deleted.
     deleted: Mutex<std::collections::BTreeSet<String>>,
     /// Per owner, when its store calls were in trouble: (from, to, hard). Hard: hung, frozen by an
@@ -691,6 +694,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         stops,
         names: Mutex::default(),
         late_reads: Mutex::default(),
+        takeovers: Mutex::new(observe::Takeovers::new(Duration::from_secs(setup.settings.lease_secs))),
         store_trouble: Mutex::default(),
         lives: Mutex::default(),
         echo: opts.echo,
@@ -773,7 +777,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         fleet::start_processor(n, fated.clone(), &queues, plain.clone(), setup.agent_down.then_some(30)).await;
     }
     // The controllers, each with its own faults and clock.
-    let max_skew = (lease.as_millis() / 10) as i64;
+    let max_skew = (lease.as_millis() * 3) as i64;
     let mut slots: Vec<Slot> = Vec::new();
     let new_slot = |rng: &mut ChaCha8Rng, i: usize, world: &World| {
         let rates = if setup.calm || setup.quiet {
@@ -1040,6 +1044,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         }
     }
     violations.extend(fleet_io::lock(&world.late_reads).iter().cloned());
+    violations.extend(fleet_io::lock(&world.takeovers).violations.iter().take(3).cloned());
     // A membership goes stale only while the store does not answer (a hung call, an outage, a
     // cut-off, a pause) or after rounds failing in a row: a failed round is tried again within a
     // twelfth of a lease, so one failed call never costs a controller its partitions (seed 1852: a

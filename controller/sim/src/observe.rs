@@ -229,3 +229,66 @@ impl<S: Subscriber> Layer<S> for Stops {
         }
     }
 }
+
+/// Takeovers seen in the store's writes, checked against the time the previous holder may still act
+/// (issue 58, times judged on one clock): a job's lease written by a new owner, or a member dropped
+/// from the partition table by a peer, while the holder's last write of it is younger than two
+/// thirds of a lease on the simulation's clock (a holder acts on what it wrote for that long,
+/// `Leases::fresh`, `Ownership::fresh`; whatever the controllers' wall clocks say, nothing may be
+/// taken from it before). Given-back leases and members that leave on their own are free at once.
+pub struct Takeovers {
+    ttl: std::time::Duration,
+    /// Per job: the lease's owner and epoch as last written, whether given back, and when.
+    leases: std::collections::BTreeMap<String, (String, u64, bool, tokio::time::Instant)>,
+    /// The partition table's members as last written, and when each last renewed itself.
+    members: std::collections::BTreeSet<String>,
+    renewed: std::collections::BTreeMap<String, tokio::time::Instant>,
+    pub violations: Vec<String>,
+}
+
+impl Takeovers {
+    pub fn new(ttl: std::time::Duration) -> Takeovers {
+        Takeovers { ttl, leases: Default::default(), members: Default::default(), renewed: Default::default(), violations: Vec::new() }
+    }
+
+    /// A write of job `job`'s lease landed (`body` as written) at `now`, `run_time` into the run.
+    pub fn lease(&mut self, job: &str, body: &[u8], now: tokio::time::Instant, run_time: std::time::Duration) {
+        let Ok(doc) = serde_json::from_slice::<serde_json::Value>(body) else { return };
+        let (Some(owner), Some(epoch), Some(expires)) = (doc["owner"].as_str(), doc["epoch"].as_u64(), doc["expires_ms"].as_u64()) else { return };
+        if let Some((prev, prev_epoch, released, at)) = self.leases.get(job) {
+            let age = now.saturating_duration_since(*at);
+            if prev != owner && epoch > *prev_epoch && !released && age < self.ttl * 2 / 3 {
+                self.violations.push(format!(
+                    "{owner} took job {job}'s lease at {:.1} s, {:.1} s after {prev} last wrote it (it may act on it for {:.0} s)",
+                    run_time.as_secs_f64(),
+                    age.as_secs_f64(),
+                    (self.ttl * 2 / 3).as_secs_f64()
+                ));
+            }
+        }
+        self.leases.insert(job.to_string(), (owner.to_string(), epoch, expires == 0, now));
+    }
+
+    /// `writer` wrote the partition table (`body`) at `now`.
+    pub fn table(&mut self, writer: &str, body: &[u8], now: tokio::time::Instant, run_time: std::time::Duration) {
+        let Ok(t) = serde_json::from_slice::<controller::partitions::Table>(body) else { return };
+        let members: std::collections::BTreeSet<String> = t.members.keys().cloned().collect();
+        for gone in self.members.difference(&members).filter(|m| m.as_str() != writer) {
+            if let Some(at) = self.renewed.get(gone) {
+                let age = now.saturating_duration_since(*at);
+                if age < self.ttl * 2 / 3 {
+                    self.violations.push(format!(
+                        "{writer} dropped member {gone} at {:.1} s, {:.1} s after it last renewed (it reads its partitions for {:.0} s)",
+                        run_time.as_secs_f64(),
+                        age.as_secs_f64(),
+                        (self.ttl * 2 / 3).as_secs_f64()
+                    ));
+                }
+            }
+        }
+        if members.contains(writer) {
+            self.renewed.insert(writer.to_string(), now);
+        }
+        self.members = members;
+    }
+}

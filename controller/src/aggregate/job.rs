@@ -125,9 +125,10 @@ impl Job {
     }
 
     /// A job resumed from its checkpoint (`etag`), its rows restored into `totals`: open, or ending
-    /// with the decision the checkpoint committed. Its last news is the checkpoint's time.
-    pub(super) fn resume(mut cp: Checkpoint, totals: CheckedTotals, etag: String, lease: Lease, clock: Clock, unsaved: Unsaved) -> Job {
-        let news = Clock::instant_ago(clock.since_rfc3339(&cp.updated_at));
+    /// with the decision the checkpoint committed. Its last news is `news` (when the caller first saw
+    /// the checkpoint's time).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn resume(mut cp: Checkpoint, totals: CheckedTotals, etag: String, lease: Lease, news: Instant, clock: Clock, unsaved: Unsaved) -> Job {
         let phase = if cp.finishing {
             let at = cp.ending_time().to_string();
             Phase::Ending(Decision { status: cp.status, failed: std::mem::take(&mut cp.failed_chunks), note: cp.note.take(), at })

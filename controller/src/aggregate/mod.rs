@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::lease::{Leases, WeakLease};
+use crate::sighting::Sightings;
 
 pub mod budget;
 mod checkpoint;
@@ -227,6 +228,22 @@ struct Expiry {
     scanned: Option<Instant>,
     idle_floor: Instant,
     emptied: scan::Emptied,
+    /// Each open job's checkpoint time (Unix s, its writer's clock) as this controller saw it: a
+    /// job's news is dated by when this controller first saw that time, never by comparing the
+    /// writer's clock with its own (`sighting`). Kept to the jobs with open markers at each scan.
+    seen: Sightings<String, i64>,
+}
+
+impl Expiry {
+    /// When this controller first saw job `job` with checkpoint time `updated_unix` (now, on a first
+    /// sight); with the `one-clock` fix undone, that time read on its own wall clock.
+    fn news_at(&mut self, job: &str, updated_unix: i64, clock: &Clock) -> Instant {
+        if crate::undo::is(crate::undo::Fix::OneClock) {
+            return Clock::instant_ago(clock.since_unix(updated_unix));
+        }
+        let now = Instant::now();
+        now.checked_sub(self.seen.age(&job.to_string(), updated_unix, now)).unwrap_or(now)
+    }
 }
 
 /// The controller's in-memory view of the jobs it is aggregating. Shared by every listener: each job
@@ -338,7 +355,7 @@ impl Aggregator {
             leases,
             memory: Mutex::default(),
             known: Mutex::default(),
-            expiry: Mutex::new(Expiry { scanned: None, idle_floor: Instant::now(), emptied: scan::Emptied::default() }),
+            expiry: Mutex::new(Expiry { scanned: None, idle_floor: Instant::now(), emptied: scan::Emptied::default(), seen: Sightings::new(Duration::MAX) }),
             hold: Mutex::default(),
             read: Mutex::default(),
             stopping: Default::default(),

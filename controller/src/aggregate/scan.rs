@@ -76,6 +76,7 @@ impl Aggregator {
             .iter()
             .filter(|(k, d)| {
                 !held_jobs.contains(*k)
+                    && d.not_before.is_none_or(|t| now >= t)
                     && self.loads_here(d.partition)
                     && load_after(d.sealed).is_some_and(|l| now.saturating_duration_since(d.since.max(floor)) >= l)
             })
@@ -141,8 +142,17 @@ impl Aggregator {
                         Ok(Taken::Finished) => {
                             let _ = self.close_finished(&job_id).await;
                         }
-                        // Its owner finishes it.
-                        Ok(Taken::Busy(_)) => {}
+                        // Another controller holds its lease: that owner finishes it, or the lease
+                        // runs out, which this controller judges on its own clock (`sighting`), so a
+                        // dead owner's lease seen here for the first time looks busy for a lease.
+                        // Looked at again then, not at the next scan an abandon time later (found
+                        // by the simulation, seed 1: a stalled job finished 3,533 s late).
+                        Ok(Taken::Busy(after)) => {
+                            if !crate::undo::is(crate::undo::Fix::OneClock) {
+                                let not_before = Some(Instant::now() + after.max(self.leases.ttl() / 2));
+                                lock(&self.known).dormant.entry(job_id.clone()).or_insert(Dormant { not_before, ..d });
+                            }
+                        }
                         Err(e) => {
                             tracing::warn!(job = %job_id, error = %e, "could not load a job due to be finished; trying again later");
                             lock(&self.known).dormant.insert(job_id.clone(), d);
@@ -265,6 +275,10 @@ impl Aggregator {
     pub async fn scan_open(&self) -> Result<usize> {
         lock(&self.expiry).scanned = Some(Instant::now());
         let keys = self.store.list(OPEN_PREFIX, MAX_OPEN_JOBS).await?;
+        {
+            let open: std::collections::HashSet<&str> = keys.iter().map(|k| &k[OPEN_PREFIX.len().min(k.len())..]).collect();
+            lock(&self.expiry).seen.retain(|j| open.contains(j.as_str()));
+        }
         let mut open = 0;
         for key in keys {
             let job_id = &key[OPEN_PREFIX.len()..];
@@ -293,14 +307,15 @@ impl Aggregator {
                 continue;
             }
             open += 1;
-            let age = progress.map_or(Duration::ZERO, |p| self.clock.since_unix(p.updated_unix));
+            // Dated on this controller's clock: when it first saw the checkpoint at this time.
+            let seen = progress.map_or_else(Instant::now, |p| lock(&self.expiry).news_at(job_id, p.updated_unix, &self.clock));
             // Its news may be waiting on the queue since before this controller started (it was down):
             // its idle time counts from the start at the earliest.
-            let since = Instant::now().checked_sub(age).unwrap_or_else(Instant::now).max(lock(&self.expiry).idle_floor);
+            let since = seen.max(lock(&self.expiry).idle_floor);
             let sealed = progress.is_some_and(|p| p.sealed);
             let partition = progress.and_then(|p| p.partition);
             // A rescan refreshes what an earlier one saw (the job may have had news elsewhere since).
-            lock(&self.known).dormant.insert(job_id.to_string(), Dormant { since, sealed, partition });
+            lock(&self.known).dormant.insert(job_id.to_string(), Dormant { since, sealed, partition, not_before: None });
         }
         Ok(open)
     }
@@ -314,6 +329,8 @@ pub(super) struct Dormant {
     pub(super) sealed: bool,
     /// The results partition its checkpoint names.
     pub(super) partition: Option<u16>,
+    /// Not loaded before then: its lease was busy when it was due.
+    pub(super) not_before: Option<Instant>,
 }
 
 /// When a sealed job that no longer progresses is finished as `partial`, and the queues that must

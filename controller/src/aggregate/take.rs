@@ -3,7 +3,7 @@
 
 use fleet_domain::codec::from_zstd_json;
 use fleet_domain::layout::checkpoint_key;
-use fleet_domain::model::{Checkpoint, JobStatus};
+use fleet_domain::model::{Checkpoint, JobStatus, Progress};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
@@ -21,7 +21,7 @@ impl Aggregator {
         ctl.add("s3.PutObject", 1);
         let lease = match self.leases.acquire(job_id).await? {
             Acquired::Ours(h) => h,
-            Acquired::Busy { expires_in, .. } => return Ok(Taken::Busy(self.leases.hand_back_after(expires_in, HAND_BACK))),
+            Acquired::Busy { expires_in, live, .. } => return Ok(Taken::Busy(self.leases.hand_back_after(live, expires_in, HAND_BACK))),
         };
         let job = match self.load_unchanged(job_id, &lease, ctl).await {
             Ok(job) => job,
@@ -180,7 +180,8 @@ impl Aggregator {
                 }
                 let totals = restore_totals(&mut cp, self.store.as_ref(), ctl).await.map_err(tagged)?;
                 tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, parts = cp.parts.len(), "resumed job from checkpoint");
-                Ok(Loaded::Job(Box::new(Job::resume(cp, totals, etag, lease, self.clock, unsaved))))
+                let news = lock(&self.expiry).news_at(job_id, Progress::of(&cp).updated_unix, &self.clock);
+                Ok(Loaded::Job(Box::new(Job::resume(cp, totals, etag, lease, news, self.clock, unsaved))))
             }
             None => Ok(Loaded::Job(Box::new(Job::new(job_id, lease, self.clock, unsaved)))),
         }

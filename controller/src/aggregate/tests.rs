@@ -279,8 +279,9 @@ async fn a_controller_down_longer_than_abandon_after_reads_the_waiting_seal_firs
     third.flush().await;
     drop(third);
     let fourth = quick_owned(store.clone(), "c1".into(), LEASE);
-    tokio::time::sleep(after + Duration::from_millis(200)).await;
+    // Its first tick scans at start: the job's checkpoint is dated from then, on its own clock.
     fourth.expire(after).await;
+    tokio::time::sleep(after + Duration::from_millis(200)).await;
     fourth.expire(after).await;
     assert_eq!(report_of(&store, "j12").await.expect("abandoned").status, JobStatus::Abandoned);
 }
@@ -1212,8 +1213,9 @@ async fn a_checkpoint_that_moves_while_it_is_read_is_read_again_not_quarantined(
 }
 
 /// Sequence 2: B's scan saw job J idle since t0; J then had news on A at t0+55 min, and A stopped
-/// (its lease given back). At t0+61 min B loads J as due: its idle time is read again from the
-/// checkpoint A wrote, so B does not abandon it (it once did, from the scan's stale time).
+/// (its lease given back). When B loads J as due, its idle time is read again from the checkpoint A
+/// wrote, so B does not abandon it (it once did, from the scan's stale time): that checkpoint is new
+/// to B, so J's news is dated when B first saw it (its own clock), and J is abandoned an hour later.
 #[tokio::test(start_paused = true)]
 async fn news_on_another_controller_keeps_a_job_from_being_abandoned() {
     let store = MemoryStore::new();
@@ -1234,9 +1236,13 @@ async fn news_on_another_controller_keeps_a_job_from_being_abandoned() {
     tokio::time::advance(Duration::from_secs(6 * 60)).await;
     b.expire(hour).await;
     assert!(report_of(&store, "nw").await.is_none(), "abandoned 6 minutes after its last news");
-    tokio::time::advance(Duration::from_secs(55 * 60)).await;
+    // Due by the scan's view (an hour after B first saw it): loaded, and the new checkpoint dates it.
+    tokio::time::advance(Duration::from_secs(50 * 60)).await;
     b.expire(hour).await;
-    let r = report_of(&store, "nw").await.expect("abandoned an hour after its last news");
+    assert!(report_of(&store, "nw").await.is_none(), "abandoned though its news was new to B");
+    tokio::time::advance(hour).await;
+    b.expire(hour).await;
+    let r = report_of(&store, "nw").await.expect("abandoned an hour after B saw its last news");
     assert_eq!((r.status, r.transactions.processed), (JobStatus::Abandoned, 2));
 }
 
@@ -1276,6 +1282,8 @@ async fn a_dormant_job_is_left_to_the_reader_of_its_partition() {
     assert!(report_of(&store, "pd").await.is_none(), "not finished by a controller that does not read its partition");
     assert_eq!(b.open_jobs(), 0, "nor loaded: no lease taken");
     b.reading(0);
+    // Its idle time counts from B's first sight of its checkpoint (B's own clock).
+    tokio::time::advance(hour).await;
     b.expire(hour).await;
     let r = report_of(&store, "pd").await.expect("abandoned by its partition's reader");
     assert_eq!((r.status, r.transactions.processed), (JobStatus::Abandoned, 1));
@@ -1717,6 +1725,11 @@ async fn a_finish_completed_by_another_controller_after_midnight_files_the_rows_
 
     let mut second = Aggregator::with_clock(store.clone(), "c2".into(), Duration::from_secs(30), crate::clock::Clock::driven(epoch + 86_400_000));
     second.set_settle(Duration::ZERO);
+    // c1's lease (never given back) is judged on c2's own clock, whatever c1's said: taken once c2 has
+    // seen it unchanged for a lease.
+    second.apply(Source::Results, keep(Source::Results, &[sealed("mid", 2)])).await;
+    assert!(report_of(&store, "mid").await.is_none(), "c1's lease, first seen now, still runs");
+    tokio::time::advance(Duration::from_secs(31)).await;
     second.apply(Source::Results, keep(Source::Results, &[sealed("mid", 2)])).await;
     let r = report_of(&store, "mid").await.expect("the second controller writes the report");
     assert_eq!(r.finished_at, "2026-11-27T23:59:00Z", "the committed time, not the writer's clock");
