@@ -77,10 +77,12 @@ fn an_undone_fix_fails_a_seed() {
 /// whose dead owner's lease was first seen busy waited for the next scan, an abandon time later.
 /// 61207294 (fresh, 2026-12-06): a hold's visibility extension in flight landed after the hand-back
 /// that followed it and left two messages invisible through a graceful stop (the completions now
-/// send a release after any extension of its message in flight).
+/// send a release after any extension of its message in flight). 9103683 (the issue's): a result of
+/// a dormant job dead-lettered with the scaling agent down waited for the hourly safety poll (the
+/// minute's look now covers dormant jobs too).
 #[test]
 fn regression_seeds_pass() {
-    for seed in [1, 7_000_529, 7_002_198, 9_104_710, 61_207_294] {
+    for seed in [1, 7_000_529, 7_002_198, 9_103_683, 9_104_710, 61_207_294] {
         let run = run_seed(seed, opts());
         assert!(run.violations.is_empty(), "seed {seed}: {:?}", run.violations);
     }

@@ -878,11 +878,28 @@ impl Aggregator {
     /// The partitions of the jobs in memory that have had no news for `quiet` (all of them for a job
     /// of no partition): what they wait for may come unannounced (a result SQS moved to a dead-letter
     /// queue with the scaling agent down), so their listeners look now rather than at their safety
-    /// poll. A job being worked on is skipped.
+    /// poll. A job being worked on is skipped. So are the dormant jobs (known from their open marker
+    /// only) of the partitions read here: a result of one dead-lettered unannounced waited for the
+    /// hourly safety poll, and its news then restarted the job's abandon time (the simulation, seed
+    /// 9103683: a report 2 h past its bound).
     pub fn waiting(&self, quiet: Duration) -> Waiting {
         let now = Instant::now();
         let floor = lock(&self.expiry).idle_floor;
         let mut out = Waiting::default();
+        if !crate::undo::is(crate::undo::Fix::WaitingLooks) {
+            let dormant: Vec<(Instant, Option<u16>)> = lock(&self.known).dormant.values().map(|d| (d.since, d.partition)).collect();
+            for (since, partition) in dormant {
+                if now.saturating_duration_since(since.max(floor)) < quiet || !self.loads_here(partition) {
+                    continue;
+                }
+                match partition {
+                    Some(p) => {
+                        out.partitions.insert(p);
+                    }
+                    None => out.any = true,
+                }
+            }
+        }
         let partition = lock(&self.memory).partition.clone();
         for (_, slot) in self.slots() {
             let Ok(loaded) = slot.try_lock() else { continue };

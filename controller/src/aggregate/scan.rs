@@ -220,7 +220,7 @@ impl Aggregator {
     /// sits in the partition's dead-letter queue never stalls (that queue never empties: its owner
     /// hands the message back, the job's lease being held here) and its lease is renewed for ever
     /// (found by the simulation with triggers, seed 257: 5,000 hand-backs in one run).
-    fn loads_here(&self, partition: Option<u16>) -> bool {
+    pub(super) fn loads_here(&self, partition: Option<u16>) -> bool {
         if crate::undo::is(crate::undo::Fix::OwnersLoadDormant) {
             return true;
         }
