@@ -159,13 +159,9 @@ impl Key {
         &self.id
     }
 
-    fn mac(&self, body: &str) -> Vec<u8> {
-        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.secret).expect("HMAC takes any key length");
-        m.update(b"fleet-auth v1\0");
-        m.update(self.role.as_str().as_bytes());
-        m.update(b"\0");
-        m.update(body.as_bytes());
-        m.finalize().into_bytes().to_vec()
+    /// The MAC of a message `body` signed as this key's role (before it is finalised or checked).
+    fn message_mac(&self, body: &str) -> Hmac<Sha256> {
+        hmac(&self.secret, &[b"fleet-auth v1\0", self.role.as_str().as_bytes(), b"\0", body.as_bytes()])
     }
 
     /// A submitter's token for chunk `chunk` of `job` (the work item's [`CHUNK_ATTRIBUTE`]): the
@@ -173,18 +169,14 @@ impl Key {
     /// result only with it. So a processor can report only chunks whose work items it has read: one that
     /// only knows a job's id cannot bill its chunks.
     pub fn chunk_token(&self, job: &str, chunk: u32) -> String {
-        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.secret).expect("HMAC takes any key length");
-        m.update(b"fleet-chunk v1\0");
-        m.update(job.as_bytes());
-        m.update(b"\0");
-        m.update(chunk.to_string().as_bytes());
+        let m = hmac(&self.secret, &[b"fleet-chunk v1\0", job.as_bytes(), b"\0", chunk.to_string().as_bytes()]);
         format!("{}.{}", self.id, base64::engine::general_purpose::STANDARD_NO_PAD.encode(m.finalize().into_bytes()))
     }
 
     /// The signature of `body` as this key's role: the value of [`ATTRIBUTE`]
     /// (`v1.ROLE.KEY-ID.MAC`, the MAC in base64 without padding).
     pub fn sign(&self, body: &str) -> String {
-        format!("v1.{}.{}.{}", self.role, self.id, base64::engine::general_purpose::STANDARD_NO_PAD.encode(self.mac(body)))
+        format!("v1.{}.{}.{}", self.role, self.id, base64::engine::general_purpose::STANDARD_NO_PAD.encode(self.message_mac(body).finalize().into_bytes()))
     }
 }
 
@@ -262,13 +254,8 @@ impl Keyring {
             .filter(|k| k.role.as_str() == role)
             .ok_or_else(|| Refused::UnknownKey { role: role.chars().take(16).collect(), id: id.chars().take(16).collect() })?;
         let given = base64::engine::general_purpose::STANDARD_NO_PAD.decode(mac).map_err(|_| Refused::Malformed)?;
-        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&key.secret).expect("HMAC takes any key length");
-        m.update(b"fleet-auth v1\0");
-        m.update(key.role.as_str().as_bytes());
-        m.update(b"\0");
-        m.update(body.as_bytes());
         // Compared in constant time.
-        m.verify_slice(&given).map_err(|_| Refused::Mismatch(key.role))?;
+        key.message_mac(body).verify_slice(&given).map_err(|_| Refused::Mismatch(key.role))?;
         Ok(key.role)
     }
 }
@@ -281,12 +268,18 @@ impl Keyring {
         let key = self.keys.get(id).filter(|k| k.role == Role::Submitter).ok_or(Refused::ChunkToken)?;
         // Compared in constant time, as a MAC over the expected token.
         let expected = key.chunk_token(job, chunk);
-        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&key.secret).expect("HMAC takes any key length");
-        m.update(expected.as_bytes());
-        let mut n = <Hmac<Sha256> as Mac>::new_from_slice(&key.secret).expect("HMAC takes any key length");
-        n.update(token.as_bytes());
-        m.verify_slice(&n.finalize().into_bytes()).map_err(|_| Refused::ChunkToken)
+        let given = hmac(&key.secret, &[token.as_bytes()]).finalize().into_bytes();
+        hmac(&key.secret, &[expected.as_bytes()]).verify_slice(&given).map_err(|_| Refused::ChunkToken)
     }
+}
+
+/// An HMAC-SHA256 under `secret` over `parts` in turn (the callers' labels keep the uses apart).
+fn hmac(secret: &[u8], parts: &[&[u8]]) -> Hmac<Sha256> {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes any key length");
+    for p in parts {
+        m.update(p);
+    }
+    m
 }
 
 fn hex(b: &[u8]) -> String {
