@@ -152,10 +152,17 @@ async fn encode(number: u32, partition: usize, w: ChunkWriter, job_id: &str, bar
 /// Stores a chunk's blob with its record (its transactions and size, in the blob's metadata): the
 /// job's own word on the chunk, which the controller checks every result for it against, and the
 /// results partition its messages travel on (a copy read from another partition is a stray).
-async fn put(mut c: Chunk, store: &Arc<dyn BlobStore>, results_partition: u16) -> Result<Chunk, CliError> {
+/// Created only if absent, as the manifest is (the submitter's policy allows no other write of a
+/// chunk): the rows a processor bills are never replaced once written. A write that finds the blob
+/// is ours when it holds these very bytes (an earlier attempt whose answer was lost, or a rerun of
+/// the same input under the same `--job-id`).
+async fn put(mut c: Chunk, store: &Arc<dyn BlobStore>, results_partition: u16, job_id: &str) -> Result<Chunk, CliError> {
     if let Some(b) = c.bytes.take() {
         let record = ChunkRecord { transactions: c.rows, raw_bytes: c.blob.raw_bytes, partition: Some(results_partition) };
-        store.put_if(&c.blob.key, b, "application/zstd", &record.to_meta(), &fleet_io::blob::Cond::Any).await?;
+        let written = fleet_io::blob::put_if_owned(store.as_ref(), &c.blob.key, b, "application/zstd", &record.to_meta(), &fleet_io::blob::Cond::Absent).await?;
+        if written.is_none() {
+            return Err(CliError::Input(format!("chunk {} of job {job_id} already exists with other rows: a chunk is written once", c.number)));
+        }
     }
     Ok(c)
 }
@@ -492,11 +499,11 @@ async fn submit_enqueued(
             }
             return Err(CliError::Input(msg));
         }
-        let stored = run_all(futures::stream::iter(held?).map(|c| put(c, &store, enqueue.partition)), n, fifo);
+        let stored = run_all(futures::stream::iter(held?).map(|c| put(c, &store, enqueue.partition, &job_id)), n, fifo);
         (Ok(read), enqueue.run(stored).await)
     } else {
         // Chunks are stored and their work items sent while reading goes on, so processing starts at once.
-        let stored = run_all(encoded.map(|r| async { put(r?, &store, enqueue.partition).await }), n, fifo);
+        let stored = run_all(encoded.map(|r| async { put(r?, &store, enqueue.partition, &job_id).await }), n, fifo);
         let (read, sent) = tokio::join!(reader, enqueue.run(stored));
         (read_result(read), sent)
     };
@@ -623,6 +630,34 @@ mod tests {
         assert!(err.to_string().contains("already has a manifest"), "{err}");
         assert_eq!(store.get(&manifest_key("taken")).await.unwrap().as_deref(), Some(&b"{\"theirs\":1}"[..]), "left unchanged");
         assert!(results.receive(10, Duration::ZERO).await.unwrap().iter().all(|m| !m.body.contains(r#""kind":"sealed""#)), "no seal");
+    }
+
+    #[tokio::test]
+    async fn a_chunk_is_written_once_never_replaced() {
+        // Issue 58: a chunk's rows are what its processor bills. A submission under a job id whose
+        // chunk already holds other rows is refused and leaves that chunk unchanged.
+        use fleet_io::memory::{MemoryQueue, MemoryStore};
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let path = csv(dir.path(), "day.csv", 20);
+        let store = MemoryStore::new();
+        store.put(&chunk_key("theirs", 1), Bytes::from_static(b"their rows"), "application/zstd").await.unwrap();
+        let clients = Clients {
+            work: MemoryQueue::new("work", Duration::from_secs(30)),
+            results: MemoryQueue::new("results", Duration::from_secs(30)),
+            store: store.clone(),
+            triggers: None,
+            signing_key: None,
+        };
+        let opts = |id: &str| SubmitOptions { chunk_size: 10, job_id: Some(id.into()), ..SubmitOptions::new(vec![path.clone()]) };
+        let err = submit_inputs(opts("theirs"), open(std::slice::from_ref(&path)), &clients).await.map(|_| ()).unwrap_err();
+        assert!(err.to_string().contains("chunk 1 of job theirs already exists"), "{err}");
+        assert_eq!(store.get(&chunk_key("theirs", 1)).await.unwrap().as_deref(), Some(&b"their rows"[..]), "left unchanged");
+        // The same input again under the same id: its chunks hold these very bytes and pass (a write
+        // whose answer was lost is retried the same way); what stops it is the manifest, written once.
+        assert_eq!(submit_inputs(opts("mine"), open(std::slice::from_ref(&path)), &clients).await.unwrap().total_chunks, 2);
+        let err = submit_inputs(opts("mine"), open(std::slice::from_ref(&path)), &clients).await.map(|_| ()).unwrap_err();
+        assert!(err.to_string().contains("already has a manifest") && !err.to_string().contains("chunk"), "{err}");
     }
 
     /// A submission with a submitter's key: every work item (on both shards of a sharded work queue)

@@ -523,6 +523,10 @@ impl FaultyStore {
                 fleet_io::lock(&self.world.takeovers).lease(job, &body, now, run_time);
             } else if key == fleet_domain::layout::PARTITIONS_KEY {
                 fleet_io::lock(&self.world.takeovers).table(&self.owner, &body, now, run_time);
+                if let Ok(t) = serde_json::from_slice::<controller::partitions::Table>(&body) {
+                    let owners: Vec<String> = t.owners.iter().map(|(p, o)| format!("{p}:{}", o.owner.as_deref().unwrap_or("-"))).collect();
+                    self.world.trace(format!("{} TABLE members {:?} owners {}", self.owner, t.members.keys().collect::<Vec<_>>(), owners.join(" ")));
+                }
             }
         }
         if out.is_some() && key.ends_with("/report.json") {

@@ -544,7 +544,10 @@ impl FatedQueue {
                 forge = Some(plan.clone());
             }
         }
-        for job in chunks.iter().map(|(j, _)| j).collect::<BTreeSet<_>>() {
+        // News of a job: a chunk's first result sent, not a copy of one already sent (a work item
+        // handled again after its delete was lost sends a duplicate, perhaps after the job ended: the
+        // job never waits for it; seed 18812859, whose duplicate came 85 s after the report).
+        for job in chunks.iter().filter(|(j, c)| self.fated.first(j, *c | 0x2000_0000)).map(|(j, _)| j).collect::<BTreeSet<_>>() {
             self.fated.world.sent(job);
         }
         if !ahead.is_empty() {
