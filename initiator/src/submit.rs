@@ -159,7 +159,8 @@ async fn encode(number: u32, partition: usize, w: ChunkWriter, job_id: &str, bar
 async fn put(mut c: Chunk, store: &Arc<dyn BlobStore>, results_partition: u16, job_id: &str) -> Result<Chunk, CliError> {
     if let Some(b) = c.bytes.take() {
         let record = ChunkRecord { transactions: c.rows, raw_bytes: c.blob.raw_bytes, partition: Some(results_partition) };
-        let written = fleet_io::blob::put_if_owned(store.as_ref(), &c.blob.key, b, "application/zstd", &record.to_meta(), &fleet_io::blob::Cond::Absent).await?;
+        let written =
+            fleet_io::blob::put_if_owned(store.as_ref(), &c.blob.key, b, "application/zstd", &record.to_meta(), &fleet_io::blob::Cond::Absent).await?;
         if written.is_none() {
             return Err(CliError::Input(format!("chunk {} of job {job_id} already exists with other rows: a chunk is written once", c.number)));
         }

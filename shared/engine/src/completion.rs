@@ -372,7 +372,8 @@ impl Completions {
                             }
                         }
                         let d = &mut *d;
-                        let (ready, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut d.deferred).into_iter().partition(|(r, _)| !d.in_flight.contains_key(r.as_str()));
+                        let (ready, wait): (Vec<_>, Vec<_>) =
+                            std::mem::take(&mut d.deferred).into_iter().partition(|(r, _)| !d.in_flight.contains_key(r.as_str()));
                         d.deferred = wait;
                         ready
                     };
