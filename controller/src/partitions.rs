@@ -100,6 +100,17 @@ pub fn expired_by_wall(table: &Table, now_ms: u64) -> BTreeSet<String> {
     table.members.iter().filter(|(_, until)| **until <= now_ms).map(|(m, _)| m.clone()).collect()
 }
 
+/// The members of `table` other than `me` that a reader has seen unrenewed for a whole lease `ttl`,
+/// judged at `at` on its own clock by what it saw before (`seen`, kept to the table's members);
+/// with the `one-clock` fix undone, by the wall clock `wall_ms` instead. Pure.
+pub fn expired_members(table: &Table, me: &str, seen: &mut Sightings<String, u64>, at: Instant, ttl: Duration, wall_ms: u64) -> BTreeSet<String> {
+    if crate::undo::is(crate::undo::Fix::OneClock) {
+        return expired_by_wall(table, wall_ms);
+    }
+    seen.retain(|m| table.members.contains_key(m));
+    table.members.iter().filter(|(m, _)| *m != me).filter(|(m, stamp)| seen.age(*m, **stamp, at) >= ttl).map(|(m, _)| m.clone()).collect()
+}
+
 /// One balancing round of controller `me` (see the module header): `table` as read, `expired` its
 /// members this controller judged dead, `now_ms` the stamp it renews its own membership with,
 /// `running` the partitions it reads now, `leaving` on a graceful stop (it gives every partition
@@ -289,13 +300,7 @@ impl Ownership {
 
     /// The members of `table` (other than this controller) it has seen unrenewed for a whole lease.
     fn expired(&mut self, table: &Table) -> BTreeSet<String> {
-        if crate::undo::is(crate::undo::Fix::OneClock) {
-            return expired_by_wall(table, self.clock.now_ms());
-        }
-        let now = Instant::now();
-        self.seen.retain(|m| table.members.contains_key(m));
-        let me = self.me.as_str();
-        table.members.iter().filter(|(m, _)| *m != me).filter(|(m, stamp)| self.seen.age(*m, **stamp, now) >= self.ttl).map(|(m, _)| m.clone()).collect()
+        expired_members(table, &self.me, &mut self.seen, Instant::now(), self.ttl, self.clock.now_ms())
     }
 
     async fn round_once(&mut self, running: &BTreeSet<u16>, leaving: bool) -> Result<Plan> {
@@ -559,12 +564,7 @@ mod tests {
                 loop {
                     // Expiry judged on the controller's own (monotonic) clock: the simulation's.
                     let at = base + Duration::from_millis(now);
-                    let expired: BTreeSet<String> = if crate::undo::is(crate::undo::Fix::OneClock) {
-                        expired_by_wall(&table, wall)
-                    } else {
-                        c.seen.retain(|m| table.members.contains_key(m));
-                        table.members.iter().filter(|(m, _)| **m != c.id).filter(|(m, v)| c.seen.age(*m, **v, at) >= ttl).map(|(m, _)| m.clone()).collect()
-                    };
+                    let expired = expired_members(&table, &c.id, &mut c.seen, at, ttl, wall);
                     let p = plan(&table, &c.id, &expired, wall, ttl, count, &c.running, false);
                     if !p.stop.is_empty() {
                         c.running.retain(|x| !p.stop.contains(x));
