@@ -953,6 +953,9 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                     c.stop.cancel();
                     let drain = Duration::from_secs(setup.settings.drain_secs) + Duration::from_secs(5);
                     let stopped = tokio::time::timeout(drain, c.task).await;
+                    // A crash armed for its next batch may strike during the stop (a long poll under
+                    // way still answers): a process that crashed is judged as one, not as a stop.
+                    let crashed = c.life.ended();
                     // The stop took as long as the controller's own (unseeded) scheduling made it: the
                     // schedule goes on from the loop's half-second grid, so that what follows replays.
                     let took = Instant::now().saturating_duration_since(now).as_millis();
@@ -970,6 +973,8 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
                         .collect();
                     if paused && !held.is_empty() {
                         world.trace(format!("CHAOS ctl{i} was paused during its stop, which left {} messages held", held.len()));
+                    } else if crashed && !held.is_empty() {
+                        world.trace(format!("CHAOS ctl{i} crashed during its stop, which left {} messages held", held.len()));
                     } else if !held.is_empty() {
                         world.trace(format!("LEFT HELD ctl{i} stopped gracefully holding {} messages, invisible for the hold's time: {held:?}", held.len()));
                     }
