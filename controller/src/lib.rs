@@ -393,6 +393,7 @@ impl Readers {
             let started = tokio::time::Instant::now();
             for after in at {
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep_until(started + after + Duration::from_secs(1)) => {}
                 }
@@ -746,8 +747,10 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
                 // one that failed.
                 let next = own.lock().await.next_round_at();
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep_until(next) => tokio::select! {
+                        biased;
                         _ = stop.cancelled() => return,
                         () = balance(&own, &readers, false) => {}
                     },
@@ -762,6 +765,7 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     _ = tick.tick() => {
                         complete(agg.flush_idle().await);
@@ -782,10 +786,12 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     // A retry that waits on a hung store does not hold up the stop (what it had in
                     // hand comes back after its extended visibility).
                     _ = tick.tick() => tokio::select! {
+                        biased;
                         _ = stop.cancelled() => return,
                         applied = agg.retry_held() => complete_applied(applied, &notifiers),
                     },
@@ -799,6 +805,7 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     _ = tick.tick() => agg.extend_held(),
                 }
@@ -818,6 +825,7 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
             tick.tick().await;
             loop {
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     _ = tick.tick() => {
                         let waiting = agg.waiting(WAITING_LOOK);
@@ -850,6 +858,7 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     _ = tick.tick() => {
                         complete(agg.expire(after).await);

@@ -255,6 +255,7 @@ impl Purger {
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                biased;
                 job = finished.recv() => match job {
                     Some((job, recorded)) => self.finished_logged(&job, recorded).await,
                     None => return,

@@ -143,7 +143,7 @@ struct Chunk {
 }
 
 async fn encode(number: u32, partition: usize, w: ChunkWriter, job_id: &str, bar: &ProgressBar) -> Result<Chunk, CliError> {
-    let enc: EncodedChunk = tokio::task::spawn_blocking(move || encode_chunk(w)).await.map_err(|e| CliError::Input(format!("compression task failed: {e}")))?;
+    let enc: EncodedChunk = fleet_io::blocking(move || encode_chunk(w)).await.map_err(|e| CliError::Input(format!("compression task failed: {e}")))?;
     bar.inc(1);
     let blob = BlobRef { key: chunk_key(job_id, number), sha256: enc.sha256, compressed_bytes: enc.bytes.len() as u64, raw_bytes: enc.raw_bytes };
     Ok(Chunk { number, partition, rows: enc.rows, blob, bytes: Some(Bytes::from(enc.bytes)) })
@@ -388,47 +388,27 @@ pub async fn submit_inputs(opts: SubmitOptions, files: Vec<InputFile>, clients: 
     let store_bar = bar(&mp, 0, "chunks    {pos} compressed");
 
     // Reading and validation run on a blocking thread and hand finished chunks over a small channel;
-    // compression and uploads overlap with reading.
-    let (tx, rx) = tokio::sync::mpsc::channel::<(u32, usize, ChunkWriter)>(8);
+    // compression and uploads overlap with reading. On a current-thread runtime (the fleet
+    // simulation's, a test's) there is no thread to spare: the files are read first, in place, and
+    // their chunks handed over in order, so that such a run does the same things every time.
     let (chunk_size, chunk_bytes) = (opts.chunk_size, opts.chunk_bytes);
     let rb = read_bar.clone();
-    let reader = tokio::task::spawn_blocking(move || {
-        let mut v = Validator::new();
-        let mut rejected = Vec::new();
-        // One chunk writer per partition; chunks are numbered in the order they fill up.
-        let mut cur: Vec<ChunkWriter> = (0..grouping.partitions()).map(|_| ChunkWriter::new()).collect();
-        let mut next = 0u32;
-        let closed = Cell::new(false);
-        let mut done_bytes = 0;
-        let ship = |w: ChunkWriter, partition: usize, next: &mut u32| {
-            if !closed.get() && tx.blocking_send((*next, partition, w)).is_err() {
-                closed.set(true);
-            }
-            *next += 1;
-        };
-        for f in &files {
-            v.read(
-                f,
-                |t| {
-                    let p = grouping.partition(t.account_id);
-                    let w = &mut cur[p];
-                    w.push(t);
-                    if w.rows() >= chunk_size || w.approx_bytes() >= chunk_bytes {
-                        ship(std::mem::take(w), p, &mut next);
-                    }
-                },
-                |r| rejected.push(r),
-                |b| rb.set_position(done_bytes + b),
-            )?;
-            done_bytes += f.bytes;
+    let read = move |ship: &mut dyn FnMut(u32, usize, ChunkWriter) -> bool| read_chunks(&files, grouping, chunk_size, chunk_bytes, &rb, ship);
+    let (rx, reader) = if fleet_io::multi_thread() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<(u32, usize, ChunkWriter)>(8);
+        (rx, tokio::task::spawn_blocking(move || read(&mut |n, p, w| tx.blocking_send((n, p, w)).is_ok())))
+    } else {
+        let mut shipped = Vec::new();
+        let r = read(&mut |n, p, w| {
+            shipped.push((n, p, w));
+            true
+        });
+        let (tx, rx) = tokio::sync::mpsc::channel::<(u32, usize, ChunkWriter)>(shipped.len().max(1));
+        for c in shipped {
+            let _ = tx.try_send(c);
         }
-        for (p, w) in cur.into_iter().enumerate() {
-            if w.rows() > 0 {
-                ship(w, p, &mut next);
-            }
-        }
-        Ok::<_, fleet_domain::input::InputError>((v.counts, rejected))
-    });
+        (rx, tokio::spawn(async move { r }))
+    };
 
     // The job's trace starts here (exported when OTEL_EXPORTER_OTLP_ENDPOINT is set): every work item
     // carries its context, so the processors' and the controller's spans join it.
@@ -464,6 +444,53 @@ pub async fn submit_inputs(opts: SubmitOptions, files: Vec<InputFile>, clients: 
             Err(CliError::Enqueued { job_id: job_id.clone(), enqueued: enqueue.sent.load(Ordering::SeqCst), fate, cause: Box::new(cause) })
         }
     }
+}
+
+/// Reads and validates `files`, handing each chunk over as it fills up (`ship`; numbered in the order
+/// they fill up, one writer per grouping partition), and the rest at the end. Once `ship` refuses one
+/// (the submission ended early), the rest are only read.
+fn read_chunks(
+    files: &[InputFile],
+    grouping: Grouping,
+    chunk_size: u64,
+    chunk_bytes: usize,
+    bar: &ProgressBar,
+    ship: &mut dyn FnMut(u32, usize, ChunkWriter) -> bool,
+) -> Result<(Counts, Vec<Rejected>), fleet_domain::input::InputError> {
+    let mut v = Validator::new();
+    let mut rejected = Vec::new();
+    let mut cur: Vec<ChunkWriter> = (0..grouping.partitions()).map(|_| ChunkWriter::new()).collect();
+    let mut next = 0u32;
+    let closed = Cell::new(false);
+    let mut done_bytes = 0;
+    let mut ship = |w: ChunkWriter, partition: usize, next: &mut u32| {
+        if !closed.get() && !ship(*next, partition, w) {
+            closed.set(true);
+        }
+        *next += 1;
+    };
+    for f in files {
+        v.read(
+            f,
+            |t| {
+                let p = grouping.partition(t.account_id);
+                let w = &mut cur[p];
+                w.push(t);
+                if w.rows() >= chunk_size || w.approx_bytes() >= chunk_bytes {
+                    ship(std::mem::take(w), p, &mut next);
+                }
+            },
+            |r| rejected.push(r),
+            |b| bar.set_position(done_bytes + b),
+        )?;
+        done_bytes += f.bytes;
+    }
+    for (p, w) in cur.into_iter().enumerate() {
+        if w.rows() > 0 {
+            ship(w, p, &mut next);
+        }
+    }
+    Ok((v.counts, rejected))
 }
 
 /// The rest of a submission once work items may go out: store and enqueue the chunks while reading,

@@ -29,7 +29,7 @@ pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u6
 async fn bill(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u64) -> Result<ChunkResult> {
     let data = store.get(&item.blob.key).await?.ok_or_else(|| Error::Corrupt(format!("chunk blob {} does not exist", item.blob.key)))?;
     let (blob, rows, tariff) = (item.blob.clone(), item.transactions, item.tariff.clone());
-    let (accounts, packed, n_rows) = tokio::task::spawn_blocking(move || {
+    let (accounts, packed, n_rows) = fleet_io::blocking(move || {
         let fees = tariff.calculator();
         let mut totals = Totals::new();
         decode_chunk(&data, &blob, rows, max_chunk_bytes, |t| totals.add_txn(t, &fees)).map_err(Error::corrupt)?;

@@ -167,7 +167,7 @@ impl FaultyQueue {
 
     /// Names what a call did to which messages (in `--trace` runs only: the soak does without).
     fn said(&self, what: impl FnOnce() -> String) {
-        if self.world.echo {
+        if self.world.every_call {
             self.world.trace(format!("ctl{} {} {}", self.ctl, self.inner.name(), what()));
         }
     }

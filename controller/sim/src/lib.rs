@@ -223,6 +223,8 @@ pub struct World {
     /// parts (`Faults::pause_at_report`), by job.
     pub(crate) report_pauses: Mutex<BTreeMap<String, PausedAtReport>>,
     echo: bool,
+    /// Every queue call is traced (as when echoing), printed or not.
+    pub(crate) every_call: bool,
 }
 
 impl World {
@@ -421,6 +423,8 @@ impl Run {
 pub struct Options {
     /// Print the trace as it happens.
     pub echo: bool,
+    /// Trace every queue call, as printing the trace does (a replay compares them all).
+    pub every_call: bool,
     /// Send no hostile results.
     pub no_hostile: bool,
     /// Put work-detected triggers on an in-memory bus in half the runs (`fleet-sim` does unless
@@ -546,6 +550,8 @@ pub fn run_seed_undone(seed: u64, opts: Options, undo: Option<Fix>) -> Run {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::Layer as _;
     controller::undo::set(undo);
+    // Every random wait of the fleet's code (back-off and breaker jitter) drawn from the seed too.
+    fleet_io::jitter::seed_this_thread(seed ^ 0x7177_e500);
     // The controllers' conclusions, heard on this thread (and, with RUST_LOG, their logs printed).
     let heard = observe::Heard::default();
     let memory = observe::Memory::default();
@@ -698,6 +704,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         store_trouble: Mutex::default(),
         lives: Mutex::default(),
         echo: opts.echo,
+        every_call: opts.echo || opts.every_call,
     });
     let store = MemoryStore::new();
     let queues = Arc::new(Queues::new(setup.fifo, setup.partitions, setup.triggers, setup.results_visibility));

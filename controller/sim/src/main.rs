@@ -53,7 +53,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let opts = fleet_sim::Options { echo: args.trace, no_hostile: args.no_hostile, triggers: !args.no_triggers };
+    let opts = fleet_sim::Options { echo: args.trace, no_hostile: args.no_hostile, triggers: !args.no_triggers, every_call: false };
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let undo = match args.undo.as_deref() {
         None => None,

@@ -41,20 +41,22 @@ fn seeds_keep_every_invariant() {
     assert!(s.failed.is_empty(), "seeds breaking an invariant: {:?}", s.failed);
 }
 
+/// A seed replays step by step: every queue and store call, every fault, at the same simulated
+/// instant, run after run (the fleet's jitter is drawn from the seed, every `select!` is biased, and
+/// nothing runs off the seed's thread), so a failing seed is a regression test as it stands. Seeds
+/// 1005 and 1016 went another way about one run in three before (an upload's compression finished on
+/// the blocking pool in wall-clock order); the others exercise crashes, stops, upgrades and outages.
 #[test]
-fn a_seed_replays_its_faults_and_jobs() {
-    for seed in [26, 215, 303] {
-        let a = run_seed(seed, opts());
-        let b = run_seed(seed, opts());
+fn a_seed_replays_every_call() {
+    for seed in [26, 215, 303, 1005, 1016, 1019] {
+        let every = Options { every_call: true, ..opts() };
+        let a = run_seed(seed, every);
         assert!(a.trace_len > 50, "the run did something ({} trace lines)", a.trace_len);
-        // The controllers' own scheduling draws from unseeded generators (the engine's back-off
-        // jitter, `select!`): the schedule of faults and the verdict replay, not every call.
-        assert_eq!(
-            a.schedule.iter().filter(|l| l.contains("CHAOS")).collect::<Vec<_>>(),
-            b.schedule.iter().filter(|l| l.contains("CHAOS")).collect::<Vec<_>>()
-        );
-        assert_eq!(a.jobs, b.jobs);
-        assert_eq!(a.violations, b.violations);
+        for _ in 0..2 {
+            let b = run_seed(seed, every);
+            assert_eq!((a.trace_len, a.trace_hash), (b.trace_len, b.trace_hash), "seed {seed} did not replay its trace");
+            assert_eq!(a.violations, b.violations);
+        }
     }
 }
 

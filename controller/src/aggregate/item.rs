@@ -165,7 +165,12 @@ async fn decode_payload(payload: AccountsPayload, store: &dyn BlobStore, figures
         }
     };
     static DECODES_AT_ONCE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(DECODES);
-    let _permit = DECODES_AT_ONCE.acquire().await.map_err(|_| Error::Corrupt("decoder closed".into()))?;
+    // (A decode in place holds its thread until it ends: the permit bounds the blocking pool's. The
+    // simulation's seeds, one runtime per thread, share no permit, so that none waits on another's.)
+    let _permit = match offload {
+        true => Some(DECODES_AT_ONCE.acquire().await.map_err(|_| Error::Corrupt("decoder closed".into()))?),
+        false => None,
+    };
     // What the budget reserved for this decode (see `apply_group`): what it holds must fit in it.
     let share = figures.max_memory();
     let decode = move || -> fleet_domain::Result<RowBatch> {

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use rand::Rng;
 
 /// The seed's back-off step (`deltaBackoffMs`); each wait draws 80-120 % of it.
 pub const DELTA: Duration = Duration::from_millis(100);
@@ -29,7 +28,7 @@ impl IdleBackoff {
 
     /// The wait after the `idle`-th consecutive empty receive (random jitter).
     pub fn delay(&self, idle: u32) -> Duration {
-        let jitter = rand::rng().random_range(0.8..1.2);
+        let jitter = fleet_io::jitter::f64_in(0.8..1.2);
         self.delay_with(idle, jitter)
     }
 

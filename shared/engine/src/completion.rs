@@ -244,6 +244,7 @@ impl<T: Send + 'static> SlotRun<T> {
             }
             let deadline = lock(&self.slot.pending).oldest.map(|t| t + self.settings.push_interval);
             tokio::select! {
+                biased;
                 _ = self.stop.cancelled() => break,
                 _ = self.slot.notify.notified() => {}
                 _ = sleep_until(deadline) => {}

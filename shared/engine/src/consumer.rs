@@ -86,6 +86,7 @@ pub(crate) async fn wait_for_room(inner: &Inner) -> Option<usize> {
             return Some(n);
         }
         tokio::select! {
+            biased;
             _ = inner.lifecycle.stop_receiving.cancelled() => return None,
             _ = notified => {}
         }
@@ -102,6 +103,7 @@ pub(crate) async fn pause(inner: &Inner, d: Option<Duration>, wakes: u64) -> Opt
         return Some(true);
     }
     tokio::select! {
+        biased;
         _ = inner.lifecycle.stop_receiving.cancelled() => None,
         _ = notified => Some(true),
         _ = sleep_until(d.map(|d| Instant::now() + d)) => Some(false),
@@ -121,6 +123,7 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
             set_parked(&inner, id, true);
             events::ConsumerPaused { queue: inner.queue.name(), consumer: id }.emit(&inner.observed.stats);
             let stopped = tokio::select! {
+                biased;
                 _ = all_closed(&inner.breakers) => false,
                 _ = inner.lifecycle.stop_receiving.cancelled() => true,
             };
@@ -146,6 +149,7 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
         let receive = tokio::time::timeout(limit, inner.queue.receive(max as u32, inner.cfg.receive_wait));
         tokio::pin!(receive);
         let answer = tokio::select! {
+            biased;
             r = &mut receive => r,
             _ = inner.lifecycle.stop_receiving.cancelled() => {
                 let end = started + inner.cfg.receive_wait + STOP_POLL_MARGIN;

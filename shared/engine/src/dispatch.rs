@@ -66,6 +66,7 @@ pub(crate) async fn dispatch_loop(inner: Arc<Inner>) {
             inner.lifecycle.work_tasks.spawn(process(inner.clone(), msgs, running));
         }
         tokio::select! {
+            biased;
             _ = inner.lifecycle.stop_all.cancelled() => return,
             _ = notified => {}
             _ = sleep_until(next) => {}
@@ -160,7 +161,7 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
             if open {
                 all_closed(&inner.breakers).await;
                 // Not every held batch at the same instant.
-                tokio::time::sleep(Duration::from_millis(rand::random_range(0..1000))).await;
+                tokio::time::sleep(Duration::from_millis(fleet_io::jitter::u64_in(0..1000))).await;
             } else if waits_outage {
                 tokio::time::sleep(inner.cfg.retry.delay(unopened).min(HELD_RETRY_CAP)).await;
             } else {
@@ -169,6 +170,7 @@ pub(crate) async fn process(inner: Arc<Inner>, mut msgs: Vec<Delivery>, running:
         };
         inner.observed.holding.fetch_add(msgs.len(), Ordering::SeqCst);
         let stopped = tokio::select! {
+            biased;
             _ = wait => false,
             _ = inner.lifecycle.stop_receiving.cancelled() => true,
         };

@@ -120,6 +120,7 @@ pub(crate) async fn heartbeat_loop(inner: Arc<crate::Inner>) {
             events::Overdue { queue: inner.queue.name() }.emit();
         }
         tokio::select! {
+            biased;
             _ = inner.lifecycle.stop_all.cancelled() => return,
             _ = notified => {}
             _ = sleep_until(next) => {}

@@ -68,6 +68,7 @@ pub fn spawn_reporter(
         let mut reported_any = false;
         loop {
             tokio::select! {
+                biased;
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(interval) => {}
             }

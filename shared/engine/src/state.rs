@@ -148,6 +148,7 @@ pub const DEPTH_REFRESH: Duration = Duration::from_secs(15);
 pub(crate) async fn depth_loop(inner: Arc<Inner>) {
     loop {
         tokio::select! {
+            biased;
             () = inner.lifecycle.stop_all.cancelled() => return,
             () = tokio::time::sleep(DEPTH_REFRESH) => {}
         }
@@ -157,6 +158,7 @@ pub(crate) async fn depth_loop(inner: Arc<Inner>) {
         }
         // A look under way never holds up a stop (a hung queue answers only at the call's deadline).
         let depth = tokio::select! {
+            biased;
             () = inner.lifecycle.stop_all.cancelled() => return,
             d = inner.queue.depth() => d,
         };

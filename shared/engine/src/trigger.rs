@@ -44,6 +44,7 @@ impl Engine {
                     }
                 };
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     _ = inner.lifecycle.stop_receiving.cancelled() => return,
                     _ = grace => {

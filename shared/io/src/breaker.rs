@@ -195,9 +195,8 @@ impl Breaker {
 
 /// A uniform wait in [d/2, d].
 fn half_jitter(d: Duration) -> Duration {
-    use rand::Rng;
     let half = d / 2;
-    half + Duration::from_nanos(rand::rng().random_range(0..=half.as_nanos() as u64))
+    half + Duration::from_nanos(crate::jitter::u64_in(0..half.as_nanos() as u64 + 1))
 }
 
 /// The breakers of one process's dependencies (cheap to clone: shared).

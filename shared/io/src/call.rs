@@ -32,7 +32,6 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use rand::Rng;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
@@ -339,7 +338,7 @@ fn jitter(cap: Duration) -> Duration {
     if cap.is_zero() {
         return cap;
     }
-    Duration::from_nanos(rand::rng().random_range(0..=cap.as_nanos() as u64))
+    Duration::from_nanos(crate::jitter::u64_in(0..cap.as_nanos() as u64 + 1))
 }
 
 /// The requests a client made, by what is billed: cheap to bump from many tasks. A clone counts into

@@ -9,6 +9,7 @@ pub mod breaker;
 pub mod call;
 pub mod config;
 pub mod error;
+pub mod jitter;
 pub mod metrics;
 pub mod op;
 pub mod pem;
@@ -37,4 +38,21 @@ pub mod memory {
     pub use crate::blob::memory::MemoryStore;
     pub use crate::queue::memory::MemoryQueue;
     pub use crate::trigger::memory::MemoryTriggers;
+}
+
+/// Runs CPU-bound `f` off the runtime's threads (the blocking pool) on a multi-thread runtime; in
+/// place on a current-thread one, which has no other thread to keep free and whose tasks then run in
+/// the same order every time (the fleet simulation's seeds replay so).
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> std::result::Result<T, tokio::task::JoinError> {
+    if multi_thread() {
+        tokio::task::spawn_blocking(f).await
+    } else {
+        Ok(f())
+    }
+}
+
+/// Whether this runs on a multi-thread runtime (a service's), not a current-thread one (the
+/// simulation's, most tests').
+pub fn multi_thread() -> bool {
+    tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }

@@ -27,6 +27,7 @@ pub fn on_signals() -> CancellationToken {
                 }
             };
             tokio::select! {
+                biased;
                 _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
                 _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
             }

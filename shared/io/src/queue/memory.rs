@@ -246,6 +246,7 @@ impl Queue for MemoryQueue {
             }
             let wake = self.next_visible_at().map_or(deadline, |t| t.max(Instant::now()).min(deadline));
             tokio::select! {
+                biased;
                 _ = arrived => {}
                 _ = tokio::time::sleep_until(wake) => {}
             }

@@ -251,6 +251,7 @@ pub fn spawn_subscription(
                 Ok::<(), Error>(())
             };
             let result = tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => return,
                 r = run => r,
             };
@@ -261,6 +262,7 @@ pub fn spawn_subscription(
                 Err(e) => tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "bus subscription failed; listeners poll until it is back"),
             }
             tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(delay) => {}
             }
