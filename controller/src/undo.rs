@@ -81,10 +81,12 @@ pub enum Fix {
     /// Lease and membership expiry is judged by the reader's monotonic clock since it saw the value
     /// change, never by comparing the writer's wall clock with its own (issue 58).
     OneClock,
+    /// The stall look announces a queue whose messages wait with nobody taking them (issue 58, found by the simulation).
+    StallLookAnnounces,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 32] = [
+    pub const ALL: [Fix; 33] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -117,6 +119,7 @@ impl Fix {
         Fix::ChunkTokenChecked,
         Fix::AppliedOnlyWhereRead,
         Fix::OneClock,
+        Fix::StallLookAnnounces,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -154,6 +157,7 @@ impl Fix {
             Fix::ChunkTokenChecked => "chunk-token-checked",
             Fix::AppliedOnlyWhereRead => "applied-only-where-read",
             Fix::OneClock => "one-clock",
+            Fix::StallLookAnnounces => "stall-look-announces",
         }
     }
 
@@ -192,6 +196,7 @@ impl Fix {
             Fix::ChunkTokenChecked => "a result counts only with its chunk's token",
             Fix::AppliedOnlyWhereRead => "a message of a partition no longer read handed back, never applied",
             Fix::OneClock => "lease and membership expiry judged on the reader's own clock",
+            Fix::StallLookAnnounces => "the stall look announces messages nobody takes",
         }
     }
 }

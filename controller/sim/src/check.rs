@@ -283,6 +283,13 @@ pub fn lateness(jobs: &[Arc<JobPlan>], world: &World, setup: &Setup) -> (f64, Ve
         if matches!(job.ending, Ending::DiedAfterManifest | Ending::DiedBeforeManifest) {
             wait += Duration::from_secs(setup.settings.abandon_after) + Duration::from_secs(setup.settings.abandon_after / 10).min(Duration::from_secs(60));
         }
+        if setup.agent_down && fleet_io::lock(&world.unheard_dead_letters).contains(&job.id) {
+            // With the scaling agent down, nobody announces a dead letter SQS moved, and no
+            // controller waits for a job it never heard of: the dead-letter queue's listener finds
+            // it at its safety poll (degraded, as docs/scaling.md says; with the agent up it is
+            // announced at its next look).
+            wait += Duration::from_secs(setup.settings.listener.park_poll_secs);
+        }
         let from = last_sent.get(&job.id).copied().unwrap_or_default().max(faults_end);
         let late = at.saturating_sub(from + wait);
         worst = worst.max(late.as_secs_f64());

@@ -588,6 +588,7 @@ impl FatedQueue {
                 tokio::time::sleep(after).await;
                 for job in to_dlq.iter().filter_map(|m| chunk_of(&m.body)).map(|(j, _)| j).collect::<BTreeSet<_>>() {
                     world.sent(&job);
+                    world.dead_lettered(&job);
                 }
                 // A send that fails (never here: the twin's calls fail only as a fate says) would lose it.
                 let _ = dlq.send_messages(&to_dlq).await;

@@ -219,6 +219,8 @@ pub struct World {
     lives: Mutex<Vec<(String, faults::Life)>>,
     /// Per job, the owners (process names) that wrote its lease or checkpoint.
     writers: Mutex<BTreeMap<String, std::collections::BTreeSet<String>>>,
+    /// Jobs with a result dead-lettered before any controller had heard of them.
+    pub(crate) unheard_dead_letters: Mutex<std::collections::BTreeSet<String>>,
     /// Controllers paused as they wrote a job's report until a peer reads that job's checkpoint
     /// parts (`Faults::pause_at_report`), by job.
     pub(crate) report_pauses: Mutex<BTreeMap<String, PausedAtReport>>,
@@ -346,6 +348,14 @@ impl World {
     /// The fleet sent a message of `job` now.
     pub fn sent(&self, job: &str) {
         fleet_io::lock(&self.last_sent).insert(job.to_string(), self.now());
+    }
+
+    /// A result of `job` moved to a dead-letter queue: whether no controller had written the job's
+    /// lease or checkpoint by then (none waits for it, so none looks for it; see `check::lateness`).
+    pub fn dead_lettered(&self, job: &str) {
+        if !fleet_io::lock(&self.writers).contains_key(job) {
+            fleet_io::lock(&self.unheard_dead_letters).insert(job.to_string());
+        }
     }
 
     /// A fault's effects last until `until` (simulated time from the start).
@@ -694,6 +704,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         faults_end: Mutex::default(),
         readers: Mutex::default(),
         writers: Mutex::default(),
+        unheard_dead_letters: Mutex::default(),
         report_pauses: Mutex::default(),
         held: Mutex::default(),
         deleted: Mutex::default(),

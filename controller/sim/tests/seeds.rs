@@ -81,12 +81,16 @@ fn an_undone_fix_fails_a_seed() {
 /// that followed it and left two messages invisible through a graceful stop (the completions now
 /// send a release after any extension of its message in flight). 9103683 (the issue's): a result of
 /// a dormant job dead-lettered with the scaling agent down waited for the hourly safety poll (the
-/// minute's look now covers dormant jobs too).
+/// minute's look now covers dormant jobs too). 26121503 (fresh, 2026-12-06): a dead-lettered
+/// duplicate of a finished job, unannounced while the scaling agent looked at the work queue alone,
+/// held a stalled job an hour (the stall look now announces messages nobody takes;
+/// `stall-look-announces`).
 #[test]
 fn regression_seeds_pass() {
-    for seed in [1, 7_000_529, 7_002_198, 9_103_683, 9_104_710, 61_207_294] {
+    for seed in [1, 7_000_529, 7_002_198, 9_103_683, 9_104_710, 26_121_503, 61_207_294] {
         let run = run_seed(seed, opts());
         assert!(run.violations.is_empty(), "seed {seed}: {:?}", run.violations);
     }
     assert!(first_failure(7_000_529, 1, 1, opts(), Some(Fix::AppliedOnlyWhereRead)).is_some(), "seed 7000529 passes with the fix undone");
+    assert!(first_failure(26_121_503, 1, 1, opts(), Some(Fix::StallLookAnnounces)).is_some(), "seed 26121503 passes with the fix undone");
 }

@@ -347,6 +347,8 @@ pub struct FleetQueues {
     pub work_dlq: Arc<dyn Queue>,
     pub results: Arc<dyn Queue>,
     pub results_dlq: Arc<dyn Queue>,
+    /// Where a look announces a queue whose messages wait with nobody taking them (the bus, if any).
+    pub announce: Option<Arc<dyn fleet_io::trigger::TriggerBus>>,
 }
 
 impl FleetQueues {
@@ -358,7 +360,18 @@ impl FleetQueues {
         let mut empty = [false; 4];
         for (i, q) in [&self.work, &self.work_dlq, &self.results, &self.results_dlq].into_iter().enumerate() {
             match q.depth().await {
-                Ok(d) => empty[i] = d.visible + d.in_flight + d.delayed == 0,
+                Ok(d) => {
+                    empty[i] = d.visible + d.in_flight + d.delayed == 0;
+                    // Messages waiting that nobody takes (a dead letter SQS moved while the scaling
+                    // agent only looked at the work queue, or with the agent down) hold every sealed
+                    // job's stall back until someone reads them: announced, their parked listeners
+                    // look now, not at their hourly poll (found by the simulation, fresh seed
+                    // 26121503: a dead-lettered duplicate of a finished job held a stalled job an hour).
+                    if let (Some(bus), true) = (&self.announce, d.visible > 0 && d.in_flight == 0 && !crate::undo::is(crate::undo::Fix::StallLookAnnounces)) {
+                        tracing::info!(queue = q.name(), visible = d.visible, "messages wait with nobody taking them: announced");
+                        fleet_io::trigger::announce_on(bus.as_ref(), q.as_ref(), d.visible, "controller").await;
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(queue = q.name(), error = %e, "could not read a queue's depth; no stalled job finished on this look");
                     break;
