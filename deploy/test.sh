@@ -36,6 +36,11 @@ export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 export FLEET_AMQPS_URL=${FLEET_AMQPS_URL:-amqps://guest:guest@localhost:5671/%2f}
 export FLEET_AMQPS_CA=${FLEET_AMQPS_CA:-/etc/rabbitmq/tls/ca.pem}
 cd "$repo"
+# The simulation's fresh seeds: a range of its own for each commit (printed, to replay).
+if [ -z "${FLEET_SIM_FRESH_FROM:-}" ] && head=$(git -C "$repo" rev-parse --short=7 HEAD 2>/dev/null); then
+  export FLEET_SIM_FRESH_FROM=$(( 0x$head % 900000000 + 100000000 ))
+fi
+echo "test.sh: the simulation's fresh seeds start at ${FLEET_SIM_FRESH_FROM:-(today's)}"
 # The end-to-end tests run the four binaries; `cargo test` builds only those of packages with tests
 # (--tests: the same features as `cargo test`, so nothing is compiled twice).
 cargo build --workspace --bins --tests --locked

@@ -1031,7 +1031,16 @@ async fn a_job_whose_manifest_cannot_be_read_is_quarantined_with_its_checkpoint_
 fn fleet_queues() -> (FleetQueues, Arc<MemoryQueue>) {
     let q = |name: &str| MemoryQueue::new(name, Duration::from_secs(30));
     let work = q("billing-work");
-    (FleetQueues { work: work.clone(), work_dlq: q("billing-work-dlq"), results: q("billing-results"), results_dlq: q("billing-results-dlq"), announce: None }, work)
+    (
+        FleetQueues {
+            work: work.clone(),
+            work_dlq: q("billing-work-dlq"),
+            results: q("billing-results"),
+            results_dlq: q("billing-results-dlq"),
+            announce: None,
+        },
+        work,
+    )
 }
 
 /// A sealed job whose work item was lost (retention, FIFO de-duplication) is finished as `partial`,

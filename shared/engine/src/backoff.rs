@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-
 /// The seed's back-off step (`deltaBackoffMs`); each wait draws 80-120 % of it.
 pub const DELTA: Duration = Duration::from_millis(100);
 
