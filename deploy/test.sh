@@ -40,7 +40,7 @@ cd "$repo"
 if [ -z "${FLEET_SIM_FRESH_FROM:-}" ] && head=$(git -C "$repo" rev-parse --short=7 HEAD 2>/dev/null); then
   export FLEET_SIM_FRESH_FROM=$(( 0x$head % 900000000 + 100000000 ))
 fi
-echo "test.sh: the simulation's fresh seeds start at ${FLEET_SIM_FRESH_FROM:-(today's)}"
+echo "test.sh: the simulation's fresh seeds start at ${FLEET_SIM_FRESH_FROM:-(from the date)}"
 # The end-to-end tests run the four binaries; `cargo test` builds only those of packages with tests
 # (--tests: the same features as `cargo test`, so nothing is compiled twice).
 cargo build --workspace --bins --tests --locked

@@ -32,6 +32,10 @@ struct LeaseDoc {
     expires_ms: u64,
     /// Grows with every change of owner.
     epoch: u64,
+    /// The writer's lease, ms: a reader judges the lease by it when it is longer than its own
+    /// (`sighting::lease_to_judge`). Absent in what older releases wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_ms: Option<u64>,
 }
 
 /// A lease this controller holds: one shared handle per job, renewed by the controller's timer
@@ -117,7 +121,9 @@ pub struct Leases {
 
 impl Leases {
     pub fn new(store: Arc<dyn BlobStore>, owner: String, ttl: Duration, clock: Clock) -> Leases {
-        Leases { store, owner, ttl, clock, seen: std::sync::Mutex::new(Sightings::new(ttl * 3)) }
+        // Kept as long as the longest lease a peer may declare, so that a value looked at once per
+        // such lease keeps its age.
+        Leases { store, owner, ttl, clock, seen: std::sync::Mutex::new(Sightings::new((ttl * 3).max(crate::sighting::MAX_DECLARED_LEASE * 2))) }
     }
 
     /// This controller's name in leases.
@@ -138,6 +144,11 @@ impl Leases {
         fleet_io::blob::put_if_owned(self.store.as_ref(), &lease_key(job), body, "application/json", &BTreeMap::new(), &cond).await
     }
 
+    /// This controller's lease, as it declares it in what it writes.
+    fn declared(&self) -> Option<u64> {
+        Some(self.ttl.as_millis() as u64)
+    }
+
     /// Takes the job's lease if it is free, expired or already ours.
     pub async fn acquire(&self, job: &str) -> Result<Acquired> {
         let (cond, epoch) = match self.store.get_tagged(&lease_key(job)).await? {
@@ -145,15 +156,17 @@ impl Leases {
             Some((body, etag)) => match serde_json::from_slice::<LeaseDoc>(&body) {
                 Ok(doc) if doc.owner != self.owner && doc.expires_ms > 0 => {
                     let hint = Duration::from_millis(doc.expires_ms.saturating_sub(self.clock.now_ms()));
+                    // Its writer's lease when that is longer than ours.
+                    let ttl = crate::sighting::lease_to_judge(self.ttl, doc.lease_ms);
                     if crate::undo::is(crate::undo::Fix::OneClock) {
                         if !hint.is_zero() {
-                            return Ok(Acquired::Busy { owner: doc.owner, expires_in: hint, live: hint >= self.ttl / 2 });
+                            return Ok(Acquired::Busy { owner: doc.owner, expires_in: hint, live: hint >= ttl / 2 });
                         }
                     } else {
                         let age = self.seen.lock().expect("sightings").age(&job.to_string(), etag.clone(), Instant::now());
-                        if age < self.ttl {
-                            let live = if age.is_zero() { hint >= self.ttl / 2 } else { age < self.ttl / 2 };
-                            return Ok(Acquired::Busy { owner: doc.owner, expires_in: self.ttl - age, live });
+                        if age < ttl {
+                            let live = if age.is_zero() { hint >= ttl / 2 } else { age < ttl / 2 };
+                            return Ok(Acquired::Busy { owner: doc.owner, expires_in: ttl - age, live });
                         }
                     }
                     (Cond::Matches(etag), doc.epoch + 1)
@@ -163,7 +176,7 @@ impl Leases {
                 Err(_) => (Cond::Matches(etag), 1),
             },
         };
-        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: self.clock.now_ms() + self.ttl.as_millis() as u64, epoch };
+        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: self.clock.now_ms() + self.ttl.as_millis() as u64, epoch, lease_ms: self.declared() };
         let written = Instant::now();
         self.seen.lock().expect("sightings").forget(&job.to_string());
         Ok(match self.write(job, &doc, cond).await? {
@@ -215,7 +228,8 @@ impl Leases {
         if s.lost {
             return Ok(false);
         }
-        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: self.clock.now_ms() + self.ttl.as_millis() as u64, epoch: s.epoch };
+        let doc =
+            LeaseDoc { owner: self.owner.clone(), expires_ms: self.clock.now_ms() + self.ttl.as_millis() as u64, epoch: s.epoch, lease_ms: self.declared() };
         let written = Instant::now();
         if let Some(etag) = self.write(job, &doc, Cond::Matches(s.etag.clone())).await? {
             (s.etag, s.written) = (etag, written);
@@ -246,7 +260,7 @@ impl Leases {
         if s.lost {
             return Ok(());
         }
-        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: 0, epoch: s.epoch };
+        let doc = LeaseDoc { owner: self.owner.clone(), expires_ms: 0, epoch: s.epoch, lease_ms: self.declared() };
         let out = self.write(job, &doc, Cond::Matches(s.etag.clone())).await.map(drop);
         s.lost = true;
         s.released = true;
@@ -306,6 +320,33 @@ mod tests {
             assert!(taken <= ttl + Duration::from_secs(2), "skew {skew}: taken {taken:?} after a stopped");
             assert!(!a.renew("j", &ha).await.unwrap(), "skew {skew}: a lost it");
         }
+    }
+
+    /// A misconfigured peer: b runs with a 10 s lease, a with 30 s (renewed every 10 s). b judges a's
+    /// lease by the 30 s a declares, so it never takes it while a renews, and takes it one of a's
+    /// leases after a stops.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_with_a_shorter_lease_judges_by_the_owners_declared_lease() {
+        let store = MemoryStore::new();
+        let a = Leases::new(store.clone(), "a".into(), Duration::from_secs(30), Clock::driven(1_800_000_000_000));
+        let b = Leases::new(store.clone(), "b".into(), Duration::from_secs(10), Clock::driven(1_800_000_000_000));
+        let Acquired::Ours(ha) = a.acquire("j").await.unwrap() else { panic!("free lease") };
+        for _ in 0..18 {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            assert!(matches!(b.acquire("j").await.unwrap(), Acquired::Busy { .. }), "taken by the peer with the shorter lease while a renews");
+            if a.due(&ha).await {
+                assert!(a.renew("j", &ha).await.unwrap());
+            }
+        }
+        let stopped = Instant::now();
+        let taken = loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if let Acquired::Ours(_) = b.acquire("j").await.unwrap() {
+                assert!(!a.fresh(&ha).await, "taken while a may still act on it");
+                break stopped.elapsed();
+            }
+        };
+        assert!(taken >= Duration::from_secs(20) && taken <= Duration::from_secs(32), "taken {taken:?} after a stopped");
     }
 
     #[tokio::test]

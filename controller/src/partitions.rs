@@ -48,6 +48,10 @@ pub struct Table {
     /// Live controllers, each with the stamp of its last renewal: when its membership runs out by
     /// its own wall clock (Unix ms). Peers judge it by whether the stamp changes, never by its value.
     pub members: BTreeMap<String, u64>,
+    /// Each member's lease (ms) as it declares it: a peer judges the member by it when it is longer
+    /// than its own (`sighting::lease_to_judge`). Absent in what older releases wrote.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub leases: BTreeMap<String, u64>,
     /// Each partition's ownership, by partition number.
     pub owners: BTreeMap<u16, Owned>,
 }
@@ -108,7 +112,13 @@ pub fn expired_members(table: &Table, me: &str, seen: &mut Sightings<String, u64
         return expired_by_wall(table, wall_ms);
     }
     seen.retain(|m| table.members.contains_key(m));
-    table.members.iter().filter(|(m, _)| *m != me).filter(|(m, stamp)| seen.age(*m, **stamp, at) >= ttl).map(|(m, _)| m.clone()).collect()
+    table
+        .members
+        .iter()
+        .filter(|(m, _)| *m != me)
+        .filter(|(m, stamp)| seen.age(*m, **stamp, at) >= crate::sighting::lease_to_judge(ttl, table.leases.get(*m).copied()))
+        .map(|(m, _)| m.clone())
+        .collect()
 }
 
 /// One balancing round of controller `me` (see the module header): `table` as read, `expired` its
@@ -121,7 +131,10 @@ pub fn plan(table: &Table, me: &str, expired: &BTreeSet<String>, now_ms: u64, tt
     t.members.retain(|m, _| (!expired.contains(m) || crate::undo::is(crate::undo::Fix::DropExpiredMembers)) && m != me);
     if !leaving {
         t.members.insert(me.to_string(), now_ms + ttl.as_millis() as u64);
+        t.leases.insert(me.to_string(), ttl.as_millis() as u64);
     }
+    let members = t.members.clone();
+    t.leases.retain(|m, _| members.contains_key(m));
     // Partitions beyond this controller's count are left as they are (a controller with a higher
     // count, during a rolling raise, reads them): never claimed or read here.
     let mut stop: BTreeSet<u16> = running.iter().copied().filter(|p| *p >= count).collect();
@@ -488,10 +501,14 @@ mod tests {
         skew: i64,
         /// The members' stamps as it saw them (lost when it is killed).
         seen: Sightings<String, u64>,
+        /// Its own `--lease-secs`, ms: a misconfigured controller's is a third or three times the others'.
+        ttl_ms: u64,
     }
 
     /// A seeded simulation of the ownership protocol: 2-5 controllers and 1-8 partitions, each
-    /// controller running a round every third of a lease (with jitter) on a skewed clock, the store
+    /// controller running a round every third of its lease (with jitter) on a skewed clock (in a third
+    /// of the seeds one controller is misconfigured with a lease a third or three times the
+    /// others'), the store
     /// the shared document (each round's read-plan-write is atomic, as the conditional write makes
     /// it); faults: controllers killed, restarted under their name, cut off from the store, joined
     /// late. Invariants at every step: no partition is read by two controllers that may act (fresh:
@@ -505,8 +522,10 @@ mod tests {
         let ttl = Duration::from_millis(ttl_ms);
         let count: u16 = rng.random_range(1..=8);
         let n = rng.random_range(2..=5);
+        let misconfigured = rng.random_bool(1.0 / 3.0).then(|| (rng.random_range(0..n), if rng.random_bool(0.5) { ttl_ms / 3 } else { ttl_ms * 3 }));
         let mut cs: Vec<Sim> = (0..n)
             .map(|i| Sim {
+                ttl_ms: misconfigured.filter(|(m, _)| *m == i).map_or(ttl_ms, |(_, t)| t),
                 id: format!("c{i}"),
                 alive: i == 0 || rng.random_bool(0.6),
                 cut_off: false,
@@ -555,7 +574,7 @@ mod tests {
             if !c.alive {
                 continue;
             }
-            let fresh = |c: &Sim, now: u64| c.written.is_some_and(|w| now < w + ttl_ms * 2 / 3);
+            let fresh = |c: &Sim, now: u64| c.written.is_some_and(|w| now < w + c.ttl_ms * 2 / 3);
             if !fresh(c, now) {
                 c.running.clear();
             }
@@ -564,8 +583,9 @@ mod tests {
                 loop {
                     // Expiry judged on the controller's own (monotonic) clock: the simulation's.
                     let at = base + Duration::from_millis(now);
-                    let expired = expired_members(&table, &c.id, &mut c.seen, at, ttl, wall);
-                    let p = plan(&table, &c.id, &expired, wall, ttl, count, &c.running, false);
+                    let own = Duration::from_millis(c.ttl_ms);
+                    let expired = expired_members(&table, &c.id, &mut c.seen, at, own, wall);
+                    let p = plan(&table, &c.id, &expired, wall, own, count, &c.running, false);
                     if !p.stop.is_empty() {
                         c.running.retain(|x| !p.stop.contains(x));
                         continue;
@@ -576,7 +596,7 @@ mod tests {
                     break;
                 }
             }
-            c.next_round = now + ttl_ms / 3 - rng.random_range(0..ttl_ms / 10);
+            c.next_round = now + c.ttl_ms / 3 - rng.random_range(0..c.ttl_ms / 10);
             // Invariants.
             let mut reader: BTreeMap<u16, &str> = BTreeMap::new();
             for c in cs.iter().filter(|c| c.alive && fresh(c, now)) {

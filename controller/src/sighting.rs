@@ -7,6 +7,11 @@
 //! whatever the clocks say, a reader takes nothing its writer may still act on. The price: a reader
 //! that first looks at a dead owner's value waits a whole lease from that look, not from the write.
 //!
+//! Each writer also declares its own lease with what it writes, and a reader judges a value by the
+//! longer of its own lease and the one declared ([`lease_to_judge`]): a controller started with a
+//! shorter `--lease-secs` than its peers (a misconfigured replica, a rolling change of the setting)
+//! would otherwise take what a peer renews every third of *its* lease, still within it.
+//!
 //! Pure: the caller passes the instant it looked.
 
 use std::collections::HashMap;
@@ -14,6 +19,19 @@ use std::hash::Hash;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+/// The longest lease a writer may declare and have honoured (a garbled or absurd declaration holds a
+/// dead owner's value at most this long).
+pub const MAX_DECLARED_LEASE: Duration = Duration::from_secs(3600);
+
+/// How long a value must be seen unchanged before it counts as expired: the longer of this reader's
+/// lease and the writer's declared one (`declared_ms`, absent from what older releases wrote).
+pub fn lease_to_judge(own: Duration, declared_ms: Option<u64>) -> Duration {
+    if crate::undo::is(crate::undo::Fix::DeclaredLeases) {
+        return own;
+    }
+    own.max(Duration::from_millis(declared_ms.unwrap_or(0)).min(MAX_DECLARED_LEASE))
+}
 
 /// What one reader saw of a set of values (a job's lease by its ETag, a member's renewal stamp):
 /// per key, the value last seen, when it was first seen so, and when it was last looked at.

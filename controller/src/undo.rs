@@ -83,10 +83,12 @@ pub enum Fix {
     OneClock,
     /// The stall look announces a queue whose messages wait with nobody taking them (issue 58, found by the simulation).
     StallLookAnnounces,
+    /// A lease or membership is judged by the longer of the reader's lease and the writer's declared one (issue 58, a misconfigured controller).
+    DeclaredLeases,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 33] = [
+    pub const ALL: [Fix; 34] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -120,6 +122,7 @@ impl Fix {
         Fix::AppliedOnlyWhereRead,
         Fix::OneClock,
         Fix::StallLookAnnounces,
+        Fix::DeclaredLeases,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -158,6 +161,7 @@ impl Fix {
             Fix::AppliedOnlyWhereRead => "applied-only-where-read",
             Fix::OneClock => "one-clock",
             Fix::StallLookAnnounces => "stall-look-announces",
+            Fix::DeclaredLeases => "declared-leases",
         }
     }
 
@@ -197,6 +201,7 @@ impl Fix {
             Fix::AppliedOnlyWhereRead => "a message of a partition no longer read handed back, never applied",
             Fix::OneClock => "lease and membership expiry judged on the reader's own clock",
             Fix::StallLookAnnounces => "the stall look announces messages nobody takes",
+            Fix::DeclaredLeases => "leases and memberships judged by the writer's declared lease when longer",
         }
     }
 }

@@ -247,7 +247,7 @@ pub fn calm(world: &World) -> Vec<String> {
 /// long poll, the checkpoint interval and a minute of slack for the listeners' idle back-off and S3
 /// calls.
 pub fn lateness_bound(setup: &Setup) -> Duration {
-    Duration::from_secs(setup.settings.lease_secs) * 2
+    setup.lease() * 2
         + setup.results_visibility.max(VISIBILITY) * 2
         + Duration::from_secs(setup.settings.listener.receive_wait_secs)
         + controller::FLUSH_INTERVAL

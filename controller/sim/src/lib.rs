@@ -107,6 +107,11 @@ pub struct Setup {
     /// controllers must finish their jobs without it. The processors, whose work items come back so
     /// (a lost delete) and whom the agent exists to wake, look every 30 s while parked.
     pub agent_down: bool,
+    /// A misconfigured controller (a quarter of the runs with faults and two controllers or more):
+    /// slot `.0` runs with `--lease-secs` `.1`, twice the others'. Its peers, with their shorter
+    /// lease, must not take what it renews every third of its own. (The settle and abandon times are
+    /// drawn for the longer lease, as its own timings check would ask.)
+    pub odd_lease: Option<(usize, u64)>,
 }
 
 impl Setup {
@@ -124,9 +129,12 @@ impl Setup {
         // The results queues' visibility timeout (an operator may raise it): the provisioned 30 s at
         // the shipped defaults, else up to six times that (drawn apart).
         let results_visibility = if defaults { VISIBILITY } else { VISIBILITY * [1, 3, 6][ChaCha8Rng::seed_from_u64(seed ^ 0x0715_0715).random_range(0..3)] };
+        let mut misconfigured = ChaCha8Rng::seed_from_u64(seed ^ 0x1ea5_e1ea);
+        let odd = !calm && misconfigured.random_bool(0.25);
         if !defaults {
             settings.lease_secs = rng.random_range(10..=60);
-            let t = settings.timings(CALL_DEADLINE, Some(VISIBILITY), Some(results_visibility));
+            let longest = controller::Settings { lease_secs: settings.lease_secs * if odd { 2 } else { 1 }, ..settings.clone() };
+            let t = longest.timings(CALL_DEADLINE, Some(VISIBILITY), Some(results_visibility));
             settings.settle_secs = t.least_settle().as_secs() + rng.random_range(0..=120);
             settings.abandon_after = t.least_abandon().map_or(600, |d| d.as_secs()) + rng.random_range(0..=1800);
             settings.stall_after = rng.random_range(600..=3600);
@@ -138,8 +146,11 @@ impl Setup {
         let quiet = upgrade && ChaCha8Rng::seed_from_u64(seed ^ 0x9017_9017).random_bool(1.0 / 3.0);
         let agent_down = triggers && !calm && ChaCha8Rng::seed_from_u64(seed ^ 0xa6e7_a6e7).random_bool(1.0 / 3.0);
         let controllers = rng.random_range(1..=3);
+        let controllers = if quiet { controllers.max(2) } else { controllers };
+        let odd_lease = (odd && controllers >= 2).then(|| (misconfigured.random_range(0..controllers), settings.lease_secs * 2));
         Setup {
-            controllers: if quiet { controllers.max(2) } else { controllers },
+            odd_lease,
+            controllers,
             partitions: rng.random_range(1..=4),
             settings,
             defaults,
@@ -166,8 +177,9 @@ impl Setup {
         }
     }
 
-    fn lease(&self) -> Duration {
-        Duration::from_secs(self.settings.lease_secs)
+    /// The longest lease of the fleet's controllers (a misconfigured one's may be longer).
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(self.odd_lease.map_or(self.settings.lease_secs, |(_, l)| l.max(self.settings.lease_secs)))
     }
 
     /// When a run that has not settled fails.
@@ -532,6 +544,9 @@ fn start_controller(seed: u64, idx: usize, slot: &Slot, setup: &Setup, world: &A
     };
     let mut settings = setup.settings.clone();
     settings.id = Some(owner.to_string());
+    if let Some((_, secs)) = setup.odd_lease.filter(|(i, _)| *i == idx) {
+        settings.lease_secs = secs;
+    }
     // Wall time is the run's (a restarted controller's clock does not start again at the epoch).
     let clock = Clock::driven((EPOCH_MS + world.now().as_millis() as u64).saturating_add_signed(skew_ms));
     let stop = CancellationToken::new();
@@ -742,7 +757,10 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
             (true, false) => ", upgrade",
             _ => "",
         },
-        if setup.agent_down { ", agent down" } else { "" },
+        match setup.odd_lease {
+            Some((i, secs)) => format!("{}, ctl{i} misconfigured with a {secs} s lease", if setup.agent_down { ", agent down" } else { "" }),
+            None => (if setup.agent_down { ", agent down" } else { "" }).to_string(),
+        },
         jobs.iter()
             .map(|j| {
                 let groups = j.groups.map(|g| format!(" {g:?}")).unwrap_or_default();

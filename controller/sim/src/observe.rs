@@ -239,34 +239,45 @@ impl<S: Subscriber> Layer<S> for Stops {
 pub struct Takeovers {
     ttl: std::time::Duration,
     /// Per job: the lease's owner and epoch as last written, whether given back, and when.
-    leases: std::collections::BTreeMap<String, (String, u64, bool, tokio::time::Instant)>,
+    leases: std::collections::BTreeMap<String, (String, u64, bool, tokio::time::Instant, std::time::Duration)>,
     /// The partition table's members as last written, and when each last renewed itself.
     members: std::collections::BTreeSet<String>,
     renewed: std::collections::BTreeMap<String, tokio::time::Instant>,
+    /// Each member's lease as it last declared it in the table (a misconfigured one's differs).
+    member_lease: std::collections::BTreeMap<String, std::time::Duration>,
     pub violations: Vec<String>,
 }
 
 impl Takeovers {
     pub fn new(ttl: std::time::Duration) -> Takeovers {
-        Takeovers { ttl, leases: Default::default(), members: Default::default(), renewed: Default::default(), violations: Vec::new() }
+        Takeovers {
+            ttl,
+            leases: Default::default(),
+            members: Default::default(),
+            renewed: Default::default(),
+            member_lease: Default::default(),
+            violations: Vec::new(),
+        }
     }
 
     /// A write of job `job`'s lease landed (`body` as written) at `now`, `run_time` into the run.
     pub fn lease(&mut self, job: &str, body: &[u8], now: tokio::time::Instant, run_time: std::time::Duration) {
         let Ok(doc) = serde_json::from_slice::<serde_json::Value>(body) else { return };
         let (Some(owner), Some(epoch), Some(expires)) = (doc["owner"].as_str(), doc["epoch"].as_u64(), doc["expires_ms"].as_u64()) else { return };
-        if let Some((prev, prev_epoch, released, at)) = self.leases.get(job) {
+        // The writer's own lease: it acts on what it wrote for two thirds of it.
+        let its_lease = doc["lease_ms"].as_u64().map_or(self.ttl, std::time::Duration::from_millis);
+        if let Some((prev, prev_epoch, released, at, prev_lease)) = self.leases.get(job) {
             let age = now.saturating_duration_since(*at);
-            if prev != owner && epoch > *prev_epoch && !released && age < self.ttl * 2 / 3 {
+            if prev != owner && epoch > *prev_epoch && !released && age < *prev_lease * 2 / 3 {
                 self.violations.push(format!(
                     "{owner} took job {job}'s lease at {:.1} s, {:.1} s after {prev} last wrote it (it may act on it for {:.0} s)",
                     run_time.as_secs_f64(),
                     age.as_secs_f64(),
-                    (self.ttl * 2 / 3).as_secs_f64()
+                    (*prev_lease * 2 / 3).as_secs_f64()
                 ));
             }
         }
-        self.leases.insert(job.to_string(), (owner.to_string(), epoch, expires == 0, now));
+        self.leases.insert(job.to_string(), (owner.to_string(), epoch, expires == 0, now, its_lease));
     }
 
     /// `writer` wrote the partition table (`body`) at `now`.
@@ -276,18 +287,22 @@ impl Takeovers {
         for gone in self.members.difference(&members).filter(|m| m.as_str() != writer) {
             if let Some(at) = self.renewed.get(gone) {
                 let age = now.saturating_duration_since(*at);
-                if age < self.ttl * 2 / 3 {
+                let its = self.member_lease.get(gone).copied().unwrap_or(self.ttl);
+                if age < its * 2 / 3 {
                     self.violations.push(format!(
                         "{writer} dropped member {gone} at {:.1} s, {:.1} s after it last renewed (it reads its partitions for {:.0} s)",
                         run_time.as_secs_f64(),
                         age.as_secs_f64(),
-                        (self.ttl * 2 / 3).as_secs_f64()
+                        (its * 2 / 3).as_secs_f64()
                     ));
                 }
             }
         }
         if members.contains(writer) {
             self.renewed.insert(writer.to_string(), now);
+            if let Some(ms) = t.leases.get(writer) {
+                self.member_lease.insert(writer.to_string(), std::time::Duration::from_millis(*ms));
+            }
         }
         self.members = members;
     }
