@@ -41,6 +41,9 @@ pub struct Sightings<K, V> {
     /// Keys not looked at for this long are forgotten (a later look starts them afresh, which only
     /// ever delays an expiry).
     forget_after: Duration,
+    /// The count of keys past which the forgotten are pruned next (twice what the last pruning
+    /// left: pruning stays amortized however many keys a long forget time keeps).
+    prune_at: usize,
 }
 
 #[derive(Debug)]
@@ -54,15 +57,16 @@ impl<K: Eq + Hash + Clone, V: PartialEq> Sightings<K, V> {
     /// Sightings that forget keys not looked at for `forget_after` (at least two leases, so that a
     /// value looked at once per lease keeps its age).
     pub fn new(forget_after: Duration) -> Sightings<K, V> {
-        Sightings { seen: HashMap::new(), forget_after }
+        Sightings { seen: HashMap::new(), forget_after, prune_at: 64 }
     }
 
     /// How long `value` of `key` has been seen unchanged, as of `now`: zero at its first sight or
     /// when it differs from the value seen last.
     pub fn age(&mut self, key: &K, value: V, now: Instant) -> Duration {
-        if self.seen.len() > 64 {
+        if self.seen.len() > self.prune_at {
             let keep = self.forget_after;
             self.seen.retain(|_, s| now.saturating_duration_since(s.looked) < keep);
+            self.prune_at = (self.seen.len() * 2).max(64);
         }
         match self.seen.get_mut(key) {
             Some(s) if s.value == value => {
@@ -108,16 +112,20 @@ mod tests {
     }
 
     #[test]
-    fn keys_not_looked_at_are_forgotten_only_once_there_are_many() {
+    fn keys_not_looked_at_are_forgotten_once_their_count_doubles() {
         let t0 = Instant::now();
         let mut seen: Sightings<u32, u32> = Sightings::new(Duration::from_secs(60));
+        // Past 64 keys a pruning finds all of them recent: the next waits for twice as many (130).
         for k in 0..70 {
             seen.age(&k, 0, t0);
         }
         assert_eq!(seen.age(&0, 0, t0 + Duration::from_secs(59)), Duration::from_secs(59), "looked at within the window");
-        // Past the window, the next look at any key prunes those not looked at.
-        seen.age(&1000, 0, t0 + Duration::from_secs(100));
-        assert_eq!(seen.seen.len(), 2, "key 0 (looked at 59 s) and 1000");
+        // Later, new keys: at 131 the keys not looked at for the window are forgotten.
+        for k in 1000..1062 {
+            seen.age(&k, 0, t0 + Duration::from_secs(100));
+        }
+        assert_eq!(seen.seen.len(), 63, "key 0 (looked at 59 s) and the 62 new ones");
+        assert_eq!(seen.age(&0, 0, t0 + Duration::from_secs(100)), Duration::from_secs(100), "kept: it ages on");
         assert_eq!(seen.age(&5, 0, t0 + Duration::from_secs(100)), Duration::ZERO, "forgotten: starts afresh");
     }
 }

@@ -427,6 +427,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
         let wake_at = Instant::now() + step.interval;
         loop {
             tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => {
                     deps.backend.shutdown().await;
                     return Ok(());

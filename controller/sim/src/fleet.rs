@@ -386,6 +386,7 @@ pub async fn initiate(
     };
     let outcome = if job.ending == Ending::Abandoned {
         tokio::select! {
+            biased;
             r = submitted => r,
             r = abandon => r,
         }

@@ -28,11 +28,10 @@
 //! dead-letter queue (only work items that truly fail reach the work queue's). After the run the
 //! invariants are checked (`check`).
 //!
-//! Approximations, said plainly: the listener engine draws its back-off jitter and tokio's `select!`
-//! its branch order from unseeded generators, and the initiator and processors compress and bill on
-//! tokio's blocking pool (simulated time stands still meanwhile, but what runs next depends on real
-//! time), so a seed replays its faults and jobs exactly but not always every step (a failing seed is
-//! rerun alone with its whole trace). Work-detected triggers (RabbitMQ) are an in-memory bus in half
+//! A seed replays call for call: the fleet's random waits draw from a generator seeded per seed
+//! (`fleet_io::jitter`), every `select!` the run goes through is biased, and CPU work (the
+//! initiator's reading and compression, billing, decoding) runs in place on the seed's one thread
+//! (`fleet_io::blocking`), so nothing depends on real time (`a_seed_replays_every_call`). Work-detected triggers (RabbitMQ) are an in-memory bus in half
 //! the runs (`Setup::triggers`); in the other half listeners long-poll as they do without them.
 
 pub mod check;

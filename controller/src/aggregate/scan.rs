@@ -369,7 +369,9 @@ impl FleetQueues {
                     // 26121503: a dead-lettered duplicate of a finished job held a stalled job an hour).
                     if let (Some(bus), true) = (&self.announce, d.visible > 0 && d.in_flight == 0 && !crate::undo::is(crate::undo::Fix::StallLookAnnounces)) {
                         tracing::info!(queue = q.name(), visible = d.visible, "messages wait with nobody taking them: announced");
-                        fleet_io::trigger::announce_on(bus.as_ref(), q.as_ref(), d.visible, "controller").await;
+                        // A hint, sent apart: a broker slow to confirm holds up no job's look.
+                        let (bus, q, visible) = (bus.clone(), q.clone(), d.visible);
+                        tokio::spawn(async move { fleet_io::trigger::announce_on(bus.as_ref(), q.as_ref(), visible, "controller").await });
                     }
                 }
                 Err(e) => {
