@@ -128,10 +128,20 @@ impl<T: Send + 'static> Batcher<T> {
                 Ok(rt) => {
                     let (pump, index) = (self.pump.clone(), slot % self.slots.len());
                     rt.spawn(async move {
-                        let failed = pump(index, vec![item]).await;
-                        if !failed.is_empty() {
-                            tracing::warn!(slot = index, "a completion after the batcher's end failed; the message comes back after its visibility timeout");
+                        // Tried three times: nothing flushes it later (a failed call left a message
+                        // held for the hold's two minutes; the simulation, fresh seed 171054357).
+                        let mut items = vec![item];
+                        for attempt in 0..3u32 {
+                            items = pump(index, items).await;
+                            if items.is_empty() {
+                                return;
+                            }
+                            tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
                         }
+                        tracing::warn!(
+                            slot = index,
+                            "a completion after the batcher's end failed three times; the message comes back after its visibility timeout"
+                        );
                     });
                 }
                 Err(_) => tracing::warn!(slot, "a completion after the batcher's end, outside a runtime: dropped"),
