@@ -133,8 +133,8 @@ pub fn plan(table: &Table, me: &str, expired: &BTreeSet<String>, now_ms: u64, tt
         t.members.insert(me.to_string(), now_ms + ttl.as_millis() as u64);
         t.leases.insert(me.to_string(), ttl.as_millis() as u64);
     }
-    let members = t.members.clone();
-    t.leases.retain(|m, _| members.contains_key(m));
+    let Table { members, leases, .. } = &mut t;
+    leases.retain(|m, _| members.contains_key(m));
     // Partitions beyond this controller's count are left as they are (a controller with a higher
     // count, during a rolling raise, reads them): never claimed or read here.
     let mut stop: BTreeSet<u16> = running.iter().copied().filter(|p| *p >= count).collect();

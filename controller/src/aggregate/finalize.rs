@@ -202,8 +202,7 @@ async fn write_tables<A: report::AccountRows>(store: &dyn BlobStore, r: &report:
         || fleet_warehouse::keys(r).and_then(|keys| keys.into_iter().map(|(t, key)| Ok((key, t.encode(r)?))).collect::<fleet_warehouse::Result<Vec<_>>>());
     // A large job's encoding (a second or two for a million accounts) leaves this runtime thread to
     // the other tasks (a current-thread runtime, the simulation's, has no other to leave it to).
-    let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    let encoded = if r.accounts.len() > IN_MEMORY_ACCOUNTS && multi_thread { tokio::task::block_in_place(encode) } else { encode() };
+    let encoded = if r.accounts.len() > IN_MEMORY_ACCOUNTS && fleet_io::multi_thread() { tokio::task::block_in_place(encode) } else { encode() };
     let encode_ms = started.elapsed().as_millis() as u64;
     let objects = match encoded {
         Ok(o) => o,
