@@ -85,10 +85,13 @@ pub enum Fix {
     StallLookAnnounces,
     /// A lease or membership is judged by the longer of the reader's lease and the writer's declared one (issue 58, a misconfigured controller).
     DeclaredLeases,
+    /// Only what changes a job is its news: a late duplicate neither restarts its stall or abandon
+    /// time nor moves its checkpoint's time (issue 58, found by the simulation).
+    DuplicatesNotNews,
 }
 
 impl Fix {
-    pub const ALL: [Fix; 34] = [
+    pub const ALL: [Fix; 35] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -123,6 +126,7 @@ impl Fix {
         Fix::OneClock,
         Fix::StallLookAnnounces,
         Fix::DeclaredLeases,
+        Fix::DuplicatesNotNews,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -162,6 +166,7 @@ impl Fix {
             Fix::OneClock => "one-clock",
             Fix::StallLookAnnounces => "stall-look-announces",
             Fix::DeclaredLeases => "declared-leases",
+            Fix::DuplicatesNotNews => "duplicates-not-news",
         }
     }
 
@@ -202,6 +207,7 @@ impl Fix {
             Fix::OneClock => "lease and membership expiry judged on the reader's own clock",
             Fix::StallLookAnnounces => "the stall look announces messages nobody takes",
             Fix::DeclaredLeases => "leases and memberships judged by the writer's declared lease when longer",
+            Fix::DuplicatesNotNews => "a late duplicate is not a job's news",
         }
     }
 }

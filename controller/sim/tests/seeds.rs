@@ -106,13 +106,16 @@ fn an_undone_fix_fails_a_seed() {
 /// held a stalled job an hour (the stall look now announces messages nobody takes;
 /// `stall-look-announces`). 171054357 (fresh, the commit's range): a retry of held messages stopped
 /// after its partition's listeners had ended showed its message on a call of its own, which failed
-/// once and was not tried again (such a call is now tried three times).
+/// once and was not tried again (such a call is now tried three times). 171046692 (fresh, the
+/// commit's range): a stalled processor's duplicate result 394 s late restarted the job's stall time
+/// (a duplicate is no longer news; `duplicates-not-news`).
 #[test]
 fn regression_seeds_pass() {
-    for seed in [1, 7_000_529, 7_002_198, 9_103_683, 9_104_710, 26_121_503, 61_207_294, 171_054_357] {
+    for seed in [1, 7_000_529, 7_002_198, 9_103_683, 9_104_710, 26_121_503, 61_207_294, 171_046_692, 171_054_357] {
         let run = run_seed(seed, opts());
         assert!(run.violations.is_empty(), "seed {seed}: {:?}", run.violations);
     }
     assert!(first_failure(7_000_529, 1, 1, opts(), Some(Fix::AppliedOnlyWhereRead)).is_some(), "seed 7000529 passes with the fix undone");
     assert!(first_failure(26_121_503, 1, 1, opts(), Some(Fix::StallLookAnnounces)).is_some(), "seed 26121503 passes with the fix undone");
+    assert!(first_failure(171_046_692, 1, 1, opts(), Some(Fix::DuplicatesNotNews)).is_some(), "seed 171046692 passes with the fix undone");
 }

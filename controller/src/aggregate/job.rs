@@ -93,8 +93,13 @@ pub(super) struct Job {
     unsaved: Unsaved,
     /// When it was last checkpointed (or loaded).
     saved: Instant,
-    /// Its last news: its last message, or when it was resumed less its checkpoint's age.
+    /// Its last news: the last message that changed it (a first result or failure of a chunk, its
+    /// seal, an abandon; never a duplicate), or when it was resumed less its checkpoint's age.
     news: Instant,
+    /// It has had news since its last checkpoint: the next one carries a new `updated_at` (a
+    /// checkpoint that only covers duplicates keeps the time, so a reader that dates the job's news
+    /// by when it saw that time change is not misled either).
+    changed: bool,
     /// Its `open/{job}` marker is known to exist.
     marked_open: bool,
     /// This controller's lease on the job.
@@ -117,6 +122,7 @@ impl Job {
             unsaved,
             saved: now,
             news: now,
+            changed: true,
             marked_open: false,
             lease,
             etag: None,
@@ -136,7 +142,7 @@ impl Job {
             Phase::Open { abandon: None, stall: None }
         };
         cp.accounts = Vec::new();
-        Job { cp, phase, totals, unsaved, saved: Instant::now(), news, marked_open: true, lease, etag: Some(etag), clock }
+        Job { cp, phase, totals, unsaved, saved: Instant::now(), news, changed: false, marked_open: true, lease, etag: Some(etag), clock }
     }
 
     pub(super) fn id(&self) -> &str {
@@ -339,52 +345,68 @@ impl Job {
         let mut applied = Vec::with_capacity(pairs.len());
         let mut pairs = pairs.into_iter();
         let mut failed = None;
+        let mut news = false;
         while let Some((item, k)) = pairs.next() {
             if self.is_open() {
-                if let Err(e) = self.apply(item, ctl) {
-                    applied.push(k);
-                    applied.extend(pairs.by_ref().map(|(_, k)| k));
-                    failed = Some(e);
-                    break;
+                match self.apply(item, ctl) {
+                    Ok(changed) => news |= changed,
+                    Err(e) => {
+                        applied.push(k);
+                        applied.extend(pairs.by_ref().map(|(_, k)| k));
+                        failed = Some(e);
+                        break;
+                    }
                 }
             }
             applied.push(k);
         }
+        if crate::undo::is(crate::undo::Fix::DuplicatesNotNews) {
+            news = !applied.is_empty();
+        }
+        if news {
+            self.news = now;
+            self.changed = true;
+        }
         if let Some(e) = failed {
             return Err((e, applied));
-        }
-        if !applied.is_empty() {
-            self.news = now;
         }
         self.unsaved.extend(applied);
         Ok(())
     }
 
-    /// Applies one item (the transition every message makes).
-    fn apply(&mut self, ready: Ready, ctl: &mut RequestCounts) -> Result<()> {
+    /// Applies one item (the transition every message makes); returns whether it changed the job
+    /// (its news): a duplicate, a conflicting seal, a chunk beyond its size does not.
+    fn apply(&mut self, ready: Ready, ctl: &mut RequestCounts) -> Result<bool> {
         ctl.add("s3.GetObject", ready.gets);
         let Ready { item, accounts, .. } = ready;
         let cp = &mut self.cp;
         let (chunk, transactions) = match &item {
             Item::Result(ResultMessage::Sealed { total_chunks, .. }) => {
                 let total = *total_chunks;
-                match cp.total_chunks {
-                    Some(t) if t != total => tracing::error!(job = %cp.job_id, total, sealed_before = t, "conflicting seal ignored"),
-                    _ => {
+                return Ok(match cp.total_chunks {
+                    Some(t) if t != total => {
+                        tracing::error!(job = %cp.job_id, total, sealed_before = t, "conflicting seal ignored");
+                        false
+                    }
+                    Some(_) => false,
+                    None => {
                         if let Some(c) = cp.accounted.iter().find(|&&c| c >= total) {
                             tracing::error!(job = %cp.job_id, chunk = c, total, "a counted chunk lies beyond the sealed size");
                         }
                         cp.total_chunks = Some(total);
+                        true
                     }
-                }
-                return Ok(());
+                });
             }
             Item::Result(ResultMessage::Abandon { reason, .. }) => {
                 tracing::warn!(job = %cp.job_id, %reason, accounted = cp.accounted.len(), "job abandoned on request");
-                if let Phase::Open { abandon, .. } = &mut self.phase {
-                    *abandon = Some(reason.clone());
-                }
-                return Ok(());
+                return Ok(match &mut self.phase {
+                    Phase::Open { abandon: abandon @ None, .. } => {
+                        *abandon = Some(reason.clone());
+                        true
+                    }
+                    _ => false,
+                });
             }
             Item::Result(ResultMessage::Chunk(c)) => (c.chunk, c.transactions),
             Item::Dead { item, .. } | Item::Result(ResultMessage::DeadLettered { item, .. }) => (item.chunk, item.transactions),
@@ -392,7 +414,7 @@ impl Job {
         if cp.total_chunks.is_some_and(|t| chunk >= t) {
             // Not from this job as we know it: drop it loudly rather than corrupt the totals.
             tracing::error!(job = %cp.job_id, chunk, total = ?cp.total_chunks, "chunk beyond the job's size; ignored");
-            return Ok(());
+            return Ok(false);
         }
         if cp.accounted.contains(&chunk) {
             let real = matches!(&item, Item::Result(ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Processed { .. }, .. })));
@@ -413,7 +435,7 @@ impl Job {
                         }
                     }
                     tracing::debug!(job = %cp.job_id, chunk, "duplicate; already counted");
-                    return Ok(());
+                    return Ok(false);
                 }
             }
         }
@@ -454,7 +476,7 @@ impl Job {
             Item::Result(ResultMessage::Sealed { .. } | ResultMessage::Abandon { .. }) => {}
         }
         cp.accounted.insert(chunk);
-        Ok(())
+        Ok(true)
     }
 
     /// Decides how it ends, from its manifest (a placeholder when the submission never finished): the
@@ -526,7 +548,9 @@ impl Job {
     pub(super) fn plan(&self, commit: Commit, calls: &RequestCounts) -> Result<Save> {
         let mut doc = self.cp.clone();
         doc.requests.merge(calls);
-        doc.updated_at = self.clock.rfc3339();
+        if self.changed || !matches!(commit, Commit::Progress) || crate::undo::is(crate::undo::Fix::DuplicatesNotNews) {
+            doc.updated_at = self.clock.rfc3339();
+        }
         let (status, finishing, rows) = match (&commit, &self.phase) {
             (Commit::Progress, Phase::Open { .. }) => (JobStatus::Running, false, Rows::Keep),
             (Commit::Progress | Commit::Finished, Phase::Ending(d)) => {
@@ -567,6 +591,7 @@ impl Job {
         self.cp.updated_at = doc.updated_at;
         self.etag = Some(etag);
         self.saved = Instant::now();
+        self.changed = false;
         match commit {
             Commit::Progress => {}
             Commit::Ending(d) => self.phase = Phase::Ending(d),
@@ -875,5 +900,37 @@ mod tests {
         let dropped: Vec<(Source, String)> = b.drop_unsaved().into_iter().map(|(s, k)| (s, k.id.clone())).collect();
         assert_eq!(dropped, [(Source::WorkDeadLetter, "3".to_string())]);
         assert_eq!(count.load(Ordering::Relaxed), 0);
+    }
+
+    /// Only what changes a job is its news: a duplicate, a second seal or an abandon asked again
+    /// restarts neither its stall nor its abandon time, and a checkpoint that only covers them keeps
+    /// the checkpoint's time (which other controllers date the job's news by); a first result, the
+    /// seal and an ending move both.
+    #[tokio::test]
+    async fn a_duplicate_is_not_news() {
+        let q = fleet_io::memory::MemoryQueue::new("billing-results", Duration::from_secs(30));
+        let done = fleet_engine::Completions::start(q, Default::default());
+        let mut n = 0;
+        let mut kept = || {
+            n += 1;
+            let m = fleet_io::queue::Message { id: n.to_string(), body: String::new(), receive_count: 1, ..Default::default() };
+            (Source::Results, done.keep(fleet_io::queue::Delivery::new(m, format!("r-{n}"))))
+        };
+        let mut j = job();
+        let mut ctl = RequestCounts::default();
+        let t0 = Instant::now();
+        let (t1, t2, t3) = (t0 + Duration::from_secs(10), t0 + Duration::from_secs(20), t0 + Duration::from_secs(30));
+        j.apply_batch(vec![(chunk(0, 2), kept()), (seal(2), kept())], t1, &mut ctl).unwrap();
+        assert_eq!(j.news(), t1, "a first result and the seal are news");
+        commit(&mut j, Commit::Progress);
+        j.cp.updated_at = "2026-11-26T00:00:00Z".into();
+        j.apply_batch(vec![(chunk(0, 2), kept()), (seal(2), kept()), (seal(3), kept())], t2, &mut ctl).unwrap();
+        assert_eq!(j.news(), t1, "a duplicate, the seal again and a conflicting seal are not news");
+        commit(&mut j, Commit::Progress);
+        assert_eq!(j.cp.updated_at, "2026-11-26T00:00:00Z", "a checkpoint covering only duplicates keeps its time");
+        j.apply_batch(vec![(failed(1), kept())], t3, &mut ctl).unwrap();
+        assert_eq!(j.news(), t3, "a chunk's first failure is news");
+        commit(&mut j, Commit::Progress);
+        assert_ne!(j.cp.updated_at, "2026-11-26T00:00:00Z", "a checkpoint with news has a new time");
     }
 }
