@@ -467,6 +467,11 @@ impl Fated {
     fn first(&self, job: &str, chunk: u32) -> bool {
         fleet_io::lock(&self.done).insert((job.to_string(), chunk))
     }
+
+    /// Whether [`first`](Self::first) was asked of the chunk's key already.
+    fn seen(&self, job: &str, chunk: u32) -> bool {
+        fleet_io::lock(&self.done).contains(&(job.to_string(), chunk))
+    }
 }
 
 fn work_item(body: &str) -> Option<WorkItem> {
@@ -574,6 +579,11 @@ impl FatedQueue {
                     && self.fated.first(&job, chunk | 0x4000_0000)
             })
         });
+        // A copy of the chunk's result reached the results queue: one dead-lettered later is a
+        // duplicate, no news of the job (the controller's rule, `duplicates-not-news`).
+        for (job, chunk) in msgs.iter().filter_map(|m| chunk_of(&m.body)) {
+            self.fated.first(&job, chunk | 0x1000_0000);
+        }
         let mut calls = 0;
         if let (Some(dlq), false) = (&self.dlq, to_dlq.is_empty()) {
             // Sent to the results queue with the rest; SQS moves it after its last receive, some
@@ -584,11 +594,15 @@ impl FatedQueue {
                 self.fated.world.trace(format!("FATE {job} chunk {chunk}'s result is dead-lettered ({}) in {} s", dlq.name(), after.as_secs()));
             }
             calls += (to_dlq.len() as u64).div_ceil(10);
-            let (dlq, world) = (dlq.clone(), self.fated.world.clone());
+            let (dlq, fated) = (dlq.clone(), self.fated.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;
-                for job in to_dlq.iter().filter_map(|m| chunk_of(&m.body)).map(|(j, _)| j).collect::<BTreeSet<_>>() {
-                    world.sent(&job);
+                let world = &fated.world;
+                for (job, chunk) in to_dlq.iter().filter_map(|m| chunk_of(&m.body)) {
+                    // News only when no copy reached the results queue first.
+                    if !fated.seen(&job, chunk | 0x1000_0000) {
+                        world.sent(&job);
+                    }
                     world.dead_lettered(&job);
                 }
                 // A send that fails (never here: the twin's calls fail only as a fate says) would lose it.
@@ -636,7 +650,11 @@ impl Queue for FatedQueue {
                             // The initiator dies before its seal goes out.
                             std::future::pending::<()>().await;
                         }
-                        self.fated.world.sent(last.job_id());
+                        // News once: a seal or abandon sent again (its answer lost) is a duplicate.
+                        let once = if matches!(last, ResultMessage::Sealed { .. }) { 0x0800_0000 } else { 0x0400_0000 };
+                        if self.fated.first(last.job_id(), once) {
+                            self.fated.world.sent(last.job_id());
+                        }
                     }
                 }
                 self.inner.send_messages(msgs).await

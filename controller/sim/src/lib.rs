@@ -205,7 +205,9 @@ pub struct World {
     /// Messages received from each dead-letter queue by the controllers, and which (by id).
     dead_letters: Mutex<BTreeMap<String, usize>>,
     dead_letter_ids: Mutex<std::collections::BTreeSet<(String, String)>>,
-    /// When the fleet last sent a message of each job (a result, a failure report, a seal, an abandon).
+    /// When the fleet last sent news of each job: a chunk's first result or failure report, a
+    /// dead-lettered result no copy of which reached the results queue, its first seal or abandon (a
+    /// duplicate is no news to the controller either, `duplicates-not-news`).
     last_sent: Mutex<BTreeMap<String, Duration>>,
     /// When the last fault's effects end (a pause, an outage, a cut-off, a controller's absence).
     faults_end: Mutex<Duration>,
