@@ -88,6 +88,35 @@ else
   chmod 0644 "$page_token" 2>/dev/null || true
 fi
 
+# The roles' keys (docs/security.md, authority by role): one file per role, generated once into
+# deploy/.keys/ (0700: no other user of this machine reaches them; git ignores it). The compose file
+# mounts them as secrets: a processor signs with processor.key, the initiator (cli, one-off
+# containers) with submitter.key, and the controllers hold all four (their keyring) and count a
+# message only when a role that may send it signed it. The services read them as user 65534, the
+# initiator as the calling user (every capability dropped, so root too reads by the file's mode): user
+# 65534's and the calling user's group's (0440) when this runs as root, else 0644 inside the closed
+# directory. The scaling agent's new processors keep the processor's key
+# (AGENT_DOCKER_SECRETS_FROM, this directory as the Docker Engine sees it, recorded in deploy/.env).
+keys_dir="$repo/deploy/.keys"
+(umask 077; mkdir -p "$keys_dir")
+chmod 0700 "$keys_dir"
+new_keys=()
+for role in submitter operator processor controller; do
+  key="$keys_dir/$role.key"
+  if [ ! -s "$key" ]; then
+    (umask 077; printf '%s %s\n' "$role" "$(head -c 32 /dev/urandom | base64 -w0)" >"$key")
+    new_keys+=("$role")
+  fi
+  if [ "$(id -u)" = 0 ]; then chown "65534:$(id -g)" "$key" && chmod 0440 "$key"; else chmod 0644 "$key" 2>/dev/null || true; fi
+done
+[ ${#new_keys[@]} = 0 ] || echo "compose: generated the role keys of ${new_keys[*]} into $keys_dir" >&2
+export FLEET_KEYS_DIR="$keys_dir"
+if grep -q '^FLEET_KEYS_DIR=' "$env_file" 2>/dev/null; then
+  sed -i "s|^FLEET_KEYS_DIR=.*|FLEET_KEYS_DIR=$keys_dir|" "$env_file"
+else
+  (umask 077; printf 'FLEET_KEYS_DIR=%s\n' "$keys_dir" >>"$env_file")
+fi
+
 # Container ids of a service (running or not; not one-off containers), read from the labels Compose
 # puts on them (the project name as Compose normalises it), without a Compose call (half a second each
 # for docker-compose 1.x).
@@ -257,7 +286,9 @@ initiator() {
     mapfile -t from < <(echo "$template" | template_args "$env_dir/env" "$cli" | grep -v '^$') || from=()
     if [ ${#from[@]} -gt 0 ]; then
       [ -t 0 ] && [ -t 1 ] && tty=(-it)
-      docker run --rm "${tty[@]}" -u "$(id -u):$(id -g)" -w "$PWD" "${run_opts[@]}" --env-file "$env_dir/env" "${from[@]}" "$@" || code=$?
+      # (The submitter's key as Compose mounts it into the template: `docker run` does not copy mounts.)
+      docker run --rm "${tty[@]}" -u "$(id -u):$(id -g)" -w "$PWD" "${run_opts[@]}" -v "$keys_dir/submitter.key:/run/secrets/submitter.key:ro" \
+        --env-file "$env_dir/env" "${from[@]}" "$@" || code=$?
       rm -rf "$env_dir"
       return "$code"
     fi

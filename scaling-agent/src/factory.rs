@@ -58,6 +58,12 @@ pub struct BackendArgs {
     /// LISTENER_HTTP_ADDR), rewritten atomically whenever the set changes [default: none written].
     #[arg(long, env = "AGENT_PROMETHEUS_TARGETS_FILE", value_name = "FILE")]
     pub prometheus_targets_file: Option<PathBuf>,
+    /// Docker backend: a host directory (absolute, as the Docker Engine sees it) whose files a new
+    /// container keeps when its template binds them read-only onto /run/secrets/ (compose secrets:
+    /// the processors' role key, deploy/.keys). Every other bind or mount is left out [default: none
+    /// kept].
+    #[arg(long, env = "AGENT_DOCKER_SECRETS_FROM", value_name = "DIR")]
+    pub docker_secrets_from: Option<PathBuf>,
     /// Keda backend: the external scaler's gRPC address.
     #[arg(long, env = "AGENT_KEDA_ADDR", default_value = "0.0.0.0:9090")]
     pub keda_addr: std::net::SocketAddr,
@@ -96,7 +102,11 @@ impl BackendArgs {
                 None => Arc::new(NoneBackend::new(settings.min_instances)),
             },
             BackendKind::Docker => {
-                Arc::new(DockerBackend::connect(cli.docker_project.clone(), cli.docker_service.clone(), cli.prometheus_targets_file.clone()).await?)
+                Arc::new(
+                    DockerBackend::connect(cli.docker_project.clone(), cli.docker_service.clone(), cli.prometheus_targets_file.clone())
+                        .await?
+                        .keep_secrets_from(cli.docker_secrets_from.clone().filter(|d| !d.as_os_str().is_empty())),
+                )
             }
             BackendKind::Keda => {
                 let policy = settings.policy();

@@ -869,11 +869,16 @@ fn agent_scales_containers() {
 
     // One of the added containers stopped mid-job: it drains; the agent replaces it.
     let added: Vec<String> = fleet.running("processor").into_iter().filter(|id| *id != first).collect();
-    // The agent's containers are confined: nothing bound from the host, no privileges, every
-    // capability dropped, no new privileges, ports on loopback only.
+    // The agent's containers are confined: nothing bound from the host but the processor's role key
+    // (a read-only compose secret from deploy/.keys), no privileges, every capability dropped, no new
+    // privileges, ports on loopback only.
+    let key = repo().join("deploy/.keys/processor.key");
     for id in &added {
-        let host = inspect(id, "{{json .HostConfig.Binds}} {{.HostConfig.Privileged}} {{json .HostConfig.CapDrop}} {{json .HostConfig.SecurityOpt}}");
-        assert_eq!(host, r#"null false ["ALL"] ["no-new-privileges:true"]"#, "container {id} the agent added");
+        let host = inspect(id, "{{json .HostConfig.Binds}} {{json .HostConfig.Mounts}} {{.HostConfig.Privileged}} {{json .HostConfig.CapDrop}} {{json .HostConfig.SecurityOpt}}");
+        let binds = format!(r#"["{}:/run/secrets/processor.key:ro"] null"#, key.display());
+        let mounts = format!(r#"null [{{"Type":"bind","Source":"{}","Target":"/run/secrets/processor.key","ReadOnly":true}}]"#, key.display());
+        let rest = r#" false ["ALL"] ["no-new-privileges:true"]"#;
+        assert!(host == binds.clone() + rest || host == mounts.clone() + rest, "container {id} the agent added: {host}");
         let ports = inspect(id, "{{json .HostConfig.PortBindings}}");
         assert!(!ports.contains("0.0.0.0") && ports.contains("127.0.0.1"), "container {id} publishes beyond loopback: {ports}");
     }
@@ -925,6 +930,12 @@ fn agent_scales_containers() {
     }
     println!("[agent] back to 1 processor container {:.1} s after the report", t.elapsed().as_secs_f64());
     assert_eq!(fleet.running("processor"), vec![first], "the first processor is the one that remains");
+    // Every message was checked by role (the keys compose.sh generated): none refused, the added
+    // processors' results counted (the totals above).
+    let ctl = &fleet.running("controller")[0];
+    let ctl_logs = text(&sh(Command::new("docker").args(["logs", ctl])).stderr);
+    assert!(ctl_logs.contains("messages count only when signed by a role"), "the controller checks no roles:\n{ctl_logs}");
+    assert!(!ctl_logs.contains("message refused"), "the controller refused messages:\n{ctl_logs}");
     let agent = &fleet.running("scaling-agent")[0];
     let logs = text(&sh(Command::new("docker").args(["logs", agent])).stderr);
     assert!(logs.contains("processor container stopped") && logs.contains("exit_code=Some(0)"), "the agent's stops did not end in a drain:\n{logs}");

@@ -411,6 +411,51 @@ fn monitoring_reaches_metrics_and_the_page_stays_apart() {
     }
 }
 
+/// Authority by role (docs/security.md): every processor signs with its role's key, a file of the
+/// Secret fleet-processor-key; every controller holds the keyring, the Secret fleet-role-keys mounted
+/// as a directory (every role's key a file); on a laptop cluster both are generated from the keys
+/// secrets.sh made (the keyring every role's, the processors' only their own), on AWS the operator's.
+#[test]
+fn the_processors_sign_and_the_controllers_hold_every_roles_key() {
+    for (overlay, docs) in overlays() {
+        let docs = &docs[..];
+        let mounted = |deploy: &Yaml, file: &str| -> (String, Yaml) {
+            let c = container(deploy);
+            let m = c["volumeMounts"]
+                .as_vec()
+                .unwrap()
+                .iter()
+                .find(|m| m["mountPath"].as_str().is_some_and(|p| file == p || file.starts_with(&format!("{p}/"))))
+                .unwrap_or_else(|| panic!("{overlay}: {file} is on no mount"))
+                .clone();
+            assert_eq!(m["readOnly"].as_bool(), Some(true), "{overlay}: {file} is writable");
+            let v = pod(deploy)["volumes"].as_vec().unwrap().iter().find(|v| v["name"] == m["name"]).unwrap().clone();
+            (v["secret"]["secretName"].as_str().expect("not from a Secret").to_string(), v)
+        };
+        let processor = find(docs, "Deployment", "processor");
+        let file = env(container(processor), "FLEET_SIGNING_KEY_FILE").unwrap_or_else(|| panic!("{overlay}: the processors sign nothing"));
+        let (secret, volume) = mounted(processor, file);
+        let items = volume["secret"]["items"].as_vec().unwrap();
+        assert_eq!((items.len(), items[0]["key"].as_str()), (1, Some("processor.key")), "{overlay}: the processors get another key than theirs");
+        assert!(file.ends_with(&format!("/{}", items[0]["path"].as_str().unwrap())));
+        let controller = find(docs, "Deployment", "controller");
+        let dir = env(container(controller), "FLEET_ROLE_KEYS").unwrap_or_else(|| panic!("{overlay}: the controllers check no roles"));
+        let (ring, volume) = mounted(controller, dir);
+        assert!(volume["secret"]["items"].is_badvalue(), "{overlay}: the keyring is limited to some of its keys");
+        if overlay == "aws" {
+            assert_eq!((secret.as_str(), ring.as_str()), ("fleet-processor-key", "fleet-role-keys"));
+        } else {
+            let own = generated(docs, "Secret", "fleet-processor-key");
+            assert_eq!(name(own), secret);
+            assert_eq!(keys(&own["data"]), BTreeSet::from(["processor.key"]), "local: the processors' Secret holds more than their key");
+            let all = generated(docs, "Secret", "fleet-role-keys");
+            assert_eq!(name(all), ring);
+            assert_eq!(keys(&all["data"]), BTreeSet::from(["controller.key", "operator.key", "processor.key", "submitter.key"]));
+            assert_eq!(own["data"]["processor.key"], all["data"]["processor.key"], "local: the keyring does not hold the processors' key");
+        }
+    }
+}
+
 /// No secret in a committed file: the aws overlay renders no Secret at all (the operator creates the
 /// broker's and the page token's), the local one only LocalStack's placeholder keys, and the broker
 /// credentials and page token that `overlays/local/secrets.sh` generated into a directory git
@@ -421,7 +466,7 @@ fn no_secret_is_committed() {
     assert!(docs.iter().all(|d| !kind_is(d, "Secret")), "aws: a Secret is rendered from committed files");
     let docs = render("local");
     let secrets: Vec<&str> = docs.iter().filter(|d| kind_is(d, "Secret")).map(name).collect();
-    assert_eq!(secrets.len(), 4, "local: Secrets {secrets:?}");
+    assert_eq!(secrets.len(), 6, "local: Secrets {secrets:?}");
     let dir = k8s_dir().join("overlays/local/secrets");
     let ignored = Command::new("git").arg("check-ignore").arg("-q").arg(dir.join("amqp.env")).current_dir(k8s_dir()).status().unwrap();
     assert!(ignored.success(), "git does not ignore {}", dir.display());
@@ -432,6 +477,8 @@ fn no_secret_is_committed() {
     assert!(amqp.contains(&format!("fleet:{password}@")), "the fleet's AMQP_URL does not carry the broker's password");
     let token = std::fs::read_to_string(dir.join("page-token")).unwrap();
     assert!(token.len() >= 32 && token.bytes().all(|b| b.is_ascii_hexdigit()), "a weak page token");
+    let processor_key = std::fs::read_to_string(dir.join("keys/processor.key")).unwrap();
+    let processor_key = processor_key.trim().split_once(' ').expect("a key line").1.to_string();
     let broker = generated(&docs, "Secret", "rabbitmq-credentials");
     assert_eq!(broker["metadata"]["namespace"].as_str(), Some("billing-fleet-deps"));
     let rabbit_pod = pod(find(&docs, "Deployment", "rabbitmq"));
@@ -443,6 +490,7 @@ fn no_secret_is_committed() {
         if let Ok(text) = std::fs::read(&path) {
             assert!(!text.windows(password.len()).any(|w| w == password.as_bytes()), "{} holds the broker's password", path.display());
             assert!(!text.windows(token.len()).any(|w| w == token.as_bytes()), "{} holds the page token", path.display());
+            assert!(!text.windows(processor_key.len()).any(|w| w == processor_key.as_bytes()), "{} holds the processor's key", path.display());
         }
     }
 }
