@@ -93,29 +93,32 @@ fi
 # mounts them as secrets: a processor signs with processor.key, the initiator (cli, one-off
 # containers) with submitter.key, and the controllers hold all four (their keyring) and count a
 # message only when a role that may send it signed it. The services read them as user 65534, the
-# initiator as the calling user (every capability dropped, so root too reads by the file's mode): user
-# 65534's and the calling user's group's (0440) when this runs as root, else 0644 inside the closed
-# directory. The scaling agent's new processors keep the processor's key
-# (AGENT_DOCKER_SECRETS_FROM, this directory as the Docker Engine sees it, recorded in deploy/.env).
+# initiator as the calling user (every capability dropped, so root too reads by the file's mode):
+# user 65534's and the calling user's group's (0440) when this runs as root, else 0644 inside the
+# closed directory. The scaling agent's new processors keep the processor's key
+# (AGENT_DOCKER_SECRET_FILES: that file as the Docker Engine sees it, recorded in deploy/.env).
 keys_dir="$repo/deploy/.keys"
 (umask 077; mkdir -p "$keys_dir")
-chmod 0700 "$keys_dir"
+chmod 0700 "$keys_dir" 2>/dev/null || true
 new_keys=()
 for role in submitter operator processor controller; do
   key="$keys_dir/$role.key"
   if [ ! -s "$key" ]; then
-    (umask 077; printf '%s %s\n' "$role" "$(head -c 32 /dev/urandom | base64 -w0)" >"$key")
+    (umask 077; printf '%s %s\n' "$role" "$(head -c 32 /dev/urandom | base64 -w0)" >"$key") \
+      || die "cannot write $key (made by another user? fix its ownership or run as that user)"
     new_keys+=("$role")
   fi
-  if [ "$(id -u)" = 0 ]; then chown "65534:$(id -g)" "$key" && chmod 0440 "$key"; else chmod 0644 "$key" 2>/dev/null || true; fi
+  if [ "$(id -u)" = 0 ]; then
+    { chown "65534:$(id -g)" "$key" && chmod 0440 "$key"; } || die "cannot hand $key to user 65534"
+  elif ! chmod 0644 "$key" 2>/dev/null || [ ! -r "$key" ]; then
+    die "$key is not this user's to read (made by root? run as root, or remove deploy/.keys to make new keys with no job in flight)"
+  fi
 done
 [ ${#new_keys[@]} = 0 ] || echo "compose: generated the role keys of ${new_keys[*]} into $keys_dir" >&2
-export FLEET_KEYS_DIR="$keys_dir"
-if grep -q '^FLEET_KEYS_DIR=' "$env_file" 2>/dev/null; then
-  sed -i "s|^FLEET_KEYS_DIR=.*|FLEET_KEYS_DIR=$keys_dir|" "$env_file"
-else
-  (umask 077; printf 'FLEET_KEYS_DIR=%s\n' "$keys_dir" >>"$env_file")
-fi
+# Recorded in deploy/.env (rewritten, not edited in place: the path may hold any character).
+export FLEET_PROCESSOR_KEY="$keys_dir/processor.key"
+{ grep -v -e '^FLEET_PROCESSOR_KEY=' -e '^FLEET_KEYS_DIR=' "$env_file" 2>/dev/null || true; printf 'FLEET_PROCESSOR_KEY=%s\n' "$FLEET_PROCESSOR_KEY"; } >"$env_file.new"
+chmod 0600 "$env_file.new" && mv "$env_file.new" "$env_file"
 
 # Container ids of a service (running or not; not one-off containers), read from the labels Compose
 # puts on them (the project name as Compose normalises it), without a Compose call (half a second each

@@ -14,7 +14,7 @@
 //! mismatch is refused and logged, the container left alone), and a new container gets only a
 //! [`confined`] copy of the template's host config: no binds, mounts, devices, privileges or host
 //! namespaces, every capability dropped and no new privileges; only the template's read-only compose
-//! secrets from the directory `--docker-secrets-from` names (the processor's role key) are kept.
+//! secrets of the host files `--docker-secret-files` names (the processor's role key) are kept.
 //!
 //! With a targets file ([`targets`]), every listing of the service's containers also keeps a
 //! Prometheus file_sd file of the running ones up to date, for a Prometheus without the socket. The
@@ -65,8 +65,9 @@ pub struct DockerBackend {
     ports: Mutex<HashMap<String, Option<u16>>>,
     /// The last write of the targets file failed (logged once until one succeeds).
     targets_failing: std::sync::atomic::AtomicBool,
-    /// The host directory whose compose secrets a new container keeps (`--docker-secrets-from`).
-    secrets_from: Option<PathBuf>,
+    /// The host files a new container keeps when its template has them as compose secrets
+    /// (`--docker-secret-files`).
+    secret_files: Vec<PathBuf>,
 }
 
 fn docker_error(what: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> BackendError {
@@ -98,7 +99,7 @@ impl DockerBackend {
             targets,
             ports: Mutex::default(),
             targets_failing: Default::default(),
-            secrets_from: None,
+            secret_files: Vec::new(),
         };
         let running = b.containers().await?.serving.len();
         tracing::info!(project = %b.project, service = %b.service, running, targets_file = ?b.targets.as_ref().map(|t| t.path().display().to_string()),
@@ -106,13 +107,13 @@ impl DockerBackend {
         Ok(b)
     }
 
-    /// New containers keep their template's compose secrets from host directory `dir` (see
+    /// New containers keep their template's compose secrets that are these host files (see
     /// [`confined`]): the processors' role key.
-    pub fn keep_secrets_from(mut self, dir: Option<PathBuf>) -> DockerBackend {
-        if let Some(d) = &dir {
-            tracing::info!(dir = %d.display(), "docker backend: new containers keep their template's read-only secrets from this directory");
+    pub fn keep_secret_files(mut self, files: Vec<PathBuf>) -> DockerBackend {
+        if !files.is_empty() {
+            tracing::info!(files = ?files, "docker backend: new containers keep their template's read-only secrets of these files");
         }
-        self.secrets_from = dir;
+        self.secret_files = files;
         self
     }
 
@@ -226,7 +227,7 @@ impl DockerBackend {
         let name = if v1 { format!("{}_{}_{n}", self.project, self.service) } else { format!("{}-{}-{n}", self.project, self.service) };
         let mut labels = config.labels.clone().unwrap_or_default();
         labels.insert(NUMBER.into(), n.to_string());
-        let (host_config, dropped) = confined(&t.host_config.clone().unwrap_or_default(), self.secrets_from.as_deref()).map_err(BackendError::Config)?;
+        let (host_config, dropped) = confined(&t.host_config.clone().unwrap_or_default(), &self.secret_files).map_err(BackendError::Config)?;
         if !dropped.is_empty() && !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(?dropped, template = %template_name, "the template's host config has settings new processor containers do not get");
         }

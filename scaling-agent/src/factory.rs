@@ -58,12 +58,12 @@ pub struct BackendArgs {
     /// LISTENER_HTTP_ADDR), rewritten atomically whenever the set changes [default: none written].
     #[arg(long, env = "AGENT_PROMETHEUS_TARGETS_FILE", value_name = "FILE")]
     pub prometheus_targets_file: Option<PathBuf>,
-    /// Docker backend: a host directory (absolute, as the Docker Engine sees it) whose files a new
-    /// container keeps when its template binds them read-only onto /run/secrets/ (compose secrets:
-    /// the processors' role key, deploy/.keys). Every other bind or mount is left out [default: none
-    /// kept].
-    #[arg(long, env = "AGENT_DOCKER_SECRETS_FROM", value_name = "DIR")]
-    pub docker_secrets_from: Option<PathBuf>,
+    /// Docker backend: host files (absolute, as the Docker Engine sees them; comma-separated) that a
+    /// new container keeps when its template binds them read-only onto /run/secrets/ (compose
+    /// secrets: the processors' role key, deploy/.keys/processor.key). Every other bind or mount is
+    /// left out [default: none kept].
+    #[arg(long, env = "AGENT_DOCKER_SECRET_FILES", value_name = "FILE,...")]
+    pub docker_secret_files: Option<String>,
     /// Keda backend: the external scaler's gRPC address.
     #[arg(long, env = "AGENT_KEDA_ADDR", default_value = "0.0.0.0:9090")]
     pub keda_addr: std::net::SocketAddr,
@@ -105,7 +105,8 @@ impl BackendArgs {
                 Arc::new(
                     DockerBackend::connect(cli.docker_project.clone(), cli.docker_service.clone(), cli.prometheus_targets_file.clone())
                         .await?
-                        .keep_secrets_from(cli.docker_secrets_from.clone().filter(|d| !d.as_os_str().is_empty())),
+                        // (Empty, as compose passes an unset one: none.)
+                        .keep_secret_files(cli.docker_secret_files.iter().flat_map(|f| f.split(',')).filter(|f| !f.is_empty()).map(PathBuf::from).collect()),
                 )
             }
             BackendKind::Keda => {

@@ -581,8 +581,12 @@ impl FatedQueue {
         });
         // A copy of the chunk's result reached the results queue: one dead-lettered later is a
         // duplicate, no news of the job (the controller's rule, `duplicates-not-news`).
+        // And the first such copy of a chunk whose first result was dead-lettered is the job's news
+        // (the dead letter comes later, a duplicate then).
         for (job, chunk) in msgs.iter().filter_map(|m| chunk_of(&m.body)) {
-            self.fated.first(&job, chunk | 0x1000_0000);
+            if self.fated.first(&job, chunk | 0x1000_0000) && self.fated.seen(&job, chunk | 0x4000_0000) {
+                self.fated.world.sent(&job);
+            }
         }
         let mut calls = 0;
         if let (Some(dlq), false) = (&self.dlq, to_dlq.is_empty()) {
@@ -620,7 +624,8 @@ impl FatedQueue {
         for m in &msgs {
             let Some((job, 0)) = chunk_of(&m.body) else { continue };
             let Some(plan) = self.fated.jobs.get(&job).filter(|p| p.stray && self.partitions.len() > 1) else { continue };
-            if self.fated.first(&job, 0x2000_0000) {
+            // (A key of its own: chunk 0's first-result key, `0 | 0x2000_0000`, is taken above.)
+            if self.fated.first(&job, 0x0100_0000) {
                 let to = &self.partitions[(usize::from(plan.partition) + 1) % self.partitions.len()];
                 self.fated.world.trace(format!("HOSTILE a copy of {job} chunk 0's result sent on {} (a stray)", to.name()));
                 let _ = to.send_messages(std::slice::from_ref(m)).await;

@@ -874,7 +874,10 @@ fn agent_scales_containers() {
     // privileges, ports on loopback only.
     let key = repo().join("deploy/.keys/processor.key");
     for id in &added {
-        let host = inspect(id, "{{json .HostConfig.Binds}} {{json .HostConfig.Mounts}} {{.HostConfig.Privileged}} {{json .HostConfig.CapDrop}} {{json .HostConfig.SecurityOpt}}");
+        let host = inspect(
+            id,
+            "{{json .HostConfig.Binds}} {{json .HostConfig.Mounts}} {{.HostConfig.Privileged}} {{json .HostConfig.CapDrop}} {{json .HostConfig.SecurityOpt}}",
+        );
         let binds = format!(r#"["{}:/run/secrets/processor.key:ro"] null"#, key.display());
         let mounts = format!(r#"null [{{"Type":"bind","Source":"{}","Target":"/run/secrets/processor.key","ReadOnly":true}}]"#, key.display());
         let rest = r#" false ["ALL"] ["no-new-privileges:true"]"#;

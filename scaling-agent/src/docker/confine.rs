@@ -3,7 +3,7 @@
 //! from its template's host config.
 
 use std::collections::HashMap;
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use bollard::models::{ContainerInspectResponse, HostConfig, Mount, MountType, PortBinding};
 use bollard::query_parameters::InspectContainerOptions;
@@ -20,14 +20,16 @@ use crate::backend::BackendError;
 /// edited by hand, a container someone else made with the same labels) cannot lend them to the
 /// containers the agent makes. Every capability is dropped and new privileges are refused.
 ///
-/// One exception, only with `secrets_from` (`--docker-secrets-from`, a host directory): a compose
-/// secret of the template, a read-only bind of a file in that directory onto `/run/secrets/NAME`
-/// (the processor's role key), is kept, so a new processor signs what it sends as its template does.
-/// A bind of anything else, writable, or onto another path is left out as before.
+/// One exception, only for the host files `secrets` names (`--docker-secret-files`: the processor's
+/// role key): a compose secret of the template, a read-only bind of one of those very files onto
+/// `/run/secrets/NAME`, is kept (a bind mount rebuilt with nothing but its source, target and
+/// read-only flag), so a new processor signs what it sends as its template does. A bind of any other
+/// file (another role's key beside it included), writable, or onto another path is left out as
+/// before.
 ///
 /// Returns the confined config and the names of what was left out; an error for a network mode that
 /// cannot be confined.
-pub(crate) fn confined(t: &HostConfig, secrets_from: Option<&Path>) -> Result<(HostConfig, Vec<&'static str>), String> {
+pub(crate) fn confined(t: &HostConfig, secrets: &[PathBuf]) -> Result<(HostConfig, Vec<&'static str>), String> {
     let network_mode = match t.network_mode.as_deref() {
         Some(m) if m == "host" || m.starts_with("container:") || m == "none" => {
             return Err(format!("the template's network mode {m:?} is not given to new containers"));
@@ -46,8 +48,14 @@ pub(crate) fn confined(t: &HostConfig, secrets_from: Option<&Path>) -> Result<(H
             .collect()
     });
     let mut dropped = Vec::new();
-    let binds: Vec<String> = t.binds.iter().flatten().filter(|b| secrets_from.is_some_and(|dir| secret_bind(b, dir))).cloned().collect();
-    let mounts: Vec<Mount> = t.mounts.iter().flatten().filter(|m| secrets_from.is_some_and(|dir| secret_mount(m, dir))).cloned().collect();
+    let binds: Vec<String> = t.binds.iter().flatten().filter(|b| secret_bind(b, secrets)).cloned().collect();
+    let mounts: Vec<Mount> = t
+        .mounts
+        .iter()
+        .flatten()
+        .filter(|m| secret_mount(m, secrets))
+        .map(|m| Mount { typ: m.typ, source: m.source.clone(), target: m.target.clone(), read_only: m.read_only, ..Default::default() })
+        .collect();
     let checks: [(&'static str, bool); 16] = [
         ("binds", t.binds.as_ref().is_some_and(|b| b.len() > binds.len())),
         ("mounts", t.mounts.as_ref().is_some_and(|m| m.len() > mounts.len())),
@@ -98,32 +106,31 @@ pub(crate) fn confined(t: &HostConfig, secrets_from: Option<&Path>) -> Result<(H
     Ok((c, dropped))
 }
 
-/// Whether a file `source` on the host, bound onto `target`, is a compose secret from `dir`: the
-/// source a plain path inside `dir` (no `..`), the target `/run/secrets/NAME`.
-fn secret_paths(source: &str, target: &str, dir: &Path) -> bool {
+/// Whether a file `source` on the host, bound onto `target`, is one of the `secrets` files (a plain
+/// absolute path, no `..`, spelt exactly as named) bound onto `/run/secrets/NAME`.
+fn secret_paths(source: &str, target: &str, secrets: &[PathBuf]) -> bool {
     let plain = |p: &Path| p.is_absolute() && p.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
     let (source, target) = (Path::new(source), Path::new(target));
     plain(source)
-        && plain(dir)
-        && source.parent() == Some(dir)
+        && secrets.iter().any(|f| plain(f) && f.as_os_str() == source.as_os_str())
         && plain(target)
         && target.parent() == Some(Path::new("/run/secrets"))
 }
 
-/// A bind `SOURCE:TARGET:OPTIONS` (compose 1.x's secrets) that is a read-only secret from `dir`.
-fn secret_bind(bind: &str, dir: &Path) -> bool {
+/// A bind `SOURCE:TARGET:OPTIONS` (compose 1.x's secrets) that is a read-only one of `secrets`.
+fn secret_bind(bind: &str, secrets: &[PathBuf]) -> bool {
     let mut parts = bind.split(':');
     match (parts.next(), parts.next(), parts.next(), parts.next()) {
-        (Some(source), Some(target), Some(options), None) => options.split(',').any(|o| o == "ro") && secret_paths(source, target, dir),
+        (Some(source), Some(target), Some(options), None) => options.split(',').any(|o| o == "ro") && secret_paths(source, target, secrets),
         _ => false,
     }
 }
 
-/// A bind mount (compose 2's secrets) that is a read-only secret from `dir`.
-fn secret_mount(m: &Mount, dir: &Path) -> bool {
+/// A bind mount (compose 2's secrets) that is a read-only one of `secrets`.
+fn secret_mount(m: &Mount, secrets: &[PathBuf]) -> bool {
     m.typ == Some(MountType::BIND)
         && m.read_only == Some(true)
-        && m.source.as_deref().zip(m.target.as_deref()).is_some_and(|(s, t)| secret_paths(s, t, dir))
+        && m.source.as_deref().zip(m.target.as_deref()).is_some_and(|(s, t)| secret_paths(s, t, secrets))
 }
 
 /// Why a container may not be touched: it is not a container of `project`'s `service` that compose
@@ -192,7 +199,7 @@ mod tests {
             group_add: Some(vec!["0".into()]),
             ..Default::default()
         };
-        let (c, dropped) = confined(&t, Some(Path::new("/srv/fleet/deploy/.keys"))).unwrap();
+        let (c, dropped) = confined(&t, &[PathBuf::from("/srv/fleet/deploy/.keys/processor.key")]).unwrap();
         assert_eq!(c.network_mode.as_deref(), Some("billing-fleet_default"));
         assert_eq!(c.memory, Some(256 << 20));
         assert_eq!(c.nano_cpus, Some(500_000_000));
@@ -209,18 +216,19 @@ mod tests {
         assert!(dropped.contains(&"port_bindings beyond 127.0.0.1"));
         for mode in ["host", "container:abc", "none"] {
             let t = HostConfig { network_mode: Some(mode.into()), ..Default::default() };
-            assert!(confined(&t, None).is_err(), "network mode {mode} refused");
+            assert!(confined(&t, &[]).is_err(), "network mode {mode} refused");
         }
-        let (_, none) = confined(&HostConfig { network_mode: Some("bridge".into()), ..Default::default() }, None).unwrap();
+        let (_, none) = confined(&HostConfig { network_mode: Some("bridge".into()), ..Default::default() }, &[]).unwrap();
         assert!(none.is_empty(), "{none:?}");
     }
 
-    /// A template's compose secrets from the keys' directory (the processor's role key) are kept,
-    /// read-only, whether compose made them binds (1.x) or mounts (2.x); every other bind or mount,
-    /// and every secret without `--docker-secrets-from`, is left out.
+    /// A template's compose secret that is one of the named files (the processor's role key) is
+    /// kept, read-only, whether compose made it a bind (1.x) or a mount (2.x, rebuilt without its
+    /// bind options); another file beside it (another role's key), every other bind or mount, and
+    /// every secret when no file is named, are left out.
     #[test]
-    fn only_read_only_secrets_from_the_keys_directory_are_kept() {
-        let dir = Path::new("/srv/fleet/deploy/.keys");
+    fn only_the_named_read_only_secrets_are_kept() {
+        let named = [PathBuf::from("/srv/fleet/deploy/.keys/processor.key")];
         let key = "/srv/fleet/deploy/.keys/processor.key:/run/secrets/processor.key:ro";
         let mount = |source: &str, target: &str, ro: bool| Mount {
             typ: Some(MountType::BIND),
@@ -234,31 +242,38 @@ mod tests {
                 key.into(),
                 "/srv/fleet/deploy/.keys/processor.key:/run/secrets/processor.key:rw".into(),
                 "/srv/fleet/deploy/.keys/processor.key:/run/secrets/processor.key".into(),
+                "/srv/fleet/deploy/.keys/submitter.key:/run/secrets/processor.key:ro".into(),
                 "/srv/fleet/deploy/.keys/../../etc/shadow:/run/secrets/processor.key:ro".into(),
+                "/srv/fleet/deploy/.keys/./processor.key:/run/secrets/p.key:ro".into(),
                 "/etc/shadow:/run/secrets/shadow:ro".into(),
                 "/srv/fleet/deploy/.keys/processor.key:/etc/processor.key:ro".into(),
                 "/srv/fleet/deploy/.keys/processor.key:/run/secrets/../processor.key:ro".into(),
-                "/srv/fleet/deploy/.keys/sub/x.key:/run/secrets/x.key:ro".into(),
             ]),
             mounts: Some(vec![
+                Mount {
+                    bind_options: Some(bollard::models::MountBindOptions { create_mountpoint: Some(true), ..Default::default() }),
+                    ..mount("/srv/fleet/deploy/.keys/processor.key", "/run/secrets/processor.key", true)
+                },
                 mount("/srv/fleet/deploy/.keys/controller.key", "/run/secrets/controller.key", true),
-                mount("/srv/fleet/deploy/.keys/controller.key", "/run/secrets/c.key", false),
+                mount("/srv/fleet/deploy/.keys/processor.key", "/run/secrets/c.key", false),
                 mount("/", "/run/secrets/root", true),
-                Mount { typ: Some(MountType::VOLUME), ..mount("/srv/fleet/deploy/.keys/a.key", "/run/secrets/a.key", true) },
+                Mount { typ: Some(MountType::VOLUME), ..mount("/srv/fleet/deploy/.keys/processor.key", "/run/secrets/a.key", true) },
             ]),
             ..Default::default()
         };
-        let (c, dropped) = confined(&t, Some(dir)).unwrap();
+        let (c, dropped) = confined(&t, &named).unwrap();
         assert_eq!(c.binds, Some(vec![key.to_string()]));
-        assert_eq!(c.mounts.unwrap().iter().map(|m| m.source.clone().unwrap()).collect::<Vec<_>>(), ["/srv/fleet/deploy/.keys/controller.key"]);
+        let mounts = c.mounts.unwrap();
+        assert_eq!(mounts.len(), 1, "{mounts:?}");
+        assert_eq!(mounts[0], mount("/srv/fleet/deploy/.keys/processor.key", "/run/secrets/processor.key", true), "kept without its bind options");
         assert!(dropped.contains(&"binds") && dropped.contains(&"mounts"), "{dropped:?}");
         let only = HostConfig { binds: Some(vec![key.into()]), ..Default::default() };
-        let (c, dropped) = confined(&only, Some(dir)).unwrap();
+        let (c, dropped) = confined(&only, &named).unwrap();
         assert_eq!((c.binds.map(|b| b.len()), dropped.len()), (Some(1), 0), "{dropped:?}");
-        let (c, dropped) = confined(&only, None).unwrap();
-        assert_eq!((c.binds, dropped), (None, vec!["binds"]), "without --docker-secrets-from nothing is kept");
-        let (c, _) = confined(&only, Some(Path::new("/srv/fleet/deploy"))).unwrap();
-        assert_eq!(c.binds, None, "a file of a subdirectory is not the directory's");
+        let (c, dropped) = confined(&only, &[]).unwrap();
+        assert_eq!((c.binds, dropped), (None, vec!["binds"]), "without --docker-secret-files nothing is kept");
+        let (c, _) = confined(&only, &[PathBuf::from("/srv/fleet/deploy/.keys")]).unwrap();
+        assert_eq!(c.binds, None, "naming the directory names none of its files");
     }
 
     #[test]

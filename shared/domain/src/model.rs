@@ -295,7 +295,8 @@ pub struct Progress {
     pub accounted: u32,
     pub failed: u32,
     pub processed: u64,
-    /// When the checkpoint was written, Unix seconds.
+    /// When the checkpoint last recorded news of the job (a chunk's first result or failure, its seal,
+    /// an abandon, its ending), Unix seconds: a checkpoint that covers only duplicates keeps the time.
     pub updated_unix: i64,
     /// The results partition the job's messages travel on, when the checkpoint says.
     pub partition: Option<u16>,
@@ -336,7 +337,7 @@ impl Progress {
         .collect()
     }
 
-    /// How long ago the checkpoint was written (zero when unknown or in the future).
+    /// How long ago the checkpoint last recorded news of the job (zero when unknown or in the future).
     pub fn age(&self) -> std::time::Duration {
         let secs = time::OffsetDateTime::now_utc().unix_timestamp().saturating_sub(self.updated_unix);
         std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0))

@@ -5,7 +5,8 @@
 # line `ROLE BASE64-SECRET` of 32 random bytes each: the Secrets fleet-role-keys and
 # fleet-processor-key), in secrets/ next to this script (mode 0600 in a
 # 0700 directory; git ignores it). Kept when they exist, so a running broker and the fleet keep
-# agreeing; --force makes new ones (then delete the rabbitmq pod too: its user is made on first boot).
+# agreeing; --force makes new ones (then delete the rabbitmq pod too: its user is made on first boot;
+# and only with no job in flight: results of work items signed with the old keys are refused).
 # Prints nothing secret.
 set -euo pipefail
 dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/secrets"
