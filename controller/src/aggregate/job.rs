@@ -548,7 +548,7 @@ impl Job {
     pub(super) fn plan(&self, commit: Commit, calls: &RequestCounts) -> Result<Save> {
         let mut doc = self.cp.clone();
         doc.requests.merge(calls);
-        if self.changed || !matches!(commit, Commit::Progress) || crate::undo::is(crate::undo::Fix::DuplicatesNotNews) {
+        if self.changed || !matches!(commit, Commit::Progress) {
             doc.updated_at = self.clock.rfc3339();
         }
         let (status, finishing, rows) = match (&commit, &self.phase) {
