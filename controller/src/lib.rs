@@ -596,14 +596,29 @@ async fn stop(
         agg.stop_notifying();
         let _ = purger.await;
     };
-    match tokio::time::timeout_at(deadline, steps).await {
+    // Shortly before the deadline, what a hold extended and nothing has saved yet is made visible
+    // (the calls still land within the deadline): a step stuck on a hung store, such as the timer's
+    // checkpoint of the job they were applied to, would leave them invisible for the hold's time.
+    let last_calls = deadline - (deadline - started).div_f64(10.0).clamp(Duration::from_millis(500), Duration::from_secs(3));
+    tokio::pin!(steps);
+    let ended = match tokio::time::timeout_at(last_calls, &mut steps).await {
+        Ok(()) => Ok(()),
+        Err(_) => {
+            hand_back_held(agg, None);
+            agg.show_retried();
+            tokio::time::timeout_at(deadline, &mut steps).await
+        }
+    };
+    match ended {
         Ok(()) => tracing::info!(secs = started.elapsed().as_secs_f64(), "stopped within the deadline"),
-        Err(_) => tracing::warn!(
-            drain_secs = settings.drain_secs,
-            pending = agg.pending(),
-            "the stop deadline passed: what was not checkpointed comes back after its visibility timeout, leases not given back expire, \
-             a purge left halfway is redone from its marker (or by the bucket's lifecycle rule)"
-        ),
+        Err(_) => {
+            tracing::warn!(
+                drain_secs = settings.drain_secs,
+                pending = agg.pending(),
+                "the stop deadline passed: what was not checkpointed comes back after its visibility timeout (at once if it had been \
+                 held), leases not given back expire, a purge left halfway is redone from its marker (or by the bucket's lifecycle rule)"
+            );
+        }
     }
 }
 

@@ -15,6 +15,11 @@ pub enum Fix {
     NewsFromCheckpoint,
     /// A conditional write whose answer was lost is read back to see it was ours (issue 42).
     LostAnswerReadBack,
+    /// A checkpoint write whose outcome was unknown is remembered: a later write that finds it in
+    /// place writes again on its ETag, instead of concluding another controller owns the job (issue 58, found by the simulation).
+    EarlierWriteReadBack,
+    /// Open jobs are scanned at every expiry tick while a dormant one names no partition (issue 58, found by the simulation).
+    UnpartitionedLookedAtEachTick,
     /// A seal is checked against the manifest (issue 43).
     SealAgainstManifest,
     /// A result's row count is checked against its chunk's record (issue 43).
@@ -91,10 +96,12 @@ pub enum Fix {
 }
 
 impl Fix {
-    pub const ALL: [Fix; 35] = [
+    pub const ALL: [Fix; 37] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
+        Fix::EarlierWriteReadBack,
+        Fix::UnpartitionedLookedAtEachTick,
         Fix::SealAgainstManifest,
         Fix::CountAgainstRecord,
         Fix::UnrecordedQuarantined,
@@ -135,6 +142,8 @@ impl Fix {
             Fix::QuarantineSecondRead => "quarantine-second-read",
             Fix::NewsFromCheckpoint => "news-from-checkpoint",
             Fix::LostAnswerReadBack => "lost-answer-read-back",
+            Fix::EarlierWriteReadBack => "earlier-write-read-back",
+            Fix::UnpartitionedLookedAtEachTick => "unpartitioned-looked-at-each-tick",
             Fix::SealAgainstManifest => "seal-against-manifest",
             Fix::CountAgainstRecord => "count-against-record",
             Fix::UnrecordedQuarantined => "unrecorded-quarantined",
@@ -176,6 +185,8 @@ impl Fix {
             Fix::QuarantineSecondRead => "an unreadable checkpoint read again before quarantine",
             Fix::NewsFromCheckpoint => "a loaded job's news taken from its checkpoint",
             Fix::LostAnswerReadBack => "a lost answer of a conditional write read back",
+            Fix::EarlierWriteReadBack => "a checkpoint write of unknown outcome found in place by the next",
+            Fix::UnpartitionedLookedAtEachTick => "open jobs scanned each tick while a dormant one names no partition",
             Fix::SealAgainstManifest => "a seal checked against the manifest",
             Fix::CountAgainstRecord => "a result's count checked against its chunk's record",
             Fix::UnrecordedQuarantined => "a message without records quarantined after a bounded wait",

@@ -247,8 +247,11 @@ impl Queue for FaultyQueue {
         // `World::holding`).
         let hold = controller::aggregate::hold::HOLD_VISIBILITY;
         for (r, d) in entries {
-            // Any shorter change replaces the hold's invisibility (a hand-back, after a delay or not).
-            self.world.holding(self.ctl, r, *d >= hold);
+            // Any other change replaces the hold's invisibility (a hand-back, after a delay or not).
+            // A hand-back deferred until a peer's lease runs out is no hold, however long that lease
+            // (a controller misconfigured with a 120 s lease made it 120.25 s: seed 845129128): the
+            // job cannot be taken before then by anyone, stopping or not.
+            self.world.holding(self.ctl, r, *d == hold);
         }
         self.own_receipts(entries.iter().map(|(r, _)| *r));
         self.inner.change_visibility(entries).await

@@ -108,14 +108,27 @@ fn an_undone_fix_fails_a_seed() {
 /// after its partition's listeners had ended showed its message on a call of its own, which failed
 /// once and was not tried again (such a call is now tried three times). 171046692 (fresh, the
 /// commit's range): a stalled processor's duplicate result 394 s late restarted the job's stall time
-/// (a duplicate is no longer news; `duplicates-not-news`).
+/// (a duplicate is no longer news; `duplicates-not-news`). From 845120000 (fresh, the fifteenth
+/// stop): 845122901, a dormant job whose checkpoint names no partition, written by the release
+/// before partitions, was looked at an abandon time apart and abandoned two abandon times after
+/// its news (`unpartitioned-looked-at-each-tick`); 845123411, a finish whose checkpoint landed
+/// unanswered and whose read-back failed took its own write for another controller's at the next
+/// try (`earlier-write-read-back`); 845127842, a graceful stop whose deadline passed while the
+/// timer's checkpoint hung left messages applied after a hold invisible for the hold's time (they
+/// are now shown shortly before the deadline; `hand-back-held`); 845129128, a hand-back deferred
+/// until a misconfigured peer's 120 s lease ran out, which the simulation took for a hold.
 #[test]
 fn regression_seeds_pass() {
-    for seed in [1, 7_000_529, 7_002_198, 9_103_683, 9_104_710, 26_121_503, 61_207_294, 171_046_692, 171_054_357] {
+    for seed in
+        [1, 7_000_529, 7_002_198, 9_103_683, 9_104_710, 26_121_503, 61_207_294, 171_046_692, 171_054_357, 845_122_901, 845_123_411, 845_127_842, 845_129_128]
+    {
         let run = run_seed(seed, opts());
         assert!(run.violations.is_empty(), "seed {seed}: {:?}", run.violations);
     }
     assert!(first_failure(7_000_529, 1, 1, opts(), Some(Fix::AppliedOnlyWhereRead)).is_some(), "seed 7000529 passes with the fix undone");
     assert!(first_failure(26_121_503, 1, 1, opts(), Some(Fix::StallLookAnnounces)).is_some(), "seed 26121503 passes with the fix undone");
     assert!(first_failure(171_046_692, 1, 1, opts(), Some(Fix::DuplicatesNotNews)).is_some(), "seed 171046692 passes with the fix undone");
+    assert!(first_failure(845_122_901, 1, 1, opts(), Some(Fix::UnpartitionedLookedAtEachTick)).is_some(), "seed 845122901 passes with the fix undone");
+    assert!(first_failure(845_123_411, 1, 1, opts(), Some(Fix::EarlierWriteReadBack)).is_some(), "seed 845123411 passes with the fix undone");
+    assert!(first_failure(845_127_842, 1, 1, opts(), Some(Fix::HandBackHeld)).is_some(), "seed 845127842 passes with the fix undone");
 }

@@ -142,9 +142,17 @@ impl Aggregator {
         let key = checkpoint_key(job.id());
         let (body, meta, cond) = (save.body(), save.meta(), save.cond());
         let written = if crate::undo::is(crate::undo::Fix::LostAnswerReadBack) {
-            self.store.put_if(&key, body.clone(), "application/zstd", &meta, &cond).await?
+            self.store.put_if(&key, body.clone(), "application/zstd", &meta, &cond).await
         } else {
-            fleet_io::blob::put_if_owned(self.store.as_ref(), &key, body.clone(), "application/zstd", &meta, &cond).await?
+            let earlier = job.unconfirmed().filter(|_| !crate::undo::is(crate::undo::Fix::EarlierWriteReadBack));
+            fleet_io::blob::put_if_owned_after(self.store.as_ref(), &key, body.clone(), "application/zstd", &meta, &cond, earlier).await
+        };
+        let written = match written {
+            Ok(w) => w,
+            Err(e) => {
+                job.write_unconfirmed(body.clone());
+                return Err(e);
+            }
         };
         let Some(etag) = written else {
             return Err(Error::Conflict(format!("the checkpoint of job {} was written by another controller", job.id())));

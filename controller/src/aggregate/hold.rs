@@ -53,11 +53,15 @@ pub(super) struct Hold {
     retry_at: Instant,
     /// Retries in a row after which messages were held again.
     failures: u32,
+    /// Messages a retry took out of the hold and applied, and when their last extension lapses:
+    /// still invisible for the hold's time while their job waits for its checkpoint, which a hung
+    /// store may hold past a stop's deadline (see `show_retried`).
+    retried: Vec<(fleet_engine::Visibility, Instant)>,
 }
 
 impl Default for Hold {
     fn default() -> Hold {
-        Hold { waiting: Vec::new(), retry_at: Instant::now(), failures: 0 }
+        Hold { waiting: Vec::new(), retry_at: Instant::now(), failures: 0, retried: Vec::new() }
     }
 }
 
@@ -128,6 +132,27 @@ impl Aggregator {
         back.into_iter().map(|w| w.kept).collect()
     }
 
+    /// Makes visible at once every message a retry applied whose hold extension has not lapsed:
+    /// for a stop whose deadline passed while their job's checkpoint waited on a hung store (a
+    /// message checkpointed and deleted meanwhile is left alone; one checkpointed and not yet
+    /// deleted comes back as a duplicate). Without it they stayed invisible for the hold's two
+    /// minutes, four times a results visibility (found by the simulation, seed 845127842: the
+    /// timer's checkpoint hung with the job, so the stop never reached its last checkpoint).
+    pub fn show_retried(&self) {
+        if crate::undo::is(crate::undo::Fix::HandBackHeld) {
+            return;
+        }
+        let now = Instant::now();
+        let retried = std::mem::take(&mut lock(&self.hold).retried);
+        let due: Vec<_> = retried.into_iter().filter(|(_, until)| *until > now).collect();
+        if !due.is_empty() {
+            tracing::info!(messages = due.len(), "messages applied again after a hold and not yet checkpointed go back to their queue");
+        }
+        for (v, _) in due {
+            v.show();
+        }
+    }
+
     /// Extends the visibility of held messages that are due (cheap: batched calls on their queues).
     pub fn extend_held(&self) {
         let now = Instant::now();
@@ -182,8 +207,11 @@ impl Aggregator {
             applied.delete.extend(a.delete);
             applied.release.extend(a.release);
         }
-        shown_if_dropped.disarm();
+        let retried = shown_if_dropped.disarm();
         let mut h = lock(&self.hold);
+        let lapse = Instant::now() + HOLD_VISIBILITY;
+        h.retried.retain(|(_, until)| *until > Instant::now());
+        h.retried.extend(retried.into_iter().map(|v| (v, lapse)));
         if h.waiting.is_empty() {
             h.failures = 0;
         } else {
@@ -204,8 +232,9 @@ fn retry_delay(failures: u32) -> Duration {
 struct ShowOnDrop(Vec<fleet_engine::Visibility>);
 
 impl ShowOnDrop {
-    fn disarm(mut self) {
-        self.0.clear();
+    /// The retry ended: nothing is shown; the handles are returned.
+    fn disarm(mut self) -> Vec<fleet_engine::Visibility> {
+        std::mem::take(&mut self.0)
     }
 }
 

@@ -107,6 +107,10 @@ pub(super) struct Job {
     /// ETag of the checkpoint as last read or written (`None`: there is none yet): checkpoints are
     /// written only if it still matches (fencing).
     etag: Option<String>,
+    /// The body of its last checkpoint write whose outcome is unknown (no answer, or an answer lost
+    /// and not read back): it may have landed, and a later write fenced by `etag` then finds it
+    /// in place (see `fleet_io::blob::put_if_owned_after`).
+    unconfirmed: Option<bytes::Bytes>,
     /// The aggregator's clock (a checkpoint's `updated_at`).
     clock: Clock,
 }
@@ -126,6 +130,7 @@ impl Job {
             marked_open: false,
             lease,
             etag: None,
+            unconfirmed: None,
             clock,
         }
     }
@@ -142,7 +147,7 @@ impl Job {
             Phase::Open { abandon: None, stall: None }
         };
         cp.accounts = Vec::new();
-        Job { cp, phase, totals, unsaved, saved: Instant::now(), news, changed: false, marked_open: true, lease, etag: Some(etag), clock }
+        Job { cp, phase, totals, unsaved, saved: Instant::now(), news, changed: false, marked_open: true, lease, etag: Some(etag), unconfirmed: None, clock }
     }
 
     pub(super) fn id(&self) -> &str {
@@ -582,7 +587,18 @@ impl Job {
 
     /// The checkpoint planned was written (its ETag `etag`): the job takes what it committed (its
     /// calls, parts, phase). Returns the parts the document no longer names (to delete).
+    /// The body of its last checkpoint write whose outcome is unknown, if any.
+    pub(super) fn unconfirmed(&self) -> Option<&bytes::Bytes> {
+        self.unconfirmed.as_ref()
+    }
+
+    /// A checkpoint write of `body` failed without saying whether it landed.
+    pub(super) fn write_unconfirmed(&mut self, body: bytes::Bytes) {
+        self.unconfirmed = Some(body);
+    }
+
     pub(super) fn saved(&mut self, save: Save, etag: String) -> Vec<String> {
+        self.unconfirmed = None;
         let (doc, commit, stale) = save.into_parts();
         let rows_kept = !matches!(commit, Commit::Finished);
         let failed = doc.failed_chunks;

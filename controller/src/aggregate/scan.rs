@@ -50,7 +50,17 @@ impl Aggregator {
         let floor = lock(&self.expiry).idle_floor;
         // At start (the first tick) and every `after`: jobs whose owner died and whose messages never
         // come back are found here.
-        let scan = lock(&self.expiry).scanned.is_none_or(|t| t.elapsed() >= after);
+        // A dormant job whose checkpoint names no partition (the release before partitions wrote it)
+        // may be loaded by any controller, and may have news at another meanwhile: its news is dated
+        // by when this one first saw its checkpoint's time change (one clock), so it is looked at
+        // every tick while one is known, not every `after` (a look an abandon time apart dated an
+        // owner's last checkpoint at the next look and abandoned the job two abandon times after
+        // its last news: found by the simulation, seed 845122901, a rolling upgrade from that
+        // release).
+        let unpartitioned =
+            !crate::undo::is(crate::undo::Fix::UnpartitionedLookedAtEachTick) && lock(&self.known).dormant.values().any(|d| d.partition.is_none());
+        let every = if unpartitioned { (after / 10).clamp(Duration::from_millis(200), Duration::from_secs(60)) } else { after };
+        let scan = lock(&self.expiry).scanned.is_none_or(|t| t.elapsed() >= every);
         if scan {
             match self.scan_open().await {
                 Ok(n) => tracing::info!(open = n, dormant = lock(&self.known).dormant.len(), "open jobs scanned"),

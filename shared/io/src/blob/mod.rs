@@ -95,12 +95,34 @@ pub async fn put_if_owned(
     meta: &BTreeMap<String, String>,
     cond: &Cond,
 ) -> Result<Option<String>> {
+    put_if_owned_after(store, key, body, content_type, meta, cond, None).await
+}
+
+/// [`put_if_owned`] after an `earlier` write of the same writer whose outcome is unknown (it failed
+/// with no answer, or its read-back failed): when the object holds exactly that body, the earlier
+/// write landed and nobody wrote after it, so this one is made again on its ETag. Without it the
+/// writer took its own earlier write for another's (found by the simulation, seed 845123411: a
+/// finish whose checkpoint landed with its answer lost, and whose read-back failed too, concluded
+/// at the next try that another controller owned the job).
+pub async fn put_if_owned_after(
+    store: &dyn BlobStore,
+    key: &str,
+    body: Bytes,
+    content_type: &str,
+    meta: &BTreeMap<String, String>,
+    cond: &Cond,
+    earlier: Option<&Bytes>,
+) -> Result<Option<String>> {
     match store.put_if(key, body.clone(), content_type, meta, cond).await? {
         Some(etag) => Ok(Some(etag)),
         None => match store.get_tagged(key).await? {
             Some((found, etag)) if found == body => {
                 tracing::debug!(key, "a conditional write's answer was lost: the object holds our write");
                 Ok(Some(etag))
+            }
+            Some((found, etag)) if earlier.is_some_and(|e| *e == found) => {
+                tracing::debug!(key, "an earlier conditional write of ours landed unanswered: written again on its ETag");
+                Box::pin(put_if_owned_after(store, key, body, content_type, meta, &Cond::Matches(etag), None)).await
             }
             _ => Ok(None),
         },
@@ -117,3 +139,35 @@ pub mod memory;
 pub mod s3;
 
 pub use s3::S3Store;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_earlier_write_of_unknown_outcome_found_in_place_is_written_over_and_another_writers_is_not() {
+        let store = memory::MemoryStore::new();
+        let meta = BTreeMap::new();
+        let put = |body: &'static str, cond: Cond| {
+            let store = store.clone();
+            let meta = meta.clone();
+            async move { store.put_if("k", Bytes::from_static(body.as_bytes()), "text/plain", &meta, &cond).await.unwrap() }
+        };
+        let e0 = put("first", Cond::Absent).await.expect("written");
+        // Written on e0, its answer lost, and the read-back failed: the writer still holds e0.
+        let earlier = Bytes::from_static(b"second, unanswered");
+        put("second, unanswered", Cond::Matches(e0.clone())).await.expect("landed");
+        let third = Bytes::from_static(b"third");
+        // Without the earlier body the writer takes its own write for another's.
+        assert_eq!(put_if_owned(store.as_ref(), "k", third.clone(), "text/plain", &meta, &Cond::Matches(e0.clone())).await.unwrap(), None);
+        let e2 = put_if_owned_after(store.as_ref(), "k", third.clone(), "text/plain", &meta, &Cond::Matches(e0.clone()), Some(&earlier))
+            .await
+            .unwrap()
+            .expect("written over its own earlier write");
+        assert_eq!(store.get_tagged("k").await.unwrap(), Some((third, e2.clone())));
+        // Another writer's body in place: refused, whatever the writer wrote before.
+        put("another writer's", Cond::Matches(e2.clone())).await.expect("written");
+        let fourth = Bytes::from_static(b"fourth");
+        assert_eq!(put_if_owned_after(store.as_ref(), "k", fourth, "text/plain", &meta, &Cond::Matches(e2), Some(&earlier)).await.unwrap(), None);
+    }
+}
