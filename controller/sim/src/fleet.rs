@@ -624,12 +624,9 @@ impl FatedQueue {
         for m in &msgs {
             let Some((job, 0)) = chunk_of(&m.body) else { continue };
             let Some(plan) = self.fated.jobs.get(&job).filter(|p| p.stray && self.partitions.len() > 1) else { continue };
-            // (This once-key is chunk 0's first-result key, `0 | 0x2000_0000`, always taken above:
-            // so no stray has been sent since commit 30f2acf. Given a key of its own, strays are sent
-            // and seeds 1-300 and 1,500 fresh ones pass, but seed 26 no longer replays call for call
-            // (two listeners' polls swap after the forwarded stray): left as found until that is
-            // understood; see docs/mutations.md.)
-            if self.fated.first(&job, 0x2000_0000) {
+            // A once-key of its own (it had chunk 0's first-result key, always taken above, so no
+            // stray was sent from commit 30f2acf until the fifteenth stop).
+            if self.fated.first(&job, 0x0100_0000) {
                 let to = &self.partitions[(usize::from(plan.partition) + 1) % self.partitions.len()];
                 self.fated.world.trace(format!("HOSTILE a copy of {job} chunk 0's result sent on {} (a stray)", to.name()));
                 let _ = to.send_messages(std::slice::from_ref(m)).await;

@@ -66,9 +66,13 @@ fn fresh_seeds_keep_every_invariant() {
     assert!(s.failed.is_empty(), "fresh seeds from {from} breaking an invariant: {:?}", s.failed);
 }
 
+/// Every run of a seed is the same, call for call, run after run in one process. Seeds 26 (its
+/// stray forwarded), 228229885, 228229896, 228229973 and 228230011 did not replay while the
+/// breaker woke the listeners it held through a `watch` channel, in an order drawn from tokio's
+/// unseeded generator (11 of 300 fresh seeds from 228229778 did not).
 #[test]
 fn a_seed_replays_every_call() {
-    for seed in [26, 215, 303, 1005, 1016, 1019] {
+    for seed in [26, 215, 303, 1005, 1016, 1019, 228_229_885, 228_229_896, 228_229_973, 228_230_011] {
         let every = Options { every_call: true, ..opts() };
         let a = run_seed(seed, every);
         assert!(a.trace_len > 50, "the run did something ({} trace lines)", a.trace_len);
@@ -113,7 +117,8 @@ fn an_undone_fix_fails_a_seed() {
 /// before partitions, was looked at an abandon time apart and abandoned two abandon times after
 /// its news (`unpartitioned-looked-at-each-tick`); 845123411, a finish whose checkpoint landed
 /// unanswered and whose read-back failed took its own write for another controller's at the next
-/// try (`earlier-write-read-back`); 845127842, a graceful stop whose deadline passed while the
+/// try (`earlier-write-read-back`; the seed stopped reaching that path once the stray sender sent
+/// again; `fleet_io`'s unit test covers the read-back); 845127842, a graceful stop whose deadline passed while the
 /// timer's checkpoint hung left messages applied after a hold invisible for the hold's time (they
 /// are now shown shortly before the deadline; `hand-back-held`); 845129128, a hand-back deferred
 /// until a misconfigured peer's 120 s lease ran out, which the simulation took for a hold.
@@ -129,6 +134,5 @@ fn regression_seeds_pass() {
     assert!(first_failure(26_121_503, 1, 1, opts(), Some(Fix::StallLookAnnounces)).is_some(), "seed 26121503 passes with the fix undone");
     assert!(first_failure(171_046_692, 1, 1, opts(), Some(Fix::DuplicatesNotNews)).is_some(), "seed 171046692 passes with the fix undone");
     assert!(first_failure(845_122_901, 1, 1, opts(), Some(Fix::UnpartitionedLookedAtEachTick)).is_some(), "seed 845122901 passes with the fix undone");
-    assert!(first_failure(845_123_411, 1, 1, opts(), Some(Fix::EarlierWriteReadBack)).is_some(), "seed 845123411 passes with the fix undone");
     assert!(first_failure(845_127_842, 1, 1, opts(), Some(Fix::HandBackHeld)).is_some(), "seed 845127842 passes with the fix undone");
 }

@@ -17,7 +17,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result, Service};
@@ -72,8 +71,12 @@ pub struct Breaker {
     service: Service,
     policy: BreakerPolicy,
     state: Mutex<State>,
-    /// `true` while closed; waiters watch it.
-    closed: watch::Sender<bool>,
+    /// `true` while closed.
+    closed: std::sync::atomic::AtomicBool,
+    /// Woken when it closes: a `Notify` wakes its waiters in the order they came (a `watch`
+    /// channel wakes them in an order drawn from the runtime's unseeded generator, so the listeners
+    /// a breaker held resumed in a different order each run: found by the simulation's replays).
+    closes: tokio::sync::Notify,
     probe: Mutex<Option<Probe>>,
 }
 
@@ -83,7 +86,8 @@ impl Breaker {
             service,
             policy: BreakerPolicy { threshold: policy.threshold.max(1), ..policy },
             state: Mutex::new(State { failures: 0, opened: None, trips: 0, probes: 0, last_error: None }),
-            closed: watch::Sender::new(true),
+            closed: std::sync::atomic::AtomicBool::new(true),
+            closes: tokio::sync::Notify::new(),
             probe: Mutex::new(None),
         })
     }
@@ -117,7 +121,8 @@ impl Breaker {
         };
         if let Some(since) = reopened {
             tracing::warn!(dependency = %self.service, open_s = since.elapsed().as_secs_f64(), "dependency answers again: breaker closed, work resumes");
-            self.closed.send_replace(true);
+            self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.closes.notify_waiters();
         }
     }
 
@@ -137,19 +142,27 @@ impl Breaker {
         };
         if opened {
             tracing::warn!(dependency = %self.service, error = %e, "dependency does not answer: breaker open, work pauses until it does");
-            self.closed.send_replace(false);
+            self.closed.store(false, std::sync::atomic::Ordering::SeqCst);
             self.spawn_probe();
         }
     }
 
     pub fn is_open(&self) -> bool {
-        !*self.closed.borrow()
+        !self.closed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Returns once the breaker is closed (at once when it is).
     pub async fn wait_closed(&self) {
-        let mut rx = self.closed.subscribe();
-        let _ = rx.wait_for(|closed| *closed).await;
+        loop {
+            // Registered before the state is read: a close in between is not missed.
+            let closes = self.closes.notified();
+            tokio::pin!(closes);
+            closes.as_mut().enable();
+            if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            closes.await;
+        }
     }
 
     pub fn state(&self) -> BreakerState {
