@@ -20,6 +20,8 @@ pub enum Fix {
     EarlierWriteReadBack,
     /// Open jobs are scanned at every expiry tick while a dormant one names no partition (issue 58, found by the simulation).
     UnpartitionedLookedAtEachTick,
+    /// A dormant job whose lease a batch finds busy stays dormant (issue 58, found by the simulation).
+    BusyStaysDormant,
     /// A seal is checked against the manifest (issue 43).
     SealAgainstManifest,
     /// A result's row count is checked against its chunk's record (issue 43).
@@ -96,12 +98,13 @@ pub enum Fix {
 }
 
 impl Fix {
-    pub const ALL: [Fix; 37] = [
+    pub const ALL: [Fix; 38] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
         Fix::EarlierWriteReadBack,
         Fix::UnpartitionedLookedAtEachTick,
+        Fix::BusyStaysDormant,
         Fix::SealAgainstManifest,
         Fix::CountAgainstRecord,
         Fix::UnrecordedQuarantined,
@@ -144,6 +147,7 @@ impl Fix {
             Fix::LostAnswerReadBack => "lost-answer-read-back",
             Fix::EarlierWriteReadBack => "earlier-write-read-back",
             Fix::UnpartitionedLookedAtEachTick => "unpartitioned-looked-at-each-tick",
+            Fix::BusyStaysDormant => "busy-stays-dormant",
             Fix::SealAgainstManifest => "seal-against-manifest",
             Fix::CountAgainstRecord => "count-against-record",
             Fix::UnrecordedQuarantined => "unrecorded-quarantined",
@@ -187,6 +191,7 @@ impl Fix {
             Fix::LostAnswerReadBack => "a lost answer of a conditional write read back",
             Fix::EarlierWriteReadBack => "a checkpoint write of unknown outcome found in place by the next",
             Fix::UnpartitionedLookedAtEachTick => "open jobs scanned each tick while a dormant one names no partition",
+            Fix::BusyStaysDormant => "a dormant job whose lease a batch finds busy stays dormant",
             Fix::SealAgainstManifest => "a seal checked against the manifest",
             Fix::CountAgainstRecord => "a result's count checked against its chunk's record",
             Fix::UnrecordedQuarantined => "a message without records quarantined after a bounded wait",

@@ -122,6 +122,9 @@ fn an_undone_fix_fails_a_seed() {
 /// timer's checkpoint hung left messages applied after a hold invisible for the hold's time (they
 /// are now shown shortly before the deadline; `hand-back-held`); 845129128, a hand-back deferred
 /// until a misconfigured peer's 120 s lease ran out, which the simulation took for a hold.
+/// 228242485 (fresh, the fifteenth stop): a dormant job whose lease a batch found busy was
+/// forgotten, so when its messages were dead-lettered nobody looked until the hourly safety poll
+/// (`busy-stays-dormant`).
 #[test]
 fn regression_seeds_pass() {
     for seed in
@@ -135,4 +138,5 @@ fn regression_seeds_pass() {
     assert!(first_failure(171_046_692, 1, 1, opts(), Some(Fix::DuplicatesNotNews)).is_some(), "seed 171046692 passes with the fix undone");
     assert!(first_failure(845_122_901, 1, 1, opts(), Some(Fix::UnpartitionedLookedAtEachTick)).is_some(), "seed 845122901 passes with the fix undone");
     assert!(first_failure(845_127_842, 1, 1, opts(), Some(Fix::HandBackHeld)).is_some(), "seed 845127842 passes with the fix undone");
+    assert!(first_failure(228_242_485, 1, 1, opts(), Some(Fix::BusyStaysDormant)).is_some(), "seed 228242485 passes with the fix undone");
 }
