@@ -144,7 +144,7 @@ impl Aggregator {
         let written = if crate::undo::is(crate::undo::Fix::LostAnswerReadBack) {
             self.store.put_if(&key, body.clone(), "application/zstd", &meta, &cond).await
         } else {
-            let earlier = job.unconfirmed().filter(|_| !crate::undo::is(crate::undo::Fix::EarlierWriteReadBack));
+            let earlier = if crate::undo::is(crate::undo::Fix::EarlierWriteReadBack) { &[][..] } else { job.unconfirmed() };
             fleet_io::blob::put_if_owned_after(self.store.as_ref(), &key, body.clone(), "application/zstd", &meta, &cond, earlier).await
         };
         let written = match written {

@@ -134,8 +134,8 @@ impl Aggregator {
 
     /// Makes visible at once every message a retry applied whose hold extension has not lapsed:
     /// for a stop whose deadline passed while their job's checkpoint waited on a hung store (a
-    /// message checkpointed and deleted meanwhile is left alone; one checkpointed and not yet
-    /// deleted comes back as a duplicate). Without it they stayed invisible for the hold's two
+    /// message deleted or handed back meanwhile is left alone: its completions remember it for
+    /// longer than a hold; one checkpointed and not yet deleted comes back as a duplicate). Without it they stayed invisible for the hold's two
     /// minutes, four times a results visibility (found by the simulation, seed 845127842: the
     /// timer's checkpoint hung with the job, so the stop never reached its last checkpoint).
     pub fn show_retried(&self) {
@@ -183,6 +183,7 @@ impl Aggregator {
             std::mem::take(&mut h.waiting)
         };
         let n = taken.len();
+        let extended = Instant::now();
         tracing::info!(messages = n, "applying held messages again");
         // Out of the hold while they are tried (which may wait out several call deadlines): kept
         // invisible for a full hold meanwhile.
@@ -209,7 +210,7 @@ impl Aggregator {
         }
         let retried = shown_if_dropped.disarm();
         let mut h = lock(&self.hold);
-        let lapse = Instant::now() + HOLD_VISIBILITY;
+        let lapse = extended + HOLD_VISIBILITY;
         h.retried.retain(|(_, until)| *until > Instant::now());
         h.retried.extend(retried.into_iter().map(|v| (v, lapse)));
         if h.waiting.is_empty() {

@@ -107,13 +107,16 @@ pub(super) struct Job {
     /// ETag of the checkpoint as last read or written (`None`: there is none yet): checkpoints are
     /// written only if it still matches (fencing).
     etag: Option<String>,
-    /// The body of its last checkpoint write whose outcome is unknown (no answer, or an answer lost
-    /// and not read back): it may have landed, and a later write fenced by `etag` then finds it
-    /// in place (see `fleet_io::blob::put_if_owned_after`).
-    unconfirmed: Option<bytes::Bytes>,
+    /// The bodies of its checkpoint writes since the last confirmed one whose outcome is unknown (no
+    /// answer, or an answer lost and not read back): one may have landed, and a later write fenced
+    /// by `etag` then finds it in place (see `fleet_io::blob::put_if_owned_after`).
+    unconfirmed: Vec<bytes::Bytes>,
     /// The aggregator's clock (a checkpoint's `updated_at`).
     clock: Clock,
 }
+
+/// How many checkpoint writes of unknown outcome a job remembers (each failed one may have landed).
+const MAX_UNCONFIRMED: usize = 4;
 
 impl Job {
     /// A job nothing is known of yet (no checkpoint).
@@ -130,7 +133,7 @@ impl Job {
             marked_open: false,
             lease,
             etag: None,
-            unconfirmed: None,
+            unconfirmed: Vec::new(),
             clock,
         }
     }
@@ -147,7 +150,20 @@ impl Job {
             Phase::Open { abandon: None, stall: None }
         };
         cp.accounts = Vec::new();
-        Job { cp, phase, totals, unsaved, saved: Instant::now(), news, changed: false, marked_open: true, lease, etag: Some(etag), unconfirmed: None, clock }
+        Job {
+            cp,
+            phase,
+            totals,
+            unsaved,
+            saved: Instant::now(),
+            news,
+            changed: false,
+            marked_open: true,
+            lease,
+            etag: Some(etag),
+            unconfirmed: Vec::new(),
+            clock,
+        }
     }
 
     pub(super) fn id(&self) -> &str {
@@ -585,20 +601,25 @@ impl Job {
         checkpoint::plan(doc, &self.totals, rows, commit, self.etag.clone())
     }
 
+    /// The bodies of its checkpoint writes since the last one confirmed whose outcome is unknown
+    /// (the latest few).
+    pub(super) fn unconfirmed(&self) -> &[bytes::Bytes] {
+        &self.unconfirmed
+    }
+
+    /// A checkpoint write of `body` failed without saying whether it landed (any of the last few
+    /// such writes may be the one in place).
+    pub(super) fn write_unconfirmed(&mut self, body: bytes::Bytes) {
+        if self.unconfirmed.len() >= MAX_UNCONFIRMED {
+            self.unconfirmed.remove(0);
+        }
+        self.unconfirmed.push(body);
+    }
+
     /// The checkpoint planned was written (its ETag `etag`): the job takes what it committed (its
     /// calls, parts, phase). Returns the parts the document no longer names (to delete).
-    /// The body of its last checkpoint write whose outcome is unknown, if any.
-    pub(super) fn unconfirmed(&self) -> Option<&bytes::Bytes> {
-        self.unconfirmed.as_ref()
-    }
-
-    /// A checkpoint write of `body` failed without saying whether it landed.
-    pub(super) fn write_unconfirmed(&mut self, body: bytes::Bytes) {
-        self.unconfirmed = Some(body);
-    }
-
     pub(super) fn saved(&mut self, save: Save, etag: String) -> Vec<String> {
-        self.unconfirmed = None;
+        self.unconfirmed.clear();
         let (doc, commit, stale) = save.into_parts();
         let rows_kept = !matches!(commit, Commit::Finished);
         let failed = doc.failed_chunks;

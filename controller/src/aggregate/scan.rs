@@ -325,7 +325,11 @@ impl Aggregator {
             let sealed = progress.is_some_and(|p| p.sealed);
             let partition = progress.and_then(|p| p.partition);
             // A rescan refreshes what an earlier one saw (the job may have had news elsewhere since).
-            lock(&self.known).dormant.insert(job_id.to_string(), Dormant { since, sealed, partition, not_before: None });
+            // A busy lease's back-off (`not_before`) is kept: with scans every tick (a dormant job
+            // without a partition) it would be wiped each time.
+            let mut known = lock(&self.known);
+            let not_before = known.dormant.get(job_id).and_then(|d| d.not_before);
+            known.dormant.insert(job_id.to_string(), Dormant { since, sealed, partition, not_before });
         }
         Ok(open)
     }

@@ -19,7 +19,21 @@ impl Aggregator {
         let dormant = lock(&self.known).dormant.remove(job_id);
         ctl.add("s3.GetObject", 1);
         ctl.add("s3.PutObject", 1);
-        let lease = match self.leases.acquire(job_id).await? {
+        // Put back when the job is not taken for a store error (the scan's path puts it back too;
+        // a batch's does not): forgotten, its partition's listeners no longer look for it.
+        let restore = |d: Option<super::scan::Dormant>| {
+            if let Some(d) = d.filter(|_| !crate::undo::is(crate::undo::Fix::BusyStaysDormant)) {
+                lock(&self.known).dormant.entry(job_id.to_string()).or_insert(d);
+            }
+        };
+        let acquired = match self.leases.acquire(job_id).await {
+            Ok(a) => a,
+            Err(e) => {
+                restore(dormant);
+                return Err(e);
+            }
+        };
+        let lease = match acquired {
             Acquired::Ours(h) => h,
             Acquired::Busy { expires_in, live, .. } => {
                 let after = self.leases.hand_back_after(live, expires_in, HAND_BACK);
@@ -30,10 +44,8 @@ impl Aggregator {
                 // that sees a dead owner's lease first waits a lease, spending one), nobody looked
                 // there until the hourly safety poll with the scaling agent down (found by the
                 // simulation, seed 228242485: a report 53 min past its bound).
-                if let Some(d) = dormant.filter(|_| !crate::undo::is(crate::undo::Fix::BusyStaysDormant)) {
-                    let not_before = Some(tokio::time::Instant::now() + after.max(self.leases.ttl() / 2));
-                    lock(&self.known).dormant.entry(job_id.to_string()).or_insert(super::scan::Dormant { not_before, ..d });
-                }
+                let not_before = Some(tokio::time::Instant::now() + after.max(self.leases.ttl() / 2));
+                restore(dormant.map(|d| super::scan::Dormant { not_before, ..d }));
                 return Ok(Taken::Busy(after));
             }
         };
@@ -47,6 +59,7 @@ impl Aggregator {
             Err((e, _)) => {
                 // Not loaded: let another controller (or a later attempt) have it at once.
                 let _ = self.leases.release(job_id, &lease).await;
+                restore(dormant);
                 return Err(e);
             }
         };

@@ -306,8 +306,10 @@ pub struct Completions {
     done_with: Arc<Mutex<DoneWith>>,
 }
 
-/// How long a released or deleted receipt is remembered (extensions wait in their batcher far less).
-const DONE_WITH_FOR: Duration = Duration::from_secs(60);
+/// How long a released or deleted receipt is remembered (extensions wait in their batcher far less;
+/// a controller's stop shows what a hold extended up to its two minutes before, and a `show` of a
+/// receipt completed meanwhile must stay a no-op for that long).
+const DONE_WITH_FOR: Duration = Duration::from_secs(180);
 
 /// Receipts extended, and those of them released or deleted lately (only extended messages are
 /// remembered: the rest cost nothing).

@@ -117,11 +117,16 @@ impl Breaker {
         let reopened = {
             let mut s = lock(&self.state);
             s.failures = 0;
-            s.opened.take()
+            let reopened = s.opened.take();
+            // Set under the state's lock: a trip and a close that interleave leave the flag as the
+            // state says.
+            if reopened.is_some() {
+                self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            reopened
         };
         if let Some(since) = reopened {
             tracing::warn!(dependency = %self.service, open_s = since.elapsed().as_secs_f64(), "dependency answers again: breaker closed, work resumes");
-            self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
             self.closes.notify_waiters();
         }
     }
@@ -135,6 +140,7 @@ impl Breaker {
             if s.opened.is_none() && s.failures >= self.policy.threshold {
                 s.opened = Some(Instant::now());
                 s.trips += 1;
+                self.closed.store(false, std::sync::atomic::Ordering::SeqCst);
                 true
             } else {
                 false
@@ -142,7 +148,6 @@ impl Breaker {
         };
         if opened {
             tracing::warn!(dependency = %self.service, error = %e, "dependency does not answer: breaker open, work pauses until it does");
-            self.closed.store(false, std::sync::atomic::Ordering::SeqCst);
             self.spawn_probe();
         }
     }

@@ -95,11 +95,11 @@ pub async fn put_if_owned(
     meta: &BTreeMap<String, String>,
     cond: &Cond,
 ) -> Result<Option<String>> {
-    put_if_owned_after(store, key, body, content_type, meta, cond, None).await
+    put_if_owned_after(store, key, body, content_type, meta, cond, &[]).await
 }
 
-/// [`put_if_owned`] after an `earlier` write of the same writer whose outcome is unknown (it failed
-/// with no answer, or its read-back failed): when the object holds exactly that body, the earlier
+/// [`put_if_owned`] after `earlier` writes of the same writer whose outcome is unknown (each failed
+/// with no answer, or its read-back failed): when the object holds exactly one of those bodies, that
 /// write landed and nobody wrote after it, so this one is made again on its ETag. Without it the
 /// writer took its own earlier write for another's (found by the simulation, seed 845123411: a
 /// finish whose checkpoint landed with its answer lost, and whose read-back failed too, concluded
@@ -111,7 +111,7 @@ pub async fn put_if_owned_after(
     content_type: &str,
     meta: &BTreeMap<String, String>,
     cond: &Cond,
-    earlier: Option<&Bytes>,
+    earlier: &[Bytes],
 ) -> Result<Option<String>> {
     match store.put_if(key, body.clone(), content_type, meta, cond).await? {
         Some(etag) => Ok(Some(etag)),
@@ -120,9 +120,9 @@ pub async fn put_if_owned_after(
                 tracing::debug!(key, "a conditional write's answer was lost: the object holds our write");
                 Ok(Some(etag))
             }
-            Some((found, etag)) if earlier.is_some_and(|e| *e == found) => {
+            Some((found, etag)) if earlier.contains(&found) => {
                 tracing::debug!(key, "an earlier conditional write of ours landed unanswered: written again on its ETag");
-                Box::pin(put_if_owned_after(store, key, body, content_type, meta, &Cond::Matches(etag), None)).await
+                Box::pin(put_if_owned_after(store, key, body, content_type, meta, &Cond::Matches(etag), &[])).await
             }
             _ => Ok(None),
         },
@@ -160,7 +160,7 @@ mod tests {
         let third = Bytes::from_static(b"third");
         // Without the earlier body the writer takes its own write for another's.
         assert_eq!(put_if_owned(store.as_ref(), "k", third.clone(), "text/plain", &meta, &Cond::Matches(e0.clone())).await.unwrap(), None);
-        let e2 = put_if_owned_after(store.as_ref(), "k", third.clone(), "text/plain", &meta, &Cond::Matches(e0.clone()), Some(&earlier))
+        let e2 = put_if_owned_after(store.as_ref(), "k", third.clone(), "text/plain", &meta, &Cond::Matches(e0.clone()), std::slice::from_ref(&earlier))
             .await
             .unwrap()
             .expect("written over its own earlier write");
@@ -168,6 +168,9 @@ mod tests {
         // Another writer's body in place: refused, whatever the writer wrote before.
         put("another writer's", Cond::Matches(e2.clone())).await.expect("written");
         let fourth = Bytes::from_static(b"fourth");
-        assert_eq!(put_if_owned_after(store.as_ref(), "k", fourth, "text/plain", &meta, &Cond::Matches(e2), Some(&earlier)).await.unwrap(), None);
+        assert_eq!(
+            put_if_owned_after(store.as_ref(), "k", fourth, "text/plain", &meta, &Cond::Matches(e2), std::slice::from_ref(&earlier)).await.unwrap(),
+            None
+        );
     }
 }
