@@ -116,6 +116,11 @@ impl Life {
         *fleet_io::lock(&self.1)
     }
 
+    /// The same run of the process.
+    pub fn same(&self, other: &Life) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// The process has crashed or stopped.
     pub fn ended(&self) -> bool {
         self.0.load(Ordering::SeqCst)

@@ -88,20 +88,22 @@ impl<S: Subscriber> Layer<S> for Memory {
 }
 
 /// Who reads which results partition, from the answers of their receives: a controller reads a queue
-/// while its receives keep getting answers (at least every [`crate::READ_WINDOW`]). Two live
-/// controllers that read one partition at once (neither paused just before: a paused process's
-/// receive is answered after its pause) are *co-reading*; `longest` is the longest such stretch.
+/// in runs, while its receives keep getting answers (at least every [`crate::READ_WINDOW`]). Two live
+/// controllers whose runs on one partition overlap (neither paused just before: a paused process's
+/// receive is answered after its pause) are *co-reading*; `longest` is the longest such overlap,
+/// from the later run's start to the earlier of their last answers. (It once chained every answer
+/// within a window of the other's last into one stretch, so hand-overs 10-25 s apart, each
+/// legitimate, read as one co-read of a minute: seeds 471546826 and 471549780.)
 #[derive(Default)]
 pub struct Readers {
     /// Per queue, per controller: its last answer, its process and its faults.
     last: std::collections::BTreeMap<String, std::collections::BTreeMap<usize, Reader>>,
-    /// Per (queue, controller, controller): when the current co-reading began and was last seen.
-    co: std::collections::BTreeMap<(String, usize, usize), (tokio::time::Instant, tokio::time::Instant)>,
     longest: Option<(std::time::Duration, String)>,
 }
 
-/// A controller's last answer from a queue: when, its process, its faults.
-type Reader = (tokio::time::Instant, crate::faults::Life, Arc<Mutex<crate::faults::Faults>>);
+/// A controller's last answer from a queue: when, its process, its faults, and when its current run
+/// of answers began.
+type Reader = (tokio::time::Instant, crate::faults::Life, Arc<Mutex<crate::faults::Faults>>, tokio::time::Instant);
 
 /// A receive's answer: on which queue, to which controller (its process and faults), when (also as
 /// the run's time).
@@ -118,25 +120,26 @@ impl Readers {
     pub fn read(&mut self, a: Answer<'_>, paused: impl Fn(&Arc<Mutex<crate::faults::Faults>>) -> bool) {
         let Answer { queue, ctl, life, faults, now, run_time } = a;
         let readers = self.last.entry(queue.to_string()).or_default();
-        readers.insert(ctl, (now, life.clone(), faults.clone()));
+        // The run goes on while answers come within the window, in one process.
+        let since = match readers.get(&ctl) {
+            Some((at, l, _, since)) if now.saturating_duration_since(*at) <= crate::READ_WINDOW && l.same(life) => *since,
+            _ => now,
+        };
+        readers.insert(ctl, (now, life.clone(), faults.clone(), since));
         if paused(faults) {
             return;
         }
-        let others: Vec<usize> = readers
+        let others: Vec<(usize, tokio::time::Instant, tokio::time::Instant)> = readers
             .iter()
-            .filter(|(j, (at, life, f))| **j != ctl && !life.ended() && now.saturating_duration_since(*at) <= crate::READ_WINDOW && !paused(f))
-            .map(|(j, _)| *j)
+            .filter(|(j, (at, life, f, _))| **j != ctl && !life.ended() && now.saturating_duration_since(*at) <= crate::READ_WINDOW && !paused(f))
+            .map(|(j, (at, _, _, s))| (*j, *at, *s))
             .collect();
-        for j in others {
-            let key = (queue.to_string(), ctl.min(j), ctl.max(j));
-            let e = self.co.entry(key).or_insert((now, now));
-            if now.saturating_duration_since(e.1) > crate::READ_WINDOW {
-                *e = (now, now);
-            }
-            e.1 = now;
-            let d = e.1 - e.0;
-            if self.longest.as_ref().is_none_or(|(l, _)| d > *l) {
-                let from = run_time.saturating_sub(d).as_secs_f64();
+        for (j, their_last, their_since) in others {
+            // Both read from the later run's start at least until the other's last answer.
+            let start = since.max(their_since);
+            let d = their_last.saturating_duration_since(start);
+            if d > std::time::Duration::ZERO && self.longest.as_ref().is_none_or(|(l, _)| d > *l) {
+                let from = run_time.saturating_sub(now.saturating_duration_since(start)).as_secs_f64();
                 self.longest = Some((d, format!("ctl{} and ctl{} both read {queue} from {from:.1} s", ctl.min(j), ctl.max(j))));
             }
         }
@@ -144,7 +147,7 @@ impl Readers {
 
     /// When controller `ctl` last got an answer from `queue`.
     pub fn last_read(&self, queue: &str, ctl: usize) -> Option<tokio::time::Instant> {
-        self.last.get(queue)?.get(&ctl).map(|(at, _, _)| *at)
+        self.last.get(queue)?.get(&ctl).map(|(at, _, _, _)| *at)
     }
 
     pub fn longest(&self) -> Option<(std::time::Duration, String)> {

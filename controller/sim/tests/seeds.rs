@@ -124,7 +124,9 @@ fn an_undone_fix_fails_a_seed() {
 /// until a misconfigured peer's 120 s lease ran out, which the simulation took for a hold.
 /// 228242485 (fresh, the fifteenth stop): a dormant job whose lease a batch found busy was
 /// forgotten, so when its messages were dead-lettered nobody looked until the hourly safety poll
-/// (`busy-stays-dormant`).
+/// (`busy-stays-dormant`). 471546826 and 471549780 (fresh, 20,000 from 471530000): no controller
+/// read on without ownership, but the co-read check chained three legitimate hand-overs 10-25 s
+/// apart into one 68 s co-read; it now measures the overlap of the two controllers' reading runs.
 #[test]
 fn regression_seeds_pass() {
     for seed in
