@@ -177,6 +177,9 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
         match received {
             Err(e) => {
                 inner.buffer.unreserve(max);
+                if inner.lifecycle.stopping() {
+                    return_at_stop(&inner, Vec::new());
+                }
                 inner.handler.on_error(ErrorEvent::Receive { error: &e });
                 events::ReceiveFailed { queue: inner.queue.name(), consumer: id, error: &e, retry_in: error_backoff }.emit(&inner.observed.stats);
                 if pause(&inner, Some(error_backoff), wakes).await.is_none() {
@@ -198,6 +201,9 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
                     }
                 } else {
                     inner.buffer.unreserve(max);
+                    if inner.lifecycle.stopping() {
+                        return_at_stop(&inner, Vec::new());
+                    }
                     idle = idle.saturating_add(1);
                     let ctx = EmptyContext {
                         idle_count: idle,
@@ -307,15 +313,30 @@ pub(crate) async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
     }
 }
 
+/// Returns what polls under way at a stop brought once the last of them has ended, all at once:
+/// returned at once, a message was received again by the next of those polls, and returned again,
+/// one receive each time, so that a stop of every processor with a dozen polls open pushed healthy
+/// work items past maxReceiveCount into the dead-letter queue (the compose scenario `compose stop
+/// processor`: chunks received six times within two seconds). Called after each such poll and
+/// after each empty or failed one while stopping; the listener's finish returns whatever is left.
+pub(crate) fn return_at_stop(inner: &Inner, msgs: Vec<Delivery>) {
+    lock(&inner.buffer.stop_returns).extend(msgs);
+    if lock(&inner.buffer.throttle).reserved() > 0 {
+        return;
+    }
+    let back = std::mem::take(&mut *lock(&inner.buffer.stop_returns));
+    for m in back {
+        release(inner, m, Duration::ZERO);
+    }
+}
+
 pub(crate) fn accept(inner: &Arc<Inner>, msgs: Vec<Delivery>, reserved: usize) {
     let now = Instant::now();
     if inner.lifecycle.stopping() {
-        // A poll that was under way at the stop: none of it starts here, all of it goes straight back.
+        // A poll that was under way at the stop: none of it starts here, all of it goes back.
         inner.buffer.unreserve(reserved);
         events::PollReturned { queue: inner.queue.name(), returned: msgs.len() }.emit();
-        for m in msgs {
-            release(inner, m, Duration::ZERO);
-        }
+        return_at_stop(inner, msgs);
         return;
     }
     inner.in_hand.track(msgs.iter().map(|m| m.receipt()), now);

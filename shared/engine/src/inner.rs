@@ -31,11 +31,14 @@ pub(crate) struct Buffer {
     /// Room may have opened in the throttle: notified when slots or reservations are given back;
     /// consumers waiting to receive (`wait_for_room`) wait on it.
     pub(crate) room: Notify,
+    /// What polls under way at a stop brought, kept until the last of them ends (see
+    /// `consumer::return_at_stop`).
+    pub(crate) stop_returns: Mutex<Vec<Delivery>>,
 }
 
 impl Buffer {
     pub(crate) fn new(throttle: Throttle<Delivery>) -> Buffer {
-        Buffer { throttle: Mutex::new(throttle), dispatch: Notify::new(), room: Notify::new() }
+        Buffer { throttle: Mutex::new(throttle), dispatch: Notify::new(), room: Notify::new(), stop_returns: Mutex::new(Vec::new()) }
     }
 
     /// Gives back room reserved for a receive that brought nothing (or less): consumers waiting for

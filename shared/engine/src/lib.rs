@@ -333,6 +333,12 @@ impl Engine {
         l.stop_all.cancel();
         l.service_tasks.close();
         l.service_tasks.wait().await;
+        // What polls under way at the stop brought and no later poll's end returned (a poll dropped
+        // with its reservation): back now, before the completions end.
+        let left = std::mem::take(&mut *lock(&inner.buffer.stop_returns));
+        for m in left {
+            release(inner, m, Duration::ZERO);
+        }
         inner.completions.finish(drain).await;
         tracing::info!(queue = self.queue_name(), drained = drain, "listener stopped");
     }

@@ -188,6 +188,11 @@ impl<M> Throttle<M> {
         self.reserved = self.reserved.saturating_sub(n);
     }
 
+    /// Room reserved by receives in progress.
+    pub fn reserved(&self) -> usize {
+        self.reserved
+    }
+
     /// Buffers a message. Returns the messages that no longer fit (lowest priority first out; possibly
     /// this one), to be returned to the queue.
     pub fn push(&mut self, msg: M, priority: i32, group: Option<String>, now: Instant) -> Vec<M> {
