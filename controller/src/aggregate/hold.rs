@@ -135,9 +135,10 @@ impl Aggregator {
     /// Makes visible at once every message a retry applied whose hold extension has not lapsed:
     /// for a stop whose deadline passed while their job's checkpoint waited on a hung store (a
     /// message deleted or handed back meanwhile is left alone: its completions remember it for
-    /// longer than a hold; one checkpointed and not yet deleted comes back as a duplicate). Without it they stayed invisible for the hold's two
-    /// minutes, four times a results visibility (found by the simulation, seed 845127842: the
-    /// timer's checkpoint hung with the job, so the stop never reached its last checkpoint).
+    /// longer than a hold; one checkpointed and not yet deleted comes back as a duplicate).
+    /// Without it they stayed invisible for the hold's two minutes, four times a results
+    /// visibility (found by the simulation, seed 845127842: the timer's checkpoint hung with the
+    /// job, so the stop never reached its last checkpoint).
     pub fn show_retried(&self) {
         if crate::undo::is(crate::undo::Fix::HandBackHeld) {
             return;

@@ -321,9 +321,13 @@ pub(crate) async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
 /// after each empty or failed one while stopping; the listener's finish returns whatever is left.
 pub(crate) fn return_at_stop(inner: &Inner, msgs: Vec<Delivery>) {
     lock(&inner.buffer.stop_returns).extend(msgs);
-    if lock(&inner.buffer.throttle).reserved() > 0 {
-        return;
+    if lock(&inner.buffer.throttle).reserved() == 0 {
+        return_kept_at_stop(inner);
     }
+}
+
+/// Returns everything `return_at_stop` keeps, now.
+pub(crate) fn return_kept_at_stop(inner: &Inner) {
     let back = std::mem::take(&mut *lock(&inner.buffer.stop_returns));
     for m in back {
         release(inner, m, Duration::ZERO);

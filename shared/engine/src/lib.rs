@@ -335,10 +335,7 @@ impl Engine {
         l.service_tasks.wait().await;
         // What polls under way at the stop brought and no later poll's end returned (a poll dropped
         // with its reservation): back now, before the completions end.
-        let left = std::mem::take(&mut *lock(&inner.buffer.stop_returns));
-        for m in left {
-            release(inner, m, Duration::ZERO);
-        }
+        consumer::return_kept_at_stop(inner);
         inner.completions.finish(drain).await;
         tracing::info!(queue = self.queue_name(), drained = drain, "listener stopped");
     }

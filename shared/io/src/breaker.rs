@@ -71,9 +71,7 @@ pub struct Breaker {
     service: Service,
     policy: BreakerPolicy,
     state: Mutex<State>,
-    /// `true` while closed.
-    closed: std::sync::atomic::AtomicBool,
-    /// Woken when it closes: a `Notify` wakes its waiters in the order they came (a `watch`
+    /// Woken when it closes (open while `state.opened` is set): a `Notify` wakes its waiters in the order they came (a `watch`
     /// channel wakes them in an order drawn from the runtime's unseeded generator, so the listeners
     /// a breaker held resumed in a different order each run: found by the simulation's replays).
     closes: tokio::sync::Notify,
@@ -86,7 +84,6 @@ impl Breaker {
             service,
             policy: BreakerPolicy { threshold: policy.threshold.max(1), ..policy },
             state: Mutex::new(State { failures: 0, opened: None, trips: 0, probes: 0, last_error: None }),
-            closed: std::sync::atomic::AtomicBool::new(true),
             closes: tokio::sync::Notify::new(),
             probe: Mutex::new(None),
         })
@@ -117,13 +114,7 @@ impl Breaker {
         let reopened = {
             let mut s = lock(&self.state);
             s.failures = 0;
-            let reopened = s.opened.take();
-            // Set under the state's lock: a trip and a close that interleave leave the flag as the
-            // state says.
-            if reopened.is_some() {
-                self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-            reopened
+            s.opened.take()
         };
         if let Some(since) = reopened {
             tracing::warn!(dependency = %self.service, open_s = since.elapsed().as_secs_f64(), "dependency answers again: breaker closed, work resumes");
@@ -140,7 +131,6 @@ impl Breaker {
             if s.opened.is_none() && s.failures >= self.policy.threshold {
                 s.opened = Some(Instant::now());
                 s.trips += 1;
-                self.closed.store(false, std::sync::atomic::Ordering::SeqCst);
                 true
             } else {
                 false
@@ -153,7 +143,7 @@ impl Breaker {
     }
 
     pub fn is_open(&self) -> bool {
-        !self.closed.load(std::sync::atomic::Ordering::SeqCst)
+        lock(&self.state).opened.is_some()
     }
 
     /// Returns once the breaker is closed (at once when it is).
@@ -163,7 +153,7 @@ impl Breaker {
             let closes = self.closes.notified();
             tokio::pin!(closes);
             closes.as_mut().enable();
-            if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            if !self.is_open() {
                 return;
             }
             closes.await;
