@@ -52,9 +52,20 @@ pub struct Table {
     /// than its own (`sighting::lease_to_judge`). Absent in what older releases wrote.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub leases: BTreeMap<String, u64>,
+    /// Each member's checkpoint layout ([`STATE_LAYOUT`]); absent for members of releases before
+    /// `checkpoints/`, which also drop it when they write the document.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub layouts: BTreeMap<String, u32>,
     /// Each partition's ownership, by partition number.
     pub owners: BTreeMap<u16, Owned>,
 }
+
+/// The checkpoint layout this release reads and writes: 2, each job's state under `checkpoints/`
+/// (releases before it kept it beside the job's blobs, and read nothing else). A controller of this
+/// release claims and asks for no partition while a member of an earlier layout is live (the
+/// upgrade gate): an earlier release would resume a job from the checkpoint left where it used to be, a
+/// save or more behind, so the two never read the fleet's jobs at the same time.
+pub const STATE_LAYOUT: u32 = 2;
 
 /// One partition's ownership.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,12 +140,19 @@ pub fn expired_members(table: &Table, me: &str, seen: &mut Sightings<String, u64
 pub fn plan(table: &Table, me: &str, expired: &BTreeSet<String>, now_ms: u64, ttl: Duration, count: u16, running: &BTreeSet<u16>, leaving: bool) -> Plan {
     let mut t = table.clone();
     t.members.retain(|m, _| (!expired.contains(m) || crate::undo::is(crate::undo::Fix::DropExpiredMembers)) && m != me);
+    // Judged on the live members as read (the expired left out), before this round's entries.
+    // A live member without an entry, or this controller listed without one (a member of an earlier
+    // release rewrote the document since this one wrote it, and dropped the entries).
+    let earlier =
+        (table.members.contains_key(me) && !table.layouts.contains_key(me)) || t.members.keys().any(|m| table.layouts.get(m).is_none_or(|l| *l < STATE_LAYOUT));
     if !leaving {
         t.members.insert(me.to_string(), now_ms + ttl.as_millis() as u64);
         t.leases.insert(me.to_string(), ttl.as_millis() as u64);
+        t.layouts.insert(me.to_string(), STATE_LAYOUT);
     }
-    let Table { members, leases, .. } = &mut t;
+    let Table { members, leases, layouts, .. } = &mut t;
     leases.retain(|m, _| members.contains_key(m));
+    layouts.retain(|m, _| members.contains_key(m));
     // Partitions beyond this controller's count are left as they are (a controller with a higher
     // count, during a rolling raise, reads them): never claimed or read here.
     let mut stop: BTreeSet<u16> = running.iter().copied().filter(|p| *p >= count).collect();
@@ -167,7 +185,9 @@ pub fn plan(table: &Table, me: &str, expired: &BTreeSet<String>, now_ms: u64, tt
             }
         }
     }
-    if !leaving && !t.members.is_empty() {
+    // The upgrade gate (see [`STATE_LAYOUT`]): nothing claimed or asked for while a member of an
+    // earlier layout lives; what this controller owns it keeps (no such member takes it).
+    if !leaving && !t.members.is_empty() && !earlier {
         balance(&mut t, me, count);
     }
     let start = t.owned_by(me).into_iter().filter(|p| *p < count && !running.contains(p) && !stop.contains(p)).collect();
@@ -430,6 +450,37 @@ mod tests {
         // More controllers than partitions: the rest stand by.
         let (t, _) = settle(Table::default(), &["a", "b", "c"], 2, 0);
         assert_eq!(shares(&t), [0, 1, 1]);
+    }
+
+    /// An earlier release's write of `t`: it keeps the fields it knows and drops the layouts.
+    fn written_by_earlier(t: &Table) -> Table {
+        Table { layouts: BTreeMap::new(), ..t.clone() }
+    }
+
+    #[test]
+    fn no_partition_is_claimed_while_a_member_of_an_earlier_layout_lives() {
+        // `old` (an earlier release) reads two of four partitions; two are free.
+        let mut t = Table::default();
+        t.members.insert("old".into(), 30_000);
+        for p in 0..4 {
+            t.owners.insert(p, Owned { owner: (p < 2).then(|| "old".to_string()), epoch: 1, wanted_by: None });
+        }
+        let p = plan_at(&t, "new", 1_000, TTL, 4, &none(), false);
+        assert!(p.start.is_empty() && p.table.owned_by("new").is_empty(), "{p:?}");
+        assert!(p.table.owners.values().all(|o| o.wanted_by.is_none()), "nor asked for");
+        assert_eq!(p.table.layouts.get("new"), Some(&STATE_LAYOUT), "it says its own layout");
+        // The earlier release rewrites the document (renewing), dropping every layout: `new` still
+        // waits, though no other member lacks an entry now.
+        let mut t = written_by_earlier(&p.table);
+        t.members.insert("old".into(), 40_000);
+        let p = plan_at(&t, "new", 2_000, TTL, 4, &none(), false);
+        assert!(p.start.is_empty(), "{p:?}");
+        // Gone (its membership ran out): every partition is claimed.
+        let p = plan_at(&p.table, "new", 41_000, TTL, 4, &none(), false);
+        assert_eq!(p.start, (0..4).collect());
+        // Two members of this layout balance as before.
+        let (t, _) = settle(p.table, &["new", "new2"], 4, 50_000);
+        assert_eq!(shares(&t), [2, 2]);
     }
 
     #[test]

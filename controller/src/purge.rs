@@ -28,7 +28,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use fleet_domain::layout::JOBS_PREFIX;
+use fleet_domain::layout::{checkpoint_parts_prefix, legacy_checkpoint_parts_prefix, JOBS_PREFIX};
 use fleet_io::blob::BlobStore;
 use fleet_io::error::Result;
 
@@ -70,8 +70,10 @@ pub async fn purge_job(store: &Arc<dyn BlobStore>, job: &str) -> Result<usize> {
     let mut deleted = 0;
     // A finished job's checkpoint parts too: its finish deletes them, and one whose listing failed
     // left them for good (found by the simulation).
-    for part in ["chunks/", "results/", "checkpoint/"] {
-        let prefix = format!("{JOBS_PREFIX}{job}/{part}");
+    // (Also where releases before `checkpoints/` kept the parts: a job moved mid-way names them.)
+    let prefixes =
+        [format!("{JOBS_PREFIX}{job}/chunks/"), format!("{JOBS_PREFIX}{job}/results/"), checkpoint_parts_prefix(job), legacy_checkpoint_parts_prefix(job)];
+    for prefix in prefixes {
         loop {
             let keys = store.list(&prefix, PAGE).await?;
             if keys.is_empty() {
@@ -389,6 +391,10 @@ mod tests {
         for k in [manifest_key(job), checkpoint_key(job), report_key(job), accounts_key(job)] {
             store.put(&k, Bytes::from_static(b"{}"), "application/json").await.unwrap();
         }
+        // Checkpoint parts, also where a release before `checkpoints/` wrote them.
+        for prefix in [checkpoint_parts_prefix(job), legacy_checkpoint_parts_prefix(job)] {
+            store.put(&format!("{prefix}p.csv.zst"), Bytes::from_static(b"p"), "application/zstd").await.unwrap();
+        }
     }
 
     #[tokio::test]
@@ -400,6 +406,10 @@ mod tests {
         Purger::new(store.clone(), Duration::ZERO).finished(job, Clock::System.now_unix() as u64, recorded()).await.unwrap();
         assert!(store.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap().is_empty());
         assert!(store.list(&format!("jobs/{job}/results/"), 10).await.unwrap().is_empty());
+        for prefix in [checkpoint_parts_prefix(job), legacy_checkpoint_parts_prefix(job)] {
+            assert!(store.list(&prefix, 10).await.unwrap().is_empty(), "{prefix}");
+        }
+        assert_eq!(store.list(&checkpoint_parts_prefix(other), 10).await.unwrap().len(), 1, "another job's parts stay");
         for k in [manifest_key(job), checkpoint_key(job), report_key(job), accounts_key(job)] {
             assert!(store.get(&k).await.unwrap().is_some(), "{k} kept");
         }

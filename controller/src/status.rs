@@ -37,7 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use fleet_domain::layout::{check_job_id, checkpoint_key, report_key, OPEN_PREFIX};
+use fleet_domain::layout::{check_job_id, checkpoint_keys, report_key, OPEN_PREFIX};
 use fleet_domain::model::Progress;
 use fleet_engine::admin::AdminToken;
 use fleet_engine::http::Engines;
@@ -280,7 +280,7 @@ impl StatusSource {
         let keys = bounded(store.list(OPEN_PREFIX, MAX_OPEN_SHOWN + 1)).await?;
         let more = keys.len() > MAX_OPEN_SHOWN;
         let ids: Vec<String> = keys.iter().take(MAX_OPEN_SHOWN).filter_map(|k| k.strip_prefix(OPEN_PREFIX)).map(str::to_string).collect();
-        let heads = futures::future::join_all(ids.iter().map(|id| async move { bounded(store.head(&checkpoint_key(id))).await })).await;
+        let heads = futures::future::join_all(ids.iter().map(|id| async move { bounded(fleet_io::blob::head_first(store, &checkpoint_keys(id))).await })).await;
         let mut jobs = Vec::with_capacity(ids.len());
         for (job_id, head) in ids.into_iter().zip(heads) {
             // A job whose checkpoint cannot be read now is shown without progress.
@@ -428,8 +428,8 @@ async fn job(State(s): State<StatusSource>, Path(id): Path<String>) -> Response 
         return problem(StatusCode::BAD_REQUEST, e.to_string());
     }
     let store = s.inner.store.as_ref();
-    let (cp_key, report_key) = (checkpoint_key(&id), report_key(&id));
-    let (head, report) = tokio::join!(bounded(store.head(&cp_key)), bounded(store.head(&report_key)));
+    let (cp_keys, report_key) = (checkpoint_keys(&id), report_key(&id));
+    let (head, report) = tokio::join!(bounded(fleet_io::blob::head_first(store, &cp_keys)), bounded(store.head(&report_key)));
     match (head, report) {
         (Err(e), _) | (_, Err(e)) => problem(StatusCode::SERVICE_UNAVAILABLE, format!("the bucket does not answer: {e}")),
         (Ok(None), Ok(None)) => problem(StatusCode::NOT_FOUND, format!("no checkpoint or report of job {id} (yet)")),
@@ -503,6 +503,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_document_lists_open_jobs_with_progress_and_says_which_source_is_down() {
+        use fleet_domain::layout::{checkpoint_key, legacy_checkpoint_key};
         let store = MemoryStore::new();
         store.put("open/j1", Bytes::new(), "text/plain").await.unwrap();
         store.put("open/j2", Bytes::new(), "text/plain").await.unwrap();
@@ -517,11 +518,16 @@ mod tests {
             partition: Some(2),
         };
         store.put_if(&checkpoint_key("j1"), Bytes::from_static(b"{}"), "application/json", &p.to_meta(), &fleet_io::blob::Cond::Any).await.unwrap();
+        // A job begun before `checkpoints/`: its checkpoint where an earlier release kept it.
+        store.put("open/j3", Bytes::new(), "text/plain").await.unwrap();
+        let p3 = Progress { accounted: 5, ..p };
+        store.put_if(&legacy_checkpoint_key("j3"), Bytes::from_static(b"{}"), "application/json", &p3.to_meta(), &fleet_io::blob::Cond::Any).await.unwrap();
         // An agent URL where nothing listens: its section is down, the rest is there.
         let s = source(store, Some("http://127.0.0.1:9".into()));
         let doc: Value = serde_json::from_slice(&s.document().await).unwrap();
         let open = doc["open_jobs"]["Ok"].as_array().unwrap();
-        assert_eq!(open.len(), 2, "{doc}");
+        assert_eq!(open.len(), 3, "{doc}");
+        assert_eq!((open[2]["job_id"].as_str(), open[2]["accounted"].as_u64()), (Some("j3"), Some(5)), "{doc}");
         assert_eq!((open[0]["job_id"].as_str(), open[0]["total_chunks"].as_u64(), open[0]["accounted"].as_u64()), (Some("j1"), Some(8), Some(3)));
         assert!(open[1].get("status").is_none(), "j2 has no checkpoint: no progress");
         assert!(doc["agent"]["Err"]["error"].as_str().unwrap().contains("127.0.0.1:9"), "{doc}");

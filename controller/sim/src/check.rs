@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_domain::layout::{checkpoint_key, manifest_key, open_key, quarantined_checkpoint_key, report_key};
+use fleet_domain::layout::{checkpoint_key, manifest_key, open_key, quarantined_checkpoint_key, report_key, CHECKPOINTS_PREFIX};
 use fleet_domain::model::{AccountsPayload, ChunkOutcome, JobStatus, ResultMessage};
 use fleet_domain::report::Report;
 use fleet_io::blob::BlobStore;
@@ -142,13 +142,14 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
         }
     }
     // Nothing left behind once every job has ended and every purge is done: under a finished job's
-    // prefix only its manifest and checkpoint (and, quarantined, the checkpoint it could not read);
+    // prefixes only its manifest and checkpoint (and, quarantined, the checkpoint it could not read);
     // no chunk or result blob, no checkpoint part, no open marker.
     let keys = store.keys();
     for job in jobs.iter().filter(|j| known(j)) {
-        let prefix = format!("jobs/{}/", job.id);
+        let prefixes = [format!("jobs/{}/", job.id), format!("{CHECKPOINTS_PREFIX}{}/", job.id)];
         let kept = [manifest_key(&job.id), checkpoint_key(&job.id), quarantined_checkpoint_key(&job.id)];
-        let left: Vec<&String> = keys.iter().filter(|k| (k.starts_with(&prefix) && !kept.contains(k)) || **k == open_key(&job.id)).take(3).collect();
+        let ours = |k: &String| prefixes.iter().any(|p| k.starts_with(p.as_str()));
+        let left: Vec<&String> = keys.iter().filter(|k| (ours(k) && !kept.contains(k)) || **k == open_key(&job.id)).take(3).collect();
         if !left.is_empty() {
             v.push(format!("job {}: left behind after its end and purge: {left:?}", job.id));
         }

@@ -318,7 +318,7 @@ impl FaultyStore {
     /// A checkpoint as the release before partitions wrote it: the same, naming no partition (in its
     /// body and in its metadata).
     fn as_previous_release(key: &str, body: Bytes, meta: &BTreeMap<String, String>) -> (Bytes, BTreeMap<String, String>) {
-        let checkpoint = key.starts_with("jobs/") && key.ends_with("/checkpoint.json.zst");
+        let checkpoint = key.starts_with(fleet_domain::layout::CHECKPOINTS_PREFIX) && key.ends_with("/checkpoint.json.zst");
         let old = checkpoint.then(|| fleet_domain::codec::from_zstd_json::<fleet_domain::model::Checkpoint>(&body, 1 << 30).ok()).flatten();
         let Some(mut cp) = old else { return (body, meta.clone()) };
         cp.partition = None;
@@ -522,7 +522,7 @@ impl FaultyStore {
             let job = key
                 .strip_prefix("leases/")
                 .and_then(|k| k.strip_suffix(".json"))
-                .or_else(|| key.strip_prefix("jobs/").and_then(|k| k.strip_suffix("/checkpoint.json.zst")));
+                .or_else(|| key.strip_prefix(fleet_domain::layout::CHECKPOINTS_PREFIX).and_then(|k| k.strip_suffix("/checkpoint.json.zst")));
             if let Some(job) = job {
                 self.world.wrote(job, &self.owner);
             }

@@ -104,8 +104,9 @@ pub(super) struct Job {
     marked_open: bool,
     /// This controller's lease on the job.
     lease: Lease,
-    /// ETag of the checkpoint as last read or written (`None`: there is none yet): checkpoints are
-    /// written only if it still matches (fencing).
+    /// ETag of the checkpoint as last read or written (`None`: there is none yet where this release
+    /// writes it, a new job's or one read where an earlier release kept it): checkpoints are written
+    /// only if it still matches (fencing), or only where none is.
     etag: Option<String>,
     /// The bodies of its checkpoint writes since the last confirmed one whose outcome is unknown (no
     /// answer, or an answer lost and not read back): one may have landed, and a later write fenced
@@ -142,7 +143,7 @@ impl Job {
     /// with the decision the checkpoint committed. Its last news is `news` (when the caller first saw
     /// the checkpoint's time).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn resume(mut cp: Checkpoint, totals: CheckedTotals, etag: String, lease: Lease, news: Instant, clock: Clock, unsaved: Unsaved) -> Job {
+    pub(super) fn resume(mut cp: Checkpoint, totals: CheckedTotals, etag: Option<String>, lease: Lease, news: Instant, clock: Clock, unsaved: Unsaved) -> Job {
         let phase = if cp.finishing {
             let at = cp.ending_time().to_string();
             Phase::Ending(Decision { status: cp.status, failed: std::mem::take(&mut cp.failed_chunks), note: cp.note.take(), at })
@@ -150,20 +151,7 @@ impl Job {
             Phase::Open { abandon: None, stall: None }
         };
         cp.accounts = Vec::new();
-        Job {
-            cp,
-            phase,
-            totals,
-            unsaved,
-            saved: Instant::now(),
-            news,
-            changed: false,
-            marked_open: true,
-            lease,
-            etag: Some(etag),
-            unconfirmed: Vec::new(),
-            clock,
-        }
+        Job { cp, phase, totals, unsaved, saved: Instant::now(), news, changed: false, marked_open: true, lease, etag, unconfirmed: Vec::new(), clock }
     }
 
     pub(super) fn id(&self) -> &str {

@@ -3,8 +3,8 @@
 //! finished right, and trying again would only cycle its messages through the results dead-letter
 //! queue until retention drops them. It is quarantined instead: a report with status `quarantined`
 //! and the reason in its note is written where the initiator waits for one (no accounts: nothing in
-//! it is billable); its open marker is removed; an unreadable checkpoint is kept as it was under
-//! `jobs/{job}/quarantined/` and replaced by an empty one that says `quarantined` (so followers,
+//! it is billable); its open marker is removed; an unreadable checkpoint is kept as it was at
+//! `checkpoints/{job}/quarantined.json.zst` and replaced by an empty one that says `quarantined` (so followers,
 //! `initiator abandon` and a restarted controller read the status instead of the corrupt document);
 //! when the manifest is the problem, the checkpoint is kept with its rows and the new status; each message
 //! that arrives for it later is kept in the quarantine of unreadable messages (`initiator dlq list`),
@@ -25,6 +25,7 @@ use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 
 use super::job::{fresh_checkpoint, Commit, Job, Phase};
+use super::take::{read_checkpoint, At};
 use super::{Aggregator, Source};
 use crate::lease::Lease;
 
@@ -43,23 +44,24 @@ impl Aggregator {
         };
         let kept_at = quarantined_checkpoint_key(job_id);
         let changed = || Error::Conflict(format!("the checkpoint of job {job_id} changed while it was being quarantined: it is loaded again"));
-        match self.store.get_tagged(&checkpoint_key(job_id)).await? {
-            Some((data, now)) if now == etag || crate::undo::is(crate::undo::Fix::QuarantineSecondRead) => {
-                self.store.put(&kept_at, data, "application/zstd").await?
+        let at = match read_checkpoint(self.store.as_ref(), job_id, &mut RequestCounts::default()).await? {
+            Some((data, now, at)) if now == etag || crate::undo::is(crate::undo::Fix::QuarantineSecondRead) => {
+                self.store.put(&kept_at, data, "application/zstd").await?;
+                at
             }
             _ => {
                 let _ = self.leases.release(job_id, lease).await;
                 return Err(changed());
             }
-        }
+        };
         let mut cp = fresh_checkpoint(job_id, &self.clock);
         cp.status = JobStatus::Quarantined;
         let meta = Progress::of(&cp).to_meta();
         let body = Bytes::from(to_zstd_json(&cp).map_err(Error::corrupt)?);
-        if fleet_io::blob::put_if_owned(self.store.as_ref(), &checkpoint_key(job_id), body, "application/zstd", &meta, &Cond::Matches(etag.to_string()))
-            .await?
-            .is_none()
-        {
+        // Where this release keeps it: in place of the one that failed, or, when that one is where an
+        // earlier release kept it, where none is yet (the earlier one is read only when none is).
+        let cond = if at == At::Current { Cond::Matches(etag.to_string()) } else { Cond::Absent };
+        if fleet_io::blob::put_if_owned(self.store.as_ref(), &checkpoint_key(job_id), body, "application/zstd", &meta, &cond).await?.is_none() {
             let _ = self.leases.release(job_id, lease).await;
             return Err(changed());
         }

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use fleet_domain::codec::accounts_cap;
-use fleet_domain::layout::{checkpoint_key, chunk_key, manifest_key, MAX_MANIFEST_BYTES};
+use fleet_domain::layout::{checkpoint_keys, chunk_key, manifest_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{ChunkRecord, Manifest, Progress, ResultMessage};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::error::Result;
@@ -278,7 +278,7 @@ impl Aggregator {
             }
             let mut finished = None;
             if pending(&rec) && !rec.checkpointed {
-                if let Some(meta) = self.store.head(&checkpoint_key(job_id)).await? {
+                if let Some(meta) = fleet_io::blob::head_first(self.store.as_ref(), &checkpoint_keys(job_id)).await? {
                     rec.checkpointed = true;
                     finished = Progress::from_meta(&meta).map(|p| p.status).filter(|s| s.is_finished());
                 }

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_domain::layout::{check_job_id, checkpoint_key, manifest_key, MAX_MANIFEST_BYTES, OPEN_PREFIX};
+use fleet_domain::layout::{check_job_id, checkpoint_keys, manifest_key, MAX_MANIFEST_BYTES, OPEN_PREFIX};
 use fleet_domain::model::{Manifest, Progress};
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
@@ -305,7 +305,7 @@ impl Aggregator {
                 continue;
             }
             // No checkpoint yet (the marker is written just before the first): as good as new.
-            let progress = self.store.head(&checkpoint_key(job_id)).await?.and_then(|m| Progress::from_meta(&m));
+            let progress = fleet_io::blob::head_first(self.store.as_ref(), &checkpoint_keys(job_id)).await?.and_then(|m| Progress::from_meta(&m));
             // A finished job whose marker stayed: its finish was cut short, or its purge not
             // recorded. A quarantined job keeps its blobs.
             if let Some(p) = progress.as_ref().filter(|p| p.status.is_finished()) {

@@ -1,10 +1,12 @@
 //! Taking a job (its lease, then its state from the checkpoint) and keeping it (renewing the lease;
 //! dropping the job when the lease is lost), and giving every lease back on shutdown (seed 003).
 
+use bytes::Bytes;
 use fleet_domain::codec::from_zstd_json;
-use fleet_domain::layout::checkpoint_key;
+use fleet_domain::layout::checkpoint_keys;
 use fleet_domain::model::{Checkpoint, JobStatus, Progress};
 use fleet_domain::requests::RequestCounts;
+use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 
@@ -195,10 +197,9 @@ impl Aggregator {
     /// Loads a job from its checkpoint (a new job when there is none, only its status when it is
     /// finished); an error says which checkpoint (ETag) it was reading.
     pub(super) async fn load(&self, job_id: &str, lease: Lease, ctl: &mut RequestCounts) -> std::result::Result<Loaded, (Error, Option<String>)> {
-        ctl.add("s3.GetObject", 1);
         let unsaved = Unsaved::new(self.pending.clone());
-        match self.store.get_tagged(&checkpoint_key(job_id)).await.map_err(|e| (e, None))? {
-            Some((data, etag)) => {
+        match read_checkpoint(self.store.as_ref(), job_id, ctl).await.map_err(|e| (e, None))? {
+            Some((data, etag, at)) => {
                 let tagged = |e: Error| (e, Some(etag.clone()));
                 let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES).map_err(Error::corrupt).map_err(tagged)?;
                 // Finished: only its status is needed; its rows are in the warehouse.
@@ -208,11 +209,39 @@ impl Aggregator {
                 let totals = restore_totals(&mut cp, self.store.as_ref(), ctl).await.map_err(tagged)?;
                 tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, parts = cp.parts.len(), "resumed job from checkpoint");
                 let news = lock(&self.expiry).news_at(job_id, Progress::of(&cp).updated_unix, &self.clock);
+                // A checkpoint found where an earlier release kept it is moved by the job's next save,
+                // written where none is yet (If-None-Match): two controllers moving it cannot both.
+                let etag = (at == At::Current).then_some(etag);
+                if at == At::Legacy {
+                    tracing::info!(job = %job_id, "the job's checkpoint is where an earlier release kept it: its next save moves it");
+                }
                 Ok(Loaded::Job(Box::new(Job::resume(cp, totals, etag, lease, news, self.clock, unsaved))))
             }
             None => Ok(Loaded::Job(Box::new(Job::new(job_id, lease, self.clock, unsaved)))),
         }
     }
+}
+
+/// Where a checkpoint was found.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum At {
+    /// Under `checkpoints/`, where this release writes it.
+    Current,
+    /// Beside the job's blobs, where releases before `checkpoints/` wrote it (read only).
+    Legacy,
+}
+
+/// Reads a job's checkpoint where this release keeps it, else where an earlier release did:
+/// the document, its ETag and where it was.
+pub(super) async fn read_checkpoint(store: &dyn BlobStore, job_id: &str, ctl: &mut RequestCounts) -> Result<Option<(Bytes, String, At)>> {
+    let [current, legacy] = checkpoint_keys(job_id);
+    for (key, at) in [(current, At::Current), (legacy, At::Legacy)] {
+        ctl.add("s3.GetObject", 1);
+        if let Some((data, etag)) = store.get_tagged(&key).await? {
+            return Ok(Some((data, etag, at)));
+        }
+    }
+    Ok(None)
 }
 
 /// What loading a job found.

@@ -1927,3 +1927,39 @@ async fn only_a_role_that_may_send_a_message_makes_it_count() {
     agg.apply(Source::Results, keep(Source::Results, &[signed(abandon("op"), &operator)])).await;
     assert_eq!(report_of(&store, "op").await.expect("abandoned").status, JobStatus::Abandoned);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_job_begun_before_the_checkpoints_prefix_is_resumed_from_where_its_checkpoint_was_and_moved() {
+    // c1 (standing in for an earlier release) applies chunk 0; its checkpoint is then put where
+    // releases before `checkpoints/` kept it. c2 resumes the job from there, finishes it exactly,
+    // and writes the checkpoint under `checkpoints/` (If-None-Match), the old one read, never written.
+    use fleet_domain::layout::legacy_checkpoint_key;
+    let store = MemoryStore::new();
+    put_manifest(&store, &manifest("mig", &[1, 1, 1])).await;
+    let first = quick_owned(store.clone(), "c1".into(), Duration::from_secs(30));
+    first.apply(Source::Results, keep(Source::Results, &[result("mig", 0, vec![acct("a", 1, 100, 1)])])).await;
+    first.flush().await;
+    drop(first);
+    let body = store.get(&checkpoint_key("mig")).await.unwrap().expect("c1's checkpoint");
+    let meta = store.head(&checkpoint_key("mig")).await.unwrap().unwrap();
+    store.put_if(&legacy_checkpoint_key("mig"), body.clone(), "application/zstd", &meta, &Cond::Any).await.unwrap();
+    store.delete(&checkpoint_key("mig")).await.unwrap();
+
+    let second = quick_owned(store.clone(), "c2".into(), Duration::from_secs(30));
+    let rest = [result("mig", 1, vec![acct("b", 1, 250, 2)]), result("mig", 2, vec![acct("a", 1, 50, 1)]), sealed("mig", 3)];
+    second.apply(Source::Results, keep(Source::Results, &rest)).await;
+    assert!(report_of(&store, "mig").await.is_none(), "c1's lease, first seen now, still runs");
+    tokio::time::advance(Duration::from_secs(31)).await;
+    second.apply(Source::Results, keep(Source::Results, &rest)).await;
+    let r = report_of(&store, "mig").await.expect("finished from the moved checkpoint");
+    assert_eq!((r.status, r.transactions.processed), (JobStatus::Complete, 3), "{r:?}");
+    let a = r.accounts.iter().find(|x| x.account_id == "a").expect("account a");
+    assert_eq!((a.count, a.gross.as_str()), (2, "1.50"), "chunk 0 (from the old checkpoint) and chunk 2");
+    let cp: Checkpoint = from_zstd_json(&store.get(&checkpoint_key("mig")).await.unwrap().expect("moved"), 1 << 20).unwrap();
+    assert!(cp.status.is_finished());
+    assert_eq!(store.get(&legacy_checkpoint_key("mig")).await.unwrap(), Some(body), "the old checkpoint is never written");
+    // A late copy of chunk 0 is a duplicate: the moved checkpoint says the job finished.
+    second.apply(Source::Results, keep(Source::Results, &[result("mig", 0, vec![acct("a", 1, 100, 1)])])).await;
+    second.flush().await;
+    assert_eq!(report_of(&store, "mig").await.unwrap().transactions.processed, 3);
+}

@@ -94,7 +94,7 @@ s3.put_bucket_lifecycle_configuration(
     LifecycleConfiguration={
         "Rules": [
             {"ID": f"expire-{p.rstrip('/')}", "Filter": {"Prefix": p}, "Status": "Enabled", "Expiration": {"Days": expire_days}}
-            for p in ("jobs/", "purge/", "purge-due/")
+            for p in ("jobs/", "checkpoints/", "purge/", "purge-due/")
         ]
         + [{"ID": "abort-incomplete-uploads", "Filter": {"Prefix": ""}, "Status": "Enabled", "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}}]
     },

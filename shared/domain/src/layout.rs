@@ -1,5 +1,6 @@
-//! Where things live in the bucket: chunk blobs, manifests, checkpoints and large results under
-//! `jobs/{job}/`, finished reports under `warehouse/{job}/`.
+//! Where things live in the bucket: chunk blobs, manifests and large results under `jobs/{job}/`
+//! (written by submitters and processors), each job's checkpoint under `checkpoints/{job}/` (written
+//! by controllers only), finished reports under `warehouse/{job}/`.
 
 use crate::error::{Error, Result};
 
@@ -25,17 +26,36 @@ pub fn manifest_key(job: &str) -> String {
     format!("{JOBS_PREFIX}{job}/manifest.json")
 }
 
+/// Controllers' per-job state: a prefix no other role may write (see docs/security.md).
+pub const CHECKPOINTS_PREFIX: &str = "checkpoints/";
+
 pub fn checkpoint_key(job: &str) -> String {
+    format!("{CHECKPOINTS_PREFIX}{job}/checkpoint.json.zst")
+}
+
+/// Where releases before `checkpoints/` kept a job's checkpoint, beside its chunk blobs: read when
+/// the job has none at [`checkpoint_key`] (a job begun before the upgrade), never written.
+pub fn legacy_checkpoint_key(job: &str) -> String {
     format!("{JOBS_PREFIX}{job}/checkpoint.json.zst")
+}
+
+/// The keys a job's checkpoint may be at, where it is looked for first.
+pub fn checkpoint_keys(job: &str) -> [String; 2] {
+    [checkpoint_key(job), legacy_checkpoint_key(job)]
 }
 
 /// Where the checkpoint of a quarantined job that could not be read is kept, as it was.
 pub fn quarantined_checkpoint_key(job: &str) -> String {
-    format!("{JOBS_PREFIX}{job}/quarantined/checkpoint.json.zst")
+    format!("{CHECKPOINTS_PREFIX}{job}/quarantined.json.zst")
 }
 
 /// Where the parts of a job's checkpoint live (large jobs): see `model::CheckpointPart`.
 pub fn checkpoint_parts_prefix(job: &str) -> String {
+    format!("{CHECKPOINTS_PREFIX}{job}/parts/")
+}
+
+/// Where releases before `checkpoints/` kept the parts (a legacy checkpoint names them by key).
+pub fn legacy_checkpoint_parts_prefix(job: &str) -> String {
     format!("{JOBS_PREFIX}{job}/checkpoint/")
 }
 

@@ -98,7 +98,7 @@ pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
     }
     let build = |r: std::result::Result<LifecycleRule, aws_sdk_s3::error::BuildError>| r.map_err(|e| Error::Config(format!("lifecycle rule: {e}")));
     let mut rules = Vec::new();
-    for prefix in ["jobs/", "purge/", "purge-due/"] {
+    for prefix in ["jobs/", "checkpoints/", "purge/", "purge-due/"] {
         rules.push(build(
             LifecycleRule::builder()
                 .id(format!("expire-{}", prefix.trim_end_matches('/')))

@@ -489,7 +489,7 @@ async fn provision_creates_queues_with_redrive_and_the_bucket_idempotently() {
     }
     let rules = st.aws.s3().get_bucket_lifecycle_configuration().bucket(&bucket).send().await.expect("no lifecycle on the bucket").rules.unwrap_or_default();
     let ids: Vec<&str> = rules.iter().filter_map(|r| r.id()).collect();
-    assert!(ids.contains(&"expire-jobs") && ids.contains(&"abort-incomplete-uploads"), "lifecycle rules {ids:?}");
+    assert!(ids.contains(&"expire-jobs") && ids.contains(&"expire-checkpoints") && ids.contains(&"abort-incomplete-uploads"), "lifecycle rules {ids:?}");
 }
 
 /// Dead letters made by SQS itself (received past maxReceiveCount) sent back by `initiator dlq redrive`:

@@ -57,6 +57,12 @@ const RARE: &[(&str, &str, &str, &str)] = &[
     ("controller", "*", "*-??-dlq", WIDE),
     ("controller", "sqs:ChangeMessageVisibility", "*", "results held through a store outage, or handed back to another controller's job"),
     ("controller", "sqs:SendMessage", "*", "a dead-lettered work item forwarded to its job's results partition; a stray forwarded to its partition"),
+    (
+        "controller",
+        "s3:DeleteObject",
+        "*/checkpoints/*",
+        "checkpoint parts, replaced by a later checkpoint or left at a finish: only jobs large enough to keep their rows in parts (this run's are small)",
+    ),
     ("controller", "*", "*/purge/*", "purge markers of the release before `purge-due/`: read, then deleted or set aside"),
     ("controller", "s3:PutObject", "*/purge-unreadable/*", "an unreadable purge marker set aside for a look by hand"),
     ("scaling-agent", "*", "*.fifo", FIFO),
@@ -559,6 +565,15 @@ fn the_evaluator_denies_what_iam_would() {
     assert!(!initiator.allows(&req("s3:PutObject", &manifest, &[("s3:if-match", "<etag>")])), "a manifest replaced");
     assert!(initiator.allows(&req("s3:PutObject", &manifest, &[("s3:if-none-match", "*")])));
     assert!(!initiator.allows(&req("s3:PutObject", &format!("{S3_ARN}billing-fleet/jobs/j/checkpoint.json.zst"), &[("s3:if-none-match", "*")])));
+    assert!(!initiator.allows(&req("s3:PutObject", &format!("{S3_ARN}billing-fleet/checkpoints/j/checkpoint.json.zst"), &[("s3:if-none-match", "*")])));
+    // The controller writes nothing a submitter or processor writes: its state has a prefix of its own.
+    let controller = Policy::load("controller");
+    for key in ["jobs/j/manifest.json", "jobs/j/chunks/000000.csv.zst", "jobs/j/results/000000.json.zst", "jobs/j/checkpoint.json.zst"] {
+        let arn = format!("{S3_ARN}billing-fleet/{key}");
+        for context in [&[][..], &[("s3:if-none-match", "*")][..], &[("s3:if-match", "<etag>")][..]] {
+            assert!(!controller.allows(&req("s3:PutObject", &arn, context)), "controller.json allows PutObject on {key} ({context:?})");
+        }
+    }
     assert!(!initiator.allows(&req("s3:PutObject", &format!("{S3_ARN}other-bucket/jobs/j/chunks/000000.csv.zst"), &[])), "another bucket");
     // A policy and a run that disagree fail: a grant nobody used, a call nobody allowed.
     let used: BTreeSet<Request> = [req("s3:PutObject", &manifest, &[])].into();
@@ -582,6 +597,10 @@ fn a_condition_operator_the_evaluator_does_not_know_fails_loudly() {
 #[test]
 fn only_the_controllers_policy_may_write_the_controllers_state() {
     let keys = [
+        "checkpoints/j/checkpoint.json.zst",
+        "checkpoints/j/parts/0190a0000000700080000000000000001.csv.zst",
+        "checkpoints/j/quarantined.json.zst",
+        // Where releases before `checkpoints/` kept them (read when a job has none under it).
         "jobs/j/checkpoint.json.zst",
         "jobs/j/checkpoint/000001.json.zst",
         "jobs/j/quarantined/checkpoint.json.zst",

@@ -91,11 +91,15 @@ async fn whole_pipeline_bills_exactly() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let kept = st.store.list(&job_prefix, 1000).await.unwrap();
-    assert!(kept.iter().any(|k| k.ends_with("manifest.json")) && kept.iter().any(|k| k.ends_with("checkpoint.json.zst")), "{kept:?}");
-    // The bucket's lifecycle rule is the backstop (provisioning put it there).
+    assert_eq!(kept, [fleet_domain::layout::manifest_key(&s.job_id)], "only the manifest stays beside the job's blobs");
+    let state = st.store.list(&format!("{}{}/", fleet_domain::layout::CHECKPOINTS_PREFIX, s.job_id), 1000).await.unwrap();
+    assert_eq!(state, [fleet_domain::layout::checkpoint_key(&s.job_id)], "the checkpoint stays, under the controllers' prefix");
+    // The bucket's lifecycle rules are the backstop (provisioning put them there).
     let rules = st.aws.s3().get_bucket_lifecycle_configuration().bucket(&st.names.bucket).send().await.unwrap();
-    let jobs_rule = rules.rules().iter().find(|r| r.filter().and_then(|f| f.prefix()) == Some("jobs/")).expect("a lifecycle rule on jobs/");
-    assert_eq!(jobs_rule.expiration().and_then(|e| e.days()), Some(fleet_io::provision::JOBS_EXPIRE_DAYS));
+    for prefix in ["jobs/", "checkpoints/"] {
+        let rule = rules.rules().iter().find(|r| r.filter().and_then(|f| f.prefix()) == Some(prefix)).expect("a lifecycle rule");
+        assert_eq!(rule.expiration().and_then(|e| e.days()), Some(fleet_io::provision::JOBS_EXPIRE_DAYS), "{prefix}");
+    }
     p.stop().await;
     c.stop().await;
 }

@@ -81,6 +81,17 @@ pub struct BlobStream {
     pub chunks: std::pin::Pin<Box<dyn futures::Stream<Item = Result<Bytes>> + Send>>,
 }
 
+/// The metadata of the first of `keys` that exists (an object that moved: where it is now, then
+/// where it was; `fleet_domain::layout::checkpoint_keys`).
+pub async fn head_first(store: &dyn BlobStore, keys: &[String]) -> Result<Option<BTreeMap<String, String>>> {
+    for key in keys {
+        if let Some(meta) = store.head(key).await? {
+            return Ok(Some(meta));
+        }
+    }
+    Ok(None)
+}
+
 /// A conditional write that tells a lost answer from a lost race. [`BlobStore::put_if`] is retried
 /// by the call policy when an attempt gets no answer; when that attempt had in fact written the
 /// object, the retry finds its own write and fails the condition (412), which reads as "another
