@@ -164,7 +164,8 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
     // Only what the hostile sender forged is quarantined (refused against its job's records): a
     // result that declares more rows than its chunk has, or names a chunk the job does not have.
     let mut wrongly = Vec::new();
-    for key in store.keys().into_iter().filter(|k| k.starts_with("quarantine/") || k.contains("/quarantined/")) {
+    for key in store.keys().into_iter().filter(|k| k.starts_with("quarantine/") || (k.starts_with(CHECKPOINTS_PREFIX) && k.ends_with("/quarantined.json.zst")))
+    {
         let forged = match fleet_io::quarantine::read(store, &key).await {
             Ok(Some(q)) => match serde_json::from_str::<ResultMessage>(&q.body) {
                 Ok(m) if m.job_id().ends_with(FORGED) => true,

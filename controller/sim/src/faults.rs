@@ -366,12 +366,7 @@ impl FaultyStore {
         // A peer paused as it wrote this job's report resumes as this controller reads the job's
         // checkpoint parts, and this read hangs while it finishes the job.
         let mut resumed_peer = false;
-        if let Some(job) = (op == "GetObject")
-            .then(|| key.strip_prefix(fleet_domain::layout::JOBS_PREFIX))
-            .flatten()
-            .and_then(|k| k.split_once("/checkpoint/"))
-            .map(|(j, _)| j)
-        {
+        if let Some(job) = (op == "GetObject").then(|| fleet_domain::layout::checkpoint_part_of(key)).flatten().map(|(j, _)| j) {
             let paused = fleet_io::lock(&self.world.report_pauses).remove(job);
             match paused {
                 Some((ctl, faults)) if ctl != self.ctl => {
@@ -410,7 +405,7 @@ impl FaultyStore {
                 self.world.fault_until(end - self.world.start);
             }
             let list_fails = list_fails || burst;
-            let slow_part = f.slow_parts.filter(|_| op == "GetObject" && key.contains("/checkpoint/"));
+            let slow_part = f.slow_parts.filter(|_| op == "GetObject" && fleet_domain::layout::checkpoint_part_of(key).is_some());
             if resumed_peer {
                 Fate::Hang(Duration::from_secs(20))
             } else if let Some(most) = slow_part {
@@ -452,8 +447,8 @@ impl FaultyStore {
 
 /// A key for the trace: checkpoint part keys end in a random id, cut off so that runs compare.
 fn short(key: &str) -> &str {
-    match key.find("/checkpoint/") {
-        Some(i) => &key[..i + "/checkpoint/".len()],
+    match fleet_domain::layout::checkpoint_part_of(key) {
+        Some((_, name)) => &key[..name],
         None => key,
     }
 }

@@ -98,8 +98,11 @@ fn an_undone_fix_fails_a_seed() {
 /// message's retry loaded a job after its controller let go of the partition: its new reader handed
 /// its messages back for ever; `applied-only-where-read`), 9104710 (a chunk with a hostile result
 /// ahead and its real result dead-lettered past the settle time: the plan now treats it as it treats
-/// a failure report ahead). 7000529 fails with its fix undone (7002198 did too before the plan's
-/// change for 9104710 altered its run). Seed 1 failed when expiry moved to one clock: a dormant job
+/// a failure report ahead). 7000529 failed with its fix undone until the checkpoints moved under
+/// `checkpoints/` (a new job's load now also looks where an earlier release kept it, which altered
+/// its run; 2,000 seeds from 7000000 then passed with it undone: the controller's unit test
+/// `a_batch_that_fails_after_its_partition_was_let_go_is_handed_back_not_held` catches it), and
+/// 7002198 did too before the plan's change for 9104710 altered its run. Seed 1 failed when expiry moved to one clock: a dormant job
 /// whose dead owner's lease was first seen busy waited for the next scan, an abandon time later.
 /// 61207294 (fresh, 2026-12-06): a hold's visibility extension in flight landed after the hand-back
 /// that followed it and left two messages invisible through a graceful stop (the completions now
@@ -136,7 +139,6 @@ fn regression_seeds_pass() {
         let run = run_seed(seed, opts());
         assert!(run.violations.is_empty(), "seed {seed}: {:?}", run.violations);
     }
-    assert!(first_failure(7_000_529, 1, 1, opts(), Some(Fix::AppliedOnlyWhereRead)).is_some(), "seed 7000529 passes with the fix undone");
     assert!(first_failure(26_121_503, 1, 1, opts(), Some(Fix::StallLookAnnounces)).is_some(), "seed 26121503 passes with the fix undone");
     assert!(first_failure(171_046_692, 1, 1, opts(), Some(Fix::DuplicatesNotNews)).is_some(), "seed 171046692 passes with the fix undone");
     assert!(first_failure(845_127_842, 1, 1, opts(), Some(Fix::HandBackHeld)).is_some(), "seed 845127842 passes with the fix undone");

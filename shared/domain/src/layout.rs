@@ -54,6 +54,13 @@ pub fn checkpoint_parts_prefix(job: &str) -> String {
     format!("{CHECKPOINTS_PREFIX}{job}/parts/")
 }
 
+/// The job whose checkpoint part `key` is, and where its name begins (`None`: not a part's key of
+/// this release's layout).
+pub fn checkpoint_part_of(key: &str) -> Option<(&str, usize)> {
+    let (job, _) = key.strip_prefix(CHECKPOINTS_PREFIX)?.split_once("/parts/")?;
+    Some((job, CHECKPOINTS_PREFIX.len() + job.len() + "/parts/".len()))
+}
+
 /// Where releases before `checkpoints/` kept the parts (a legacy checkpoint names them by key).
 pub fn legacy_checkpoint_parts_prefix(job: &str) -> String {
     format!("{JOBS_PREFIX}{job}/checkpoint/")
@@ -124,5 +131,8 @@ mod tests {
         assert_eq!(chunk_key("j1", 7), "jobs/j1/chunks/000007.csv.zst");
         check_chunk_key("j1", 7, "jobs/j1/chunks/000007.csv.zst").unwrap();
         assert!(check_chunk_key("j1", 7, "jobs/j2/chunks/000007.csv.zst").is_err());
+        let part = format!("{}p1.csv.zst", checkpoint_parts_prefix("j1"));
+        assert_eq!(checkpoint_part_of(&part), Some(("j1", part.len() - "p1.csv.zst".len())));
+        assert_eq!(checkpoint_part_of(&checkpoint_key("j1")), None);
     }
 }

@@ -220,7 +220,7 @@ pub struct FailedChunk {
     pub reason: String,
 }
 
-/// The controller's durable per-job state, `jobs/{job}/checkpoint.json.zst`.
+/// The controller's durable per-job state, `checkpoints/{job}/checkpoint.json.zst`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Checkpoint {
     pub v: u32,
@@ -271,7 +271,7 @@ impl Checkpoint {
     }
 }
 
-/// One object of a checkpoint's totals (`jobs/{job}/checkpoint/...`): zstd CSV rows.
+/// One object of a checkpoint's totals (`checkpoints/{job}/parts/...`): zstd CSV rows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointPart {
     pub key: String,
