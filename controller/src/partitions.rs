@@ -167,6 +167,10 @@ pub fn plan(table: &Table, me: &str, expired: &BTreeSet<String>, now_ms: u64, tt
         }
     }
     for (p, o) in t.owners.iter_mut().filter(|(p, _)| **p < count) {
+        // The upgrade gate: nothing is handed to a member of an earlier layout.
+        if o.wanted_by.as_deref().is_some_and(|w| table.layouts.get(w).is_none_or(|l| *l < STATE_LAYOUT)) {
+            o.wanted_by = None;
+        }
         let mine = o.owner.as_deref() == Some(me);
         if !mine {
             // Read here but not ours (taken while this controller could not renew): stop at once.
@@ -186,11 +190,15 @@ pub fn plan(table: &Table, me: &str, expired: &BTreeSet<String>, now_ms: u64, tt
         }
     }
     // The upgrade gate (see [`STATE_LAYOUT`]): nothing claimed or asked for while a member of an
-    // earlier layout lives; what this controller owns it keeps (no such member takes it).
+    // earlier layout lives; what this controller owns it keeps (no such member takes it) and reads
+    // on if it read it already.
     if !leaving && !t.members.is_empty() && !earlier {
         balance(&mut t, me, count);
     }
-    let start = t.owned_by(me).into_iter().filter(|p| *p < count && !running.contains(p) && !stop.contains(p)).collect();
+    // Nor is anything started while such a member lives (a partition this controller's id owned
+    // before a restart included).
+    let start =
+        if earlier { BTreeSet::new() } else { t.owned_by(me).into_iter().filter(|p| *p < count && !running.contains(p) && !stop.contains(p)).collect() };
     Plan { table: t, start, stop }
 }
 
@@ -478,6 +486,20 @@ mod tests {
         // Gone (its membership ran out): every partition is claimed.
         let p = plan_at(&p.table, "new", 41_000, TTL, 4, &none(), false);
         assert_eq!(p.start, (0..4).collect());
+        let running: BTreeSet<u16> = (0..4).collect();
+        // An earlier controller comes back (cut off for longer than its lease) and asks for a
+        // partition: nothing is handed to it, and what `new` reads it reads on.
+        let mut t = written_by_earlier(&p.table);
+        t.members.insert("old".into(), 80_000);
+        t.owners.get_mut(&0).unwrap().wanted_by = Some("old".into());
+        let q = plan_at(&t, "new", 42_000, TTL, 4, &running, false);
+        assert!(q.stop.is_empty() && q.start.is_empty(), "{q:?}");
+        assert_eq!((q.table.owned_by("new").len(), q.table.owners[&0].wanted_by.as_deref()), (4, None));
+        // A controller restarted under an id an earlier release used starts nothing it owns until
+        // its own entry is in (the next round).
+        let q = plan_at(&written_by_earlier(&p.table), "new", 42_000, TTL, 4, &none(), false);
+        assert!(q.start.is_empty(), "{q:?}");
+        assert_eq!(plan_at(&q.table, "new", 43_000, TTL, 4, &none(), false).start, running);
         // Two members of this layout balance as before.
         let (t, _) = settle(p.table, &["new", "new2"], 4, 50_000);
         assert_eq!(shares(&t), [2, 2]);

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use fleet_domain::codec::from_zstd_json;
-use fleet_domain::layout::{check_job_id, checkpoint_key, manifest_key, report_key, MAX_MANIFEST_BYTES};
+use fleet_domain::layout::{check_job_id, checkpoint_keys, manifest_key, report_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{Checkpoint, JobStatus, Manifest, Progress};
 use fleet_domain::report::Report;
 use fleet_io::blob::BlobStore;
@@ -35,8 +35,16 @@ pub fn checked(job_id: &str) -> Result<(), CliError> {
 /// The progress in a job's checkpoint: from its metadata (a HEAD request), or from its body when it has
 /// none (written by an older controller).
 pub async fn checkpoint_progress(store: &dyn BlobStore, job_id: &str) -> Result<Option<Progress>, CliError> {
-    let key = checkpoint_key(job_id);
-    let Some(meta) = store.head(&key).await? else { return Ok(None) };
+    // Where this release's controllers keep it, else where an earlier release did (a job begun
+    // before the upgrade: moved at its next save, never if it had finished).
+    let mut found = None;
+    for key in checkpoint_keys(job_id) {
+        if let Some(meta) = store.head(&key).await? {
+            found = Some((key, meta));
+            break;
+        }
+    }
+    let Some((key, meta)) = found else { return Ok(None) };
     if let Some(p) = Progress::from_meta(&meta) {
         return Ok(Some(p));
     }

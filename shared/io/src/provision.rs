@@ -79,12 +79,13 @@ pub async fn ensure_queue_with_dlq(aws: &Aws, name: &str, dlq: &str, s: QueueSet
     Ok(url)
 }
 
-/// How long a job's blobs (`jobs/`) and purge markers (`purge/`) may stay at most: the lifecycle rule
-/// that is the backstop of the controller's purge of finished jobs.
+/// How long a job's blobs (`jobs/`), checkpoints (`checkpoints/`) and purge markers (`purge/`,
+/// `purge-due/`) may stay at most: the lifecycle rule that is the backstop of the controller's purge
+/// of finished jobs.
 pub const JOBS_EXPIRE_DAYS: i32 = 30;
 
-/// Creates the bucket (idempotent) with its lifecycle rules: `jobs/` and `purge/` expire after
-/// [`JOBS_EXPIRE_DAYS`], incomplete multipart uploads are aborted after a day.
+/// Creates the bucket (idempotent) with its lifecycle rules: `jobs/`, `checkpoints/`, `purge/` and
+/// `purge-due/` expire after [`JOBS_EXPIRE_DAYS`], incomplete multipart uploads are aborted after a day.
 pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
     use aws_sdk_s3::types::{
         AbortIncompleteMultipartUpload, BucketLifecycleConfiguration, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleFilter,

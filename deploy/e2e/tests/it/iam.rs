@@ -486,6 +486,20 @@ async fn every_call_of_every_binary_is_allowed_by_its_roles_policy_and_every_gra
     ok(&op("report", &["report", &job, "--json"]), 0, "operator report");
     ok(&op("wait", &["wait", &job, "--json"]), 0, "operator wait");
     ok(&op("jobs", &["jobs", "--json"]), 0, "jobs");
+    // The job as if it had finished before `checkpoints/`: its checkpoint where an earlier release
+    // kept it (never moved: a finished job is not saved again). Submitter and operator see it ended.
+    {
+        use fleet_domain::layout::{checkpoint_key, legacy_checkpoint_key};
+        let (new, old) = (checkpoint_key(&job), legacy_checkpoint_key(&job));
+        let (body, meta) = (st.store.get(&new).await.unwrap().expect("its checkpoint"), st.store.head(&new).await.unwrap().expect("its checkpoint"));
+        st.store.put_if(&old, body, "application/zstd", &meta, &fleet_io::blob::Cond::Any).await.unwrap();
+        st.store.delete(&new).await.unwrap();
+        let s = ok(&cli(&st, Role::Submitter, &calls.file("initiator", "status-legacy"), &["status", &job, "--json"], minute), 0, "status (legacy)");
+        assert_eq!(s["status"], "complete", "{s}");
+        let s = ok(&op("status-legacy", &["status", &job, "--json"]), 0, "operator status (legacy)");
+        assert_eq!(s["status"], "complete", "{s}");
+        ok(&op("wait-legacy", &["wait", &job, "--json"]), 0, "operator wait (legacy)");
+    }
     // The job's table objects gone (as for a job finished before the tables), for the backfill to write.
     let tables: Vec<String> = st.store.list("tables/", 1000).await.unwrap().into_iter().filter(|k| k.contains(&job)).collect();
     assert_eq!(tables.len(), 2, "the job's two table objects: {tables:?}");
