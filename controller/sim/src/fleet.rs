@@ -582,9 +582,11 @@ impl FatedQueue {
         // A copy of the chunk's result reached the results queue: one dead-lettered later is a
         // duplicate, no news of the job (the controller's rule, `duplicates-not-news`).
         // And the first such copy of a chunk whose first result was dead-lettered is the job's news
-        // (the dead letter comes later, a duplicate then).
+        // if the dead letter has not landed yet (then it is a duplicate; seed 160658493: a copy
+        // sent again 180 s after the dead letter landed dated the job's quiet from itself).
         for (job, chunk) in msgs.iter().filter_map(|m| chunk_of(&m.body)) {
-            if self.fated.first(&job, chunk | 0x1000_0000) && self.fated.seen(&job, chunk | 0x4000_0000) {
+            let landed = self.fated.seen(&job, chunk | 0x0200_0000);
+            if self.fated.first(&job, chunk | 0x1000_0000) && self.fated.seen(&job, chunk | 0x4000_0000) && !landed {
                 self.fated.world.sent(&job);
             }
         }
@@ -603,7 +605,9 @@ impl FatedQueue {
                 tokio::time::sleep(after).await;
                 let world = &fated.world;
                 for (job, chunk) in to_dlq.iter().filter_map(|m| chunk_of(&m.body)) {
-                    // News only when no copy reached the results queue first.
+                    // News only when no copy reached the results queue first; landed, a copy that
+                    // reaches it later is a duplicate.
+                    fated.first(&job, chunk | 0x0200_0000);
                     if !fated.seen(&job, chunk | 0x1000_0000) {
                         world.sent(&job);
                     }
