@@ -37,13 +37,8 @@ pub fn checked(job_id: &str) -> Result<(), CliError> {
 pub async fn checkpoint_progress(store: &dyn BlobStore, job_id: &str) -> Result<Option<Progress>, CliError> {
     // Where this release's controllers keep it, else where an earlier release did (a job begun
     // before the upgrade: moved at its next save, never if it had finished).
-    progress_at(store, job_id, &checkpoint_keys(job_id)).await
-}
-
-/// [`checkpoint_progress`] looking only at `keys`, in order.
-async fn progress_at(store: &dyn BlobStore, job_id: &str, keys: &[String]) -> Result<Option<Progress>, CliError> {
     let mut found = None;
-    for key in keys.iter().cloned() {
+    for key in checkpoint_keys(job_id) {
         if let Some(meta) = store.head(&key).await? {
             found = Some((key, meta));
             break;
@@ -138,14 +133,9 @@ pub async fn wait(store: &dyn BlobStore, job_id: &str, total_chunks: u32, timeou
     let bar = ProgressBar::with_draw_target(Some(u64::from(total_chunks)), if show { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
     bar.set_style(ProgressStyle::with_template("billing   [{bar:30}] {pos}/{len} chunks {msg} ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_bar()));
     let start = Instant::now();
-    // Where an earlier release kept it is looked at once: nothing writes there any more.
-    let keys = checkpoint_keys(job_id);
-    let mut looking_at = &keys[..];
     loop {
         // A HEAD request: the progress is in the checkpoint's metadata, not its (large) body.
-        let found = progress_at(store, job_id, looking_at).await?;
-        looking_at = &keys[..1];
-        if let Some(cp) = found {
+        if let Some(cp) = checkpoint_progress(store, job_id).await? {
             bar.set_position(u64::from(cp.accounted));
             if cp.failed > 0 {
                 bar.set_message(format!("{} failed", cp.failed));
