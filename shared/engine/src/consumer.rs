@@ -176,7 +176,10 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
         };
         match received {
             Err(e) => {
-                poll_ended(&inner, max, Vec::new());
+                inner.buffer.unreserve(max);
+                if inner.lifecycle.stopping() {
+                    return_at_stop(&inner, Vec::new());
+                }
                 inner.handler.on_error(ErrorEvent::Receive { error: &e });
                 events::ReceiveFailed { queue: inner.queue.name(), consumer: id, error: &e, retry_in: error_backoff }.emit(&inner.observed.stats);
                 if pause(&inner, Some(error_backoff), wakes).await.is_none() {
@@ -197,7 +200,10 @@ pub(crate) async fn consume(inner: Arc<Inner>, id: usize) {
                         work_detected(&inner, None).await;
                     }
                 } else {
-                    poll_ended(&inner, max, Vec::new());
+                    inner.buffer.unreserve(max);
+                    if inner.lifecycle.stopping() {
+                        return_at_stop(&inner, Vec::new());
+                    }
                     idle = idle.saturating_add(1);
                     let ctx = EmptyContext {
                         idle_count: idle,
@@ -307,25 +313,20 @@ pub(crate) async fn work_detected(inner: &Arc<Inner>, depth: Option<u64>) {
     }
 }
 
-/// A poll that reserved `reserved` has ended without starting anything (it failed, came back empty,
-/// or brought `msgs` after the stop): its room is given back and, while stopping, what it brought is
-/// kept and returned with the rest once the last poll under way has ended, all at once. Returned at
-/// once, a message was received again by the next of those polls, and returned again, one receive
-/// each time, so that a stop of every processor with a dozen polls open pushed healthy work items
-/// past maxReceiveCount into the dead-letter queue (the compose scenario `compose stop processor`:
-/// chunks received six times within two seconds). The listener's finish returns whatever is left.
-fn poll_ended(inner: &Inner, reserved: usize, msgs: Vec<Delivery>) {
-    inner.buffer.unreserve(reserved);
-    if !inner.lifecycle.stopping() {
-        return;
-    }
+/// Returns what polls under way at a stop brought once the last of them has ended, all at once:
+/// returned at once, a message was received again by the next of those polls, and returned again,
+/// one receive each time, so that a stop of every processor with a dozen polls open pushed healthy
+/// work items past maxReceiveCount into the dead-letter queue (the compose scenario `compose stop
+/// processor`: chunks received six times within two seconds). Called after each such poll and
+/// after each empty or failed one while stopping; the listener's finish returns whatever is left.
+pub(crate) fn return_at_stop(inner: &Inner, msgs: Vec<Delivery>) {
     lock(&inner.buffer.stop_returns).extend(msgs);
     if lock(&inner.buffer.throttle).reserved() == 0 {
         return_kept_at_stop(inner);
     }
 }
 
-/// Returns everything `poll_ended` keeps, now.
+/// Returns everything `return_at_stop` keeps, now.
 pub(crate) fn return_kept_at_stop(inner: &Inner) {
     let back = std::mem::take(&mut *lock(&inner.buffer.stop_returns));
     for m in back {
@@ -337,8 +338,9 @@ pub(crate) fn accept(inner: &Arc<Inner>, msgs: Vec<Delivery>, reserved: usize) {
     let now = Instant::now();
     if inner.lifecycle.stopping() {
         // A poll that was under way at the stop: none of it starts here, all of it goes back.
+        inner.buffer.unreserve(reserved);
         events::PollReturned { queue: inner.queue.name(), returned: msgs.len() }.emit();
-        poll_ended(inner, reserved, msgs);
+        return_at_stop(inner, msgs);
         return;
     }
     inner.in_hand.track(msgs.iter().map(|m| m.receipt()), now);

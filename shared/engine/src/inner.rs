@@ -32,7 +32,7 @@ pub(crate) struct Buffer {
     /// consumers waiting to receive (`wait_for_room`) wait on it.
     pub(crate) room: Notify,
     /// What polls under way at a stop brought, kept until the last of them ends (see
-    /// `consumer::poll_ended`).
+    /// `consumer::return_at_stop`).
     pub(crate) stop_returns: Mutex<Vec<Delivery>>,
 }
 
