@@ -104,7 +104,8 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
         let lost: BTreeSet<u32> = (0..job.chunks.len() as u32).filter(|&c| job.chunks[c as usize].fate == Fate::Lost).collect();
         let reported_failed: BTreeSet<u32> = r.failed_chunks.iter().map(|f| f.chunk).collect();
         let (expected_status, expected_failed) = match job.ending {
-            Ending::Sealed if truly_failed.is_empty() => (JobStatus::Complete, truly_failed.clone()),
+            // A manifest that says more were accepted than its chunks hold is never `complete`.
+            Ending::Sealed if truly_failed.is_empty() && !job.lying_manifest => (JobStatus::Complete, truly_failed.clone()),
             Ending::Sealed => (JobStatus::Partial, truly_failed.clone()),
             // Without a manifest nobody knows of the chunks that never reported.
             Ending::DiedBeforeManifest => (JobStatus::Abandoned, truly_failed.difference(&lost).copied().collect()),

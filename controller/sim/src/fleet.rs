@@ -10,7 +10,7 @@
 //! processors' ways to the queues and the store ([`Fated`]): a lost answer, a lost delete, a corrupt
 //! or refused chunk blob, a work item dropped or sent twice. A submission dies before its manifest
 //! or its seal, or is abandoned by `initiator abandon`. A hostile sender puts forged results, seals
-//! and bombs on the job's partition. The oracle is computed from the input transactions and the
+//! and bombs on the job's partition; a rogue submitter writes a manifest its chunks disagree with. The oracle is computed from the input transactions and the
 //! tariff, not from the results the controllers see.
 //!
 //! On a FIFO work queue (a third of the runs: the whole fleet points at `billing-work.fifo`, as the
@@ -30,7 +30,7 @@ use fleet_domain::billing::AccountTotals;
 use fleet_domain::codec::base64_encode;
 use fleet_domain::input::InputFile;
 use fleet_domain::layout::{chunk_key, manifest_key, partition_of};
-use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, ResultMessage, WorkItem, WIRE_VERSION};
+use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, Manifest, ResultMessage, WorkItem, WIRE_VERSION};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::auth::{Key, Keyring, Role as AuthRole};
 use fleet_io::blob::{BlobStore, Cond};
@@ -133,6 +133,16 @@ pub struct JobPlan {
     /// A copy of its chunk 0's first result is also sent on another results partition (a stray, as a
     /// misrouting or hostile processor sends it): it may never load or lease the job there.
     pub stray: bool,
+    /// A rogue submitter writes its manifest one accepted transaction more than its chunks hold (its
+    /// role owns the manifest, so the controller cannot refuse it): the job may never be reported
+    /// `complete`, since not every accepted transaction is processed or failed.
+    pub lying_manifest: bool,
+    /// Submitted by an initiator of the release before records: its chunk blobs carry no record (the
+    /// controller holds their results to the manifest, or before it exists to the result's own count).
+    /// A rogue processor that holds chunk 0's work item sends, after its real result, a bomb that
+    /// declares [`HUGE`] transactions: before the manifest, nothing bounds the count, and its decode
+    /// could take more than the whole budget, so it must be refused, never decoded alone.
+    pub before_records: bool,
 }
 
 pub type Row = (u64, Decimal, Decimal);
@@ -258,7 +268,12 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
             // Drawn apart (the rest of the plan stays as it was for every seed).
             let mut own = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed ^ 0x5742_0000_0000 ^ j as u64);
             let stray = hostile && partitions > 1 && own.random_bool(0.25);
-            JobPlan { id, shape, chunks, ending, submit_at: Duration::from_millis(rng.random_range(0..60_000)), forged_beyond, groups, partition, stray }
+            let lying_manifest = hostile && own.random_bool(0.2);
+            // (Never a stray: without chunk records nothing names the job's partition before its
+            // manifest, and a job of that release was on one results queue.)
+            let before_records = hostile && !stray && own.random_bool(0.2);
+            let submit_at = Duration::from_millis(rng.random_range(0..60_000));
+            JobPlan { id, shape, chunks, ending, submit_at, forged_beyond, groups, partition, stray, lying_manifest, before_records }
         })
         .collect()
 }
@@ -268,6 +283,10 @@ pub const FORGED: &str = "-forged";
 
 /// The reason of the abandons a rogue processor forges (signed with its own, a processor's, key).
 pub const ROGUE_ABANDON: &str = "forged by a rogue processor";
+
+/// The transactions a rogue processor's bomb declares for a chunk without a record (see
+/// [`JobPlan::before_records`]): a decode held to that many could take more than the decode budget.
+pub const HUGE: u64 = 1_000_000;
 
 /// The account a rogue submitter's forged results bill (signed with its own, a submitter's, key).
 pub const MALLORY: &str = "mallory";
@@ -636,6 +655,17 @@ impl FatedQueue {
                 let _ = to.send_messages(std::slice::from_ref(m)).await;
             }
         }
+        // A rogue processor's bomb for a chunk without a record, declaring [`HUGE`] transactions.
+        for m in &msgs {
+            let Some((job, 0)) = chunk_of(&m.body) else { continue };
+            let Some(plan) = self.fated.jobs.get(&job).filter(|p| p.before_records) else { continue };
+            if self.fated.first(&job, 0x0080_0000) {
+                self.fated.world.trace(format!("HOSTILE a bomb declaring {HUGE} transactions for {job} chunk 0 (no record)"));
+                let mut o = signed(bomb(plan, 0, HUGE), &self.fated.keys.processor);
+                o.attrs.chunk_token = Some(self.fated.keys.submitter.chunk_token(&job, 0));
+                let _ = self.inner.send_messages(std::slice::from_ref(&o)).await;
+            }
+        }
         if answer_lost {
             return Err(lost("SendMessageBatch"));
         }
@@ -734,6 +764,19 @@ impl BlobStore for FatedStore {
             if died {
                 // The initiator dies before its manifest is written.
                 std::future::pending::<()>().await;
+            }
+            if let Some(job) = self.fated.jobs.values().find(|j| j.lying_manifest && key == manifest_key(&j.id)) {
+                // A rogue submitter's manifest: one accepted transaction more than its chunks hold.
+                let mut m: Manifest = serde_json::from_slice(&body).expect("the initiator's manifest");
+                m.accepted += 1;
+                self.fated.world.trace(format!("HOSTILE {}'s manifest says {} accepted, one more than its chunks hold", job.id, m.accepted));
+                let body = Bytes::from(serde_json::to_vec(&m).expect("serializable"));
+                return self.inner.put_if(key, body, content_type, meta, cond).await;
+            }
+            let unrecorded = key.strip_prefix("jobs/").and_then(|k| k.split_once("/chunks/")).and_then(|(job, _)| self.fated.jobs.get(job)).is_some_and(|j| j.before_records);
+            if unrecorded {
+                // An initiator of the release before records: the blob alone.
+                return self.inner.put_if(key, body, content_type, &BTreeMap::new(), cond).await;
             }
         }
         self.inner.put_if(key, body, content_type, meta, cond).await
@@ -859,13 +902,18 @@ fn failed(job: &JobPlan, chunk: u32) -> String {
 /// through) with a payload that inflates to 60 MiB of nothing billable. Only the decode cap taken from
 /// the chunk's record keeps it from being held whole.
 fn hostile(job: &JobPlan, chunk: u32) -> String {
+    bomb(job, chunk, job.chunks[chunk as usize].rows.len() as u64)
+}
+
+/// The bomb, declaring `transactions`.
+fn bomb(job: &JobPlan, chunk: u32, transactions: u64) -> String {
     static BOMB: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let bomb = BOMB.get_or_init(|| base64_encode(&zstd::bulk::compress(&vec![b'a'; 60 << 20], 3).expect("compressible")));
     let r = ChunkResult {
         v: WIRE_VERSION,
         job_id: job.id.clone(),
         chunk,
-        transactions: job.chunks[chunk as usize].rows.len() as u64,
+        transactions,
         outcome: ChunkOutcome::Processed { payload: AccountsPayload::ZstdCsv { data: bomb.clone() } },
         requests: RequestCounts::default(),
     };

@@ -1115,6 +1115,12 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
             .take(3)
             .map(|(held, share)| format!("a result payload held {held} bytes inflated, over the {share} bytes its decode reserved of the budget")),
     );
+    // And no decode reserved more than the whole budget (one whose bound is larger is refused, never
+    // decoded alone past it: a bomb declaring a huge count for a chunk without a record).
+    let (widest, budget) = (memory.widest.load(std::sync::atomic::Ordering::Relaxed), setup.settings.decode_budget_mib << 20);
+    if widest > budget {
+        violations.push(format!("a result's decode could hold {widest} bytes, more than the whole decode budget of {budget} bytes: decoded alone past the budget, not refused"));
+    }
     for s in slots {
         if let Some(c) = s.ctl {
             c.crash();

@@ -46,12 +46,14 @@ impl<S: Subscriber> Layer<S> for Heard {
     }
 }
 
-/// The payloads inflated beyond the budget share reserved for them, each as (bytes held, share), and
-/// the most bytes any one inflated payload held.
+/// The payloads inflated beyond the budget share reserved for them, each as (bytes held, share), the
+/// most bytes any one inflated payload held, and the largest share any decode reserved (never more
+/// than the whole budget: a result that could decode past it is refused).
 #[derive(Clone, Default)]
 pub struct Memory {
     pub over: Arc<Mutex<Vec<(u64, u64)>>>,
     pub most: Arc<std::sync::atomic::AtomicU64>,
+    pub widest: Arc<std::sync::atomic::AtomicU64>,
 }
 
 struct Sizes {
@@ -80,6 +82,7 @@ impl<S: Subscriber> Layer<S> for Memory {
         event.record(&mut s);
         if let (Some(held), Some(share)) = (s.held, s.share) {
             self.most.fetch_max(held, std::sync::atomic::Ordering::Relaxed);
+            self.widest.fetch_max(share, std::sync::atomic::Ordering::Relaxed);
             if held > share {
                 fleet_io::lock(&self.over).push((held, share));
             }
