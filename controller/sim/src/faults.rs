@@ -6,7 +6,8 @@
 //! reaches the one shared in-memory store through its own [`FaultyStore`], whose calls may fail (a
 //! retryable error, nothing done), hang (seconds of simulated time, then go through), or go through
 //! with their answer lost and be tried again (as `fleet_io::call` retries: a conditional write then
-//! meets its own write), and which freezes while its controller is paused (a process stopped past
+//! meets its own write), a checkpoint write may land with no answer at all (the call fails after it
+//! went through), and which freezes while its controller is paused (a process stopped past
 //! its lease) or the store is out; some faults wait for the moment they aim at (a crash as a
 //! receive brings messages, a pause as a report is written; see [`Faults`]). Its queues are reached
 //! through [`FaultyQueue`]s: each call takes a network round trip of its own (which receiver gets a
@@ -56,6 +57,9 @@ pub struct Faults {
     rng: ChaCha8Rng,
     /// Draws the listings' own failures (`Rates::list_fail`).
     list_rng: ChaCha8Rng,
+    /// Draws which checkpoint writes land unanswered (`Fate::Landed`, at the `lost` rate; on a stream
+    /// of its own, so that the other faults of a seed stay as they were).
+    landed_rng: ChaCha8Rng,
     pub rates: Rates,
     /// The controller is stopped (SIGSTOP) until then: none of its calls starts or ends before.
     pub paused_until: Option<Instant>,
@@ -88,6 +92,7 @@ impl Faults {
         Faults {
             rng: ChaCha8Rng::seed_from_u64(seed),
             list_rng: ChaCha8Rng::seed_from_u64(seed ^ 0x1157_1157),
+            landed_rng: ChaCha8Rng::seed_from_u64(seed ^ 0x1a4d_1a4d),
             rates,
             paused_until: None,
             last_pause_end: None,
@@ -283,6 +288,9 @@ enum Fate {
     Fail,
     Hang(Duration),
     Lost,
+    /// The write lands, but no answer ever comes: the call fails after it went through (a client's
+    /// timeout on a PUT that S3 carried out). The writer does not know its write is in place.
+    Landed,
 }
 
 /// One controller's way to the shared store, with the breaker its S3 client would have (every call's
@@ -426,6 +434,7 @@ impl FaultyStore {
             Fate::Fail => " FAILS".to_string(),
             Fate::Hang(d) => format!(" HANGS {:.1} s", d.as_secs_f64()),
             Fate::Lost => " ANSWER LOST, retried".to_string(),
+            Fate::Landed => unreachable!("decided after (see `put_if_inner`)"),
         };
         self.world.trace(format!("ctl{} {op} {}{what}", self.ctl, short(key)));
         match fate {
@@ -443,6 +452,11 @@ impl FaultyStore {
     fn failed(op: &'static str) -> Error {
         Error::Timeout { service: Service::S3, operation: op, after: Duration::from_secs(30), attempts: 3 }
     }
+}
+
+/// A job's checkpoint document (not its parts).
+fn is_checkpoint(key: &str) -> bool {
+    key.strip_prefix(fleet_domain::layout::CHECKPOINTS_PREFIX).is_some_and(|k| k.ends_with("/checkpoint.json.zst"))
 }
 
 /// A key for the trace: checkpoint part keys end in a random id, cut off so that runs compare.
@@ -494,14 +508,36 @@ impl BlobStore for FaultyStore {
 }
 
 impl FaultyStore {
+    /// Whether a checkpoint write that would go through lands unanswered: at the `lost` rate, and a
+    /// quarter of the writes that commit a job's ending (whose writer keeps the job and tries again
+    /// with what it knows of its earlier write), in runs that lose answers.
+    fn lands_unanswered(&self, key: &str, body: &[u8]) -> bool {
+        if !is_checkpoint(key) {
+            return false;
+        }
+        let mut f = fleet_io::lock(&self.faults);
+        let lost = f.rates.lost;
+        if lost == 0.0 {
+            return false;
+        }
+        // The job's ending: committed (`finishing`, before the report) or done.
+        let cp = zstd::decode_all(body).ok().and_then(|b| serde_json::from_slice::<fleet_domain::model::Checkpoint>(&b).ok());
+        let ending = cp.is_some_and(|c| c.finishing || c.status.is_finished());
+        f.landed_rng.random_bool(if ending { 0.25 } else { lost })
+    }
+
     async fn put_if_inner(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
-        let fate = self.before("PutObject", key).await;
+        let mut fate = self.before("PutObject", key).await;
         if matches!(fate, Fate::Fail) {
             return Err(Self::failed("PutObject"));
         }
+        if matches!(fate, Fate::Go) && self.lands_unanswered(key, &body) {
+            self.world.trace(format!("ctl{} PutObject {} LANDS, ITS ANSWER LOST (the call fails)", self.ctl, short(key)));
+            fate = Fate::Landed;
+        }
         // (Not a write whose answer is lost: the writer reads it back and compares it with what it
         // sent, which the previous release sent without the partition.)
-        let previous = self.previous_release && !matches!(fate, Fate::Lost);
+        let previous = self.previous_release && !matches!(fate, Fate::Lost | Fate::Landed);
         let (body, meta) = if previous { Self::as_previous_release(key, body, meta) } else { (body, meta.clone()) };
         let meta = &meta;
         let mut out = self.inner.put_if(key, body.clone(), content_type, meta, cond).await?;
@@ -534,6 +570,9 @@ impl FaultyStore {
         }
         if out.is_some() && key.ends_with("/report.json") {
             self.world.report_written(self.ctl, key, body);
+        }
+        if matches!(fate, Fate::Landed) {
+            return Err(Self::failed("PutObject"));
         }
         Ok(out)
     }

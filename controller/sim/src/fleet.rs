@@ -270,8 +270,10 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
             let stray = hostile && partitions > 1 && own.random_bool(0.25);
             let lying_manifest = hostile && own.random_bool(0.2);
             // (Never a stray: without chunk records nothing names the job's partition before its
-            // manifest, and a job of that release was on one results queue.)
-            let before_records = hostile && !stray && own.random_bool(0.2);
+            // manifest, and a job of that release was on one results queue. Never one whose chunk
+            // 0 gets a forged larger count either: before its manifest nothing bounds a count but the
+            // message's own, the upgrade window's documented limit; seed 283986117 billed one.)
+            let before_records = hostile && !stray && !forged_beyond && own.random_bool(0.2);
             let submit_at = Duration::from_millis(rng.random_range(0..60_000));
             JobPlan { id, shape, chunks, ending, submit_at, forged_beyond, groups, partition, stray, lying_manifest, before_records }
         })

@@ -135,6 +135,15 @@ fn an_undone_fix_fails_a_seed() {
 /// from a copy of a chunk's result that reached the results queue 180 s after the chunk's dead
 /// letter had landed and been applied (a duplicate to the controller, news to the oracle, which
 /// assumed the dead letter always lands after such a copy); the job was abandoned 46 s "early".
+/// 283986117 (fresh, the seventeenth stop): a rogue processor's larger count for chunk 0 of a job
+/// of the release before records, which died before its manifest, was billed: nothing bounds such
+/// a count but the message's own (the upgrade window's documented limit), so the plan no longer
+/// forges counts on such a job.
+///
+/// And the seventeenth stop's participants, each the first seed of 1-1,000 that fails with its fix
+/// undone: a rogue submitter's manifest (`complete-only-when-counted`, seed 1), a bomb declaring a
+/// million transactions for a chunk without a record (`refuse-over-budget`, 105), a job's ending
+/// checkpoint landed unanswered (`earlier-write-read-back`, 142).
 #[test]
 fn regression_seeds_pass() {
     for seed in [
@@ -148,6 +157,7 @@ fn regression_seeds_pass() {
         160_658_493,
         171_046_692,
         171_054_357,
+        283_986_117,
         845_122_901,
         845_123_411,
         845_127_842,
@@ -160,4 +170,7 @@ fn regression_seeds_pass() {
     assert!(first_failure(171_046_692, 1, 1, opts(), Some(Fix::DuplicatesNotNews)).is_some(), "seed 171046692 passes with the fix undone");
     assert!(first_failure(845_127_842, 1, 1, opts(), Some(Fix::HandBackHeld)).is_some(), "seed 845127842 passes with the fix undone");
     assert!(first_failure(228_242_485, 1, 1, opts(), Some(Fix::BusyStaysDormant)).is_some(), "seed 228242485 passes with the fix undone");
+    assert!(first_failure(1, 1, 1, opts(), Some(Fix::CompleteOnlyWhenCounted)).is_some(), "seed 1 passes with the fix undone");
+    assert!(first_failure(105, 1, 1, opts(), Some(Fix::RefuseOverBudget)).is_some(), "seed 105 passes with the fix undone");
+    assert!(first_failure(142, 1, 1, opts(), Some(Fix::EarlierWriteReadBack)).is_some(), "seed 142 passes with the fix undone");
 }
