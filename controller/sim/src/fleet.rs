@@ -114,6 +114,10 @@ pub struct ChunkPlan {
     /// moves a result that controllers received too often without deleting it), racing the job's
     /// other results on the results queue.
     pub dead_lettered: bool,
+    /// Its delete was lost (`Fate::DeleteLost`), and the processor that bills its work item again
+    /// stalls this long as it sends that copy: a duplicate minutes after the job's news, while the
+    /// job may still be waiting out its stall or abandon time (a duplicate is never news).
+    pub late_copy: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -254,7 +258,9 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
                     // A hostile result ahead fails its chunk just as a failure report does (seed
                     // 9104710: its real result, dead-lettered, came after the settle time).
                     let dead_lettered = dead_lettered && fate.billed() && !matches!(fate, Fate::FailedFirst | Fate::HostileFirst);
-                    ChunkPlan { fate, group, rows, straggle: straggle.filter(|_| fate.billed()), dead_lettered }
+                    // Half the chunks whose delete is lost send their copy minutes late (drawn after).
+                    let late_copy = (stragglers > 0.0 && fate == Fate::DeleteLost && own.random_bool(0.5)).then(|| Duration::from_secs(own.random_range(240..=600)));
+                    ChunkPlan { fate, group, rows, straggle: straggle.filter(|_| fate.billed()), dead_lettered, late_copy }
                 })
                 .collect();
             let ending = match rng.random_range(0..20) {
@@ -555,6 +561,19 @@ impl FatedQueue {
                 d
             })
             .max();
+        // So does the late copy of a chunk whose delete was lost: a result sent after that delete
+        // (the work item billed again), not a retry of the first send (seed 516: a batch sent again
+        // after a failure report ahead of it).
+        let late = chunks
+            .iter()
+            .filter_map(|(job, chunk)| Some((job, chunk, self.fated.jobs.get(job)?.chunks.get(*chunk as usize)?.late_copy?)))
+            .filter(|(job, chunk, _)| self.fated.seen(job, **chunk) && self.fated.first(job, *chunk | 0x0040_0000))
+            .map(|(job, chunk, d)| {
+                self.fated.world.trace(format!("CHAOS processor stalled {:.0} s as it sends a copy of {job} chunk {chunk}'s result (its delete was lost)", d.as_secs_f64()));
+                d
+            })
+            .max();
+        let straggle = straggle.max(late);
         if let Some(d) = straggle {
             tokio::time::sleep(d).await;
         }

@@ -143,7 +143,11 @@ fn an_undone_fix_fails_a_seed() {
 /// And the seventeenth stop's participants, each the first seed of 1-1,000 that fails with its fix
 /// undone: a rogue submitter's manifest (`complete-only-when-counted`, seed 1), a bomb declaring a
 /// million transactions for a chunk without a record (`refuse-over-budget`, 105), a job's ending
-/// checkpoint landed unanswered (`earlier-write-read-back`, 142).
+/// checkpoint landed unanswered (`earlier-write-read-back`, 142), a copy of a result sent minutes
+/// after its job's news by a processor that billed its work item again after its delete was lost
+/// (`duplicates-not-news`, 47). Seed 516 failed while that copy was drawn wrongly: a batch sent
+/// again after a failure report ahead of it was taken for the copy and stalled, though the oracle
+/// had dated its chunks' news from the first try.
 #[test]
 fn regression_seeds_pass() {
     for seed in [
@@ -157,6 +161,7 @@ fn regression_seeds_pass() {
         160_658_493,
         171_046_692,
         171_054_357,
+        516,
         283_986_117,
         845_122_901,
         845_123_411,
@@ -173,4 +178,5 @@ fn regression_seeds_pass() {
     assert!(first_failure(1, 1, 1, opts(), Some(Fix::CompleteOnlyWhenCounted)).is_some(), "seed 1 passes with the fix undone");
     assert!(first_failure(105, 1, 1, opts(), Some(Fix::RefuseOverBudget)).is_some(), "seed 105 passes with the fix undone");
     assert!(first_failure(142, 1, 1, opts(), Some(Fix::EarlierWriteReadBack)).is_some(), "seed 142 passes with the fix undone");
+    assert!(first_failure(47, 1, 1, opts(), Some(Fix::DuplicatesNotNews)).is_some(), "seed 47 passes with the fix undone");
 }
