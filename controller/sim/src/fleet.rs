@@ -259,7 +259,8 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
                     // 9104710: its real result, dead-lettered, came after the settle time).
                     let dead_lettered = dead_lettered && fate.billed() && !matches!(fate, Fate::FailedFirst | Fate::HostileFirst);
                     // Half the chunks whose delete is lost send their copy minutes late (drawn after).
-                    let late_copy = (stragglers > 0.0 && fate == Fate::DeleteLost && own.random_bool(0.5)).then(|| Duration::from_secs(own.random_range(240..=600)));
+                    let late_copy =
+                        (stragglers > 0.0 && fate == Fate::DeleteLost && own.random_bool(0.5)).then(|| Duration::from_secs(own.random_range(240..=600)));
                     ChunkPlan { fate, group, rows, straggle: straggle.filter(|_| fate.billed()), dead_lettered, late_copy }
                 })
                 .collect();
@@ -569,7 +570,10 @@ impl FatedQueue {
             .filter_map(|(job, chunk)| Some((job, chunk, self.fated.jobs.get(job)?.chunks.get(*chunk as usize)?.late_copy?)))
             .filter(|(job, chunk, _)| self.fated.seen(job, **chunk) && self.fated.first(job, *chunk | 0x0040_0000))
             .map(|(job, chunk, d)| {
-                self.fated.world.trace(format!("CHAOS processor stalled {:.0} s as it sends a copy of {job} chunk {chunk}'s result (its delete was lost)", d.as_secs_f64()));
+                self.fated.world.trace(format!(
+                    "CHAOS processor stalled {:.0} s as it sends a copy of {job} chunk {chunk}'s result (its delete was lost)",
+                    d.as_secs_f64()
+                ));
                 d
             })
             .max();
@@ -794,7 +798,11 @@ impl BlobStore for FatedStore {
                 let body = Bytes::from(serde_json::to_vec(&m).expect("serializable"));
                 return self.inner.put_if(key, body, content_type, meta, cond).await;
             }
-            let unrecorded = key.strip_prefix("jobs/").and_then(|k| k.split_once("/chunks/")).and_then(|(job, _)| self.fated.jobs.get(job)).is_some_and(|j| j.before_records);
+            let unrecorded = key
+                .strip_prefix("jobs/")
+                .and_then(|k| k.split_once("/chunks/"))
+                .and_then(|(job, _)| self.fated.jobs.get(job))
+                .is_some_and(|j| j.before_records);
             if unrecorded {
                 // An initiator of the release before records: the blob alone.
                 return self.inner.put_if(key, body, content_type, &BTreeMap::new(), cond).await;

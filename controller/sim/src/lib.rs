@@ -1119,7 +1119,9 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
     // decoded alone past it: a bomb declaring a huge count for a chunk without a record).
     let (widest, budget) = (memory.widest.load(std::sync::atomic::Ordering::Relaxed), setup.settings.decode_budget_mib << 20);
     if widest > budget {
-        violations.push(format!("a result's decode could hold {widest} bytes, more than the whole decode budget of {budget} bytes: decoded alone past the budget, not refused"));
+        violations.push(format!(
+            "a result's decode could hold {widest} bytes, more than the whole decode budget of {budget} bytes: decoded alone past the budget, not refused"
+        ));
     }
     for s in slots {
         if let Some(c) = s.ctl {

@@ -147,7 +147,11 @@ fn an_undone_fix_fails_a_seed() {
 /// after its job's news by a processor that billed its work item again after its delete was lost
 /// (`duplicates-not-news`, 47). Seed 516 failed while that copy was drawn wrongly: a batch sent
 /// again after a failure report ahead of it was taken for the copy and stalled, though the oracle
-/// had dated its chunks' news from the first try.
+/// had dated its chunks' news from the first try. 168173223 and 168174453 (fresh, 5,000 from
+/// 168172415 at 4103a7f): a finish whose first ending write landed unanswered, followed by four more
+/// tries without an answer, took its own first write for another controller's (a job remembered the
+/// last four bodies of such writes; it now keeps the digests of every one since its last confirmed
+/// write, up to 1,024).
 #[test]
 fn regression_seeds_pass() {
     for seed in [
@@ -162,6 +166,8 @@ fn regression_seeds_pass() {
         171_046_692,
         171_054_357,
         516,
+        168_173_223,
+        168_174_453,
         283_986_117,
         845_122_901,
         845_123_411,

@@ -150,7 +150,7 @@ impl Aggregator {
         let written = match written {
             Ok(w) => w,
             Err(e) => {
-                job.write_unconfirmed(body.clone());
+                job.write_unconfirmed(body);
                 return Err(e);
             }
         };

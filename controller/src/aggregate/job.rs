@@ -108,16 +108,20 @@ pub(super) struct Job {
     /// writes it, a new job's or one read where an earlier release kept it): checkpoints are written
     /// only if it still matches (fencing), or only where none is.
     etag: Option<String>,
-    /// The bodies of its checkpoint writes since the last confirmed one whose outcome is unknown (no
+    /// The digests of its checkpoint writes since the last confirmed one whose outcome is unknown (no
     /// answer, or an answer lost and not read back): one may have landed, and a later write fenced
     /// by `etag` then finds it in place (see `fleet_io::blob::put_if_owned_after`).
-    unconfirmed: Vec<bytes::Bytes>,
+    unconfirmed: Vec<String>,
     /// The aggregator's clock (a checkpoint's `updated_at`).
     clock: Clock,
 }
 
-/// How many checkpoint writes of unknown outcome a job remembers (each failed one may have landed).
-const MAX_UNCONFIRMED: usize = 4;
+/// How many checkpoint writes of unknown outcome a job remembers (each failed one may have landed,
+/// and at most one did: they are all fenced on the job's last confirmed ETag, so it may be the
+/// first). Digests, 64 bytes each: enough for minutes of failed tries at a finish's pace. (It was
+/// the last 4 bodies until seed 168173223: a finish whose first ending write landed unanswered,
+/// then four more tries without an answer, took its own first write for another controller's.)
+const MAX_UNCONFIRMED: usize = 1024;
 
 impl Job {
     /// A job nothing is known of yet (no checkpoint).
@@ -589,19 +593,19 @@ impl Job {
         checkpoint::plan(doc, &self.totals, rows, commit, self.etag.clone())
     }
 
-    /// The bodies of its checkpoint writes since the last one confirmed whose outcome is unknown
-    /// (the latest few).
-    pub(super) fn unconfirmed(&self) -> &[bytes::Bytes] {
+    /// The digests of its checkpoint writes since the last one confirmed whose outcome is unknown
+    /// (up to [`MAX_UNCONFIRMED`], the latest).
+    pub(super) fn unconfirmed(&self) -> &[String] {
         &self.unconfirmed
     }
 
-    /// A checkpoint write of `body` failed without saying whether it landed (any of the last few
-    /// such writes may be the one in place).
-    pub(super) fn write_unconfirmed(&mut self, body: bytes::Bytes) {
+    /// A checkpoint write of `body` failed without saying whether it landed (any such write since
+    /// the last confirmed one may be the one in place).
+    pub(super) fn write_unconfirmed(&mut self, body: &[u8]) {
         if self.unconfirmed.len() >= MAX_UNCONFIRMED {
             self.unconfirmed.remove(0);
         }
-        self.unconfirmed.push(body);
+        self.unconfirmed.push(fleet_io::blob::digest(body));
     }
 
     /// The checkpoint planned was written (its ETag `etag`): the job takes what it committed (its

@@ -110,7 +110,9 @@ pub async fn put_if_owned(
 }
 
 /// [`put_if_owned`] after `earlier` writes of the same writer whose outcome is unknown (each failed
-/// with no answer, or its read-back failed): when the object holds exactly one of those bodies, that
+/// with no answer, or its read-back failed), given as the SHA-256 of each body ([`digest`]: a writer
+/// can remember every one since its last confirmed write, not only the last few; at most one of them
+/// landed, and it may be any): when the object holds exactly one of those bodies, that
 /// write landed and nobody wrote after it, so this one is made again on its ETag. Without it the
 /// writer took its own earlier write for another's (found by the simulation, seed 845123411: a
 /// finish whose checkpoint landed with its answer lost, and whose read-back failed too, concluded
@@ -122,7 +124,7 @@ pub async fn put_if_owned_after(
     content_type: &str,
     meta: &BTreeMap<String, String>,
     cond: &Cond,
-    earlier: &[Bytes],
+    earlier: &[String],
 ) -> Result<Option<String>> {
     match store.put_if(key, body.clone(), content_type, meta, cond).await? {
         Some(etag) => Ok(Some(etag)),
@@ -131,13 +133,19 @@ pub async fn put_if_owned_after(
                 tracing::debug!(key, "a conditional write's answer was lost: the object holds our write");
                 Ok(Some(etag))
             }
-            Some((found, etag)) if earlier.contains(&found) => {
+            Some((found, etag)) if !earlier.is_empty() && earlier.contains(&digest(&found)) => {
                 tracing::debug!(key, "an earlier conditional write of ours landed unanswered: written again on its ETag");
                 Box::pin(put_if_owned_after(store, key, body, content_type, meta, &Cond::Matches(etag), &[])).await
             }
             _ => Ok(None),
         },
     }
+}
+
+/// What [`put_if_owned_after`] remembers of an earlier write: the SHA-256 of its body, in hex.
+pub fn digest(body: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(body).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The error of an object larger than a reader accepts.
@@ -166,7 +174,7 @@ mod tests {
         };
         let e0 = put("first", Cond::Absent).await.expect("written");
         // Written on e0, its answer lost, and the read-back failed: the writer still holds e0.
-        let earlier = Bytes::from_static(b"second, unanswered");
+        let earlier = digest(b"second, unanswered");
         put("second, unanswered", Cond::Matches(e0.clone())).await.expect("landed");
         let third = Bytes::from_static(b"third");
         // Without the earlier body the writer takes its own write for another's.
@@ -181,6 +189,30 @@ mod tests {
         let fourth = Bytes::from_static(b"fourth");
         assert_eq!(
             put_if_owned_after(store.as_ref(), "k", fourth, "text/plain", &meta, &Cond::Matches(e2), std::slice::from_ref(&earlier)).await.unwrap(),
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn the_first_of_many_writes_of_unknown_outcome_is_recognised_when_it_is_the_one_that_landed() {
+        // Every try is fenced on the last confirmed ETag, so at most one landed, and it may be the
+        // first: five more tries without an answer must not make the writer forget it (seed
+        // 168173223 with the last four bodies remembered).
+        let store = memory::MemoryStore::new();
+        let meta = BTreeMap::new();
+        let e0 = store.put_if("k", Bytes::from_static(b"confirmed"), "text/plain", &meta, &Cond::Absent).await.unwrap().expect("written");
+        store.put_if("k", Bytes::from_static(b"try 0"), "text/plain", &meta, &Cond::Matches(e0.clone())).await.unwrap().expect("landed");
+        let earlier: Vec<String> = (0..6).map(|i| digest(format!("try {i}").as_bytes())).collect();
+        let next = Bytes::from_static(b"try 6");
+        let e = put_if_owned_after(store.as_ref(), "k", next.clone(), "text/plain", &meta, &Cond::Matches(e0.clone()), &earlier).await.unwrap();
+        assert!(e.is_some(), "the writer's own first try was taken for another's");
+        assert_eq!(store.get("k").await.unwrap(), Some(next));
+        // Without the first try remembered, it is another's.
+        let store2 = memory::MemoryStore::new();
+        let e0 = store2.put_if("k", Bytes::from_static(b"confirmed"), "text/plain", &meta, &Cond::Absent).await.unwrap().expect("written");
+        store2.put_if("k", Bytes::from_static(b"try 0"), "text/plain", &meta, &Cond::Matches(e0.clone())).await.unwrap().expect("landed");
+        assert_eq!(
+            put_if_owned_after(store2.as_ref(), "k", Bytes::from_static(b"try 6"), "text/plain", &meta, &Cond::Matches(e0), &earlier[2..]).await.unwrap(),
             None
         );
     }
