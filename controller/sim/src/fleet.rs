@@ -10,8 +10,9 @@
 //! processors' ways to the queues and the store ([`Fated`]): a lost answer, a lost delete, a corrupt
 //! or refused chunk blob, a work item dropped or sent twice. A submission dies before its manifest
 //! or its seal, or is abandoned by `initiator abandon`. A hostile sender puts forged results, seals
-//! and bombs on the job's partition; a rogue submitter writes a manifest its chunks disagree with. The oracle is computed from the input transactions and the
-//! tariff, not from the results the controllers see.
+//! and bombs on the job's partition; a rogue submitter writes a manifest its chunks disagree with.
+//! The oracle is computed from the input transactions and the tariff, not from the results the
+//! controllers see.
 //!
 //! On a FIFO work queue (a third of the runs: the whole fleet points at `billing-work.fifo`, as the
 //! README's *FIFO work queues* says) the initiator groups work items as it does for users: each chunk
@@ -500,6 +501,13 @@ impl Fated {
     fn seen(&self, job: &str, chunk: u32) -> bool {
         fleet_io::lock(&self.done).contains(&(job.to_string(), chunk))
     }
+
+    /// The planned job and chunk whose blob `key` is (`jobs/{job}/chunks/{chunk}.csv.zst`).
+    fn chunk_of_key(&self, key: &str) -> Option<(&Arc<JobPlan>, u32)> {
+        let (job, rest) = key.strip_prefix("jobs/")?.split_once("/chunks/")?;
+        let (job, c) = (self.jobs.get(job)?, rest.strip_suffix(".csv.zst")?.parse::<u32>().ok()?);
+        ((c as usize) < job.chunks.len() && chunk_key(&job.id, c) == key).then_some((job, c))
+    }
 }
 
 fn work_item(body: &str) -> Option<WorkItem> {
@@ -798,11 +806,7 @@ impl BlobStore for FatedStore {
                 let body = Bytes::from(serde_json::to_vec(&m).expect("serializable"));
                 return self.inner.put_if(key, body, content_type, meta, cond).await;
             }
-            let unrecorded = key
-                .strip_prefix("jobs/")
-                .and_then(|k| k.split_once("/chunks/"))
-                .and_then(|(job, _)| self.fated.jobs.get(job))
-                .is_some_and(|j| j.before_records);
+            let unrecorded = self.fated.chunk_of_key(key).is_some_and(|(j, _)| j.before_records);
             if unrecorded {
                 // An initiator of the release before records: the blob alone.
                 return self.inner.put_if(key, body, content_type, &BTreeMap::new(), cond).await;
@@ -816,11 +820,7 @@ impl BlobStore for FatedStore {
     /// poison chunk's read is refused every time (its work item is retried to the dead-letter queue).
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
         // `jobs/{job}/chunks/{chunk}.csv.zst`, read by a processor.
-        let chunk = (self.role == Role::Processor)
-            .then(|| key.strip_prefix("jobs/")?.split_once("/chunks/"))
-            .flatten()
-            .and_then(|(job, rest)| Some((self.fated.jobs.get(job)?.clone(), rest.strip_suffix(".csv.zst")?.parse::<u32>().ok()?)))
-            .filter(|(job, c)| (*c as usize) < job.chunks.len() && chunk_key(&job.id, *c) == key);
+        let chunk = self.fated.chunk_of_key(key).filter(|_| self.role == Role::Processor).map(|(job, c)| (job.clone(), c));
         let Some((job, c)) = chunk else { return self.inner.get_tagged(key).await };
         let delay = fleet_io::lock(&self.fated.rng).random_range(10..3_000);
         tokio::time::sleep(Duration::from_millis(delay)).await;

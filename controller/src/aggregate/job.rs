@@ -111,14 +111,14 @@ pub(super) struct Job {
     /// The digests of its checkpoint writes since the last confirmed one whose outcome is unknown (no
     /// answer, or an answer lost and not read back): one may have landed, and a later write fenced
     /// by `etag` then finds it in place (see `fleet_io::blob::put_if_owned_after`).
-    unconfirmed: Vec<String>,
+    unconfirmed: Vec<[u8; 32]>,
     /// The aggregator's clock (a checkpoint's `updated_at`).
     clock: Clock,
 }
 
 /// How many checkpoint writes of unknown outcome a job remembers (each failed one may have landed,
 /// and at most one did: they are all fenced on the job's last confirmed ETag, so it may be the
-/// first). Digests, 64 bytes each: enough for minutes of failed tries at a finish's pace. (It was
+/// first). Digests, 32 bytes each: enough for minutes of failed tries at a finish's pace. (It was
 /// the last 4 bodies until seed 168173223: a finish whose first ending write landed unanswered,
 /// then four more tries without an answer, took its own first write for another controller's.)
 const MAX_UNCONFIRMED: usize = 1024;
@@ -595,7 +595,7 @@ impl Job {
 
     /// The digests of its checkpoint writes since the last one confirmed whose outcome is unknown
     /// (up to [`MAX_UNCONFIRMED`], the latest).
-    pub(super) fn unconfirmed(&self) -> &[String] {
+    pub(super) fn unconfirmed(&self) -> &[[u8; 32]] {
         &self.unconfirmed
     }
 

@@ -124,7 +124,7 @@ pub async fn put_if_owned_after(
     content_type: &str,
     meta: &BTreeMap<String, String>,
     cond: &Cond,
-    earlier: &[String],
+    earlier: &[[u8; 32]],
 ) -> Result<Option<String>> {
     match store.put_if(key, body.clone(), content_type, meta, cond).await? {
         Some(etag) => Ok(Some(etag)),
@@ -142,10 +142,10 @@ pub async fn put_if_owned_after(
     }
 }
 
-/// What [`put_if_owned_after`] remembers of an earlier write: the SHA-256 of its body, in hex.
-pub fn digest(body: &[u8]) -> String {
+/// What [`put_if_owned_after`] remembers of an earlier write: the SHA-256 of its body.
+pub fn digest(body: &[u8]) -> [u8; 32] {
     use sha2::Digest;
-    sha2::Sha256::digest(body).iter().map(|b| format!("{b:02x}")).collect()
+    sha2::Sha256::digest(body).into()
 }
 
 /// The error of an object larger than a reader accepts.
@@ -202,7 +202,7 @@ mod tests {
         let meta = BTreeMap::new();
         let e0 = store.put_if("k", Bytes::from_static(b"confirmed"), "text/plain", &meta, &Cond::Absent).await.unwrap().expect("written");
         store.put_if("k", Bytes::from_static(b"try 0"), "text/plain", &meta, &Cond::Matches(e0.clone())).await.unwrap().expect("landed");
-        let earlier: Vec<String> = (0..6).map(|i| digest(format!("try {i}").as_bytes())).collect();
+        let earlier: Vec<[u8; 32]> = (0..6).map(|i| digest(format!("try {i}").as_bytes())).collect();
         let next = Bytes::from_static(b"try 6");
         let e = put_if_owned_after(store.as_ref(), "k", next.clone(), "text/plain", &meta, &Cond::Matches(e0.clone()), &earlier).await.unwrap();
         assert!(e.is_some(), "the writer's own first try was taken for another's");
