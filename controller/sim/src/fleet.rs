@@ -119,6 +119,10 @@ pub struct ChunkPlan {
     /// stalls this long as it sends that copy: a duplicate minutes after the job's news, while the
     /// job may still be waiting out its stall or abandon time (a duplicate is never news).
     pub late_copy: Option<Duration>,
+    /// That late copy lands on the results dead-letter queue instead (controllers received it too
+    /// often without deleting it), mostly after its job has finished: nobody waits for its job, so
+    /// nobody looks there for it, and until someone does it holds every sealed job's stall look.
+    pub late_copy_dead_lettered: bool,
 }
 
 #[derive(Debug)]
@@ -200,8 +204,10 @@ fn fate(rng: &mut ChaCha8Rng, hostile: bool, poison: bool, fifo: bool) -> Fate {
 
 /// The jobs of a run (grouped when the work queue is FIFO; without chunks that truly dead-letter
 /// unless `poison`).
-pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: bool, partitions: u16, stragglers: f64) -> Vec<JobPlan> {
+pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, setup: &crate::Setup, stragglers: f64) -> Vec<JobPlan> {
+    let (fifo, partitions, buggify) = (setup.fifo, setup.partitions, setup.buggify);
     let n = rng.random_range(1..=4);
+    let n = if buggify { n.max(2) } else { n };
     (0..n)
         .map(|j| {
             let (shape, chunks, rows, accounts) = match rng.random_range(0..10) {
@@ -252,6 +258,15 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
                     // One in ten comes by the dead-letter queue (drawn after, for the same reason).
                     let dead_lettered = stragglers > 0.0 && own.random_bool(0.1);
                     let fate = fate(rng, hostile, poison, fifo);
+                    // Buggified, one chunk in eight more has its work item lost, one in eight more its
+                    // delete lost (drawn apart).
+                    let fate = match buggify
+                        .then(|| <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed ^ 0xb066_1f00_0000 ^ ((j as u64) << 32) ^ c as u64).random_range(0..8))
+                    {
+                        Some(0) => Fate::Lost,
+                        Some(1) => Fate::DeleteLost,
+                        _ => fate,
+                    };
                     // Not one with a failure report (or a hostile result) ahead: its real result, dead-lettered after the
                     // receives of controllers that could not take it, may come after the settle time,
                     // which bounds how long a live or crashed peer holds a result, not that; the job
@@ -260,9 +275,11 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, fifo: 
                     // 9104710: its real result, dead-lettered, came after the settle time).
                     let dead_lettered = dead_lettered && fate.billed() && !matches!(fate, Fate::FailedFirst | Fate::HostileFirst);
                     // Half the chunks whose delete is lost send their copy minutes late (drawn after).
-                    let late_copy =
-                        (stragglers > 0.0 && fate == Fate::DeleteLost && own.random_bool(0.5)).then(|| Duration::from_secs(own.random_range(240..=600)));
-                    ChunkPlan { fate, group, rows, straggle: straggle.filter(|_| fate.billed()), dead_lettered, late_copy }
+                    let late_copy = (stragglers > 0.0 && fate == Fate::DeleteLost && (own.random_bool(0.5) || buggify))
+                        .then(|| Duration::from_secs(own.random_range(240..=600)));
+                    // Half of those come by the dead-letter queue (drawn after).
+                    let late_copy_dead_lettered = late_copy.is_some() && own.random_bool(0.5);
+                    ChunkPlan { fate, group, rows, straggle: straggle.filter(|_| fate.billed()), dead_lettered, late_copy, late_copy_dead_lettered }
                 })
                 .collect();
             let ending = match rng.random_range(0..20) {
@@ -573,18 +590,27 @@ impl FatedQueue {
         // So does the late copy of a chunk whose delete was lost: a result sent after that delete
         // (the work item billed again), not a retry of the first send (seed 516: a batch sent again
         // after a failure report ahead of it).
-        let late = chunks
+        let late_copies: Vec<(&String, &u32, Duration)> = chunks
             .iter()
             .filter_map(|(job, chunk)| Some((job, chunk, self.fated.jobs.get(job)?.chunks.get(*chunk as usize)?.late_copy?)))
             .filter(|(job, chunk, _)| self.fated.seen(job, **chunk) && self.fated.first(job, *chunk | 0x0040_0000))
+            .collect();
+        let late = late_copies
+            .iter()
             .map(|(job, chunk, d)| {
                 self.fated.world.trace(format!(
                     "CHAOS processor stalled {:.0} s as it sends a copy of {job} chunk {chunk}'s result (its delete was lost)",
                     d.as_secs_f64()
                 ));
-                d
+                *d
             })
             .max();
+        // The late copies that land on the dead-letter queue instead.
+        let late_dead: BTreeSet<(String, u32)> = late_copies
+            .iter()
+            .filter(|(job, chunk, _)| self.fated.jobs.get(*job).and_then(|p| p.chunks.get(**chunk as usize)).is_some_and(|c| c.late_copy_dead_lettered))
+            .map(|(job, chunk, _)| ((*job).clone(), **chunk))
+            .collect();
         let straggle = straggle.max(late);
         if let Some(d) = straggle {
             tokio::time::sleep(d).await;
@@ -631,6 +657,9 @@ impl FatedQueue {
                     && self.fated.first(&job, chunk | 0x4000_0000)
             })
         });
+        // So does a late copy drawn to: a duplicate, never news, never the chunk's dead letter.
+        let (late_dlq, msgs): (Vec<Outgoing>, Vec<Outgoing>) =
+            msgs.into_iter().partition(|m| self.dlq.is_some() && chunk_of(&m.body).is_some_and(|k| late_dead.contains(&k)));
         // A copy of the chunk's result reached the results queue: one dead-lettered later is a
         // duplicate, no news of the job (the controller's rule, `duplicates-not-news`).
         // And the first such copy of a chunk whose first result was dead-lettered is the job's news
@@ -667,6 +696,19 @@ impl FatedQueue {
                 }
                 // A send that fails (never here: the twin's calls fail only as a fate says) would lose it.
                 let _ = dlq.send_messages(&to_dlq).await;
+            });
+        }
+        if let (Some(dlq), false) = (&self.dlq, late_dlq.is_empty()) {
+            // The same, for a late copy: a duplicate, so neither news nor its chunk's dead letter.
+            let after = crate::VISIBILITY * crate::MAX_RECEIVES;
+            for (job, chunk) in late_dlq.iter().filter_map(|m| chunk_of(&m.body)) {
+                self.fated.world.trace(format!("FATE {job} chunk {chunk}'s late copy is dead-lettered ({}) in {} s", dlq.name(), after.as_secs()));
+            }
+            calls += (late_dlq.len() as u64).div_ceil(10);
+            let dlq = dlq.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let _ = dlq.send_messages(&late_dlq).await;
             });
         }
         if !msgs.is_empty() {

@@ -106,6 +106,13 @@ pub struct Setup {
     /// controllers must finish their jobs without it. The processors, whose work items come back so
     /// (a lost delete) and whom the agent exists to wake, look every 30 s while parked.
     pub agent_down: bool,
+    /// Rare paths made common, as FoundationDB's BUGGIFY does (a quarter of the runs with faults,
+    /// drawn apart): a chunk's work item lost five times as often (15% of chunks), its delete lost
+    /// more than twice as often (20%), every lost delete's copy late, and at least two jobs, so that
+    /// what one job leaves behind meets another job's wait within a thousand seeds (a late copy
+    /// dead-lettered after its job ended, on a partition nobody waits on, holding another job's
+    /// stall look: `stall-look-announces` undone fails seed 519, not caught in 1,000 before).
+    pub buggify: bool,
     /// A misconfigured controller (a quarter of the runs with faults and two controllers or more):
     /// slot `.0` runs with `--lease-secs` `.1`, twice the others'. Its peers, with their shorter
     /// lease, must not take what it renews every third of its own. (The settle and abandon times are
@@ -144,6 +151,7 @@ impl Setup {
         let upgrade = !calm && ChaCha8Rng::seed_from_u64(seed ^ 0x0b50_0b50).random_bool(0.5);
         let quiet = upgrade && ChaCha8Rng::seed_from_u64(seed ^ 0x9017_9017).random_bool(1.0 / 3.0);
         let agent_down = triggers && !calm && ChaCha8Rng::seed_from_u64(seed ^ 0xa6e7_a6e7).random_bool(1.0 / 3.0);
+        let buggify = !calm && ChaCha8Rng::seed_from_u64(seed ^ 0xb066_1f00).random_bool(0.25);
         let controllers = rng.random_range(1..=3);
         let controllers = if quiet { controllers.max(2) } else { controllers };
         let odd_lease = (odd && controllers >= 2).then(|| (misconfigured.random_range(0..controllers), settings.lease_secs * 2));
@@ -160,6 +168,7 @@ impl Setup {
             upgrade,
             quiet,
             agent_down,
+            buggify,
         }
     }
 
@@ -737,8 +746,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
     let queues = Arc::new(Queues::new(setup.fifo, setup.partitions, setup.triggers, setup.results_visibility));
     let lease = setup.lease();
     let hostile = !opts.no_hostile && !setup.calm;
-    let jobs: Vec<Arc<JobPlan>> =
-        fleet::plan(&mut rng, seed, hostile, true, setup.fifo, setup.partitions, setup.stragglers()).into_iter().map(Arc::new).collect();
+    let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, hostile, true, &setup, setup.stragglers()).into_iter().map(Arc::new).collect();
     world.trace(format!(
         "CHAOS setup: {} controllers, {} partitions, {}, lease {} s, settle {} s, abandon {} s, stall {} s, retention {} s{}, work queue {}, results visibility {} s{}{}{}, jobs: {}",
         setup.controllers,
@@ -759,8 +767,8 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
             _ => "",
         },
         match setup.odd_lease {
-            Some((i, secs)) => format!("{}, ctl{i} misconfigured with a {secs} s lease", if setup.agent_down { ", agent down" } else { "" }),
-            None => (if setup.agent_down { ", agent down" } else { "" }).to_string(),
+            Some((i, secs)) => format!("{}{}, ctl{i} misconfigured with a {secs} s lease", if setup.agent_down { ", agent down" } else { "" }, if setup.buggify { ", buggified" } else { "" }),
+            None => format!("{}{}", if setup.agent_down { ", agent down" } else { "" }, if setup.buggify { ", buggified" } else { "" }),
         },
         jobs.iter()
             .map(|j| {

@@ -152,6 +152,13 @@ fn an_undone_fix_fails_a_seed() {
 /// tries without an answer, took its own first write for another controller's (a job remembered the
 /// last four bodies of such writes; it now keeps the digests of every one since its last confirmed
 /// write, up to 1,024).
+///
+/// The eighteenth stop's: half the late copies of a chunk whose delete was lost land on the results
+/// dead-letter queue, and a quarter of the runs with faults are buggified (lost work items and lost
+/// deletes several times as common, at least two jobs); `stall-look-announces` undone now fails
+/// seed 519 (a finished job's late copy dead-lettered on a partition nobody waited on held another
+/// job's stall an hour). Seed 171046692 is buggified, so its run changed: it still passes, but no
+/// longer fails with `duplicates-not-news` undone (seed 47 does).
 #[test]
 fn regression_seeds_pass() {
     for seed in [
@@ -178,11 +185,11 @@ fn regression_seeds_pass() {
         assert!(run.violations.is_empty(), "seed {seed}: {:?}", run.violations);
     }
     assert!(first_failure(26_121_503, 1, 1, opts(), Some(Fix::StallLookAnnounces)).is_some(), "seed 26121503 passes with the fix undone");
-    assert!(first_failure(171_046_692, 1, 1, opts(), Some(Fix::DuplicatesNotNews)).is_some(), "seed 171046692 passes with the fix undone");
     assert!(first_failure(845_127_842, 1, 1, opts(), Some(Fix::HandBackHeld)).is_some(), "seed 845127842 passes with the fix undone");
     assert!(first_failure(228_242_485, 1, 1, opts(), Some(Fix::BusyStaysDormant)).is_some(), "seed 228242485 passes with the fix undone");
     assert!(first_failure(1, 1, 1, opts(), Some(Fix::CompleteOnlyWhenCounted)).is_some(), "seed 1 passes with the fix undone");
     assert!(first_failure(105, 1, 1, opts(), Some(Fix::RefuseOverBudget)).is_some(), "seed 105 passes with the fix undone");
     assert!(first_failure(142, 1, 1, opts(), Some(Fix::EarlierWriteReadBack)).is_some(), "seed 142 passes with the fix undone");
     assert!(first_failure(47, 1, 1, opts(), Some(Fix::DuplicatesNotNews)).is_some(), "seed 47 passes with the fix undone");
+    assert!(first_failure(519, 1, 1, opts(), Some(Fix::StallLookAnnounces)).is_some(), "seed 519 passes with the fix undone");
 }
