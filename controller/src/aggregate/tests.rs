@@ -1374,6 +1374,75 @@ async fn a_dormant_job_without_a_partition_is_kept_where_its_manifests_partition
     assert_eq!(b.open_jobs(), 1, "B reads partition 1, which the manifest names: the job stays with B");
 }
 
+/// A dormant job whose checkpoint names no partition may have news at a controller of the release
+/// before partitions (which reads every message): its news is dated by when this controller first
+/// sees its checkpoint change, so such a job is looked at every tick while one is known, not every
+/// abandon time. Looked at an abandon time apart, it was abandoned two abandon times after its news
+/// (found by the simulation, seed 845122901, a rolling upgrade; `unpartitioned-looked-at-each-tick`).
+#[tokio::test(start_paused = true)]
+async fn a_dormant_job_without_a_partition_is_looked_at_every_tick() {
+    let store = MemoryStore::new();
+    put_chunks(&store, "ut", 3).await;
+    put_manifest(&store, &Manifest { partition: 1, ..manifest("ut", &[1, 1, 1]) }).await;
+    let clock = Clock::driven(1_800_000_000_000);
+    let after = Duration::from_secs(600);
+    let old = Aggregator::with_clock(store.clone(), "old".into(), LEASE, clock);
+    old.apply(Source::Results, keep(Source::Results, &[result("ut", 0, vec![acct("x", 1, 100, 1)])])).await;
+    assert_eq!(old.flush().await.len(), 1);
+    old.release_leases().await;
+    let (_a, b) = readers_of_0_and_1(&store, clock);
+    assert!(b.expire(after).await.is_empty(), "its first tick scans: the job is dormant, of no partition");
+    // News a tenth of an abandon time later, at a controller of the release before partitions.
+    tokio::time::advance(after / 10).await;
+    let news = Aggregator::with_clock(store.clone(), "old-2".into(), LEASE, clock);
+    news.apply(Source::Results, keep(Source::Results, &[result("ut", 1, vec![acct("x", 1, 100, 1)])])).await;
+    assert_eq!(news.flush().await.len(), 1);
+    news.release_leases().await;
+    let progress = store.head(&checkpoint_key("ut")).await.unwrap().and_then(|m| Progress::from_meta(&m)).expect("a checkpoint");
+    assert_eq!(progress.partition, None, "the release before partitions names none");
+    // B ticks every tenth of an abandon time, as the service does.
+    for tick in 2..=15 {
+        tokio::time::advance(after / 10).await;
+        b.expire(after).await;
+        if tick <= 10 {
+            assert!(report_of(&store, "ut").await.is_none(), "abandoned at {tick} tenths, less than an abandon time after its news");
+        }
+    }
+    let r = report_of(&store, "ut").await.expect("abandoned within half an abandon time of its due time, not an abandon time later");
+    assert_eq!((r.status, r.transactions.processed), (JobStatus::Abandoned, 2));
+}
+
+/// A dormant job whose lease a batch finds busy (its owner died holding it) stays dormant, tried
+/// again once the lease may have run out, and its partition's listeners keep looking for it: forgotten,
+/// a job whose messages were handed back until they were dead-lettered was nobody's, and nobody
+/// looked at the dead-letter queue until the hourly safety poll with the scaling agent down (found
+/// by the simulation, seed 228242485; `busy-stays-dormant`).
+#[tokio::test(start_paused = true)]
+async fn a_dormant_job_whose_lease_is_busy_stays_dormant_and_looked_for() {
+    let store = MemoryStore::new();
+    put_chunks(&store, "bd", 3).await;
+    let clock = Clock::driven(1_800_000_000_000);
+    let reader = |owner: &str| {
+        let mut agg = Aggregator::with_clock(store.clone(), owner.into(), LEASE, clock);
+        agg.set_partition_queue("billing-results", 0);
+        agg.reading(0);
+        agg
+    };
+    let dead = reader("dead");
+    dead.apply(Source::Results, keep(Source::Results, &[result("bd", 0, vec![acct("x", 1, 100, 1)])])).await;
+    assert_eq!(dead.flush().await.len(), 1);
+    // It dies holding the job's lease (nothing given back).
+    drop(dead);
+    let heir = reader("heir");
+    assert_eq!(heir.scan_open().await.unwrap(), 1, "the heir knows the job as dormant");
+    let applied = heir.apply(Source::Results, keep(Source::Results, &[result("bd", 1, vec![acct("x", 1, 100, 1)])])).await;
+    assert!(applied.delete.is_empty(), "the dead owner's lease is busy: the result is handed back");
+    assert_eq!(heir.open_jobs(), 0);
+    let quiet = Duration::from_secs(60);
+    tokio::time::advance(quiet).await;
+    assert!(heir.waiting(quiet).partitions.contains(&0), "still dormant: its partition's listeners look for its messages");
+}
+
 /// Sequence 4: a checkpoint write goes through but its answer is lost, and the retry meets the first
 /// write (412). That is this controller's own write, not another's: the job stays its own, the
 /// messages it covers are deleted, and the job finishes.
