@@ -1391,7 +1391,8 @@ async fn a_dormant_job_without_a_partition_is_looked_at_every_tick() {
     assert_eq!(old.flush().await.len(), 1);
     old.release_leases().await;
     let (_a, b) = readers_of_0_and_1(&store, clock);
-    assert!(b.expire(after).await.is_empty(), "its first tick scans: the job is dormant, of no partition");
+    assert!(b.expire(after).await.is_empty(), "its first tick scans");
+    assert!(b.waiting(Duration::ZERO).any, "the job is dormant, of no partition");
     // News a tenth of an abandon time later, at a controller of the release before partitions.
     tokio::time::advance(after / 10).await;
     let news = Aggregator::with_clock(store.clone(), "old-2".into(), LEASE, clock);
