@@ -204,8 +204,8 @@ fn fate(rng: &mut ChaCha8Rng, hostile: bool, poison: bool, fifo: bool) -> Fate {
 
 /// The jobs of a run (grouped when the work queue is FIFO; without chunks that truly dead-letter
 /// unless `poison`).
-pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, setup: &crate::Setup, stragglers: f64) -> Vec<JobPlan> {
-    let (fifo, partitions, buggify) = (setup.fifo, setup.partitions, setup.buggify);
+pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, setup: &crate::Setup) -> Vec<JobPlan> {
+    let (fifo, partitions, buggify, stragglers) = (setup.fifo, setup.partitions, setup.buggify, setup.stragglers());
     let n = rng.random_range(1..=4);
     let n = if buggify { n.max(2) } else { n };
     (0..n)
@@ -649,17 +649,16 @@ impl FatedQueue {
             self.inner.send_messages(&ahead).await?;
             return Err(lost("SendMessageBatch"));
         }
-        // A dead-lettered chunk's first result goes to the dead-letter queue instead.
+        // A dead-lettered chunk's first result goes to the dead-letter queue instead, and so does a
+        // late copy drawn to (a duplicate: never news, never the chunk's dead letter).
         let (to_dlq, msgs): (Vec<Outgoing>, Vec<Outgoing>) = msgs.iter().cloned().partition(|m| {
-            chunk_of(&m.body).is_some_and(|(job, chunk)| {
-                self.fated.jobs.get(&job).and_then(|p| p.chunks.get(chunk as usize)).is_some_and(|c| c.dead_lettered)
-                    && self.dlq.is_some()
-                    && self.fated.first(&job, chunk | 0x4000_0000)
-            })
+            self.dlq.is_some()
+                && chunk_of(&m.body).is_some_and(|(job, chunk)| {
+                    late_dead.contains(&(job.clone(), chunk))
+                        || (self.fated.jobs.get(&job).and_then(|p| p.chunks.get(chunk as usize)).is_some_and(|c| c.dead_lettered)
+                            && self.fated.first(&job, chunk | 0x4000_0000))
+                })
         });
-        // So does a late copy drawn to: a duplicate, never news, never the chunk's dead letter.
-        let (late_dlq, msgs): (Vec<Outgoing>, Vec<Outgoing>) =
-            msgs.into_iter().partition(|m| self.dlq.is_some() && chunk_of(&m.body).is_some_and(|k| late_dead.contains(&k)));
         // A copy of the chunk's result reached the results queue: one dead-lettered later is a
         // duplicate, no news of the job (the controller's rule, `duplicates-not-news`).
         // And the first such copy of a chunk whose first result was dead-lettered is the job's news
@@ -678,14 +677,15 @@ impl FatedQueue {
             // simulated): nobody announces it there.
             let after = crate::VISIBILITY * crate::MAX_RECEIVES;
             for (job, chunk) in to_dlq.iter().filter_map(|m| chunk_of(&m.body)) {
-                self.fated.world.trace(format!("FATE {job} chunk {chunk}'s result is dead-lettered ({}) in {} s", dlq.name(), after.as_secs()));
+                let what = if late_dead.contains(&(job.clone(), chunk)) { "late copy" } else { "result" };
+                self.fated.world.trace(format!("FATE {job} chunk {chunk}'s {what} is dead-lettered ({}) in {} s", dlq.name(), after.as_secs()));
             }
             calls += (to_dlq.len() as u64).div_ceil(10);
             let (dlq, fated) = (dlq.clone(), self.fated.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;
                 let world = &fated.world;
-                for (job, chunk) in to_dlq.iter().filter_map(|m| chunk_of(&m.body)) {
+                for (job, chunk) in to_dlq.iter().filter_map(|m| chunk_of(&m.body)).filter(|k| !late_dead.contains(k)) {
                     // News only when no copy reached the results queue first; landed, a copy that
                     // reaches it later is a duplicate.
                     fated.first(&job, chunk | 0x0200_0000);
@@ -696,19 +696,6 @@ impl FatedQueue {
                 }
                 // A send that fails (never here: the twin's calls fail only as a fate says) would lose it.
                 let _ = dlq.send_messages(&to_dlq).await;
-            });
-        }
-        if let (Some(dlq), false) = (&self.dlq, late_dlq.is_empty()) {
-            // The same, for a late copy: a duplicate, so neither news nor its chunk's dead letter.
-            let after = crate::VISIBILITY * crate::MAX_RECEIVES;
-            for (job, chunk) in late_dlq.iter().filter_map(|m| chunk_of(&m.body)) {
-                self.fated.world.trace(format!("FATE {job} chunk {chunk}'s late copy is dead-lettered ({}) in {} s", dlq.name(), after.as_secs()));
-            }
-            calls += (late_dlq.len() as u64).div_ceil(10);
-            let dlq = dlq.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(after).await;
-                let _ = dlq.send_messages(&late_dlq).await;
             });
         }
         if !msgs.is_empty() {

@@ -746,9 +746,9 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
     let queues = Arc::new(Queues::new(setup.fifo, setup.partitions, setup.triggers, setup.results_visibility));
     let lease = setup.lease();
     let hostile = !opts.no_hostile && !setup.calm;
-    let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, hostile, true, &setup, setup.stragglers()).into_iter().map(Arc::new).collect();
+    let jobs: Vec<Arc<JobPlan>> = fleet::plan(&mut rng, seed, hostile, true, &setup).into_iter().map(Arc::new).collect();
     world.trace(format!(
-        "CHAOS setup: {} controllers, {} partitions, {}, lease {} s, settle {} s, abandon {} s, stall {} s, retention {} s{}, work queue {}, results visibility {} s{}{}{}, jobs: {}",
+        "CHAOS setup: {} controllers, {} partitions, {}, lease {} s, settle {} s, abandon {} s, stall {} s, retention {} s{}, work queue {}, results visibility {} s{}{}{}{}{}, jobs: {}",
         setup.controllers,
         setup.partitions,
         if setup.defaults { "shipped defaults" } else { "drawn settings" },
@@ -766,10 +766,9 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
             (true, false) => ", upgrade",
             _ => "",
         },
-        match setup.odd_lease {
-            Some((i, secs)) => format!("{}{}, ctl{i} misconfigured with a {secs} s lease", if setup.agent_down { ", agent down" } else { "" }, if setup.buggify { ", buggified" } else { "" }),
-            None => format!("{}{}", if setup.agent_down { ", agent down" } else { "" }, if setup.buggify { ", buggified" } else { "" }),
-        },
+        if setup.agent_down { ", agent down" } else { "" },
+        if setup.buggify { ", buggified" } else { "" },
+        setup.odd_lease.map(|(i, secs)| format!(", ctl{i} misconfigured with a {secs} s lease")).unwrap_or_default(),
         jobs.iter()
             .map(|j| {
                 let groups = j.groups.map(|g| format!(" {g:?}")).unwrap_or_default();

@@ -1331,13 +1331,21 @@ async fn a_dormant_job_that_turns_out_to_be_of_another_partition_is_given_back()
 /// A two-chunk job whose manifest names `partition`, chunk 0 and its seal checkpointed by a
 /// controller that reads no partitions (as the release before partitions did), its lease given back.
 async fn old_release_job(job: &str, partition: u16) -> (Arc<MemoryStore>, Clock) {
+    old_release_checkpoint(job, partition, 2, true).await
+}
+
+/// A job of `chunks` one-transaction chunks whose manifest names `partition`, chunk 0 (and the seal
+/// if `seal`) checkpointed by a controller of the release before partitions, its lease given back.
+async fn old_release_checkpoint(job: &str, partition: u16, chunks: u32, seal: bool) -> (Arc<MemoryStore>, Clock) {
     let store = MemoryStore::new();
-    put_chunks(&store, job, 2).await;
-    put_manifest(&store, &Manifest { partition, ..manifest(job, &[1, 1]) }).await;
+    put_chunks(&store, job, chunks).await;
+    put_manifest(&store, &Manifest { partition, ..manifest(job, &vec![1; chunks as usize]) }).await;
     let clock = Clock::driven(1_800_000_000_000);
     let old = Aggregator::with_clock(store.clone(), "old".into(), LEASE, clock);
-    old.apply(Source::Results, keep(Source::Results, &[result(job, 0, vec![acct("x", 1, 100, 1)]), sealed(job, 2)])).await;
-    assert_eq!(old.flush().await.len(), 2);
+    let mut batch = vec![result(job, 0, vec![acct("x", 1, 100, 1)])];
+    batch.extend(seal.then(|| sealed(job, chunks)));
+    old.apply(Source::Results, keep(Source::Results, &batch)).await;
+    assert_eq!(old.flush().await.len(), batch.len());
     old.release_leases().await;
     (store, clock)
 }
@@ -1381,15 +1389,8 @@ async fn a_dormant_job_without_a_partition_is_kept_where_its_manifests_partition
 /// (found by the simulation, seed 845122901, a rolling upgrade; `unpartitioned-looked-at-each-tick`).
 #[tokio::test(start_paused = true)]
 async fn a_dormant_job_without_a_partition_is_looked_at_every_tick() {
-    let store = MemoryStore::new();
-    put_chunks(&store, "ut", 3).await;
-    put_manifest(&store, &Manifest { partition: 1, ..manifest("ut", &[1, 1, 1]) }).await;
-    let clock = Clock::driven(1_800_000_000_000);
+    let (store, clock) = old_release_checkpoint("ut", 1, 3, false).await;
     let after = Duration::from_secs(600);
-    let old = Aggregator::with_clock(store.clone(), "old".into(), LEASE, clock);
-    old.apply(Source::Results, keep(Source::Results, &[result("ut", 0, vec![acct("x", 1, 100, 1)])])).await;
-    assert_eq!(old.flush().await.len(), 1);
-    old.release_leases().await;
     let (_a, b) = readers_of_0_and_1(&store, clock);
     assert!(b.expire(after).await.is_empty(), "its first tick scans");
     assert!(b.waiting(Duration::ZERO).any, "the job is dormant, of no partition");
