@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-1000}
 cargo build -q -p fleet-sim
-cargo test -q -p controller --lib --features undo --no-run 2>/dev/null
+cargo test -q -p controller-undoable --lib --no-run 2>/dev/null
 echo "## The simulation ($seeds seeds per fix)"
 ./target/debug/fleet-sim --mutations --seeds "$seeds"
 echo
@@ -14,7 +14,7 @@ echo "## The controller's unit tests"
 echo "| fix undone | unit tests failing |"
 echo "|---|---|"
 ./target/debug/fleet-sim --undo list | while read -r name _; do
-  out=$(CONTROLLER_UNDO="$name" cargo test -q -p controller --lib --features undo 2>&1 || true)
+  out=$(CONTROLLER_UNDO="$name" cargo test -q -p controller-undoable --lib 2>&1 || true)
   failing=$(printf '%s\n' "$out" | sed -n 's/^    \([a-z_:0-9]*\)$/\1/p' | sort -u | tr '\n' ' ')
   echo "| $name | ${failing:-none} |"
 done

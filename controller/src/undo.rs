@@ -1,10 +1,17 @@
 //! Switches that undo the controller's fixes one at a time, for the simulation's mutation harness
 //! (`fleet-sim --mutations`): a check counts only if undoing the fix it guards makes it fail. Each
 //! [`Fix`] names one fix of an exactness, liveness or ownership bug, and the code it guards asks
-//! [`is`] before doing the fixed thing. Without the `undo` feature `is` is `false` at compile time
-//! and nothing can turn a switch on; with it (the simulation's build) a switch is set per thread,
-//! for the seed run on that thread (each seed runs on one thread, under a current-thread runtime),
-//! or for the whole process by `CONTROLLER_UNDO=<name>` (the unit tests' run, `deploy/mutations.sh`).
+//! [`is`] before doing the fixed thing.
+//!
+//! The switches exist only under `cfg(fleet_undo)`, which no feature and no build of the
+//! `controller` package can turn on: the harness's own package, `controller-undoable`
+//! (`sim/controller/`), compiles this same source with that cfg set by its build script, and only
+//! `fleet-sim` depends on it. In every build of the `controller` package (its binary included,
+//! whatever `cargo build` selects) `is` is `false` at compile time, the fixes' names are not
+//! compiled in and `CONTROLLER_UNDO` is never read. In the harness's build a switch is set per
+//! thread, for the seed run on that thread (each seed runs on one thread, under a current-thread
+//! runtime), or for the whole process by `CONTROLLER_UNDO=<name>` (the unit tests' run,
+//! `deploy/mutations.sh`).
 
 /// A fix that the harness can undo.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +104,7 @@ pub enum Fix {
     DuplicatesNotNews,
 }
 
+#[cfg(fleet_undo)]
 impl Fix {
     pub const ALL: [Fix; 38] = [
         Fix::QuarantineSecondRead,
@@ -228,13 +236,13 @@ impl Fix {
     }
 }
 
-#[cfg(feature = "undo")]
+#[cfg(fleet_undo)]
 thread_local! {
     static UNDONE: std::cell::Cell<Option<Fix>> = const { std::cell::Cell::new(None) };
 }
 
 /// The fix `CONTROLLER_UNDO` names (by [`Fix::name`]), for the unit tests' run of the harness.
-#[cfg(feature = "undo")]
+#[cfg(fleet_undo)]
 fn from_env() -> Option<Fix> {
     static ENV: std::sync::OnceLock<Option<Fix>> = std::sync::OnceLock::new();
     *ENV.get_or_init(|| std::env::var("CONTROLLER_UNDO").ok().and_then(|n| Fix::ALL.into_iter().find(|f| f.name() == n)))
@@ -243,11 +251,11 @@ fn from_env() -> Option<Fix> {
 /// Whether `fix` is undone (on this thread, or in the whole process by `CONTROLLER_UNDO`).
 #[inline]
 pub fn is(fix: Fix) -> bool {
-    #[cfg(feature = "undo")]
+    #[cfg(fleet_undo)]
     {
         UNDONE.with(|u| u.get()).or_else(from_env) == Some(fix)
     }
-    #[cfg(not(feature = "undo"))]
+    #[cfg(not(fleet_undo))]
     {
         let _ = fix;
         false
@@ -255,7 +263,20 @@ pub fn is(fix: Fix) -> bool {
 }
 
 /// Undoes `fix` (or none) on this thread.
-#[cfg(feature = "undo")]
+#[cfg(fleet_undo)]
 pub fn set(fix: Option<Fix>) {
     UNDONE.with(|u| u.set(fix));
+}
+
+#[cfg(all(test, not(fleet_undo)))]
+mod tests {
+    use super::*;
+
+    /// The `controller` package's build (a user's) has no switch: `CONTROLLER_UNDO` is not read.
+    #[test]
+    fn a_users_build_ignores_controller_undo() {
+        std::env::set_var("CONTROLLER_UNDO", "report-once");
+        assert!(!is(Fix::ReportOnce));
+        assert!(!is(Fix::QuarantineSecondRead));
+    }
 }

@@ -3,6 +3,7 @@
 //! and only then completes (deletes, batched) the work items. A failing work item goes back with a
 //! growing back-off and reaches the dead-letter queue after maxReceiveCount.
 
+pub mod cli;
 pub mod events;
 pub mod handle;
 pub mod listener;

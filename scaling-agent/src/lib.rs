@@ -22,6 +22,7 @@
 //! the fleet is paused for a dependency.
 
 pub mod backend;
+pub mod cli;
 pub mod docker;
 pub mod factory;
 pub mod health;

@@ -4,7 +4,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use fleet_io::config::{Aws, FleetArgs, LogArgs};
+use controller::cli::Cli;
+use fleet_io::config::Aws;
 
 /// mimalloc rather than the system allocator: a job of a million accounts grows one large table and
 /// a million small allocations, and glibc's arenas kept 170 MB more resident than the heap held (peak
@@ -13,18 +14,6 @@ use fleet_io::config::{Aws, FleetArgs, LogArgs};
 /// added and freed then peaked at 295-311 MiB instead of about 200.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Billing fleet controller: aggregates chunk results per job into the S3 warehouse.
-#[derive(Parser)]
-#[command(version)]
-struct Cli {
-    #[command(flatten)]
-    fleet: FleetArgs,
-    #[command(flatten)]
-    settings: controller::Settings,
-    #[command(flatten)]
-    log: LogArgs,
-}
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -4,19 +4,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use fleet_io::config::{Aws, FleetArgs, LogArgs};
-
-/// Billing fleet processor: bills the chunks referenced by work items on the work queue.
-#[derive(Parser)]
-#[command(version)]
-struct Cli {
-    #[command(flatten)]
-    fleet: FleetArgs,
-    #[command(flatten)]
-    settings: processor::Settings,
-    #[command(flatten)]
-    log: LogArgs,
-}
+use fleet_io::config::Aws;
+use processor::cli::Cli;
 
 #[tokio::main]
 async fn main() -> ExitCode {

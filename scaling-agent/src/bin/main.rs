@@ -6,37 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use fleet_io::config::{Aws, FleetArgs, LogArgs};
+use fleet_io::config::Aws;
 use fleet_io::trigger::{instance_report_key, ALL_WORK};
-use scaling_agent::factory::BackendArgs;
-
-/// Billing fleet scaling agent: watches queue depths and instance reports, scales processor instances
-/// to the SLA, and publishes work-detected triggers.
-#[derive(Parser)]
-#[command(version)]
-struct Cli {
-    #[command(flatten)]
-    fleet: FleetArgs,
-    #[command(flatten)]
-    settings: scaling_agent::Settings,
-    #[command(flatten)]
-    backend: BackendArgs,
-    /// Print one snapshot of the queue depths as JSON and exit.
-    #[arg(long)]
-    once: bool,
-    #[command(flatten)]
-    log: LogArgs,
-    #[command(subcommand)]
-    command: Option<Cmd>,
-}
-
-#[derive(clap::Subcommand)]
-enum Cmd {
-    /// Replay a simulated day of seed 004's workload at several volumes under this agent's policy, a
-    /// KEDA-like default and a fixed fleet; print SLA misses, instance-hours, requests and cost
-    /// (`--svg FILE`: also draw the day).
-    Simulate(scaling_agent::simulate::SimArgs),
-}
+use scaling_agent::cli::{Cli, Cmd};
 
 #[tokio::main]
 async fn main() -> ExitCode {

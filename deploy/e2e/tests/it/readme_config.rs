@@ -6,69 +6,12 @@
 //! without a row, a default changed in the code (or in the README alone) or a row left behind fails
 //! here, with the difference. No stack needed.
 //!
-//! The processor's, controller's and scaling agent's own `Cli` structs are private to their
-//! `main.rs`; their commands are put together here from the same public pieces those files flatten,
-//! and [`each_main_flattens_what_this_test_reads`] checks that they still flatten exactly those and
-//! declare no environment variable of their own. (The initiator's `Cli` is public.) It lives in
-//! `fleet-sim` because that crate already depends on the four services' libraries and on clap.
+//! Each binary's command is its library's `cli::Cli`, the very type its `main.rs` parses.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use clap::{Command, CommandFactory, Parser};
-use fleet_io::config::{FleetArgs, LogArgs};
-
-/// The processor's command as `processor/src/bin/main.rs` builds it.
-#[derive(Parser)]
-#[command(name = "processor")]
-struct Processor {
-    #[command(flatten)]
-    fleet: FleetArgs,
-    #[command(flatten)]
-    settings: processor::Settings,
-    #[command(flatten)]
-    log: LogArgs,
-}
-
-/// The controller's command as `controller/src/bin/main.rs` builds it.
-#[derive(Parser)]
-#[command(name = "controller")]
-struct Controller {
-    #[command(flatten)]
-    fleet: FleetArgs,
-    #[command(flatten)]
-    settings: controller::Settings,
-    #[command(flatten)]
-    log: LogArgs,
-}
-
-/// The scaling agent's command as `scaling-agent/src/bin/main.rs` builds it (with `simulate`).
-#[derive(Parser)]
-#[command(name = "scaling-agent")]
-struct Agent {
-    #[command(flatten)]
-    fleet: FleetArgs,
-    #[command(flatten)]
-    settings: scaling_agent::Settings,
-    #[command(flatten)]
-    backend: scaling_agent::factory::BackendArgs,
-    #[command(flatten)]
-    log: LogArgs,
-    #[command(subcommand)]
-    command: Option<AgentCmd>,
-}
-
-#[derive(clap::Subcommand)]
-enum AgentCmd {
-    Simulate(scaling_agent::simulate::SimArgs),
-}
-
-/// What `main.rs` flattens into each service's `Cli` (the types as written there), in order.
-const FLATTENED: &[(&str, &[&str])] = &[
-    ("processor", &["FleetArgs", "processor::Settings", "LogArgs"]),
-    ("controller", &["FleetArgs", "controller::Settings", "LogArgs"]),
-    ("scaling-agent", &["FleetArgs", "scaling_agent::Settings", "BackendArgs", "LogArgs"]),
-];
+use clap::{Command, CommandFactory};
 
 /// One flag with an environment variable, as a binary defines it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,9 +61,9 @@ fn walk(bin: &str, cmd: &Command, into: &mut BTreeMap<String, Vec<(String, Flag)
 /// The flags of the four binaries, by environment variable.
 fn code() -> BTreeMap<String, Vec<(String, Flag)>> {
     let mut all = BTreeMap::new();
-    collect("processor", &mut Processor::command(), &mut all);
-    collect("controller", &mut Controller::command(), &mut all);
-    collect("scaling-agent", &mut Agent::command(), &mut all);
+    collect("processor", &mut processor::cli::Cli::command(), &mut all);
+    collect("controller", &mut controller::cli::Cli::command(), &mut all);
+    collect("scaling-agent", &mut scaling_agent::cli::Cli::command(), &mut all);
     collect("initiator", &mut initiator::cli::Cli::command(), &mut all);
     all
 }
@@ -274,38 +217,6 @@ fn the_readme_configuration_table_matches_every_flag() {
     assert!(diff.is_empty(), "the README's configuration table and the flags differ:\n{}", diff.join("\n"));
 }
 
-/// The flattened field types of the `struct Cli` in a `main.rs`, and whether it names an
-/// environment variable anywhere.
-fn flattened(main_rs: &str) -> (Vec<String>, bool) {
-    let start = main_rs.find("struct Cli {").expect("a `struct Cli {` in main.rs");
-    let body = &main_rs[start..start + main_rs[start..].find("\n}").expect("the end of `struct Cli`")];
-    let mut types = Vec::new();
-    let mut lines = body.lines();
-    while let Some(l) = lines.next() {
-        if l.trim() == "#[command(flatten)]" {
-            let field = lines.next().expect("a field after #[command(flatten)]");
-            let ty = field.split_once(':').expect("`name: Type,`").1.trim().trim_end_matches(',');
-            types.push(ty.to_string());
-        }
-    }
-    (types, main_rs.contains("env ="))
-}
-
-#[test]
-fn each_main_flattens_what_this_test_reads() {
-    for (bin, expected) in FLATTENED {
-        let path = repo().join(bin).join("src/bin/main.rs");
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let (types, env) = flattened(&text);
-        assert_eq!(types, *expected, "{}: its Cli flattens other types than tests/readme_config.rs builds its command from: update both", path.display());
-        assert!(
-            !env,
-            "{}: a flag with an environment variable in main.rs itself: move it into a flattened struct, or add it to tests/readme_config.rs",
-            path.display()
-        );
-    }
-}
-
 #[test]
 fn the_table_parser_reads_compound_rows_and_refuses_loose_defaults() {
     let text = "## Configuration\n\n| env | flag | default | meaning |\n|---|---|---|---|\n| `A_MIN` / `A_MAX` | `--min` / `--max` | `1` / — | bounds |\n\n## Next\n| env | flag | default | meaning |\n|---|---|---|---|\n| `B` | `--b` | `2` | not read |\n";
@@ -323,8 +234,8 @@ fn the_table_parser_reads_compound_rows_and_refuses_loose_defaults() {
     assert!(diff.iter().any(|d| d.contains("A_MAX") && d.contains("read by no binary")), "{diff:?}");
 }
 
-/// Prints the rows the README needs, from the code (`cargo test -p fleet-sim --test readme_config --
-/// --ignored --nocapture print_rows`).
+/// Prints the rows the README needs, from the code (`cargo test -p fleet-e2e --test it -- --ignored --nocapture
+/// readme_config::print_rows`).
 #[test]
 #[ignore]
 fn print_rows() {

@@ -1,0 +1,17 @@
+//! The `processor` binary's command line: the fleet's shared flags, the processor's settings and
+//! the log flags (read by `src/bin/main.rs`, and by the README's configuration test).
+
+use clap::Parser;
+use fleet_io::config::{FleetArgs, LogArgs};
+
+/// Billing fleet processor: bills the chunks referenced by work items on the work queue.
+#[derive(Parser)]
+#[command(version)]
+pub struct Cli {
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    #[command(flatten)]
+    pub settings: crate::Settings,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
