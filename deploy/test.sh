@@ -4,6 +4,13 @@
 set -euo pipefail
 t0=$(date +%s)
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# The build starts at once, beside the installs below (mostly downloads): on a fresh machine it is
+# the longest step. The end-to-end tests run the four binaries; `cargo test` builds only those of
+# packages with tests (--tests: the same features as `cargo test`, so nothing is compiled twice).
+build_log=$(mktemp "${TMPDIR:-/tmp}/fleet-build.XXXXXX")
+(cd "$repo" && exec cargo build --workspace --bins --tests --locked) >"$build_log" 2>&1 &
+build_pid=$!
+trap 'kill "$build_pid" 2>/dev/null || true' EXIT
 # The Kubernetes manifests against the Kubernetes schemas (strict).
 "$repo/deploy/k8s/validate.sh"
 # Debian's Chromium (the status page's browser test) and Prometheus (promtool for the alert rules).
@@ -41,9 +48,15 @@ if [ -z "${FLEET_SIM_FRESH_FROM:-}" ] && head=$(git -C "$repo" rev-parse --short
   export FLEET_SIM_FRESH_FROM=$(( 0x$head % 900000000 + 100000000 ))
 fi
 echo "test.sh: the simulation's fresh seeds start at ${FLEET_SIM_FRESH_FROM:-(from the date)}"
-# The end-to-end tests run the four binaries; `cargo test` builds only those of packages with tests
-# (--tests: the same features as `cargo test`, so nothing is compiled twice).
-cargo build --workspace --bins --tests --locked
+build_rc=0
+wait "$build_pid" || build_rc=$?
+trap - EXIT
+if [ "$build_rc" != 0 ]; then
+  cat "$build_log" >&2
+  echo "test.sh: the build failed (exit $build_rc)" >&2
+  exit "$build_rc"
+fi
+tail -n 3 "$build_log" && rm -f "$build_log"
 phase "built"
 if [ $# -gt 0 ]; then
   exec cargo test --workspace --locked "$@"

@@ -163,7 +163,7 @@ impl Leases {
                             return Ok(Acquired::Busy { owner: doc.owner, expires_in: hint, live: hint >= ttl / 2 });
                         }
                     } else {
-                        let age = self.seen.lock().expect("sightings").age(&job.to_string(), etag.clone(), Instant::now());
+                        let age = self.seen.lock().expect("sightings").age(&job.to_string(), etag.clone(), Instant::now().into_std());
                         if age < ttl {
                             let live = if age.is_zero() { hint >= ttl / 2 } else { age < ttl / 2 };
                             return Ok(Acquired::Busy { owner: doc.owner, expires_in: ttl - age, live });

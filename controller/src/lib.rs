@@ -9,9 +9,11 @@
 //!   balancing round), and their readers;
 //! - `forward`: dead-lettered work items sent to their job's partition;
 //! - `timers`: every periodic action, in one table;
-//! - `settings`, `timings` (the start check), `lease`, `purge`, `status` (the page), `events`
-//!   (typed logs and metrics), `clock`, `sighting`, `undo` (the mutation harness's switches, compiled
-//!   only into `controller-undoable`).
+//! - `settings`, `cli`, `lease`, `purge`, `status` (the page), `events` (typed logs and metrics),
+//!   `clock`;
+//! - from `controller-core` (the decisions without I/O): the partitions' plan, `sighting`, `timings`
+//!   (the start check), `undo` (the mutation harness's switches, compiled only into
+//!   `controller-core-undoable`).
 //!
 //! The handler checkpoints job state to S3 before the messages it applied are completed (deleted,
 //! batched), and writes the report when every chunk of a job is accounted for.
@@ -26,11 +28,8 @@ pub mod lease;
 pub mod partitions;
 pub mod purge;
 mod settings;
-pub mod sighting;
 pub mod status;
 pub mod timers;
-pub mod timings;
-pub mod undo;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -50,6 +49,8 @@ use handler::{complete, Notifiers};
 use partitions::{hand_back_held, rebalance, Readers};
 
 pub use aggregate::{Aggregator, Source, FLUSH_INTERVAL};
+/// The decisions without I/O, in the `controller-core` crate.
+pub use controller_core::{sighting, timings, undo};
 pub(crate) use handler::outcomes;
 pub use settings::{Settings, DEFAULT_ABANDON_AFTER};
 pub use timers::WAITING_LOOK;

@@ -97,7 +97,7 @@ pub struct Settings {
 }
 
 /// Default `--abandon-after`, seconds: two hours, above a parked listener's hourly safety poll.
-pub const DEFAULT_ABANDON_AFTER: u64 = 7200;
+pub const DEFAULT_ABANDON_AFTER: u64 = controller_core::timings::ABANDON_AFTER.as_secs();
 
 impl Settings {
     /// The timings the start check reads: these settings', the fleet's call deadline and the work

@@ -242,7 +242,7 @@ impl Expiry {
             return Clock::instant_ago(clock.since_unix(updated_unix));
         }
         let now = Instant::now();
-        now.checked_sub(self.seen.age(&job.to_string(), updated_unix, now)).unwrap_or(now)
+        now.checked_sub(self.seen.age(&job.to_string(), updated_unix, now.into_std())).unwrap_or(now)
     }
 }
 
@@ -312,17 +312,7 @@ pub const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
 /// ... and as soon as this many of its messages are pending.
 pub const FLUSH_MESSAGES: usize = 100;
 
-/// A job whose chunks are all accounted for, some of them failed (a failure report, a dead letter,
-/// an unreadable result), is finished only this long after its last news (`--settle-secs`): the
-/// chunk's real result may still be on its way (a work item dead-lettered after it was billed, a
-/// failure reported before a retry succeeded, a hostile result ahead of the real one), and a real
-/// result replaces a failure until the job is finished. Longer than a real result can be away from
-/// its job at the shipped timings (`crate::timings`: three 30 s call deadlines, a 30 s lease and the
-/// work queue's 30 s visibility timeout).
-pub const SETTLE: Duration = Duration::from_secs(180);
-
-/// Default lease time of a job (`--lease-secs`).
-pub const LEASE: Duration = Duration::from_secs(30);
+pub use controller_core::timings::{LEASE, SETTLE};
 
 /// Jobs with at most this many (account, currency) rows keep them inside the checkpoint document
 /// (one PUT per checkpoint); larger ones keep them in parts.

@@ -273,7 +273,7 @@ fn simulate(seed: u64) -> std::result::Result<(), String> {
                 // Expiry judged on the controller's own (monotonic) clock: the simulation's.
                 let at = base + Duration::from_millis(now);
                 let own = Duration::from_millis(c.ttl_ms);
-                let expired = expired_members(&table, &c.id, &mut c.seen, at, own, wall);
+                let expired = expired_members(&table, &c.id, &mut c.seen, at.into_std(), own, wall);
                 let p = plan(&table, &c.id, &expired, wall, own, count, &c.running, false);
                 if !p.stop.is_empty() {
                     c.running.retain(|x| !p.stop.contains(x));

@@ -50,3 +50,19 @@ fn every_build_of_the_services_resolves_the_same_features() {
         .collect();
     assert!(differ.is_empty(), "features differ:\n{}", differ.join("\n"));
 }
+
+/// The controller core decides without I/O: nothing in its dependency tree reaches a store, a queue,
+/// a broker or an async runtime (nor the controller that drives it).
+#[test]
+fn the_controller_core_depends_on_no_io() {
+    let tree = resolved(&["-p", "controller-core"]);
+    assert!(tree.keys().any(|p| p.starts_with("controller-core ")), "{tree:?}");
+    let io: Vec<&String> = tree
+        .keys()
+        .filter(|p| {
+            let name = p.split(' ').next().unwrap_or("");
+            ["tokio", "futures", "fleet-io", "fleet-engine", "controller", "lapin", "hyper", "bytes"].contains(&name) || name.starts_with("aws-")
+        })
+        .collect();
+    assert!(io.is_empty(), "the controller core depends on {io:?}");
+}

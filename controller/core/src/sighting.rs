@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 /// The longest lease a writer may declare and have honoured (a garbled or absurd declaration holds a
 /// dead owner's value at most this long).

@@ -15,6 +15,21 @@
 
 use std::time::Duration;
 
+/// A job whose chunks are all accounted for, some of them failed (a failure report, a dead letter,
+/// an unreadable result), is finished only this long after its last news (`--settle-secs`): the
+/// chunk's real result may still be on its way (a work item dead-lettered after it was billed, a
+/// failure reported before a retry succeeded, a hostile result ahead of the real one), and a real
+/// result replaces a failure until the job is finished. Longer than a real result can be away from
+/// its job at the shipped timings (see above: three 30 s call deadlines, a 30 s lease and the
+/// work queue's 30 s visibility timeout).
+pub const SETTLE: Duration = Duration::from_secs(180);
+
+/// Default lease time of a job (`--lease-secs`).
+pub const LEASE: Duration = Duration::from_secs(30);
+
+/// Default `--abandon-after`: two hours, above a parked listener's hourly safety poll.
+pub const ABANDON_AFTER: Duration = Duration::from_secs(7200);
+
 /// What the check reads (from the controller's settings, the fleet's call policy and the work queue).
 #[derive(Debug, Clone, Copy)]
 pub struct Timings {
@@ -95,9 +110,9 @@ mod tests {
 
     fn shipped() -> Timings {
         Timings {
-            settle: crate::aggregate::SETTLE,
-            lease: crate::aggregate::LEASE,
-            abandon_after: Duration::from_secs(crate::DEFAULT_ABANDON_AFTER),
+            settle: SETTLE,
+            lease: LEASE,
+            abandon_after: ABANDON_AFTER,
             park_poll: Some(Duration::from_secs(3600)),
             receive_wait: Duration::from_secs(20),
             call_deadline: Duration::from_secs(30),

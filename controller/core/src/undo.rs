@@ -3,12 +3,12 @@
 //! [`Fix`] names one fix of an exactness, liveness or ownership bug, and the code it guards asks
 //! [`is`] before doing the fixed thing.
 //!
-//! The switches exist only under `cfg(fleet_undo)`, which no feature and no build of the
-//! `controller` package can turn on: the harness's own package, `controller-undoable`
-//! (`sim/controller/`), compiles this same source with that cfg set by its build script, and only
-//! `fleet-sim` depends on it. In every build of the `controller` package (its binary included,
-//! whatever `cargo build` selects) `is` is `false` at compile time, the fixes' names are not
-//! compiled in and `CONTROLLER_UNDO` is never read. In the harness's build a switch is set per
+//! The switches exist only under `cfg(fleet_undo)`, which no feature and no build of this
+//! package can turn on: the harness's own package, `controller-core-undoable` (`sim/core/`),
+//! compiles this same source with that cfg set by its build script, and only the harness's build of
+//! the controller (`controller-undoable`, for `fleet-sim`) links it. In every build of the
+//! `controller` package (its binary included, whatever `cargo build` selects) `is` is `false` at
+//! compile time, the fixes' names are not compiled in and `CONTROLLER_UNDO` is never read. In the harness's build a switch is set per
 //! thread, for the seed run on that thread (each seed runs on one thread, under a current-thread
 //! runtime), or for the whole process by `CONTROLLER_UNDO=<name>` (the unit tests' run,
 //! `deploy/mutations.sh`).
