@@ -35,7 +35,7 @@ use fleet_io::error::Result;
 use crate::clock::Clock;
 
 /// A finished job, and where to say whether its purge is recorded (see [`Purger::finished`]).
-pub type Finished = (String, tokio::sync::oneshot::Sender<bool>);
+pub type ToPurge = (String, tokio::sync::oneshot::Sender<bool>);
 
 /// Where the markers of purges not yet due live.
 pub const PURGE_PREFIX: &str = "purge/";
@@ -252,7 +252,7 @@ impl Purger {
 
     /// Purges each job that `finished` names, until every sender is gone; with a retention (or a purge
     /// at once to try again), looks for due markers every `tick`.
-    pub async fn run(self, mut finished: mpsc::UnboundedReceiver<Finished>, tick: Duration) {
+    pub async fn run(self, mut finished: mpsc::UnboundedReceiver<ToPurge>, tick: Duration) {
         let mut timer = tokio::time::interval(tick);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -158,7 +158,7 @@ impl Aggregator {
         // Written: the rows borrowed from the job's totals are let go before the job is changed.
         let r = r.map_accounts(|_| ());
         let had_parts = job.parts() > 0;
-        self.commit(job, Commit::Finished, &RequestCounts::default()).await?;
+        self.commit(job, Commit::Final, &RequestCounts::default()).await?;
         if had_parts {
             // Also what a fenced (stale) owner may have left there.
             match store.list(&checkpoint_parts_prefix(&job_id), MAX_OPEN_JOBS).await {

@@ -39,7 +39,8 @@ const EXTEND_EVERY: Duration = Duration::from_secs(40);
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(30);
 
-struct Waiting {
+/// A message held through a store outage.
+struct HeldMessage {
     source: Source,
     kept: Kept,
     extended: Instant,
@@ -49,7 +50,7 @@ struct Waiting {
 
 /// The messages held, and when to try them again.
 pub(super) struct Hold {
-    waiting: Vec<Waiting>,
+    waiting: Vec<HeldMessage>,
     retry_at: Instant,
     /// Retries in a row after which messages were held again.
     failures: u32,
@@ -99,7 +100,7 @@ impl Aggregator {
         let n = msgs.len();
         h.waiting.extend(msgs.into_iter().map(|(source, kept)| {
             let job = parse(source, &kept).ok().map(|i| i.job_id().to_string());
-            Waiting { source, kept, extended: now, job }
+            HeldMessage { source, kept, extended: now, job }
         }));
         tracing::warn!(messages = n, held = h.waiting.len(), error = %why, "store unavailable: messages held (visibility kept, no receive spent) until it answers");
     }
@@ -123,8 +124,8 @@ impl Aggregator {
             return Vec::new();
         }
         let mut h = lock(&self.hold);
-        let ours = |w: &Waiting| partition.is_none_or(|p| self.partition_queues.get(w.kept.queue()) == Some(&p));
-        let (back, keep): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut h.waiting).into_iter().partition(|w| ours(w));
+        let ours = |w: &HeldMessage| partition.is_none_or(|p| self.partition_queues.get(w.kept.queue()) == Some(&p));
+        let (back, keep): (Vec<HeldMessage>, Vec<HeldMessage>) = std::mem::take(&mut h.waiting).into_iter().partition(|w| ours(w));
         h.waiting = keep;
         if !back.is_empty() {
             tracing::info!(messages = back.len(), ?partition, "held messages handed back to their queue");

@@ -58,8 +58,8 @@ pub(super) enum Commit {
     Progress,
     /// Its ending (to [`Phase::Ending`]).
     Ending(Decision),
-    /// Its end: the report is written, the rows go (to [`Phase::Finished`]).
-    Finished,
+    /// Its end, the last checkpoint: the report is written, the rows go (to [`Phase::Finished`]).
+    Final,
     /// Quarantined, its rows kept: its manifest cannot be read (to [`Phase::Finished`]).
     Quarantined,
 }
@@ -566,11 +566,11 @@ impl Job {
         }
         let (status, finishing, rows) = match (&commit, &self.phase) {
             (Commit::Progress, Phase::Open { .. }) => (JobStatus::Running, false, Rows::Keep),
-            (Commit::Progress | Commit::Finished, Phase::Ending(d)) => {
+            (Commit::Progress | Commit::Final, Phase::Ending(d)) => {
                 doc.failed_chunks = d.failed.clone();
                 doc.note = d.note.clone();
                 doc.ended_at = Some(d.at.clone());
-                let finished = matches!(commit, Commit::Finished);
+                let finished = matches!(commit, Commit::Final);
                 (d.status, !finished, if finished { Rows::Drop } else { Rows::Keep })
             }
             (Commit::Ending(d), Phase::Open { .. }) => {
@@ -613,7 +613,7 @@ impl Job {
     pub(super) fn saved(&mut self, save: Save, etag: String) -> Vec<String> {
         self.unconfirmed.clear();
         let (doc, commit, stale) = save.into_parts();
-        let rows_kept = !matches!(commit, Commit::Finished);
+        let rows_kept = !matches!(commit, Commit::Final);
         let failed = doc.failed_chunks;
         self.cp.requests = doc.requests;
         self.cp.parts = doc.parts;
@@ -624,7 +624,7 @@ impl Job {
         match commit {
             Commit::Progress => {}
             Commit::Ending(d) => self.phase = Phase::Ending(d),
-            Commit::Finished => {
+            Commit::Final => {
                 let Phase::Ending(d) = std::mem::replace(&mut self.phase, Phase::Finished(JobStatus::Running)) else {
                     unreachable!("only an ending job finishes")
                 };
@@ -863,7 +863,7 @@ mod tests {
         assert_eq!((j.failed().len(), j.unsaved().len()), (0, 1), "a late failure is not applied, only kept for the finish");
         assert_eq!(j.decide(&manifest(&[9, 9])), d);
         assert_eq!(j.next(j.news(), j.news(), Duration::from_secs(120), Asker::Timer), Next::Finish);
-        commit(&mut j, Commit::Finished);
+        commit(&mut j, Commit::Final);
         assert_eq!(j.phase(), &Phase::Finished(JobStatus::Complete));
         assert_eq!(j.done().len(), 1);
     }

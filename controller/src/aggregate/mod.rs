@@ -120,7 +120,7 @@ enum Taken {
     /// Loaded, this controller's.
     Open(Box<Job>),
     /// Finished before (remembered; its lease given back).
-    Finished,
+    AlreadyFinished,
     /// Another controller holds it: its messages go back to the queue for this long.
     Busy(Duration),
 }
@@ -149,7 +149,7 @@ enum Purging {
     /// No purger (tests, tools): a finished job's open marker goes at once.
     Nowhere,
     /// The purger, told each finished job and answering whether its purge is recorded.
-    To(tokio::sync::mpsc::UnboundedSender<crate::purge::Finished>),
+    To(tokio::sync::mpsc::UnboundedSender<crate::purge::ToPurge>),
     /// Stopped: nothing is recorded any more, so open markers stay for the next controller's scan.
     Stopped,
 }
@@ -180,7 +180,7 @@ impl CheckpointStats {
 
 /// Finished jobs remembered (the last [`FINISHED_MEMORY`]).
 #[derive(Default)]
-struct Finished {
+struct FinishedMemory {
     status: HashMap<String, JobStatus>,
     order: VecDeque<String>,
 }
@@ -213,7 +213,7 @@ pub struct Waiting {
 #[derive(Default)]
 struct Known {
     /// Finished before (to drop late duplicates without an S3 read).
-    finished: Finished,
+    finished: FinishedMemory,
     /// Unsealed or sealed jobs known only by their open marker, with their last checkpoint's time:
     /// loaded when they are due to be finished, or when a message of theirs arrives.
     dormant: BTreeMap<String, scan::Dormant>,
@@ -833,7 +833,7 @@ impl Aggregator {
                     return Ok(Step::NotMine(unpaired(kept), Duration::ZERO));
                 }
                 Taken::Open(job) => *loaded = Some(*job),
-                Taken::Finished => return Ok(Step::Delete(self.complete_late(job_id, std::mem::take(kept)).await)),
+                Taken::AlreadyFinished => return Ok(Step::Delete(self.complete_late(job_id, std::mem::take(kept)).await)),
                 Taken::Busy(after) => {
                     tracing::debug!(job = %job_id, n = kept.len(), after_ms = after.as_millis() as u64, "job owned by another controller; messages handed back");
                     return Ok(Step::NotMine(unpaired(kept), after));
@@ -912,7 +912,7 @@ impl Aggregator {
     }
 
     /// Sends the id of every job this aggregator finishes from now on to `tx` (the purger).
-    pub fn notify_finished(&self, tx: tokio::sync::mpsc::UnboundedSender<crate::purge::Finished>) {
+    pub fn notify_finished(&self, tx: tokio::sync::mpsc::UnboundedSender<crate::purge::ToPurge>) {
         *lock(&self.on_finished) = Purging::To(tx);
     }
 

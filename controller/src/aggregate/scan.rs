@@ -149,7 +149,7 @@ impl Aggregator {
                             }
                         }
                         // Finished (its finish cut short, or its purge not recorded).
-                        Ok(Taken::Finished) => {
+                        Ok(Taken::AlreadyFinished) => {
                             let _ = self.close_finished(&job_id).await;
                         }
                         // Another controller holds its lease: that owner finishes it, or the lease

@@ -56,7 +56,7 @@ impl Aggregator {
             // Its checkpoint can never be read: the same document (ETag) failed twice.
             Err((e @ Error::Corrupt(_), Some(etag))) => {
                 self.quarantine_unreadable(job_id, &lease, &e, &etag).await?;
-                return Ok(Taken::Finished);
+                return Ok(Taken::AlreadyFinished);
             }
             Err((e, _)) => {
                 // Not loaded: let another controller (or a later attempt) have it at once.
@@ -66,10 +66,10 @@ impl Aggregator {
             }
         };
         let job = match job {
-            Loaded::Finished(status) => {
+            Loaded::AlreadyFinished(status) => {
                 self.remember_finished(job_id, status);
                 let _ = self.leases.release(job_id, &lease).await;
-                return Ok(Taken::Finished);
+                return Ok(Taken::AlreadyFinished);
             }
             Loaded::Job(job) => job,
         };
@@ -204,7 +204,7 @@ impl Aggregator {
                 let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES).map_err(Error::corrupt).map_err(tagged)?;
                 // Finished: only its status is needed; its rows are in the warehouse.
                 if cp.status.is_finished() && !cp.finishing {
-                    return Ok(Loaded::Finished(cp.status));
+                    return Ok(Loaded::AlreadyFinished(cp.status));
                 }
                 let totals = restore_totals(&mut cp, self.store.as_ref(), ctl).await.map_err(tagged)?;
                 tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, parts = cp.parts.len(), "resumed job from checkpoint");
@@ -248,5 +248,5 @@ pub(super) async fn read_checkpoint(store: &dyn BlobStore, job_id: &str, ctl: &m
 pub(super) enum Loaded {
     Job(Box<Job>),
     /// Finished before, with this status.
-    Finished(JobStatus),
+    AlreadyFinished(JobStatus),
 }
