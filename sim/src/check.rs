@@ -265,6 +265,7 @@ pub fn lateness(jobs: &[Arc<JobPlan>], world: &World, setup: &Setup) -> (f64, Ve
     let written = fleet_io::lock(&world.reports).clone();
     let last_sent = fleet_io::lock(&world.last_sent).clone();
     let faults_end = *fleet_io::lock(&world.faults_end);
+    let work_held_until = *fleet_io::lock(&world.work_held_until);
     let bound = lateness_bound(setup);
     let (mut worst, mut v) = (0.0f64, Vec::new());
     for job in jobs {
@@ -293,7 +294,14 @@ pub fn lateness(jobs: &[Arc<JobPlan>], world: &World, setup: &Setup) -> (f64, Ve
             // announced at its next look).
             wait += Duration::from_secs(setup.settings.listener.park_poll_secs);
         }
-        let from = last_sent.get(&job.id).copied().unwrap_or_default().max(faults_end);
+        let mut from = last_sent.get(&job.id).copied().unwrap_or_default().max(faults_end);
+        if fates.contains(&Fate::Lost) && job.ending == Ending::Sealed {
+            // The stall rule waits for every queue to be seen empty since the job's last news, and
+            // the work queue is every job's: a processor stalled with another job's work item (or a
+            // copy of this one's) in hand holds it non-empty until it sends (seed 342656978: a job's
+            // stall waited for another job's straggler, 354 s after the faults ended).
+            from = from.max(work_held_until);
+        }
         let late = at.saturating_sub(from + wait);
         worst = worst.max(late.as_secs_f64());
         if late > bound {

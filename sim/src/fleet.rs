@@ -614,6 +614,8 @@ impl FatedQueue {
         let straggle = straggle.max(late);
         if let Some(d) = straggle {
             tokio::time::sleep(d).await;
+            // Its work item was in flight on the work queue all along (see `check::lateness`).
+            self.fated.world.work_held();
         }
         for (job, chunk) in &chunks {
             let Some((plan, fate)) = self.fated.fate(job, *chunk) else { continue };

@@ -220,6 +220,8 @@ pub struct World {
     last_sent: Mutex<BTreeMap<String, Duration>>,
     /// When the last fault's effects end (a pause, an outage, a cut-off, a controller's absence).
     faults_end: Mutex<Duration>,
+    /// The last time a stalled processor sent what it held (see [`World::work_held`]).
+    work_held_until: Mutex<Duration>,
     /// Who reads which results partition: see [`World::read`].
     readers: Mutex<observe::Readers>,
     /// (controller, receipt) of the messages held through an outage, with when the hold's last
@@ -370,6 +372,14 @@ impl World {
     /// The fleet sent a message of `job` now.
     pub fn sent(&self, job: &str) {
         fleet_io::lock(&self.last_sent).insert(job.to_string(), self.now());
+    }
+
+    /// A processor that stalled with a work item in hand (any job's) sends its result now: the work
+    /// queue held that item in flight until now.
+    pub fn work_held(&self) {
+        let now = self.now();
+        let mut last = fleet_io::lock(&self.work_held_until);
+        *last = (*last).max(now);
     }
 
     /// A result of `job` moved to a dead-letter queue: whether no controller had written the job's
@@ -727,6 +737,7 @@ async fn simulate(seed: u64, opts: Options, heard: observe::Heard, memory: obser
         dead_letter_ids: Mutex::default(),
         last_sent: Mutex::default(),
         faults_end: Mutex::default(),
+        work_held_until: Mutex::default(),
         readers: Mutex::default(),
         writers: Mutex::default(),
         unheard_dead_letters: Mutex::default(),

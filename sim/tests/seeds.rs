@@ -180,6 +180,7 @@ fn regression_seeds_pass() {
         845_123_411,
         845_127_842,
         845_129_128,
+        342_656_978,
     ] {
         let run = run_seed(seed, opts());
         assert!(run.violations.is_empty(), "seed {seed}: {:?}", run.violations);

@@ -6,23 +6,24 @@
 //! parts with the rows of the accounts changed since, each under a key of its own; restoring is
 //! "later rows replace earlier ones".
 
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use fleet_domain::billing::{AccountTotals, CheckedTotals, RowBatch};
-use fleet_domain::codec::{accounts_from_zstd_csv, accounts_to_zstd_csv, sha256_hex, to_zstd_json};
-use fleet_domain::layout::{checkpoint_key, checkpoint_parts_prefix, open_key};
-use fleet_domain::model::{Checkpoint, CheckpointPart, Progress};
+use fleet_domain::codec::{accounts_from_zstd_csv, sha256_hex};
+use fleet_domain::layout::{checkpoint_key, open_key};
+use fleet_domain::model::Checkpoint;
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
-use fleet_io::blob::{BlobStore, Cond};
+use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 use tokio::time::Instant;
 
-use super::job::{Asker, Commit, Job, Next};
-use super::{delete_calls, Aggregator, FAILING_FOR, INLINE_ROWS, MAX_DOC_BYTES, MAX_PARTS};
+use super::decision::Commit;
+use super::job::{Asker, Job, Next};
+use super::limits::{FAILING_FOR, MAX_DOC_BYTES};
+use super::{delete_calls, Aggregator};
 
 impl Aggregator {
     /// Checkpoints every job with unsaved messages (concurrently) and returns those messages for
@@ -189,104 +190,4 @@ pub(super) async fn restore_totals(cp: &mut Checkpoint, store: &dyn BlobStore, c
     let inline: RowBatch = std::mem::take(&mut cp.accounts).iter().map(AccountTotals::borrowed).collect();
     CheckedTotals::restore(std::iter::once(&inline).chain(parts.iter()).map(RowBatch::iter))
         .map_err(|e| Error::Corrupt(format!("checkpoint of job {}: {e}", cp.job_id)))
-}
-
-/// What a checkpoint keeps of a job's totals.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Rows {
-    /// Every row, inline or in parts (only the rows changed since the last checkpoint are written).
-    Keep,
-    /// None (the job finished: its rows are in the warehouse); its parts are deleted.
-    Drop,
-}
-
-/// A checkpoint planned (see [`plan`]): the document to write and, for a large job, the part to
-/// write before it; what it commits; the parts it no longer names.
-pub(super) struct Save {
-    doc: Checkpoint,
-    body: Bytes,
-    meta: std::collections::BTreeMap<String, String>,
-    cond: Cond,
-    part: Option<(CheckpointPart, Bytes)>,
-    commit: Commit,
-    stale: Vec<String>,
-}
-
-impl Save {
-    pub(super) fn part(&self) -> Option<&(CheckpointPart, Bytes)> {
-        self.part.as_ref()
-    }
-
-    pub(super) fn body(&self) -> &Bytes {
-        &self.body
-    }
-
-    pub(super) fn meta(&self) -> std::collections::BTreeMap<String, String> {
-        self.meta.clone()
-    }
-
-    /// Written only if this holds (fencing: the ETag last read or written, or no checkpoint yet).
-    pub(super) fn cond(&self) -> Cond {
-        self.cond.clone()
-    }
-
-    /// The document written (its rows taken out), what it commits, the parts it no longer names.
-    pub(super) fn into_parts(self) -> (Checkpoint, Commit, Vec<String>) {
-        (self.doc, self.commit, self.stale)
-    }
-}
-
-/// Plans a job's checkpoint (pure: encoding only). A small job's rows travel inside the document; a
-/// large job's in parts: the rows of the accounts changed since the last checkpoint, or, when the
-/// parts since the last base would outweigh the job, a new base with every row (the parts it
-/// replaces are named in `stale`, deleted once the document naming the new one is written). `doc`:
-/// the document without rows, its `parts` those the last written one names.
-pub(super) fn plan(mut doc: Checkpoint, totals: &CheckedTotals, rows: Rows, commit: Commit, etag: Option<String>) -> Result<Save> {
-    let before = doc.parts.clone();
-    let n = totals.len();
-    let mut part = None;
-    match rows {
-        Rows::Drop => doc.parts.clear(),
-        Rows::Keep if doc.parts.is_empty() && n <= INLINE_ROWS => doc.accounts = totals.rows(),
-        Rows::Keep => {
-            let since_base: usize = doc.parts.iter().skip(1).map(|p| p.rows as usize).sum();
-            let full = doc.parts.is_empty() || doc.parts.len() >= MAX_PARTS || since_base + totals.changed_accounts() > n;
-            // Borrowed from the totals: a base of a million rows is not copied before it is encoded.
-            let (rows, data) = if full {
-                let sorted = totals.sorted_rows();
-                (sorted.len() as u64, accounts_to_zstd_csv(sorted.iter()))
-            } else {
-                let rows = totals.changed_rows().count();
-                (rows as u64, accounts_to_zstd_csv(totals.changed_rows()))
-            };
-            let p = CheckpointPart {
-                key: format!("{}{}.csv.zst", checkpoint_parts_prefix(&doc.job_id), uuid::Uuid::now_v7().simple()),
-                rows,
-                bytes: data.len() as u64,
-                sha256: sha256_hex(&data),
-                full,
-            };
-            doc.requests.add("s3.PutObject", 1);
-            if full {
-                doc.parts.clear();
-            }
-            doc.parts.push(p.clone());
-            part = Some((p, Bytes::from(data)));
-        }
-    }
-    let body = Bytes::from(to_zstd_json(&doc).map_err(Error::corrupt)?);
-    let meta = Progress::of(&doc).to_meta();
-    doc.accounts = Vec::new();
-    // A finished job's parts are all deleted by its end (with what a fenced owner may have left).
-    let stale = if rows == Rows::Drop {
-        Vec::new()
-    } else {
-        let kept: HashSet<&str> = doc.parts.iter().map(|p| p.key.as_str()).collect();
-        before.iter().filter(|p| !kept.contains(p.key.as_str())).map(|p| p.key.clone()).collect()
-    };
-    let cond = match etag {
-        Some(e) => Cond::Matches(e),
-        None => Cond::Absent,
-    };
-    Ok(Save { doc, body, meta, cond, part, commit, stale })
 }

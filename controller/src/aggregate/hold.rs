@@ -27,8 +27,8 @@ use fleet_io::error::Error;
 use fleet_io::lock;
 use tokio::time::Instant;
 
-use super::item::parse;
-use super::{Aggregator, Applied, Source};
+use super::item::{parse, Source};
+use super::{Aggregator, Applied};
 
 /// A held message is kept invisible this long from each extension ...
 pub const HOLD_VISIBILITY: Duration = Duration::from_secs(120);

@@ -12,8 +12,32 @@ use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 use fleet_io::queue::Message;
 
-use super::records::Figures;
-use super::{Source, DECODES};
+use super::limits::{Figures, DECODES};
+
+/// Which queue a batch came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Source {
+    /// Chunk results from processors, seals and abandons from initiators.
+    Results,
+    /// Work items that exhausted their receives.
+    WorkDeadLetter,
+    /// Results (or seals) that exhausted their receives on the results queue, e.g. while S3 was down:
+    /// applied like results.
+    ResultsDeadLetter,
+}
+
+impl Source {
+    pub const ALL: [Source; 3] = [Source::Results, Source::WorkDeadLetter, Source::ResultsDeadLetter];
+
+    /// The queue's name when none is set.
+    pub fn default_queue(self) -> &'static str {
+        match self {
+            Source::Results => "billing-results",
+            Source::WorkDeadLetter => "billing-work-dlq",
+            Source::ResultsDeadLetter => "billing-results-dlq",
+        }
+    }
+}
 
 pub(super) enum Item {
     Result(ResultMessage),

@@ -21,9 +21,11 @@ use fleet_engine::{Kept, Visibility};
 use fleet_io::error::Result;
 use tokio::time::Instant;
 
-use super::checkpoint::{self, Rows, Save};
+use super::decision::{Commit, Decision};
+use super::item::Source;
 use super::item::{Item, Ready};
-use super::{Source, DEAD_LETTER_REASON, FLUSH_INTERVAL, FLUSH_MESSAGES};
+use super::limits::{DEAD_LETTER_REASON, FLUSH_INTERVAL, FLUSH_MESSAGES};
+use super::save::{self, Rows, Save};
 use crate::clock::Clock;
 use crate::lease::Lease;
 
@@ -38,30 +40,6 @@ pub(super) enum Phase {
     Ending(Decision),
     /// Its report written and its checkpoint without rows (or quarantined): it leaves memory.
     Finished(JobStatus),
-}
-
-/// How a job ends: its status, the chunks it ends with as failed, its note.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct Decision {
-    pub(super) status: JobStatus,
-    pub(super) failed: Vec<FailedChunk>,
-    pub(super) note: Option<String>,
-    /// When it was decided (RFC 3339, the aggregator's clock): committed with it, so that every
-    /// writer of the job's report and warehouse rows dates them alike.
-    pub(super) at: String,
-}
-
-/// What a checkpoint written commits (see [`Job::plan`]).
-#[derive(Debug)]
-pub(super) enum Commit {
-    /// The job's progress (its phase unchanged).
-    Progress,
-    /// Its ending (to [`Phase::Ending`]).
-    Ending(Decision),
-    /// Its end, the last checkpoint: the report is written, the rows go (to [`Phase::Finished`]).
-    Final,
-    /// Quarantined, its rows kept: its manifest cannot be read (to [`Phase::Finished`]).
-    Quarantined,
 }
 
 /// What a job asks for after a batch or a tick.
@@ -590,7 +568,7 @@ impl Job {
         };
         doc.status = status;
         doc.finishing = finishing;
-        checkpoint::plan(doc, &self.totals, rows, commit, self.etag.clone())
+        save::plan(doc, &self.totals, rows, commit, self.etag.clone())
     }
 
     /// The digests of its checkpoint writes since the last one confirmed whose outcome is unknown

@@ -41,69 +41,27 @@ use crate::sighting::Sightings;
 
 pub mod budget;
 mod checkpoint;
+mod decision;
 mod finalize;
 pub mod hold;
 mod item;
 mod job;
+mod limits;
 mod quarantine;
 pub mod records;
+mod save;
 mod scan;
 mod take;
 
 use budget::Budget;
 use hold::Hold;
-pub use item::MEMORY_TARGET;
 use item::{parse, prepare, Item, Ready};
+pub use item::{Source, MEMORY_TARGET};
 use job::{Asker, Job, Next};
+use limits::*;
+pub use limits::{DEAD_LETTER_REASON, FLUSH_INTERVAL, FLUSH_MESSAGES, HAND_BACK, INLINE_ROWS, LEASE, MAX_RESULT_BYTES, SETTLE, UNRECORDED_RECEIVES};
 use records::{RecordsCache, Verdict};
 pub use scan::{Emptied, FleetQueues, Look, DEPTH_LAG};
-
-/// Largest decompressed checkpoint accepted.
-const MAX_DOC_BYTES: u64 = 1 << 30;
-/// Largest decompressed result payload accepted, whatever its message declares: the account rows of
-/// one chunk, which a processor reads only up to its `--max-chunk-bytes` (64 MiB by default) of
-/// transactions, and an account row is no longer than the transaction row it sums.
-pub const MAX_RESULT_BYTES: u64 = 64 << 20;
-/// A message its job has no record of (see `records`) goes back to the results queue for this long ...
-const UNRECORDED_WAITS: Duration = Duration::from_secs(20);
-/// ... until its receive this many times (below any maxReceiveCount the fleet provisions), then it is
-/// quarantined; from a dead-letter queue, at once.
-pub const UNRECORDED_RECEIVES: u32 = 3;
-/// Result payloads decompressed at once (on the blocking pool).
-const DECODES: usize = 2;
-/// Finished jobs remembered in memory (to drop late duplicates without an S3 read).
-const FINISHED_MEMORY: usize = 10_000;
-
-/// Reason recorded for a chunk known only from its dead-lettered work item.
-pub const DEAD_LETTER_REASON: &str = "work item reached the dead-letter queue: processing failed on every allowed attempt";
-
-/// Most open-job markers read back at start.
-const MAX_OPEN_JOBS: usize = 100_000;
-
-/// Which queue a batch came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Source {
-    /// Chunk results from processors, seals and abandons from initiators.
-    Results,
-    /// Work items that exhausted their receives.
-    WorkDeadLetter,
-    /// Results (or seals) that exhausted their receives on the results queue, e.g. while S3 was down:
-    /// applied like results.
-    ResultsDeadLetter,
-}
-
-impl Source {
-    pub const ALL: [Source; 3] = [Source::Results, Source::WorkDeadLetter, Source::ResultsDeadLetter];
-
-    /// The queue's name when none is set.
-    pub fn default_queue(self) -> &'static str {
-        match self {
-            Source::Results => "billing-results",
-            Source::WorkDeadLetter => "billing-work-dlq",
-            Source::ResultsDeadLetter => "billing-results-dlq",
-        }
-    }
-}
 
 /// What to do with the messages of a batch once applied (the rest wait in their jobs for a checkpoint).
 #[derive(Debug, Default)]
@@ -296,30 +254,6 @@ pub struct Aggregator {
     /// The price table reports' request costs are computed with.
     prices: Prices,
 }
-
-/// A message of a job another controller owns goes back to the queue after this long (for its owner).
-pub const HAND_BACK: Duration = Duration::from_secs(1);
-
-/// A stray whose forward to its job's partition failed comes back after this long.
-const STRAY_RETRY: Duration = Duration::from_secs(5);
-
-/// How long a job's messages are turned back without a try after its S3 calls failed.
-const FAILING_FOR: Duration = Duration::from_secs(2);
-
-/// A job with pending messages is checkpointed at least this often (by the controller's timer while
-/// it is idle, by its own next batch while busy) ...
-pub const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
-/// ... and as soon as this many of its messages are pending.
-pub const FLUSH_MESSAGES: usize = 100;
-
-pub use controller_core::timings::{LEASE, SETTLE};
-
-/// Jobs with at most this many (account, currency) rows keep them inside the checkpoint document
-/// (one PUT per checkpoint); larger ones keep them in parts.
-pub const INLINE_ROWS: usize = 4096;
-/// A new base part is written when the parts after the last one hold more rows than the job has (so
-/// restoring reads at most about twice the job's rows), or when there are this many parts.
-const MAX_PARTS: usize = 64;
 
 impl Aggregator {
     /// An aggregator with a random owner name and the default lease time.
@@ -625,7 +559,7 @@ impl Aggregator {
                     out.delete.extend(self.quarantine_message(source, k, &why).await);
                 }
                 Verdict::Agrees(figures) => {
-                    let share = figures.map_or(0, records::Figures::max_memory);
+                    let share = figures.map_or(0, limits::Figures::max_memory);
                     agreeing.push(((k, item, figures), share));
                 }
                 Verdict::Refused(why) => {

@@ -24,9 +24,11 @@ use fleet_io::blob::Cond;
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 
-use super::job::{fresh_checkpoint, Commit, Job, Phase};
+use super::decision::Commit;
+use super::item::Source;
+use super::job::{fresh_checkpoint, Job, Phase};
 use super::take::{read_checkpoint, At};
-use super::{Aggregator, Source};
+use super::Aggregator;
 use crate::lease::Lease;
 
 impl Aggregator {

@@ -19,7 +19,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use fleet_domain::codec::accounts_cap;
 use fleet_domain::layout::{checkpoint_keys, chunk_key, manifest_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{ChunkRecord, Manifest, Progress, ResultMessage};
 use fleet_domain::requests::RequestCounts;
@@ -27,51 +26,11 @@ use fleet_io::error::Result;
 use fleet_io::lock;
 
 use super::item::Item;
-use super::{Aggregator, MAX_RESULT_BYTES};
+use super::limits::Figures;
+use super::Aggregator;
 
 /// Jobs whose records are kept in memory at once (a cache: a job dropped from it is looked up again).
 const MAX_JOBS: usize = 10_000;
-
-/// Bytes an account row may take beyond the account id and currency its chunk's rows already hold: a
-/// count of 20 digits, gross and fees of 31 characters each, 4 commas and the newline.
-const ROW_FIGURES_BYTES: u64 = 20 + 2 * 31 + 5;
-
-/// Bytes a decoded account row takes in memory besides its text (`RowBatch`'s 56-byte entry, twice
-/// for the vector's growth).
-const ROW_MEMORY_BYTES: u64 = 112;
-
-/// The figures a message about a chunk is held to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Figures {
-    pub(super) transactions: u64,
-    /// The chunk's decompressed CSV size (`None`: a chunk of an older initiator, known from the
-    /// manifest or not at all: the payload is capped by its transactions alone).
-    pub(super) raw_bytes: Option<u64>,
-}
-
-impl Figures {
-    /// Most account rows a result of the chunk can have (one per transaction).
-    pub(super) fn max_rows(self) -> u64 {
-        self.transactions.max(1)
-    }
-
-    /// Most bytes its account rows can decompress to: an account row holds an id and a currency that
-    /// one of the chunk's rows holds, and its figures; never more than the rows' own bound.
-    pub(super) fn max_bytes(self) -> u64 {
-        let by_rows = accounts_cap(self.transactions, MAX_RESULT_BYTES);
-        match self.raw_bytes {
-            Some(raw) => by_rows.min(raw.saturating_add(self.max_rows().saturating_mul(ROW_FIGURES_BYTES))),
-            None => by_rows,
-        }
-    }
-
-    /// Most memory decoding a result of the chunk can hold at once: the compressed payload (no larger
-    /// than what it decompresses to), the decompressed text (its buffer may double once), and the
-    /// decoded rows.
-    pub(super) fn max_memory(self) -> u64 {
-        self.max_bytes().saturating_mul(3).saturating_add(self.max_rows().saturating_mul(ROW_MEMORY_BYTES))
-    }
-}
 
 /// What the job's records say of one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -314,6 +273,8 @@ impl Aggregator {
 mod tests {
     //! The judgement alone: no store.
     use super::*;
+    use crate::aggregate::limits::{MAX_RESULT_BYTES, ROW_FIGURES_BYTES};
+    use fleet_domain::codec::accounts_cap;
     use fleet_domain::model::{ChunkOutcome, ChunkResult};
 
     fn result(chunk: u32, n: u64) -> Item {

@@ -23,7 +23,8 @@ use fleet_io::lock;
 use fleet_io::queue::Queue;
 use tokio::time::Instant;
 
-use super::{Aggregator, Taken, MAX_OPEN_JOBS};
+use super::limits::MAX_OPEN_JOBS;
+use super::{Aggregator, Taken};
 
 /// Why an idle job is finished.
 enum Ending {

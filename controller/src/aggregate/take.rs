@@ -12,7 +12,8 @@ use fleet_io::lock;
 
 use super::checkpoint::restore_totals;
 use super::job::{Job, Unsaved};
-use super::{Aggregator, Slot, Taken, HAND_BACK, MAX_DOC_BYTES};
+use super::limits::{HAND_BACK, MAX_DOC_BYTES};
+use super::{Aggregator, Slot, Taken};
 use crate::lease::{Acquired, Lease};
 
 impl Aggregator {

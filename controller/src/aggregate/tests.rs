@@ -445,7 +445,7 @@ async fn hostile_results_are_bounded_by_their_declared_rows_and_their_own_keys()
     assert_eq!(reasons.len(), 4, "{reasons:?}");
     // The chunk's worth of bytes (its record: 2 rows of 200 bytes), not the 16 MiB the payloads hold
     // nor the 1 GiB the blob claims.
-    let cap = format!("decompresses to more than {} bytes", records::Figures { transactions: 2, raw_bytes: Some(200) }.max_bytes());
+    let cap = format!("decompresses to more than {} bytes", limits::Figures { transactions: 2, raw_bytes: Some(200) }.max_bytes());
     assert!(reasons[0].1.contains("result unreadable") && reasons[0].1.contains(&cap), "{reasons:?}");
     assert!(reasons[1].1.contains("result unreadable") && reasons[1].1.contains(&cap), "{reasons:?}");
     assert!(reasons[2].1.contains("is not the key of job x1 chunk 2"), "{reasons:?}");
