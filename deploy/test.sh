@@ -8,9 +8,10 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # the longest step. The end-to-end tests run the four binaries; `cargo test` builds only those of
 # packages with tests (--tests: the same features as `cargo test`, so nothing is compiled twice).
 build_log=$(mktemp "${TMPDIR:-/tmp}/fleet-build.XXXXXX")
-(cd "$repo" && exec cargo build --workspace --bins --tests --locked) >"$build_log" 2>&1 &
+# In a process group of its own (so that a stop ends the compilers too), below the installs' priority.
+(cd "$repo" && exec setsid nice -n 10 cargo build --workspace --bins --tests --locked) >"$build_log" 2>&1 &
 build_pid=$!
-trap 'kill "$build_pid" 2>/dev/null || true' EXIT
+trap 'kill -- -"$build_pid" 2>/dev/null || true' EXIT
 # The Kubernetes manifests against the Kubernetes schemas (strict).
 "$repo/deploy/k8s/validate.sh"
 # Debian's Chromium (the status page's browser test) and Prometheus (promtool for the alert rules).
@@ -52,11 +53,12 @@ build_rc=0
 wait "$build_pid" || build_rc=$?
 trap - EXIT
 if [ "$build_rc" != 0 ]; then
-  cat "$build_log" >&2
+  cat "$build_log" >&2 && rm -f "$build_log"
   echo "test.sh: the build failed (exit $build_rc)" >&2
   exit "$build_rc"
 fi
-tail -n 3 "$build_log" && rm -f "$build_log"
+grep -E '^(warning|error)' "$build_log" | sort | uniq -c || true
+tail -n 1 "$build_log" && rm -f "$build_log"
 phase "built"
 if [ $# -gt 0 ]; then
   exec cargo test --workspace --locked "$@"

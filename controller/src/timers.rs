@@ -47,7 +47,7 @@ impl Timer {
     /// Every timer, in the order they are started.
     pub const ALL: [Timer; 6] = [Timer::Balance, Timer::Flush, Timer::RetryHeld, Timer::ExtendHeld, Timer::WaitingLook, Timer::Expire];
 
-    /// Its name (in logs).
+    /// Its name.
     pub fn name(self) -> &'static str {
         match self {
             Timer::Balance => "balance",
@@ -176,11 +176,8 @@ pub(crate) fn spawn(tracker: &TaskTracker, table: &Table, actions: &Arc<Actions>
 
 /// One timer's loop.
 async fn drive(timer: Timer, period: Duration, actions: &Actions, stop: &CancellationToken) {
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    if timer.waits_first() {
-        tick.tick().await;
-    }
+    // Made at the first wait on the period (a timer whose action says when it acts next has none).
+    let mut tick: Option<tokio::time::Interval> = None;
     loop {
         match actions.next_at(timer).await {
             Some(at) => tokio::select! {
@@ -188,11 +185,24 @@ async fn drive(timer: Timer, period: Duration, actions: &Actions, stop: &Cancell
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep_until(at) => {}
             },
-            None => tokio::select! {
-                biased;
-                _ = stop.cancelled() => return,
-                _ = tick.tick() => {}
-            },
+            None => {
+                let tick = match &mut tick {
+                    Some(tick) => tick,
+                    None => {
+                        let mut first = tokio::time::interval(period);
+                        first.set_missed_tick_behavior(MissedTickBehavior::Delay);
+                        if timer.waits_first() {
+                            first.tick().await;
+                        }
+                        tick.insert(first)
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+            }
         }
         if timer.cut_by_stop() {
             tokio::select! {

@@ -265,7 +265,7 @@ pub fn lateness(jobs: &[Arc<JobPlan>], world: &World, setup: &Setup) -> (f64, Ve
     let written = fleet_io::lock(&world.reports).clone();
     let last_sent = fleet_io::lock(&world.last_sent).clone();
     let faults_end = *fleet_io::lock(&world.faults_end);
-    let work_held_until = *fleet_io::lock(&world.work_held_until);
+    let work_held_until = fleet_io::lock(&world.work_held_until).clone();
     let bound = lateness_bound(setup);
     let (mut worst, mut v) = (0.0f64, Vec::new());
     for job in jobs {
@@ -299,8 +299,9 @@ pub fn lateness(jobs: &[Arc<JobPlan>], world: &World, setup: &Setup) -> (f64, Ve
             // The stall rule waits for every queue to be seen empty since the job's last news, and
             // the work queue is every job's: a processor stalled with another job's work item (or a
             // copy of this one's) in hand holds it non-empty until it sends (seed 342656978: a job's
-            // stall waited for another job's straggler, 354 s after the faults ended).
-            from = from.max(work_held_until);
+            // stall waited for another job's straggler, 354 s after the faults ended). Only a hold
+            // that ended before the report can have delayed it.
+            from = from.max(work_held_until.iter().copied().filter(|end| *end <= at).max().unwrap_or_default());
         }
         let late = at.saturating_sub(from + wait);
         worst = worst.max(late.as_secs_f64());

@@ -220,8 +220,8 @@ pub struct World {
     last_sent: Mutex<BTreeMap<String, Duration>>,
     /// When the last fault's effects end (a pause, an outage, a cut-off, a controller's absence).
     faults_end: Mutex<Duration>,
-    /// The last time a stalled processor sent what it held (see [`World::work_held`]).
-    work_held_until: Mutex<Duration>,
+    /// When each stalled processor sent what it held (see [`World::work_held`]).
+    work_held_until: Mutex<Vec<Duration>>,
     /// Who reads which results partition: see [`World::read`].
     readers: Mutex<observe::Readers>,
     /// (controller, receipt) of the messages held through an outage, with when the hold's last
@@ -378,8 +378,7 @@ impl World {
     /// queue held that item in flight until now.
     pub fn work_held(&self) {
         let now = self.now();
-        let mut last = fleet_io::lock(&self.work_held_until);
-        *last = (*last).max(now);
+        fleet_io::lock(&self.work_held_until).push(now);
     }
 
     /// A result of `job` moved to a dead-letter queue: whether no controller had written the job's

@@ -1,6 +1,6 @@
 //! Checkpoints: `flush` (every job with unsaved messages, or only the idle ones for the timer) writes
 //! each job's checkpoint and returns the messages it covers for deletion; `commit` is the I/O of a
-//! checkpoint the job planned (`plan`, pure: the format). The format: the document
+//! checkpoint the job planned (`save::plan`, pure: the format). The format: the document
 //! (`checkpoints/{job}/checkpoint.json.zst`, the commit point, written If-Match its ETag so a stale owner is
 //! fenced) with a small job's rows inline, or for a large job a base part with every row plus change
 //! parts with the rows of the accounts changed since, each under a key of its own; restoring is

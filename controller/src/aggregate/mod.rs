@@ -15,10 +15,12 @@
 //! remembering unsealed jobs by their checkpoint's time only (a HEAD request), so that one whose owner
 //! died and whose messages never come back is still abandoned in time.
 //!
-//! Rooms: `job` (a job in memory: the state machine, sans-I/O), `item` (what a message brings to a
-//! job), `take` (leases and loading), `checkpoint` (flushing, the checkpoint format, and committing
-//! what a job planned), `finalize` (the report), `scan` (dormant jobs and expiry); this file holds the
-//! aggregator and the path of one batch.
+//! Rooms: `job` (a job in memory: the state machine, sans-I/O), `decision` (how a job ends, what a
+//! checkpoint commits), `save` (a checkpoint planned, pure: the format), `item` (what a message brings
+//! to a job, by `Source`), `limits` (sizes and periods), `records`, `budget`, `take` (leases and
+//! loading), `checkpoint` (flushing, and committing what a job planned), `finalize` (the report),
+//! `scan` (dormant jobs and expiry), `hold`, `quarantine`; this file holds the aggregator and the path
+//! of one batch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

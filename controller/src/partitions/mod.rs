@@ -22,11 +22,11 @@
 //! controller that cannot renew stops reading its partitions when its last write is two thirds of a
 //! lease old, before any peer may take them.
 //!
-//! [`plan`] decides (pure: the document as read, the time, what this controller reads now; returns the
-//! document to write and the partitions to start and stop); [`Ownership`] reads and writes it (this
-//! file: the table, the plan and the conditional writes that apply it are one protocol, and its
-//! seeded simulation, `tests.rs`, checks that protocol whole); `readers` acts on a round's plan,
-//! starting and stopping the listeners of the partitions gained and given up.
+//! [`plan`] decides (pure, in `controller-core`: the document as read, the time, what this controller
+//! reads now; returns the document to write and the partitions to start and stop); [`Ownership`]
+//! (this file) reads and writes it with conditional writes, and the seeded simulation of rounds in
+//! `tests.rs` checks the protocol whole; `readers` acts on a round's plan, starting and stopping the
+//! listeners of the partitions gained and given up.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! The readers of the results partitions this controller owns, and the balancing round that starts
-//! and stops them: `Ownership` (`super`) says which partitions are this controller's; [`balance`]
+//! and stops them: `Ownership` (`super`) says which partitions are this controller's; [`rebalance`]
 //! acts on what a round says (stops first, all at once, then starts), and [`Readers`] runs a
 //! listener on each owned partition's results queue and one on its dead-letter queue.
 
