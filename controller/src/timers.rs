@@ -47,18 +47,6 @@ impl Timer {
     /// Every timer, in the order they are started.
     pub const ALL: [Timer; 6] = [Timer::Balance, Timer::Flush, Timer::RetryHeld, Timer::ExtendHeld, Timer::WaitingLook, Timer::Expire];
 
-    /// Its name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Timer::Balance => "balance",
-            Timer::Flush => "flush",
-            Timer::RetryHeld => "retry-held",
-            Timer::ExtendHeld => "extend-held",
-            Timer::WaitingLook => "waiting-look",
-            Timer::Expire => "expire",
-        }
-    }
-
     /// Whether a stop cuts short the action under way: a balancing round and a retry of held results
     /// may wait out a hung store, and the stop does both again (a last round hands the partitions
     /// back; what a retry had in hand comes back after its extended visibility). The others end

@@ -1,3 +1,7 @@
+//! Why one file: the jobs nobody holds in memory (dormant, found by their markers) and the rules that
+//! end quiet jobs (abandon, stall, settle) read the same view of the open jobs; split, a rule would
+//! judge a job by a view another file keeps.
+//!
 //! The dormant and expiry scan: open jobs are found by their `open/{job}` markers at start and every
 //! `abandon_after` (one HEAD each, remembered dormant until due). A job without news for
 //! `abandon_after` that never sealed is finished as `abandoned`; a sealed job without news for

@@ -1,3 +1,6 @@
+//! Why one file: every binary reads the fleet's names and builds its clients here, so that the four
+//! agree on a queue's or bucket's name and on how the AWS environment is read.
+//!
 //! Configuration shared by every binary: resource names (clap flags with env fallbacks) and the AWS
 //! clients, built from the standard AWS environment (AWS_ENDPOINT_URL, AWS_REGION, profiles).
 
