@@ -301,26 +301,23 @@ impl Purger {
 mod tests {
     use super::*;
     use fleet_domain::layout::{accounts_key, checkpoint_key, chunk_key, manifest_key, report_key, result_key};
-    use fleet_io::memory::MemoryStore;
+    use fleet_io::memory::{Hook, Hooked, MemoryStore};
 
     /// Where a test hears nothing of a purge's record.
     fn recorded() -> tokio::sync::oneshot::Sender<bool> {
         tokio::sync::oneshot::channel().0
     }
 
-    /// The in-memory store, whose next `fail_puts` writes fail (S3 answering 503).
+    /// The next `fail_puts` writes fail (S3 answering 503).
     struct FailingPuts {
-        inner: Arc<MemoryStore>,
         fail_puts: std::sync::atomic::AtomicU32,
     }
 
     #[async_trait::async_trait]
-    impl BlobStore for FailingPuts {
-        fn bucket(&self) -> &str {
-            self.inner.bucket()
-        }
+    impl Hook for FailingPuts {
         async fn put_if(
             &self,
+            inner: &dyn BlobStore,
             key: &str,
             body: Bytes,
             content_type: &str,
@@ -337,22 +334,7 @@ mod tests {
                     source: None,
                 });
             }
-            self.inner.put_if(key, body, content_type, meta, cond).await
-        }
-        async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
-            self.inner.get_tagged(key).await
-        }
-        async fn head(&self, key: &str) -> Result<Option<std::collections::BTreeMap<String, String>>> {
-            self.inner.head(key).await
-        }
-        async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
-            self.inner.list(prefix, limit).await
-        }
-        async fn delete(&self, key: &str) -> Result<()> {
-            self.inner.delete(key).await
-        }
-        fn calls(&self) -> &fleet_io::call::CallCounter {
-            self.inner.calls()
+            inner.put_if(key, body, content_type, meta, cond).await
         }
     }
 
@@ -362,14 +344,14 @@ mod tests {
     #[tokio::test]
     async fn a_purge_not_recorded_keeps_the_open_marker_until_the_tick_records_it() {
         let inner = MemoryStore::new();
-        let store: Arc<dyn BlobStore> = Arc::new(FailingPuts { inner: inner.clone(), fail_puts: 0.into() });
+        let store: Arc<dyn BlobStore> = inner.clone();
         let job = "unrecorded";
         job_blobs(store.as_ref(), job, 2).await;
         store.put(&fleet_domain::layout::open_key(job), Bytes::new(), "application/octet-stream").await.unwrap();
         let p = Purger::new(store.clone(), Duration::ZERO);
         // S3 refuses the marker's write.
-        let failing = FailingPuts { inner: inner.clone(), fail_puts: 1.into() };
-        let p_failing = Purger { store: Arc::new(failing), ..p.clone() };
+        let failing = Hooked::new(inner.clone(), FailingPuts { fail_puts: 1.into() });
+        let p_failing = Purger { store: failing, ..p.clone() };
         let (tx, heard) = tokio::sync::oneshot::channel();
         assert!(p_failing.finished(job, 1_800_000_000, tx).await.is_err());
         assert_eq!(heard.await, Ok(false), "a purge whose marker was not written is not recorded");

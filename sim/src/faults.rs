@@ -27,7 +27,7 @@ use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::breaker::{Breaker, BreakerPolicy};
 use fleet_io::call::CallCounter;
 use fleet_io::error::{Error, Result, Service};
-use fleet_io::memory::MemoryStore;
+use fleet_io::memory::{Hook, Hooked, MemoryStore};
 use fleet_io::queue::{Delivery, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -296,7 +296,6 @@ enum Fate {
 /// One controller's way to the shared store, with the breaker its S3 client would have (every call's
 /// result reported; no probe task of its own, whose jitter is not the seed's: the simulation probes).
 pub struct FaultyStore {
-    inner: Arc<MemoryStore>,
     ctl: usize,
     /// The name the process runs under (a restart under a new name is another owner).
     owner: String,
@@ -318,9 +317,9 @@ impl FaultyStore {
         life: Life,
         world: Arc<World>,
         previous_release: bool,
-    ) -> Arc<FaultyStore> {
+    ) -> Arc<Hooked<FaultyStore>> {
         let breaker = Breaker::new(Service::S3, BreakerPolicy::default());
-        Arc::new(FaultyStore { inner, ctl, owner: owner.to_string(), faults, life, world, calls: CallCounter::default(), breaker, previous_release })
+        Hooked::new(inner, FaultyStore { ctl, owner: owner.to_string(), faults, life, world, calls: CallCounter::default(), breaker, previous_release })
     }
 
     /// A checkpoint as the release before partitions wrote it: the same, naming no partition (in its
@@ -332,11 +331,6 @@ impl FaultyStore {
         cp.partition = None;
         let body = Bytes::from(fleet_domain::codec::to_zstd_json(&cp).expect("a checkpoint serializes"));
         (body, meta.iter().filter(|(k, _)| *k != "partition").map(|(k, v)| (k.clone(), v.clone())).collect())
-    }
-
-    /// Asks the store a cheap question (as the breaker's probe does), reporting the answer.
-    pub async fn probe(&self) {
-        let _ = self.head("probe").await;
     }
 
     fn record<T>(&self, r: Result<T>) -> Result<T> {
@@ -468,41 +462,49 @@ fn short(key: &str) -> &str {
 }
 
 #[async_trait]
-impl BlobStore for FaultyStore {
-    fn bucket(&self) -> &str {
+impl Hook for FaultyStore {
+    fn bucket<'a>(&'a self, _inner: &'a dyn BlobStore) -> &'a str {
         "simulated"
     }
 
-    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
-        let r = self.put_if_inner(key, body, content_type, meta, cond).await;
+    async fn put_if(
+        &self,
+        inner: &dyn BlobStore,
+        key: &str,
+        body: Bytes,
+        content_type: &str,
+        meta: &BTreeMap<String, String>,
+        cond: &Cond,
+    ) -> Result<Option<String>> {
+        let r = self.put_if_inner(inner, key, body, content_type, meta, cond).await;
         self.record(r)
     }
 
-    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
-        let r = self.get_tagged_inner(key).await;
+    async fn get_tagged(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<(Bytes, String)>> {
+        let r = self.get_tagged_inner(inner, key).await;
         self.record(r)
     }
 
-    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
-        let r = self.head_inner(key).await;
+    async fn head(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+        let r = self.head_inner(inner, key).await;
         self.record(r)
     }
 
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
-        let r = self.list_inner(prefix, limit).await;
+    async fn list(&self, inner: &dyn BlobStore, prefix: &str, limit: usize) -> Result<Vec<String>> {
+        let r = self.list_inner(inner, prefix, limit).await;
         self.record(r)
     }
 
-    async fn delete(&self, key: &str) -> Result<()> {
-        let r = self.delete_inner(key).await;
+    async fn delete(&self, inner: &dyn BlobStore, key: &str) -> Result<()> {
+        let r = self.delete_inner(inner, key).await;
         self.record(r)
     }
 
-    fn calls(&self) -> &CallCounter {
+    fn calls<'a>(&'a self, _inner: &'a dyn BlobStore) -> &'a CallCounter {
         &self.calls
     }
 
-    fn breaker(&self) -> Option<Arc<Breaker>> {
+    fn breaker(&self, _inner: &dyn BlobStore) -> Option<Arc<Breaker>> {
         Some(self.breaker.clone())
     }
 }
@@ -526,7 +528,15 @@ impl FaultyStore {
         f.landed_rng.random_bool(if ending { 0.25 } else { lost })
     }
 
-    async fn put_if_inner(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+    async fn put_if_inner(
+        &self,
+        inner: &dyn BlobStore,
+        key: &str,
+        body: Bytes,
+        content_type: &str,
+        meta: &BTreeMap<String, String>,
+        cond: &Cond,
+    ) -> Result<Option<String>> {
         let mut fate = self.before("PutObject", key).await;
         if matches!(fate, Fate::Fail) {
             return Err(Self::failed("PutObject"));
@@ -540,11 +550,11 @@ impl FaultyStore {
         let previous = self.previous_release && !matches!(fate, Fate::Lost | Fate::Landed);
         let (body, meta) = if previous { Self::as_previous_release(key, body, meta) } else { (body, meta.clone()) };
         let meta = &meta;
-        let mut out = self.inner.put_if(key, body.clone(), content_type, meta, cond).await?;
+        let mut out = inner.put_if(key, body.clone(), content_type, meta, cond).await?;
         let written = out.is_some();
         if matches!(fate, Fate::Lost) {
             // The answer never came: the call policy tries again, and the retry meets the first write.
-            out = self.inner.put_if(key, body.clone(), content_type, meta, cond).await?;
+            out = inner.put_if(key, body.clone(), content_type, meta, cond).await?;
         }
         // A write whose answer was lost wrote all the same (seed 381: a lease so written made its
         // writer one of the job's two, and its later conclusion that the other owned the job right).
@@ -577,32 +587,32 @@ impl FaultyStore {
         Ok(out)
     }
 
-    async fn get_tagged_inner(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+    async fn get_tagged_inner(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<(Bytes, String)>> {
         if matches!(self.before("GetObject", key).await, Fate::Fail) {
             return Err(Self::failed("GetObject"));
         }
-        self.inner.get_tagged(key).await
+        inner.get_tagged(key).await
     }
 
-    async fn head_inner(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+    async fn head_inner(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<BTreeMap<String, String>>> {
         if matches!(self.before("HeadObject", key).await, Fate::Fail) {
             return Err(Self::failed("HeadObject"));
         }
-        self.inner.head(key).await
+        inner.head(key).await
     }
 
-    async fn list_inner(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
+    async fn list_inner(&self, inner: &dyn BlobStore, prefix: &str, limit: usize) -> Result<Vec<String>> {
         if matches!(self.before("ListObjectsV2", prefix).await, Fate::Fail) {
             return Err(Self::failed("ListObjectsV2"));
         }
-        self.inner.list(prefix, limit).await
+        inner.list(prefix, limit).await
     }
 
-    async fn delete_inner(&self, key: &str) -> Result<()> {
+    async fn delete_inner(&self, inner: &dyn BlobStore, key: &str) -> Result<()> {
         let fate = self.before("DeleteObject", key).await;
         if matches!(fate, Fate::Fail) {
             return Err(Self::failed("DeleteObject"));
         }
-        self.inner.delete(key).await
+        inner.delete(key).await
     }
 }

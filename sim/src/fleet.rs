@@ -37,6 +37,7 @@ use fleet_io::auth::{Key, Keyring, Role as AuthRole};
 use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::call::CallCounter;
 use fleet_io::error::{Error, Result, Service};
+use fleet_io::memory::{Hook, Hooked};
 use fleet_io::queue::{Delivery, Outgoing, Queue, QueueDepth, QueueInfo, Receipt, Sharded};
 use fleet_io::trigger::memory::MemoryTriggers;
 use fleet_io::trigger::TriggerBus;
@@ -409,7 +410,7 @@ pub async fn initiate(
     let clients = Clients {
         work: way(work),
         results: results.clone(),
-        store: Arc::new(FatedStore { inner: store, fated: fated.clone(), role: Role::Initiator }),
+        store: Hooked::new(store, FatedStore { fated: fated.clone(), role: Role::Initiator }),
         triggers: bus.map(|b| b as Arc<dyn TriggerBus>),
         signing_key: Some(fated.keys.submitter.clone()),
     };
@@ -459,7 +460,7 @@ pub async fn start_processor(n: u64, fated: Arc<Fated>, queues: &crate::Queues, 
     let mut deps = processor::Deps::new(
         way(work, None),
         Sharded::of(results.into_iter().map(|(q, dlq)| way(q, Some(dlq))).collect()).expect("at least one partition"),
-        Arc::new(FatedStore { inner: store, fated: fated.clone(), role: Role::Processor }),
+        Hooked::new(store, FatedStore { fated: fated.clone(), role: Role::Processor }),
     );
     deps.work_dlq = Some(work_dlq);
     deps.signing_key = Some(fated.keys.processor.clone());
@@ -811,18 +812,21 @@ impl Queue for FatedQueue {
 
 /// The store as the initiator or a processor reaches it (see [`Fated`]).
 struct FatedStore {
-    inner: Arc<dyn BlobStore>,
     fated: Arc<Fated>,
     role: Role,
 }
 
 #[async_trait]
-impl BlobStore for FatedStore {
-    fn bucket(&self) -> &str {
-        self.inner.bucket()
-    }
-
-    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+impl Hook for FatedStore {
+    async fn put_if(
+        &self,
+        inner: &dyn BlobStore,
+        key: &str,
+        body: Bytes,
+        content_type: &str,
+        meta: &BTreeMap<String, String>,
+        cond: &Cond,
+    ) -> Result<Option<String>> {
         if self.role == Role::Initiator {
             let died = self.fated.jobs.values().any(|j| j.ending == Ending::DiedBeforeManifest && key == manifest_key(&j.id));
             if died {
@@ -835,24 +839,24 @@ impl BlobStore for FatedStore {
                 m.accepted += 1;
                 self.fated.world.trace(format!("HOSTILE {}'s manifest says {} accepted, one more than its chunks hold", job.id, m.accepted));
                 let body = Bytes::from(serde_json::to_vec(&m).expect("serializable"));
-                return self.inner.put_if(key, body, content_type, meta, cond).await;
+                return inner.put_if(key, body, content_type, meta, cond).await;
             }
             let unrecorded = self.fated.chunk_of_key(key).is_some_and(|(j, _)| j.before_records);
             if unrecorded {
                 // An initiator of the release before records: the blob alone.
-                return self.inner.put_if(key, body, content_type, &BTreeMap::new(), cond).await;
+                return inner.put_if(key, body, content_type, &BTreeMap::new(), cond).await;
             }
         }
-        self.inner.put_if(key, body, content_type, meta, cond).await
+        inner.put_if(key, body, content_type, meta, cond).await
     }
 
     /// A processor's read of a chunk blob, a round trip of up to 3 s: first reads in the order
     /// processors handle work items; a failed chunk's blob is corrupt (failed for good at once); a
     /// poison chunk's read is refused every time (its work item is retried to the dead-letter queue).
-    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+    async fn get_tagged(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<(Bytes, String)>> {
         // `jobs/{job}/chunks/{chunk}.csv.zst`, read by a processor.
         let chunk = self.fated.chunk_of_key(key).filter(|_| self.role == Role::Processor).map(|(job, c)| (job.clone(), c));
-        let Some((job, c)) = chunk else { return self.inner.get_tagged(key).await };
+        let Some((job, c)) = chunk else { return inner.get_tagged(key).await };
         let delay = fleet_io::lock(&self.fated.rng).random_range(10..3_000);
         tokio::time::sleep(Duration::from_millis(delay)).await;
         self.fated.world.handling(&job.id, c);
@@ -861,24 +865,8 @@ impl BlobStore for FatedStore {
             Fate::Poison => {
                 Err(Error::Service { service: Service::S3, operation: "GetObject", detail: "simulated: AccessDenied".into(), retryable: false, source: None })
             }
-            _ => self.inner.get_tagged(key).await,
+            _ => inner.get_tagged(key).await,
         }
-    }
-
-    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
-        self.inner.head(key).await
-    }
-
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
-        self.inner.list(prefix, limit).await
-    }
-
-    async fn delete(&self, key: &str) -> Result<()> {
-        self.inner.delete(key).await
-    }
-
-    fn calls(&self) -> &CallCounter {
-        self.inner.calls()
     }
 }
 

@@ -12,7 +12,7 @@ use fleet_domain::report;
 use fleet_engine::completion::BatchSettings;
 use fleet_engine::Completions;
 use fleet_io::blob::Cond;
-use fleet_io::memory::{MemoryQueue, MemoryStore};
+use fleet_io::memory::{Hook, Hooked, MemoryQueue, MemoryStore};
 use fleet_io::queue::{Delivery, Message, Queue};
 use rust_decimal::Decimal;
 
@@ -572,14 +572,13 @@ async fn a_stale_owner_is_fenced_and_messages_of_anothers_job_are_handed_back() 
     assert_eq!(r.accounts.iter().map(|a| (a.account_id.as_str(), a.count, a.gross.as_str())).collect::<Vec<_>>(), [("x", 2, "3.00"), ("y", 1, "3.00")]);
 }
 
-/// A store whose calls on one job's objects wait at a gate (an S3 prefix that hangs).
-struct GatedStore {
-    inner: Arc<MemoryStore>,
+/// Calls on one job's objects wait at a gate (an S3 prefix that hangs).
+struct Gated {
     job: &'static str,
     open: tokio::sync::watch::Receiver<bool>,
 }
 
-impl GatedStore {
+impl Gated {
     async fn gate(&self, key: &str) {
         if key.contains(self.job) {
             let mut open = self.open.clone();
@@ -588,10 +587,39 @@ impl GatedStore {
     }
 }
 
-/// A store whose calls on one job's objects (or on all, while `down`) fail at once, as after a call
-/// deadline; counts them.
-struct BrokenStore {
-    inner: Arc<MemoryStore>,
+#[async_trait::async_trait]
+impl Hook for Gated {
+    async fn put_if(
+        &self,
+        inner: &dyn BlobStore,
+        key: &str,
+        body: Bytes,
+        content_type: &str,
+        meta: &BTreeMap<String, String>,
+        cond: &Cond,
+    ) -> Result<Option<String>> {
+        self.gate(key).await;
+        inner.put_if(key, body, content_type, meta, cond).await
+    }
+    async fn get_tagged(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<(Bytes, String)>> {
+        self.gate(key).await;
+        inner.get_tagged(key).await
+    }
+    async fn head(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+        self.gate(key).await;
+        inner.head(key).await
+    }
+    async fn delete(&self, inner: &dyn BlobStore, key: &str) -> Result<()> {
+        self.gate(key).await;
+        inner.delete(key).await
+    }
+}
+
+/// Calls on one job's objects (or on all, while `down`) fail at once, as after a call deadline;
+/// counted.
+struct Broken {
+    /// The store the calls reach.
+    memory: Arc<MemoryStore>,
     job: &'static str,
     failed: AtomicUsize,
     down: std::sync::atomic::AtomicBool,
@@ -599,16 +627,22 @@ struct BrokenStore {
     breaker: Option<Arc<fleet_io::breaker::Breaker>>,
 }
 
-impl BrokenStore {
+type BrokenStore = Hooked<Broken>;
+
+impl Broken {
+    fn with(job: &'static str, breaker: Option<Arc<fleet_io::breaker::Breaker>>) -> Arc<BrokenStore> {
+        let memory = MemoryStore::new();
+        Hooked::new(memory.clone(), Broken { memory, job, failed: AtomicUsize::new(0), down: Default::default(), breaker })
+    }
+
     fn new(job: &'static str) -> Arc<BrokenStore> {
-        Arc::new(BrokenStore { inner: MemoryStore::new(), job, failed: AtomicUsize::new(0), down: Default::default(), breaker: None })
+        Broken::with(job, None)
     }
 
     /// With a breaker whose probe asks the store (as the S3 client's does).
     fn with_breaker(job: &'static str) -> Arc<BrokenStore> {
         let breaker = fleet_io::breaker::Breaker::new(fleet_io::error::Service::S3, Default::default());
-        let store =
-            Arc::new(BrokenStore { inner: MemoryStore::new(), job, failed: AtomicUsize::new(0), down: Default::default(), breaker: Some(breaker.clone()) });
+        let store = Broken::with(job, Some(breaker.clone()));
         let weak = Arc::downgrade(&store);
         breaker.set_probe(Arc::new(move || {
             let weak = weak.clone();
@@ -637,33 +671,32 @@ impl BrokenStore {
 }
 
 #[async_trait::async_trait]
-impl BlobStore for BrokenStore {
-    fn bucket(&self) -> &str {
-        self.inner.bucket()
-    }
-    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+impl Hook for Broken {
+    async fn put_if(
+        &self,
+        inner: &dyn BlobStore,
+        key: &str,
+        body: Bytes,
+        content_type: &str,
+        meta: &BTreeMap<String, String>,
+        cond: &Cond,
+    ) -> Result<Option<String>> {
         self.check(key)?;
-        self.inner.put_if(key, body, content_type, meta, cond).await
+        inner.put_if(key, body, content_type, meta, cond).await
     }
-    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+    async fn get_tagged(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<(Bytes, String)>> {
         self.check(key)?;
-        self.inner.get_tagged(key).await
+        inner.get_tagged(key).await
     }
-    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
+    async fn head(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<BTreeMap<String, String>>> {
         self.check(key)?;
-        self.inner.head(key).await
+        inner.head(key).await
     }
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
-        self.inner.list(prefix, limit).await
-    }
-    async fn delete(&self, key: &str) -> Result<()> {
+    async fn delete(&self, inner: &dyn BlobStore, key: &str) -> Result<()> {
         self.check(key)?;
-        self.inner.delete(key).await
+        inner.delete(key).await
     }
-    fn calls(&self) -> &fleet_io::call::CallCounter {
-        self.inner.calls()
-    }
-    fn breaker(&self) -> Option<Arc<fleet_io::breaker::Breaker>> {
+    fn breaker(&self, _inner: &dyn BlobStore) -> Option<Arc<fleet_io::breaker::Breaker>> {
         self.breaker.clone()
     }
 }
@@ -672,7 +705,7 @@ impl BlobStore for BrokenStore {
 /// waiting out another call deadline; after a short pause it is tried again.
 #[tokio::test(start_paused = true)]
 async fn a_job_whose_store_fails_turns_its_batches_back_without_waiting() {
-    let store = BrokenStore::new("down");
+    let store = Broken::new("down");
     let agg = quick(store.clone());
     let first = agg.apply(Source::Results, keep(Source::Results, &[result("down", 0, vec![acct("a", 1, 100, 1)])])).await;
     assert!(first.delete.is_empty() && first.release.is_empty(), "held");
@@ -689,35 +722,6 @@ async fn a_job_whose_store_fails_turns_its_batches_back_without_waiting() {
     assert!(store.failed.load(Ordering::Relaxed) > tried, "tried again after the pause");
 }
 
-#[async_trait::async_trait]
-impl BlobStore for GatedStore {
-    fn bucket(&self) -> &str {
-        self.inner.bucket()
-    }
-    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
-        self.gate(key).await;
-        self.inner.put_if(key, body, content_type, meta, cond).await
-    }
-    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
-        self.gate(key).await;
-        self.inner.get_tagged(key).await
-    }
-    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
-        self.gate(key).await;
-        self.inner.head(key).await
-    }
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
-        self.inner.list(prefix, limit).await
-    }
-    async fn delete(&self, key: &str) -> Result<()> {
-        self.gate(key).await;
-        self.inner.delete(key).await
-    }
-    fn calls(&self) -> &fleet_io::call::CallCounter {
-        self.inner.calls()
-    }
-}
-
 /// Jobs progress in parallel: while every S3 call about one job hangs, another job is applied,
 /// checkpointed and finished, and the slow one completes once its calls return.
 #[tokio::test]
@@ -726,7 +730,7 @@ async fn a_job_whose_s3_calls_hang_does_not_hold_up_another() {
     put_manifest(&inner, &manifest("slow", &[1])).await;
     put_manifest(&inner, &manifest("fast", &[1, 2])).await;
     let (gate, open) = tokio::sync::watch::channel(false);
-    let agg = Arc::new(quick(Arc::new(GatedStore { inner: inner.clone(), job: "slow", open })));
+    let agg = Arc::new(quick(Hooked::new(inner.clone(), Gated { job: "slow", open })));
     let slow = {
         let agg = agg.clone();
         tokio::spawn(
@@ -860,9 +864,9 @@ async fn a_checkpoint_deletes_each_message_on_the_queue_it_came_from() {
 /// from the hold without a receive spent: the job's report is exact.
 #[tokio::test(start_paused = true)]
 async fn results_are_held_through_a_store_outage_then_applied_without_spending_receives() {
-    let store = BrokenStore::with_breaker("no-such-job");
+    let store = Broken::with_breaker("no-such-job");
     let breaker = store.breaker().unwrap();
-    put_manifest(&store.inner, &manifest("h", &[1, 2, 1])).await;
+    put_manifest(&store.memory, &manifest("h", &[1, 2, 1])).await;
     let dlq = MemoryQueue::new("billing-results-dlq", Duration::from_secs(10));
     let queue = MemoryQueue::with_dlq("billing-results", Duration::from_secs(10), 2, dlq.clone());
     let done = Completions::start(queue.clone(), BatchSettings::default());
@@ -927,7 +931,7 @@ async fn results_are_held_through_a_store_outage_then_applied_without_spending_r
         }
     }
     assert_eq!(deleted.len(), 4, "every message is covered by the report");
-    let r = report_of(&store.inner, "h").await.expect("the job finished");
+    let r = report_of(&store.memory, "h").await.expect("the job finished");
     assert_eq!(r.status, JobStatus::Complete);
     assert_eq!(r.transactions.processed, 4);
     let accounts: Vec<_> = r.accounts.iter().map(|a| (a.account_id.as_str(), a.count, a.gross.as_str())).collect();
@@ -1135,7 +1139,6 @@ fn the_fleet_s_queues_empty_in_turn_without_all_being_empty_at_once() {
 /// A store that runs `after_read` once, right after the first read of `key` answered: another
 /// controller acting between two calls of this one.
 struct Interleaved {
-    inner: Arc<MemoryStore>,
     key: String,
     after_read: Mutex<Option<futures::future::BoxFuture<'static, ()>>>,
     /// The next conditional write of `key` goes through, its answer is lost, and the retry meets it.
@@ -1143,26 +1146,31 @@ struct Interleaved {
 }
 
 impl Interleaved {
-    fn new(inner: Arc<MemoryStore>, key: String) -> Arc<Interleaved> {
-        Arc::new(Interleaved { inner, key, after_read: Mutex::new(None), lose_answer: Default::default() })
+    fn new(inner: Arc<MemoryStore>, key: String) -> Arc<Hooked<Interleaved>> {
+        Hooked::new(inner, Interleaved { key, after_read: Mutex::new(None), lose_answer: Default::default() })
     }
 }
 
 #[async_trait::async_trait]
-impl BlobStore for Interleaved {
-    fn bucket(&self) -> &str {
-        self.inner.bucket()
-    }
-    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
-        let first = self.inner.put_if(key, body.clone(), content_type, meta, cond).await?;
+impl Hook for Interleaved {
+    async fn put_if(
+        &self,
+        inner: &dyn BlobStore,
+        key: &str,
+        body: Bytes,
+        content_type: &str,
+        meta: &BTreeMap<String, String>,
+        cond: &Cond,
+    ) -> Result<Option<String>> {
+        let first = inner.put_if(key, body.clone(), content_type, meta, cond).await?;
         if key == self.key && *cond != Cond::Any && self.lose_answer.swap(false, Ordering::SeqCst) {
             assert!(first.is_some(), "the lost write went through");
-            return self.inner.put_if(key, body, content_type, meta, cond).await;
+            return inner.put_if(key, body, content_type, meta, cond).await;
         }
         Ok(first)
     }
-    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
-        let found = self.inner.get_tagged(key).await;
+    async fn get_tagged(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<(Bytes, String)>> {
+        let found = inner.get_tagged(key).await;
         if key == self.key {
             let action = lock(&self.after_read).take();
             if let Some(action) = action {
@@ -1170,18 +1178,6 @@ impl BlobStore for Interleaved {
             }
         }
         found
-    }
-    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
-        self.inner.head(key).await
-    }
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
-        self.inner.list(prefix, limit).await
-    }
-    async fn delete(&self, key: &str) -> Result<()> {
-        self.inner.delete(key).await
-    }
-    fn calls(&self) -> &fleet_io::call::CallCounter {
-        self.inner.calls()
     }
 }
 
@@ -1529,37 +1525,26 @@ async fn a_real_result_after_a_failure_on_the_last_chunk_still_counts() {
     assert_eq!((r.status, r.transactions.processed, r.transactions.failed), (JobStatus::Partial, 1, 1));
 }
 
-/// A store whose writes of reports take `delay` (a slow S3 answer in the middle of a finish).
+/// Writes of reports take `delay` (a slow S3 answer in the middle of a finish).
 struct SlowReports {
-    inner: Arc<MemoryStore>,
     delay: Duration,
 }
 
 #[async_trait::async_trait]
-impl BlobStore for SlowReports {
-    fn bucket(&self) -> &str {
-        self.inner.bucket()
-    }
-    async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
+impl Hook for SlowReports {
+    async fn put_if(
+        &self,
+        inner: &dyn BlobStore,
+        key: &str,
+        body: Bytes,
+        content_type: &str,
+        meta: &BTreeMap<String, String>,
+        cond: &Cond,
+    ) -> Result<Option<String>> {
         if key.ends_with("/report.json") {
             tokio::time::sleep(self.delay).await;
         }
-        self.inner.put_if(key, body, content_type, meta, cond).await
-    }
-    async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
-        self.inner.get_tagged(key).await
-    }
-    async fn head(&self, key: &str) -> Result<Option<BTreeMap<String, String>>> {
-        self.inner.head(key).await
-    }
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Vec<String>> {
-        self.inner.list(prefix, limit).await
-    }
-    async fn delete(&self, key: &str) -> Result<()> {
-        self.inner.delete(key).await
-    }
-    fn calls(&self) -> &fleet_io::call::CallCounter {
-        self.inner.calls()
+        inner.put_if(key, body, content_type, meta, cond).await
     }
 }
 
@@ -1573,7 +1558,7 @@ async fn a_lease_is_renewed_while_its_job_is_busy() {
     put_manifest(&store, &manifest("lb", &[1])).await;
     let clock = Clock::driven(1_800_000_000_000);
     let lease = Duration::from_secs(3);
-    let slow: Arc<dyn BlobStore> = Arc::new(SlowReports { inner: store.clone(), delay: lease * 3 });
+    let slow: Arc<dyn BlobStore> = Hooked::new(store.clone(), SlowReports { delay: lease * 3 });
     let a = Arc::new(Aggregator::with_clock(slow, "a".into(), lease, clock));
     let b = Aggregator::with_clock(store.clone(), "b".into(), lease, clock);
     let timer = {
@@ -1695,8 +1680,8 @@ async fn a_seal_without_a_manifest_is_quarantined_after_a_bounded_wait() {
 
 /// Job `s` (two chunks) on a store that stops answering when told, its results queue as partition 0.
 async fn partition_zero_fixture() -> (Arc<BrokenStore>, Arc<MemoryQueue>, Completions, Aggregator) {
-    let store = BrokenStore::with_breaker("no-such-job");
-    put_manifest(&store.inner, &manifest("s", &[1, 1])).await;
+    let store = Broken::with_breaker("no-such-job");
+    put_manifest(&store.memory, &manifest("s", &[1, 1])).await;
     let queue = MemoryQueue::new("billing-results", Duration::from_secs(30));
     let done = Completions::start(queue.clone(), BatchSettings::default());
     let mut agg = quick_owned(store.clone(), "c".into(), Duration::from_secs(30));
@@ -1772,14 +1757,14 @@ async fn a_job_quiet_in_memory_names_its_partition_as_waiting() {
     tokio::time::sleep(Duration::from_secs(61)).await;
     assert_eq!(agg.waiting(quiet), Waiting { partitions: BTreeSet::from([0]), any: false });
     // A job whose messages came from no partition's queue (the release before partitions).
-    put_manifest(&store.inner, &manifest("old", &[1, 1])).await;
+    put_manifest(&store.memory, &manifest("old", &[1, 1])).await;
     agg.apply(Source::ResultsDeadLetter, keep(Source::ResultsDeadLetter, &[result("old", 0, vec![acct("b", 1, 100, 1)])])).await;
     tokio::time::sleep(Duration::from_secs(61)).await;
     assert!(agg.waiting(quiet).any, "a job of no known partition: every partition looks");
     queue.send(vec![result("s", 1, vec![acct("a", 1, 100, 1)]).body]).await.unwrap();
     let batch: Vec<_> = queue.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done.keep(d)).collect();
     agg.apply(Source::Results, batch).await;
-    assert!(report_of(&store.inner, "s").await.is_some(), "finished with its last chunk");
+    assert!(report_of(&store.memory, "s").await.is_some(), "finished with its last chunk");
     assert!(agg.waiting(quiet).partitions.is_empty(), "a finished job waits for nothing");
 }
 
@@ -1788,8 +1773,8 @@ async fn a_finish_completed_by_another_controller_after_midnight_files_the_rows_
     // The job's ending is committed at 23:59 on one controller, whose write of the accounts table
     // fails; another controller, its clock a day on, finishes it: the tables' objects are filed under
     // the committed day, once each, and the report says the committed time.
-    let broken = BrokenStore::new("tables/accounts/");
-    let store = broken.inner.clone();
+    let broken = Broken::new("tables/accounts/");
+    let store = broken.memory.clone();
     put_manifest(&store, &manifest("mid", &[1, 1])).await;
     let epoch = 1_795_823_940_000; // 2026-11-27T23:59:00Z
     let mut first = Aggregator::with_clock(broken.clone(), "c1".into(), Duration::from_secs(30), crate::clock::Clock::driven(epoch));

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::support::{assert_consistent, expected_accounts, report_accounts};
 use fleet_domain::model::JobStatus;
 use fleet_io::blob::BlobStore;
-use fleet_io::memory::{MemoryQueue, MemoryStore};
+use fleet_io::memory::{Hook, Hooked, MemoryQueue, MemoryStore};
 use fleet_io::queue::Queue;
 use initiator::submit::{Clients, SubmitOptions};
 use tokio_util::sync::CancellationToken;
@@ -84,21 +84,18 @@ async fn large_results_travel_as_blobs() {
     c.await.unwrap().unwrap();
 }
 
-/// The in-memory store with uploads that misbehave: they start failing after `ok` of them (the stack
-/// going away mid-submission) and/or take 0-7 ms, varying by key (uploads finish out of order).
-struct UploadStore {
-    inner: Arc<MemoryStore>,
+/// Uploads that misbehave: they start failing after `ok` of them (the stack going away
+/// mid-submission) and/or take 0-7 ms, varying by key (uploads finish out of order).
+struct Uploads {
     ok: Option<std::sync::atomic::AtomicUsize>,
     jitter: bool,
 }
 
 #[async_trait::async_trait]
-impl BlobStore for UploadStore {
-    fn bucket(&self) -> &str {
-        self.inner.bucket()
-    }
+impl Hook for Uploads {
     async fn put_if(
         &self,
+        inner: &dyn BlobStore,
         key: &str,
         body: bytes::Bytes,
         content_type: &str,
@@ -119,22 +116,7 @@ impl BlobStore for UploadStore {
                 });
             }
         }
-        self.inner.put_if(key, body, content_type, meta, cond).await
-    }
-    async fn get_tagged(&self, key: &str) -> fleet_io::Result<Option<(bytes::Bytes, String)>> {
-        self.inner.get_tagged(key).await
-    }
-    async fn head(&self, key: &str) -> fleet_io::Result<Option<std::collections::BTreeMap<String, String>>> {
-        self.inner.head(key).await
-    }
-    async fn list(&self, prefix: &str, limit: usize) -> fleet_io::Result<Vec<String>> {
-        self.inner.list(prefix, limit).await
-    }
-    async fn delete(&self, key: &str) -> fleet_io::Result<()> {
-        self.inner.delete(key).await
-    }
-    fn calls(&self) -> &fleet_io::call::CallCounter {
-        self.inner.calls()
+        inner.put_if(key, body, content_type, meta, cond).await
     }
 }
 
@@ -143,7 +125,7 @@ async fn failure_mid_submission_is_an_error_not_a_hang() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("in.csv");
     fleet_domain::generate::write_csv(&mut std::fs::File::create(&path).unwrap(), 5_000, 10, 1, false).unwrap();
-    let store = Arc::new(UploadStore { inner: MemoryStore::new(), ok: Some(3.into()), jitter: false });
+    let store = Hooked::new(MemoryStore::new(), Uploads { ok: Some(3.into()), jitter: false });
     let clients = Clients {
         work: MemoryQueue::new("work", Duration::from_secs(30)) as Arc<dyn Queue>,
         results: MemoryQueue::new("results", Duration::from_secs(30)) as Arc<dyn Queue>,
@@ -169,7 +151,7 @@ async fn failure_after_work_items_went_out_abandons_the_job_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("in.csv");
     fleet_domain::generate::write_csv(&mut std::fs::File::create(&path).unwrap(), 5_000, 10, 1, false).unwrap();
-    let store = Arc::new(UploadStore { inner: MemoryStore::new(), ok: Some(40.into()), jitter: false });
+    let store = Hooked::new(MemoryStore::new(), Uploads { ok: Some(40.into()), jitter: false });
     let work = MemoryQueue::new("work", Duration::from_secs(30));
     let results = MemoryQueue::new("results", Duration::from_secs(30));
     let clients = Clients {
@@ -206,7 +188,7 @@ async fn group_by_account_keeps_each_accounts_order() {
     let clients = Clients {
         work: work.clone() as Arc<dyn Queue>,
         results: MemoryQueue::new("results", Duration::from_secs(30)) as Arc<dyn Queue>,
-        store: Arc::new(UploadStore { inner: store.clone(), ok: None, jitter: true }) as Arc<dyn BlobStore>,
+        store: Hooked::new(store.clone(), Uploads { ok: None, jitter: true }) as Arc<dyn BlobStore>,
         triggers: None,
         signing_key: None,
     };

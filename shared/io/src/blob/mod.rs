@@ -1,5 +1,6 @@
 //! The blob store: what the fleet needs from object storage (conditional puts with metadata, gets with
-//! the ETag, heads, listing, deletes); its S3 implementation is in `s3`, the in-memory twin in `memory`.
+//! the ETag, heads, listing, deletes); its S3 implementation is in `s3`, the in-memory twin in `memory`,
+//! and the pass-through store tests hook in `hooked`.
 
 use std::collections::BTreeMap;
 
@@ -153,6 +154,8 @@ pub(crate) fn too_large(key: &str, max: u64) -> crate::Error {
     crate::Error::Corrupt(format!("{key} is larger than the {max} bytes accepted"))
 }
 
+#[cfg(feature = "test-util")]
+pub mod hooked;
 #[cfg(feature = "test-util")]
 pub mod memory;
 pub mod s3;
