@@ -78,12 +78,6 @@ impl Lease {
         Lease(Arc::new(tokio::sync::Mutex::new(LeaseState { etag, epoch, written, lost: false, released: false })))
     }
 
-    /// A lease of no store (unit tests of a job's transitions).
-    #[cfg(test)]
-    pub(crate) fn detached() -> Lease {
-        Lease::new("\"test\"".into(), 1, Instant::now())
-    }
-
     pub fn downgrade(&self) -> WeakLease {
         WeakLease(Arc::downgrade(&self.0))
     }

@@ -1,19 +1,31 @@
 //! The controller's decisions, without I/O (sans-I/O, as quinn-proto keeps its connection state
 //! machine apart from its driver): each takes what happened (a document read, the time, what the
 //! controller reads now) and returns what to do; the `controller` crate performs it. This crate
-//! cannot reach a store, a queue or an async runtime: it depends on none (`serde` alone), and
-//! `deploy/e2e/tests/it/no_switches.rs` checks that its dependency tree stays so.
+//! cannot reach a store, a queue or an async runtime: it depends on none (the domain's types and
+//! codecs, serde, tracing and byte buffers), and `deploy/e2e/tests/it/no_switches.rs` checks that its
+//! dependency tree stays so.
 //!
+//! - `job`: a job as a state machine (what each item does to it, when it asks to be saved or
+//!   finished, how it ends), generic over the handle of a message it applied;
+//! - `save`: a job's checkpoint planned (the document, the part before it, its write condition);
+//! - `decision`: how a job ends and what a checkpoint commits;
+//! - `item`: what a message brings to a job, and the queue it came from;
+//! - `limits`: the job's own sizes and periods;
 //! - `partitions`: the results partitions' ownership table and a balancing round's plan;
 //! - `sighting`: expiry judged on the reader's own clock;
 //! - `timings`: the shipped timings and their start check;
 //! - `undo`: the mutation harness's switches (compiled in only under `cfg(fleet_undo)`, which only
 //!   `controller-core-undoable`, the harness's build of this crate, sets).
 //!
-//! The aggregation's state machines (the job, its checkpoint plan, the partitions' dormant, waiting
-//! and held sets, expiry) are still in `controller::aggregate`, on their way here.
+//! The partitions' dormant, waiting and held sets and expiry's decisions are still in
+//! `controller::aggregate`, on their way here.
 
+pub mod decision;
+pub mod item;
+pub mod job;
+pub mod limits;
 pub mod partitions;
+pub mod save;
 pub mod sighting;
 pub mod timings;
 pub mod undo;

@@ -15,15 +15,16 @@ use fleet_domain::layout::{checkpoint_key, open_key};
 use fleet_domain::model::Checkpoint;
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
-use fleet_io::blob::BlobStore;
+use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 use tokio::time::Instant;
 
-use super::decision::Commit;
 use super::job::{Asker, Job, Next};
 use super::limits::{FAILING_FOR, MAX_DOC_BYTES};
 use super::{delete_calls, Aggregator};
+use controller_core::decision::Commit;
+use controller_core::save::Precondition;
 
 impl Aggregator {
     /// Checkpoints every job with unsaved messages (concurrently) and returns those messages for
@@ -40,7 +41,7 @@ impl Aggregator {
     /// staying invisible for as long as their last extension said (the hold's two minutes for
     /// messages applied again after a hold: found by the simulation's soak, seed 1518).
     pub fn unsaved_visibility(&self) -> Vec<fleet_engine::Visibility> {
-        self.slots().iter().filter_map(|(_, slot)| slot.try_lock().ok()?.as_ref().map(|job| job.unsaved().visibility())).flatten().collect()
+        self.slots().iter().filter_map(|(_, slot)| slot.try_lock().ok()?.as_ref().map(|job| job.visibility())).flatten().collect()
     }
 
     /// [`flush`](Self::flush), skipping the jobs being worked on (the timer's: a job whose S3 calls
@@ -141,7 +142,11 @@ impl Aggregator {
             counter.fetch_add(1, Ordering::Relaxed);
         }
         let key = checkpoint_key(job.id());
-        let (body, meta, cond) = (save.body(), save.meta(), save.cond());
+        let cond = match save.cond() {
+            Precondition::Absent => Cond::Absent,
+            Precondition::Matches(etag) => Cond::Matches(etag.clone()),
+        };
+        let (body, meta) = (save.body(), save.meta());
         let written = if crate::undo::is(crate::undo::Fix::LostAnswerReadBack) {
             self.store.put_if(&key, body.clone(), "application/zstd", &meta, &cond).await
         } else {

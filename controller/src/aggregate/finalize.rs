@@ -14,11 +14,11 @@ use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 
-use super::decision::Commit;
 use super::job::{Job, Phase};
 use super::limits::MAX_OPEN_JOBS;
-use super::quarantine::placeholder_manifest;
 use super::{delete_calls, Aggregator};
+use controller_core::decision::Commit;
+use controller_core::job::placeholder_manifest;
 
 impl Aggregator {
     /// Writes the report of a job in memory (complete, or abandoned when it says so) and forgets it;

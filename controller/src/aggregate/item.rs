@@ -1,76 +1,25 @@
 //! What a message brings to a job, before the job is locked: parsing a message into an item (a
-//! chunk result, a seal, an abandon, a dead-lettered work item), and fetching and decoding a result's
-//! payload within its chunk's recorded figures (see `records`) and the decoders' limit.
+//! chunk result, a seal, an abandon, a dead-lettered work item; the types are the core's,
+//! `controller_core::item`), checking its sender's role, and fetching and decoding a result's payload
+//! within its chunk's recorded figures (see `records`) and the decoders' limit.
 
 use bytes::Bytes;
 use fleet_domain::billing::{AccountTotals, RowBatch};
 use fleet_domain::codec::{accounts_from_csv_rows, base64_decode, decompress_capped, sha256_hex};
 use fleet_domain::layout::{check_job_id, result_key};
-use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, ResultMessage, WorkItem};
+use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, ResultMessage};
 use fleet_io::auth::{Keyring, Role};
 use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 use fleet_io::queue::Message;
 
+pub use controller_core::item::Source;
+pub(super) use controller_core::item::{Item, Unread};
+
 use super::limits::{Figures, DECODES};
 
-/// Which queue a batch came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Source {
-    /// Chunk results from processors, seals and abandons from initiators.
-    Results,
-    /// Work items that exhausted their receives.
-    WorkDeadLetter,
-    /// Results (or seals) that exhausted their receives on the results queue, e.g. while S3 was down:
-    /// applied like results.
-    ResultsDeadLetter,
-}
-
-impl Source {
-    pub const ALL: [Source; 3] = [Source::Results, Source::WorkDeadLetter, Source::ResultsDeadLetter];
-
-    /// The queue's name when none is set.
-    pub fn default_queue(self) -> &'static str {
-        match self {
-            Source::Results => "billing-results",
-            Source::WorkDeadLetter => "billing-work-dlq",
-            Source::ResultsDeadLetter => "billing-results-dlq",
-        }
-    }
-}
-
-pub(super) enum Item {
-    Result(ResultMessage),
-    /// `reason`: set when a listener dead-lettered it itself (e.g. `expired`).
-    Dead {
-        item: WorkItem,
-        receives: u32,
-        reason: Option<String>,
-    },
-}
-
-impl Item {
-    pub(super) fn job_id(&self) -> &str {
-        match self {
-            Item::Result(r) => r.job_id(),
-            Item::Dead { item, .. } => &item.job_id,
-        }
-    }
-
-    /// It carries a payload to decode (a processed result).
-    pub(super) fn decodes(&self) -> bool {
-        matches!(self, Item::Result(ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Processed { .. }, .. })))
-    }
-
-    /// The chunk it is about (a result or a dead-lettered work item).
-    pub(super) fn chunk(&self) -> Option<u32> {
-        match self {
-            Item::Result(ResultMessage::Chunk(c)) => Some(c.chunk),
-            Item::Dead { item, .. } | Item::Result(ResultMessage::DeadLettered { item, .. }) => Some(item.chunk),
-            Item::Result(_) => None,
-        }
-    }
-}
+/// An item ready to apply, its payload's error the store's.
+pub(super) type Ready = controller_core::item::Ready<Error>;
 
 /// The roles that may send `item` read from `source` (see `fleet_io::auth`): a result or failure
 /// report a processor's; a seal a submitter's; an abandon a submitter's or an operator's; a dead letter
@@ -126,21 +75,6 @@ pub(super) fn parse(source: Source, m: &Message) -> Result<Item> {
     Ok(item)
 }
 
-/// An item with its result payload fetched and decoded before its job is locked (`None`: it carries
-/// no payload).
-pub(super) struct Ready {
-    pub(super) item: Item,
-    pub(super) accounts: Option<Result<RowBatch>>,
-    /// GetObject calls made for it.
-    pub(super) gets: u64,
-}
-
-impl Ready {
-    pub(super) fn is_seal(&self) -> bool {
-        matches!(self.item, Item::Result(ResultMessage::Sealed { .. }))
-    }
-}
-
 /// Fetches and decodes a result's payload, within `figures`: its chunk's recorded figures (see
 /// `records`), which it has been checked against.
 pub(super) async fn prepare(mut item: Item, figures: Option<Figures>, store: &dyn BlobStore, offload: bool) -> Ready {
@@ -152,15 +86,18 @@ pub(super) async fn prepare(mut item: Item, figures: Option<Figures>, store: &dy
         // what the message declares, and its blob is the one its job and chunk name: a hostile result
         // can neither make the controller inflate a gigabyte nor point it at another job's objects.
         let figures = figures.unwrap_or(Figures { transactions: *transactions, raw_bytes: None });
-        let accounts = Some(match &payload {
-            AccountsPayload::Blob { blob } if blob.key != result_key(job_id, *chunk) => {
-                Err(Error::corrupt(format!("result blob key {:?} is not the key of job {job_id} chunk {chunk}", blob.key)))
+        let accounts = Some(
+            match &payload {
+                AccountsPayload::Blob { blob } if blob.key != result_key(job_id, *chunk) => {
+                    Err(Error::corrupt(format!("result blob key {:?} is not the key of job {job_id} chunk {chunk}", blob.key)))
+                }
+                AccountsPayload::Inline { accounts } if accounts.len() as u64 > figures.max_rows() => {
+                    Err(Error::corrupt(format!("result has {} account rows; its chunk has {} transactions", accounts.len(), figures.transactions)))
+                }
+                _ => decode_payload(payload, store, figures, offload).await,
             }
-            AccountsPayload::Inline { accounts } if accounts.len() as u64 > figures.max_rows() => {
-                Err(Error::corrupt(format!("result has {} account rows; its chunk has {} transactions", accounts.len(), figures.transactions)))
-            }
-            _ => decode_payload(payload, store, figures, offload).await,
-        });
+            .map_err(|error| Unread { retryable: error.is_retryable(), error }),
+        );
         return Ready { item, accounts, gets };
     }
     Ready { item, accounts: None, gets: 0 }

@@ -1,11 +1,13 @@
 //! The aggregation's limits and periods, in one place: what a job, a checkpoint and a result may
 //! weigh, and how often and how long the aggregator waits (a leaf: it imports nothing of its
-//! siblings).
+//! siblings). The job's own (when it is checkpointed, how its rows are kept) are the core's
+//! (`controller_core::limits`), re-exported here.
 
 use std::time::Duration;
 
 use fleet_domain::codec::accounts_cap;
 
+pub use controller_core::limits::{DEAD_LETTER_REASON, FLUSH_INTERVAL, FLUSH_MESSAGES, INLINE_ROWS};
 pub use controller_core::timings::{LEASE, SETTLE};
 
 /// Largest decompressed checkpoint accepted.
@@ -24,9 +26,6 @@ pub(super) const DECODES: usize = 2;
 /// Finished jobs remembered in memory (to drop late duplicates without an S3 read).
 pub(super) const FINISHED_MEMORY: usize = 10_000;
 
-/// Reason recorded for a chunk known only from its dead-lettered work item.
-pub const DEAD_LETTER_REASON: &str = "work item reached the dead-letter queue: processing failed on every allowed attempt";
-
 /// Most open-job markers read back at start.
 pub(super) const MAX_OPEN_JOBS: usize = 100_000;
 
@@ -38,19 +37,6 @@ pub(super) const STRAY_RETRY: Duration = Duration::from_secs(5);
 
 /// How long a job's messages are turned back without a try after its S3 calls failed.
 pub(super) const FAILING_FOR: Duration = Duration::from_secs(2);
-
-/// A job with pending messages is checkpointed at least this often (by the controller's timer while
-/// it is idle, by its own next batch while busy) ...
-pub const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
-/// ... and as soon as this many of its messages are pending.
-pub const FLUSH_MESSAGES: usize = 100;
-
-/// Jobs with at most this many (account, currency) rows keep them inside the checkpoint document
-/// (one PUT per checkpoint); larger ones keep them in parts.
-pub const INLINE_ROWS: usize = 4096;
-/// A new base part is written when the parts after the last one hold more rows than the job has (so
-/// restoring reads at most about twice the job's rows), or when there are this many parts.
-pub(super) const MAX_PARTS: usize = 64;
 
 /// Bytes an account row may take beyond the account id and currency its chunk's rows already hold: a
 /// count of 20 digits, gross and fees of 31 characters each, 4 commas and the newline.

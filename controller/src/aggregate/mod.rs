@@ -15,12 +15,13 @@
 //! remembering unsealed jobs by their checkpoint's time only (a HEAD request), so that one whose owner
 //! died and whose messages never come back is still abandoned in time.
 //!
-//! Rooms: `job` (a job in memory: the state machine, sans-I/O), `decision` (how a job ends, what a
-//! checkpoint commits), `save` (a checkpoint planned, pure: the format), `item` (what a message brings
-//! to a job, by `Source`), `limits` (sizes and periods), `records`, `budget`, `take` (leases and
-//! loading), `checkpoint` (flushing, and committing what a job planned), `finalize` (the report),
-//! `scan` (dormant jobs and expiry), `hold`, `quarantine`; this file holds the aggregator and the path
-//! of one batch.
+//! Rooms: `job` (a job in memory: the core's state machine, `controller_core::job`, with this
+//! controller's lease beside it; how a job ends and what a checkpoint commits, `controller_core::decision`;
+//! a checkpoint planned, `controller_core::save`), `item` (what a message brings to a job, by `Source`:
+//! parsed, its sender's role checked, its payload fetched), `limits` (sizes and periods), `records`,
+//! `budget`, `take` (leases and loading), `checkpoint` (flushing, and writing what a job planned),
+//! `finalize` (the report), `scan` (dormant jobs and expiry), `hold`, `quarantine`; this file holds the
+//! aggregator and the path of one batch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -43,7 +44,6 @@ use crate::sighting::Sightings;
 
 pub mod budget;
 mod checkpoint;
-mod decision;
 mod finalize;
 pub mod hold;
 mod item;
@@ -51,7 +51,6 @@ mod job;
 mod limits;
 mod quarantine;
 pub mod records;
-mod save;
 mod scan;
 mod take;
 

@@ -13,10 +13,10 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use fleet_domain::billing::{CheckedTotals, Tariff};
+use fleet_domain::billing::CheckedTotals;
 use fleet_domain::codec::to_zstd_json;
 use fleet_domain::layout::{checkpoint_key, manifest_key, open_key, quarantined_checkpoint_key, report_key, MAX_MANIFEST_BYTES};
-use fleet_domain::model::{JobStatus, Manifest, Progress, WIRE_VERSION};
+use fleet_domain::model::{JobStatus, Manifest, Progress};
 use fleet_domain::report;
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
@@ -24,12 +24,13 @@ use fleet_io::blob::Cond;
 use fleet_io::error::{Error, Result};
 use fleet_io::lock;
 
-use super::decision::Commit;
 use super::item::Source;
-use super::job::{fresh_checkpoint, Job, Phase};
+use super::job::{Job, Phase};
 use super::take::{read_checkpoint, At};
 use super::Aggregator;
 use crate::lease::Lease;
+use controller_core::decision::Commit;
+use controller_core::job::{fresh_checkpoint, placeholder_manifest};
 
 impl Aggregator {
     /// Quarantines a job whose checkpoint (the document with ETag `etag`) cannot be read, its lease
@@ -56,7 +57,7 @@ impl Aggregator {
                 return Err(changed());
             }
         };
-        let mut cp = fresh_checkpoint(job_id, &self.clock);
+        let mut cp = fresh_checkpoint(job_id, self.clock.rfc3339());
         cp.status = JobStatus::Quarantined;
         let meta = Progress::of(&cp).to_meta();
         let body = Bytes::from(to_zstd_json(&cp).map_err(Error::corrupt)?);
@@ -127,24 +128,5 @@ impl Aggregator {
             delete.extend(self.quarantine_message(source, k, &reason).await);
         }
         delete
-    }
-}
-
-/// A manifest standing in for one that cannot be read (or was never written): only what the
-/// checkpoint knows.
-pub(super) fn placeholder_manifest(job_id: &str, total_chunks: u32, known: u64) -> Manifest {
-    Manifest {
-        partition: 0,
-        v: WIRE_VERSION,
-        job_id: job_id.to_string(),
-        created_at: String::new(),
-        files: Vec::new(),
-        submitted: known,
-        accepted: known,
-        rejected: Vec::new(),
-        total_chunks,
-        chunk_transactions: Vec::new(),
-        tariff: Tariff::default(),
-        requests: RequestCounts::default(),
     }
 }

@@ -293,7 +293,7 @@ mod tests {
     }
 
     fn manifest(chunks: &[u64]) -> Arc<Manifest> {
-        let mut m = super::super::quarantine::placeholder_manifest("j", chunks.len() as u32, chunks.iter().sum());
+        let mut m = controller_core::job::placeholder_manifest("j", chunks.len() as u32, chunks.iter().sum());
         m.chunk_transactions = chunks.to_vec();
         Arc::new(m)
     }

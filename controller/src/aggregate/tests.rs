@@ -2,6 +2,7 @@
 
 use super::*;
 use bytes::Bytes;
+use controller_core::limits::MAX_PARTS;
 use fleet_domain::billing::AccountTotals;
 use fleet_domain::billing::Tariff;
 use fleet_domain::codec::{accounts_to_zstd_csv, from_zstd_json, sha256_hex, to_zstd_json};

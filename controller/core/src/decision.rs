@@ -5,18 +5,18 @@ use fleet_domain::model::{FailedChunk, JobStatus};
 
 /// How a job ends: its status, the chunks it ends with as failed, its note.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Decision {
-    pub(super) status: JobStatus,
-    pub(super) failed: Vec<FailedChunk>,
-    pub(super) note: Option<String>,
+pub struct Decision {
+    pub status: JobStatus,
+    pub failed: Vec<FailedChunk>,
+    pub note: Option<String>,
     /// When it was decided (RFC 3339, the aggregator's clock): committed with it, so that every
     /// writer of the job's report and warehouse rows dates them alike.
-    pub(super) at: String,
+    pub at: String,
 }
 
 /// What a checkpoint written commits (see `Job::plan`).
 #[derive(Debug)]
-pub(super) enum Commit {
+pub enum Commit {
     /// The job's progress (its phase unchanged).
     Progress,
     /// Its ending (to `Phase::Ending`).
