@@ -10,6 +10,8 @@
 //! - `save`: a job's checkpoint planned (the document, the part before it, its write condition);
 //! - `decision`: how a job ends and what a checkpoint commits;
 //! - `item`: what a message brings to a job, and the queue it came from;
+//! - `hold`: the messages held through a store outage, when each is extended and when they are tried
+//!   again;
 //! - `limits`: the job's own sizes and periods;
 //! - `partitions`: the results partitions' ownership table and a balancing round's plan;
 //! - `sighting`: expiry judged on the reader's own clock;
@@ -17,10 +19,11 @@
 //! - `undo`: the mutation harness's switches (compiled in only under `cfg(fleet_undo)`, which only
 //!   `controller-core-undoable`, the harness's build of this crate, sets).
 //!
-//! The partitions' dormant, waiting and held sets and expiry's decisions are still in
+//! The partitions' dormant and waiting sets and expiry's decisions are still in
 //! `controller::aggregate`, on their way here.
 
 pub mod decision;
+pub mod hold;
 pub mod item;
 pub mod job;
 pub mod limits;

@@ -19,10 +19,16 @@
 //! partitions (before a breaker opens, calls that hang may cost a receive or two, well within
 //! maxReceiveCount).
 
+//!
+//! The hold's state and its decisions (which messages, when each is extended, when they are tried
+//! again) are the core's (`controller_core::hold`); this file performs them.
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use fleet_engine::Kept;
+use controller_core::hold::Retried;
+pub use controller_core::hold::HOLD_VISIBILITY;
+use fleet_engine::{Kept, Visibility};
 use fleet_io::error::Error;
 use fleet_io::lock;
 use tokio::time::Instant;
@@ -30,41 +36,8 @@ use tokio::time::Instant;
 use super::item::{parse, Source};
 use super::{Aggregator, Applied};
 
-/// A held message is kept invisible this long from each extension ...
-pub const HOLD_VISIBILITY: Duration = Duration::from_secs(120);
-/// ... and extended again once this long has passed (a retry under way may take a few call
-/// deadlines before its messages are held again).
-const EXTEND_EVERY: Duration = Duration::from_secs(40);
-/// Back-off between retries while the store fails (no breaker, or a breaker not yet open).
-const FIRST_RETRY: Duration = Duration::from_secs(1);
-const MAX_RETRY: Duration = Duration::from_secs(30);
-
-/// A message held through a store outage.
-struct HeldMessage {
-    source: Source,
-    kept: Kept,
-    extended: Instant,
-    /// Its job (`None`: an unreadable message waiting for the quarantine).
-    job: Option<String>,
-}
-
 /// The messages held, and when to try them again.
-pub(super) struct Hold {
-    waiting: Vec<HeldMessage>,
-    retry_at: Instant,
-    /// Retries in a row after which messages were held again.
-    failures: u32,
-    /// Messages a retry took out of the hold and applied, and when their last extension lapses:
-    /// still invisible for the hold's time while their job waits for its checkpoint, which a hung
-    /// store may hold past a stop's deadline (see `show_retried`).
-    retried: Vec<(fleet_engine::Visibility, Instant)>,
-}
-
-impl Default for Hold {
-    fn default() -> Hold {
-        Hold { waiting: Vec::new(), retry_at: Instant::now(), failures: 0, retried: Vec::new() }
-    }
-}
+pub(super) type Hold = controller_core::hold::Hold<Kept, Visibility>;
 
 impl Aggregator {
     /// Holds messages that could not be applied or saved for a failure that may pass (the error
@@ -93,27 +66,26 @@ impl Aggregator {
         for (_, k) in &msgs {
             k.extend(HOLD_VISIBILITY);
         }
-        let mut h = lock(&self.hold);
-        if h.waiting.is_empty() {
-            h.retry_at = now + retry_delay(h.failures);
-        }
         let n = msgs.len();
-        h.waiting.extend(msgs.into_iter().map(|(source, kept)| {
-            let job = parse(source, &kept).ok().map(|i| i.job_id().to_string());
-            HeldMessage { source, kept, extended: now, job }
-        }));
-        tracing::warn!(messages = n, held = h.waiting.len(), error = %why, "store unavailable: messages held (visibility kept, no receive spent) until it answers");
+        let msgs = msgs
+            .into_iter()
+            .map(|(source, kept)| {
+                let job = parse(source, &kept).ok().map(|i| i.job_id().to_string());
+                (source, kept, job)
+            })
+            .collect();
+        let held = lock(&self.hold).hold(msgs, now.into_std());
+        tracing::warn!(messages = n, held, error = %why, "store unavailable: messages held (visibility kept, no receive spent) until it answers");
     }
 
     /// Messages held now, in all (`None`) or from one source.
     pub fn held(&self, source: Option<Source>) -> usize {
-        let h = lock(&self.hold);
-        h.waiting.iter().filter(|w| source.is_none_or(|s| s == w.source)).count()
+        lock(&self.hold).held(source)
     }
 
     /// The jobs that have messages held (nothing is finished for them until those are applied).
     pub(super) fn held_jobs(&self) -> BTreeSet<String> {
-        lock(&self.hold).waiting.iter().filter_map(|w| w.job.clone()).collect()
+        lock(&self.hold).jobs()
     }
 
     /// Takes the held messages out of the hold to go back to their queue at once (a stop, or a results
@@ -123,14 +95,12 @@ impl Aggregator {
         if crate::undo::is(crate::undo::Fix::HandBackHeld) {
             return Vec::new();
         }
-        let mut h = lock(&self.hold);
-        let ours = |w: &HeldMessage| partition.is_none_or(|p| self.partition_queues.get(w.kept.queue()) == Some(&p));
-        let (back, keep): (Vec<HeldMessage>, Vec<HeldMessage>) = std::mem::take(&mut h.waiting).into_iter().partition(|w| ours(w));
-        h.waiting = keep;
+        let ours = |k: &Kept| partition.is_none_or(|p| self.partition_queues.get(k.queue()) == Some(&p));
+        let back = lock(&self.hold).hand_back(ours);
         if !back.is_empty() {
             tracing::info!(messages = back.len(), ?partition, "held messages handed back to their queue");
         }
-        back.into_iter().map(|w| w.kept).collect()
+        back
     }
 
     /// Makes visible at once every message a retry applied whose hold extension has not lapsed:
@@ -144,24 +114,20 @@ impl Aggregator {
         if crate::undo::is(crate::undo::Fix::HandBackHeld) {
             return;
         }
-        let now = Instant::now();
-        let retried = std::mem::take(&mut lock(&self.hold).retried);
-        let due: Vec<_> = retried.into_iter().filter(|(_, until)| *until > now).collect();
+        let due = lock(&self.hold).take_unlapsed(Instant::now().into_std());
         if !due.is_empty() {
             tracing::info!(messages = due.len(), "messages applied again after a hold and not yet checkpointed go back to their queue");
         }
-        for (v, _) in due {
+        for v in due {
             v.show();
         }
     }
 
     /// Extends the visibility of held messages that are due (cheap: batched calls on their queues).
     pub fn extend_held(&self) {
-        let now = Instant::now();
         let mut h = lock(&self.hold);
-        for w in h.waiting.iter_mut().filter(|w| now.duration_since(w.extended) >= EXTEND_EVERY) {
-            w.kept.extend(HOLD_VISIBILITY);
-            w.extended = now;
+        for k in h.due_for_extension(Instant::now().into_std()) {
+            k.extend(HOLD_VISIBILITY);
         }
     }
 
@@ -169,40 +135,29 @@ impl Aggregator {
     /// closes) and the back-off since the last failure has passed. What fails again is held again.
     pub async fn retry_held(&self) -> Applied {
         let breaker_open = self.store.breaker().is_some_and(|b| b.is_open());
-        let taken = {
-            let mut h = lock(&self.hold);
-            if h.waiting.is_empty() {
-                return Applied::default();
-            }
-            if breaker_open {
-                // Tried as soon as it closes.
-                h.retry_at = Instant::now();
-                return Applied::default();
-            }
-            if Instant::now() < h.retry_at {
-                return Applied::default();
-            }
-            std::mem::take(&mut h.waiting)
-        };
+        let taken = lock(&self.hold).take_for_retry(Instant::now().into_std(), breaker_open);
+        if taken.is_empty() {
+            return Applied::default();
+        }
         let n = taken.len();
         let extended = Instant::now();
         tracing::info!(messages = n, "applying held messages again");
         // Out of the hold while they are tried (which may wait out several call deadlines): kept
         // invisible for a full hold meanwhile.
         for w in &taken {
-            w.kept.extend(HOLD_VISIBILITY);
+            w.handle.extend(HOLD_VISIBILITY);
         }
         // A stop does not wait for a retry that waits on a hung store: it drops it, with these
         // messages out of the hold. Dropped, the retry makes them visible again at once (those
         // completed meanwhile excepted), for whoever reads their queue next, instead of leaving
         // them invisible for the hold's time (found by the simulation).
         let shown_if_dropped =
-            ShowOnDrop(if crate::undo::is(crate::undo::Fix::HandBackHeld) { Vec::new() } else { taken.iter().map(|w| w.kept.visibility()).collect() });
+            ShowOnDrop(if crate::undo::is(crate::undo::Fix::HandBackHeld) { Vec::new() } else { taken.iter().map(|w| w.handle.visibility()).collect() });
         // The retry is the try: jobs turned back for a failure just before are tried now.
         lock(&self.memory).failing.clear();
         let mut by_source: BTreeMap<Source, Vec<Kept>> = BTreeMap::new();
         for w in taken {
-            by_source.entry(w.source).or_default().push(w.kept);
+            by_source.entry(w.source).or_default().push(w.handle);
         }
         let mut applied = Applied::default();
         for (source, kept) in by_source {
@@ -211,32 +166,21 @@ impl Aggregator {
             applied.release.extend(a.release);
         }
         let retried = shown_if_dropped.disarm();
-        let mut h = lock(&self.hold);
-        let lapse = extended + HOLD_VISIBILITY;
-        h.retried.retain(|(_, until)| *until > Instant::now());
-        h.retried.extend(retried.into_iter().map(|v| (v, lapse)));
-        if h.waiting.is_empty() {
-            h.failures = 0;
-        } else {
-            h.failures = h.failures.saturating_add(1);
-            h.retry_at = Instant::now() + retry_delay(h.failures);
-            tracing::warn!(retried = n, held = h.waiting.len(), next_in_s = retry_delay(h.failures).as_secs_f64(), "store still unavailable");
+        let ended = lock(&self.hold).retry_ended(retried, extended.into_std(), Instant::now().into_std());
+        if let Retried::HeldAgain { held, next_in } = ended {
+            tracing::warn!(retried = n, held, next_in_s = next_in.as_secs_f64(), "store still unavailable");
         }
         applied
     }
 }
 
-fn retry_delay(failures: u32) -> Duration {
-    FIRST_RETRY.saturating_mul(1u32 << failures.min(8)).min(MAX_RETRY)
-}
-
 /// Messages made visible again if the retry holding them is dropped before it ends (see
 /// `retry_held`).
-struct ShowOnDrop(Vec<fleet_engine::Visibility>);
+struct ShowOnDrop(Vec<Visibility>);
 
 impl ShowOnDrop {
     /// The retry ended: nothing is shown; the handles are returned.
-    fn disarm(mut self) -> Vec<fleet_engine::Visibility> {
+    fn disarm(mut self) -> Vec<Visibility> {
         std::mem::take(&mut self.0)
     }
 }

@@ -281,7 +281,7 @@ impl Aggregator {
             memory: Mutex::default(),
             known: Mutex::default(),
             expiry: Mutex::new(Expiry { scanned: None, idle_floor: Instant::now(), emptied: scan::Emptied::default(), seen: Sightings::new(Duration::MAX) }),
-            hold: Mutex::default(),
+            hold: Mutex::new(Hold::new(Instant::now().into_std())),
             read: Mutex::default(),
             stopping: Default::default(),
             records: Mutex::default(),
