@@ -207,44 +207,59 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
     if parts.len() != fleet_io::queue::partitions(&deps.results_dlq).len() {
         return Err(fleet_io::Error::Config("the results queue and its dead-letter queue must have as many partitions".into()));
     }
-    let mut aggregator = Aggregator::with_clock(deps.store.clone(), owner.clone(), Duration::from_secs(settings.lease_secs), clock);
-    aggregator.set_settle(Duration::from_secs(settings.settle_secs));
-    aggregator.set_prices(settings.prices);
-    aggregator.set_decode_budget(settings.decode_budget_mib << 20);
-    match &settings.role_keys {
+    let keyring = match &settings.role_keys {
         Some(ring) => {
             let roles: Vec<String> = ring.roles().iter().map(|(r, n)| format!("{r}: {n}")).collect();
             if ring.signing_key(fleet_io::auth::Role::Controller).is_none() {
                 tracing::warn!("the keyring holds no controller key: dead letters this controller forwards will not count");
             }
             tracing::info!(keys = %roles.join(", "), "messages count only when signed by a role that may send them");
-            aggregator.check_roles(ring.clone());
+            Some(ring.clone())
         }
-        None => tracing::warn!(
-            "no keyring (--role-keys / FLEET_ROLE_KEYS): messages are not checked by role, so anyone who may send to the results queue can end or bill a job (docs/security.md)"
-        ),
-    }
-    aggregator.set_queue(Source::Results, parts[0].0.name());
-    aggregator.set_queue(Source::ResultsDeadLetter, parts[0].1.name());
-    aggregator.set_queue(Source::WorkDeadLetter, deps.work_dlq.name());
-    for (p, (q, dlq)) in parts.iter().enumerate() {
-        aggregator.set_partition_queue(q.name(), p as u16);
-        aggregator.set_partition_queue(dlq.name(), p as u16);
-        aggregator.forward_strays_to(p as u16, q.clone());
-    }
-    match &deps.work {
-        Some(work) => aggregator.set_stall_limit(
-            Duration::from_secs(settings.stall_after),
-            aggregate::FleetQueues {
+        None => {
+            tracing::warn!(
+                "no keyring (--role-keys / FLEET_ROLE_KEYS): messages are not checked by role, so anyone who may send to the results queue can end or bill a job (docs/security.md)"
+            );
+            None
+        }
+    };
+    let stall = match &deps.work {
+        Some(work) => Some(aggregate::StallLimit {
+            after: Duration::from_secs(settings.stall_after),
+            queues: aggregate::FleetQueues {
                 work: work.clone(),
                 work_dlq: deps.work_dlq.clone(),
                 results: deps.results.clone(),
                 results_dlq: deps.results_dlq.clone(),
                 announce: deps.publish.clone(),
             },
-        ),
-        None => tracing::info!("no work queue given: sealed jobs that stall are not finished"),
-    }
+        }),
+        None => {
+            tracing::info!("no work queue given: sealed jobs that stall are not finished");
+            None
+        }
+    };
+    let queues = [(Source::Results, parts[0].0.name()), (Source::ResultsDeadLetter, parts[0].1.name()), (Source::WorkDeadLetter, deps.work_dlq.name())];
+    let aggregator = Aggregator::with(
+        deps.store.clone(),
+        aggregate::Options {
+            owner: owner.clone(),
+            lease: Duration::from_secs(settings.lease_secs),
+            clock,
+            settle: Duration::from_secs(settings.settle_secs),
+            prices: settings.prices,
+            decode_budget: settings.decode_budget_mib << 20,
+            stall,
+            queues: queues.into_iter().map(|(s, q)| (s, q.to_string())).collect(),
+            partition_queues: parts
+                .iter()
+                .enumerate()
+                .flat_map(|(p, (q, dlq))| [(q.name().to_string(), p as u16), (dlq.name().to_string(), p as u16)])
+                .collect(),
+            strays_to: parts.iter().enumerate().map(|(p, (q, _))| (p as u16, q.clone())).collect(),
+            keyring,
+        },
+    );
     let agg = Arc::new(aggregator);
     // Finished jobs' blobs are purged in the background; a stop waits for the purges under way.
     let retention = Duration::from_secs(settings.blob_retention_secs);

@@ -62,7 +62,7 @@ use job::{Asker, Job, Next};
 use limits::*;
 pub use limits::{DEAD_LETTER_REASON, FLUSH_INTERVAL, FLUSH_MESSAGES, HAND_BACK, INLINE_ROWS, LEASE, MAX_RESULT_BYTES, SETTLE, UNRECORDED_RECEIVES};
 use records::{RecordsCache, Verdict};
-pub use scan::{Emptied, FleetQueues, Look, DEPTH_LAG};
+pub use scan::{Emptied, FleetQueues, Look, StallLimit, DEPTH_LAG};
 
 /// What to do with the messages of a batch once applied (the rest wait in their jobs for a checkpoint).
 #[derive(Debug, Default)]
@@ -211,7 +211,9 @@ impl Expiry {
 /// Its state is grouped by what each lock guards, and no lock is held across an await except a job's
 /// own: the jobs in memory (`memory`), what is known of the others (`known`), the expiry's clock
 /// (`expiry`), the messages held through an outage (`hold`), where finished jobs are announced
-/// (`on_finished`). The rest is set at construction.
+/// (`on_finished`), the partitions read (`read`), the jobs' records (`records`); `stopping` is set once,
+/// and the counters (`pending`, `stats`) are atomics. The rest is set at construction ([`Options`]) and
+/// never changes.
 pub struct Aggregator {
     store: Arc<dyn BlobStore>,
     queues: HashMap<Source, String>,
@@ -256,27 +258,76 @@ pub struct Aggregator {
     prices: Prices,
 }
 
+/// How an aggregator is set up: everything it is given at construction (nothing here changes later).
+/// `Options::default()` is a test's aggregator: a random owner, the shipped lease and settle times,
+/// the system clock, list prices, the default decode budget, the default queue names, one partition,
+/// no stall rule and no role check.
+pub struct Options {
+    /// The name it holds job leases under ...
+    pub owner: String,
+    /// ... for this long at a time.
+    pub lease: Duration,
+    /// Wall time (the simulation's is driven by tokio's clock).
+    pub clock: Clock,
+    /// How long a job whose chunks are all in, some failed, waits without news for a real result to
+    /// replace a failure before it is finished.
+    pub settle: Duration,
+    /// The price table reports' request costs are computed with.
+    pub prices: Prices,
+    /// The byte budget of decoded results in memory at once.
+    pub decode_budget: u64,
+    /// Finishes sealed jobs that no longer progress as `partial` after a time without news, once every
+    /// message that was in the fleet's queues at their last news has left them (see `scan::Emptied`);
+    /// none: never.
+    pub stall: Option<scan::StallLimit>,
+    /// Each source's queue name (recorded with what is quarantined from it).
+    pub queues: HashMap<Source, String>,
+    /// The results partition of each partition queue (its results queue and its dead-letter queue):
+    /// the jobs whose messages come from it are let go with the partition (`let_go`).
+    pub partition_queues: HashMap<String, u16>,
+    /// Each results partition's queue, where a stray of its jobs (read from another partition) is
+    /// forwarded. A stray of a partition with no queue here (the count lowered while its job was in
+    /// flight) is applied where it was read, as before partitions.
+    pub strays_to: BTreeMap<u16, Arc<dyn fleet_io::queue::Queue>>,
+    /// With it, a message counts only when signed by a role that may send it (see `fleet_io::auth`);
+    /// anything else is quarantined with the reason. Without it, roles are not checked.
+    pub keyring: Option<fleet_io::auth::Keyring>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            owner: format!("controller-{}", uuid::Uuid::now_v7().simple()),
+            lease: LEASE,
+            clock: Clock::System,
+            settle: SETTLE,
+            prices: Prices::default(),
+            decode_budget: budget::DEFAULT_BUDGET_MIB << 20,
+            stall: None,
+            queues: Source::ALL.iter().map(|s| (*s, s.default_queue().to_string())).collect(),
+            partition_queues: HashMap::new(),
+            strays_to: BTreeMap::new(),
+            keyring: None,
+        }
+    }
+}
+
 impl Aggregator {
-    /// An aggregator with a random owner name and the default lease time.
+    /// An aggregator set up as [`Options::default`] says.
     pub fn new(store: Arc<dyn BlobStore>) -> Aggregator {
-        Self::with_owner(store, format!("controller-{}", uuid::Uuid::now_v7().simple()), LEASE)
+        Self::with(store, Options::default())
     }
 
-    /// An aggregator that holds job leases as `owner` for `lease` at a time.
-    pub fn with_owner(store: Arc<dyn BlobStore>, owner: String, lease: Duration) -> Aggregator {
-        Self::with_clock(store, owner, lease, Clock::System)
-    }
-
-    /// An aggregator that reads wall time from `clock` (the simulation's, driven by tokio's clock).
-    pub fn with_clock(store: Arc<dyn BlobStore>, owner: String, lease: Duration, clock: Clock) -> Aggregator {
-        let queues = Source::ALL.iter().map(|s| (*s, s.default_queue().to_string())).collect();
+    /// An aggregator set up as `options` say.
+    pub fn with(store: Arc<dyn BlobStore>, options: Options) -> Aggregator {
+        let Options { owner, lease, clock, settle, prices, decode_budget, stall, queues, partition_queues, strays_to, keyring } = options;
         let leases = Leases::new(store.clone(), owner, lease, clock);
         Aggregator {
             store,
             queues,
-            partition_queues: HashMap::new(),
-            strays_to: BTreeMap::new(),
-            keyring: None,
+            partition_queues,
+            strays_to,
+            keyring,
             leases,
             memory: Mutex::default(),
             known: Mutex::default(),
@@ -285,68 +336,21 @@ impl Aggregator {
             read: Mutex::default(),
             stopping: Default::default(),
             records: Mutex::default(),
-            budget: Arc::new(Budget::new(budget::DEFAULT_BUDGET_MIB << 20)),
+            budget: Arc::new(Budget::new(decode_budget)),
             on_finished: Mutex::new(Purging::Nowhere),
             pending: Arc::default(),
             stats: CheckpointStats::default(),
-            stall: None,
+            stall,
             clock,
             offload_decoding: !matches!(clock, Clock::Driven { .. }),
-            settle: SETTLE,
-            prices: Prices::default(),
+            settle,
+            prices,
         }
-    }
-
-    /// Finishes sealed jobs that no longer progress as `partial` after `after` without news, once
-    /// every message that was in the fleet's `queues` at their last news has left them (see
-    /// `scan::Emptied`).
-    pub fn set_stall_limit(&mut self, after: Duration, queues: FleetQueues) {
-        self.stall = Some(scan::StallLimit { after, queues });
-    }
-
-    /// Sets how long a job whose chunks are all in, some failed, waits without news for a real
-    /// result to replace a failure before it is finished (default [`SETTLE`]).
-    pub fn set_settle(&mut self, settle: Duration) {
-        self.settle = settle;
-    }
-
-    /// Sets the price table reports' request costs are computed with (default: list prices).
-    pub fn set_prices(&mut self, prices: Prices) {
-        self.prices = prices;
-    }
-
-    /// Sets the byte budget of decoded results in memory at once (default [`budget::DEFAULT_BUDGET_MIB`]).
-    pub fn set_decode_budget(&mut self, bytes: u64) {
-        self.budget = Arc::new(Budget::new(bytes));
     }
 
     /// The budget of decoded results (its high-water mark: the most in memory at once).
     pub fn decode_budget(&self) -> &Budget {
         &self.budget
-    }
-
-    /// Names the queue of a source (recorded with what is quarantined from it).
-    pub fn set_queue(&mut self, source: Source, name: &str) {
-        self.queues.insert(source, name.to_string());
-    }
-
-    /// Names a queue of results partition `p` (its results queue or its dead-letter queue): the jobs
-    /// whose messages come from it are let go with the partition (`let_go`).
-    pub fn set_partition_queue(&mut self, name: &str, p: u16) {
-        self.partition_queues.insert(name.to_string(), p);
-    }
-
-    /// Forwards a stray of results partition `p`'s jobs (read from another partition) to `queue`, its
-    /// results queue. A stray of a partition with no queue set (the count lowered while its job was in
-    /// flight) is applied where it was read, as before partitions.
-    pub fn forward_strays_to(&mut self, p: u16, queue: Arc<dyn fleet_io::queue::Queue>) {
-        self.strays_to.insert(p, queue);
-    }
-
-    /// Counts a message only when it is signed by a role that may send it (see `fleet_io::auth`);
-    /// anything else is quarantined with the reason.
-    pub fn check_roles(&mut self, keyring: fleet_io::auth::Keyring) {
-        self.keyring = Some(keyring);
     }
 
     /// The keyring roles are checked with (none: they are not).

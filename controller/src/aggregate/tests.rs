@@ -73,15 +73,21 @@ fn keep(source: Source, msgs: &[Message]) -> Vec<Kept> {
 /// An aggregator that finishes a job with failed chunks at once (no settle time), as these tests
 /// expect; the settle time has tests of its own.
 fn quick(store: Arc<dyn BlobStore>) -> Aggregator {
-    let mut a = Aggregator::new(store);
-    a.set_settle(Duration::ZERO);
-    a
+    quick_with(store, Options::default())
+}
+
+/// [`quick`], set up as `options` say otherwise.
+fn quick_with(store: Arc<dyn BlobStore>, options: Options) -> Aggregator {
+    Aggregator::with(store, Options { settle: Duration::ZERO, ..options })
 }
 
 fn quick_owned(store: Arc<dyn BlobStore>, owner: String, lease: Duration) -> Aggregator {
-    let mut a = Aggregator::with_owner(store, owner, lease);
-    a.set_settle(Duration::ZERO);
-    a
+    quick_with(store, Options { owner, lease, ..Options::default() })
+}
+
+/// Options naming results partitions' queues (`billing-results`, `billing-results-1`, ...).
+fn partitioned(queues: &[&str]) -> HashMap<String, u16> {
+    queues.iter().enumerate().map(|(p, q)| (q.to_string(), p as u16)).collect()
 }
 
 /// The chunk blobs of a job's first `n` chunks (written by the initiator before their work items).
@@ -518,7 +524,7 @@ async fn unsealed_jobs_expire_also_after_a_restart() {
     // The same controller before and after its restart (a stable id: it takes its leases back at once),
     // its wall clock moving with the paused one.
     let clock = Clock::driven(1_800_000_000_000);
-    let agg = Aggregator::with_clock(store.clone(), "c1".into(), LEASE, clock);
+    let agg = Aggregator::with(store.clone(), Options { owner: "c1".into(), clock, ..Options::default() });
     put_chunks(&store, "e1", 1).await;
     agg.apply(Source::Results, keep(Source::Results, &[result("e1", 0, vec![acct("a", 1, 100, 1)])])).await;
     put_manifest(&store, &manifest("e2", &[1, 1])).await;
@@ -528,7 +534,7 @@ async fn unsealed_jobs_expire_also_after_a_restart() {
     tokio::time::advance(Duration::from_secs(30)).await;
     assert!(agg.expire(Duration::from_secs(60)).await.is_empty(), "not yet");
     drop(agg); // crash and restart
-    let agg = Aggregator::with_clock(store.clone(), "c1".into(), LEASE, clock);
+    let agg = Aggregator::with(store.clone(), Options { owner: "c1".into(), clock, ..Options::default() });
     assert_eq!(agg.scan_open().await.unwrap(), 2);
     tokio::time::advance(Duration::from_secs(61)).await;
     agg.expire(Duration::from_secs(60)).await;
@@ -1058,8 +1064,7 @@ async fn a_sealed_job_that_stalls_is_finished_as_partial_once_nothing_can_arrive
     put_manifest(&store, &manifest("st", &[1, 2, 1])).await;
     let (queues, work) = fleet_queues();
     let stall = Duration::from_secs(600);
-    let mut agg = quick(store.clone());
-    agg.set_stall_limit(stall, queues.clone());
+    let agg = quick_with(store.clone(), Options { stall: Some(StallLimit { after: stall, queues: queues.clone() }), ..Options::default() });
     // Chunk 1 never comes.
     agg.apply(
         Source::Results,
@@ -1079,8 +1084,7 @@ async fn a_sealed_job_that_stalls_is_finished_as_partial_once_nothing_can_arrive
     work.delete(got).await.unwrap();
     agg.release_leases().await;
     drop(agg);
-    let mut restarted = quick(store.clone());
-    restarted.set_stall_limit(stall, queues);
+    let restarted = quick_with(store.clone(), Options { stall: Some(StallLimit { after: stall, queues }), ..Options::default() });
     assert!(restarted.expire(Duration::from_secs(3600)).await.is_empty(), "scanned; not due yet");
     tokio::time::sleep(stall / 2).await;
     assert!(restarted.expire(Duration::from_secs(3600)).await.is_empty());
@@ -1228,8 +1232,8 @@ async fn news_on_another_controller_keeps_a_job_from_being_abandoned() {
     put_chunks(&store, "nw", 4).await;
     let clock = Clock::driven(1_800_000_000_000);
     let hour = Duration::from_secs(3600);
-    let a = Aggregator::with_clock(store.clone(), "a".into(), LEASE, clock);
-    let b = Aggregator::with_clock(store.clone(), "b".into(), LEASE, clock);
+    let a = Aggregator::with(store.clone(), Options { owner: "a".into(), clock, ..Options::default() });
+    let b = Aggregator::with(store.clone(), Options { owner: "b".into(), clock, ..Options::default() });
     a.apply(Source::Results, keep(Source::Results, &[result("nw", 0, vec![acct("x", 1, 100, 1)])])).await;
     assert_eq!(a.flush().await.len(), 1);
     tokio::time::advance(Duration::from_secs(50 * 60)).await;
@@ -1255,10 +1259,8 @@ async fn news_on_another_controller_keeps_a_job_from_being_abandoned() {
 /// Two controllers on one store: A reads results partition 0, B partition 1.
 fn readers_of_0_and_1(store: &Arc<MemoryStore>, clock: Clock) -> (Aggregator, Aggregator) {
     let pair = ["a", "b"].map(|owner| {
-        let mut agg = Aggregator::with_clock(store.clone(), owner.into(), LEASE, clock);
-        agg.set_partition_queue("billing-results", 0);
-        agg.set_partition_queue("billing-results-1", 1);
-        agg
+        let partition_queues = partitioned(&["billing-results", "billing-results-1"]);
+        Aggregator::with(store.clone(), Options { owner: owner.into(), clock, partition_queues, ..Options::default() })
     });
     let [a, b] = pair;
     a.reading(0);
@@ -1304,7 +1306,7 @@ async fn a_dormant_job_that_turns_out_to_be_of_another_partition_is_given_back()
     put_chunks(&store, "lg", 3).await;
     let clock = Clock::driven(1_800_000_000_000);
     let hour = Duration::from_secs(3600);
-    let old = Aggregator::with_clock(store.clone(), "old".into(), LEASE, clock);
+    let old = Aggregator::with(store.clone(), Options { owner: "old".into(), clock, ..Options::default() });
     let (a, b) = readers_of_0_and_1(&store, clock);
     old.apply(Source::Results, keep(Source::Results, &[result("lg", 0, vec![acct("x", 1, 100, 1)])])).await;
     assert_eq!(old.flush().await.len(), 1);
@@ -1338,7 +1340,7 @@ async fn old_release_checkpoint(job: &str, partition: u16, chunks: u32, seal: bo
     put_chunks(&store, job, chunks).await;
     put_manifest(&store, &Manifest { partition, ..manifest(job, &vec![1; chunks as usize]) }).await;
     let clock = Clock::driven(1_800_000_000_000);
-    let old = Aggregator::with_clock(store.clone(), "old".into(), LEASE, clock);
+    let old = Aggregator::with(store.clone(), Options { owner: "old".into(), clock, ..Options::default() });
     let mut batch = vec![result(job, 0, vec![acct("x", 1, 100, 1)])];
     batch.extend(seal.then(|| sealed(job, chunks)));
     old.apply(Source::Results, keep(Source::Results, &batch)).await;
@@ -1393,7 +1395,7 @@ async fn a_dormant_job_without_a_partition_is_looked_at_every_tick() {
     assert!(b.waiting(Duration::ZERO).any, "the job is dormant, of no partition");
     // News a tenth of an abandon time later, at a controller of the release before partitions.
     tokio::time::advance(after / 10).await;
-    let news = Aggregator::with_clock(store.clone(), "old-2".into(), LEASE, clock);
+    let news = Aggregator::with(store.clone(), Options { owner: "old-2".into(), clock, ..Options::default() });
     news.apply(Source::Results, keep(Source::Results, &[result("ut", 1, vec![acct("x", 1, 100, 1)])])).await;
     assert_eq!(news.flush().await.len(), 1);
     news.release_leases().await;
@@ -1422,8 +1424,8 @@ async fn a_dormant_job_whose_lease_is_busy_stays_dormant_and_looked_for() {
     put_chunks(&store, "bd", 3).await;
     let clock = Clock::driven(1_800_000_000_000);
     let reader = |owner: &str| {
-        let mut agg = Aggregator::with_clock(store.clone(), owner.into(), LEASE, clock);
-        agg.set_partition_queue("billing-results", 0);
+        let agg =
+            Aggregator::with(store.clone(), Options { owner: owner.into(), clock, partition_queues: partitioned(&["billing-results"]), ..Options::default() });
         agg.reading(0);
         agg
     };
@@ -1560,8 +1562,8 @@ async fn a_lease_is_renewed_while_its_job_is_busy() {
     let clock = Clock::driven(1_800_000_000_000);
     let lease = Duration::from_secs(3);
     let slow: Arc<dyn BlobStore> = Hooked::new(store.clone(), SlowReports { delay: lease * 3 });
-    let a = Arc::new(Aggregator::with_clock(slow, "a".into(), lease, clock));
-    let b = Aggregator::with_clock(store.clone(), "b".into(), lease, clock);
+    let a = Arc::new(Aggregator::with(slow, Options { owner: "a".into(), lease, clock, ..Options::default() }));
+    let b = Aggregator::with(store.clone(), Options { owner: "b".into(), lease, clock, ..Options::default() });
     let timer = {
         let a = a.clone();
         tokio::spawn(async move {
@@ -1634,8 +1636,7 @@ async fn a_well_formed_bomb_is_capped_by_its_chunk_and_the_budget() {
     let data = fleet_domain::codec::base64_encode(&csv);
     let declared = with_payload("b3", 0, 200_000, AccountsPayload::ZstdCsv { data: data.clone() });
     let lying = with_payload("b3", 0, 3, AccountsPayload::ZstdCsv { data });
-    let mut agg = quick(store.clone());
-    agg.set_decode_budget(1 << 20);
+    let agg = quick_with(store.clone(), Options { decode_budget: 1 << 20, ..Options::default() });
     agg.apply(Source::Results, keep(Source::Results, &[declared, lying, sealed("b3", 1)])).await;
     let r = report_of(&store, "b3").await.expect("finished");
     assert_eq!((r.status, r.transactions.processed, r.transactions.failed), (JobStatus::Partial, 0, 3));
@@ -1685,8 +1686,8 @@ async fn partition_zero_fixture() -> (Arc<BrokenStore>, Arc<MemoryQueue>, Comple
     put_manifest(&store.memory, &manifest("s", &[1, 1])).await;
     let queue = MemoryQueue::new("billing-results", Duration::from_secs(30));
     let done = Completions::start(queue.clone(), BatchSettings::default());
-    let mut agg = quick_owned(store.clone(), "c".into(), Duration::from_secs(30));
-    agg.set_partition_queue("billing-results", 0);
+    let options = Options { owner: "c".into(), lease: Duration::from_secs(30), partition_queues: partitioned(&["billing-results"]), ..Options::default() };
+    let agg = quick_with(store.clone(), options);
     agg.reading(0);
     (store, queue, done, agg)
 }
@@ -1778,8 +1779,10 @@ async fn a_finish_completed_by_another_controller_after_midnight_files_the_rows_
     let store = broken.memory.clone();
     put_manifest(&store, &manifest("mid", &[1, 1])).await;
     let epoch = 1_795_823_940_000; // 2026-11-27T23:59:00Z
-    let mut first = Aggregator::with_clock(broken.clone(), "c1".into(), Duration::from_secs(30), crate::clock::Clock::driven(epoch));
-    first.set_settle(Duration::ZERO);
+    let first = quick_with(
+        broken.clone(),
+        Options { owner: "c1".into(), lease: Duration::from_secs(30), clock: crate::clock::Clock::driven(epoch), ..Options::default() },
+    );
     let msgs = [result("mid", 0, vec![acct("a", 1, 100, 1)]), result("mid", 1, vec![acct("b", 1, 250, 2)]), sealed("mid", 2)];
     first.apply(Source::Results, keep(Source::Results, &msgs)).await;
     assert!(report_of(&store, "mid").await.is_none(), "the accounts table could not be written: no report yet");
@@ -1789,8 +1792,8 @@ async fn a_finish_completed_by_another_controller_after_midnight_files_the_rows_
     assert_eq!(cp.ended_at.as_deref(), Some("2026-11-27T23:59:00Z"));
     drop(first);
 
-    let mut second = Aggregator::with_clock(store.clone(), "c2".into(), Duration::from_secs(30), crate::clock::Clock::driven(epoch + 86_400_000));
-    second.set_settle(Duration::ZERO);
+    let clock = crate::clock::Clock::driven(epoch + 86_400_000);
+    let second = quick_with(store.clone(), Options { owner: "c2".into(), lease: Duration::from_secs(30), clock, ..Options::default() });
     // c1's lease (never given back) is judged on c2's own clock, whatever c1's said: taken once c2 has
     // seen it unchanged for a lease.
     second.apply(Source::Results, keep(Source::Results, &[sealed("mid", 2)])).await;
@@ -1827,17 +1830,11 @@ async fn a_stray_on_another_partition_is_forwarded_never_leased() {
     let clock = Clock::driven(1_800_000_000_000);
     let q0 = MemoryQueue::new("billing-results", Duration::from_secs(30));
     let q1 = MemoryQueue::new("billing-results-1", Duration::from_secs(30));
-    let [mut a, mut b] = ["a", "b"].map(|owner| {
-        let mut agg = Aggregator::with_clock(store.clone(), owner.into(), LEASE, clock);
-        agg.set_partition_queue("billing-results", 0);
-        agg.set_partition_queue("billing-results-1", 1);
-        agg.set_settle(Duration::ZERO);
-        agg
+    let [a, b] = ["a", "b"].map(|owner| {
+        let partition_queues = partitioned(&["billing-results", "billing-results-1"]);
+        let strays_to = BTreeMap::from([(0, q0.clone() as Arc<dyn Queue>), (1, q1.clone() as Arc<dyn Queue>)]);
+        quick_with(store.clone(), Options { owner: owner.into(), clock, partition_queues, strays_to, ..Options::default() })
     });
-    for agg in [&mut a, &mut b] {
-        agg.forward_strays_to(0, q0.clone());
-        agg.forward_strays_to(1, q1.clone());
-    }
     a.reading(0);
     b.reading(1);
     let r0 = result("st", 0, vec![acct("x", 1, 100, 1)]);
@@ -1900,8 +1897,7 @@ async fn an_unrecorded_chunk_is_judged_by_the_manifest_and_an_oversized_share_re
     put_chunks(&store, "old", 2).await;
     let m = manifest("old", &[3, 2]);
     store.put(&manifest_key("old"), Bytes::from(serde_json::to_vec(&m).unwrap()), "application/json").await.unwrap();
-    let mut agg = quick(store.clone());
-    agg.set_decode_budget(4 << 20);
+    let agg = quick_with(store.clone(), Options { decode_budget: 4 << 20, ..Options::default() });
     // 11 transactions declared for a chunk of 3: refused against the manifest.
     let eleven = result("old", 0, (0..11).map(|i| acct(&format!("a{i}"), 1, 100, 1)).collect());
     let applied = agg.apply(Source::Results, keep(Source::Results, &[eleven])).await;
@@ -1949,8 +1945,8 @@ async fn only_a_role_that_may_send_a_message_makes_it_count() {
     let (processor, submitter, operator) = (Key::generate(Role::Processor), Key::generate(Role::Submitter), Key::generate(Role::Operator));
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("rl", &[1, 1])).await;
-    let mut agg = quick(store.clone());
-    agg.check_roles(Keyring::new([processor.clone(), submitter.clone(), operator.clone()]));
+    let keyring = Some(Keyring::new([processor.clone(), submitter.clone(), operator.clone()]));
+    let agg = quick_with(store.clone(), Options { keyring, ..Options::default() });
     let forged = [
         signed(abandon("rl"), &processor),
         result("rl", 0, vec![acct("mallory", 1, 99_999_999_999, 0)]),

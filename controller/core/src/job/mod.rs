@@ -251,7 +251,7 @@ impl<H> Job<H> {
             return Next::Finish;
         }
         let save = match asker {
-            Asker::Timer => self.unsaved.len() > 0,
+            Asker::Timer => !self.unsaved.is_empty(),
             // Under a steady stream the job is rarely idle when the timer looks: its own batches save it.
             Asker::Batch => self.unsaved.len() >= FLUSH_MESSAGES || now.saturating_duration_since(self.saved) >= FLUSH_INTERVAL,
         };

@@ -259,7 +259,7 @@ async fn controller_restarted_mid_job_keeps_totals_exact() {
 
     // First controller: applies and checkpoints two batches, then "crashes" before deleting them.
     // (The same controller as the ones started below: a crash and restart, not a second replica.)
-    let agg = controller::Aggregator::with_owner(st.store.clone(), TEST_CONTROLLER.into(), controller::aggregate::LEASE);
+    let agg = controller::Aggregator::with(st.store.clone(), controller::aggregate::Options { owner: TEST_CONTROLLER.into(), ..Default::default() });
     let done = fleet_engine::Completions::start(st.results.clone(), Default::default());
     for _ in 0..2 {
         let msgs = st.results.receive(10, Duration::from_secs(1)).await.unwrap();
@@ -314,7 +314,7 @@ async fn a_controller_down_longer_than_abandon_after_finishes_the_job_whose_seal
     p.stop().await;
     // The controller that ran before applied some results, never the seal, checkpointed them (the
     // job's checkpoint says it is unsealed), deleted them, and stopped.
-    let agg = controller::Aggregator::with_owner(st.store.clone(), TEST_CONTROLLER.into(), controller::aggregate::LEASE);
+    let agg = controller::Aggregator::with(st.store.clone(), controller::aggregate::Options { owner: TEST_CONTROLLER.into(), ..Default::default() });
     let done = fleet_engine::Completions::start(st.results.clone(), Default::default());
     let msgs = st.results.receive(10, Duration::from_secs(1)).await.unwrap();
     let (seals, results): (Vec<_>, Vec<_>) = msgs.into_iter().partition(|d| d.body.contains("\"kind\":\"sealed\""));
@@ -377,7 +377,7 @@ async fn large_job_checkpoints_in_parts_and_a_restart_restores_them() {
     st.wait_depth(st.results.as_ref(), 31, T).await;
     p.stop().await;
 
-    let agg = controller::Aggregator::with_owner(st.store.clone(), TEST_CONTROLLER.into(), controller::aggregate::LEASE);
+    let agg = controller::Aggregator::with(st.store.clone(), controller::aggregate::Options { owner: TEST_CONTROLLER.into(), ..Default::default() });
     let done = fleet_engine::Completions::start(st.results.clone(), Default::default());
     // Two batches of the 31 messages: a base, then a part with the rows they changed.
     for _ in 0..2 {
