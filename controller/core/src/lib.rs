@@ -10,6 +10,8 @@
 //! - `save`: a job's checkpoint planned (the document, the part before it, its write condition);
 //! - `decision`: how a job ends and what a checkpoint commits;
 //! - `item`: what a message brings to a job, and the queue it came from;
+//! - `expiry`: the dormant jobs (known from their open marker only) and which are due, and whether
+//!   the fleet's queues have emptied since a job's news (the stall rule's condition);
 //! - `hold`: the messages held through a store outage, when each is extended and when they are tried
 //!   again;
 //! - `limits`: the job's own sizes and periods;
@@ -19,10 +21,11 @@
 //! - `undo`: the mutation harness's switches (compiled in only under `cfg(fleet_undo)`, which only
 //!   `controller-core-undoable`, the harness's build of this crate, sets).
 //!
-//! The partitions' dormant and waiting sets and expiry's decisions are still in
+//! Expiry's own rules (when a quiet job is abandoned or stalled) and the jobs in memory are still in
 //! `controller::aggregate`, on their way here.
 
 pub mod decision;
+pub mod expiry;
 pub mod hold;
 pub mod item;
 pub mod job;

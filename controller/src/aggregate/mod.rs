@@ -175,7 +175,7 @@ struct Known {
     finished: FinishedMemory,
     /// Unsealed or sealed jobs known only by their open marker, with their last checkpoint's time:
     /// loaded when they are due to be finished, or when a message of theirs arrives.
-    dormant: BTreeMap<String, scan::Dormant>,
+    dormant: controller_core::expiry::DormantJobs,
 }
 
 /// The expiry's own clock, under one lock: when the open markers were last scanned; the idle floor
@@ -365,7 +365,7 @@ impl Aggregator {
         lock(&self.read).remove(&p);
         // What a scan saw of its dormant jobs goes stale from now on (they may have news on the new
         // reader): a scan after the partition is read here again finds them afresh.
-        lock(&self.known).dormant.retain(|_, d| d.partition != Some(p));
+        lock(&self.known).dormant.let_go(p);
         let done = self.flush().await;
         if crate::undo::is(crate::undo::Fix::LetGoOfPartitionJobs) {
             return done;
@@ -816,7 +816,7 @@ impl Aggregator {
         let floor = lock(&self.expiry).idle_floor;
         let mut out = Waiting::default();
         if !crate::undo::is(crate::undo::Fix::WaitingLooks) {
-            let dormant: Vec<(Instant, Option<u16>)> = lock(&self.known).dormant.values().map(|d| (d.since, d.partition)).collect();
+            let dormant: Vec<(Instant, Option<u16>)> = lock(&self.known).dormant.iter().map(|(_, d)| (Instant::from_std(d.since), d.partition)).collect();
             for (since, partition) in dormant {
                 if now.saturating_duration_since(since.max(floor)) < quiet || !self.loads_here(partition) {
                     continue;

@@ -27,6 +27,8 @@ use fleet_io::lock;
 use fleet_io::queue::Queue;
 use tokio::time::Instant;
 
+pub use controller_core::expiry::{Dormant, Emptied, Look, DEPTH_LAG};
+
 use super::limits::MAX_OPEN_JOBS;
 use super::{Aggregator, Taken};
 
@@ -62,8 +64,7 @@ impl Aggregator {
         // owner's last checkpoint at the next look and abandoned the job two abandon times after
         // its last news: found by the simulation, seed 845122901, a rolling upgrade from that
         // release).
-        let unpartitioned =
-            !crate::undo::is(crate::undo::Fix::UnpartitionedLookedAtEachTick) && lock(&self.known).dormant.values().any(|d| d.partition.is_none());
+        let unpartitioned = !crate::undo::is(crate::undo::Fix::UnpartitionedLookedAtEachTick) && lock(&self.known).dormant.any_unpartitioned();
         let every = if unpartitioned { (after / 10).clamp(Duration::from_millis(200), Duration::from_secs(60)) } else { after };
         let scan = lock(&self.expiry).scanned.is_none_or(|t| t.elapsed() >= every);
         if scan {
@@ -86,17 +87,8 @@ impl Aggregator {
         // A dormant sealed job is loaded once it has been quiet for the settle time (one with every
         // chunk in is then finished from memory; one still missing chunks waits for the stall rule).
         let load_after = |sealed: bool| if sealed { Some(stall.map_or(self.settle, |s| s.min(self.settle))) } else { Some(after) };
-        let due: Vec<(String, Dormant)> = lock(&self.known)
-            .dormant
-            .iter()
-            .filter(|(k, d)| {
-                !held_jobs.contains(*k)
-                    && d.not_before.is_none_or(|t| now >= t)
-                    && self.loads_here(d.partition)
-                    && load_after(d.sealed).is_some_and(|l| now.saturating_duration_since(d.since.max(floor)) >= l)
-            })
-            .map(|(k, d)| (k.clone(), *d))
-            .collect();
+        let skipped = |job: &str, d: &Dormant| held_jobs.contains(job) || !self.loads_here(d.partition);
+        let due = lock(&self.known).dormant.due(now.into_std(), floor.into_std(), skipped, load_after);
         let mut looked = false;
         for (job_id, d) in due {
             let mut ctl = RequestCounts::default();
@@ -109,7 +101,7 @@ impl Aggregator {
                         // controller since the scan moved it), not from what the scan saw.
                         Ok(Taken::Open(mut job)) => {
                             if crate::undo::is(crate::undo::Fix::NewsFromCheckpoint) {
-                                job.heard(d.since);
+                                job.heard(Instant::from_std(d.since));
                             }
                             // A checkpoint naming no partition (written by the release before
                             // partitions, before any message of the job came from one) says nothing
@@ -126,7 +118,7 @@ impl Aggregator {
                                     Ok(None) => {}
                                     Err(e) if e.is_retryable() => {
                                         tracing::warn!(job = %job_id, error = %e, "could not read the manifest of a dormant job for its partition; given back until it can");
-                                        lock(&self.known).dormant.insert(job_id.clone(), d);
+                                        lock(&self.known).dormant.put_back(&job_id, d);
                                         unknown = true;
                                     }
                                     Err(e) => {
@@ -164,13 +156,13 @@ impl Aggregator {
                         // by the simulation, seed 1: a stalled job finished 3,533 s late).
                         Ok(Taken::Busy(after)) => {
                             if !crate::undo::is(crate::undo::Fix::OneClock) {
-                                let not_before = Some(Instant::now() + after.max(self.leases.ttl() / 2));
-                                lock(&self.known).dormant.entry(job_id.clone()).or_insert(Dormant { not_before, ..d });
+                                let not_before = Some((Instant::now() + after.max(self.leases.ttl() / 2)).into_std());
+                                lock(&self.known).dormant.keep(&job_id, Dormant { not_before, ..d });
                             }
                         }
                         Err(e) => {
                             tracing::warn!(job = %job_id, error = %e, "could not load a job due to be finished; trying again later");
-                            lock(&self.known).dormant.insert(job_id.clone(), d);
+                            lock(&self.known).dormant.put_back(&job_id, d);
                         }
                     }
                 }
@@ -270,9 +262,9 @@ impl Aggregator {
             // stalled job finished 178 s past its two ticks).
             let at = Instant::now();
             let look = stall.queues.look().await;
-            lock(&self.expiry).emptied.observe(at, look);
+            lock(&self.expiry).emptied.observe(at.into_std(), look);
         }
-        lock(&self.expiry).emptied.emptied_after(news)
+        lock(&self.expiry).emptied.emptied_after(news.into_std())
     }
 
     /// Reads the open-job markers: finished jobs lose theirs, unfinished jobs not in memory are
@@ -329,27 +321,10 @@ impl Aggregator {
             let since = seen.max(lock(&self.expiry).idle_floor);
             let sealed = progress.is_some_and(|p| p.sealed);
             let partition = progress.and_then(|p| p.partition);
-            // A rescan refreshes what an earlier one saw (the job may have had news elsewhere since).
-            // A busy lease's back-off (`not_before`) is kept: with scans every tick (a dormant job
-            // without a partition) it would be wiped each time.
-            let mut known = lock(&self.known);
-            let not_before = known.dormant.get(job_id).and_then(|d| d.not_before);
-            known.dormant.insert(job_id.to_string(), Dormant { since, sealed, partition, not_before });
+            lock(&self.known).dormant.seen(job_id, since.into_std(), sealed, partition);
         }
         Ok(open)
     }
-}
-
-/// An unfinished job known from its open marker only.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Dormant {
-    /// Its last news (its checkpoint's time), or the idle floor.
-    pub(super) since: Instant,
-    pub(super) sealed: bool,
-    /// The results partition its checkpoint names.
-    pub(super) partition: Option<u16>,
-    /// Not loaded before then: its lease was busy when it was due.
-    pub(super) not_before: Option<Instant>,
 }
 
 /// When a sealed job that no longer progresses is finished as `partial`, and the queues that must
@@ -402,73 +377,5 @@ impl FleetQueues {
         let [work, work_dlq, results, results_dlq] = empty;
         tracing::debug!(work, work_dlq, results, results_dlq, "the fleet's queues looked at for stalled jobs");
         Look { work, work_dlq, results, results_dlq }
-    }
-}
-
-/// Which queues one look found empty, read in the order of the fields.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Look {
-    pub work: bool,
-    pub work_dlq: bool,
-    pub results: bool,
-    pub results_dlq: bool,
-}
-
-/// SQS's approximate counts may miss a message sent this recently: an empty queue counts only for
-/// what was sent this long before the look.
-pub const DEPTH_LAG: Duration = Duration::from_secs(60);
-
-/// Passes over the fleet's queues in the order a message moves through them, so that a sealed job
-/// stalls on a busy fleet too, whose queues are never all empty at one instant. A pass starts when the
-/// work queue is seen empty (at `w`: every work item sent before is done, dead-lettered or lost); it
-/// completes once, later, the work dead-letter queue has been seen empty (what was dead-lettered was
-/// applied) and the results queue has been seen empty (at `r`: every result sent before `w` was
-/// applied or dead-lettered) and after that its dead-letter queue (applied). Each look counts only
-/// [`DEPTH_LAG`] after the one it follows. A completed pass says: every message that was in the
-/// fleet's queues at `w - DEPTH_LAG` has left them for good, so a job whose last news is older than
-/// that can get nothing more. Pure: `observe` is fed what `FleetQueues::look` read.
-#[derive(Debug, Default)]
-pub struct Emptied {
-    pass: Option<Pass>,
-    /// The start (`w`) of the last pass completed.
-    emptied_at: Option<Instant>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Pass {
-    work: Instant,
-    work_dlq: bool,
-    results: Option<Instant>,
-    results_dlq: bool,
-}
-
-impl Emptied {
-    /// Takes one look, made at `at`.
-    pub fn observe(&mut self, at: Instant, look: Look) {
-        if let Some(p) = self.pass.as_mut() {
-            let lagged = |since: Instant| at.saturating_duration_since(since) >= DEPTH_LAG;
-            if look.work_dlq && lagged(p.work) {
-                p.work_dlq = true;
-            }
-            if let Some(r) = p.results {
-                if look.results_dlq && lagged(r) {
-                    p.results_dlq = true;
-                }
-            } else if look.results && lagged(p.work) {
-                p.results = Some(at);
-            }
-            if p.work_dlq && p.results_dlq {
-                self.emptied_at = Some(p.work);
-                self.pass = None;
-            }
-        }
-        if self.pass.is_none() && look.work {
-            self.pass = Some(Pass { work: at, work_dlq: false, results: None, results_dlq: false });
-        }
-    }
-
-    /// Whether a pass that started at least [`DEPTH_LAG`] after `news` has completed.
-    pub fn emptied_after(&self, news: Instant) -> bool {
-        self.emptied_at.is_some_and(|w| w.saturating_duration_since(news) >= DEPTH_LAG)
     }
 }

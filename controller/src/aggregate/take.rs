@@ -19,14 +19,14 @@ use crate::lease::{Acquired, Lease};
 impl Aggregator {
     /// Takes a job's lease and loads it from its checkpoint (a new job when there is none).
     pub(super) async fn take(&self, job_id: &str, ctl: &mut RequestCounts) -> Result<Taken> {
-        let dormant = lock(&self.known).dormant.remove(job_id);
+        let dormant = lock(&self.known).dormant.take(job_id);
         ctl.add("s3.GetObject", 1);
         ctl.add("s3.PutObject", 1);
         // Put back when the job is not taken for a store error (the scan's path puts it back too;
         // a batch's does not): forgotten, its partition's listeners no longer look for it.
         let restore = |d: Option<super::scan::Dormant>| {
             if let Some(d) = d.filter(|_| !crate::undo::is(crate::undo::Fix::BusyStaysDormant)) {
-                lock(&self.known).dormant.entry(job_id.to_string()).or_insert(d);
+                lock(&self.known).dormant.keep(job_id, d);
             }
         };
         let acquired = match self.leases.acquire(job_id).await {
@@ -47,7 +47,7 @@ impl Aggregator {
                 // that sees a dead owner's lease first waits a lease, spending one), nobody looked
                 // there until the hourly safety poll with the scaling agent down (found by the
                 // simulation, seed 228242485: a report 53 min past its bound).
-                let not_before = Some(tokio::time::Instant::now() + after.max(self.leases.ttl() / 2));
+                let not_before = Some((tokio::time::Instant::now() + after.max(self.leases.ttl() / 2)).into_std());
                 restore(dormant.map(|d| super::scan::Dormant { not_before, ..d }));
                 return Ok(Taken::Busy(after));
             }

@@ -1106,39 +1106,6 @@ async fn a_sealed_job_that_stalls_is_finished_as_partial_once_nothing_can_arrive
     assert!(store.head(&open_key("st")).await.unwrap().is_none());
 }
 
-/// The stall rule on a busy fleet (issue 30, sequence 6): the queues are never all empty at one
-/// instant, but each is seen empty in turn, in the order messages move, and that is enough; a look in
-/// the wrong order, or too soon after the one it follows, is not.
-#[test]
-fn the_fleet_s_queues_empty_in_turn_without_all_being_empty_at_once() {
-    let t0 = Instant::now();
-    let at = |s: u64| t0 + Duration::from_secs(s);
-    let look = |work, work_dlq, results, results_dlq| Look { work, work_dlq, results, results_dlq };
-    let news = at(0);
-    let mut d = Emptied::default();
-    // Results and their dead letters empty, but the work queue busy: nothing starts.
-    d.observe(at(100), look(false, true, true, true));
-    assert!(!d.emptied_after(news));
-    // The work queue empties for a moment while results are in flight: a pass starts.
-    d.observe(at(200), look(true, true, false, false));
-    assert!(!d.emptied_after(news), "results were in flight");
-    // The results queue seen empty within the lag of the work queue's look does not count ...
-    d.observe(at(230), look(false, true, true, false));
-    assert!(!d.emptied_after(news));
-    // ... past it, it does; the work queue busy again does not matter.
-    d.observe(at(300), look(false, false, true, false));
-    assert!(!d.emptied_after(news), "the results dead-letter queue not yet seen empty after the results queue");
-    // The results DLQ seen empty at the same look as the results queue would not count (it may hold
-    // what the results queue just moved there): a lag after it, it does.
-    d.observe(at(330), look(false, true, false, true));
-    assert!(!d.emptied_after(news));
-    d.observe(at(361), look(false, false, false, true));
-    assert!(d.emptied_after(news), "work at 200, results at 300, both dead-letter queues after: emptied");
-    // News after the pass started is not covered by it.
-    assert!(!d.emptied_after(at(150)));
-    assert!(d.emptied_after(at(140)), "a lag before the pass started");
-}
-
 // The sequences of issue 30 that ended a job wrong with several controllers, each as it was found.
 
 /// A store that runs `after_read` once, right after the first read of `key` answered: another
