@@ -1,6 +1,3 @@
-//! Long because the aggregator and the path of one batch through it belong together; the other rooms
-//! of aggregation are listed at the end of this header.
-//!
 //! Per-job aggregation, exactly once under at-least-once delivery. Batches are applied in memory; a
 //! job's state (which chunks are accounted for, the running per-account totals, failed chunks, request
 //! counts) is checkpointed to S3 by `flush`, and only the messages a checkpoint covers are handed back
@@ -20,8 +17,8 @@
 //! a checkpoint planned, `controller_core::save`), `item` (what a message brings to a job, by `Source`:
 //! parsed, its sender's role checked, its payload fetched), `limits` (sizes and periods), `records`,
 //! `budget`, `take` (leases and loading), `checkpoint` (flushing, and writing what a job planned),
-//! `finalize` (the report), `scan` (dormant jobs and expiry), `hold`, `quarantine`; this file holds the
-//! aggregator and the path of one batch.
+//! `finalize` (the report), `scan` (dormant jobs and expiry), `hold`, `quarantine`, `batch` (the path of one
+//! batch); this file holds the aggregator, how it is set up (`Options`) and what it reports of itself.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -29,19 +26,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_domain::model::JobStatus;
-use fleet_domain::prices::{Prices, SQS_EXTRA_64K};
-use fleet_domain::requests::RequestCounts;
+use fleet_domain::prices::Prices;
 use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
-use fleet_io::error::{Error, Result};
+use fleet_io::error::Result;
 use fleet_io::lock;
-use fleet_io::op::sqs_extra_chunks;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::lease::{Leases, WeakLease};
 use crate::sighting::Sightings;
 
+mod batch;
 pub mod budget;
 mod checkpoint;
 mod finalize;
@@ -56,12 +52,11 @@ mod take;
 
 use budget::Budget;
 use hold::Hold;
-use item::{parse, prepare, Item, Ready};
 pub use item::{Source, MEMORY_TARGET};
-use job::{Asker, Job, Next};
+use job::Job;
 use limits::*;
 pub use limits::{DEAD_LETTER_REASON, FLUSH_INTERVAL, FLUSH_MESSAGES, HAND_BACK, INLINE_ROWS, LEASE, MAX_RESULT_BYTES, SETTLE, UNRECORDED_RECEIVES};
-use records::{RecordsCache, Verdict};
+use records::RecordsCache;
 pub use scan::{Emptied, FleetQueues, Look, StallLimit, DEPTH_LAG};
 
 /// What to do with the messages of a batch once applied (the rest wait in their jobs for a checkpoint).
@@ -82,21 +77,6 @@ enum Taken {
     AlreadyFinished,
     /// Another controller holds it: its messages go back to the queue for this long.
     Busy(Duration),
-}
-
-/// What a job's messages bring to it: items to apply (with the calls that looked its records up), or
-/// a failure met before it (its records could not be read), taken as the job's own.
-enum Work {
-    Apply(Vec<Ready>, RequestCounts),
-    Failed(Error),
-}
-
-/// What became of a job's messages.
-enum Step {
-    /// Applied (deletable now, or after the next checkpoint when empty).
-    Delete(Vec<Kept>),
-    /// The job is another controller's: its messages, to hand back.
-    NotMine(Vec<Kept>, Duration),
 }
 
 /// One job's place in memory: `None` while it is not loaded (or was dropped after a failure). Each job
@@ -414,389 +394,6 @@ impl Aggregator {
 
     fn is_finished(&self, job_id: &str) -> bool {
         lock(&self.known).finished.status.contains_key(job_id)
-    }
-
-    /// Applies one received batch. Each job's messages are first checked against the job's own
-    /// records (see `records`): those that contradict them are quarantined, those the job has no
-    /// record of wait (a few receives) and are then quarantined, and only the rest reach the job,
-    /// their payloads fetched and decoded within the memory budget (see `budget`) before the job is
-    /// locked. Messages of a job whose state could not be saved are not deleted (held, or dropped here
-    /// to come back after their visibility timeout), and that job is reloaded from its last
-    /// checkpoint next time. Unreadable messages are quarantined, then deleted. The batch's jobs are
-    /// applied concurrently. The messages applied and not returned stay with their jobs until a
-    /// checkpoint covers them.
-    pub async fn apply(&self, source: Source, msgs: Vec<Kept>) -> Applied {
-        let mut applied = Applied::default();
-        let mut groups: BTreeMap<String, Vec<(Kept, Item)>> = BTreeMap::new();
-        for m in msgs {
-            // Of a partition this controller no longer reads (a held message retried, or a batch that
-            // outlived its partition's stop): straight back to the queue for its new reader, never
-            // applied here (it would load and lease its job after the partition was let go, and the
-            // new reader would hand the job's messages back for ever: seeds 7000529, 7002198).
-            if self.not_read(m.queue()) {
-                tracing::debug!(queue = m.queue(), message_id = %m.id, "a message of a partition no longer read here: handed back");
-                applied.release.push((m, Duration::ZERO));
-                continue;
-            }
-            let parsed = parse(source, &m).map_err(|e| e.to_string());
-            // Authority by role: only a role that may send it (checked before anything of the job is
-            // looked up, loaded or leased).
-            let authorized = match (&self.keyring, parsed) {
-                (Some(ring), Ok(item)) if !crate::undo::is(crate::undo::Fix::RolesChecked) => match item::authorize(ring, source, &m, &item) {
-                    Ok(_) => Ok(item),
-                    Err(why) => {
-                        crate::events::MessageUnauthorized { job: item.job_id(), message_id: &m.id, reason: &why }.emit();
-                        Err(why)
-                    }
-                },
-                (_, parsed) => parsed,
-            };
-            match authorized {
-                Ok(item) => groups.entry(item.job_id().to_string()).or_default().push((m, item)),
-                Err(why) => applied.delete.extend(self.quarantine_message(source, m, &why).await),
-            }
-        }
-        if !self.partition_queues.is_empty() {
-            let mut memory = lock(&self.memory);
-            for (job_id, items) in &groups {
-                // Until its records are read (`apply_group`), which name it for good: a stray must
-                // not move a job this controller holds.
-                if let Some(p) = items.first().and_then(|(k, _)| self.partition_queues.get(k.queue())) {
-                    memory.partition.entry(job_id.clone()).or_insert(*p);
-                }
-            }
-        }
-        let outcomes = futures::future::join_all(groups.into_iter().map(|(job_id, items)| self.apply_group(source, job_id, items))).await;
-        for a in outcomes {
-            applied.delete.extend(a.delete);
-            applied.release.extend(a.release);
-        }
-        applied
-    }
-
-    /// `queue` is a results partition's queue this controller does not read now.
-    fn not_read(&self, queue: &str) -> bool {
-        if crate::undo::is(crate::undo::Fix::AppliedOnlyWhereRead) {
-            return false;
-        }
-        self.partition_queues.get(queue).is_some_and(|p| !lock(&self.read).contains(p))
-    }
-
-    /// Keeps a message in the quarantine (`initiator dlq list`) with the reason; returns it for
-    /// deletion once kept (held when the store does not answer, else left to come back).
-    async fn quarantine_message(&self, source: Source, m: Kept, reason: &str) -> Option<Kept> {
-        // The queue it came from (a partition's, so that a redrive sends it back to its job's owner).
-        let queue = if m.queue().is_empty() { self.queues.get(&source).map_or("unknown", String::as_str) } else { m.queue() };
-        match fleet_io::quarantine::put(self.store.as_ref(), queue, &m, reason).await {
-            Ok(key) => {
-                crate::events::MessageQuarantined { queue, message_id: &m.id, key: &key, reason }.emit();
-                // The batch's span (`apply_results`) shows it: a message not applied.
-                fleet_io::telemetry::fail(&tracing::Span::current(), format_args!("message {} of {queue} quarantined: {reason}", m.id));
-                Some(m)
-            }
-            Err(qe) if qe.is_retryable() => {
-                self.hold(vec![(source, m)], &qe);
-                None
-            }
-            Err(qe) => {
-                tracing::warn!(queue, message_id = %m.id, error = %qe, "could not quarantine a message; it will be redelivered");
-                None
-            }
-        }
-    }
-
-    /// One job's messages of a batch: checked against its records, then applied in runs that fit the
-    /// memory budget (each run's share taken before the job is locked, given back after).
-    async fn apply_group(&self, source: Source, job_id: String, items: Vec<(Kept, Item)>) -> Applied {
-        let mut out = Applied::default();
-        let (kept, items): (Vec<Kept>, Vec<Item>) = items.into_iter().unzip();
-        let nothing = || Work::Apply(Vec::new(), RequestCounts::default());
-        if self.is_finished(&job_id) {
-            self.record_step(&job_id, self.apply_job(&job_id, source, nothing(), kept).await, &mut out);
-            return out;
-        }
-        // A job whose S3 calls just failed is turned back without a call (see `apply_job`).
-        let loaded = lock(&self.memory).slots.get(&job_id).cloned().is_some_and(|s| s.try_lock().map_or(true, |j| j.is_some()));
-        let checked = match self.turned_back(&job_id, loaded) {
-            Some(e) => Err(e),
-            None => self.check_records(&job_id, &items).await,
-        };
-        let checked = match checked {
-            Ok(c) => c,
-            // Taken as a failure of the job (held with it when it may pass).
-            Err(e) => {
-                self.record_step(&job_id, self.apply_job(&job_id, source, Work::Failed(e), kept).await, &mut out);
-                return out;
-            }
-        };
-        if let Some(status) = checked.finished {
-            // Finished, its blobs purged: what arrives are late duplicates.
-            self.remember_finished(&job_id, status);
-            self.record_step(&job_id, self.apply_job(&job_id, source, nothing(), kept).await, &mut out);
-            return out;
-        }
-        // Messages read from a partition other than the one the job's records name are strays: sent
-        // on to their partition, never a reason to load or lease the job here (its own reader would
-        // hand its real results back for ever while this lease lasted).
-        let (kept, items, verdicts) = match checked.partition {
-            Some(p) => self.forward_strays(&job_id, p, kept, items, checked.verdicts, &mut out).await,
-            None => (kept, items, checked.verdicts),
-        };
-        if kept.is_empty() {
-            return out;
-        }
-        let mut agreeing = Vec::with_capacity(items.len());
-        let budget = self.budget.bytes();
-        for ((k, item), verdict) in kept.into_iter().zip(items).zip(verdicts) {
-            match verdict {
-                // More than the whole budget to decode: refused, not decoded alone past it (a result
-                // of a chunk from the release before records, held only to its own count).
-                Verdict::Agrees(Some(f))
-                    if f.raw_bytes.is_none() && item.decodes() && f.max_memory() > budget && !crate::undo::is(crate::undo::Fix::RefuseOverBudget) =>
-                {
-                    let why = format!(
-                        "decoding the result of job {job_id} chunk {} could take {} MiB, more than the decode budget of {} MiB (--decode-budget-mib): refused; redrive it after raising the budget",
-                        item.chunk().unwrap_or_default(),
-                        f.max_memory().div_ceil(1 << 20),
-                        budget >> 20
-                    );
-                    crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded: true }.emit();
-                    out.delete.extend(self.quarantine_message(source, k, &why).await);
-                }
-                Verdict::Agrees(figures) => {
-                    let share = figures.map_or(0, limits::Figures::max_memory);
-                    agreeing.push(((k, item, figures), share));
-                }
-                Verdict::Refused(why) => {
-                    crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded: true }.emit();
-                    out.delete.extend(self.quarantine_message(source, k, &why).await);
-                }
-                // It may yet come on record (never in practice: the initiator writes its records
-                // before it sends what names them), so it waits a few receives, never into the
-                // dead-letter queue; one that reached a dead-letter queue waited already.
-                // Undone: taken as agreeing, its cap from what it declares (as before the records).
-                Verdict::Unrecorded(_) if crate::undo::is(crate::undo::Fix::UnrecordedQuarantined) => agreeing.push(((k, item, None), 0)),
-                Verdict::Unrecorded(why) if source == Source::Results && k.receive_count < UNRECORDED_RECEIVES => {
-                    tracing::debug!(job = %job_id, message_id = %k.id, receives = k.receive_count, %why, "no record yet: back to the queue");
-                    out.release.push((k, UNRECORDED_WAITS));
-                }
-                Verdict::Unrecorded(why) => {
-                    crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded: false }.emit();
-                    out.delete.extend(self.quarantine_message(source, k, &why).await);
-                }
-            }
-        }
-        let mut looked = Some(checked.requests);
-        for (run, share) in budget::runs(agreeing, self.budget.bytes()) {
-            let reserved = self.budget.take(share).await;
-            let (kept, readies): (Vec<Kept>, Vec<_>) = run.into_iter().map(|(k, item, figures)| (k, (item, figures))).unzip();
-            let readies =
-                futures::future::join_all(readies.into_iter().map(|(item, figures)| prepare(item, figures, self.store.as_ref(), self.offload_decoding))).await;
-            let step = self.apply_job(&job_id, source, Work::Apply(readies, looked.take().unwrap_or_default()), kept).await;
-            drop(reserved);
-            self.record_step(&job_id, step, &mut out);
-        }
-        out
-    }
-
-    /// Sends on the messages of a job whose records name results partition `p` that were read from
-    /// another partition's queue, and returns the rest (with their items and verdicts). A forwarded
-    /// stray is deleted once sent (at its job's reader it is judged again, a duplicate when it is a
-    /// copy); one whose send failed comes back later. The job's partition in memory is the recorded one.
-    async fn forward_strays(
-        &self,
-        job_id: &str,
-        p: u16,
-        kept: Vec<Kept>,
-        items: Vec<Item>,
-        verdicts: Vec<Verdict>,
-        out: &mut Applied,
-    ) -> (Vec<Kept>, Vec<Item>, Vec<Verdict>) {
-        if self.is_partition(p) {
-            lock(&self.memory).partition.insert(job_id.to_string(), p);
-        }
-        let to = self.strays_to.get(&p).filter(|_| !crate::undo::is(crate::undo::Fix::StraysForwarded));
-        let mut rest = (Vec::with_capacity(kept.len()), Vec::with_capacity(kept.len()), Vec::with_capacity(kept.len()));
-        let mut strays = Vec::new();
-        for ((k, item), verdict) in kept.into_iter().zip(items).zip(verdicts) {
-            match (self.partition_queues.get(k.queue()), to) {
-                (Some(&from), Some(_)) if from != p => {
-                    crate::events::MessageStray { job: job_id, message_id: &k.id, from, to: p }.emit();
-                    strays.push(k);
-                }
-                _ => {
-                    rest.0.push(k);
-                    rest.1.push(item);
-                    rest.2.push(verdict);
-                }
-            }
-        }
-        // A job only strays were read of leaves nothing here (its partition's entry was the stray's).
-        if rest.0.is_empty() {
-            let mut memory = lock(&self.memory);
-            if !memory.slots.contains_key(job_id) {
-                memory.partition.remove(job_id);
-            }
-        }
-        if let (Some(to), false) = (to, strays.is_empty()) {
-            let outgoing: Vec<fleet_io::queue::Outgoing> =
-                strays.iter().map(|k| fleet_io::queue::Outgoing { body: k.body.clone(), attrs: k.attrs.clone(), dedup: None }).collect();
-            match to.send_messages(&outgoing).await {
-                Ok(_) => out.delete.extend(strays),
-                Err(e) => {
-                    tracing::warn!(job = %job_id, partition = p, error = %e, "could not forward strays to their job's partition; they come back");
-                    out.release.extend(strays.into_iter().map(|k| (k, STRAY_RETRY)));
-                }
-            }
-        }
-        rest
-    }
-
-    /// The error a job's messages are turned back with, without a call, while its S3 calls failed
-    /// just before ([`FAILING_FOR`]) and it is not in memory (`loaded`).
-    fn turned_back(&self, job_id: &str, loaded: bool) -> Option<Error> {
-        let failing = lock(&self.memory).failing.get(job_id).is_some_and(|until| Instant::now() < *until);
-        (failing && !loaded).then_some(Error::Timeout {
-            service: fleet_io::error::Service::S3,
-            operation: "(job state, failed just before)",
-            after: FAILING_FOR,
-            attempts: 0,
-        })
-    }
-
-    /// Adds what became of a job's messages to `out`.
-    fn record_step(&self, job_id: &str, step: Result<Step>, out: &mut Applied) {
-        match step {
-            Ok(Step::Delete(deletable)) => out.delete.extend(deletable),
-            Ok(Step::NotMine(kept, after)) => out.release.extend(kept.into_iter().map(|k| (k, after))),
-            // Held (see `hold`) when the failure may pass.
-            Err(e) if e.is_retryable() => tracing::debug!(job = %job_id, error = %e, "could not apply results; held"),
-            Err(e) => tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered"),
-        }
-    }
-
-    /// Applies a job's items under its lock; returns the messages that may be deleted now (the job
-    /// finished or was checkpointed, or they belong to a job finished before). On an error everything
-    /// applied since the last checkpoint is dropped with the job; those messages were not deleted:
-    /// held, with this batch's, when the failure may pass, else they come back.
-    async fn apply_job(&self, job_id: &str, source: Source, work: Work, kept: Vec<Kept>) -> Result<Step> {
-        if self.is_finished(job_id) {
-            tracing::debug!(job = %job_id, n = kept.len(), "late messages of a finished job");
-            return Ok(Step::Delete(self.complete_late(job_id, kept.into_iter().map(|k| (source, k)).collect()).await));
-        }
-        let mut kept: Vec<(Source, Kept)> = kept.into_iter().map(|k| (source, k)).collect();
-        let slot = self.slot(job_id);
-        let step = {
-            let mut loaded = slot.lock().await;
-            let marked = lock(&self.memory).failing.get(job_id).copied();
-            let failing = marked.is_some_and(|until| Instant::now() < until);
-            let step = match (work, self.turned_back(job_id, loaded.is_some())) {
-                (Work::Failed(e), _) | (Work::Apply(..), Some(e)) => Err(e),
-                (Work::Apply(items, looked), None) => self.apply_locked(job_id, &mut loaded, items, &mut kept, looked).await,
-            };
-            match &step {
-                Err(e) => {
-                    // The batch's span (`apply_results`) shows the failure.
-                    fleet_io::telemetry::fail(&tracing::Span::current(), format_args!("job {job_id}: {e}"));
-                    if e.is_retryable() && !failing {
-                        lock(&self.memory).failing.insert(job_id.to_string(), Instant::now() + FAILING_FOR);
-                    }
-                    self.drop_job(&mut loaded, std::mem::take(&mut kept), e);
-                }
-                Ok(_) if marked.is_some() => {
-                    lock(&self.memory).failing.remove(job_id);
-                }
-                Ok(_) => {}
-            }
-            step
-        };
-        drop(slot);
-        self.prune(job_id);
-        step
-    }
-
-    /// Drops a job from memory after a failure, with `also` (messages not applied to it yet): its
-    /// messages are held when the failure may pass (applied again to the job reloaded from its last
-    /// checkpoint), else left to come back after their visibility timeout.
-    fn drop_job(&self, loaded: &mut Option<Job>, mut also: Vec<(Source, Kept)>, e: &Error) {
-        if let Some(job) = loaded.take() {
-            also.extend(job.drop_unsaved());
-        }
-        if e.is_retryable() {
-            self.hold(also, e);
-        }
-    }
-
-    /// Drops a job from memory that another controller owns now (fenced, or its lease lost): the
-    /// messages applied to it since its last checkpoint go back to the queue for the owner at once
-    /// (they may have been kept invisible for minutes by a hold).
-    fn hand_over(&self, loaded: &mut Option<Job>) {
-        if let Some(job) = loaded.take() {
-            for k in job.hand_over() {
-                k.release(HAND_BACK);
-            }
-        }
-    }
-
-    /// Applies items to a job in memory (loaded first if it is not): the messages of `kept` are taken
-    /// by the job (or returned in the step); on an error, those not taken are left in it.
-    async fn apply_locked(
-        &self,
-        job_id: &str,
-        loaded: &mut Option<Job>,
-        items: Vec<Ready>,
-        kept: &mut Vec<(Source, Kept)>,
-        looked: RequestCounts,
-    ) -> Result<Step> {
-        // The calls that looked its records up count for it.
-        let mut ctl = looked;
-        ctl.add("sqs.ReceiveMessage", 1);
-        // SQS bills each further 64 KiB of what the receive brought as one more request.
-        ctl.add(SQS_EXTRA_64K, sqs_extra_chunks(kept.iter().map(|(_, k)| k.body.len()).sum()));
-        // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
-        let stale = match loaded.as_ref() {
-            Some(j) => !self.leases.fresh(j.lease()).await,
-            None => false,
-        };
-        if stale {
-            self.keep_lease(job_id, loaded).await;
-        }
-        if loaded.is_none() {
-            match self.take(job_id, &mut ctl).await? {
-                // Its partition let go of while the job was being taken: given back at once with its
-                // messages, for the partition's new reader.
-                Taken::Open(job) if kept.iter().any(|(_, k)| self.not_read(k.queue())) => {
-                    if let Err(e) = self.leases.release(job_id, job.lease()).await {
-                        tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
-                    }
-                    return Ok(Step::NotMine(unpaired(kept), Duration::ZERO));
-                }
-                Taken::Open(job) => *loaded = Some(*job),
-                Taken::AlreadyFinished => return Ok(Step::Delete(self.complete_late(job_id, std::mem::take(kept)).await)),
-                Taken::Busy(after) => {
-                    tracing::debug!(job = %job_id, n = kept.len(), after_ms = after.as_millis() as u64, "job owned by another controller; messages handed back");
-                    return Ok(Step::NotMine(unpaired(kept), after));
-                }
-            }
-        }
-        let job = loaded.as_mut().expect("loaded above");
-        // Every item here agrees with the job's records (see `records`).
-        let taken = std::mem::take(kept);
-        debug_assert_eq!(taken.len(), items.len(), "one message per item");
-        let now = Instant::now();
-        if let Err((e, back)) = job.apply_batch(items.into_iter().zip(taken).collect(), now, &mut ctl) {
-            *kept = back;
-            return Err(e);
-        }
-        job.count(&ctl);
-        let floor = lock(&self.expiry).idle_floor;
-        match job.next(now, floor, self.settle, Asker::Batch) {
-            // Every chunk in: finished now, unless some of them failed, when a real result may still
-            // replace a failure (see `settle`).
-            Next::Finish => self.finish(job_id, loaded).await.map(Step::Delete),
-            Next::Save => Ok(Step::Delete(self.flush_job(job_id, loaded).await)),
-            Next::Wait => Ok(Step::Delete(Vec::new())),
-        }
     }
 
     /// Jobs in memory (being aggregated).

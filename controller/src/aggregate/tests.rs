@@ -10,9 +10,11 @@ use fleet_domain::layout::{accounts_key, checkpoint_key, checkpoint_parts_prefix
 use fleet_domain::model::{now_rfc3339, BlobRef, ChunkRecord, ChunkResult, Rejected};
 use fleet_domain::model::{AccountsPayload, Checkpoint, CheckpointPart, ChunkOutcome, Manifest, Progress, ResultMessage, WorkItem};
 use fleet_domain::report;
+use fleet_domain::requests::RequestCounts;
 use fleet_engine::completion::BatchSettings;
 use fleet_engine::Completions;
 use fleet_io::blob::Cond;
+use fleet_io::error::Error;
 use fleet_io::memory::{Hook, Hooked, MemoryQueue, MemoryStore};
 use fleet_io::queue::{Delivery, Message, Queue};
 use rust_decimal::Decimal;
