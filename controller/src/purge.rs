@@ -301,7 +301,7 @@ impl Purger {
 mod tests {
     use super::*;
     use fleet_domain::layout::{accounts_key, checkpoint_key, chunk_key, manifest_key, report_key, result_key};
-    use fleet_io::memory::{Hook, Hooked, MemoryStore};
+    use fleet_io::memory::{Hook, Hooked, MemoryStore, Put};
 
     /// Where a test hears nothing of a purge's record.
     fn recorded() -> tokio::sync::oneshot::Sender<bool> {
@@ -315,15 +315,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Hook for FailingPuts {
-        async fn put_if(
-            &self,
-            inner: &dyn BlobStore,
-            key: &str,
-            body: Bytes,
-            content_type: &str,
-            meta: &std::collections::BTreeMap<String, String>,
-            cond: &fleet_io::blob::Cond,
-        ) -> Result<Option<String>> {
+        async fn put_if(&self, inner: &dyn BlobStore, put: Put<'_>) -> Result<Option<String>> {
             let fail = self.fail_puts.fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
             if fail {
                 return Err(fleet_io::Error::Service {
@@ -334,7 +326,7 @@ mod tests {
                     source: None,
                 });
             }
-            inner.put_if(key, body, content_type, meta, cond).await
+            put.to(inner).await
         }
     }
 

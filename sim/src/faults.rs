@@ -27,7 +27,7 @@ use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::breaker::{Breaker, BreakerPolicy};
 use fleet_io::call::CallCounter;
 use fleet_io::error::{Error, Result, Service};
-use fleet_io::memory::{Hook, Hooked, MemoryStore};
+use fleet_io::memory::{Hook, Hooked, MemoryStore, Put};
 use fleet_io::queue::{Delivery, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -467,15 +467,8 @@ impl Hook for FaultyStore {
         "simulated"
     }
 
-    async fn put_if(
-        &self,
-        inner: &dyn BlobStore,
-        key: &str,
-        body: Bytes,
-        content_type: &str,
-        meta: &BTreeMap<String, String>,
-        cond: &Cond,
-    ) -> Result<Option<String>> {
+    async fn put_if(&self, inner: &dyn BlobStore, put: Put<'_>) -> Result<Option<String>> {
+        let Put { key, body, content_type, meta, cond } = put;
         let r = self.put_if_inner(inner, key, body, content_type, meta, cond).await;
         self.record(r)
     }

@@ -34,10 +34,10 @@ use fleet_domain::layout::{chunk_key, manifest_key, partition_of};
 use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, Manifest, ResultMessage, WorkItem, WIRE_VERSION};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::auth::{Key, Keyring, Role as AuthRole};
-use fleet_io::blob::{BlobStore, Cond};
+use fleet_io::blob::BlobStore;
 use fleet_io::call::CallCounter;
 use fleet_io::error::{Error, Result, Service};
-use fleet_io::memory::{Hook, Hooked};
+use fleet_io::memory::{Hook, Hooked, Put};
 use fleet_io::queue::{Delivery, Outgoing, Queue, QueueDepth, QueueInfo, Receipt, Sharded};
 use fleet_io::trigger::memory::MemoryTriggers;
 use fleet_io::trigger::TriggerBus;
@@ -818,15 +818,8 @@ struct FatedStore {
 
 #[async_trait]
 impl Hook for FatedStore {
-    async fn put_if(
-        &self,
-        inner: &dyn BlobStore,
-        key: &str,
-        body: Bytes,
-        content_type: &str,
-        meta: &BTreeMap<String, String>,
-        cond: &Cond,
-    ) -> Result<Option<String>> {
+    async fn put_if(&self, inner: &dyn BlobStore, put: Put<'_>) -> Result<Option<String>> {
+        let Put { key, body, content_type, meta, cond } = put;
         if self.role == Role::Initiator {
             let died = self.fated.jobs.values().any(|j| j.ending == Ending::DiedBeforeManifest && key == manifest_key(&j.id));
             if died {

@@ -35,7 +35,7 @@ pub mod conformance;
 /// The in-memory twins in one place, for tests, and the pass-through store tests hook.
 #[cfg(feature = "test-util")]
 pub mod memory {
-    pub use crate::blob::hooked::{Hook, Hooked};
+    pub use crate::blob::hooked::{Hook, Hooked, Put};
     pub use crate::blob::memory::MemoryStore;
     pub use crate::queue::memory::MemoryQueue;
     pub use crate::trigger::memory::MemoryTriggers;

@@ -185,19 +185,11 @@ impl Interleaved {
 
 #[async_trait::async_trait]
 impl Hook for Interleaved {
-    async fn put_if(
-        &self,
-        inner: &dyn BlobStore,
-        key: &str,
-        body: Bytes,
-        content_type: &str,
-        meta: &BTreeMap<String, String>,
-        cond: &Cond,
-    ) -> Result<Option<String>> {
-        let first = inner.put_if(key, body.clone(), content_type, meta, cond).await?;
-        if key == self.key && *cond != Cond::Any && self.lose_answer.swap(false, Ordering::SeqCst) {
+    async fn put_if(&self, inner: &dyn BlobStore, put: Put<'_>) -> Result<Option<String>> {
+        let first = put.clone().to(inner).await?;
+        if put.key == self.key && *put.cond != Cond::Any && self.lose_answer.swap(false, Ordering::SeqCst) {
             assert!(first.is_some(), "the lost write went through");
-            return inner.put_if(key, body, content_type, meta, cond).await;
+            return put.to(inner).await;
         }
         Ok(first)
     }

@@ -234,19 +234,11 @@ struct SlowReports {
 
 #[async_trait::async_trait]
 impl Hook for SlowReports {
-    async fn put_if(
-        &self,
-        inner: &dyn BlobStore,
-        key: &str,
-        body: Bytes,
-        content_type: &str,
-        meta: &BTreeMap<String, String>,
-        cond: &Cond,
-    ) -> Result<Option<String>> {
-        if key.ends_with("/report.json") {
+    async fn put_if(&self, inner: &dyn BlobStore, put: Put<'_>) -> Result<Option<String>> {
+        if put.key.ends_with("/report.json") {
             tokio::time::sleep(self.delay).await;
         }
-        inner.put_if(key, body, content_type, meta, cond).await
+        put.to(inner).await
     }
 }
 

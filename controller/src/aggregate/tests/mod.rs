@@ -15,7 +15,7 @@ use fleet_engine::completion::BatchSettings;
 use fleet_engine::Completions;
 use fleet_io::blob::Cond;
 use fleet_io::error::Error;
-use fleet_io::memory::{Hook, Hooked, MemoryQueue, MemoryStore};
+use fleet_io::memory::{Hook, Hooked, MemoryQueue, MemoryStore, Put};
 use fleet_io::queue::{Delivery, Message, Queue};
 use rust_decimal::Decimal;
 
@@ -224,17 +224,9 @@ impl Broken {
 
 #[async_trait::async_trait]
 impl Hook for Broken {
-    async fn put_if(
-        &self,
-        inner: &dyn BlobStore,
-        key: &str,
-        body: Bytes,
-        content_type: &str,
-        meta: &BTreeMap<String, String>,
-        cond: &Cond,
-    ) -> Result<Option<String>> {
-        self.check(key)?;
-        inner.put_if(key, body, content_type, meta, cond).await
+    async fn put_if(&self, inner: &dyn BlobStore, put: Put<'_>) -> Result<Option<String>> {
+        self.check(put.key)?;
+        put.to(inner).await
     }
     async fn get_tagged(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<(Bytes, String)>> {
         self.check(key)?;

@@ -21,17 +21,9 @@ impl Gated {
 
 #[async_trait::async_trait]
 impl Hook for Gated {
-    async fn put_if(
-        &self,
-        inner: &dyn BlobStore,
-        key: &str,
-        body: Bytes,
-        content_type: &str,
-        meta: &BTreeMap<String, String>,
-        cond: &Cond,
-    ) -> Result<Option<String>> {
-        self.gate(key).await;
-        inner.put_if(key, body, content_type, meta, cond).await
+    async fn put_if(&self, inner: &dyn BlobStore, put: Put<'_>) -> Result<Option<String>> {
+        self.gate(put.key).await;
+        put.to(inner).await
     }
     async fn get_tagged(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<(Bytes, String)>> {
         self.gate(key).await;

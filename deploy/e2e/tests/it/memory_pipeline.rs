@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::support::{assert_consistent, expected_accounts, report_accounts};
 use fleet_domain::model::JobStatus;
 use fleet_io::blob::BlobStore;
-use fleet_io::memory::{Hook, Hooked, MemoryQueue, MemoryStore};
+use fleet_io::memory::{Hook, Hooked, MemoryQueue, MemoryStore, Put};
 use fleet_io::queue::Queue;
 use initiator::submit::{Clients, SubmitOptions};
 use tokio_util::sync::CancellationToken;
@@ -93,17 +93,9 @@ struct Uploads {
 
 #[async_trait::async_trait]
 impl Hook for Uploads {
-    async fn put_if(
-        &self,
-        inner: &dyn BlobStore,
-        key: &str,
-        body: bytes::Bytes,
-        content_type: &str,
-        meta: &std::collections::BTreeMap<String, String>,
-        cond: &fleet_io::blob::Cond,
-    ) -> fleet_io::Result<Option<String>> {
+    async fn put_if(&self, inner: &dyn BlobStore, put: Put<'_>) -> fleet_io::Result<Option<String>> {
         if self.jitter {
-            tokio::time::sleep(Duration::from_millis(xxhash_rust::xxh3::xxh3_64(key.as_bytes()) % 8)).await;
+            tokio::time::sleep(Duration::from_millis(xxhash_rust::xxh3::xxh3_64(put.key.as_bytes()) % 8)).await;
         }
         if let Some(ok) = &self.ok {
             if ok.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 0 {
@@ -116,7 +108,7 @@ impl Hook for Uploads {
                 });
             }
         }
-        inner.put_if(key, body, content_type, meta, cond).await
+        put.to(inner).await
     }
 }
 

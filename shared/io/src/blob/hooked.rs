@@ -15,19 +15,28 @@ use crate::breaker::Breaker;
 use crate::call::CallCounter;
 use crate::error::Result;
 
+/// A write as a hook sees it: the arguments of [`BlobStore::put_if`], in one value.
+#[derive(Clone)]
+pub struct Put<'a> {
+    pub key: &'a str,
+    pub body: Bytes,
+    pub content_type: &'a str,
+    pub meta: &'a BTreeMap<String, String>,
+    pub cond: &'a Cond,
+}
+
+impl Put<'_> {
+    /// Makes the write on `store`.
+    pub async fn to(self, store: &dyn BlobStore) -> Result<Option<String>> {
+        store.put_if(self.key, self.body, self.content_type, self.meta, self.cond).await
+    }
+}
+
 /// What a [`Hooked`] store does with each call: by default, what `inner` does.
 #[async_trait]
 pub trait Hook: Send + Sync + 'static {
-    async fn put_if(
-        &self,
-        inner: &dyn BlobStore,
-        key: &str,
-        body: Bytes,
-        content_type: &str,
-        meta: &BTreeMap<String, String>,
-        cond: &Cond,
-    ) -> Result<Option<String>> {
-        inner.put_if(key, body, content_type, meta, cond).await
+    async fn put_if(&self, inner: &dyn BlobStore, put: Put<'_>) -> Result<Option<String>> {
+        put.to(inner).await
     }
     async fn get_tagged(&self, inner: &dyn BlobStore, key: &str) -> Result<Option<(Bytes, String)>> {
         inner.get_tagged(key).await
@@ -84,7 +93,7 @@ impl<H: Hook> BlobStore for Hooked<H> {
         self.hook.bucket(&*self.inner)
     }
     async fn put_if(&self, key: &str, body: Bytes, content_type: &str, meta: &BTreeMap<String, String>, cond: &Cond) -> Result<Option<String>> {
-        self.hook.put_if(&*self.inner, key, body, content_type, meta, cond).await
+        self.hook.put_if(&*self.inner, Put { key, body, content_type, meta, cond }).await
     }
     async fn get_tagged(&self, key: &str) -> Result<Option<(Bytes, String)>> {
         self.hook.get_tagged(&*self.inner, key).await
