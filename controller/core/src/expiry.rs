@@ -6,6 +6,53 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+/// When a quiet job is ended: unsealed after `abandon_after` without news (abandoned), sealed after
+/// `stall_after` (finished `partial`, once [`Emptied`] says nothing more can arrive; never without a
+/// stall limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuietRule {
+    pub abandon_after: Duration,
+    pub stall_after: Option<Duration>,
+}
+
+/// Why a quiet job is ended, with the reason its report gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// It never sealed.
+    Abandon(String),
+    /// It sealed, and what it lacks can no longer arrive.
+    Stalled(String),
+}
+
+impl QuietRule {
+    /// How long a sealed or an unsealed job may be quiet (`None`: for ever).
+    pub fn limit(&self, sealed: bool) -> Option<Duration> {
+        if sealed {
+            self.stall_after
+        } else {
+            Some(self.abandon_after)
+        }
+    }
+
+    /// Whether a job quiet for `quiet_for` is due to be ended.
+    pub fn is_due(&self, sealed: bool, quiet_for: Duration) -> bool {
+        self.limit(sealed).is_some_and(|l| quiet_for >= l)
+    }
+
+    /// How a job due to be ended ends (a sealed one only once the fleet's queues have emptied since
+    /// its news: the caller checks).
+    pub fn ending(&self, sealed: bool, quiet_for: Duration) -> Ending {
+        if sealed {
+            Ending::Stalled(format!(
+                "no result for {} s after the job's last news, and every queue of the fleet has emptied since: its work item was lost (queue retention, FIFO de-duplication) and can no longer arrive",
+                quiet_for.as_secs()
+            ))
+        } else {
+            Ending::Abandon(format!("not sealed within {} s of its last result: the submission did not finish", self.abandon_after.as_secs()))
+        }
+    }
+}
+
 /// An unfinished job known from its open marker only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dormant {
@@ -196,6 +243,17 @@ mod tests {
         // News after the pass started is not covered by it.
         assert!(!d.emptied_after(at(150)));
         assert!(d.emptied_after(at(140)), "a lag before the pass started");
+    }
+
+    #[test]
+    fn a_quiet_job_is_abandoned_unsealed_and_stalled_sealed_only_with_a_stall_limit() {
+        let rule = QuietRule { abandon_after: Duration::from_secs(3600), stall_after: Some(Duration::from_secs(600)) };
+        assert!(!rule.is_due(false, Duration::from_secs(3599)) && rule.is_due(false, Duration::from_secs(3600)));
+        assert!(!rule.is_due(true, Duration::from_secs(599)) && rule.is_due(true, Duration::from_secs(600)));
+        assert!(matches!(rule.ending(false, Duration::from_secs(4000)), Ending::Abandon(r) if r.contains("not sealed within 3600 s")));
+        assert!(matches!(rule.ending(true, Duration::from_secs(700)), Ending::Stalled(r) if r.contains("no result for 700 s")));
+        let no_stall = QuietRule { stall_after: None, ..rule };
+        assert!(!no_stall.is_due(true, Duration::MAX), "a sealed job is never stalled without a stall limit");
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //! - `decision`: how a job ends and what a checkpoint commits;
 //! - `item`: what a message brings to a job, and the queue it came from;
 //! - `expiry`: the dormant jobs (known from their open marker only) and which are due, and whether
-//!   the fleet's queues have emptied since a job's news (the stall rule's condition);
+//!   the fleet's queues have emptied since a job's news (the stall rule's condition), and the rule that
+//!   ends a quiet job (abandoned unsealed, stalled sealed);
+//! - `finished`: the jobs finished lately, remembered to drop late duplicates without a read;
 //! - `hold`: the messages held through a store outage, when each is extended and when they are tried
 //!   again;
 //! - `limits`: the job's own sizes and periods;
@@ -21,11 +23,12 @@
 //! - `undo`: the mutation harness's switches (compiled in only under `cfg(fleet_undo)`, which only
 //!   `controller-core-undoable`, the harness's build of this crate, sets).
 //!
-//! Expiry's own rules (when a quiet job is abandoned or stalled) and the jobs in memory are still in
-//! `controller::aggregate`, on their way here.
+//! The jobs in memory (their slots, leases and partitions) and the aggregator's transitions around
+//! them are still `controller::aggregate`'s, on their way here.
 
 pub mod decision;
 pub mod expiry;
+pub mod finished;
 pub mod hold;
 pub mod item;
 pub mod job;

@@ -23,8 +23,6 @@ pub(super) const UNRECORDED_WAITS: Duration = Duration::from_secs(20);
 pub const UNRECORDED_RECEIVES: u32 = 3;
 /// Result payloads decompressed at once (on the blocking pool).
 pub(super) const DECODES: usize = 2;
-/// Finished jobs remembered in memory (to drop late duplicates without an S3 read).
-pub(super) const FINISHED_MEMORY: usize = 10_000;
 
 /// Most open-job markers read back at start.
 pub(super) const MAX_OPEN_JOBS: usize = 100_000;

@@ -20,7 +20,7 @@
 //! `finalize` (the report), `scan` (dormant jobs and expiry), `hold`, `quarantine`, `batch` (the path of one
 //! batch); this file holds the aggregator, how it is set up (`Options`) and what it reports of itself.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,7 +54,6 @@ use budget::Budget;
 use hold::Hold;
 pub use item::{Source, MEMORY_TARGET};
 use job::Job;
-use limits::*;
 pub use limits::{DEAD_LETTER_REASON, FLUSH_INTERVAL, FLUSH_MESSAGES, HAND_BACK, INLINE_ROWS, LEASE, MAX_RESULT_BYTES, SETTLE, UNRECORDED_RECEIVES};
 use records::RecordsCache;
 pub use scan::{Emptied, FleetQueues, Look, StallLimit, DEPTH_LAG};
@@ -117,13 +116,6 @@ impl CheckpointStats {
     }
 }
 
-/// Finished jobs remembered (the last [`FINISHED_MEMORY`]).
-#[derive(Default)]
-struct FinishedMemory {
-    status: HashMap<String, JobStatus>,
-    order: VecDeque<String>,
-}
-
 /// The jobs in memory, under one lock (never held across an await): their slots, their leases (weak:
 /// a job dropped takes its lease with it; renewed by the timer without the job's lock), and those
 /// whose S3 calls just failed (store unreachable or hung), until when: their messages are left for
@@ -152,7 +144,7 @@ pub struct Waiting {
 #[derive(Default)]
 struct Known {
     /// Finished before (to drop late duplicates without an S3 read).
-    finished: FinishedMemory,
+    finished: controller_core::finished::FinishedJobs,
     /// Unsealed or sealed jobs known only by their open marker, with their last checkpoint's time:
     /// loaded when they are due to be finished, or when a message of theirs arrives.
     dormant: controller_core::expiry::DormantJobs,
@@ -393,7 +385,7 @@ impl Aggregator {
     }
 
     fn is_finished(&self, job_id: &str) -> bool {
-        lock(&self.known).finished.status.contains_key(job_id)
+        lock(&self.known).finished.contains(job_id)
     }
 
     /// Jobs in memory (being aggregated).
@@ -480,16 +472,7 @@ impl Aggregator {
 
     fn remember_finished(&self, job_id: &str, status: JobStatus) {
         self.forget_records(job_id);
-        let mut known = lock(&self.known);
-        let f = &mut known.finished;
-        if f.status.insert(job_id.to_string(), status).is_none() {
-            f.order.push_back(job_id.to_string());
-            if f.order.len() > FINISHED_MEMORY {
-                if let Some(old) = f.order.pop_front() {
-                    f.status.remove(&old);
-                }
-            }
-        }
+        lock(&self.known).finished.remember(job_id, status);
     }
 }
 

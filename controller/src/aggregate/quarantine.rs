@@ -119,7 +119,7 @@ impl Aggregator {
     /// Completes the messages of a finished job: deleted; a quarantined job's are first kept in the
     /// quarantine of unreadable messages (held when the store does not answer).
     pub(super) async fn complete_late(&self, job_id: &str, kept: Vec<(Source, Kept)>) -> Vec<Kept> {
-        if lock(&self.known).finished.status.get(job_id) != Some(&JobStatus::Quarantined) {
+        if lock(&self.known).finished.status(job_id) != Some(JobStatus::Quarantined) {
             return kept.into_iter().map(|(_, k)| k).collect();
         }
         let reason = format!("job {job_id} is quarantined: its state cannot be read");

@@ -28,17 +28,10 @@ use fleet_io::queue::Queue;
 use tokio::time::Instant;
 
 pub use controller_core::expiry::{Dormant, Emptied, Look, DEPTH_LAG};
+use controller_core::expiry::{Ending, QuietRule};
 
 use super::limits::MAX_OPEN_JOBS;
 use super::{Aggregator, Taken};
-
-/// Why an idle job is finished.
-enum Ending {
-    /// It never sealed.
-    Abandon(String),
-    /// It sealed, and what it lacks can no longer arrive.
-    Stalled(String),
-}
 
 impl Aggregator {
     /// Finishes as `abandoned` every unsealed job without news for `after`, and (when a stall limit is
@@ -83,7 +76,7 @@ impl Aggregator {
         }
         let now = Instant::now();
         let stall = self.stall.as_ref().map(|s| s.after);
-        let limit = |sealed: bool| if sealed { stall } else { Some(after) };
+        let rule = QuietRule { abandon_after: after, stall_after: stall };
         // A dormant sealed job is loaded once it has been quiet for the settle time (one with every
         // chunk in is then finished from memory; one still missing chunks waits for the stall rule).
         let load_after = |sealed: bool| if sealed { Some(stall.map_or(self.settle, |s| s.min(self.settle))) } else { Some(after) };
@@ -181,7 +174,7 @@ impl Aggregator {
             let Some(job) = loaded.as_ref() else { continue };
             let quiet_for = job.quiet_for(now, floor);
             let sealed = job.total_chunks().is_some();
-            if limit(sealed).is_some_and(|l| quiet_for >= l) {
+            if rule.is_due(sealed, quiet_for) {
                 idle.push((job_id.clone(), slot.clone(), sealed, quiet_for));
             }
         }
@@ -193,15 +186,7 @@ impl Aggregator {
                 tracing::debug!(job = %job_id, "a sealed job waits: the fleet's queues have not emptied since its last news");
                 continue;
             }
-            let ending = if sealed {
-                Ending::Stalled(format!(
-                    "no result for {} s after the job's last news, and every queue of the fleet has emptied since: its work item was lost (queue retention, FIFO de-duplication) and can no longer arrive",
-                    quiet_for.as_secs()
-                ))
-            } else {
-                Ending::Abandon(format!("not sealed within {} s of its last result: the submission did not finish", after.as_secs()))
-            };
-            match ending {
+            match rule.ending(sealed, quiet_for) {
                 Ending::Abandon(reason) => {
                     tracing::warn!(job = %job_id, accounted = job.accounted(), idle_secs = quiet_for.as_secs(), "job never sealed; abandoning it");
                     job.abandon(reason);

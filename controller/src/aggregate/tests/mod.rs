@@ -1,5 +1,6 @@
 //! Unit tests of the aggregation rules with the in-memory blob store.
 
+use super::limits::FAILING_FOR;
 use super::*;
 use bytes::Bytes;
 use controller_core::limits::MAX_PARTS;
