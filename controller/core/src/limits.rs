@@ -1,6 +1,6 @@
 //! The job's own sizes and periods: when it asks to be checkpointed, how its rows are kept, and the
 //! reason a dead-lettered chunk is recorded with (a leaf; the controller's other limits are in
-//! `controller::aggregate::limits`, which re-exports these).
+//! `controller::aggregate::limits`, which re-exports those the controller's callers name).
 
 use std::time::Duration;
 

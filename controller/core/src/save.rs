@@ -73,9 +73,9 @@ impl Save {
 /// large job's in parts: the rows of the accounts changed since the last checkpoint, or, when the
 /// parts since the last base would outweigh the job, a new base with every row (the parts it
 /// replaces are named in `stale`, deleted once the document naming the new one is written). `doc`:
-/// the document without rows, its `parts` those the last written one names; `part_id`: the name of a
-/// new part, if one is written (unique: a part is never written over).
-pub fn plan(mut doc: Checkpoint, totals: &CheckedTotals, rows: Rows, commit: Commit, etag: Option<String>, part_id: &str) -> Result<Save> {
+/// the document without rows, its `parts` those the last written one names; `part_id`: names a new
+/// part, asked only when one is written (unique: a part is never written over).
+pub fn plan(mut doc: Checkpoint, totals: &CheckedTotals, rows: Rows, commit: Commit, etag: Option<String>, part_id: impl FnOnce() -> String) -> Result<Save> {
     let before = doc.parts.clone();
     let n = totals.len();
     let mut part = None;
@@ -94,7 +94,7 @@ pub fn plan(mut doc: Checkpoint, totals: &CheckedTotals, rows: Rows, commit: Com
                 (rows as u64, accounts_to_zstd_csv(totals.changed_rows()))
             };
             let p = CheckpointPart {
-                key: format!("{}{part_id}.csv.zst", checkpoint_parts_prefix(&doc.job_id)),
+                key: format!("{}{}.csv.zst", checkpoint_parts_prefix(&doc.job_id), part_id()),
                 rows,
                 bytes: data.len() as u64,
                 sha256: sha256_hex(&data),

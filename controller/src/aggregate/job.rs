@@ -108,8 +108,8 @@ impl Job {
     /// Plans the checkpoint that commits `commit` (a new part, if one is written, named by a fresh
     /// UUID: a part is never written over).
     pub(super) fn plan(&self, commit: Commit, calls: &RequestCounts) -> Result<Save> {
-        let part_id = uuid::Uuid::now_v7().simple().to_string();
-        self.core.plan(commit, calls, &self.clock.rfc3339(), &part_id).map_err(Error::corrupt)
+        let part_id = || uuid::Uuid::now_v7().simple().to_string();
+        self.core.plan(commit, calls, &self.clock.rfc3339(), part_id).map_err(Error::corrupt)
     }
 
     /// A checkpoint write of `body` failed without saying whether it landed.

@@ -1,5 +1,5 @@
-//! Long because the job is one state machine and its transitions belong together (with their unit
-//! tests at the end): a newcomer reads `Phase`, then `impl Job`.
+//! A newcomer reads `Phase`, then `impl Job` here; what an item does to a job is in `apply`, how it
+//! ends in `ending`, its unit tests in `tests`.
 //!
 //! A job in memory as a state machine, sans-I/O: its fields are its own, its transitions are methods
 //! that take what happened (an item applied, a manifest read, a checkpoint written) and return what to
@@ -313,11 +313,11 @@ impl<H> Job<H> {
     }
 
     /// Plans the checkpoint that commits `commit`, with `calls` counted in it (the calls the commit
-    /// itself makes): the document and, for a large job, the part to write before it (named
-    /// `part_id`). `wall`: the time it is planned at, the document's time if it has news or commits
+    /// itself makes): the document and, for a large job, the part to write before it (named by
+    /// `part_id`, asked only then). `wall`: the time it is planned at, the document's time if it has news or commits
     /// more than progress. The job is unchanged until [`saved`](Self::saved) says the document was
     /// written.
-    pub fn plan(&self, commit: Commit, calls: &RequestCounts, wall: &str, part_id: &str) -> fleet_domain::error::Result<Save> {
+    pub fn plan(&self, commit: Commit, calls: &RequestCounts, wall: &str, part_id: impl FnOnce() -> String) -> fleet_domain::error::Result<Save> {
         let mut doc = self.cp.clone();
         doc.requests.merge(calls);
         if self.changed || !matches!(commit, Commit::Progress) {
