@@ -34,6 +34,17 @@ impl QuietRule {
         }
     }
 
+    /// How long a dormant job must be quiet before it is loaded: an unsealed one its abandon time; a
+    /// sealed one the settle time (or its stall limit, if shorter), after which one with every chunk
+    /// in is finished from memory and one still missing chunks waits for the stall rule.
+    pub fn load_after(&self, sealed: bool, settle: Duration) -> Duration {
+        if sealed {
+            self.stall_after.map_or(settle, |s| s.min(settle))
+        } else {
+            self.abandon_after
+        }
+    }
+
     /// Whether a job quiet for `quiet_for` is due to be ended.
     pub fn is_due(&self, sealed: bool, quiet_for: Duration) -> bool {
         self.limit(sealed).is_some_and(|l| quiet_for >= l)
@@ -252,8 +263,13 @@ mod tests {
         assert!(!rule.is_due(true, Duration::from_secs(599)) && rule.is_due(true, Duration::from_secs(600)));
         assert!(matches!(rule.ending(false, Duration::from_secs(4000)), Ending::Abandon(r) if r.contains("not sealed within 3600 s")));
         assert!(matches!(rule.ending(true, Duration::from_secs(700)), Ending::Stalled(r) if r.contains("no result for 700 s")));
+        let settle = Duration::from_secs(120);
+        assert_eq!((rule.load_after(false, settle), rule.load_after(true, settle)), (Duration::from_secs(3600), settle));
+        let short = QuietRule { stall_after: Some(Duration::from_secs(60)), ..rule };
+        assert_eq!(short.load_after(true, settle), Duration::from_secs(60), "a stall limit shorter than the settle time");
         let no_stall = QuietRule { stall_after: None, ..rule };
         assert!(!no_stall.is_due(true, Duration::MAX), "a sealed job is never stalled without a stall limit");
+        assert_eq!(no_stall.load_after(true, settle), settle);
     }
 
     #[test]

@@ -109,7 +109,7 @@ impl Job {
     /// UUID: a part is never written over).
     pub(super) fn plan(&self, commit: Commit, calls: &RequestCounts) -> Result<Save> {
         let part_id = || uuid::Uuid::now_v7().simple().to_string();
-        self.core.plan(commit, calls, &self.clock.rfc3339(), part_id).map_err(Error::corrupt)
+        self.core.plan(commit, calls, || self.clock.rfc3339(), part_id).map_err(Error::corrupt)
     }
 
     /// A checkpoint write of `body` failed without saying whether it landed.

@@ -1,3 +1,7 @@
+//! Why one file: the aggregator's state is grouped by the lock that guards it, and what each lock
+//! guards (and that no lock spans two jobs) can only be checked with every field in view; the rooms
+//! that act on it are listed at the end of this header.
+//!
 //! Per-job aggregation, exactly once under at-least-once delivery. Batches are applied in memory; a
 //! job's state (which chunks are accounted for, the running per-account totals, failed chunks, request
 //! counts) is checkpointed to S3 by `flush`, and only the messages a checkpoint covers are handed back

@@ -77,9 +77,7 @@ impl Aggregator {
         let now = Instant::now();
         let stall = self.stall.as_ref().map(|s| s.after);
         let rule = QuietRule { abandon_after: after, stall_after: stall };
-        // A dormant sealed job is loaded once it has been quiet for the settle time (one with every
-        // chunk in is then finished from memory; one still missing chunks waits for the stall rule).
-        let load_after = |sealed: bool| if sealed { Some(stall.map_or(self.settle, |s| s.min(self.settle))) } else { Some(after) };
+        let load_after = |sealed: bool| Some(rule.load_after(sealed, self.settle));
         let skipped = |job: &str, d: &Dormant| held_jobs.contains(job) || !self.loads_here(d.partition);
         let due = lock(&self.known).dormant.due(now.into_std(), floor.into_std(), skipped, load_after);
         let mut looked = false;

@@ -314,14 +314,20 @@ impl<H> Job<H> {
 
     /// Plans the checkpoint that commits `commit`, with `calls` counted in it (the calls the commit
     /// itself makes): the document and, for a large job, the part to write before it (named by
-    /// `part_id`, asked only then). `wall`: the time it is planned at, the document's time if it has news or commits
-    /// more than progress. The job is unchanged until [`saved`](Self::saved) says the document was
+    /// `part_id`, asked only then). `wall`: the time it is planned at (RFC 3339), asked only when it is
+    /// the document's new time: the job had news, or the commit is more than progress. The job is unchanged until [`saved`](Self::saved) says the document was
     /// written.
-    pub fn plan(&self, commit: Commit, calls: &RequestCounts, wall: &str, part_id: impl FnOnce() -> String) -> fleet_domain::error::Result<Save> {
+    pub fn plan(
+        &self,
+        commit: Commit,
+        calls: &RequestCounts,
+        wall: impl FnOnce() -> String,
+        part_id: impl FnOnce() -> String,
+    ) -> fleet_domain::error::Result<Save> {
         let mut doc = self.cp.clone();
         doc.requests.merge(calls);
         if self.changed || !matches!(commit, Commit::Progress) {
-            doc.updated_at = wall.to_string();
+            doc.updated_at = wall();
         }
         let (status, finishing, rows) = match (&commit, &self.phase) {
             (Commit::Progress, Phase::Open { .. }) => (JobStatus::Running, false, Rows::Keep),

@@ -12,6 +12,11 @@ use rust_decimal::Decimal;
 /// A wall time, the same for every event (the tests compare checkpoint times they set themselves).
 const WALL: &str = "2026-12-07T00:00:00Z";
 
+/// The wall time, as a checkpoint plan asks for it.
+fn wall() -> String {
+    WALL.into()
+}
+
 /// A new checkpoint part's name.
 fn part() -> String {
     "part".into()
@@ -67,7 +72,7 @@ fn manifest(chunks: &[u64]) -> Manifest {
 
 /// Commits `commit` as if its checkpoint was written.
 fn commit(j: &mut Job<String>, commit: Commit) {
-    let save = j.plan(commit, &RequestCounts::default(), WALL, part).unwrap();
+    let save = j.plan(commit, &RequestCounts::default(), wall, part).unwrap();
     j.saved(save, "\"etag\"".into(), Instant::now());
 }
 
@@ -128,7 +133,7 @@ fn an_ending_is_the_job_s_only_once_a_checkpoint_commits_it() {
     let d = j.decide_now(&manifest(&[2, 5]));
     assert!(j.is_open(), "deciding is not committing");
     // The write failed: the plan is dropped, the job is as it was (no flag to roll back).
-    let lost = j.plan(Commit::Ending(d.clone()), &RequestCounts::default(), WALL, part).unwrap();
+    let lost = j.plan(Commit::Ending(d.clone()), &RequestCounts::default(), wall, part).unwrap();
     drop(lost);
     assert_eq!((j.is_open(), j.failed().len()), (true, 1));
     j.apply(chunk(1, 5), &mut ctl).unwrap();
@@ -138,7 +143,7 @@ fn an_ending_is_the_job_s_only_once_a_checkpoint_commits_it() {
     assert_eq!(d.status, JobStatus::Complete);
     let mut calls = RequestCounts::default();
     calls.add("s3.PutObject", 3);
-    let save = j.plan(Commit::Ending(d.clone()), &calls, WALL, part).unwrap();
+    let save = j.plan(Commit::Ending(d.clone()), &calls, wall, part).unwrap();
     j.saved(save, "\"e1\"".into(), Instant::now());
     assert_eq!(j.phase(), &Phase::Ending(d.clone()));
     assert_eq!(j.requests().0.get("s3.PutObject"), Some(&3), "the finish's calls are counted with the commit that decided it");
