@@ -48,7 +48,7 @@ impl Handler for Forwarder {
     }
 
     fn holding(&self) -> usize {
-        self.agg.held(Some(Source::WorkDeadLetter))
+        self.agg.holding().held(Some(Source::WorkDeadLetter))
     }
 
     async fn handle(&self, msgs: Vec<Delivery>, done: &Completions) -> Vec<(Delivery, Outcome)> {

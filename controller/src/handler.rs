@@ -101,7 +101,7 @@ impl Handler for ResultsHandler {
     }
 
     fn holding(&self) -> usize {
-        self.agg.held(Some(self.source))
+        self.agg.holding().held(Some(self.source))
     }
 
     async fn handle(&self, msgs: Vec<Delivery>, done: &Completions) -> Vec<(Delivery, Outcome)> {

@@ -154,7 +154,7 @@ async fn stop(
         if let Err(e) = own.lock().await.round(&BTreeSet::new(), true).await {
             tracing::warn!(error = %e, "could not hand the partitions back; they are taken over when this controller's membership runs out");
         }
-        agg.stop_notifying();
+        agg.purging().stop();
         let _ = purger.await;
     };
     // Shortly before the deadline, what a hold extended and nothing has saved yet is made visible
@@ -166,7 +166,7 @@ async fn stop(
         Ok(()) => Ok(()),
         Err(_) => {
             hand_back_held(agg, None);
-            agg.show_retried();
+            agg.holding().show_retried();
             tokio::time::timeout_at(deadline, &mut steps).await
         }
     };
@@ -264,7 +264,7 @@ pub async fn run_with_clock(settings: Settings, deps: Deps, clock: clock::Clock,
     // Finished jobs' blobs are purged in the background; a stop waits for the purges under way.
     let retention = Duration::from_secs(settings.blob_retention_secs);
     let (finished_tx, finished_rx) = tokio::sync::mpsc::unbounded_channel();
-    agg.notify_finished(finished_tx);
+    agg.purging().notify(finished_tx);
     // Without a retention the tick only tries again purges that failed at once.
     let purge_tick = if retention.is_zero() { Duration::from_secs(30) } else { (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60)) };
     let purger = tokio::spawn(purge::Purger::with_clock(deps.store.clone(), retention, clock).run(finished_rx, purge_tick));

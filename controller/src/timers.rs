@@ -124,7 +124,7 @@ impl Actions {
                 events::open_jobs(self.agg.open_jobs());
             }
             Timer::RetryHeld => complete_applied(self.agg.retry_held().await, &self.notifiers),
-            Timer::ExtendHeld => self.agg.extend_held(),
+            Timer::ExtendHeld => self.agg.holding().extend(),
             Timer::WaitingLook => self.look_at_waiting().await,
             Timer::Expire => complete(self.agg.expire(self.abandon_after).await),
         }

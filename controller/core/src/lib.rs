@@ -18,13 +18,12 @@
 //!   again;
 //! - `limits`: the job's own sizes and periods;
 //! - `partitions`: the results partitions' ownership table and a balancing round's plan;
+//! - `resident`: the jobs in memory (their slots, leases, failing marks and partitions), generic over
+//!   the driver's slot and lease;
 //! - `sighting`: expiry judged on the reader's own clock;
 //! - `timings`: the shipped timings and their start check;
 //! - `undo`: the mutation harness's switches (compiled in only under `cfg(fleet_undo)`, which only
 //!   `controller-core-undoable`, the harness's build of this crate, sets).
-//!
-//! The jobs in memory (their slots, leases and partitions) and the aggregator's transitions around
-//! them are still `controller::aggregate`'s, on their way here.
 
 pub mod decision;
 pub mod expiry;
@@ -34,6 +33,7 @@ pub mod item;
 pub mod job;
 pub mod limits;
 pub mod partitions;
+pub mod resident;
 pub mod save;
 pub mod sighting;
 pub mod timings;

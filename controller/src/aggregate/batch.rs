@@ -10,13 +10,12 @@ use fleet_domain::prices::SQS_EXTRA_64K;
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
 use fleet_io::error::{Error, Result};
-use fleet_io::lock;
 use fleet_io::op::sqs_extra_chunks;
 use tokio::time::Instant;
 
 use super::item::{self, parse, prepare, Item, Ready, Source};
 use super::job::{Asker, Job, Next};
-use super::limits::{FAILING_FOR, HAND_BACK, STRAY_RETRY, UNRECORDED_RECEIVES, UNRECORDED_WAITS};
+use super::limits::{FAILING_FOR, STRAY_RETRY, UNRECORDED_RECEIVES, UNRECORDED_WAITS};
 use super::records::Verdict;
 use super::{budget, limits};
 use super::{unpaired, Aggregator, Applied, Taken};
@@ -54,7 +53,7 @@ impl Aggregator {
             // outlived its partition's stop): straight back to the queue for its new reader, never
             // applied here (it would load and lease its job after the partition was let go, and the
             // new reader would hand the job's messages back for ever: seeds 7000529, 7002198).
-            if self.not_read(m.queue()) {
+            if self.reading.not_read(m.queue()) {
                 tracing::debug!(queue = m.queue(), message_id = %m.id, "a message of a partition no longer read here: handed back");
                 applied.release.push((m, Duration::ZERO));
                 continue;
@@ -77,15 +76,16 @@ impl Aggregator {
                 Err(why) => applied.delete.extend(self.quarantine_message(source, m, &why).await),
             }
         }
-        if !self.partition_queues.is_empty() {
-            let mut memory = lock(&self.memory);
-            for (job_id, items) in &groups {
-                // Until its records are read (`apply_group`), which name it for good: a stray must
-                // not move a job this controller holds.
-                if let Some(p) = items.first().and_then(|(k, _)| self.partition_queues.get(k.queue())) {
-                    memory.partition.entry(job_id.clone()).or_insert(*p);
+        if self.reading.partitioned() {
+            self.memory.with(|r| {
+                for (job_id, items) in &groups {
+                    // Until its records are read (`apply_group`), which name it for good: a stray
+                    // must not move a job this controller holds.
+                    if let Some(p) = items.first().and_then(|(k, _)| self.reading.partition_of(k.queue())) {
+                        r.came_from(job_id, p);
+                    }
                 }
-            }
+            });
         }
         let outcomes = futures::future::join_all(groups.into_iter().map(|(job_id, items)| self.apply_group(source, job_id, items))).await;
         for a in outcomes {
@@ -93,14 +93,6 @@ impl Aggregator {
             applied.release.extend(a.release);
         }
         applied
-    }
-
-    /// `queue` is a results partition's queue this controller does not read now.
-    fn not_read(&self, queue: &str) -> bool {
-        if crate::undo::is(crate::undo::Fix::AppliedOnlyWhereRead) {
-            return false;
-        }
-        self.partition_queues.get(queue).is_some_and(|p| !lock(&self.read).contains(p))
     }
 
     /// Keeps a message in the quarantine (`initiator dlq list`) with the reason; returns it for
@@ -116,7 +108,7 @@ impl Aggregator {
                 Some(m)
             }
             Err(qe) if qe.is_retryable() => {
-                self.hold(vec![(source, m)], &qe);
+                self.holding.hold(vec![(source, m)], &qe);
                 None
             }
             Err(qe) => {
@@ -132,28 +124,28 @@ impl Aggregator {
         let mut out = Applied::default();
         let (kept, items): (Vec<Kept>, Vec<Item>) = items.into_iter().unzip();
         let nothing = || Work::Apply(Vec::new(), RequestCounts::default());
-        if self.is_finished(&job_id) {
-            self.record_step(&job_id, self.apply_job(&job_id, source, nothing(), kept).await, &mut out);
+        if self.books.known.is_finished(&job_id) {
+            record_step(&job_id, self.apply_job(&job_id, source, nothing(), kept).await, &mut out);
             return out;
         }
         // A job whose S3 calls just failed is turned back without a call (see `apply_job`).
-        let loaded = lock(&self.memory).slots.get(&job_id).cloned().is_some_and(|s| s.try_lock().map_or(true, |j| j.is_some()));
-        let checked = match self.turned_back(&job_id, loaded) {
+        let loaded = self.memory.loaded(&job_id);
+        let checked = match self.memory.turned_back(&job_id, loaded) {
             Some(e) => Err(e),
-            None => self.check_records(&job_id, &items).await,
+            None => self.books.records.check(&job_id, &items).await,
         };
         let checked = match checked {
             Ok(c) => c,
             // Taken as a failure of the job (held with it when it may pass).
             Err(e) => {
-                self.record_step(&job_id, self.apply_job(&job_id, source, Work::Failed(e), kept).await, &mut out);
+                record_step(&job_id, self.apply_job(&job_id, source, Work::Failed(e), kept).await, &mut out);
                 return out;
             }
         };
         if let Some(status) = checked.finished {
             // Finished, its blobs purged: what arrives are late duplicates.
-            self.remember_finished(&job_id, status);
-            self.record_step(&job_id, self.apply_job(&job_id, source, nothing(), kept).await, &mut out);
+            self.books.remember_finished(&job_id, status);
+            record_step(&job_id, self.apply_job(&job_id, source, nothing(), kept).await, &mut out);
             return out;
         }
         // Messages read from a partition other than the one the job's records name are strays: sent
@@ -215,7 +207,7 @@ impl Aggregator {
                 futures::future::join_all(readies.into_iter().map(|(item, figures)| prepare(item, figures, self.store.as_ref(), self.offload_decoding))).await;
             let step = self.apply_job(&job_id, source, Work::Apply(readies, looked.take().unwrap_or_default()), kept).await;
             drop(reserved);
-            self.record_step(&job_id, step, &mut out);
+            record_step(&job_id, step, &mut out);
         }
         out
     }
@@ -233,15 +225,15 @@ impl Aggregator {
         verdicts: Vec<Verdict>,
         out: &mut Applied,
     ) -> (Vec<Kept>, Vec<Item>, Vec<Verdict>) {
-        if self.is_partition(p) {
-            lock(&self.memory).partition.insert(job_id.to_string(), p);
+        if self.reading.is_partition(p) {
+            self.memory.with(|r| r.recorded_in(job_id, p));
         }
         let to = self.strays_to.get(&p).filter(|_| !crate::undo::is(crate::undo::Fix::StraysForwarded));
         let mut rest = (Vec::with_capacity(kept.len()), Vec::with_capacity(kept.len()), Vec::with_capacity(kept.len()));
         let mut strays = Vec::new();
         for ((k, item), verdict) in kept.into_iter().zip(items).zip(verdicts) {
-            match (self.partition_queues.get(k.queue()), to) {
-                (Some(&from), Some(_)) if from != p => {
+            match (self.reading.partition_of(k.queue()), to) {
+                (Some(from), Some(_)) if from != p => {
                     crate::events::MessageStray { job: job_id, message_id: &k.id, from, to: p }.emit();
                     strays.push(k);
                 }
@@ -254,10 +246,7 @@ impl Aggregator {
         }
         // A job only strays were read of leaves nothing here (its partition's entry was the stray's).
         if rest.0.is_empty() {
-            let mut memory = lock(&self.memory);
-            if !memory.slots.contains_key(job_id) {
-                memory.partition.remove(job_id);
-            }
+            self.memory.with(|r| r.only_strays(job_id));
         }
         if let (Some(to), false) = (to, strays.is_empty()) {
             let outgoing: Vec<fleet_io::queue::Outgoing> =
@@ -273,45 +262,22 @@ impl Aggregator {
         rest
     }
 
-    /// The error a job's messages are turned back with, without a call, while its S3 calls failed
-    /// just before ([`FAILING_FOR`]) and it is not in memory (`loaded`).
-    fn turned_back(&self, job_id: &str, loaded: bool) -> Option<Error> {
-        let failing = lock(&self.memory).failing.get(job_id).is_some_and(|until| Instant::now() < *until);
-        (failing && !loaded).then_some(Error::Timeout {
-            service: fleet_io::error::Service::S3,
-            operation: "(job state, failed just before)",
-            after: FAILING_FOR,
-            attempts: 0,
-        })
-    }
-
-    /// Adds what became of a job's messages to `out`.
-    fn record_step(&self, job_id: &str, step: Result<Step>, out: &mut Applied) {
-        match step {
-            Ok(Step::Delete(deletable)) => out.delete.extend(deletable),
-            Ok(Step::NotMine(kept, after)) => out.release.extend(kept.into_iter().map(|k| (k, after))),
-            // Held (see `hold`) when the failure may pass.
-            Err(e) if e.is_retryable() => tracing::debug!(job = %job_id, error = %e, "could not apply results; held"),
-            Err(e) => tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered"),
-        }
-    }
-
     /// Applies a job's items under its lock; returns the messages that may be deleted now (the job
     /// finished or was checkpointed, or they belong to a job finished before). On an error everything
     /// applied since the last checkpoint is dropped with the job; those messages were not deleted:
     /// held, with this batch's, when the failure may pass, else they come back.
     async fn apply_job(&self, job_id: &str, source: Source, work: Work, kept: Vec<Kept>) -> Result<Step> {
-        if self.is_finished(job_id) {
+        if self.books.known.is_finished(job_id) {
             tracing::debug!(job = %job_id, n = kept.len(), "late messages of a finished job");
             return Ok(Step::Delete(self.complete_late(job_id, kept.into_iter().map(|k| (source, k)).collect()).await));
         }
         let mut kept: Vec<(Source, Kept)> = kept.into_iter().map(|k| (source, k)).collect();
-        let slot = self.slot(job_id);
+        let slot = self.memory.slot(job_id);
         let step = {
             let mut loaded = slot.lock().await;
-            let marked = lock(&self.memory).failing.get(job_id).copied();
-            let failing = marked.is_some_and(|until| Instant::now() < until);
-            let step = match (work, self.turned_back(job_id, loaded.is_some())) {
+            let marked = self.memory.with(|r| r.failing_mark(job_id));
+            let failing = marked.is_some_and(|until| Instant::now().into_std() < until);
+            let step = match (work, self.memory.turned_back(job_id, loaded.is_some())) {
                 (Work::Failed(e), _) | (Work::Apply(..), Some(e)) => Err(e),
                 (Work::Apply(items, looked), None) => self.apply_locked(job_id, &mut loaded, items, &mut kept, looked).await,
             };
@@ -320,43 +286,20 @@ impl Aggregator {
                     // The batch's span (`apply_results`) shows the failure.
                     fleet_io::telemetry::fail(&tracing::Span::current(), format_args!("job {job_id}: {e}"));
                     if e.is_retryable() && !failing {
-                        lock(&self.memory).failing.insert(job_id.to_string(), Instant::now() + FAILING_FOR);
+                        self.memory.with(|r| r.failed(job_id, (Instant::now() + FAILING_FOR).into_std()));
                     }
-                    self.drop_job(&mut loaded, std::mem::take(&mut kept), e);
+                    self.holding.drop_job(&mut loaded, std::mem::take(&mut kept), e);
                 }
                 Ok(_) if marked.is_some() => {
-                    lock(&self.memory).failing.remove(job_id);
+                    self.memory.with(|r| r.answered(job_id));
                 }
                 Ok(_) => {}
             }
             step
         };
         drop(slot);
-        self.prune(job_id);
+        self.memory.prune(job_id);
         step
-    }
-
-    /// Drops a job from memory after a failure, with `also` (messages not applied to it yet): its
-    /// messages are held when the failure may pass (applied again to the job reloaded from its last
-    /// checkpoint), else left to come back after their visibility timeout.
-    pub(super) fn drop_job(&self, loaded: &mut Option<Job>, mut also: Vec<(Source, Kept)>, e: &Error) {
-        if let Some(job) = loaded.take() {
-            also.extend(job.drop_unsaved());
-        }
-        if e.is_retryable() {
-            self.hold(also, e);
-        }
-    }
-
-    /// Drops a job from memory that another controller owns now (fenced, or its lease lost): the
-    /// messages applied to it since its last checkpoint go back to the queue for the owner at once
-    /// (they may have been kept invisible for minutes by a hold).
-    pub(super) fn hand_over(&self, loaded: &mut Option<Job>) {
-        if let Some(job) = loaded.take() {
-            for k in job.hand_over() {
-                k.release(HAND_BACK);
-            }
-        }
     }
 
     /// Applies items to a job in memory (loaded first if it is not): the messages of `kept` are taken
@@ -376,18 +319,18 @@ impl Aggregator {
         ctl.add(SQS_EXTRA_64K, sqs_extra_chunks(kept.iter().map(|(_, k)| k.body.len()).sum()));
         // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
         let stale = match loaded.as_ref() {
-            Some(j) => !self.leases.fresh(j.lease()).await,
+            Some(j) => !self.books.leases.fresh(j.lease()).await,
             None => false,
         };
         if stale {
             self.keep_lease(job_id, loaded).await;
         }
         if loaded.is_none() {
-            match self.take(job_id, &mut ctl).await? {
+            match self.books.take(job_id, &mut ctl).await? {
                 // Its partition let go of while the job was being taken: given back at once with its
                 // messages, for the partition's new reader.
-                Taken::Open(job) if kept.iter().any(|(_, k)| self.not_read(k.queue())) => {
-                    if let Err(e) = self.leases.release(job_id, job.lease()).await {
+                Taken::Open(job) if kept.iter().any(|(_, k)| self.reading.not_read(k.queue())) => {
+                    if let Err(e) = self.books.leases.release(job_id, job.lease()).await {
                         tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
                     }
                     return Ok(Step::NotMine(unpaired(kept), Duration::ZERO));
@@ -410,13 +353,24 @@ impl Aggregator {
             return Err(e);
         }
         job.count(&ctl);
-        let floor = lock(&self.expiry).idle_floor;
+        let floor = self.expiry.idle_floor();
         match job.next(now, floor, self.settle, Asker::Batch) {
             // Every chunk in: finished now, unless some of them failed, when a real result may still
             // replace a failure (see `settle`).
-            Next::Finish => self.finish(job_id, loaded).await.map(Step::Delete),
+            Next::Finish => self.books.finish(job_id, loaded).await.map(Step::Delete),
             Next::Save => Ok(Step::Delete(self.flush_job(job_id, loaded).await)),
             Next::Wait => Ok(Step::Delete(Vec::new())),
         }
+    }
+}
+
+/// Adds what became of a job's messages to `out`.
+fn record_step(job_id: &str, step: Result<Step>, out: &mut Applied) {
+    match step {
+        Ok(Step::Delete(deletable)) => out.delete.extend(deletable),
+        Ok(Step::NotMine(kept, after)) => out.release.extend(kept.into_iter().map(|k| (k, after))),
+        // Held (see `hold`) when the failure may pass.
+        Err(e) if e.is_retryable() => tracing::debug!(job = %job_id, error = %e, "could not apply results; held"),
+        Err(e) => tracing::warn!(job = %job_id, error = %e, "could not apply results; they will be redelivered"),
     }
 }

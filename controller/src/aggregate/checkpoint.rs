@@ -17,10 +17,10 @@ use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
 use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::error::{Error, Result};
-use fleet_io::lock;
 use tokio::time::Instant;
 
-use super::job::{Asker, Job, Next};
+use super::books::Books;
+use super::job::{hand_over, Asker, Job, Next};
 use super::limits::{FAILING_FOR, MAX_DOC_BYTES};
 use super::{delete_calls, Aggregator};
 use controller_core::decision::Commit;
@@ -41,7 +41,7 @@ impl Aggregator {
     /// staying invisible for as long as their last extension said (the hold's two minutes for
     /// messages applied again after a hold: found by the simulation's soak, seed 1518).
     pub fn unsaved_visibility(&self) -> Vec<fleet_engine::Visibility> {
-        self.slots().iter().filter_map(|(_, slot)| slot.try_lock().ok()?.as_ref().map(|job| job.visibility())).flatten().collect()
+        self.memory.slots().iter().filter_map(|(_, slot)| slot.try_lock().ok()?.as_ref().map(|job| job.visibility())).flatten().collect()
     }
 
     /// [`flush`](Self::flush), skipping the jobs being worked on (the timer's: a job whose S3 calls
@@ -51,7 +51,7 @@ impl Aggregator {
     }
 
     pub(super) async fn flush_jobs(&self, wait: bool) -> Vec<Kept> {
-        let slots = self.slots();
+        let slots = self.memory.slots();
         let done = futures::future::join_all(slots.iter().map(|(job_id, slot)| async move {
             let mut loaded = if wait {
                 slot.lock().await
@@ -61,14 +61,14 @@ impl Aggregator {
                     Err(_) => return Vec::new(),
                 }
             };
-            let floor = lock(&self.expiry).idle_floor;
+            let floor = self.expiry.idle_floor();
             let next = loaded.as_ref().map(|job| job.next(Instant::now(), floor, self.settle, Asker::Timer));
             match next {
                 // Its ending committed or asked for, or every chunk in (some failed, no news for the
                 // settle time: no real result is coming any more).
                 Some(Next::Finish) => {
                     tracing::info!(job = %job_id, failed = loaded.as_ref().map_or(0, |j| j.failed().len()), "due to be finished: finishing");
-                    match self.finish(job_id, &mut loaded).await {
+                    match self.books.finish(job_id, &mut loaded).await {
                         Ok(done) => done,
                         Err(e) => {
                             tracing::warn!(job = %job_id, error = %e, "could not finish the job; trying again later");
@@ -81,7 +81,7 @@ impl Aggregator {
             }
         }))
         .await;
-        self.prune_all(slots);
+        self.memory.prune_all(slots);
         done.into_iter().flatten().collect()
     }
 
@@ -103,34 +103,36 @@ impl Aggregator {
             Ok(())
         };
         let saved = match marked {
-            Ok(()) => self.commit(job, Commit::Progress, &calls).await,
+            Ok(()) => self.books.commit(job, Commit::Progress, &calls).await,
             Err(e) => Err(e),
         };
         match saved {
             Ok(()) => job.covered(),
             Err(Error::Conflict(why)) => {
                 tracing::warn!(job = %job_id, %why, unsaved = job.unsaved().len(), "fenced: another controller owns the job now; its messages go there");
-                self.hand_over(loaded);
+                hand_over(loaded);
                 Vec::new()
             }
             Err(e) => {
                 tracing::warn!(job = %job_id, error = %e, "checkpoint failed; its messages are held when the store may answer later, else redelivered");
                 if e.is_retryable() {
-                    lock(&self.memory).failing.insert(job_id.to_string(), Instant::now() + FAILING_FOR);
+                    self.memory.with(|r| r.failed(job_id, (Instant::now() + FAILING_FOR).into_std()));
                 }
-                self.drop_job(loaded, Vec::new(), &e);
+                self.holding.drop_job(loaded, Vec::new(), &e);
                 Vec::new()
             }
         }
     }
+}
 
+impl Books {
     /// Writes the checkpoint that commits `commit` for the job (the I/O of [`Job::plan`]): a part
     /// first when the plan has one, then the document, fenced by the ETag last read or written; once
     /// written, the job takes what it committed ([`Job::saved`]) and the parts the document no longer
     /// names are deleted. A failed write leaves the job as it was.
     pub(super) async fn commit(&self, job: &mut Job, commit: Commit, calls: &RequestCounts) -> Result<()> {
-        if let Some(p) = lock(&self.memory).partition.get(job.id()) {
-            job.travels_on(*p);
+        if let Some(p) = self.memory.with(|r| r.partition(job.id())) {
+            job.travels_on(p);
         }
         let save = job.plan(commit, calls)?;
         let started = Instant::now();

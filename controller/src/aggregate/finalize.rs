@@ -14,13 +14,14 @@ use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 
-use super::job::{Job, Phase};
+use super::books::Books;
+use super::delete_calls;
+use super::job::{hand_over, Job, Phase};
 use super::limits::MAX_OPEN_JOBS;
-use super::{delete_calls, Aggregator};
 use controller_core::decision::Commit;
 use controller_core::job::placeholder_manifest;
 
-impl Aggregator {
+impl Books {
     /// Writes the report of a job in memory (complete, or abandoned when it says so) and forgets it;
     /// returns its messages for deletion.
     pub(super) async fn finish(&self, job_id: &str, loaded: &mut Option<Job>) -> Result<Vec<Kept>> {
@@ -29,7 +30,7 @@ impl Aggregator {
             let job = loaded.as_mut().expect("the job is in memory");
             if !self.leases.renew(job_id, job.lease()).await? {
                 tracing::warn!(job = %job_id, "lease lost before the report; the new owner writes it");
-                self.hand_over(loaded);
+                hand_over(loaded);
                 return Ok(Vec::new());
             }
         }
@@ -57,12 +58,12 @@ impl Aggregator {
             job.marked();
         }
         // The manifest its seal was checked against (else read again by `finalize`).
-        let recorded = self.recorded_manifest(job_id);
+        let recorded = self.records.manifest(job_id);
         let status = match self.finalize(&mut job, recorded).await {
             Ok(s) => s,
             Err(Error::Conflict(why)) => {
                 tracing::warn!(job = %job_id, %why, "fenced while finishing: another controller owns the job now");
-                self.hand_over(&mut Some(job));
+                hand_over(&mut Some(job));
                 return Ok(Vec::new());
             }
             // The manifest cannot be read: it never will be.

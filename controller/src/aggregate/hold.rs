@@ -34,12 +34,28 @@ use fleet_io::lock;
 use tokio::time::Instant;
 
 use super::item::{parse, Source};
+use std::sync::{Arc, Mutex};
+
+use super::job::Job;
+use super::reading::Reading;
 use super::{Aggregator, Applied};
 
 /// The messages held, and when to try them again.
 pub(super) type Hold = controller_core::hold::Hold<Kept, Visibility>;
 
-impl Aggregator {
+/// The messages held through a store outage, under one lock, and the partitions read here (whose
+/// messages alone are held).
+pub struct Holding {
+    hold: Mutex<Hold>,
+    reading: Arc<Reading>,
+}
+
+impl Holding {
+    /// Nothing held; messages of the partitions `reading` reads are held.
+    pub(super) fn new(reading: Arc<Reading>) -> Holding {
+        Holding { hold: Mutex::new(Hold::new(Instant::now().into_std())), reading }
+    }
+
     /// Holds messages that could not be applied or saved for a failure that may pass (the error
     /// says which): their visibility is extended now, and they are applied again later.
     pub(super) fn hold(&self, msgs: Vec<(Source, Kept)>, why: &Error) {
@@ -48,11 +64,8 @@ impl Aggregator {
         // for the partition's new owner.
         // So is every batch once the controller is stopping (a stop that ends on its deadline hands
         // nothing back after it).
-        let read = lock(&self.read).clone();
-        let stopping = self.stopping.load(std::sync::atomic::Ordering::SeqCst);
-        let (back, msgs): (Vec<_>, Vec<_>) = msgs.into_iter().partition(|(_, k)| {
-            !crate::undo::is(crate::undo::Fix::HandBackHeld) && (stopping || self.partition_queues.get(k.queue()).is_some_and(|p| !read.contains(p)))
-        });
+        let gives_back = self.reading.gives_back();
+        let (back, msgs): (Vec<_>, Vec<_>) = msgs.into_iter().partition(|(_, k)| !crate::undo::is(crate::undo::Fix::HandBackHeld) && gives_back(k.queue()));
         if !back.is_empty() {
             tracing::info!(messages = back.len(), "messages of a partition given up handed back instead of held");
             for (_, k) in back {
@@ -84,18 +97,18 @@ impl Aggregator {
     }
 
     /// The jobs that have messages held (nothing is finished for them until those are applied).
-    pub(super) fn held_jobs(&self) -> BTreeSet<String> {
+    pub(super) fn jobs(&self) -> BTreeSet<String> {
         lock(&self.hold).jobs()
     }
 
     /// Takes the held messages out of the hold to go back to their queue at once (a stop, or a results
     /// partition given up: the messages of that partition's queues only), so that whoever reads
     /// their queue next applies them instead of waiting out their extended visibility.
-    pub fn hand_back_held(&self, partition: Option<u16>) -> Vec<Kept> {
+    pub fn hand_back(&self, partition: Option<u16>) -> Vec<Kept> {
         if crate::undo::is(crate::undo::Fix::HandBackHeld) {
             return Vec::new();
         }
-        let ours = |k: &Kept| partition.is_none_or(|p| self.partition_queues.get(k.queue()) == Some(&p));
+        let ours = |k: &Kept| partition.is_none_or(|p| self.reading.partition_of(k.queue()) == Some(p));
         let back = lock(&self.hold).hand_back(ours);
         if !back.is_empty() {
             tracing::info!(messages = back.len(), ?partition, "held messages handed back to their queue");
@@ -124,18 +137,42 @@ impl Aggregator {
     }
 
     /// Extends the visibility of held messages that are due (cheap: batched calls on their queues).
-    pub fn extend_held(&self) {
+    pub fn extend(&self) {
         let mut h = lock(&self.hold);
         for k in h.due_for_extension(Instant::now().into_std()) {
             k.extend(HOLD_VISIBILITY);
         }
     }
 
+    /// Drops a job from memory after a failure, with `also` (messages not applied to it yet): its
+    /// messages are held when the failure may pass (applied again to the job reloaded from its last
+    /// checkpoint), else left to come back after their visibility timeout.
+    pub(super) fn drop_job(&self, loaded: &mut Option<Job>, mut also: Vec<(Source, Kept)>, e: &Error) {
+        if let Some(job) = loaded.take() {
+            also.extend(job.drop_unsaved());
+        }
+        if e.is_retryable() {
+            self.hold(also, e);
+        }
+    }
+
+    /// Runs `f` on the hold, under its lock (not to be held across an await).
+    fn with<T>(&self, f: impl FnOnce(&mut Hold) -> T) -> T {
+        f(&mut lock(&self.hold))
+    }
+}
+
+impl Aggregator {
+    /// The messages held through a store outage.
+    pub fn holding(&self) -> &Holding {
+        &self.holding
+    }
+
     /// Applies the held messages again when it is time: the store's breaker is closed (at once when it
     /// closes) and the back-off since the last failure has passed. What fails again is held again.
     pub async fn retry_held(&self) -> Applied {
         let breaker_open = self.store.breaker().is_some_and(|b| b.is_open());
-        let taken = lock(&self.hold).take_for_retry(Instant::now().into_std(), breaker_open);
+        let taken = self.holding.with(|h| h.take_for_retry(Instant::now().into_std(), breaker_open));
         if taken.is_empty() {
             return Applied::default();
         }
@@ -154,7 +191,7 @@ impl Aggregator {
         let shown_if_dropped =
             ShowOnDrop(if crate::undo::is(crate::undo::Fix::HandBackHeld) { Vec::new() } else { taken.iter().map(|w| w.handle.visibility()).collect() });
         // The retry is the try: jobs turned back for a failure just before are tried now.
-        lock(&self.memory).failing.clear();
+        self.memory.with(|r| r.try_all());
         let mut by_source: BTreeMap<Source, Vec<Kept>> = BTreeMap::new();
         for w in taken {
             by_source.entry(w.source).or_default().push(w.handle);
@@ -166,7 +203,7 @@ impl Aggregator {
             applied.release.extend(a.release);
         }
         let retried = shown_if_dropped.disarm();
-        let ended = lock(&self.hold).retry_ended(retried, extended.into_std(), Instant::now().into_std());
+        let ended = self.holding.with(|h| h.retry_ended(retried, extended.into_std(), Instant::now().into_std()));
         if let Retried::HeldAgain { held, next_in } = ended {
             tracing::warn!(retried = n, held, next_in_s = next_in.as_secs_f64(), "store still unavailable");
         }

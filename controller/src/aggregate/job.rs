@@ -143,3 +143,14 @@ impl Job {
         self.core.done()
     }
 }
+
+/// Drops a job from memory that another controller owns now (fenced, or its lease lost): the
+/// messages applied to it since its last checkpoint go back to the queue for the owner at once
+/// (they may have been kept invisible for minutes by a hold).
+pub(super) fn hand_over(loaded: &mut Option<Job>) {
+    if let Some(job) = loaded.take() {
+        for k in job.hand_over() {
+            k.release(super::HAND_BACK);
+        }
+    }
+}

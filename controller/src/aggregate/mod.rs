@@ -25,41 +25,47 @@
 //! batch); this file holds the aggregator, how it is set up (`Options`) and what it reports of itself.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_domain::model::JobStatus;
 use fleet_domain::prices::Prices;
 use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
-use fleet_io::error::Result;
-use fleet_io::lock;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
-use crate::lease::{Leases, WeakLease};
-use crate::sighting::Sightings;
+use crate::lease::Leases;
 
 mod batch;
+mod books;
 pub mod budget;
 mod checkpoint;
 mod finalize;
 pub mod hold;
 mod item;
 mod job;
+mod known;
 mod limits;
+mod memory;
+mod purging;
 mod quarantine;
+mod reading;
 pub mod records;
 mod scan;
 mod take;
 
+use books::Books;
 use budget::Budget;
-use hold::Hold;
+use hold::Holding;
 pub use item::{Source, MEMORY_TARGET};
 use job::Job;
+use known::{Expiry, Known};
 pub use limits::{DEAD_LETTER_REASON, FLUSH_INTERVAL, FLUSH_MESSAGES, HAND_BACK, INLINE_ROWS, LEASE, MAX_RESULT_BYTES, SETTLE, UNRECORDED_RECEIVES};
-use records::RecordsCache;
+use memory::{Memory, Slot};
+pub use purging::Purging;
+use reading::Reading;
+use records::Records;
 pub use scan::{Emptied, FleetQueues, Look, StallLimit, DEPTH_LAG};
 
 /// What to do with the messages of a batch once applied (the rest wait in their jobs for a checkpoint).
@@ -82,24 +88,6 @@ enum Taken {
     Busy(Duration),
 }
 
-/// One job's place in memory: `None` while it is not loaded (or was dropped after a failure). Each job
-/// has its own lock, held across that job's S3 calls only, so jobs progress in parallel.
-type Slot = Arc<tokio::sync::Mutex<Option<Job>>>;
-
-/// Where finished jobs' purges are recorded.
-enum Purging {
-    /// No purger (tests, tools): a finished job's open marker goes at once.
-    Nowhere,
-    /// The purger, told each finished job and answering whether its purge is recorded.
-    To(tokio::sync::mpsc::UnboundedSender<crate::purge::ToPurge>),
-    /// Stopped: nothing is recorded any more, so open markers stay for the next controller's scan.
-    Stopped,
-}
-
-/// How long a finish waits for its purge to be recorded (a marker's write, behind purges at once
-/// under way) before it keeps the job's open marker for a later scan.
-const PURGE_RECORDED_WITHIN: Duration = Duration::from_secs(90);
-
 /// What checkpoints have written (logged when the controller stops; read by the benchmark).
 #[derive(Debug, Default)]
 pub struct CheckpointStats {
@@ -120,21 +108,6 @@ impl CheckpointStats {
     }
 }
 
-/// The jobs in memory, under one lock (never held across an await): their slots, their leases (weak:
-/// a job dropped takes its lease with it; renewed by the timer without the job's lock), and those
-/// whose S3 calls just failed (store unreachable or hung), until when: their messages are left for
-/// redelivery at once instead of each batch waiting out another call deadline.
-#[derive(Default)]
-struct InMemory {
-    /// Ordered maps throughout: the order jobs are visited in is the same on every run (the
-    /// simulation replays a seed exactly).
-    slots: BTreeMap<String, Slot>,
-    leases: BTreeMap<String, WeakLease>,
-    failing: BTreeMap<String, Instant>,
-    /// The results partition each job's messages came from (to let its jobs go with a partition).
-    partition: BTreeMap<String, u16>,
-}
-
 /// Where jobs in memory wait for results (see [`Aggregator::waiting`]).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Waiting {
@@ -144,94 +117,44 @@ pub struct Waiting {
     pub any: bool,
 }
 
-/// What this controller knows of jobs not in memory, under one lock.
-#[derive(Default)]
-struct Known {
-    /// Finished before (to drop late duplicates without an S3 read).
-    finished: controller_core::finished::FinishedJobs,
-    /// Unsealed or sealed jobs known only by their open marker, with their last checkpoint's time:
-    /// loaded when they are due to be finished, or when a message of theirs arrives.
-    dormant: controller_core::expiry::DormantJobs,
-}
-
-/// The expiry's own clock, under one lock: when the open markers were last scanned; the idle floor
-/// (no job's idle time counts from before it: the aggregator's start, so that a controller that was
-/// down longer than `abandon_after` reads its queues before it abandons anything, or the end of the
-/// last store outage, so that results held through it are applied first); how far the fleet's queues
-/// have emptied (for the stall rule).
-struct Expiry {
-    scanned: Option<Instant>,
-    idle_floor: Instant,
-    emptied: scan::Emptied,
-    /// Each open job's checkpoint time (Unix s, its writer's clock) as this controller saw it: a
-    /// job's news is dated by when this controller first saw that time, never by comparing the
-    /// writer's clock with its own (`sighting`). Kept to the jobs with open markers at each scan.
-    seen: Sightings<String, i64>,
-}
-
-impl Expiry {
-    /// When this controller first saw job `job` with checkpoint time `updated_unix` (now, on a first
-    /// sight); with the `one-clock` fix undone, that time read on its own wall clock.
-    fn news_at(&mut self, job: &str, updated_unix: i64, clock: &Clock) -> Instant {
-        if crate::undo::is(crate::undo::Fix::OneClock) {
-            return Clock::instant_ago(clock.since_unix(updated_unix));
-        }
-        let now = Instant::now();
-        now.checked_sub(self.seen.age(&job.to_string(), updated_unix, now.into_std())).unwrap_or(now)
-    }
-}
-
 /// The controller's in-memory view of the jobs it is aggregating. Shared by every listener: each job
 /// is locked on its own, and no lock spans two jobs.
 ///
-/// Its state is grouped by what each lock guards, and no lock is held across an await except a job's
-/// own: the jobs in memory (`memory`), what is known of the others (`known`), the expiry's clock
-/// (`expiry`), the messages held through an outage (`hold`), where finished jobs are announced
-/// (`on_finished`), the partitions read (`read`), the jobs' records (`records`); `stopping` is set once,
-/// and the counters (`pending`, `stats`) are atomics. The rest is set at construction ([`Options`]) and
-/// never changes.
+/// Its state is owned by types that each guard theirs with one lock, never held across an await (a
+/// job's own lock excepted, held across that job's S3 calls): the jobs in memory (`memory`), the
+/// messages held through an outage (`holding`), the partitions read (`reading`), the expiry's clock
+/// (`expiry`), and in `books` the jobs' books in the store with what is known of the jobs not in
+/// memory, their records and where finished jobs are announced. The rest is set at construction
+/// ([`Options`]) and never changes.
 pub struct Aggregator {
     store: Arc<dyn BlobStore>,
     queues: HashMap<Source, String>,
-    /// The results partition each partition queue (results and dead letters) belongs to.
-    partition_queues: HashMap<String, u16>,
     /// Each results partition's queue, where a stray (a message read from a partition other than its
     /// job's) is forwarded (see `forward_strays`).
     strays_to: BTreeMap<u16, Arc<dyn fleet_io::queue::Queue>>,
     /// Every role's key: with it, a message counts only when signed by a role that may send it
     /// (`item::authorize`); without it, roles are not checked.
     keyring: Option<fleet_io::auth::Keyring>,
-    leases: Leases,
-    memory: Mutex<InMemory>,
-    known: Mutex<Known>,
-    expiry: Mutex<Expiry>,
+    /// The jobs in memory (see `memory`).
+    memory: Arc<Memory>,
+    /// Leases, checkpoints, reports, quarantines; what is known of jobs not in memory (see `books`).
+    books: Books,
+    /// When the open markers were scanned, the idle floor, the queues' emptying (see `known`).
+    expiry: Arc<Expiry>,
     /// Messages held through a store outage (see `hold`).
-    hold: Mutex<Hold>,
-    /// Results partitions this controller reads now (`reading` to `let_go`): the messages of the
+    holding: Holding,
+    /// Results partitions this controller reads now, and whether it is stopping: the messages of the
     /// others are never held here, and their dormant jobs are left to their owners.
-    read: Mutex<BTreeSet<u16>>,
-    /// The controller is stopping: nothing is held any more (see `hold`).
-    stopping: std::sync::atomic::AtomicBool,
-    /// What the jobs' own records say (see `records`).
-    records: Mutex<RecordsCache>,
+    reading: Arc<Reading>,
     /// Decoded results in memory at once stay within it (see `budget`).
     budget: Arc<Budget>,
-    /// Where the purge of each finished job's blobs is recorded (see `close_finished`).
-    on_finished: Mutex<Purging>,
-    /// Messages applied in memory and waiting for a checkpoint (shared with each job's `Pending`).
-    pending: Arc<AtomicUsize>,
-    stats: CheckpointStats,
     /// When sealed jobs that no longer progress are finished (none: never).
     stall: Option<scan::StallLimit>,
-    /// Wall time: leases, checkpoint times, a dormant job's age.
-    clock: Clock,
     /// Result payloads are decompressed on the blocking pool (off in the simulation, which runs on
     /// one thread).
     offload_decoding: bool,
     /// A job with every chunk in, some of them failed, is finished this long after its last news.
     settle: Duration,
-    /// The price table reports' request costs are computed with.
-    prices: Prices,
 }
 
 /// How an aggregator is set up: everything it is given at construction (nothing here changes later).
@@ -297,30 +220,35 @@ impl Aggregator {
     /// An aggregator set up as `options` say.
     pub fn with(store: Arc<dyn BlobStore>, options: Options) -> Aggregator {
         let Options { owner, lease, clock, settle, prices, decode_budget, stall, queues, partition_queues, strays_to, keyring } = options;
-        let leases = Leases::new(store.clone(), owner, lease, clock);
+        let reading = Arc::new(Reading::new(partition_queues));
+        let memory = Arc::new(Memory::default());
+        let expiry = Arc::new(Expiry::new(clock));
+        let books = Books {
+            store: store.clone(),
+            leases: Leases::new(store.clone(), owner, lease, clock),
+            clock,
+            prices,
+            stats: CheckpointStats::default(),
+            known: Known::default(),
+            records: Records::new(store.clone()),
+            purging: Purging::default(),
+            expiry: expiry.clone(),
+            memory: memory.clone(),
+        };
         Aggregator {
             store,
             queues,
-            partition_queues,
             strays_to,
             keyring,
-            leases,
-            memory: Mutex::default(),
-            known: Mutex::default(),
-            expiry: Mutex::new(Expiry { scanned: None, idle_floor: Instant::now(), emptied: scan::Emptied::default(), seen: Sightings::new(Duration::MAX) }),
-            hold: Mutex::new(Hold::new(Instant::now().into_std())),
-            read: Mutex::default(),
-            stopping: Default::default(),
-            records: Mutex::default(),
+            memory,
+            books,
+            expiry,
+            holding: Holding::new(reading.clone()),
+            reading,
             budget: Arc::new(Budget::new(decode_budget)),
-            on_finished: Mutex::new(Purging::Nowhere),
-            pending: Arc::default(),
-            stats: CheckpointStats::default(),
             stall,
-            clock,
             offload_decoding: !matches!(clock, Clock::Driven { .. }),
             settle,
-            prices,
         }
     }
 
@@ -338,63 +266,39 @@ impl Aggregator {
     /// pending messages checkpointed (returned for deletion) and their leases given back, so that the
     /// partition's new owner takes them at once; its dormant jobs forgotten.
     pub async fn let_go(&self, p: u16) -> Vec<Kept> {
-        lock(&self.read).remove(&p);
+        self.reading.let_go(p);
         // What a scan saw of its dormant jobs goes stale from now on (they may have news on the new
         // reader): a scan after the partition is read here again finds them afresh.
-        lock(&self.known).dormant.let_go(p);
+        self.books.known.dormant(|d| d.let_go(p));
         let done = self.flush().await;
         if crate::undo::is(crate::undo::Fix::LetGoOfPartitionJobs) {
             return done;
         }
-        let jobs: BTreeSet<String> = lock(&self.memory).partition.iter().filter(|(_, q)| **q == p).map(|(j, _)| j.clone()).collect();
+        let jobs = self.memory.with(|r| r.jobs_of(p));
         self.release_leases_where(|job| jobs.contains(job)).await;
-        lock(&self.memory).partition.retain(|j, _| !jobs.contains(j));
+        self.memory.with(|r| r.let_go(&jobs));
         done
     }
 
     /// The controller is stopping: a batch that fails from now on goes back to its queue at once
     /// instead of being held.
     pub fn stopping(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
+        self.reading.stop();
     }
 
     /// This controller reads results partition `p` (again): its messages may be held.
     pub fn reading(&self, p: u16) {
-        lock(&self.read).insert(p);
+        self.reading.read(p);
     }
 
     /// What checkpoints have written so far.
     pub fn stats(&self) -> &CheckpointStats {
-        &self.stats
-    }
-
-    fn slot(&self, job_id: &str) -> Slot {
-        lock(&self.memory).slots.entry(job_id.to_string()).or_default().clone()
-    }
-
-    /// Forgets a job's slot when it is empty and nobody else holds it (clones are only made under the
-    /// map's lock, so a count of one there means no task can be about to use it).
-    fn prune(&self, job_id: &str) {
-        let mut memory = lock(&self.memory);
-        let jobs = &mut memory.slots;
-        let unused = jobs.get(job_id).is_some_and(|s| Arc::strong_count(s) == 1 && s.try_lock().is_ok_and(|j| j.is_none()));
-        if unused {
-            jobs.remove(job_id);
-            memory.partition.remove(job_id);
-        }
-    }
-
-    fn slots(&self) -> Vec<(String, Slot)> {
-        lock(&self.memory).slots.iter().map(|(k, s)| (k.clone(), s.clone())).collect()
-    }
-
-    fn is_finished(&self, job_id: &str) -> bool {
-        lock(&self.known).finished.contains(job_id)
+        &self.books.stats
     }
 
     /// Jobs in memory (being aggregated).
     pub fn open_jobs(&self) -> usize {
-        lock(&self.memory).slots.values().filter(|s| s.try_lock().map_or(true, |j| j.is_some())).count()
+        self.memory.open_jobs()
     }
 
     /// The partitions of the jobs in memory that have had no news for `quiet` (all of them for a job
@@ -406,12 +310,13 @@ impl Aggregator {
     /// 9103683: a report 2 h past its bound).
     pub fn waiting(&self, quiet: Duration) -> Waiting {
         let now = Instant::now();
-        let floor = lock(&self.expiry).idle_floor;
+        let floor = self.expiry.idle_floor();
         let mut out = Waiting::default();
         if !crate::undo::is(crate::undo::Fix::WaitingLooks) {
-            let dormant: Vec<(Instant, Option<u16>)> = lock(&self.known).dormant.iter().map(|(_, d)| (Instant::from_std(d.since), d.partition)).collect();
+            let dormant: Vec<(Instant, Option<u16>)> =
+                self.books.known.dormant(|dormant| dormant.iter().map(|(_, d)| (Instant::from_std(d.since), d.partition)).collect());
             for (since, partition) in dormant {
-                if now.saturating_duration_since(since.max(floor)) < quiet || !self.loads_here(partition) {
+                if now.saturating_duration_since(since.max(floor)) < quiet || !self.reading.loads_here(partition) {
                     continue;
                 }
                 match partition {
@@ -422,8 +327,8 @@ impl Aggregator {
                 }
             }
         }
-        let partition = lock(&self.memory).partition.clone();
-        for (_, slot) in self.slots() {
+        let partition = self.memory.with(|r| r.partitions().clone());
+        for (_, slot) in self.memory.slots() {
             let Ok(loaded) = slot.try_lock() else { continue };
             match loaded.as_ref() {
                 Some(job) if job.is_open() && job.quiet_for(now, floor) >= quiet => match partition.get(job.id()).copied().or(job.partition()) {
@@ -440,43 +345,12 @@ impl Aggregator {
 
     /// Messages applied in memory and waiting for a checkpoint.
     pub fn pending(&self) -> usize {
-        self.pending.load(Ordering::Relaxed)
+        self.memory.pending()
     }
 
-    /// Sends the id of every job this aggregator finishes from now on to `tx` (the purger).
-    pub fn notify_finished(&self, tx: tokio::sync::mpsc::UnboundedSender<crate::purge::ToPurge>) {
-        *lock(&self.on_finished) = Purging::To(tx);
-    }
-
-    /// Stops sending finished jobs (the receiver ends once it has what was sent).
-    pub fn stop_notifying(&self) {
-        *lock(&self.on_finished) = Purging::Stopped;
-    }
-
-    /// Closes a finished job (its report written): its purge is recorded, then its open marker goes.
-    /// The open marker is the purge's one trace should this controller die before the purger wrote
-    /// its marker, so it stays when the purge is not recorded (a purger that failed, timed out or
-    /// stopped): a later scan comes back here.
-    pub(super) async fn close_finished(&self, job_id: &str) -> Result<()> {
-        let tx = match &*lock(&self.on_finished) {
-            Purging::Nowhere => None,
-            Purging::To(tx) => Some(tx.clone()),
-            Purging::Stopped => return Ok(()),
-        };
-        if let Some(tx) = tx {
-            let (recorded, heard) = tokio::sync::oneshot::channel();
-            let sent = tx.send((job_id.to_string(), recorded)).is_ok();
-            if !sent || !matches!(tokio::time::timeout(PURGE_RECORDED_WITHIN, heard).await, Ok(Ok(true))) {
-                tracing::warn!(job = %job_id, "the finished job's purge is not recorded yet: its open marker stays for the next scan");
-                return Ok(());
-            }
-        }
-        self.store.delete(&fleet_domain::layout::open_key(job_id)).await
-    }
-
-    fn remember_finished(&self, job_id: &str, status: JobStatus) {
-        self.forget_records(job_id);
-        lock(&self.known).finished.remember(job_id, status);
+    /// Where the purge of each finished job's blobs is recorded.
+    pub fn purging(&self) -> &Purging {
+        &self.books.purging
     }
 }
 

@@ -22,8 +22,8 @@ use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
 use fleet_io::blob::Cond;
 use fleet_io::error::{Error, Result};
-use fleet_io::lock;
 
+use super::books::Books;
 use super::item::Source;
 use super::job::{Job, Phase};
 use super::take::{read_checkpoint, At};
@@ -33,6 +33,22 @@ use controller_core::decision::Commit;
 use controller_core::job::{fresh_checkpoint, placeholder_manifest};
 
 impl Aggregator {
+    /// Completes the messages of a finished job: deleted; a quarantined job's are first kept in the
+    /// quarantine of unreadable messages (held when the store does not answer).
+    pub(super) async fn complete_late(&self, job_id: &str, kept: Vec<(Source, Kept)>) -> Vec<Kept> {
+        if self.books.known.status(job_id) != Some(JobStatus::Quarantined) {
+            return kept.into_iter().map(|(_, k)| k).collect();
+        }
+        let reason = format!("job {job_id} is quarantined: its state cannot be read");
+        let mut delete = Vec::with_capacity(kept.len());
+        for (source, k) in kept {
+            delete.extend(self.quarantine_message(source, k, &reason).await);
+        }
+        delete
+    }
+}
+
+impl Books {
     /// Quarantines a job whose checkpoint (the document with ETag `etag`) cannot be read, its lease
     /// held and given back here. The quarantined checkpoint replaces exactly the document that failed
     /// (If-Match its ETag) before anything else is said of the job: when another controller wrote the
@@ -114,19 +130,5 @@ impl Aggregator {
         }
         let _ = self.leases.release(job_id, lease).await;
         self.remember_finished(job_id, JobStatus::Quarantined);
-    }
-
-    /// Completes the messages of a finished job: deleted; a quarantined job's are first kept in the
-    /// quarantine of unreadable messages (held when the store does not answer).
-    pub(super) async fn complete_late(&self, job_id: &str, kept: Vec<(Source, Kept)>) -> Vec<Kept> {
-        if lock(&self.known).finished.status(job_id) != Some(JobStatus::Quarantined) {
-            return kept.into_iter().map(|(_, k)| k).collect();
-        }
-        let reason = format!("job {job_id} is quarantined: its state cannot be read");
-        let mut delete = Vec::with_capacity(kept.len());
-        for (source, k) in kept {
-            delete.extend(self.quarantine_message(source, k, &reason).await);
-        }
-        delete
     }
 }

@@ -17,17 +17,17 @@
 //! fetches only what the judgement lacks and caches what it found, per job, until the job finishes.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use fleet_domain::layout::{checkpoint_keys, chunk_key, manifest_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{ChunkRecord, Manifest, Progress, ResultMessage};
 use fleet_domain::requests::RequestCounts;
+use fleet_io::blob::BlobStore;
 use fleet_io::error::Result;
 use fleet_io::lock;
 
 use super::item::Item;
 use super::limits::Figures;
-use super::Aggregator;
 
 /// Jobs whose records are kept in memory at once (a cache: a job dropped from it is looked up again).
 const MAX_JOBS: usize = 10_000;
@@ -170,10 +170,11 @@ impl JobRecords {
     }
 }
 
-/// The records of the jobs being aggregated (a bounded cache; see [`MAX_JOBS`]).
-#[derive(Default)]
-pub(super) struct RecordsCache {
-    jobs: BTreeMap<String, JobRecords>,
+/// The records of the jobs being aggregated (a bounded cache under one lock; see [`MAX_JOBS`]), and
+/// the store they are looked up in.
+pub(super) struct Records {
+    jobs: Mutex<BTreeMap<String, JobRecords>>,
+    store: Arc<dyn BlobStore>,
 }
 
 /// What checking a job's messages against its records found.
@@ -187,16 +188,21 @@ pub(super) struct Checked {
     pub(super) partition: Option<u16>,
 }
 
-impl Aggregator {
+impl Records {
+    /// No job's records known yet; they are looked up in `store`.
+    pub(super) fn new(store: Arc<dyn BlobStore>) -> Records {
+        Records { jobs: Mutex::default(), store }
+    }
+
     /// Checks a job's messages against its records, looking up what is not known yet: the chunk
     /// blobs' records (a HEAD each), the manifest (when a seal needs it or a chunk has no blob), the
     /// checkpoint (when something is still missing: a finished job's purged blobs). A store that does
     /// not answer is an error (the messages are held, as any other).
-    pub(super) async fn check_records(&self, job_id: &str, items: &[Item]) -> Result<Checked> {
+    pub(super) async fn check(&self, job_id: &str, items: &[Item]) -> Result<Checked> {
         // Most batches are judged from what is known already: no call, no copy of the records.
         let mut rec = {
-            let cache = lock(&self.records);
-            let known = cache.jobs.get(job_id);
+            let cache = lock(&self.jobs);
+            let known = cache.get(job_id);
             let judged: Option<Vec<Verdict>> = known.and_then(|r| items.iter().map(|i| r.judge(i, false)).collect());
             if let Some(verdicts) = judged {
                 let partition = known.and_then(JobRecords::partition);
@@ -249,23 +255,23 @@ impl Aggregator {
         let verdicts = items.iter().map(|i| rec.judge(i, true).expect("every lookup made")).collect();
         let partition = rec.partition();
         if rec.known() {
-            let mut cache = lock(&self.records);
-            if cache.jobs.len() >= MAX_JOBS && !cache.jobs.contains_key(job_id) {
-                cache.jobs.pop_first();
+            let mut cache = lock(&self.jobs);
+            if cache.len() >= MAX_JOBS && !cache.contains_key(job_id) {
+                cache.pop_first();
             }
-            cache.jobs.entry(job_id.to_string()).or_default().merge(rec);
+            cache.entry(job_id.to_string()).or_default().merge(rec);
         }
         Ok(Checked { verdicts, finished, requests, partition })
     }
 
     /// The job's manifest if its records hold it (read when its seal was checked).
-    pub(super) fn recorded_manifest(&self, job_id: &str) -> Option<Arc<Manifest>> {
-        lock(&self.records).jobs.get(job_id).and_then(|r| r.manifest.clone())
+    pub(super) fn manifest(&self, job_id: &str) -> Option<Arc<Manifest>> {
+        lock(&self.jobs).get(job_id).and_then(|r| r.manifest.clone())
     }
 
     /// Forgets a finished job's records.
-    pub(super) fn forget_records(&self, job_id: &str) {
-        lock(&self.records).jobs.remove(job_id);
+    pub(super) fn forget(&self, job_id: &str) {
+        lock(&self.jobs).remove(job_id);
     }
 }
 

@@ -18,12 +18,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_domain::layout::{check_job_id, checkpoint_keys, manifest_key, MAX_MANIFEST_BYTES, OPEN_PREFIX};
-use fleet_domain::model::{Manifest, Progress};
+use fleet_domain::layout::{check_job_id, checkpoint_keys, OPEN_PREFIX};
+use fleet_domain::model::Progress;
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
 use fleet_io::error::Result;
-use fleet_io::lock;
 use fleet_io::queue::Queue;
 use tokio::time::Instant;
 
@@ -43,11 +42,11 @@ impl Aggregator {
         // before it answered again. A job with messages held (its own calls fail, the store answers
         // others) is not finished until they are applied; the other jobs are not held up by it.
         if self.store.breaker().is_some_and(|b| b.is_open()) {
-            lock(&self.expiry).idle_floor = Instant::now();
+            self.expiry.raise_floor();
             return Vec::new();
         }
-        let held_jobs = self.held_jobs();
-        let floor = lock(&self.expiry).idle_floor;
+        let held_jobs = self.holding.jobs();
+        let floor = self.expiry.idle_floor();
         // At start (the first tick) and every `after`: jobs whose owner died and whose messages never
         // come back are found here.
         // A dormant job whose checkpoint names no partition (the release before partitions wrote it)
@@ -57,18 +56,18 @@ impl Aggregator {
         // owner's last checkpoint at the next look and abandoned the job two abandon times after
         // its last news: found by the simulation, seed 845122901, a rolling upgrade from that
         // release).
-        let unpartitioned = !crate::undo::is(crate::undo::Fix::UnpartitionedLookedAtEachTick) && lock(&self.known).dormant.any_unpartitioned();
+        let unpartitioned = !crate::undo::is(crate::undo::Fix::UnpartitionedLookedAtEachTick) && self.books.known.dormant(|d| d.any_unpartitioned());
         let every = if unpartitioned { (after / 10).clamp(Duration::from_millis(200), Duration::from_secs(60)) } else { after };
-        let scan = lock(&self.expiry).scanned.is_none_or(|t| t.elapsed() >= every);
+        let scan = self.expiry.scan_due(every);
         if scan {
             match self.scan_open().await {
-                Ok(n) => tracing::info!(open = n, dormant = lock(&self.known).dormant.len(), "open jobs scanned"),
+                Ok(n) => tracing::info!(open = n, dormant = self.books.known.dormant(|d| d.len()), "open jobs scanned"),
                 Err(e) => {
                     // Looked for again at the next tick, not after another `after`: a scan that failed
                     // at start (S3 out) would otherwise leave a restarted controller blind to its
                     // dormant jobs for a whole abandon time (found by the simulation, seed 15).
                     if !crate::undo::is(crate::undo::Fix::ScanRetried) {
-                        lock(&self.expiry).scanned = None;
+                        self.expiry.rescan_soon();
                     }
                     tracing::warn!(error = %e, "could not scan the open jobs; trying again at the next tick");
                 }
@@ -78,16 +77,16 @@ impl Aggregator {
         let stall = self.stall.as_ref().map(|s| s.after);
         let rule = QuietRule { abandon_after: after, stall_after: stall };
         let load_after = |sealed: bool| Some(rule.load_after(sealed, self.settle));
-        let skipped = |job: &str, d: &Dormant| held_jobs.contains(job) || !self.loads_here(d.partition);
-        let due = lock(&self.known).dormant.due(now.into_std(), floor.into_std(), skipped, load_after);
+        let skipped = |job: &str, d: &Dormant| held_jobs.contains(job) || !self.reading.loads_here(d.partition);
+        let due = self.books.known.dormant(|dormant| dormant.due(now.into_std(), floor.into_std(), skipped, load_after));
         let mut looked = false;
         for (job_id, d) in due {
             let mut ctl = RequestCounts::default();
-            let slot = self.slot(&job_id);
+            let slot = self.memory.slot(&job_id);
             {
                 let mut loaded = slot.lock().await;
                 if loaded.is_none() {
-                    match self.take(&job_id, &mut ctl).await {
+                    match self.books.take(&job_id, &mut ctl).await {
                         // Its idle time is read again from the checkpoint just loaded (news on another
                         // controller since the scan moved it), not from what the scan saw.
                         Ok(Taken::Open(mut job)) => {
@@ -102,14 +101,14 @@ impl Aggregator {
                             // A manifest that cannot be read for good (too large, refused) is no
                             // authority: the job is kept here, as one without a manifest is.
                             let mut unknown = false;
-                            let partitioned = !self.partition_queues.is_empty();
+                            let partitioned = self.reading.partitioned();
                             if partitioned && job.partition().is_none() && !crate::undo::is(crate::undo::Fix::PartitionFromManifest) {
-                                match self.manifest_partition(&job_id, &mut ctl).await {
+                                match self.books.manifest_partition(&job_id, &mut ctl).await {
                                     Ok(Some(p)) => job.travels_on(p),
                                     Ok(None) => {}
                                     Err(e) if e.is_retryable() => {
                                         tracing::warn!(job = %job_id, error = %e, "could not read the manifest of a dormant job for its partition; given back until it can");
-                                        lock(&self.known).dormant.put_back(&job_id, d);
+                                        self.books.known.dormant(|dormant| dormant.put_back(&job_id, d));
                                         unknown = true;
                                     }
                                     Err(e) => {
@@ -117,7 +116,7 @@ impl Aggregator {
                                     }
                                 }
                             }
-                            if unknown || !self.loads_here(job.partition()) {
+                            if unknown || !self.reading.loads_here(job.partition()) {
                                 // The checkpoint just loaded (or the manifest) names a partition
                                 // another controller reads: left to that reader, which finishes it.
                                 // Kept here, its lease would shut that reader out while this
@@ -125,20 +124,20 @@ impl Aggregator {
                                 if !unknown {
                                     tracing::info!(job = %job_id, partition = ?job.partition(), "a dormant job is left to the reader of its partition");
                                 }
-                                if let Err(e) = self.leases.release(&job_id, job.lease()).await {
+                                if let Err(e) = self.books.leases.release(&job_id, job.lease()).await {
                                     tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
                                 }
                             } else {
                                 // Let go of with its partition, like a job its messages brought.
-                                if let Some(p) = job.partition().filter(|p| self.is_partition(*p)) {
-                                    lock(&self.memory).partition.insert(job_id.clone(), p);
+                                if let Some(p) = job.partition().filter(|p| self.reading.is_partition(*p)) {
+                                    self.memory.with(|r| r.recorded_in(&job_id, p));
                                 }
                                 *loaded = Some(*job)
                             }
                         }
                         // Finished (its finish cut short, or its purge not recorded).
                         Ok(Taken::AlreadyFinished) => {
-                            let _ = self.close_finished(&job_id).await;
+                            let _ = self.books.close_finished(&job_id).await;
                         }
                         // Another controller holds its lease: that owner finishes it, or the lease
                         // runs out, which this controller judges on its own clock (`sighting`), so a
@@ -147,21 +146,21 @@ impl Aggregator {
                         // by the simulation, seed 1: a stalled job finished 3,533 s late).
                         Ok(Taken::Busy(after)) => {
                             if !crate::undo::is(crate::undo::Fix::OneClock) {
-                                let not_before = Some((Instant::now() + after.max(self.leases.ttl() / 2)).into_std());
-                                lock(&self.known).dormant.keep(&job_id, Dormant { not_before, ..d });
+                                let not_before = Some((Instant::now() + after.max(self.books.leases.ttl() / 2)).into_std());
+                                self.books.known.dormant(|dormant| dormant.keep(&job_id, Dormant { not_before, ..d }));
                             }
                         }
                         Err(e) => {
                             tracing::warn!(job = %job_id, error = %e, "could not load a job due to be finished; trying again later");
-                            lock(&self.known).dormant.put_back(&job_id, d);
+                            self.books.known.dormant(|dormant| dormant.put_back(&job_id, d));
                         }
                     }
                 }
             }
             drop(slot);
-            self.prune(&job_id);
+            self.memory.prune(&job_id);
         }
-        let slots = self.slots();
+        let slots = self.memory.slots();
         let mut idle = Vec::new();
         for (job_id, slot) in &slots {
             // A job being worked on, or with messages held, is not idle.
@@ -195,42 +194,13 @@ impl Aggregator {
                     job.stall(reason);
                 }
             }
-            match self.finish(&job_id, &mut loaded).await {
+            match self.books.finish(&job_id, &mut loaded).await {
                 Ok(done) => out.extend(done),
                 Err(e) => tracing::warn!(job = %job_id, error = %e, "could not write the idle job's report; trying again later"),
             }
         }
-        self.prune_all(slots);
+        self.memory.prune_all(slots);
         out
-    }
-
-    /// Whether a dormant job of results partition `partition` is loaded here when it is due: always
-    /// without partitions (or when its checkpoint does not say, or names a partition that no longer
-    /// exists), else only by the partition's reader. Loaded elsewhere, a sealed job whose last result
-    /// sits in the partition's dead-letter queue never stalls (that queue never empties: its owner
-    /// hands the message back, the job's lease being held here) and its lease is renewed for ever
-    /// (found by the simulation with triggers, seed 257: 5,000 hand-backs in one run).
-    pub(super) fn loads_here(&self, partition: Option<u16>) -> bool {
-        if crate::undo::is(crate::undo::Fix::OwnersLoadDormant) {
-            return true;
-        }
-        match partition {
-            Some(p) if self.is_partition(p) => lock(&self.read).contains(&p),
-            _ => true,
-        }
-    }
-
-    /// The results partition the job's manifest records (0 from an initiator before partitions,
-    /// whose results go to the first partition's queue); `None` when there is no manifest to read.
-    async fn manifest_partition(&self, job_id: &str, ctl: &mut RequestCounts) -> Result<Option<u16>> {
-        ctl.add("s3.GetObject", 1);
-        let found = self.store.get_capped(&manifest_key(job_id), MAX_MANIFEST_BYTES).await?;
-        Ok(found.and_then(|b| serde_json::from_slice::<Manifest>(&b).ok()).filter(|m| m.job_id == job_id).map(|m| m.partition))
-    }
-
-    /// Results partition `p` is one of this controller's partition queues.
-    pub(super) fn is_partition(&self, p: u16) -> bool {
-        self.partition_queues.values().any(|q| *q == p)
     }
 
     /// Looks at the fleet's queues (once per expiry tick, `looked`) and says whether every message
@@ -245,29 +215,29 @@ impl Aggregator {
             // stalled job finished 178 s past its two ticks).
             let at = Instant::now();
             let look = stall.queues.look().await;
-            lock(&self.expiry).emptied.observe(at.into_std(), look);
+            self.expiry.emptied(|e| e.observe(at.into_std(), look));
         }
-        lock(&self.expiry).emptied.emptied_after(news.into_std())
+        self.expiry.emptied(|e| e.emptied_after(news.into_std()))
+    }
+
+    /// Scans the open markers again at the next expiry tick instead of after a whole abandon time:
+    /// a partition was gained, and the jobs of it that have gone quiet (sealed, waiting for the stall
+    /// or settle rule) were held by its last reader only; no message will bring them here (found by
+    /// the simulation, seed 175: a stalled job finished 4,668 s late).
+    pub fn rescan_soon(&self) {
+        self.expiry.rescan_soon();
     }
 
     /// Reads the open-job markers: finished jobs lose theirs, unfinished jobs not in memory are
     /// remembered as dormant with their checkpoint's age and whether they sealed (one HEAD request
     /// each: no lease is taken and no checkpoint loaded until one is due). Returns how many unfinished
     /// jobs it found.
-    /// Scans the open markers again at the next expiry tick instead of after a whole abandon time:
-    /// a partition was gained, and the jobs of it that have gone quiet (sealed, waiting for the stall
-    /// or settle rule) were held by its last reader only; no message will bring them here (found by
-    /// the simulation, seed 175: a stalled job finished 4,668 s late).
-    pub fn rescan_soon(&self) {
-        lock(&self.expiry).scanned = None;
-    }
-
     pub async fn scan_open(&self) -> Result<usize> {
-        lock(&self.expiry).scanned = Some(Instant::now());
+        self.expiry.scanning();
         let keys = self.store.list(OPEN_PREFIX, MAX_OPEN_JOBS).await?;
         {
             let open: std::collections::HashSet<&str> = keys.iter().map(|k| &k[OPEN_PREFIX.len().min(k.len())..]).collect();
-            lock(&self.expiry).seen.retain(|j| open.contains(j.as_str()));
+            self.expiry.still_open(|j| open.contains(j));
         }
         let mut open = 0;
         for key in keys {
@@ -276,11 +246,11 @@ impl Aggregator {
                 continue;
             }
             // Finished here, its marker kept: its purge was not recorded in time.
-            if self.is_finished(job_id) {
-                self.close_finished(job_id).await?;
+            if self.books.known.is_finished(job_id) {
+                self.books.close_finished(job_id).await?;
                 continue;
             }
-            if lock(&self.memory).slots.contains_key(job_id) {
+            if self.memory.with(|r| r.get(job_id).is_some()) {
                 open += 1;
                 continue;
             }
@@ -292,19 +262,19 @@ impl Aggregator {
                 if p.status == fleet_domain::model::JobStatus::Quarantined {
                     self.store.delete(&key).await?;
                 } else {
-                    self.close_finished(job_id).await?;
+                    self.books.close_finished(job_id).await?;
                 }
                 continue;
             }
             open += 1;
             // Dated on this controller's clock: when it first saw the checkpoint at this time.
-            let seen = progress.map_or_else(Instant::now, |p| lock(&self.expiry).news_at(job_id, p.updated_unix, &self.clock));
+            let seen = progress.map_or_else(Instant::now, |p| self.expiry.news_at(job_id, p.updated_unix));
             // Its news may be waiting on the queue since before this controller started (it was down):
             // its idle time counts from the start at the earliest.
-            let since = seen.max(lock(&self.expiry).idle_floor);
+            let since = seen.max(self.expiry.idle_floor());
             let sealed = progress.is_some_and(|p| p.sealed);
             let partition = progress.and_then(|p| p.partition);
-            lock(&self.known).dormant.seen(job_id, since.into_std(), sealed, partition);
+            self.books.known.dormant(|dormant| dormant.seen(job_id, since.into_std(), sealed, partition));
         }
         Ok(open)
     }

@@ -8,25 +8,109 @@ use fleet_domain::model::{Checkpoint, JobStatus, Progress};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
-use fleet_io::lock;
 
+use super::books::Books;
 use super::checkpoint::restore_totals;
-use super::job::{Job, Unsaved};
+use super::job::{hand_over, Job, Unsaved};
 use super::limits::{HAND_BACK, MAX_DOC_BYTES};
 use super::{Aggregator, Slot, Taken};
 use crate::lease::{Acquired, Lease};
 
 impl Aggregator {
+    /// Renews the lease of a job in memory. The job is dropped (its messages were not deleted and go
+    /// to the new owner) when the lease is lost, or could not be renewed and is no longer fresh.
+    pub(super) async fn keep_lease(&self, job_id: &str, loaded: &mut Option<Job>) -> bool {
+        let Some(job) = loaded.as_mut() else { return false };
+        let (kept, failed) = match self.books.leases.renew(job_id, job.lease()).await {
+            Ok(renewed) => (renewed, None),
+            Err(e) => {
+                tracing::warn!(job = %job_id, error = %e, "could not renew a lease");
+                (self.books.leases.fresh(job.lease()).await, Some(e))
+            }
+        };
+        if !kept {
+            match failed {
+                // Lapsed while the store did not answer: its messages are held and applied again.
+                Some(e) => {
+                    tracing::warn!(job = %job_id, unsaved = job.unsaved().len(), error = %e, "lease lapsed while the store did not answer; the job is reloaded later");
+                    self.holding.drop_job(loaded, Vec::new(), &e);
+                }
+                None => {
+                    tracing::warn!(job = %job_id, unsaved = job.unsaved().len(), "lease lost; the job's messages go to its next owner");
+                    hand_over(loaded);
+                }
+            }
+        }
+        kept
+    }
+
+    /// Renews the leases that are due, all at once and whether or not their jobs are busy (a job in
+    /// the middle of a long finish keeps its lease); then lets go of the idle jobs whose lease was
+    /// lost (their messages go to the new owner) or could not be renewed and is no longer fresh.
+    pub async fn renew_leases(&self) {
+        let leases: Vec<(String, Lease)> = self.memory.with(|r| r.live_leases(crate::lease::WeakLease::upgrade));
+        futures::future::join_all(leases.iter().map(|(job_id, h)| async move {
+            if self.books.leases.due(h).await {
+                match self.books.leases.renew(job_id, h).await {
+                    Ok(true) => {}
+                    // Our own newer lease of the job (dropped after a failure and taken again
+                    // meanwhile) made this one stale: nobody else has the job.
+                    Ok(false) if !self.memory.with(|r| r.lease(job_id).is_some_and(|w| w.is(h))) => {
+                        tracing::debug!(job = %job_id, "an older lease of ours was replaced by a newer one")
+                    }
+                    // Given back meanwhile (the job finished, or was let go).
+                    Ok(false) if self.books.leases.given_back(h).await => tracing::debug!(job = %job_id, "a lease given back meanwhile"),
+                    Ok(false) => tracing::warn!(job = %job_id, "lease lost to another controller; the job goes to it"),
+                    Err(e) => tracing::warn!(job = %job_id, error = %e, "could not renew a lease"),
+                }
+            }
+        }))
+        .await;
+        let slots = self.memory.slots();
+        futures::future::join_all(slots.iter().map(|(job_id, slot)| async move {
+            let Ok(mut loaded) = slot.try_lock() else { return };
+            let stale = match loaded.as_ref() {
+                Some(j) => !self.books.leases.fresh(j.lease()).await,
+                None => false,
+            };
+            if stale {
+                self.keep_lease(job_id, &mut loaded).await;
+            }
+        }))
+        .await;
+        self.memory.prune_all(slots);
+    }
+
+    /// Gives back every lease held (on shutdown, after the last checkpoint), so other controllers take
+    /// the jobs over at once.
+    pub async fn release_leases(&self) {
+        self.release_leases_where(|_| true).await;
+    }
+
+    /// Gives back the leases of the jobs `which` picks (their jobs dropped from memory).
+    pub(super) async fn release_leases_where(&self, which: impl Fn(&str) -> bool) {
+        let slots: Vec<(String, Slot)> = self.memory.slots().into_iter().filter(|(j, _)| which(j)).collect();
+        for (job_id, slot) in &slots {
+            let Some(job) = slot.lock().await.take() else { continue };
+            if let Err(e) = self.books.leases.release(job_id, job.lease()).await {
+                tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
+            }
+        }
+        self.memory.prune_all(slots);
+    }
+}
+
+impl Books {
     /// Takes a job's lease and loads it from its checkpoint (a new job when there is none).
     pub(super) async fn take(&self, job_id: &str, ctl: &mut RequestCounts) -> Result<Taken> {
-        let dormant = lock(&self.known).dormant.take(job_id);
+        let dormant = self.known.dormant(|d| d.take(job_id));
         ctl.add("s3.GetObject", 1);
         ctl.add("s3.PutObject", 1);
         // Put back when the job is not taken for a store error (the scan's path puts it back too;
         // a batch's does not): forgotten, its partition's listeners no longer look for it.
         let restore = |d: Option<super::scan::Dormant>| {
             if let Some(d) = d.filter(|_| !crate::undo::is(crate::undo::Fix::BusyStaysDormant)) {
-                lock(&self.known).dormant.keep(job_id, d);
+                self.known.dormant(|dormant| dormant.keep(job_id, d));
             }
         };
         let acquired = match self.leases.acquire(job_id).await {
@@ -74,103 +158,8 @@ impl Aggregator {
             }
             Loaded::Job(job) => job,
         };
-        lock(&self.memory).leases.insert(job_id.to_string(), job.lease().downgrade());
+        self.memory.with(|r| r.hold_lease(job_id, job.lease().downgrade()));
         Ok(Taken::Open(job))
-    }
-
-    /// Renews the lease of a job in memory. The job is dropped (its messages were not deleted and go
-    /// to the new owner) when the lease is lost, or could not be renewed and is no longer fresh.
-    pub(super) async fn keep_lease(&self, job_id: &str, loaded: &mut Option<Job>) -> bool {
-        let Some(job) = loaded.as_mut() else { return false };
-        let (kept, failed) = match self.leases.renew(job_id, job.lease()).await {
-            Ok(renewed) => (renewed, None),
-            Err(e) => {
-                tracing::warn!(job = %job_id, error = %e, "could not renew a lease");
-                (self.leases.fresh(job.lease()).await, Some(e))
-            }
-        };
-        if !kept {
-            match failed {
-                // Lapsed while the store did not answer: its messages are held and applied again.
-                Some(e) => {
-                    tracing::warn!(job = %job_id, unsaved = job.unsaved().len(), error = %e, "lease lapsed while the store did not answer; the job is reloaded later");
-                    self.drop_job(loaded, Vec::new(), &e);
-                }
-                None => {
-                    tracing::warn!(job = %job_id, unsaved = job.unsaved().len(), "lease lost; the job's messages go to its next owner");
-                    self.hand_over(loaded);
-                }
-            }
-        }
-        kept
-    }
-
-    /// Renews the leases that are due, all at once and whether or not their jobs are busy (a job in
-    /// the middle of a long finish keeps its lease); then lets go of the idle jobs whose lease was
-    /// lost (their messages go to the new owner) or could not be renewed and is no longer fresh.
-    pub async fn renew_leases(&self) {
-        let leases: Vec<(String, Lease)> = {
-            let mut memory = lock(&self.memory);
-            let leases = &mut memory.leases;
-            let mut live = Vec::with_capacity(leases.len());
-            leases.retain(|k, w| w.upgrade().map(|h| live.push((k.clone(), h))).is_some());
-            live
-        };
-        futures::future::join_all(leases.iter().map(|(job_id, h)| async move {
-            if self.leases.due(h).await {
-                match self.leases.renew(job_id, h).await {
-                    Ok(true) => {}
-                    // Our own newer lease of the job (dropped after a failure and taken again
-                    // meanwhile) made this one stale: nobody else has the job.
-                    Ok(false) if !lock(&self.memory).leases.get(job_id).is_some_and(|w| w.is(h)) => {
-                        tracing::debug!(job = %job_id, "an older lease of ours was replaced by a newer one")
-                    }
-                    // Given back meanwhile (the job finished, or was let go).
-                    Ok(false) if self.leases.given_back(h).await => tracing::debug!(job = %job_id, "a lease given back meanwhile"),
-                    Ok(false) => tracing::warn!(job = %job_id, "lease lost to another controller; the job goes to it"),
-                    Err(e) => tracing::warn!(job = %job_id, error = %e, "could not renew a lease"),
-                }
-            }
-        }))
-        .await;
-        let slots = self.slots();
-        futures::future::join_all(slots.iter().map(|(job_id, slot)| async move {
-            let Ok(mut loaded) = slot.try_lock() else { return };
-            let stale = match loaded.as_ref() {
-                Some(j) => !self.leases.fresh(j.lease()).await,
-                None => false,
-            };
-            if stale {
-                self.keep_lease(job_id, &mut loaded).await;
-            }
-        }))
-        .await;
-        self.prune_all(slots);
-    }
-
-    pub(super) fn prune_all(&self, slots: Vec<(String, Slot)>) {
-        let ids: Vec<String> = slots.into_iter().map(|(k, _)| k).collect();
-        for job_id in ids {
-            self.prune(&job_id);
-        }
-    }
-
-    /// Gives back every lease held (on shutdown, after the last checkpoint), so other controllers take
-    /// the jobs over at once.
-    pub async fn release_leases(&self) {
-        self.release_leases_where(|_| true).await;
-    }
-
-    /// Gives back the leases of the jobs `which` picks (their jobs dropped from memory).
-    pub(super) async fn release_leases_where(&self, which: impl Fn(&str) -> bool) {
-        let slots: Vec<(String, Slot)> = self.slots().into_iter().filter(|(j, _)| which(j)).collect();
-        for (job_id, slot) in &slots {
-            let Some(job) = slot.lock().await.take() else { continue };
-            if let Err(e) = self.leases.release(job_id, job.lease()).await {
-                tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
-            }
-        }
-        self.prune_all(slots);
     }
 
     /// Loads a job; a checkpoint that cannot be read is read again, and only one that failed twice
@@ -198,7 +187,7 @@ impl Aggregator {
     /// Loads a job from its checkpoint (a new job when there is none, only its status when it is
     /// finished); an error says which checkpoint (ETag) it was reading.
     pub(super) async fn load(&self, job_id: &str, lease: Lease, ctl: &mut RequestCounts) -> std::result::Result<Loaded, (Error, Option<String>)> {
-        let unsaved = Unsaved::new(self.pending.clone());
+        let unsaved = Unsaved::new(self.memory.pending_counter());
         match read_checkpoint(self.store.as_ref(), job_id, ctl).await.map_err(|e| (e, None))? {
             Some((data, etag, at)) => {
                 let tagged = |e: Error| (e, Some(etag.clone()));
@@ -209,7 +198,7 @@ impl Aggregator {
                 }
                 let totals = restore_totals(&mut cp, self.store.as_ref(), ctl).await.map_err(tagged)?;
                 tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, parts = cp.parts.len(), "resumed job from checkpoint");
-                let news = lock(&self.expiry).news_at(job_id, Progress::of(&cp).updated_unix, &self.clock);
+                let news = self.expiry.news_at(job_id, Progress::of(&cp).updated_unix);
                 // A checkpoint found where an earlier release kept it is moved by the job's next save,
                 // written where none is yet (If-None-Match): two controllers moving it cannot both.
                 let etag = (at == At::Current).then_some(etag);

@@ -214,7 +214,7 @@ async fn stop_stale(readers: &mut Readers, grace: Duration) {
 /// Hands what is held through a store outage for partition `p` (`None`: all) back to its queue, visible
 /// at once.
 pub(crate) fn hand_back_held(agg: &Aggregator, p: Option<u16>) {
-    for k in agg.hand_back_held(p) {
+    for k in agg.holding().hand_back(p) {
         k.release(Duration::ZERO);
     }
 }

@@ -47,7 +47,7 @@ async fn a_job_whose_store_fails_turns_its_batches_back_without_waiting() {
     let agg = quick(store.clone());
     let first = agg.apply(Source::Results, keep(Source::Results, &[result("down", 0, vec![acct("a", 1, 100, 1)])])).await;
     assert!(first.delete.is_empty() && first.release.is_empty(), "held");
-    assert_eq!(agg.held(Some(Source::Results)), 1);
+    assert_eq!(agg.holding().held(Some(Source::Results)), 1);
     let tried = store.failed.load(Ordering::Relaxed);
     assert!(tried >= 1);
     for chunk in 1..4 {
@@ -134,21 +134,21 @@ async fn results_are_held_through_a_store_outage_then_applied_without_spending_r
     assert_eq!(batch.len(), 3);
     let applied = agg.apply(Source::Results, batch).await;
     assert!(applied.delete.is_empty() && applied.release.is_empty());
-    assert_eq!(agg.held(None), 4, "the batch and the job's pending message are held");
+    assert_eq!(agg.holding().held(None), 4, "the batch and the job's pending message are held");
     assert_eq!(agg.pending(), 0);
 
     // Ten minutes down: sixty visibility timeouts, far past a lease.
     assert!(Duration::from_secs(600) > lease * 10);
     for _ in 1..=600u64 {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        agg.extend_held();
+        agg.holding().extend();
         let a = agg.retry_held().await;
         assert!(a.delete.is_empty() && a.release.is_empty(), "nothing applied or given back while the store is down");
         assert!(agg.expire(Duration::from_secs(60)).await.is_empty(), "nothing abandoned during the outage");
         assert!(receive().await.is_empty(), "received while the breaker is open");
     }
     assert!(breaker.is_open());
-    assert_eq!(agg.held(None), 4, "every message still held");
+    assert_eq!(agg.holding().held(None), 4, "every message still held");
     let depth = queue.depth().await.unwrap();
     assert_eq!((depth.visible, depth.in_flight), (0, 4), "kept invisible for the whole outage");
     assert_eq!(dlq.depth().await.unwrap().visible, 0, "nothing dead-lettered");
@@ -197,10 +197,10 @@ async fn a_stop_hands_held_messages_back_at_once_for_the_next_reader() {
     assert_eq!(batch.len(), 2);
     let applied = agg.apply(Source::Results, batch).await;
     assert!(applied.delete.is_empty() && applied.release.is_empty());
-    assert_eq!(agg.held(None), 2, "held while the store does not answer");
-    assert!(agg.hand_back_held(Some(1)).is_empty(), "another partition's stop leaves them");
-    let back = agg.hand_back_held(Some(0));
-    assert_eq!((back.len(), agg.held(None)), (2, 0), "its own partition's stop hands them back");
+    assert_eq!(agg.holding().held(None), 2, "held while the store does not answer");
+    assert!(agg.holding().hand_back(Some(1)).is_empty(), "another partition's stop leaves them");
+    let back = agg.holding().hand_back(Some(0));
+    assert_eq!((back.len(), agg.holding().held(None)), (2, 0), "its own partition's stop hands them back");
     for k in back {
         k.release(Duration::ZERO);
     }
@@ -228,11 +228,11 @@ async fn a_batch_that_fails_after_its_partition_was_let_go_is_handed_back_not_he
     for (k, after) in applied.release {
         k.release(after);
     }
-    assert_eq!(agg.held(None), 0, "not held for a partition let go");
+    assert_eq!(agg.holding().held(None), 0, "not held for a partition let go");
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(queue.depth().await.unwrap().visible, 1, "back on its queue at once");
     agg.reading(0);
     let batch: Vec<_> = queue.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done.keep(d)).collect();
     agg.apply(Source::Results, batch).await;
-    assert_eq!(agg.held(None), 1, "read again: held through the outage");
+    assert_eq!(agg.holding().held(None), 1, "read again: held through the outage");
 }

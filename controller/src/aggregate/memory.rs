@@ -1,0 +1,90 @@
+//! The jobs in memory, under one lock (never held across an await): the core's bookkeeping
+//! (`controller_core::resident`: slots, weak leases, failing marks, partitions) over this driver's
+//! slots, and the count of messages applied and waiting for a checkpoint.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use controller_core::resident::Resident;
+use fleet_io::error::Error;
+use fleet_io::lock;
+use tokio::time::Instant;
+
+use super::job::Job;
+use super::limits::FAILING_FOR;
+use crate::lease::WeakLease;
+
+/// One job's place in memory: `None` while it is not loaded (or was dropped after a failure). Each job
+/// has its own lock, held across that job's S3 calls only, so jobs progress in parallel.
+pub(super) type Slot = Arc<tokio::sync::Mutex<Option<Job>>>;
+
+/// The jobs in memory.
+#[derive(Default)]
+pub(super) struct Memory {
+    jobs: Mutex<Resident<Slot, WeakLease>>,
+    /// Messages applied in memory and waiting for a checkpoint (shared with each job's `Unsaved`).
+    pending: Arc<AtomicUsize>,
+}
+
+impl Memory {
+    /// Runs `f` on the bookkeeping, under its lock (not to be held across an await).
+    pub(super) fn with<T>(&self, f: impl FnOnce(&mut Resident<Slot, WeakLease>) -> T) -> T {
+        f(&mut lock(&self.jobs))
+    }
+
+    /// Job `job_id`'s slot (made empty when it has none).
+    pub(super) fn slot(&self, job_id: &str) -> Slot {
+        self.with(|r| r.slot(job_id))
+    }
+
+    /// Every job's slot, in order.
+    pub(super) fn slots(&self) -> Vec<(String, Slot)> {
+        self.with(|r| r.slots())
+    }
+
+    /// Job `job_id` is loaded, or being worked on (its lock taken).
+    pub(super) fn loaded(&self, job_id: &str) -> bool {
+        self.with(|r| r.get(job_id).cloned()).is_some_and(|s| s.try_lock().map_or(true, |j| j.is_some()))
+    }
+
+    /// Forgets a job's slot when it is empty and nobody else holds it (clones are only made under the
+    /// map's lock, so a count of one there means no task can be about to use it).
+    pub(super) fn prune(&self, job_id: &str) {
+        self.with(|r| r.forget_if(job_id, |s| Arc::strong_count(s) == 1 && s.try_lock().is_ok_and(|j| j.is_none())));
+    }
+
+    /// Prunes every job of `slots` (their clones dropped first).
+    pub(super) fn prune_all(&self, slots: Vec<(String, Slot)>) {
+        let ids: Vec<String> = slots.into_iter().map(|(k, _)| k).collect();
+        for job_id in ids {
+            self.prune(&job_id);
+        }
+    }
+
+    /// Jobs in memory (loaded, or being worked on).
+    pub(super) fn open_jobs(&self) -> usize {
+        self.with(|r| r.values().filter(|s| s.try_lock().map_or(true, |j| j.is_some())).count())
+    }
+
+    /// The error a job's messages are turned back with, without a call, while its S3 calls failed
+    /// just before ([`FAILING_FOR`]) and it is not in memory (`loaded`).
+    pub(super) fn turned_back(&self, job_id: &str, loaded: bool) -> Option<Error> {
+        let failing = self.with(|r| r.failing(job_id, Instant::now().into_std()));
+        (failing && !loaded).then_some(Error::Timeout {
+            service: fleet_io::error::Service::S3,
+            operation: "(job state, failed just before)",
+            after: FAILING_FOR,
+            attempts: 0,
+        })
+    }
+
+    /// Messages applied in memory and waiting for a checkpoint.
+    pub(super) fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// The count each loaded job's `Unsaved` adds its messages to.
+    pub(super) fn pending_counter(&self) -> Arc<AtomicUsize> {
+        self.pending.clone()
+    }
+}
