@@ -34,54 +34,43 @@ impl Books {
                 return Ok(Vec::new());
             }
         }
-        let mut job = loaded.take().expect("the job is in memory");
+        // The job stays in its slot until it is finished or handed over: a step that fails leaves it
+        // there as it stands, to be tried again.
+        let job = loaded.as_mut().expect("the job is in memory");
         // Quarantined already (committed), its report not written (a write failed): only that is left.
         if job.phase() == &Phase::Finished(JobStatus::Quarantined) {
             let why = Error::Corrupt("its manifest cannot be read".into());
-            return match self.quarantine_finishing(job_id, &mut job, &why).await {
-                Ok(done) => Ok(done),
-                Err(e) => {
-                    *loaded = Some(job);
-                    Err(e)
-                }
-            };
+            let done = self.quarantine_finishing(job_id, job, &why).await?;
+            *loaded = None;
+            return Ok(done);
         }
         // A job finishing before its first checkpoint is marked open first: until its purge is
         // recorded, the marker is what brings the finished job back to a scan should this
         // controller die (found by the simulation, seed 2225: cut off from S3 after the report,
         // then a crash, left its chunk blobs for good).
         if job.needs_marker() {
-            if let Err(e) = self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await {
-                *loaded = Some(job);
-                return Err(e);
-            }
+            self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await?;
             job.marked();
         }
         // The manifest its seal was checked against (else read again by `finalize`).
         let recorded = self.records.manifest(job_id);
-        let status = match self.finalize(&mut job, recorded).await {
+        let status = match self.finalize(job, recorded).await {
             Ok(s) => s,
             Err(Error::Conflict(why)) => {
                 tracing::warn!(job = %job_id, %why, "fenced while finishing: another controller owns the job now");
-                hand_over(&mut Some(job));
+                hand_over(loaded);
                 return Ok(Vec::new());
             }
             // The manifest cannot be read: it never will be.
             Err(e @ Error::Corrupt(_)) => {
-                return match self.quarantine_finishing(job_id, &mut job, &e).await {
-                    Ok(done) => Ok(done),
-                    Err(e) => {
-                        *loaded = Some(job);
-                        Err(e)
-                    }
-                };
+                let done = self.quarantine_finishing(job_id, job, &e).await?;
+                *loaded = None;
+                return Ok(done);
             }
             // Nothing it had not committed changed: tried again from where it stands.
-            Err(e) => {
-                *loaded = Some(job);
-                return Err(e);
-            }
+            Err(e) => return Err(e),
         };
+        let job = loaded.take().expect("the job is in memory");
         if let Err(e) = self.close_finished(job_id).await {
             tracing::warn!(job = %job_id, error = %e, "could not remove the open-job marker; the next start removes it");
         }
