@@ -301,6 +301,7 @@ impl Purger {
 mod tests {
     use super::*;
     use fleet_domain::layout::{accounts_key, checkpoint_key, chunk_key, manifest_key, report_key, result_key};
+    use fleet_io::call::Op;
     use fleet_io::memory::{Hook, Hooked, MemoryStore, Put};
 
     /// Where a test hears nothing of a purge's record.
@@ -449,7 +450,7 @@ mod tests {
             .put(&format!("{PURGE_PREFIX}{}", jobs[4]), Bytes::from(format!(r#"{{"job":"{}","due_unix":1800000110}}"#, jobs[4])), "application/json")
             .await
             .unwrap();
-        let gets = |s: &MemoryStore| s.calls().snapshot().get("s3.GetObject").copied().unwrap_or(0);
+        let gets = |s: &MemoryStore| s.calls().snapshot().calls(Op::S3GetObject);
         assert_eq!(p.due(1_800_000_105).await.unwrap(), vec![jobs[0].clone()]);
         let before = gets(&store);
         assert_eq!(p.due(1_800_000_115).await.unwrap(), vec![jobs[1].clone(), jobs[4].clone()]);

@@ -491,6 +491,7 @@ async fn report(State(s): State<StatusSource>, Path(id): Path<String>) -> Respon
 mod tests {
     use super::*;
     use fleet_io::blob::memory::MemoryStore;
+    use fleet_io::call::Op;
     use fleet_io::queue::memory::MemoryQueue;
 
     const TOKEN: &str = "page-token-0123456789";
@@ -608,7 +609,7 @@ mod tests {
     async fn the_quarantine_count_is_read_at_most_once_a_minute() {
         let store = MemoryStore::new();
         let s = source(store.clone(), None);
-        let lists = || store.calls().snapshot().get("s3.ListObjectsV2").copied().unwrap_or(0);
+        let lists = || store.calls().snapshot().calls(Op::S3ListObjectsV2);
         assert_eq!(s.quarantined().await, Ok(0));
         let after_first = lists();
         assert!(after_first >= 1, "the first count lists");

@@ -21,7 +21,7 @@ use fleet_domain::codec::{encode_chunk, ChunkWriter, EncodedChunk};
 use fleet_domain::input::{Counts, InputFile, Validator};
 use fleet_domain::layout::{chunk_key, manifest_key, new_job_id};
 use fleet_domain::model::{now_rfc3339, BlobRef, ChunkRecord, Manifest, Rejected, ResultMessage, WorkItem, WIRE_VERSION};
-use fleet_domain::requests::RequestCounts;
+use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_io::auth::Key;
 use fleet_io::blob::BlobStore;
 use fleet_io::queue::{Attrs, Outgoing, Queue};
@@ -548,8 +548,8 @@ async fn submit_enqueued(
     let mut requests = RequestCounts::from(clients.store.calls().snapshot());
     requests.merge(&clients.work.calls().snapshot().into());
     requests.merge(&clients.results.calls().snapshot().into());
-    requests.add("s3.PutObject", 1);
-    requests.add("sqs.SendMessageBatch", 1);
+    requests.add(Billed::call(Op::S3PutObject), 1);
+    requests.add(Billed::call(Op::SqsSendMessageBatch), 1);
     let manifest = Manifest {
         v: WIRE_VERSION,
         job_id: job_id.clone(),

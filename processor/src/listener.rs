@@ -131,7 +131,7 @@ impl WorkHandler {
         // deletes follow the sends (`processor/tests/it/memory.rs`: `a_jobs_requests_are_what_the_clients_counted`).
         let mut batch_calls = RequestCounts::default();
         let fifo = self.work_fifo;
-        let mut add = |what: Billed, n: u64| batch_calls.add(&what.name(), n);
+        let mut add = |what: Billed, n: u64| batch_calls.add(what, n);
         add(Billed::Call { op: Op::SqsReceiveMessage, fifo }, 1);
         let batches = plan_batches(&sizes);
         add(Billed::call(Op::SqsSendMessageBatch), batches.len() as u64);
@@ -251,7 +251,7 @@ impl Handler for WorkHandler {
         let Ok(item) = parse_work_item(&msg.body) else { return };
         // The failed attempts' own counts went with them: the last one's chunk read is counted here.
         let mut requests = RequestCounts::default();
-        requests.add(&Billed::call(Op::S3GetObject).name(), 1);
+        requests.add(Billed::call(Op::S3GetObject), 1);
         let body = match serde_json::to_string(&ResultMessage::Chunk(failed_result(&item, reason.to_string(), requests))) {
             Ok(b) => b,
             Err(e) => return tracing::error!(error = %e, "cannot encode a failed result"),

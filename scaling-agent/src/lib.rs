@@ -354,7 +354,7 @@ pub async fn run_with_state(settings: Settings, deps: Deps, state: SharedState, 
             tracing::info!("the fleet's dependencies answer again: scaling resumes");
         }
         lock(&state).paused_for = paused_for.clone();
-        let requests: u64 = [&w.work, &w.work_dlq, &w.results, &w.results_dlq].iter().map(|q| q.calls().snapshot().values().sum::<u64>()).sum();
+        let requests: u64 = [&w.work, &w.work_dlq, &w.results, &w.results_dlq].iter().map(|q| q.calls().snapshot().total()).sum();
         let actual = match snap {
             None => None,
             Some(_) => match deps.backend.actual().await {

@@ -11,6 +11,7 @@ use fleet_domain::codec::{accounts_to_zstd_csv, sha256_hex, to_zstd_json};
 use fleet_domain::error::Result;
 use fleet_domain::layout::checkpoint_parts_prefix;
 use fleet_domain::model::{Checkpoint, CheckpointPart, Progress};
+use fleet_domain::requests::{Billed, Op};
 
 use crate::decision::Commit;
 use crate::limits::{INLINE_ROWS, MAX_PARTS};
@@ -100,7 +101,7 @@ pub fn plan(mut doc: Checkpoint, totals: &CheckedTotals, rows: Rows, commit: Com
                 sha256: sha256_hex(&data),
                 full,
             };
-            doc.requests.add("s3.PutObject", 1);
+            doc.requests.add(Billed::call(Op::S3PutObject), 1);
             if full {
                 doc.parts.clear();
             }

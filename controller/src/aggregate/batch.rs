@@ -6,8 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fleet_domain::prices::SQS_EXTRA_64K;
-use fleet_domain::requests::RequestCounts;
+use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_engine::Kept;
 use fleet_io::error::{Error, Result};
 use fleet_io::op::sqs_extra_chunks;
@@ -314,9 +313,9 @@ impl Aggregator {
     ) -> Result<Step> {
         // The calls that looked its records up count for it.
         let mut ctl = looked;
-        ctl.add("sqs.ReceiveMessage", 1);
+        ctl.add(Billed::call(Op::SqsReceiveMessage), 1);
         // SQS bills each further 64 KiB of what the receive brought as one more request.
-        ctl.add(SQS_EXTRA_64K, sqs_extra_chunks(kept.iter().map(|(_, k)| k.body.len()).sum()));
+        ctl.add(Billed::Extra64KiB { fifo: false }, sqs_extra_chunks(kept.iter().map(|(_, k)| k.body.len()).sum()));
         // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
         let stale = match loaded.as_ref() {
             Some(j) => !self.books.leases.fresh(j.lease()).await,

@@ -13,7 +13,7 @@ use fleet_domain::billing::{AccountTotals, CheckedTotals, RowBatch};
 use fleet_domain::codec::{accounts_from_zstd_csv, sha256_hex};
 use fleet_domain::layout::{checkpoint_key, open_key};
 use fleet_domain::model::Checkpoint;
-use fleet_domain::requests::RequestCounts;
+use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_engine::Kept;
 use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::error::{Error, Result};
@@ -89,11 +89,11 @@ impl Aggregator {
     pub(super) async fn flush_job(&self, job_id: &str, loaded: &mut Option<Job>) -> Vec<Kept> {
         let job = loaded.as_mut().expect("the job is in memory");
         let mut calls = RequestCounts::default();
-        calls.add("s3.PutObject", 1);
-        calls.add("sqs.DeleteMessageBatch", delete_calls(job.unsaved().iter()));
+        calls.add(Billed::call(Op::S3PutObject), 1);
+        calls.add(Billed::call(Op::SqsDeleteMessageBatch), delete_calls(job.unsaved().iter()));
         let marked = if job.needs_marker() {
             // Before the first checkpoint: a restarted controller finds the job through it.
-            calls.add("s3.PutObject", 1);
+            calls.add(Billed::call(Op::S3PutObject), 1);
             let put = self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await;
             if put.is_ok() {
                 job.marked();
@@ -171,7 +171,7 @@ impl Books {
         crate::events::CheckpointWritten { job: job.id(), part_bytes, took: started.elapsed() }.emit();
         let mut deletes = RequestCounts::default();
         for key in stale {
-            deletes.add("s3.DeleteObject", 1);
+            deletes.add(Billed::call(Op::S3DeleteObject), 1);
             if let Err(e) = self.store.delete(&key).await {
                 tracing::warn!(job = %job.id(), %key, error = %e, "could not delete a replaced checkpoint part; the job's end removes it");
             }
@@ -183,7 +183,7 @@ impl Books {
 
 /// Restores a job's totals from its checkpoint: the rows inline, then its parts in order.
 pub(super) async fn restore_totals(cp: &mut Checkpoint, store: &dyn BlobStore, ctl: &mut RequestCounts) -> Result<CheckedTotals> {
-    ctl.add("s3.GetObject", cp.parts.len() as u64);
+    ctl.add(Billed::call(Op::S3GetObject), cp.parts.len() as u64);
     let job_id = cp.job_id.as_str();
     let parts = futures::future::try_join_all(cp.parts.iter().map(|p| async move {
         let data = store.get(&p.key).await?.ok_or_else(|| Error::Corrupt(format!("checkpoint part {} of job {job_id} does not exist", p.key)))?;

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use fleet_domain::layout::{accounts_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{JobStatus, Manifest};
 use fleet_domain::report::{self, AccountRows as _};
-use fleet_domain::requests::RequestCounts;
+use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
@@ -108,12 +108,12 @@ impl Books {
         if job.is_open() {
             // The finish's calls, counted once, with the commit that decides it.
             let mut calls = RequestCounts::default();
-            calls.add("s3.GetObject", u64::from(read)); // the manifest
-            calls.add("s3.PutObject", 5); // report, accounts.csv, the two tables' objects, checkpoint
-            calls.add("s3.DeleteObject", 1); // the open marker
-            calls.add("sqs.DeleteMessageBatch", delete_calls(job.unsaved().iter()));
+            calls.add(Billed::call(Op::S3GetObject), u64::from(read)); // the manifest
+            calls.add(Billed::call(Op::S3PutObject), 5); // report, accounts.csv, the two tables' objects, checkpoint
+            calls.add(Billed::call(Op::S3DeleteObject), 1); // the open marker
+            calls.add(Billed::call(Op::SqsDeleteMessageBatch), delete_calls(job.unsaved().iter()));
             if job.parts() > 0 {
-                calls.add("s3.ListObjectsV2", 1);
+                calls.add(Billed::call(Op::S3ListObjectsV2), 1);
             }
             let decision = job.decide(&manifest);
             self.commit(job, Commit::Ending(decision), &calls).await?;
@@ -122,7 +122,7 @@ impl Books {
         let mut requests = manifest.requests.clone();
         requests.merge(job.requests());
         let mut r = report::build_borrowed(&manifest, job.totals(), decision.failed.clone(), &requests);
-        r.requests.set_cost(&self.prices, manifest.submitted);
+        r.requests.set_cost(&self.prices, &requests, manifest.submitted);
         r.status = decision.status;
         r.note = decision.note.clone();
         // The time the ending was committed, whoever writes it (a takeover writes the same).

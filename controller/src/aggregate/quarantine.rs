@@ -112,8 +112,9 @@ impl Books {
         let failed = job.map(|j| j.failed().to_vec()).unwrap_or_default();
         let manifest = manifest.unwrap_or_else(|| placeholder_manifest(job_id, job.map_or(0, |j| j.accounted() as u32), 0));
         let totals = CheckedTotals::new();
-        let mut r = report::build_borrowed(&manifest, &totals, failed, &job.map(|j| j.requests().clone()).unwrap_or_default());
-        r.requests.set_cost(&self.prices, manifest.submitted);
+        let requests = job.map(|j| j.requests().clone()).unwrap_or_default();
+        let mut r = report::build_borrowed(&manifest, &totals, failed, &requests);
+        r.requests.set_cost(&self.prices, &requests, manifest.submitted);
         r.status = JobStatus::Quarantined;
         r.note = Some(note);
         r.finished_at = self.clock.rfc3339();

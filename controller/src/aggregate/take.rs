@@ -5,7 +5,7 @@ use bytes::Bytes;
 use fleet_domain::codec::from_zstd_json;
 use fleet_domain::layout::checkpoint_keys;
 use fleet_domain::model::{Checkpoint, JobStatus, Progress};
-use fleet_domain::requests::RequestCounts;
+use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_io::blob::BlobStore;
 use fleet_io::error::{Error, Result};
 
@@ -104,8 +104,8 @@ impl Books {
     /// Takes a job's lease and loads it from its checkpoint (a new job when there is none).
     pub(super) async fn take(&self, job_id: &str, ctl: &mut RequestCounts) -> Result<Taken> {
         let dormant = self.known.dormant(|d| d.take(job_id));
-        ctl.add("s3.GetObject", 1);
-        ctl.add("s3.PutObject", 1);
+        ctl.add(Billed::call(Op::S3GetObject), 1);
+        ctl.add(Billed::call(Op::S3PutObject), 1);
         // Put back when the job is not taken for a store error (the scan's path puts it back too;
         // a batch's does not): forgotten, its partition's listeners no longer look for it.
         let restore = |d: Option<super::scan::Dormant>| {
@@ -226,7 +226,7 @@ pub(super) enum At {
 pub(super) async fn read_checkpoint(store: &dyn BlobStore, job_id: &str, ctl: &mut RequestCounts) -> Result<Option<(Bytes, String, At)>> {
     let [current, legacy] = checkpoint_keys(job_id);
     for (key, at) in [(current, At::Current), (legacy, At::Legacy)] {
-        ctl.add("s3.GetObject", 1);
+        ctl.add(Billed::call(Op::S3GetObject), 1);
         if let Some((data, etag)) = store.get_tagged(&key).await? {
             return Ok(Some((data, etag, at)));
         }

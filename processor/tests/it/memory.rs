@@ -11,6 +11,7 @@ use fleet_domain::layout::chunk_key;
 use fleet_domain::model::{AccountsPayload, BlobRef, ChunkOutcome, ResultMessage, WorkItem};
 use fleet_domain::validate::validate_row;
 use fleet_io::blob::BlobStore;
+use fleet_io::call::Op;
 use fleet_io::memory::{MemoryQueue, MemoryStore};
 use fleet_io::queue::Queue;
 use tokio_util::sync::CancellationToken;
@@ -90,7 +91,7 @@ async fn bills_good_items_and_fails_corrupt_ones_at_once() {
     let ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts } } = &ok.outcome else { panic!("inline result expected: {:?}", ok.outcome) };
     let a = accounts.iter().find(|x| x.account_id == "a").unwrap();
     assert_eq!((a.count, a.gross.to_string(), a.fees.to_string()), (2, "95.00".to_string(), "3.20".to_string()));
-    assert!(ok.requests.0.get("s3.GetObject") == Some(&1) && ok.requests.0.contains_key("sqs.ReceiveMessage"));
+    assert!(ok.requests.calls(Op::S3GetObject) == 1 && ok.requests.calls(Op::SqsReceiveMessage) > 0);
     let ResultMessage::Chunk(failed) = &outcomes[1] else { panic!("chunk result expected") };
     let ChunkOutcome::Failed { reason } = &failed.outcome else { panic!("failure expected") };
     assert!(reason.starts_with("corrupt data: blob jobs/j1/chunks/000001") && reason.contains("attempt 1; not retried"), "{reason}");
@@ -124,7 +125,7 @@ async fn a_jobs_requests_are_what_the_clients_counted() {
     for chunk in 0..25 {
         items.push(work_item(&store, "j2", chunk, &[("t1", "a", "1.00"), ("t2", "b", "2.00")]).await);
     }
-    let reads_before = store.calls().snapshot().get("s3.GetObject").copied().unwrap_or(0);
+    let reads_before = store.calls().snapshot().calls(Op::S3GetObject);
     work.send(items).await.unwrap();
     let stop = CancellationToken::new();
     let settings = processor::Settings { listener: fleet_engine::args::ListenerArgs::quick(), drain_secs: 5, ..Default::default() };
@@ -138,12 +139,12 @@ async fn a_jobs_requests_are_what_the_clients_counted() {
         let ResultMessage::Chunk(c) = serde_json::from_str(&b).unwrap() else { panic!("chunk result expected") };
         job.merge(&c.requests);
     }
-    let counted = |q: &dyn Queue, op: &str| q.calls().snapshot().get(op).copied().unwrap_or(0);
-    let reads = store.calls().snapshot().get("s3.GetObject").copied().unwrap_or(0) - reads_before;
-    assert_eq!(job.0.get("s3.GetObject").copied(), Some(reads), "{job:?}");
-    assert_eq!(job.0.get("sqs.SendMessageBatch").copied(), Some(counted(results.as_ref(), "sqs.SendMessageBatch")), "{job:?}");
-    let deletes = counted(work.as_ref(), "sqs.DeleteMessageBatch");
-    assert!(deletes > 0 && job.0.get("sqs.DeleteMessageBatch").copied().unwrap_or(0) >= deletes, "{job:?} against {deletes} deletes");
+    let counted = |q: &dyn Queue, op: Op| q.calls().snapshot().calls(op);
+    let reads = store.calls().snapshot().calls(Op::S3GetObject) - reads_before;
+    assert_eq!(job.calls(Op::S3GetObject), reads, "{job:?}");
+    assert_eq!(job.calls(Op::SqsSendMessageBatch), counted(results.as_ref(), Op::SqsSendMessageBatch), "{job:?}");
+    let deletes = counted(work.as_ref(), Op::SqsDeleteMessageBatch);
+    assert!(deletes > 0 && job.calls(Op::SqsDeleteMessageBatch) >= deletes, "{job:?} against {deletes} deletes");
 }
 
 /// The key given in `Deps` reaches the handler: a processor run with a processor's key sends results

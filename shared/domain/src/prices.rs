@@ -3,29 +3,18 @@
 //! [`RequestCounts`] at them, as its report shows it. The scaling agent's simulated day prices its
 //! requests with the same table.
 //!
-//! SQS bills every 64 KiB of a call's payload as one request: the pipelines count the chunks beyond
-//! the first under [`SQS_EXTRA_64K`], so that a job's SQS figure is what SQS bills. A FIFO queue's
-//! calls are counted apart (`sqs.fifo.<Operation>`, [`SQS_FIFO_EXTRA_64K`]) and priced at SQS's FIFO
-//! price. S3 bills PUT, COPY,
+//! SQS bills every 64 KiB of a call's payload as one request: the clients count the chunks beyond
+//! the first ([`Billed::Extra64KiB`]), so that a job's SQS figure is what SQS bills. A FIFO queue's
+//! calls are counted apart (`Billed::Call { fifo: true, .. }`) and priced at SQS's FIFO price. S3 bills PUT, COPY,
 //! POST and LIST at one price, GET, HEAD and the rest at another; DELETE is free.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
-use crate::requests::RequestCounts;
-
-/// The requests SQS bills beyond one per call: each further 64 KiB of a call's payload.
-pub const SQS_EXTRA_64K: &str = "sqs.Extra64KiBChunks";
-
-/// The same for calls to FIFO queues.
-pub const SQS_FIFO_EXTRA_64K: &str = "sqs.fifo.Extra64KiBChunks";
-
-/// How a FIFO queue's calls are named within the `sqs` service: `fifo.ReceiveMessage`.
-pub const FIFO_OP_PREFIX: &str = "fifo.";
+use crate::requests::{Billed, Op, RequestCounts, Service};
 
 /// List prices of requests, USD.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,20 +88,19 @@ pub enum S3Class {
     Free,
 }
 
-/// An S3 operation's price class (by its API name).
-pub fn s3_class(op: &str) -> S3Class {
+/// An S3 operation's price class: PUT (and COPY, POST) and LIST at one price, DELETE free, the rest
+/// (GET, HEAD, ...) at the other.
+pub fn s3_class(op: Op) -> S3Class {
     match op {
-        "PutObject" | "CopyObject" | "PostObject" | "ListObjects" | "ListObjectsV2" | "CreateMultipartUpload" | "UploadPart" | "CompleteMultipartUpload" => {
-            S3Class::Put
-        }
-        "DeleteObject" | "DeleteObjects" => S3Class::Free,
+        Op::S3PutObject | Op::S3ListObjectsV2 => S3Class::Put,
+        Op::S3DeleteObject => S3Class::Free,
         _ => S3Class::Get,
     }
 }
 
 /// Billed requests of a job, by price class.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Billed {
+pub struct ByClass {
     /// SQS requests to standard queues as billed (calls plus their payloads' further 64 KiB chunks).
     pub sqs: u64,
     /// The same to FIFO queues.
@@ -121,18 +109,24 @@ pub struct Billed {
     pub s3_get: u64,
 }
 
-impl Billed {
+impl ByClass {
     /// From a job's counts.
-    pub fn of(counts: &RequestCounts) -> Billed {
-        Billed::of_services(&counts.by_service("sqs"), &counts.by_service("s3"))
-    }
-
-    /// From calls by bare operation name, per service (as a report lists them).
-    pub fn of_services(sqs: &BTreeMap<String, u64>, s3: &BTreeMap<String, u64>) -> Billed {
-        let sum = |ops: &mut dyn Iterator<Item = u64>| ops.fold(0u64, u64::saturating_add);
-        let class = |c: S3Class| sum(&mut s3.iter().filter(|(op, _)| s3_class(op) == c).map(|(_, n)| *n));
-        let fifo = |want: bool| sum(&mut sqs.iter().filter(move |(op, _)| op.starts_with(FIFO_OP_PREFIX) == want).map(|(_, n)| *n));
-        Billed { sqs: fifo(false), sqs_fifo: fifo(true), s3_put: class(S3Class::Put), s3_get: class(S3Class::Get) }
+    pub fn of(counts: &RequestCounts) -> ByClass {
+        let mut b = ByClass::default();
+        for (what, n) in counts.iter() {
+            let class = match (what.service(), what) {
+                (Service::Sqs, _) if what.fifo() => &mut b.sqs_fifo,
+                (Service::Sqs, _) => &mut b.sqs,
+                (Service::S3, Billed::Call { op, .. }) => match s3_class(op) {
+                    S3Class::Put => &mut b.s3_put,
+                    S3Class::Get => &mut b.s3_get,
+                    S3Class::Free => continue,
+                },
+                _ => continue,
+            };
+            *class = class.saturating_add(n);
+        }
+        b
     }
 }
 
@@ -156,7 +150,7 @@ impl Cost {
 
 impl Prices {
     /// What `billed` costs at these prices.
-    pub fn cost(&self, billed: Billed) -> Cost {
+    pub fn cost(&self, billed: ByClass) -> Cost {
         let million = Decimal::from(1_000_000u64);
         let thousand = Decimal::from(1_000u64);
         Cost {
@@ -199,16 +193,16 @@ mod tests {
     #[test]
     fn a_jobs_requests_are_billed_by_class_with_sqs_payload_chunks() {
         let mut c = RequestCounts::default();
-        c.add("sqs.SendMessageBatch", 100);
-        c.add("sqs.ReceiveMessage", 400);
-        c.add(SQS_EXTRA_64K, 500);
-        c.add("s3.PutObject", 150);
-        c.add("s3.ListObjectsV2", 50);
-        c.add("s3.GetObject", 1_000);
-        c.add("s3.HeadObject", 250);
-        c.add("s3.DeleteObject", 99);
-        let b = Billed::of(&c);
-        assert_eq!(b, Billed { sqs: 1_000, sqs_fifo: 0, s3_put: 200, s3_get: 1_250 });
+        c.add(Billed::call(Op::SqsSendMessageBatch), 100);
+        c.add(Billed::call(Op::SqsReceiveMessage), 400);
+        c.add(Billed::Extra64KiB { fifo: false }, 500);
+        c.add(Billed::call(Op::S3PutObject), 150);
+        c.add(Billed::call(Op::S3ListObjectsV2), 50);
+        c.add(Billed::call(Op::S3GetObject), 1_000);
+        c.add(Billed::call(Op::S3HeadObject), 250);
+        c.add(Billed::call(Op::S3DeleteObject), 99);
+        let b = ByClass::of(&c);
+        assert_eq!(b, ByClass { sqs: 1_000, sqs_fifo: 0, s3_put: 200, s3_get: 1_250 });
         let cost = Prices::default().cost(b);
         // 1,000 x 0.40/M + 200 x 0.005/k + 1,250 x 0.0004/k
         assert_eq!(cost.sqs, Decimal::new(4, 4));
@@ -217,12 +211,29 @@ mod tests {
         assert_eq!(cost.per_million(500_000), Some(Decimal::new(38, 4)));
         assert_eq!(cost.per_million(0), None);
         // A FIFO queue's calls at the FIFO price: 300 x 0.50/M more.
-        c.add("sqs.fifo.ReceiveMessage", 200);
-        c.add(SQS_FIFO_EXTRA_64K, 100);
-        let b = Billed::of(&c);
+        c.add(Billed::Call { op: Op::SqsReceiveMessage, fifo: true }, 200);
+        c.add(Billed::Extra64KiB { fifo: true }, 100);
+        let b = ByClass::of(&c);
         assert_eq!((b.sqs, b.sqs_fifo), (1_000, 300));
         assert_eq!(Prices::default().cost(b).sqs, Decimal::new(4, 4) + Decimal::new(15, 5));
         let old: Prices = serde_json::from_str(r#"{"sqs_per_million":"0.40","s3_put_per_thousand":"0.005","s3_get_per_thousand":"0.0004"}"#).unwrap();
         assert_eq!(old, Prices::default(), "a table from before the FIFO price reads with the list price");
+    }
+
+    /// The price table prices every billed request the clients count, each at its own service's
+    /// price, a FIFO queue's at SQS's FIFO price, DELETE free.
+    #[test]
+    fn every_billed_request_is_priced_at_its_service() {
+        for what in Billed::all().filter(|b| b.service() != Service::RabbitMq) {
+            let c: RequestCounts = [(what, 1_000)].into_iter().collect();
+            let b = ByClass::of(&c);
+            let got = (b.sqs, b.sqs_fifo, b.s3_put + b.s3_get);
+            match (what.service(), what.fifo()) {
+                (Service::Sqs, false) => assert_eq!(got, (1_000, 0, 0), "{what}"),
+                (Service::Sqs, true) => assert_eq!(got, (0, 1_000, 0), "{what} fifo"),
+                _ if what == Billed::call(Op::S3DeleteObject) => assert_eq!(got, (0, 0, 0), "{what} is free"),
+                _ => assert_eq!(got, (0, 0, 1_000), "{what}"),
+            }
+        }
     }
 }

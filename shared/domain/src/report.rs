@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::billing::{money, SortedRows, Tariff, Totals};
 use crate::model::{FailedChunk, JobStatus, Manifest, Rejected};
-use crate::prices::{Billed, Prices};
-use crate::requests::RequestCounts;
+use crate::prices::{ByClass, Prices};
+use crate::requests::{RequestCounts, Service};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxnCounts {
@@ -86,17 +86,18 @@ impl RequestsReport {
         let total = c.total();
         let per = if transactions == 0 { 0 } else { (u128::from(total) * 1_000_000 / u128::from(transactions)) as u64 };
         RequestsReport {
-            sqs: c.by_service("sqs"),
-            s3: c.by_service("s3"),
+            sqs: c.by_service(Service::Sqs),
+            s3: c.by_service(Service::S3),
             total,
             per_1000_transactions: format!("{}.{:03}", per / 1000, per % 1000),
             cost: None,
         }
     }
 
-    /// Prices these requests (of a job of `transactions` submitted transactions) at `prices`.
-    pub fn set_cost(&mut self, prices: &Prices, transactions: u64) {
-        let billed = Billed::of_services(&self.sqs, &self.s3);
+    /// Prices these requests, `counts` (of a job of `transactions` submitted transactions), at
+    /// `prices`: the table reads what each request is, not the name a report lists it under.
+    pub fn set_cost(&mut self, prices: &Prices, counts: &RequestCounts, transactions: u64) {
+        let billed = ByClass::of(counts);
         let cost = prices.cost(billed);
         self.cost = Some(CostReport {
             sqs_requests: billed.sqs,
@@ -390,6 +391,7 @@ pub fn summary<A: AccountRows>(r: &Report<A>) -> String {
 mod tests {
     use super::*;
     use crate::billing::AccountTotals;
+    use crate::requests::{Billed, Op};
     use rust_decimal::Decimal;
 
     #[test]
@@ -414,8 +416,8 @@ mod tests {
         let mut totals = Totals::new();
         totals.add(&AccountTotals { account_id: "z\"q".into(), currency: "EUR".into(), count: 3, gross: Decimal::new(1000, 2), fees: Decimal::new(59, 2) });
         let mut req = RequestCounts::default();
-        req.add("sqs.ReceiveMessage", 2);
-        req.add("s3.PutObject", 1);
+        req.add(Billed::call(Op::SqsReceiveMessage), 2);
+        req.add(Billed::call(Op::S3PutObject), 1);
         let r = build(&manifest, &totals, vec![FailedChunk { chunk: 1, transactions: 1, reason: "dlq".into() }], &req);
         assert_eq!(r.status, JobStatus::Partial);
         assert_eq!(r.transactions, TxnCounts { submitted: 6, accepted: 4, rejected: 2, processed: 3, failed: 1 });
@@ -434,7 +436,7 @@ mod tests {
 
         // Priced: 2 SQS requests at $0.40/M and a PUT at $0.005/k, for 6 transactions.
         let mut r = r;
-        r.requests.set_cost(&Prices::default(), r.transactions.submitted);
+        r.requests.set_cost(&Prices::default(), &req, r.transactions.submitted);
         let c = r.requests.cost.clone().unwrap();
         assert_eq!((c.sqs_requests, c.s3_put_requests, c.s3_get_requests), (2, 1, 0));
         assert_eq!((c.sqs_usd.as_str(), c.s3_usd.as_str(), c.total_usd.as_str()), ("0.0000008", "0.000005", "0.0000058"));

@@ -6,6 +6,7 @@ use super::*;
 use crate::backoff::RetryBackoff;
 use crate::completion::BatchSettings;
 use crate::dynamic_consumers::WorkRules;
+use fleet_io::call::Op;
 use fleet_io::memory::MemoryQueue;
 use fleet_io::queue::{Attrs, Outgoing};
 
@@ -487,7 +488,7 @@ async fn heartbeat_keeps_a_slow_message_invisible_until_done() {
     assert!(q.bodies().is_empty());
     let calls = q.calls().snapshot();
     // The last extension, still waiting in its batcher when the message was deleted, is not sent.
-    assert!(calls.get("sqs.ChangeMessageVisibilityBatch").copied().unwrap_or(0) >= 6);
+    assert!(calls.calls(Op::SqsChangeMessageVisibilityBatch) >= 6);
     e.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -635,7 +636,7 @@ async fn deletes_are_batched_by_ten() {
     let e = start(&q, &h, cfg()).await;
     assert!(until(Duration::from_secs(10), || q.bodies().is_empty()).await);
     let calls = q.calls().snapshot();
-    assert_eq!(calls.get("sqs.DeleteMessageBatch").copied(), Some(10), "95 deletes in 10 calls: {calls:?}");
+    assert_eq!(calls.calls(Op::SqsDeleteMessageBatch), 10, "95 deletes in 10 calls: {calls:?}");
     e.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -671,11 +672,11 @@ async fn state_reports_consumers_concurrency_and_buffer_and_metrics_render() {
         // An unknown depth is left out, not made up.
         assert!(!m.contains("listener_queue_visible{") && !m.contains(" -1"), "{m}");
     }
-    assert_eq!(q.calls().snapshot().get("sqs.GetQueueAttributes"), None, "a state read made a request");
+    assert_eq!(q.calls().snapshot().calls(Op::SqsGetQueueAttributes), 0, "a state read made a request");
     // While the listener receives, the depth is looked at every DEPTH_REFRESH.
     tokio::time::sleep(crate::state::DEPTH_REFRESH).await;
     let s = e.state();
-    assert_eq!(q.calls().snapshot().get("sqs.GetQueueAttributes"), Some(&1));
+    assert_eq!(q.calls().snapshot().calls(Op::SqsGetQueueAttributes), 1);
     assert!(s.depth_age_ms.is_some_and(|a| a < 1000), "{:?}", s.depth_age_ms);
     assert_eq!(s.queue, "work");
     assert_eq!(s.depth, Some(fleet_io::queue::QueueDepth { visible: 5, in_flight: 5, delayed: 0 }));
@@ -783,7 +784,7 @@ async fn throttle_changes_need_the_admin_token_and_absurd_limits_are_refused_wit
     }
     let r = http_request(state, "GET", "/metrics", "", "").await;
     assert!(r.to_ascii_lowercase().contains("content-type: application/openmetrics-text; version=1.0.0; charset=utf-8"), "{r}");
-    assert_eq!(q.calls().snapshot().get("sqs.GetQueueAttributes"), None, "a scrape asked the queue");
+    assert_eq!(q.calls().snapshot().calls(Op::SqsGetQueueAttributes), 0, "a scrape asked the queue");
     stop.cancel();
     e.shutdown(Duration::from_secs(5)).await;
 }
@@ -843,7 +844,7 @@ async fn a_kept_delivery_is_completed_later_on_its_queue_and_the_heartbeat_lets_
     // Kept, not completed: still in flight, and no longer extended by the heartbeat.
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert_eq!(q.in_flight(), 20);
-    assert_eq!(q.calls().snapshot().get("sqs.ChangeMessageVisibilityBatch"), None, "kept deliveries are not extended");
+    assert_eq!(q.calls().snapshot().calls(Op::SqsChangeMessageVisibilityBatch), 0, "kept deliveries are not extended");
     let mut kept = std::mem::take(&mut *lock(&h.kept));
     let released = kept.split_off(10);
     for k in kept {
@@ -856,7 +857,7 @@ async fn a_kept_delivery_is_completed_later_on_its_queue_and_the_heartbeat_lets_
     e.quiesce(Duration::from_secs(5)).await;
     e.finish(true).await;
     assert_eq!(q.bodies().len(), 10, "ten deleted, ten back on the queue");
-    assert_eq!(q.calls().snapshot().get("sqs.DeleteMessageBatch"), Some(&1));
+    assert_eq!(q.calls().snapshot().calls(Op::SqsDeleteMessageBatch), 1);
 }
 
 mod metrics_lint;

@@ -27,7 +27,7 @@
 //! [`Billed`]); [`counted`] runs a future with a counter of its own that sees the same counts, which is
 //! how a work item's requests are a snapshot of the counter rather than a second count kept by hand.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::metrics::Watch;
 pub use crate::op::{Billed, Op};
+pub use fleet_domain::requests::RequestCounts;
 
 static CALLED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
@@ -345,7 +346,7 @@ fn jitter(cap: Duration) -> Duration {
 /// the same totals (the shards of a sharded queue share one).
 #[derive(Debug, Default, Clone)]
 pub struct CallCounter {
-    calls: std::sync::Arc<Mutex<BTreeMap<Billed, u64>>>,
+    calls: std::sync::Arc<Mutex<RequestCounts>>,
 }
 
 tokio::task_local! {
@@ -377,15 +378,12 @@ impl CallCounter {
     }
 
     fn add_here(&self, what: Billed, n: u64) {
-        let mut calls = crate::lock(&self.calls);
-        let c = calls.entry(what).or_default();
-        *c = c.saturating_add(n);
+        crate::lock(&self.calls).add(what, n);
     }
 
-    /// Calls so far by billed name ([`Billed::name`]: `sqs.ReceiveMessage`, `s3.GetObject`, ...).
-    pub fn snapshot(&self) -> BTreeMap<String, u64> {
-        let calls = crate::lock(&self.calls);
-        calls.iter().map(|(k, v)| (k.name(), *v)).collect()
+    /// Calls so far, by what is billed.
+    pub fn snapshot(&self) -> RequestCounts {
+        crate::lock(&self.calls).clone()
     }
 }
 
@@ -553,10 +551,11 @@ mod tests {
         })
         .await;
         client.bump(Op::S3PutObject);
-        let want: BTreeMap<String, u64> = [("s3.GetObject", 1), ("s3.PutObject", 1), ("sqs.Extra64KiBChunks", 2)].map(|(k, v)| (k.to_string(), v)).into();
+        let want: RequestCounts =
+            [(Billed::call(Op::S3GetObject), 1), (Billed::call(Op::S3PutObject), 1), (Billed::Extra64KiB { fifo: false }, 2)].into_iter().collect();
         assert_eq!(scope.snapshot(), want);
         let all = client.snapshot();
-        assert_eq!((all.get("s3.GetObject"), all.get("s3.PutObject")), (Some(&2), Some(&2)));
+        assert_eq!((all.calls(Op::S3GetObject), all.calls(Op::S3PutObject)), (2, 2));
     }
 
     /// A client's calls are billed where they are bounded: one per attempt, a FIFO queue's apart.
@@ -575,7 +574,10 @@ mod tests {
             .await;
         assert!(r.is_ok());
         let _ = fifo.once(Op::SqsReceiveMessage, On::Unnamed, Duration::ZERO, async { Ok(()) }).await;
-        let want: BTreeMap<String, u64> = [("sqs.fifo.DeleteMessageBatch", 3), ("sqs.fifo.ReceiveMessage", 1)].map(|(k, v)| (k.to_string(), v)).into();
+        let want: RequestCounts =
+            [(Billed::Call { op: Op::SqsDeleteMessageBatch, fifo: true }, 3), (Billed::Call { op: Op::SqsReceiveMessage, fifo: true }, 1)]
+                .into_iter()
+                .collect();
         assert_eq!(fifo.calls.snapshot(), want);
     }
 }

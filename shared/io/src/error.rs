@@ -1,8 +1,6 @@
 //! The library error type. Every error says whether retrying the same operation can help
 //! (`is_retryable`), so callers decide between "leave the message for redelivery" and "give up".
 
-use std::fmt;
-
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
@@ -12,23 +10,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Result alias for the shared library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Which external service an error came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Service {
-    Sqs,
-    S3,
-    RabbitMq,
-}
-
-impl fmt::Display for Service {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Service::Sqs => "SQS",
-            Service::S3 => "S3",
-            Service::RabbitMq => "RabbitMQ",
-        })
-    }
-}
+/// Which external service an error came from (the domain's: the service a billed request is of).
+pub use fleet_domain::requests::Service;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

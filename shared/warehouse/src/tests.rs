@@ -6,7 +6,7 @@ use fleet_domain::billing::{AccountTotals, Tariff, Totals};
 use fleet_domain::model::{FailedChunk, Manifest, Rejected};
 use fleet_domain::prices::Prices;
 use fleet_domain::report::build;
-use fleet_domain::requests::RequestCounts;
+use fleet_domain::requests::{Billed, Op, RequestCounts};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::{Field, Row};
 
@@ -59,11 +59,11 @@ fn a_partial_jobs_accounts_and_job_row_read_back_exactly() {
     totals.add(&row("acct-1", "USD", 1, -505, 0));
     totals.add(&row("acct-2", "EUR", 1, 99_999_999_999_999, 1));
     let mut req = RequestCounts::default();
-    req.add("sqs.SendMessageBatch", 4);
-    req.add("s3.PutObject", 5);
+    req.add(Billed::call(Op::SqsSendMessageBatch), 4);
+    req.add(Billed::call(Op::S3PutObject), 5);
     let mut r = build(&manifest("j-1"), &totals, vec![FailedChunk { chunk: 1, transactions: 2, reason: "poison".into() }], &req);
     r.finished_at = "2026-11-28T00:00:01.5Z".into();
-    r.requests.set_cost(&Prices::default(), r.transactions.submitted);
+    r.requests.set_cost(&Prices::default(), &req, r.transactions.submitted);
     assert_eq!(billed_on(&r).unwrap(), "2026-11-28", "the UTC day of the committed ending");
     assert_eq!(Table::Accounts.key("2026-11-28", "j-1"), "tables/accounts/billed_on=2026-11-28/j-1.parquet");
     let key = Table::Jobs.key("2026-11-28", "j-1");

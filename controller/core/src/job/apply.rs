@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use fleet_domain::model::{ChunkOutcome, ChunkResult, FailedChunk, ResultMessage};
-use fleet_domain::requests::RequestCounts;
+use fleet_domain::requests::{Billed, Op, RequestCounts};
 
 use super::{Job, Phase};
 use crate::item::{Item, Ready, Source, Unread};
@@ -62,7 +62,7 @@ impl<H> Job<H> {
     /// (its news): a duplicate, a conflicting seal, a chunk beyond its size does not. A payload that
     /// may be read later is the error (the job unchanged).
     pub fn apply<E: std::fmt::Display>(&mut self, ready: Ready<E>, ctl: &mut RequestCounts) -> Result<bool, Unread<E>> {
-        ctl.add("s3.GetObject", ready.gets);
+        ctl.add(Billed::call(Op::S3GetObject), ready.gets);
         let Ready { item, accounts, .. } = ready;
         let cp = &mut self.cp;
         let (chunk, transactions) = match &item {

@@ -7,6 +7,7 @@ use super::*;
 use crate::item::{Item, Ready};
 use fleet_domain::billing::AccountTotals;
 use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, Manifest, ResultMessage};
+use fleet_domain::requests::{Billed, Op};
 use rust_decimal::Decimal;
 
 /// A wall time, the same for every event (the tests compare checkpoint times they set themselves).
@@ -142,11 +143,11 @@ fn an_ending_is_the_job_s_only_once_a_checkpoint_commits_it() {
     let d = j.decide_now(&manifest(&[2, 5]));
     assert_eq!(d.status, JobStatus::Complete);
     let mut calls = RequestCounts::default();
-    calls.add("s3.PutObject", 3);
+    calls.add(Billed::call(Op::S3PutObject), 3);
     let save = j.plan(Commit::Ending(d.clone()), &calls, wall, part).unwrap();
     j.saved(save, "\"e1\"".into(), Instant::now());
     assert_eq!(j.phase(), &Phase::Ending(d.clone()));
-    assert_eq!(j.requests().0.get("s3.PutObject"), Some(&3), "the finish's calls are counted with the commit that decided it");
+    assert_eq!(j.requests().calls(Op::S3PutObject), 3, "the finish's calls are counted with the commit that decided it");
     // Nothing more is taken, and a decision asked again is the committed one.
     assert!(j.apply_batch(vec![(failed(0), (Source::Results, "late".to_string()))], Instant::now(), &mut ctl).is_ok());
     assert_eq!((j.failed().len(), j.unsaved().len()), (0, 1), "a late failure is not applied, only kept for the finish");

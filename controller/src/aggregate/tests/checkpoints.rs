@@ -3,6 +3,7 @@
 //! again, a write whose answer was lost known as ours, a checkpoint of an older layout moved.
 
 use super::*;
+use fleet_io::call::Op;
 
 /// A large job's checkpoints write what changed: a base once, then only the rows of the accounts a
 /// result touched; a new base when the parts pile up; a restarted controller restores the base and
@@ -89,8 +90,8 @@ async fn a_checkpoint_deletes_each_message_on_the_queue_it_came_from() {
     on_results.finish(true).await;
     on_dlq.finish(true).await;
     assert!(results.bodies().is_empty() && dlq.bodies().is_empty(), "every covered message deleted where it came from");
-    assert_eq!(results.calls().snapshot().get("sqs.DeleteMessageBatch"), Some(&1));
-    assert_eq!(dlq.calls().snapshot().get("sqs.DeleteMessageBatch"), Some(&1));
+    assert_eq!(results.calls().snapshot().calls(Op::SqsDeleteMessageBatch), 1);
+    assert_eq!(dlq.calls().snapshot().calls(Op::SqsDeleteMessageBatch), 1);
 }
 
 /// A job whose checkpoint (document or part) cannot be read is quarantined and reported at once; its

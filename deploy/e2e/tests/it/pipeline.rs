@@ -9,6 +9,7 @@ use bytes::Bytes;
 use fleet_domain::layout::{accounts_key, chunk_key, report_key};
 use fleet_domain::model::JobStatus;
 use fleet_io::blob::BlobStore;
+use fleet_io::call::Op;
 use fleet_io::provision::QueueSettings;
 use fleet_io::queue::Queue;
 
@@ -107,7 +108,7 @@ async fn whole_pipeline_bills_exactly() {
 /// Receive calls made on a queue so far (in these tests only the controller receives from the results
 /// queue and the work dead-letter queue).
 fn receives(q: &fleet_io::queue::SqsQueue) -> u64 {
-    q.calls().snapshot().get("sqs.ReceiveMessage").copied().unwrap_or(0)
+    q.calls().snapshot().calls(Op::SqsReceiveMessage)
 }
 
 /// Waits until the controller's listeners have parked: no receive on the results queue or the work

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::support::Fleet as _;
 use crate::support::*;
 use fleet_domain::model::JobStatus;
+use fleet_io::call::Op;
 use fleet_io::provision::QueueSettings;
 use fleet_io::queue::Queue;
 
@@ -52,7 +53,7 @@ async fn a_job_spreads_over_four_shards_and_bills_exactly() {
     assert_eq!(report_accounts(&r), expected_accounts(std::slice::from_ref(&f)));
     for (q, _) in &st.shards {
         st.wait_depth(q.as_ref(), 0, T).await;
-        assert!(q.calls().snapshot().get("sqs.DeleteMessageBatch").copied().unwrap_or(0) > 0, "{} was listened to", q.name());
+        assert!(q.calls().snapshot().calls(Op::SqsDeleteMessageBatch) > 0, "{} was listened to", q.name());
     }
     p.stop().await;
     c.stop().await;

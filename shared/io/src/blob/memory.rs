@@ -8,8 +8,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::{BlobStore, Cond};
-use crate::call::{CallCounter, Op};
+use crate::call::CallCounter;
 use crate::error::Result;
+use crate::op::Op;
 
 /// An in-memory blob store. ETags are write numbers.
 #[derive(Default)]

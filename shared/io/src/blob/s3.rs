@@ -10,8 +10,9 @@ use bytes::Bytes;
 
 use super::{BlobStore, Cond};
 use crate::breaker::Breaker;
-use crate::call::{CallCounter, CallPolicy, Guarded, On, Op, Precondition};
+use crate::call::{CallCounter, CallPolicy, Guarded, On, Precondition};
 use crate::error::{sdk_error, Error, Result, Service};
+use crate::op::Op;
 
 /// An S3 bucket. Every call is bounded by its [`CallPolicy`]; a GetObject's attempt covers reading the
 /// body too.

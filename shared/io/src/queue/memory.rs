@@ -11,8 +11,9 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::call::{CallCounter, Op};
+use crate::call::CallCounter;
 use crate::error::Result;
+use crate::op::Op;
 use crate::queue::{plan_batches, Attrs, Delivery, Message, Outgoing, Queue, QueueDepth, QueueInfo, Receipt};
 
 struct Stored {

@@ -31,10 +31,10 @@ async fn s3_conforms() {
 /// first of what it sends and receives.
 #[tokio::test]
 async fn sqs_counts_the_further_64k_chunks_it_is_billed_for() {
-    use fleet_domain::prices::SQS_EXTRA_64K;
+    use fleet_io::call::Billed;
     use fleet_io::queue::{Outgoing, Queue};
     let Some(st) = fleet_test_support::stack(SETTINGS).await else { return };
-    let extra = |q: &dyn Queue| q.calls().snapshot().get(SQS_EXTRA_64K).copied().unwrap_or(0);
+    let extra = |q: &dyn Queue| q.calls().snapshot().of(Billed::Extra64KiB { fifo: false });
     // Five bodies of 40 KiB: batches under 256 KiB, so one call of 200 KiB (four chunks: three further).
     let bodies: Vec<Outgoing> = (0..5).map(|i| Outgoing::plain(format!("{i}{}", "x".repeat(40 * 1024 - 1)))).collect();
     let before = extra(st.work.as_ref());
