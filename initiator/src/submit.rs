@@ -545,9 +545,9 @@ async fn submit_enqueued(
     // The manifest, then the seal: the controller finishes a job only once it is sealed, and reads the
     // manifest then. The manifest carries this process's calls: all made so far, plus these two.
     let total_chunks = chunks.len() as u32;
-    let mut requests = RequestCounts::from(clients.store.calls().snapshot());
-    requests.merge(&clients.work.calls().snapshot().into());
-    requests.merge(&clients.results.calls().snapshot().into());
+    let mut requests = clients.store.calls().snapshot();
+    requests.merge(&clients.work.calls().snapshot());
+    requests.merge(&clients.results.calls().snapshot());
     requests.add(Billed::call(Op::S3PutObject), 1);
     requests.add(Billed::call(Op::SqsSendMessageBatch), 1);
     let manifest = Manifest {

@@ -21,8 +21,7 @@ pub use fleet_domain::model::parse_work_item;
 /// Processes one work item. Returns the chunk result, and with it (or its error) the requests made for
 /// it: the S3 calls, every attempt, as the store's own counter saw them ([`fleet_io::call::counted`]).
 pub async fn process(item: &WorkItem, store: &dyn BlobStore, max_chunk_bytes: u64) -> (Result<ChunkResult>, RequestCounts) {
-    let (r, calls) = fleet_io::call::counted(bill(item, store, max_chunk_bytes)).await;
-    let requests = RequestCounts::from(calls.snapshot());
+    let (r, requests) = fleet_io::call::counted(bill(item, store, max_chunk_bytes)).await;
     (r.map(|r| ChunkResult { requests: requests.clone(), ..r }), requests)
 }
 

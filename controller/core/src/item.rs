@@ -85,8 +85,6 @@ impl<E: fmt::Display> fmt::Display for Unread<E> {
 pub struct Ready<E> {
     pub item: Item,
     pub accounts: Option<Result<RowBatch, Unread<E>>>,
-    /// GetObject calls made for it.
-    pub gets: u64,
 }
 
 impl<E> Ready<E> {

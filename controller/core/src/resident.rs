@@ -6,9 +6,13 @@
 //!
 //! Generic over the slot `S` and the lease `W`: it holds no lock and no lease of the driver's, and
 //! reads no clock (every question about failing takes the instant it is asked at).
+//!
+//! Beside them, [`Carried`]: the calls made for jobs that were not in memory to take them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
+
+use fleet_domain::requests::RequestCounts;
 
 /// The jobs in memory. Ordered maps throughout: the order jobs are visited in is the same on every
 /// run (the simulation replays a seed exactly).
@@ -138,6 +142,64 @@ impl<S: Clone + Default, W> Resident<S, W> {
     }
 }
 
+/// Jobs whose calls are carried at most (the oldest job ids forgotten first past it).
+pub const MAX_CARRIED: usize = 10_000;
+
+/// The calls made for jobs that were not in memory to take them: counted since a job's last
+/// checkpoint when it was dropped (a failure, its lease lost, its partition let go) or made outside
+/// its lock (a lease renewed by the timer). Each job takes its own in when it is next loaded or saved
+/// here, so a call is counted once, where it was made, whatever became of the job in between.
+#[derive(Debug, Default)]
+pub struct Carried {
+    jobs: BTreeMap<String, Carry>,
+}
+
+/// What a job dropped from memory carries: its calls since its last confirmed checkpoint, and for
+/// each checkpoint write since whose outcome is unknown (its answer lost), the digest of its body
+/// and the calls that document already held. When the checkpoint loaded next is one of those
+/// documents, the calls it held are in it already and are not counted again.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Carry {
+    pub calls: RequestCounts,
+    pub in_writes: Vec<([u8; 32], RequestCounts)>,
+}
+
+impl Carried {
+    /// Keeps `calls` made for job `job` until it takes them.
+    pub fn keep(&mut self, job: &str, calls: &RequestCounts) {
+        if calls.total() > 0 {
+            self.entry(job).calls.merge(calls);
+        }
+    }
+
+    /// Keeps what job `job` carried when it was dropped.
+    pub fn keep_dropped(&mut self, job: &str, carry: Carry) {
+        if carry.calls.total() == 0 {
+            return;
+        }
+        let e = self.entry(job);
+        e.calls.merge(&carry.calls);
+        e.in_writes = carry.in_writes;
+    }
+
+    fn entry(&mut self, job: &str) -> &mut Carry {
+        if self.jobs.len() >= MAX_CARRIED && !self.jobs.contains_key(job) {
+            self.jobs.pop_first();
+        }
+        self.jobs.entry(job.to_string()).or_default()
+    }
+
+    /// What was kept for job `job` (nothing more is kept for it), less what the checkpoint it is
+    /// loaded from holds already (`loaded`: that document's digest, if one was read).
+    pub fn take(&mut self, job: &str, loaded: Option<[u8; 32]>) -> RequestCounts {
+        let Some(Carry { mut calls, in_writes }) = self.jobs.remove(job) else { return RequestCounts::default() };
+        if let Some((_, held)) = loaded.and_then(|d| in_writes.into_iter().find(|(w, _)| *w == d)) {
+            calls.sub(&held);
+        }
+        calls
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,5 +264,40 @@ mod tests {
         let live = r.live_leases(|w| (*w > 0).then_some(*w));
         assert_eq!(live, vec![("a".to_string(), 1)]);
         assert!(r.lease("b").is_none());
+    }
+
+    #[test]
+    fn calls_carried_are_taken_once() {
+        use fleet_domain::requests::{Billed, Op};
+        let one: RequestCounts = [(Billed::call(Op::S3GetObject), 1)].into_iter().collect();
+        let mut c = Carried::default();
+        c.keep("a", &one);
+        c.keep("a", &one);
+        c.keep("b", &RequestCounts::default());
+        assert_eq!(c.take("a", None).calls(Op::S3GetObject), 2);
+        assert_eq!(c.take("a", None).total(), 0, "taken once");
+        assert_eq!(c.jobs.len(), 0, "nothing kept for nothing");
+        for i in 0..=MAX_CARRIED {
+            c.keep(&format!("{i:06}"), &one);
+        }
+        assert_eq!(c.jobs.len(), MAX_CARRIED, "bounded");
+        assert_eq!(c.take("000000", None).total(), 0, "the first forgotten");
+    }
+
+    /// A job dropped after a write whose answer was lost: loaded from that very document, it counts
+    /// only what the document did not hold; loaded from another (the write did not land), all of it.
+    #[test]
+    fn a_dropped_jobs_calls_are_counted_once_whichever_document_it_is_loaded_from() {
+        use fleet_domain::requests::{Billed, Op};
+        let n = |k: u64| -> RequestCounts { [(Billed::call(Op::S3PutObject), k)].into_iter().collect() };
+        let carry = Carry { calls: n(5), in_writes: vec![([1; 32], n(2)), ([2; 32], n(4))] };
+        let mut c = Carried::default();
+        c.keep_dropped("a", carry.clone());
+        assert_eq!(c.take("a", Some([2; 32])).total(), 1, "the second write landed: it held 4 of the 5");
+        c.keep_dropped("a", carry.clone());
+        assert_eq!(c.take("a", Some([1; 32])).total(), 3);
+        c.keep_dropped("a", carry);
+        c.keep("a", &n(1));
+        assert_eq!(c.take("a", Some([9; 32])).total(), 6, "none of them landed: all, with what was kept since");
     }
 }

@@ -11,7 +11,6 @@ use fleet_domain::codec::{accounts_to_zstd_csv, sha256_hex, to_zstd_json};
 use fleet_domain::error::Result;
 use fleet_domain::layout::checkpoint_parts_prefix;
 use fleet_domain::model::{Checkpoint, CheckpointPart, Progress};
-use fleet_domain::requests::{Billed, Op};
 
 use crate::decision::Commit;
 use crate::limits::{INLINE_ROWS, MAX_PARTS};
@@ -101,7 +100,6 @@ pub fn plan(mut doc: Checkpoint, totals: &CheckedTotals, rows: Rows, commit: Com
                 sha256: sha256_hex(&data),
                 full,
             };
-            doc.requests.add(Billed::call(Op::S3PutObject), 1);
             if full {
                 doc.parts.clear();
             }

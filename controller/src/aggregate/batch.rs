@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_engine::Kept;
+use fleet_io::call::counted;
 use fleet_io::error::{Error, Result};
 use fleet_io::op::sqs_extra_chunks;
 use tokio::time::Instant;
@@ -202,9 +203,13 @@ impl Aggregator {
         for (run, share) in budget::runs(agreeing, self.budget.bytes()) {
             let reserved = self.budget.take(share).await;
             let (kept, readies): (Vec<Kept>, Vec<_>) = run.into_iter().map(|(k, item, figures)| (k, (item, figures))).unzip();
-            let readies =
-                futures::future::join_all(readies.into_iter().map(|(item, figures)| prepare(item, figures, self.store.as_ref(), self.offload_decoding))).await;
-            let step = self.apply_job(&job_id, source, Work::Apply(readies, looked.take().unwrap_or_default()), kept).await;
+            // The payloads' reads count for the job, every attempt, as the store counts them.
+            let prepared =
+                futures::future::join_all(readies.into_iter().map(|(item, figures)| prepare(item, figures, self.store.as_ref(), self.offload_decoding)));
+            let (readies, read) = counted(prepared).await;
+            let mut calls = looked.take().unwrap_or_default();
+            calls.merge(&read);
+            let step = self.apply_job(&job_id, source, Work::Apply(readies, calls), kept).await;
             drop(reserved);
             record_step(&job_id, step, &mut out);
         }
@@ -311,10 +316,12 @@ impl Aggregator {
         kept: &mut Vec<(Source, Kept)>,
         looked: RequestCounts,
     ) -> Result<Step> {
-        // The calls that looked its records up count for it.
+        // The calls that looked its records up and read its payloads count for it; so does the
+        // receive that brought its messages, SQS's call shared by the jobs of a batch, attributed to
+        // each of them as it is planned, with the further 64 KiB of what it brought them (see
+        // docs/requests.md).
         let mut ctl = looked;
         ctl.add(Billed::call(Op::SqsReceiveMessage), 1);
-        // SQS bills each further 64 KiB of what the receive brought as one more request.
         ctl.add(Billed::Extra64KiB { fifo: false }, sqs_extra_chunks(kept.iter().map(|(_, k)| k.body.len()).sum()));
         // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
         let stale = match loaded.as_ref() {
@@ -325,10 +332,25 @@ impl Aggregator {
             self.keep_lease(job_id, loaded).await;
         }
         if loaded.is_none() {
-            match self.books.take(job_id, &mut ctl).await? {
+            // Its lease and its load, as the store counts them; kept for the job when it is not
+            // taken here now (another controller's, or a store error).
+            let (taken, calls) = counted(self.books.take(job_id)).await;
+            ctl.merge(&calls);
+            let taken = match taken {
+                Ok(t) => t,
+                Err(e) => {
+                    self.memory.carried().keep(job_id, &ctl);
+                    return Err(e);
+                }
+            };
+            if matches!(taken, Taken::Busy(_)) {
+                self.memory.carried().keep(job_id, &ctl);
+            }
+            match taken {
                 // Its partition let go of while the job was being taken: given back at once with its
                 // messages, for the partition's new reader.
                 Taken::Open(job) if kept.iter().any(|(_, k)| self.reading.not_read(k.queue())) => {
+                    self.memory.carried().keep(job_id, &ctl);
                     if let Err(e) = self.books.leases.release(job_id, job.lease()).await {
                         tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
                     }
@@ -347,11 +369,11 @@ impl Aggregator {
         let taken = std::mem::take(kept);
         debug_assert_eq!(taken.len(), items.len(), "one message per item");
         let now = Instant::now();
-        if let Err((e, back)) = job.apply_batch(items.into_iter().zip(taken).collect(), now, &mut ctl) {
+        job.count(&ctl);
+        if let Err((e, back)) = job.apply_batch(items.into_iter().zip(taken).collect(), now) {
             *kept = back;
             return Err(e);
         }
-        job.count(&ctl);
         let floor = self.expiry.idle_floor();
         match job.next(now, floor, self.settle, Asker::Batch) {
             // Every chunk in: finished now, unless some of them failed, when a real result may still

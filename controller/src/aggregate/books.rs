@@ -12,7 +12,6 @@ use std::sync::Arc;
 use fleet_domain::layout::{manifest_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{JobStatus, Manifest};
 use fleet_domain::prices::Prices;
-use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_io::blob::BlobStore;
 use fleet_io::error::Result;
 
@@ -63,13 +62,13 @@ impl Books {
     /// its records forgotten.
     pub(super) fn remember_finished(&self, job_id: &str, status: JobStatus) {
         self.records.forget(job_id);
+        self.memory.carried().take(job_id, None);
         self.known.finished(job_id, status);
     }
 
     /// The results partition the job's manifest records (0 from an initiator before partitions,
     /// whose results go to the first partition's queue); `None` when there is no manifest to read.
-    pub(super) async fn manifest_partition(&self, job_id: &str, ctl: &mut RequestCounts) -> Result<Option<u16>> {
-        ctl.add(Billed::call(Op::S3GetObject), 1);
+    pub(super) async fn manifest_partition(&self, job_id: &str) -> Result<Option<u16>> {
         let found = self.store.get_capped(&manifest_key(job_id), MAX_MANIFEST_BYTES).await?;
         Ok(found.and_then(|b| serde_json::from_slice::<Manifest>(&b).ok()).filter(|m| m.job_id == job_id).map(|m| m.partition))
     }

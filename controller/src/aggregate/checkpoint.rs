@@ -16,6 +16,7 @@ use fleet_domain::model::Checkpoint;
 use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_engine::Kept;
 use fleet_io::blob::{BlobStore, Cond};
+use fleet_io::call::counted;
 use fleet_io::error::{Error, Result};
 use tokio::time::Instant;
 
@@ -88,24 +89,22 @@ impl Aggregator {
     /// Checkpoints one job (its open marker first, the first time); returns the messages it covers.
     pub(super) async fn flush_job(&self, job_id: &str, loaded: &mut Option<Job>) -> Vec<Kept> {
         let job = loaded.as_mut().expect("the job is in memory");
-        let mut calls = RequestCounts::default();
-        calls.add(Billed::call(Op::S3PutObject), 1);
-        calls.add(Billed::call(Op::SqsDeleteMessageBatch), delete_calls(job.unsaved().iter()));
-        let marked = if job.needs_marker() {
-            // Before the first checkpoint: a restarted controller finds the job through it.
-            calls.add(Billed::call(Op::S3PutObject), 1);
-            let put = self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await;
-            if put.is_ok() {
+        // The deletes its messages take once covered: SQS's calls, shared by the jobs of a batch,
+        // attributed to it as they are planned (see docs/requests.md).
+        let mut deletes = RequestCounts::default();
+        deletes.add(Billed::call(Op::SqsDeleteMessageBatch), delete_calls(job.unsaved().iter()));
+        job.count(&deletes);
+        // Its S3 calls as the store counts them, every attempt: in its next checkpoint.
+        let (saved, calls) = counted(async {
+            if job.needs_marker() {
+                // Before the first checkpoint: a restarted controller finds the job through it.
+                self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await?;
                 job.marked();
             }
-            put
-        } else {
-            Ok(())
-        };
-        let saved = match marked {
-            Ok(()) => self.books.commit(job, Commit::Progress, &calls).await,
-            Err(e) => Err(e),
-        };
+            self.books.commit(job, Commit::Progress).await
+        })
+        .await;
+        job.count(&calls);
         match saved {
             Ok(()) => job.covered(),
             Err(Error::Conflict(why)) => {
@@ -130,11 +129,13 @@ impl Books {
     /// first when the plan has one, then the document, fenced by the ETag last read or written; once
     /// written, the job takes what it committed ([`Job::saved`]) and the parts the document no longer
     /// names are deleted. A failed write leaves the job as it was.
-    pub(super) async fn commit(&self, job: &mut Job, commit: Commit, calls: &RequestCounts) -> Result<()> {
+    pub(super) async fn commit(&self, job: &mut Job, commit: Commit) -> Result<()> {
+        // What was made for it outside its lock (the timer's lease renewals) goes in this one.
+        job.take_carried();
         if let Some(p) = self.memory.with(|r| r.partition(job.id())) {
             job.travels_on(p);
         }
-        let save = job.plan(commit, calls)?;
+        let save = job.plan(commit)?;
         let started = Instant::now();
         if let Some((part, data)) = save.part() {
             // A key of its own: a stale owner's part can never replace one the document names.
@@ -169,21 +170,17 @@ impl Books {
         let part_bytes = save.part().map_or(0, |(p, _)| p.bytes);
         let stale = job.saved(save, etag);
         crate::events::CheckpointWritten { job: job.id(), part_bytes, took: started.elapsed() }.emit();
-        let mut deletes = RequestCounts::default();
         for key in stale {
-            deletes.add(Billed::call(Op::S3DeleteObject), 1);
             if let Err(e) = self.store.delete(&key).await {
                 tracing::warn!(job = %job.id(), %key, error = %e, "could not delete a replaced checkpoint part; the job's end removes it");
             }
         }
-        job.count(&deletes);
         Ok(())
     }
 }
 
 /// Restores a job's totals from its checkpoint: the rows inline, then its parts in order.
-pub(super) async fn restore_totals(cp: &mut Checkpoint, store: &dyn BlobStore, ctl: &mut RequestCounts) -> Result<CheckedTotals> {
-    ctl.add(Billed::call(Op::S3GetObject), cp.parts.len() as u64);
+pub(super) async fn restore_totals(cp: &mut Checkpoint, store: &dyn BlobStore) -> Result<CheckedTotals> {
     let job_id = cp.job_id.as_str();
     let parts = futures::future::try_join_all(cp.parts.iter().map(|p| async move {
         let data = store.get(&p.key).await?.ok_or_else(|| Error::Corrupt(format!("checkpoint part {} of job {job_id} does not exist", p.key)))?;

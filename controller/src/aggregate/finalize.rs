@@ -12,6 +12,7 @@ use fleet_domain::report::{self, AccountRows as _};
 use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
+use fleet_io::call::counted;
 use fleet_io::error::{Error, Result};
 
 use super::books::Books;
@@ -28,7 +29,12 @@ impl Books {
         // Still the owner? (A paused owner whose lease lapsed must not write a report.)
         {
             let job = loaded.as_mut().expect("the job is in memory");
-            if !self.leases.renew(job_id, job.lease()).await? {
+            // Every call made for the job up to its report is in the report, counted as the store
+            // counts it (every attempt); what the report's own writes and what follows them make is
+            // not (see docs/requests.md).
+            let (renewed, calls) = counted(self.leases.renew(job_id, job.lease())).await;
+            job.count(&calls);
+            if !renewed? {
                 tracing::warn!(job = %job_id, "lease lost before the report; the new owner writes it");
                 hand_over(loaded);
                 return Ok(Vec::new());
@@ -49,7 +55,9 @@ impl Books {
         // controller die (found by the simulation, seed 2225: cut off from S3 after the report,
         // then a crash, left its chunk blobs for good).
         if job.needs_marker() {
-            self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await?;
+            let (put, calls) = counted(self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream")).await;
+            job.count(&calls);
+            put?;
             job.marked();
         }
         // The manifest its seal was checked against (else read again by `finalize`).
@@ -91,13 +99,16 @@ impl Books {
     async fn finalize(&self, job: &mut Job, recorded: Option<Arc<Manifest>>) -> Result<JobStatus> {
         let store = self.store.as_ref();
         let job_id = job.id().to_string();
-        let read = recorded.is_none();
         let manifest: Option<Arc<Manifest>> = match recorded {
             Some(m) => Some(m),
-            None => match store.get_capped(&manifest_key(&job_id), MAX_MANIFEST_BYTES).await? {
-                Some(b) => Some(Arc::new(serde_json::from_slice(&b)?)),
-                None => None,
-            },
+            None => {
+                let (found, calls) = counted(store.get_capped(&manifest_key(&job_id), MAX_MANIFEST_BYTES)).await;
+                job.count(&calls);
+                match found? {
+                    Some(b) => Some(Arc::new(serde_json::from_slice(&b)?)),
+                    None => None,
+                }
+            }
         };
         let manifest = match manifest {
             Some(m) => m,
@@ -106,18 +117,18 @@ impl Books {
             None => return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") }),
         };
         if job.is_open() {
-            // The finish's calls, counted once, with the commit that decides it.
-            let mut calls = RequestCounts::default();
-            calls.add(Billed::call(Op::S3GetObject), u64::from(read)); // the manifest
-            calls.add(Billed::call(Op::S3PutObject), 5); // report, accounts.csv, the two tables' objects, checkpoint
-            calls.add(Billed::call(Op::S3DeleteObject), 1); // the open marker
-            calls.add(Billed::call(Op::SqsDeleteMessageBatch), delete_calls(job.unsaved().iter()));
-            if job.parts() > 0 {
-                calls.add(Billed::call(Op::S3ListObjectsV2), 1);
-            }
+            // The deletes its last messages take: SQS's calls, shared by the jobs of a batch,
+            // attributed to it as they are planned (see docs/requests.md).
+            let mut deletes = RequestCounts::default();
+            deletes.add(Billed::call(Op::SqsDeleteMessageBatch), delete_calls(job.unsaved().iter()));
+            job.count(&deletes);
             let decision = job.decide(&manifest);
-            self.commit(job, Commit::Ending(decision), &calls).await?;
+            let (committed, calls) = counted(self.commit(job, Commit::Ending(decision))).await;
+            job.count(&calls);
+            committed?;
         }
+        // What was made for it outside its lock since its last checkpoint (the timer's renewals).
+        job.take_carried();
         let Phase::Ending(decision) = job.phase() else { unreachable!("an open job's ending was committed above") };
         let mut requests = manifest.requests.clone();
         requests.merge(job.requests());
@@ -150,7 +161,7 @@ impl Books {
         // Written: the rows borrowed from the job's totals are let go before the job is changed.
         let r = r.map_accounts(|_| ());
         let had_parts = job.parts() > 0;
-        self.commit(job, Commit::Final, &RequestCounts::default()).await?;
+        self.commit(job, Commit::Final).await?;
         if had_parts {
             // Also what a fenced (stale) owner may have left there.
             match store.list(&checkpoint_parts_prefix(&job_id), MAX_OPEN_JOBS).await {

@@ -80,7 +80,6 @@ pub(super) fn parse(source: Source, m: &Message) -> Result<Item> {
 pub(super) async fn prepare(mut item: Item, figures: Option<Figures>, store: &dyn BlobStore, offload: bool) -> Ready {
     if let Item::Result(ResultMessage::Chunk(ChunkResult { job_id, chunk, transactions, outcome: ChunkOutcome::Processed { payload }, .. })) = &mut item {
         let payload = std::mem::replace(payload, AccountsPayload::Inline { accounts: Vec::new() });
-        let gets = u64::from(matches!(payload, AccountsPayload::Blob { .. }));
         // What the payload may decompress and decode to follows from its chunk's record (one account
         // row per transaction at most, no longer than the chunk's rows and their figures), never from
         // what the message declares, and its blob is the one its job and chunk name: a hostile result
@@ -98,9 +97,9 @@ pub(super) async fn prepare(mut item: Item, figures: Option<Figures>, store: &dy
             }
             .map_err(|error| Unread { retryable: error.is_retryable(), error }),
         );
-        return Ready { item, accounts, gets };
+        return Ready { item, accounts };
     }
-    Ready { item, accounts: None, gets: 0 }
+    Ready { item, accounts: None }
 }
 
 /// The accounts of a result's payload, decompressed to at most `cap` bytes. Decompression runs on

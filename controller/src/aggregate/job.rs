@@ -12,7 +12,6 @@ use controller_core::decision::{Commit, Decision};
 use controller_core::save::Save;
 use fleet_domain::billing::CheckedTotals;
 use fleet_domain::model::{Checkpoint, Manifest};
-use fleet_domain::requests::RequestCounts;
 use fleet_engine::{Kept, Visibility};
 use fleet_io::error::{Error, Result};
 use tokio::time::Instant;
@@ -20,6 +19,7 @@ use tokio::time::Instant;
 pub(super) use controller_core::job::{Asker, Next, Phase, Unsaved};
 
 use super::item::{Ready, Source};
+use super::memory::CarriedCalls;
 use crate::clock::Clock;
 use crate::lease::Lease;
 
@@ -29,6 +29,17 @@ pub(super) struct Job {
     lease: Lease,
     /// The aggregator's clock (a checkpoint's `updated_at`, a decision's time).
     clock: Clock,
+    /// Where its calls since its last checkpoint go when it is dropped from memory.
+    carried: CarriedCalls,
+}
+
+/// What a job loaded here is held with: this controller's lease on it, the aggregator's clock, the
+/// count its unsaved messages add to, and where its calls go when it is dropped.
+pub(super) struct Held {
+    pub(super) lease: Lease,
+    pub(super) clock: Clock,
+    pub(super) unsaved: Unsaved<Kept>,
+    pub(super) carried: CarriedCalls,
 }
 
 impl Deref for Job {
@@ -46,23 +57,33 @@ impl DerefMut for Job {
 }
 
 impl Job {
-    /// A job nothing is known of yet (no checkpoint).
-    pub(super) fn new(job_id: &str, lease: Lease, clock: Clock, unsaved: Unsaved<Kept>) -> Job {
-        Job { core: controller_core::job::Job::new(job_id, Instant::now().into_std(), clock.rfc3339(), unsaved), lease, clock }
+    /// A job nothing is known of yet (no checkpoint), held as `held` says.
+    pub(super) fn new(job_id: &str, held: Held) -> Job {
+        let Held { lease, clock, unsaved, carried } = held;
+        let core = controller_core::job::Job::new(job_id, Instant::now().into_std(), clock.rfc3339(), unsaved);
+        Job { core, lease, clock, carried }.with_carried(None)
     }
 
-    /// A job resumed from its checkpoint (see `controller_core::job::Job::resume`).
-    pub(super) fn resume(
-        cp: Checkpoint,
-        totals: CheckedTotals,
-        etag: Option<String>,
-        lease: Lease,
-        news: Instant,
-        clock: Clock,
-        unsaved: Unsaved<Kept>,
-    ) -> Job {
+    /// A job resumed from its checkpoint `cp` (see `controller_core::job::Job::resume`), whose body's
+    /// digest is `loaded`, held as `held` says.
+    pub(super) fn resume(cp: Checkpoint, totals: CheckedTotals, etag: Option<String>, news: Instant, loaded: [u8; 32], held: Held) -> Job {
+        let Held { lease, clock, unsaved, carried } = held;
         let core = controller_core::job::Job::resume(cp, totals, etag, news.into_std(), Instant::now().into_std(), unsaved);
-        Job { core, lease, clock }
+        Job { core, lease, clock, carried }.with_carried(Some(loaded))
+    }
+
+    /// Counts the calls carried for it (made while it was not in memory to take them), less what the
+    /// checkpoint it was loaded from (`loaded`: its body's digest) holds already.
+    fn with_carried(mut self, loaded: Option<[u8; 32]>) -> Job {
+        let calls = self.carried.take(self.core.id(), loaded);
+        self.core.count(&calls);
+        self
+    }
+
+    /// Counts the calls carried for it since it was loaded (a lease renewed by the timer).
+    pub(super) fn take_carried(&mut self) {
+        let calls = self.carried.take(self.core.id(), None);
+        self.core.count(&calls);
     }
 
     pub(super) fn lease(&self) -> &Lease {
@@ -71,13 +92,8 @@ impl Job {
 
     /// Applies a batch's items (see the core's `apply_batch`); on a payload S3 could not give yet, the
     /// store's error with the deliveries not applied.
-    pub(super) fn apply_batch(
-        &mut self,
-        items: Vec<(Ready, (Source, Kept))>,
-        now: Instant,
-        ctl: &mut RequestCounts,
-    ) -> std::result::Result<(), (Error, Vec<(Source, Kept)>)> {
-        self.core.apply_batch(items, now.into_std(), ctl).map_err(|(e, back)| (e.error, back))
+    pub(super) fn apply_batch(&mut self, items: Vec<(Ready, (Source, Kept))>, now: Instant) -> std::result::Result<(), (Error, Vec<(Source, Kept)>)> {
+        self.core.apply_batch(items, now.into_std()).map_err(|(e, back)| (e.error, back))
     }
 
     /// When it last had news.
@@ -107,9 +123,9 @@ impl Job {
 
     /// Plans the checkpoint that commits `commit` (a new part, if one is written, named by a fresh
     /// UUID: a part is never written over).
-    pub(super) fn plan(&self, commit: Commit, calls: &RequestCounts) -> Result<Save> {
+    pub(super) fn plan(&self, commit: Commit) -> Result<Save> {
         let part_id = || uuid::Uuid::now_v7().simple().to_string();
-        self.core.plan(commit, calls, || self.clock.rfc3339(), part_id).map_err(Error::corrupt)
+        self.core.plan(commit, || self.clock.rfc3339(), part_id).map_err(Error::corrupt)
     }
 
     /// A checkpoint write of `body` failed without saying whether it landed.
@@ -128,13 +144,17 @@ impl Job {
         self.core.unsaved().iter().map(Kept::visibility).collect()
     }
 
-    /// Hands it over to the controller that owns it now: its unsaved messages.
+    /// Hands it over to the controller that owns it now: its unsaved messages (its calls since its
+    /// last checkpoint carried, should it come back here).
     pub(super) fn hand_over(self) -> Vec<Kept> {
+        self.carried.keep_dropped(self.core.id(), self.core.carry());
         self.core.hand_over()
     }
 
-    /// Drops it after a failure: its unsaved messages with their queues.
+    /// Drops it after a failure: its unsaved messages with their queues (its calls since its last
+    /// checkpoint carried to its next load).
     pub(super) fn drop_unsaved(self) -> Vec<(Source, Kept)> {
+        self.carried.keep_dropped(self.core.id(), self.core.carry());
         self.core.drop_unsaved()
     }
 

@@ -18,7 +18,6 @@ use fleet_domain::codec::to_zstd_json;
 use fleet_domain::layout::{checkpoint_key, manifest_key, open_key, quarantined_checkpoint_key, report_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{JobStatus, Manifest, Progress};
 use fleet_domain::report;
-use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
 use fleet_io::blob::Cond;
 use fleet_io::error::{Error, Result};
@@ -63,7 +62,7 @@ impl Books {
         };
         let kept_at = quarantined_checkpoint_key(job_id);
         let changed = || Error::Conflict(format!("the checkpoint of job {job_id} changed while it was being quarantined: it is loaded again"));
-        let at = match read_checkpoint(self.store.as_ref(), job_id, &mut RequestCounts::default()).await? {
+        let at = match read_checkpoint(self.store.as_ref(), job_id).await? {
             Some((data, now, at)) if now == etag || crate::undo::is(crate::undo::Fix::QuarantineSecondRead) => {
                 self.store.put(&kept_at, data, "application/zstd").await?;
                 at
@@ -98,7 +97,7 @@ impl Books {
         tracing::error!(job = %job_id, error = %why, "the job's manifest cannot be read: job quarantined");
         // Committed once (a report write that failed leaves the job quarantined in memory).
         if job.phase() != &Phase::Finished(JobStatus::Quarantined) {
-            self.commit(job, Commit::Quarantined, &RequestCounts::default()).await?;
+            self.commit(job, Commit::Quarantined).await?;
         }
         let note =
             format!("quarantined: the job's manifest cannot be read ({why}); its checkpoint keeps the {} chunks accounted for and their rows", job.accounted());

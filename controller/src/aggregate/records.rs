@@ -251,7 +251,7 @@ impl Records {
             Ok::<_, fleet_io::Error>(finished)
         })
         .await;
-        let (finished, requests) = (looked?, RequestCounts::from(calls.snapshot()));
+        let (finished, requests) = (looked?, calls);
         let verdicts = items.iter().map(|i| rec.judge(i, true).expect("every lookup made")).collect();
         let partition = rec.partition();
         if rec.known() {

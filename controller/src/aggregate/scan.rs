@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use fleet_domain::layout::{check_job_id, checkpoint_keys, OPEN_PREFIX};
 use fleet_domain::model::Progress;
-use fleet_domain::requests::RequestCounts;
 use fleet_engine::Kept;
+use fleet_io::call::counted;
 use fleet_io::error::Result;
 use fleet_io::queue::Queue;
 use tokio::time::Instant;
@@ -81,12 +81,14 @@ impl Aggregator {
         let due = self.books.known.dormant(|dormant| dormant.due(now.into_std(), floor.into_std(), skipped, load_after));
         let mut looked = false;
         for (job_id, d) in due {
-            let mut ctl = RequestCounts::default();
             let slot = self.memory.slot(&job_id);
             {
                 let mut loaded = slot.lock().await;
                 if loaded.is_none() {
-                    match self.books.take(&job_id, &mut ctl).await {
+                    // Its lease, its load and its manifest, as the store counts them: the job's, kept
+                    // for it when it is not kept here.
+                    let (taken, mut ctl) = counted(self.books.take(&job_id)).await;
+                    match taken {
                         // Its idle time is read again from the checkpoint just loaded (news on another
                         // controller since the scan moved it), not from what the scan saw.
                         Ok(Taken::Open(mut job)) => {
@@ -103,7 +105,9 @@ impl Aggregator {
                             let mut unknown = false;
                             let partitioned = self.reading.partitioned();
                             if partitioned && job.partition().is_none() && !crate::undo::is(crate::undo::Fix::PartitionFromManifest) {
-                                match self.books.manifest_partition(&job_id, &mut ctl).await {
+                                let (found, calls) = counted(self.books.manifest_partition(&job_id)).await;
+                                ctl.merge(&calls);
+                                match found {
                                     Ok(Some(p)) => job.travels_on(p),
                                     Ok(None) => {}
                                     Err(e) if e.is_retryable() => {
@@ -132,6 +136,7 @@ impl Aggregator {
                                 if let Some(p) = job.partition().filter(|p| self.reading.is_partition(*p)) {
                                     self.memory.with(|r| r.recorded_in(&job_id, p));
                                 }
+                                job.count(&std::mem::take(&mut ctl));
                                 *loaded = Some(*job)
                             }
                         }
@@ -154,6 +159,9 @@ impl Aggregator {
                             tracing::warn!(job = %job_id, error = %e, "could not load a job due to be finished; trying again later");
                             self.books.known.dormant(|dormant| dormant.put_back(&job_id, d));
                         }
+                    }
+                    if !self.books.known.is_finished(&job_id) {
+                        self.memory.carried().keep(&job_id, &ctl);
                     }
                 }
             }

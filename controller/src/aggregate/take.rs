@@ -5,13 +5,13 @@ use bytes::Bytes;
 use fleet_domain::codec::from_zstd_json;
 use fleet_domain::layout::checkpoint_keys;
 use fleet_domain::model::{Checkpoint, JobStatus, Progress};
-use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_io::blob::BlobStore;
+use fleet_io::call::counted;
 use fleet_io::error::{Error, Result};
 
 use super::books::Books;
 use super::checkpoint::restore_totals;
-use super::job::{hand_over, Job, Unsaved};
+use super::job::{hand_over, Held, Job, Unsaved};
 use super::limits::{HAND_BACK, MAX_DOC_BYTES};
 use super::{Aggregator, Slot, Taken};
 use crate::lease::{Acquired, Lease};
@@ -21,7 +21,9 @@ impl Aggregator {
     /// to the new owner) when the lease is lost, or could not be renewed and is no longer fresh.
     pub(super) async fn keep_lease(&self, job_id: &str, loaded: &mut Option<Job>) -> bool {
         let Some(job) = loaded.as_mut() else { return false };
-        let (kept, failed) = match self.books.leases.renew(job_id, job.lease()).await {
+        let (renewed, calls) = counted(self.books.leases.renew(job_id, job.lease())).await;
+        job.count(&calls);
+        let (kept, failed) = match renewed {
             Ok(renewed) => (renewed, None),
             Err(e) => {
                 tracing::warn!(job = %job_id, error = %e, "could not renew a lease");
@@ -51,7 +53,10 @@ impl Aggregator {
         let leases: Vec<(String, Lease)> = self.memory.with(|r| r.live_leases(crate::lease::WeakLease::upgrade));
         futures::future::join_all(leases.iter().map(|(job_id, h)| async move {
             if self.books.leases.due(h).await {
-                match self.books.leases.renew(job_id, h).await {
+                // Made for the job outside its lock: kept for it until it takes them.
+                let (renewed, calls) = counted(self.books.leases.renew(job_id, h)).await;
+                self.memory.carried().keep(job_id, &calls);
+                match renewed {
                     Ok(true) => {}
                     // Our own newer lease of the job (dropped after a failure and taken again
                     // meanwhile) made this one stale: nobody else has the job.
@@ -102,10 +107,8 @@ impl Aggregator {
 
 impl Books {
     /// Takes a job's lease and loads it from its checkpoint (a new job when there is none).
-    pub(super) async fn take(&self, job_id: &str, ctl: &mut RequestCounts) -> Result<Taken> {
+    pub(super) async fn take(&self, job_id: &str) -> Result<Taken> {
         let dormant = self.known.dormant(|d| d.take(job_id));
-        ctl.add(Billed::call(Op::S3GetObject), 1);
-        ctl.add(Billed::call(Op::S3PutObject), 1);
         // Put back when the job is not taken for a store error (the scan's path puts it back too;
         // a batch's does not): forgotten, its partition's listeners no longer look for it.
         let restore = |d: Option<super::scan::Dormant>| {
@@ -136,7 +139,7 @@ impl Books {
                 return Ok(Taken::Busy(after));
             }
         };
-        let job = match self.load_unchanged(job_id, &lease, ctl).await {
+        let job = match self.load_unchanged(job_id, &lease).await {
             Ok(job) => job,
             // Its checkpoint can never be read: the same document (ETag) failed twice.
             Err((e @ Error::Corrupt(_), Some(etag))) => {
@@ -166,10 +169,10 @@ impl Books {
     /// as the same document (one ETag) is unreadable: `Err((Corrupt, Some(etag)))`. A read that fails
     /// because the document changed under it (a stale owner finishing, replacing its base part and
     /// deleting the old ones) is not corruption: the new document is read instead.
-    async fn load_unchanged(&self, job_id: &str, lease: &Lease, ctl: &mut RequestCounts) -> std::result::Result<Loaded, (Error, Option<String>)> {
+    async fn load_unchanged(&self, job_id: &str, lease: &Lease) -> std::result::Result<Loaded, (Error, Option<String>)> {
         let mut failed_at: Option<String> = None;
         for _ in 0..3 {
-            match self.load(job_id, lease.clone(), ctl).await {
+            match self.load(job_id, lease.clone()).await {
                 Ok(job) => return Ok(job),
                 Err((e @ Error::Corrupt(_), Some(etag))) => {
                     if failed_at.as_deref() == Some(etag.as_str()) || crate::undo::is(crate::undo::Fix::QuarantineSecondRead) {
@@ -186,17 +189,18 @@ impl Books {
 
     /// Loads a job from its checkpoint (a new job when there is none, only its status when it is
     /// finished); an error says which checkpoint (ETag) it was reading.
-    pub(super) async fn load(&self, job_id: &str, lease: Lease, ctl: &mut RequestCounts) -> std::result::Result<Loaded, (Error, Option<String>)> {
-        let unsaved = Unsaved::new(self.memory.pending_counter());
-        match read_checkpoint(self.store.as_ref(), job_id, ctl).await.map_err(|e| (e, None))? {
+    pub(super) async fn load(&self, job_id: &str, lease: Lease) -> std::result::Result<Loaded, (Error, Option<String>)> {
+        let held = Held { lease, clock: self.clock, unsaved: Unsaved::new(self.memory.pending_counter()), carried: self.memory.carried().clone() };
+        match read_checkpoint(self.store.as_ref(), job_id).await.map_err(|e| (e, None))? {
             Some((data, etag, at)) => {
+                let loaded = fleet_io::blob::digest(&data);
                 let tagged = |e: Error| (e, Some(etag.clone()));
                 let mut cp: Checkpoint = from_zstd_json(&data, MAX_DOC_BYTES).map_err(Error::corrupt).map_err(tagged)?;
                 // Finished: only its status is needed; its rows are in the warehouse.
                 if cp.status.is_finished() && !cp.finishing {
                     return Ok(Loaded::AlreadyFinished(cp.status));
                 }
-                let totals = restore_totals(&mut cp, self.store.as_ref(), ctl).await.map_err(tagged)?;
+                let totals = restore_totals(&mut cp, self.store.as_ref()).await.map_err(tagged)?;
                 tracing::info!(job = %job_id, accounted = cp.accounted.len(), total = cp.total_chunks, status = ?cp.status, parts = cp.parts.len(), "resumed job from checkpoint");
                 let news = self.expiry.news_at(job_id, Progress::of(&cp).updated_unix);
                 // A checkpoint found where an earlier release kept it is moved by the job's next save,
@@ -205,9 +209,9 @@ impl Books {
                 if at == At::Legacy {
                     tracing::info!(job = %job_id, "the job's checkpoint is where an earlier release kept it: its next save moves it");
                 }
-                Ok(Loaded::Job(Box::new(Job::resume(cp, totals, etag, lease, news, self.clock, unsaved))))
+                Ok(Loaded::Job(Box::new(Job::resume(cp, totals, etag, news, loaded, held))))
             }
-            None => Ok(Loaded::Job(Box::new(Job::new(job_id, lease, self.clock, unsaved)))),
+            None => Ok(Loaded::Job(Box::new(Job::new(job_id, held)))),
         }
     }
 }
@@ -223,10 +227,9 @@ pub(super) enum At {
 
 /// Reads a job's checkpoint where this release keeps it, else where an earlier release did:
 /// the document, its ETag and where it was.
-pub(super) async fn read_checkpoint(store: &dyn BlobStore, job_id: &str, ctl: &mut RequestCounts) -> Result<Option<(Bytes, String, At)>> {
+pub(super) async fn read_checkpoint(store: &dyn BlobStore, job_id: &str) -> Result<Option<(Bytes, String, At)>> {
     let [current, legacy] = checkpoint_keys(job_id);
     for (key, at) in [(current, At::Current), (legacy, At::Legacy)] {
-        ctl.add(Billed::call(Op::S3GetObject), 1);
         if let Some((data, etag)) = store.get_tagged(&key).await? {
             return Ok(Some((data, etag, at)));
         }

@@ -347,6 +347,8 @@ fn jitter(cap: Duration) -> Duration {
 #[derive(Debug, Default, Clone)]
 pub struct CallCounter {
     calls: std::sync::Arc<Mutex<RequestCounts>>,
+    /// A [`counted`] scope's enclosing scope, which sees what this one sees.
+    outer: Option<Box<CallCounter>>,
 }
 
 tokio::task_local! {
@@ -356,11 +358,13 @@ tokio::task_local! {
 
 /// Runs `fut`, and gives back with its output the requests that every client counted while it ran,
 /// within this task: what `fut` itself made (a job's share of work), read off the same counts as the
-/// clients' own (nothing counted twice by hand).
-pub async fn counted<F: Future>(fut: F) -> (F::Output, CallCounter) {
-    let scope = CallCounter::default();
+/// clients' own (nothing counted twice by hand). Scopes nest: a scope's counts are also its enclosing
+/// scope's.
+pub async fn counted<F: Future>(fut: F) -> (F::Output, RequestCounts) {
+    let outer = SCOPE.try_with(|outer| Box::new(outer.clone())).ok();
+    let scope = CallCounter { outer, ..CallCounter::default() };
     let out = SCOPE.scope(scope.clone(), fut).await;
-    (out, scope)
+    (out, scope.snapshot())
 }
 
 impl CallCounter {
@@ -379,6 +383,9 @@ impl CallCounter {
 
     fn add_here(&self, what: Billed, n: u64) {
         crate::lock(&self.calls).add(what, n);
+        if let Some(outer) = &self.outer {
+            outer.add_here(what, n);
+        }
     }
 
     /// Calls so far, by what is billed.
@@ -537,23 +544,25 @@ mod tests {
         assert_eq!(series(&format!("fleet_call_seconds_count{l}}}")).as_deref(), Some("3"), "{text}");
     }
 
-    /// A `counted` scope sees what the clients count within it (and only that), the clients' own
-    /// counters everything.
+    /// A `counted` scope sees what the clients count within it (and only that), nested scopes
+    /// included; the clients' own counters everything.
     #[tokio::test]
     async fn a_counted_scope_sees_the_clients_counts_made_within_it() {
         let client = CallCounter::default();
         client.bump(Op::S3GetObject);
-        let ((), scope) = counted(async {
+        let (inner, scope) = counted(async {
             client.bump(Op::S3GetObject);
             client.add(Billed::Extra64KiB { fifo: false }, 2);
             tokio::task::yield_now().await;
-            client.bump(Op::S3PutObject);
+            let ((), inner) = counted(async { client.bump(Op::S3PutObject) }).await;
+            inner
         })
         .await;
+        assert_eq!(inner.total(), 1, "a nested scope sees its own");
         client.bump(Op::S3PutObject);
         let want: RequestCounts =
             [(Billed::call(Op::S3GetObject), 1), (Billed::call(Op::S3PutObject), 1), (Billed::Extra64KiB { fifo: false }, 2)].into_iter().collect();
-        assert_eq!(scope.snapshot(), want);
+        assert_eq!(scope, want);
         let all = client.snapshot();
         assert_eq!((all.calls(Op::S3GetObject), all.calls(Op::S3PutObject)), (2, 2));
     }

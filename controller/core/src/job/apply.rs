@@ -5,7 +5,6 @@
 use std::time::Instant;
 
 use fleet_domain::model::{ChunkOutcome, ChunkResult, FailedChunk, ResultMessage};
-use fleet_domain::requests::{Billed, Op, RequestCounts};
 
 use super::{Job, Phase};
 use crate::item::{Item, Ready, Source, Unread};
@@ -18,12 +17,7 @@ impl<H> Job<H> {
     /// kept for the finish. On an error (a payload S3 could not give yet) the items not applied and
     /// their deliveries are returned with it, the job keeping what it applied.
     #[allow(clippy::type_complexity)]
-    pub fn apply_batch<E: std::fmt::Display>(
-        &mut self,
-        items: Vec<(Ready<E>, (Source, H))>,
-        now: Instant,
-        ctl: &mut RequestCounts,
-    ) -> Result<(), (Unread<E>, Vec<(Source, H)>)> {
+    pub fn apply_batch<E: std::fmt::Display>(&mut self, items: Vec<(Ready<E>, (Source, H))>, now: Instant) -> Result<(), (Unread<E>, Vec<(Source, H)>)> {
         let mut pairs = items;
         pairs.sort_by_key(|(r, _)| !r.is_seal());
         let mut applied = Vec::with_capacity(pairs.len());
@@ -32,7 +26,7 @@ impl<H> Job<H> {
         let mut news = false;
         while let Some((item, k)) = pairs.next() {
             if self.is_open() {
-                match self.apply(item, ctl) {
+                match self.apply(item) {
                     Ok(changed) => news |= changed,
                     Err(e) => {
                         applied.push(k);
@@ -61,8 +55,7 @@ impl<H> Job<H> {
     /// Applies one item (the transition every message makes); returns whether it changed the job
     /// (its news): a duplicate, a conflicting seal, a chunk beyond its size does not. A payload that
     /// may be read later is the error (the job unchanged).
-    pub fn apply<E: std::fmt::Display>(&mut self, ready: Ready<E>, ctl: &mut RequestCounts) -> Result<bool, Unread<E>> {
-        ctl.add(Billed::call(Op::S3GetObject), ready.gets);
+    pub fn apply<E: std::fmt::Display>(&mut self, ready: Ready<E>) -> Result<bool, Unread<E>> {
         let Ready { item, accounts, .. } = ready;
         let cp = &mut self.cp;
         let (chunk, transactions) = match &item {

@@ -31,6 +31,7 @@ pub use self::unsaved::Unsaved;
 use crate::decision::{Commit, Decision};
 use crate::item::Source;
 use crate::limits::{FLUSH_INTERVAL, FLUSH_MESSAGES};
+use crate::resident::Carry;
 use crate::save::{self, Rows, Save};
 
 /// Where a job is in its life.
@@ -92,6 +93,11 @@ pub struct Job<H> {
     /// answer, or an answer lost and not read back): one may have landed, and a later write fenced
     /// by `etag` then finds it in place (see `fleet_io::blob::put_if_owned_after`).
     unconfirmed: Vec<[u8; 32]>,
+    /// The calls counted for it since its last checkpoint (in `cp.requests` too): lost with the job
+    /// when it is dropped from memory unless the driver carries them to its next load.
+    uncommitted: RequestCounts,
+    /// Beside each of `unconfirmed`, the calls since the last checkpoint its document held.
+    unconfirmed_calls: Vec<RequestCounts>,
 }
 
 /// How many checkpoint writes of unknown outcome a job remembers (each failed one may have landed,
@@ -115,6 +121,8 @@ impl<H> Job<H> {
             marked_open: false,
             etag: None,
             unconfirmed: Vec::new(),
+            uncommitted: RequestCounts::default(),
+            unconfirmed_calls: Vec::new(),
         }
     }
 
@@ -129,7 +137,20 @@ impl<H> Job<H> {
             Phase::Open { abandon: None, stall: None }
         };
         cp.accounts = Vec::new();
-        Job { cp, phase, totals, unsaved, saved: now, news, changed: false, marked_open: true, etag, unconfirmed: Vec::new() }
+        Job {
+            cp,
+            phase,
+            totals,
+            unsaved,
+            saved: now,
+            news,
+            changed: false,
+            marked_open: true,
+            etag,
+            unconfirmed: Vec::new(),
+            uncommitted: RequestCounts::default(),
+            unconfirmed_calls: Vec::new(),
+        }
     }
 
     pub fn id(&self) -> &str {
@@ -187,14 +208,27 @@ impl<H> Job<H> {
         &self.totals
     }
 
-    /// The calls counted for it so far (by processors and the controller).
+    /// The calls counted for it so far (by the initiator's manifest aside: by processors and the
+    /// controllers), each where it was made.
     pub fn requests(&self) -> &RequestCounts {
         &self.cp.requests
     }
 
-    /// Counts calls made for it.
+    /// Counts calls made for it: in its next checkpoint.
     pub fn count(&mut self, calls: &RequestCounts) {
         self.cp.requests.merge(calls);
+        self.uncommitted.merge(calls);
+    }
+
+    /// The calls counted since its last checkpoint.
+    pub fn uncommitted(&self) -> &RequestCounts {
+        &self.uncommitted
+    }
+
+    /// What it carries when it is dropped from memory: its calls since its last checkpoint, and
+    /// those each write of unknown outcome since held (see `crate::resident::Carry`).
+    pub fn carry(&self) -> Carry {
+        Carry { calls: self.uncommitted.clone(), in_writes: self.unconfirmed.iter().copied().zip(self.unconfirmed_calls.iter().cloned()).collect() }
     }
 
     /// Messages applied and not yet covered by a checkpoint.
@@ -312,20 +346,13 @@ impl<H> Job<H> {
         self.unsaved.take()
     }
 
-    /// Plans the checkpoint that commits `commit`, with `calls` counted in it (the calls the commit
-    /// itself makes): the document and, for a large job, the part to write before it (named by
-    /// `part_id`, asked only then). `wall`: the time it is planned at (RFC 3339), asked only when it is
+    /// Plans the checkpoint that commits `commit`, with every call counted so far (its own writes are
+    /// counted once made, in the next): the document and, for a large job, the part to write before
+    /// it (named by `part_id`, asked only then). `wall`: the time it is planned at (RFC 3339), asked only when it is
     /// the document's new time: the job had news, or the commit is more than progress. The job is unchanged until [`saved`](Self::saved) says the document was
     /// written.
-    pub fn plan(
-        &self,
-        commit: Commit,
-        calls: &RequestCounts,
-        wall: impl FnOnce() -> String,
-        part_id: impl FnOnce() -> String,
-    ) -> fleet_domain::error::Result<Save> {
+    pub fn plan(&self, commit: Commit, wall: impl FnOnce() -> String, part_id: impl FnOnce() -> String) -> fleet_domain::error::Result<Save> {
         let mut doc = self.cp.clone();
-        doc.requests.merge(calls);
         if self.changed || !matches!(commit, Commit::Progress) {
             doc.updated_at = wall();
         }
@@ -369,14 +396,19 @@ impl<H> Job<H> {
     pub fn write_unconfirmed(&mut self, digest: [u8; 32]) {
         if self.unconfirmed.len() >= MAX_UNCONFIRMED {
             self.unconfirmed.remove(0);
+            self.unconfirmed_calls.remove(0);
         }
         self.unconfirmed.push(digest);
+        // Nothing is counted between a plan and its write: the document held these.
+        self.unconfirmed_calls.push(self.uncommitted.clone());
     }
 
     /// The checkpoint planned was written (its ETag `etag`) at `now`: the job takes what it committed
     /// (its calls, parts, phase). Returns the parts the document no longer names (to delete).
     pub fn saved(&mut self, save: Save, etag: String, now: Instant) -> Vec<String> {
         self.unconfirmed.clear();
+        self.unconfirmed_calls.clear();
+        self.uncommitted = RequestCounts::default();
         let (doc, commit, stale) = save.into_parts();
         let rows_kept = !matches!(commit, Commit::Final);
         let failed = doc.failed_chunks;

@@ -34,7 +34,7 @@ fn ready(msg: ResultMessage) -> Ready<String> {
         }
         _ => None,
     };
-    Ready { item: Item::Result(msg), accounts, gets: 0 }
+    Ready { item: Item::Result(msg), accounts }
 }
 
 fn chunk(c: u32, n: u64) -> Ready<String> {
@@ -73,24 +73,23 @@ fn manifest(chunks: &[u64]) -> Manifest {
 
 /// Commits `commit` as if its checkpoint was written.
 fn commit(j: &mut Job<String>, commit: Commit) {
-    let save = j.plan(commit, &RequestCounts::default(), wall, part).unwrap();
+    let save = j.plan(commit, wall, part).unwrap();
     j.saved(save, "\"etag\"".into(), Instant::now());
 }
 
 #[test]
 fn a_chunk_counts_once_a_real_result_replaces_a_failure_and_the_seal_bounds_the_job() {
     let mut j = job();
-    let mut ctl = RequestCounts::default();
-    j.apply(chunk(0, 2), &mut ctl).unwrap();
-    j.apply(chunk(0, 2), &mut ctl).unwrap();
-    j.apply(failed(1), &mut ctl).unwrap();
+    j.apply(chunk(0, 2)).unwrap();
+    j.apply(chunk(0, 2)).unwrap();
+    j.apply(failed(1)).unwrap();
     assert!(!j.all_in(), "not sealed");
-    j.apply(seal(2), &mut ctl).unwrap();
+    j.apply(seal(2)).unwrap();
     assert!(j.all_in());
     assert_eq!(j.failed().len(), 1);
-    j.apply(chunk(1, 3), &mut ctl).unwrap();
+    j.apply(chunk(1, 3)).unwrap();
     assert_eq!((j.failed().len(), j.processed()), (0, 5), "the real result replaced the failure");
-    j.apply(chunk(7, 50), &mut ctl).unwrap();
+    j.apply(chunk(7, 50)).unwrap();
     assert_eq!(j.processed(), 5, "beyond the sealed size: ignored");
     let d = j.decide_now(&manifest(&[2, 3]));
     assert_eq!((d.status, d.note.as_deref()), (JobStatus::Complete, None));
@@ -99,9 +98,8 @@ fn a_chunk_counts_once_a_real_result_replaces_a_failure_and_the_seal_bounds_the_
 #[test]
 fn a_job_with_a_failure_finishes_only_once_settled_and_its_ending_is_kept() {
     let mut j = job();
-    let mut ctl = RequestCounts::default();
     for r in [chunk(0, 1), failed(1), seal(2)] {
-        j.apply(r, &mut ctl).unwrap();
+        j.apply(r).unwrap();
     }
     let settle = Duration::from_secs(120);
     let t0 = j.news();
@@ -112,7 +110,7 @@ fn a_job_with_a_failure_finishes_only_once_settled_and_its_ending_is_kept() {
     assert_eq!(d.status, JobStatus::Partial);
     assert_eq!(d.failed[0].transactions, 4, "the manifest's count, not the 99 the result declared");
     let mut a = job();
-    a.apply(chunk(0, 1), &mut ctl).unwrap();
+    a.apply(chunk(0, 1)).unwrap();
     a.abandon("first".into());
     a.abandon("second".into());
     assert!(a.due_to_finish(a.news(), a.news(), settle), "an abandon asked for: finished at once");
@@ -127,29 +125,35 @@ fn a_job_with_a_failure_finishes_only_once_settled_and_its_ending_is_kept() {
 #[test]
 fn an_ending_is_the_job_s_only_once_a_checkpoint_commits_it() {
     let mut j = job();
-    let mut ctl = RequestCounts::default();
     for r in [chunk(0, 2), failed(1), seal(2)] {
-        j.apply(r, &mut ctl).unwrap();
+        j.apply(r).unwrap();
     }
     let d = j.decide_now(&manifest(&[2, 5]));
     assert!(j.is_open(), "deciding is not committing");
     // The write failed: the plan is dropped, the job is as it was (no flag to roll back).
-    let lost = j.plan(Commit::Ending(d.clone()), &RequestCounts::default(), wall, part).unwrap();
+    let lost = j.plan(Commit::Ending(d.clone()), wall, part).unwrap();
     drop(lost);
     assert_eq!((j.is_open(), j.failed().len()), (true, 1));
-    j.apply(chunk(1, 5), &mut ctl).unwrap();
+    j.apply(chunk(1, 5)).unwrap();
     assert_eq!(j.failed().len(), 0, "still open: the real result replaced the failure");
     // Decided again and written: the ending is committed.
     let d = j.decide_now(&manifest(&[2, 5]));
     assert_eq!(d.status, JobStatus::Complete);
+    // Calls counted before the plan are in its document; the write's own, counted once made, wait
+    // for the next (and are the job's uncommitted calls until then).
     let mut calls = RequestCounts::default();
-    calls.add(Billed::call(Op::S3PutObject), 3);
-    let save = j.plan(Commit::Ending(d.clone()), &calls, wall, part).unwrap();
+    calls.add(Billed::call(Op::S3GetObject), 3);
+    j.count(&calls);
+    assert_eq!(j.uncommitted().calls(Op::S3GetObject), 3);
+    let save = j.plan(Commit::Ending(d.clone()), wall, part).unwrap();
     j.saved(save, "\"e1\"".into(), Instant::now());
     assert_eq!(j.phase(), &Phase::Ending(d.clone()));
-    assert_eq!(j.requests().calls(Op::S3PutObject), 3, "the finish's calls are counted with the commit that decided it");
+    assert_eq!(j.requests().calls(Op::S3GetObject), 3, "counted calls are in the checkpoint");
+    assert_eq!(j.uncommitted().total(), 0, "and committed with it");
+    j.count(&[(Billed::call(Op::S3PutObject), 1)].into_iter().collect());
+    assert_eq!((j.requests().calls(Op::S3PutObject), j.uncommitted().calls(Op::S3PutObject)), (1, 1), "the write's own: in memory, for the next");
     // Nothing more is taken, and a decision asked again is the committed one.
-    assert!(j.apply_batch(vec![(failed(0), (Source::Results, "late".to_string()))], Instant::now(), &mut ctl).is_ok());
+    assert!(j.apply_batch(vec![(failed(0), (Source::Results, "late".to_string()))], Instant::now()).is_ok());
     assert_eq!((j.failed().len(), j.unsaved().len()), (0, 1), "a late failure is not applied, only kept for the finish");
     assert_eq!(j.decide_now(&manifest(&[9, 9])), d);
     assert_eq!(j.next(j.news(), j.news(), Duration::from_secs(120), Asker::Timer), Next::Finish);
@@ -163,8 +167,7 @@ fn an_ending_is_the_job_s_only_once_a_checkpoint_commits_it() {
 #[test]
 fn a_quarantined_job_left_in_memory_asks_only_to_be_finished() {
     let mut j = job();
-    let mut ctl = RequestCounts::default();
-    j.apply_batch(vec![(chunk(0, 1), (Source::Results, "1".to_string()))], Instant::now(), &mut ctl).unwrap();
+    j.apply_batch(vec![(chunk(0, 1), (Source::Results, "1".to_string()))], Instant::now()).unwrap();
     commit(&mut j, Commit::Quarantined);
     assert_eq!(j.phase(), &Phase::Finished(JobStatus::Quarantined));
     let t = Instant::now();
@@ -175,11 +178,10 @@ fn a_quarantined_job_left_in_memory_asks_only_to_be_finished() {
 #[test]
 fn a_batch_saves_once_enough_is_unsaved_the_timer_whatever_is() {
     let mut j = job();
-    let mut ctl = RequestCounts::default();
     let t0 = Instant::now();
     let settle = Duration::from_secs(120);
     assert_eq!(j.next(t0, t0, settle, Asker::Timer), Next::Wait, "nothing unsaved");
-    j.apply_batch(vec![(chunk(0, 1), (Source::Results, "1".to_string()))], t0, &mut ctl).unwrap();
+    j.apply_batch(vec![(chunk(0, 1), (Source::Results, "1".to_string()))], t0).unwrap();
     assert_eq!(j.next(t0, t0, settle, Asker::Timer), Next::Save);
     assert_eq!(j.next(j.saved, t0, settle, Asker::Batch), Next::Wait, "one message, just saved");
     assert_eq!(j.next(j.saved + FLUSH_INTERVAL, t0, settle, Asker::Batch), Next::Save);
@@ -219,18 +221,17 @@ fn a_duplicate_is_not_news() {
         (Source::Results, n.to_string())
     };
     let mut j = job();
-    let mut ctl = RequestCounts::default();
     let t0 = Instant::now();
     let (t1, t2, t3) = (t0 + Duration::from_secs(10), t0 + Duration::from_secs(20), t0 + Duration::from_secs(30));
-    j.apply_batch(vec![(chunk(0, 2), kept()), (seal(2), kept())], t1, &mut ctl).unwrap();
+    j.apply_batch(vec![(chunk(0, 2), kept()), (seal(2), kept())], t1).unwrap();
     assert_eq!(j.news(), t1, "a first result and the seal are news");
     commit(&mut j, Commit::Progress);
     j.cp.updated_at = "2026-11-26T00:00:00Z".into();
-    j.apply_batch(vec![(chunk(0, 2), kept()), (seal(2), kept()), (seal(3), kept())], t2, &mut ctl).unwrap();
+    j.apply_batch(vec![(chunk(0, 2), kept()), (seal(2), kept()), (seal(3), kept())], t2).unwrap();
     assert_eq!(j.news(), t1, "a duplicate, the seal again and a conflicting seal are not news");
     commit(&mut j, Commit::Progress);
     assert_eq!(j.cp.updated_at, "2026-11-26T00:00:00Z", "a checkpoint covering only duplicates keeps its time");
-    j.apply_batch(vec![(failed(1), kept())], t3, &mut ctl).unwrap();
+    j.apply_batch(vec![(failed(1), kept())], t3).unwrap();
     assert_eq!(j.news(), t3, "a chunk's first failure is news");
     commit(&mut j, Commit::Progress);
     assert_ne!(j.cp.updated_at, "2026-11-26T00:00:00Z", "a checkpoint with news has a new time");

@@ -31,6 +31,7 @@ mod exactness;
 mod expiry;
 mod outage;
 mod records;
+mod requests;
 
 fn manifest(job: &str, chunks: &[u64]) -> Manifest {
     Manifest {
