@@ -155,13 +155,25 @@ pub struct Carried {
 }
 
 /// What a job dropped from memory carries: its calls since its last confirmed checkpoint, and for
-/// each checkpoint write since whose outcome is unknown (its answer lost), the digest of its body
-/// and the calls that document already held. When the checkpoint loaded next is one of those
-/// documents, the calls it held are in it already and are not counted again.
+/// each checkpoint write since whose outcome is unknown (its answer lost), the digest of its body,
+/// the calls that document already held, and the calls it attributed to what it covered. When the
+/// checkpoint loaded next is one of those documents, the calls it held are in it already and are not
+/// counted again, and what it attributed is taken back (its writer, told it failed, kept the
+/// messages, which a later checkpoint covers and attributes again). Only that document is known: a
+/// job loaded from a later one (another controller loaded the landed write and checkpointed after)
+/// counts the held calls twice.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Carry {
     pub calls: RequestCounts,
-    pub in_writes: Vec<([u8; 32], RequestCounts)>,
+    pub in_writes: Vec<([u8; 32], RequestCounts, RequestCounts)>,
+}
+
+/// What a job loaded takes from what was carried for it: calls to count, and calls its checkpoint
+/// holds that were not made (to take back).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Taken {
+    pub count: RequestCounts,
+    pub withdraw: RequestCounts,
 }
 
 impl Carried {
@@ -191,12 +203,14 @@ impl Carried {
 
     /// What was kept for job `job` (nothing more is kept for it), less what the checkpoint it is
     /// loaded from holds already (`loaded`: that document's digest, if one was read).
-    pub fn take(&mut self, job: &str, loaded: Option<[u8; 32]>) -> RequestCounts {
-        let Some(Carry { mut calls, in_writes }) = self.jobs.remove(job) else { return RequestCounts::default() };
-        if let Some((_, held)) = loaded.and_then(|d| in_writes.into_iter().find(|(w, _)| *w == d)) {
+    pub fn take(&mut self, job: &str, loaded: Option<[u8; 32]>) -> Taken {
+        let Some(Carry { mut calls, in_writes }) = self.jobs.remove(job) else { return Taken::default() };
+        let mut withdraw = RequestCounts::default();
+        if let Some((_, held, attributed)) = loaded.and_then(|d| in_writes.into_iter().find(|(w, ..)| *w == d)) {
             calls.sub(&held);
+            withdraw = attributed;
         }
-        calls
+        Taken { count: calls, withdraw }
     }
 }
 
@@ -274,14 +288,14 @@ mod tests {
         c.keep("a", &one);
         c.keep("a", &one);
         c.keep("b", &RequestCounts::default());
-        assert_eq!(c.take("a", None).calls(Op::S3GetObject), 2);
-        assert_eq!(c.take("a", None).total(), 0, "taken once");
+        assert_eq!(c.take("a", None).count.calls(Op::S3GetObject), 2);
+        assert_eq!(c.take("a", None).count.total(), 0, "taken once");
         assert_eq!(c.jobs.len(), 0, "nothing kept for nothing");
         for i in 0..=MAX_CARRIED {
             c.keep(&format!("{i:06}"), &one);
         }
         assert_eq!(c.jobs.len(), MAX_CARRIED, "bounded");
-        assert_eq!(c.take("000000", None).total(), 0, "the first forgotten");
+        assert_eq!(c.take("000000", None).count.total(), 0, "the first forgotten");
     }
 
     /// A job dropped after a write whose answer was lost: loaded from that very document, it counts
@@ -290,14 +304,16 @@ mod tests {
     fn a_dropped_jobs_calls_are_counted_once_whichever_document_it_is_loaded_from() {
         use fleet_domain::requests::{Billed, Op};
         let n = |k: u64| -> RequestCounts { [(Billed::call(Op::S3PutObject), k)].into_iter().collect() };
-        let carry = Carry { calls: n(5), in_writes: vec![([1; 32], n(2)), ([2; 32], n(4))] };
+        let carry = Carry { calls: n(5), in_writes: vec![([1; 32], n(2), n(7)), ([2; 32], n(4), n(8))] };
         let mut c = Carried::default();
         c.keep_dropped("a", carry.clone());
-        assert_eq!(c.take("a", Some([2; 32])).total(), 1, "the second write landed: it held 4 of the 5");
+        let t = c.take("a", Some([2; 32]));
+        assert_eq!((t.count.total(), t.withdraw.total()), (1, 8), "the second write landed: it held 4 of the 5, and what it attributed is taken back");
         c.keep_dropped("a", carry.clone());
-        assert_eq!(c.take("a", Some([1; 32])).total(), 3);
+        assert_eq!(c.take("a", Some([1; 32])).count.total(), 3);
         c.keep_dropped("a", carry);
         c.keep("a", &n(1));
-        assert_eq!(c.take("a", Some([9; 32])).total(), 6, "none of them landed: all, with what was kept since");
+        let t = c.take("a", Some([9; 32]));
+        assert_eq!((t.count.total(), t.withdraw.total()), (6, 0), "none of them landed: all, with what was kept since");
     }
 }

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use super::item::{self, parse, prepare, Item, Ready, Source};
 use super::job::{Asker, Job, Next};
 use super::limits::{FAILING_FOR, STRAY_RETRY, UNRECORDED_RECEIVES, UNRECORDED_WAITS};
+use super::memory::CarriedCalls;
 use super::records::Verdict;
 use super::{budget, limits};
 use super::{unpaired, Aggregator, Applied, Taken};
@@ -46,6 +47,11 @@ impl Aggregator {
     /// applied concurrently. The messages applied and not returned stay with their jobs until a
     /// checkpoint covers them.
     pub async fn apply(&self, source: Source, msgs: Vec<Kept>) -> Applied {
+        self.apply_from(source, msgs, Receipt::Received).await
+    }
+
+    /// [`apply`](Self::apply), of messages a receive brought now or the hold kept (`receipt`).
+    pub(super) async fn apply_from(&self, source: Source, msgs: Vec<Kept>, receipt: Receipt) -> Applied {
         let mut applied = Applied::default();
         let mut groups: BTreeMap<String, Vec<(Kept, Item)>> = BTreeMap::new();
         for m in msgs {
@@ -87,7 +93,7 @@ impl Aggregator {
                 }
             });
         }
-        let outcomes = futures::future::join_all(groups.into_iter().map(|(job_id, items)| self.apply_group(source, job_id, items))).await;
+        let outcomes = futures::future::join_all(groups.into_iter().map(|(job_id, items)| self.apply_group(source, job_id, items, receipt))).await;
         for a in outcomes {
             applied.delete.extend(a.delete);
             applied.release.extend(a.release);
@@ -120,7 +126,7 @@ impl Aggregator {
 
     /// One job's messages of a batch: checked against its records, then applied in runs that fit the
     /// memory budget (each run's share taken before the job is locked, given back after).
-    async fn apply_group(&self, source: Source, job_id: String, items: Vec<(Kept, Item)>) -> Applied {
+    async fn apply_group(&self, source: Source, job_id: String, items: Vec<(Kept, Item)>, receipt: Receipt) -> Applied {
         let mut out = Applied::default();
         let (kept, items): (Vec<Kept>, Vec<Item>) = items.into_iter().unzip();
         let nothing = || Work::Apply(Vec::new(), RequestCounts::default());
@@ -130,10 +136,20 @@ impl Aggregator {
         }
         // A job whose S3 calls just failed is turned back without a call (see `apply_job`).
         let loaded = self.memory.loaded(&job_id);
-        let checked = match self.memory.turned_back(&job_id, loaded) {
-            Some(e) => Err(e),
-            None => self.books.records.check(&job_id, &items).await,
+        // The lookups' calls, as the store counts them: the job's, kept for it on every path that
+        // does not apply them to it (`Unspent`).
+        let (checked, looked) = match self.memory.turned_back(&job_id, loaded) {
+            Some(e) => (Err(e), RequestCounts::default()),
+            None => counted(self.books.records.check(&job_id, &items)).await,
         };
+        let mut looked = Unspent { carried: self.memory.carried(), job: &job_id, calls: looked };
+        // The receive that brought them: SQS's call shared by the jobs of a batch, attributed to each
+        // of them by rule, once, with the further 64 KiB of what it brought the job (none for
+        // messages applied again from the hold: no receive brought them). See docs/requests.md.
+        if receipt == Receipt::Received {
+            looked.calls.add(Billed::call(Op::SqsReceiveMessage), 1);
+            looked.calls.add(Billed::Extra64KiB { fifo: false }, sqs_extra_chunks(kept.iter().map(|k| k.body.len()).sum()));
+        }
         let checked = match checked {
             Ok(c) => c,
             // Taken as a failure of the job (held with it when it may pass).
@@ -143,7 +159,9 @@ impl Aggregator {
             }
         };
         if let Some(status) = checked.finished {
-            // Finished, its blobs purged: what arrives are late duplicates.
+            // Finished, its blobs purged: what arrives are late duplicates (its report written: the
+            // lookups are no report's).
+            looked.take();
             self.books.remember_finished(&job_id, status);
             record_step(&job_id, self.apply_job(&job_id, source, nothing(), kept).await, &mut out);
             return out;
@@ -199,7 +217,6 @@ impl Aggregator {
                 }
             }
         }
-        let mut looked = Some(checked.requests);
         for (run, share) in budget::runs(agreeing, self.budget.bytes()) {
             let reserved = self.budget.take(share).await;
             let (kept, readies): (Vec<Kept>, Vec<_>) = run.into_iter().map(|(k, item, figures)| (k, (item, figures))).unzip();
@@ -207,7 +224,7 @@ impl Aggregator {
             let prepared =
                 futures::future::join_all(readies.into_iter().map(|(item, figures)| prepare(item, figures, self.store.as_ref(), self.offload_decoding)));
             let (readies, read) = counted(prepared).await;
-            let mut calls = looked.take().unwrap_or_default();
+            let mut calls = looked.take();
             calls.merge(&read);
             let step = self.apply_job(&job_id, source, Work::Apply(readies, calls), kept).await;
             drop(reserved);
@@ -282,7 +299,11 @@ impl Aggregator {
             let marked = self.memory.with(|r| r.failing_mark(job_id));
             let failing = marked.is_some_and(|until| Instant::now().into_std() < until);
             let step = match (work, self.memory.turned_back(job_id, loaded.is_some())) {
-                (Work::Failed(e), _) | (Work::Apply(..), Some(e)) => Err(e),
+                (Work::Failed(e), _) => Err(e),
+                (Work::Apply(_, measured), Some(e)) => {
+                    self.memory.carried().keep(job_id, &measured);
+                    Err(e)
+                }
                 (Work::Apply(items, looked), None) => self.apply_locked(job_id, &mut loaded, items, &mut kept, looked).await,
             };
             match &step {
@@ -316,13 +337,9 @@ impl Aggregator {
         kept: &mut Vec<(Source, Kept)>,
         looked: RequestCounts,
     ) -> Result<Step> {
-        // The calls that looked its records up and read its payloads count for it; so does the
-        // receive that brought its messages, SQS's call shared by the jobs of a batch, attributed to
-        // each of them as it is planned, with the further 64 KiB of what it brought them (see
-        // docs/requests.md).
+        // The calls made for it before its lock (its records looked up, its payloads read, the
+        // receive attributed to it) count for it, kept for it when it is not taken here now.
         let mut ctl = looked;
-        ctl.add(Billed::call(Op::SqsReceiveMessage), 1);
-        ctl.add(Billed::Extra64KiB { fifo: false }, sqs_extra_chunks(kept.iter().map(|(_, k)| k.body.len()).sum()));
         // A job in memory whose lease could not be kept fresh is reloaded (or left to its new owner).
         let stale = match loaded.as_ref() {
             Some(j) => !self.books.leases.fresh(j.lease()).await,
@@ -351,6 +368,7 @@ impl Aggregator {
                 // messages, for the partition's new reader.
                 Taken::Open(job) if kept.iter().any(|(_, k)| self.reading.not_read(k.queue())) => {
                     self.memory.carried().keep(job_id, &ctl);
+                    self.memory.carried().keep_dropped(job_id, job.carry());
                     if let Err(e) = self.books.leases.release(job_id, job.lease()).await {
                         tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
                     }
@@ -382,6 +400,35 @@ impl Aggregator {
             Next::Save => Ok(Step::Delete(self.flush_job(job_id, loaded).await)),
             Next::Wait => Ok(Step::Delete(Vec::new())),
         }
+    }
+}
+
+/// How a batch's messages came: a receive brought them now (its call attributed to their jobs), or
+/// the hold kept them through an outage (no receive made).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Receipt {
+    Received,
+    Held,
+}
+
+/// Calls made for a job that are its own whatever becomes of its messages: applied to the job when
+/// they reach it (`take`), else kept for it when this is dropped, whichever path returned first.
+struct Unspent<'a> {
+    carried: &'a CarriedCalls,
+    job: &'a str,
+    calls: RequestCounts,
+}
+
+impl Unspent<'_> {
+    /// The calls, to apply to the job (nothing is left to keep).
+    fn take(&mut self) -> RequestCounts {
+        std::mem::take(&mut self.calls)
+    }
+}
+
+impl Drop for Unspent<'_> {
+    fn drop(&mut self) {
+        self.carried.keep(self.job, &self.calls);
     }
 }
 

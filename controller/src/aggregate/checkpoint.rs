@@ -90,10 +90,9 @@ impl Aggregator {
     pub(super) async fn flush_job(&self, job_id: &str, loaded: &mut Option<Job>) -> Vec<Kept> {
         let job = loaded.as_mut().expect("the job is in memory");
         // The deletes its messages take once covered: SQS's calls, shared by the jobs of a batch,
-        // attributed to it as they are planned (see docs/requests.md).
+        // attributed to it by rule, in the checkpoint that covers them (see docs/requests.md).
         let mut deletes = RequestCounts::default();
         deletes.add(Billed::call(Op::SqsDeleteMessageBatch), delete_calls(job.unsaved().iter()));
-        job.count(&deletes);
         // Its S3 calls as the store counts them, every attempt: in its next checkpoint.
         let (saved, calls) = counted(async {
             if job.needs_marker() {
@@ -101,7 +100,7 @@ impl Aggregator {
                 self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await?;
                 job.marked();
             }
-            self.books.commit(job, Commit::Progress).await
+            self.books.commit(job, Commit::Progress, &deletes).await
         })
         .await;
         job.count(&calls);
@@ -129,13 +128,13 @@ impl Books {
     /// first when the plan has one, then the document, fenced by the ETag last read or written; once
     /// written, the job takes what it committed ([`Job::saved`]) and the parts the document no longer
     /// names are deleted. A failed write leaves the job as it was.
-    pub(super) async fn commit(&self, job: &mut Job, commit: Commit) -> Result<()> {
+    pub(super) async fn commit(&self, job: &mut Job, commit: Commit, attributed: &RequestCounts) -> Result<()> {
         // What was made for it outside its lock (the timer's lease renewals) goes in this one.
         job.take_carried();
         if let Some(p) = self.memory.with(|r| r.partition(job.id())) {
             job.travels_on(p);
         }
-        let save = job.plan(commit)?;
+        let save = job.plan(commit, attributed)?;
         let started = Instant::now();
         if let Some((part, data)) = save.part() {
             // A key of its own: a stale owner's part can never replace one the document names.
@@ -159,7 +158,7 @@ impl Books {
         let written = match written {
             Ok(w) => w,
             Err(e) => {
-                job.write_unconfirmed(body);
+                job.write_unconfirmed(body, attributed);
                 return Err(e);
             }
         };

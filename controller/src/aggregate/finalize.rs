@@ -118,12 +118,11 @@ impl Books {
         };
         if job.is_open() {
             // The deletes its last messages take: SQS's calls, shared by the jobs of a batch,
-            // attributed to it as they are planned (see docs/requests.md).
+            // attributed to it by rule, in the checkpoint that commits its ending (docs/requests.md).
             let mut deletes = RequestCounts::default();
             deletes.add(Billed::call(Op::SqsDeleteMessageBatch), delete_calls(job.unsaved().iter()));
-            job.count(&deletes);
             let decision = job.decide(&manifest);
-            let (committed, calls) = counted(self.commit(job, Commit::Ending(decision))).await;
+            let (committed, calls) = counted(self.commit(job, Commit::Ending(decision), &deletes)).await;
             job.count(&calls);
             committed?;
         }
@@ -161,7 +160,7 @@ impl Books {
         // Written: the rows borrowed from the job's totals are let go before the job is changed.
         let r = r.map_accounts(|_| ());
         let had_parts = job.parts() > 0;
-        self.commit(job, Commit::Final).await?;
+        self.commit(job, Commit::Final, &RequestCounts::default()).await?;
         if had_parts {
             // Also what a fenced (stale) owner may have left there.
             match store.list(&checkpoint_parts_prefix(&job_id), MAX_OPEN_JOBS).await {

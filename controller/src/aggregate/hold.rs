@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use super::item::{parse, Source};
 use std::sync::{Arc, Mutex};
 
+use super::batch::Receipt;
 use super::job::Job;
 use super::reading::Reading;
 use super::{Aggregator, Applied};
@@ -198,7 +199,7 @@ impl Aggregator {
         }
         let mut applied = Applied::default();
         for (source, kept) in by_source {
-            let a = self.apply(source, kept).await;
+            let a = self.apply_from(source, kept, Receipt::Held).await;
             applied.delete.extend(a.delete);
             applied.release.extend(a.release);
         }

@@ -12,6 +12,7 @@ use controller_core::decision::{Commit, Decision};
 use controller_core::save::Save;
 use fleet_domain::billing::CheckedTotals;
 use fleet_domain::model::{Checkpoint, Manifest};
+use fleet_domain::requests::RequestCounts;
 use fleet_engine::{Kept, Visibility};
 use fleet_io::error::{Error, Result};
 use tokio::time::Instant;
@@ -75,15 +76,16 @@ impl Job {
     /// Counts the calls carried for it (made while it was not in memory to take them), less what the
     /// checkpoint it was loaded from (`loaded`: its body's digest) holds already.
     fn with_carried(mut self, loaded: Option<[u8; 32]>) -> Job {
-        let calls = self.carried.take(self.core.id(), loaded);
-        self.core.count(&calls);
+        let taken = self.carried.take(self.core.id(), loaded);
+        self.core.count(&taken.count);
+        self.core.withdraw(&taken.withdraw);
         self
     }
 
     /// Counts the calls carried for it since it was loaded (a lease renewed by the timer).
     pub(super) fn take_carried(&mut self) {
-        let calls = self.carried.take(self.core.id(), None);
-        self.core.count(&calls);
+        let taken = self.carried.take(self.core.id(), None);
+        self.core.count(&taken.count);
     }
 
     pub(super) fn lease(&self) -> &Lease {
@@ -123,14 +125,15 @@ impl Job {
 
     /// Plans the checkpoint that commits `commit` (a new part, if one is written, named by a fresh
     /// UUID: a part is never written over).
-    pub(super) fn plan(&self, commit: Commit) -> Result<Save> {
+    pub(super) fn plan(&self, commit: Commit, attributed: &RequestCounts) -> Result<Save> {
         let part_id = || uuid::Uuid::now_v7().simple().to_string();
-        self.core.plan(commit, || self.clock.rfc3339(), part_id).map_err(Error::corrupt)
+        self.core.plan(commit, attributed, || self.clock.rfc3339(), part_id).map_err(Error::corrupt)
     }
 
-    /// A checkpoint write of `body` failed without saying whether it landed.
-    pub(super) fn write_unconfirmed(&mut self, body: &[u8]) {
-        self.core.write_unconfirmed(fleet_io::blob::digest(body));
+    /// A checkpoint write of `body`, which attributed `attributed`, failed without saying whether it
+    /// landed.
+    pub(super) fn write_unconfirmed(&mut self, body: &[u8], attributed: &RequestCounts) {
+        self.core.write_unconfirmed(fleet_io::blob::digest(body), attributed);
     }
 
     /// The checkpoint planned was written (its ETag `etag`): see the core's `saved`.

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use controller_core::resident::{Carried, Carry, Resident};
+use controller_core::resident::{Carried, Carry, Resident, Taken};
 use fleet_domain::requests::RequestCounts;
 use fleet_io::error::Error;
 use fleet_io::lock;
@@ -50,7 +50,7 @@ impl CarriedCalls {
 
     /// What was kept for job `job_id`, less what the checkpoint it is loaded from (`loaded`: its
     /// body's digest) holds already.
-    pub(super) fn take(&self, job_id: &str, loaded: Option<[u8; 32]>) -> RequestCounts {
+    pub(super) fn take(&self, job_id: &str, loaded: Option<[u8; 32]>) -> Taken {
         lock(&self.0).take(job_id, loaded)
     }
 }

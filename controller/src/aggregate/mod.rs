@@ -1,7 +1,3 @@
-//! Why one file: the aggregator's state is grouped by the lock that guards it, and what each lock
-//! guards (and that no lock spans two jobs) can only be checked with every field in view; the rooms
-//! that act on it are listed at the end of this header.
-//!
 //! Per-job aggregation, exactly once under at-least-once delivery. Batches are applied in memory; a
 //! job's state (which chunks are accounted for, the running per-account totals, failed chunks, request
 //! counts) is checkpointed to S3 by `flush`, and only the messages a checkpoint covers are handed back
@@ -16,13 +12,22 @@
 //! remembering unsealed jobs by their checkpoint's time only (a HEAD request), so that one whose owner
 //! died and whose messages never come back is still abandoned in time.
 //!
-//! Rooms: `job` (a job in memory: the core's state machine, `controller_core::job`, with this
-//! controller's lease beside it; how a job ends and what a checkpoint commits, `controller_core::decision`;
-//! a checkpoint planned, `controller_core::save`), `item` (what a message brings to a job, by `Source`:
-//! parsed, its sender's role checked, its payload fetched), `limits` (sizes and periods), `records`,
-//! `budget`, `take` (leases and loading), `checkpoint` (flushing, and writing what a job planned),
-//! `finalize` (the report), `scan` (dormant jobs and expiry), `hold`, `quarantine`, `batch` (the path of one
-//! batch); this file holds the aggregator, how it is set up (`Options`) and what it reports of itself.
+//! Its state is owned by types that each guard theirs with one lock, never held across an await (a
+//! job's own lock excepted, held across that job's S3 calls), each in a file of its own: `memory`
+//! (the jobs in memory and the calls carried for jobs not in memory), `hold` (`Holding`: the messages
+//! held through an outage), `reading` (the partitions read, whether the controller is stopping),
+//! `known` (the jobs finished lately and dormant; the expiry's clock), `records`, `purging`, and
+//! `books` (a job's books in the store, with what is known of the jobs and their records). No other
+//! file takes a lock.
+//!
+//! Rooms that act on it: `job` (a job in memory: the core's state machine, `controller_core::job`,
+//! with this controller's lease beside it), `item` (what a message brings to a job, by `Source`:
+//! parsed, its sender's role checked, its payload fetched), `limits` (sizes and periods), `budget`,
+//! `batch` (the path of one batch), `take` (a lease and a load; leases kept and given back),
+//! `checkpoint` (flushing, and writing what a job planned), `finalize` (the report), `scan` (dormant
+//! jobs and expiry), `quarantine`. A job's requests are counted where they are made
+//! (`docs/requests.md`). This file holds the aggregator, how it is set up (`Options`) and what it
+//! reports of itself.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -97,7 +97,7 @@ impl Books {
         tracing::error!(job = %job_id, error = %why, "the job's manifest cannot be read: job quarantined");
         // Committed once (a report write that failed leaves the job quarantined in memory).
         if job.phase() != &Phase::Finished(JobStatus::Quarantined) {
-            self.commit(job, Commit::Quarantined).await?;
+            self.commit(job, Commit::Quarantined, &Default::default()).await?;
         }
         let note =
             format!("quarantined: the job's manifest cannot be read ({why}); its checkpoint keeps the {} chunks accounted for and their rows", job.accounted());

@@ -13,15 +13,15 @@
 //! - what a result's payload may decompress and decode to is capped by its chunk's recorded figures
 //!   (rows by its transactions, bytes by its size), and held against the aggregator's memory budget.
 //!
-//! Deciding is pure (`JobRecords::judge`); looking records up is `Aggregator::check_records`, which
-//! fetches only what the judgement lacks and caches what it found, per job, until the job finishes.
+//! Deciding is pure (`JobRecords::judge`); looking records up is `Records::check`, which fetches
+//! only what the judgement lacks and caches what it found, per job, until the job finishes (its
+//! calls counted by the caller, for the job).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use fleet_domain::layout::{checkpoint_keys, chunk_key, manifest_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{ChunkRecord, Manifest, Progress, ResultMessage};
-use fleet_domain::requests::RequestCounts;
 use fleet_io::blob::BlobStore;
 use fleet_io::error::Result;
 use fleet_io::lock;
@@ -182,8 +182,6 @@ pub(super) struct Checked {
     pub(super) verdicts: Vec<Verdict>,
     /// The job's checkpoint says it finished (its blobs may be purged): its messages are late duplicates.
     pub(super) finished: Option<fleet_domain::model::JobStatus>,
-    /// The calls made to look records up.
-    pub(super) requests: RequestCounts,
     /// The results partition the job's records name (see [`JobRecords::partition`]).
     pub(super) partition: Option<u16>,
 }
@@ -206,7 +204,7 @@ impl Records {
             let judged: Option<Vec<Verdict>> = known.and_then(|r| items.iter().map(|i| r.judge(i, false)).collect());
             if let Some(verdicts) = judged {
                 let partition = known.and_then(JobRecords::partition);
-                return Ok(Checked { verdicts, finished: None, requests: RequestCounts::default(), partition });
+                return Ok(Checked { verdicts, finished: None, partition });
             }
             known.cloned().unwrap_or_default()
         };
@@ -221,8 +219,8 @@ impl Records {
         wanted.sort_unstable();
         wanted.dedup();
         let store = self.store.as_ref();
-        // The lookups' requests count for the job: read off the store's own counter (every attempt).
-        let (looked, calls) = fleet_io::call::counted(async {
+        // The lookups' calls count for the job: the caller reads them off the store's own counter.
+        let looked = async {
             let heads = futures::future::join_all(wanted.iter().map(|&c| async move { (c, store.head(&chunk_key(job_id, c)).await) })).await;
             for (c, found) in heads {
                 rec.found_chunk(c, found?.as_ref());
@@ -249,9 +247,9 @@ impl Records {
                 }
             }
             Ok::<_, fleet_io::Error>(finished)
-        })
+        }
         .await;
-        let (finished, requests) = (looked?, calls);
+        let finished = looked?;
         let verdicts = items.iter().map(|i| rec.judge(i, true).expect("every lookup made")).collect();
         let partition = rec.partition();
         if rec.known() {
@@ -261,7 +259,7 @@ impl Records {
             }
             cache.entry(job_id.to_string()).or_default().merge(rec);
         }
-        Ok(Checked { verdicts, finished, requests, partition })
+        Ok(Checked { verdicts, finished, partition })
     }
 
     /// The job's manifest if its records hold it (read when its seal was checked).
@@ -282,6 +280,7 @@ mod tests {
     use crate::aggregate::limits::{MAX_RESULT_BYTES, ROW_FIGURES_BYTES};
     use fleet_domain::codec::accounts_cap;
     use fleet_domain::model::{ChunkOutcome, ChunkResult};
+    use fleet_domain::requests::RequestCounts;
 
     fn result(chunk: u32, n: u64) -> Item {
         Item::Result(ResultMessage::Chunk(ChunkResult {

@@ -131,6 +131,7 @@ impl Aggregator {
                                 if let Err(e) = self.books.leases.release(&job_id, job.lease()).await {
                                     tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
                                 }
+                                self.memory.carried().keep_dropped(&job_id, job.carry());
                             } else {
                                 // Let go of with its partition, like a job its messages brought.
                                 if let Some(p) = job.partition().filter(|p| self.reading.is_partition(*p)) {

@@ -100,6 +100,7 @@ impl Aggregator {
             if let Err(e) = self.books.leases.release(job_id, job.lease()).await {
                 tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
             }
+            self.memory.carried().keep_dropped(job_id, job.carry());
         }
         self.memory.prune_all(slots);
     }

@@ -202,11 +202,15 @@ impl RequestCounts {
         }
     }
 
-    /// Takes back counts merged before (an operation that did not happen after all).
+    /// Takes back counts merged before (counted elsewhere already); a count that reaches zero is
+    /// not kept.
     pub fn sub(&mut self, other: &RequestCounts) {
         for (k, v) in &other.0 {
             if let Some(c) = self.0.get_mut(k) {
                 *c = c.saturating_sub(*v);
+                if *c == 0 {
+                    self.0.remove(k);
+                }
             }
         }
     }

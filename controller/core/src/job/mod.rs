@@ -96,8 +96,9 @@ pub struct Job<H> {
     /// The calls counted for it since its last checkpoint (in `cp.requests` too): lost with the job
     /// when it is dropped from memory unless the driver carries them to its next load.
     uncommitted: RequestCounts,
-    /// Beside each of `unconfirmed`, the calls since the last checkpoint its document held.
-    unconfirmed_calls: Vec<RequestCounts>,
+    /// Beside each of `unconfirmed`, the calls since the last checkpoint its document held, and the
+    /// calls it attributed to what it covered.
+    unconfirmed_calls: Vec<(RequestCounts, RequestCounts)>,
 }
 
 /// How many checkpoint writes of unknown outcome a job remembers (each failed one may have landed,
@@ -220,6 +221,13 @@ impl<H> Job<H> {
         self.uncommitted.merge(calls);
     }
 
+    /// Takes back calls a loaded checkpoint holds that were not made: the deletes a write of unknown
+    /// outcome attributed to it, which landed while its writer, told it failed, kept the messages
+    /// (they were covered and attributed again by a later checkpoint).
+    pub fn withdraw(&mut self, calls: &RequestCounts) {
+        self.cp.requests.sub(calls);
+    }
+
     /// The calls counted since its last checkpoint.
     pub fn uncommitted(&self) -> &RequestCounts {
         &self.uncommitted
@@ -228,7 +236,8 @@ impl<H> Job<H> {
     /// What it carries when it is dropped from memory: its calls since its last checkpoint, and
     /// those each write of unknown outcome since held (see `crate::resident::Carry`).
     pub fn carry(&self) -> Carry {
-        Carry { calls: self.uncommitted.clone(), in_writes: self.unconfirmed.iter().copied().zip(self.unconfirmed_calls.iter().cloned()).collect() }
+        let in_writes = self.unconfirmed.iter().zip(&self.unconfirmed_calls).map(|(d, (held, attributed))| (*d, held.clone(), attributed.clone())).collect();
+        Carry { calls: self.uncommitted.clone(), in_writes }
     }
 
     /// Messages applied and not yet covered by a checkpoint.
@@ -347,12 +356,20 @@ impl<H> Job<H> {
     }
 
     /// Plans the checkpoint that commits `commit`, with every call counted so far (its own writes are
-    /// counted once made, in the next): the document and, for a large job, the part to write before
-    /// it (named by `part_id`, asked only then). `wall`: the time it is planned at (RFC 3339), asked only when it is
+    /// counted once made, in the next) and `attributed` (calls attributed to it by rule for what this
+    /// checkpoint covers: the job's once the document is written): the document and, for a large
+    /// job, the part to write before it (named by `part_id`, asked only then). `wall`: the time it is planned at (RFC 3339), asked only when it is
     /// the document's new time: the job had news, or the commit is more than progress. The job is unchanged until [`saved`](Self::saved) says the document was
     /// written.
-    pub fn plan(&self, commit: Commit, wall: impl FnOnce() -> String, part_id: impl FnOnce() -> String) -> fleet_domain::error::Result<Save> {
+    pub fn plan(
+        &self,
+        commit: Commit,
+        attributed: &RequestCounts,
+        wall: impl FnOnce() -> String,
+        part_id: impl FnOnce() -> String,
+    ) -> fleet_domain::error::Result<Save> {
         let mut doc = self.cp.clone();
+        doc.requests.merge(attributed);
         if self.changed || !matches!(commit, Commit::Progress) {
             doc.updated_at = wall();
         }
@@ -392,15 +409,16 @@ impl<H> Job<H> {
     }
 
     /// A checkpoint write failed without saying whether it landed (any such write since the last
-    /// confirmed one may be the one in place): `digest`, its body's SHA-256.
-    pub fn write_unconfirmed(&mut self, digest: [u8; 32]) {
+    /// confirmed one may be the one in place): `digest`, its body's SHA-256; `attributed`, what its
+    /// plan attributed to what it covered.
+    pub fn write_unconfirmed(&mut self, digest: [u8; 32], attributed: &RequestCounts) {
         if self.unconfirmed.len() >= MAX_UNCONFIRMED {
             self.unconfirmed.remove(0);
             self.unconfirmed_calls.remove(0);
         }
         self.unconfirmed.push(digest);
         // Nothing is counted between a plan and its write: the document held these.
-        self.unconfirmed_calls.push(self.uncommitted.clone());
+        self.unconfirmed_calls.push((self.uncommitted.clone(), attributed.clone()));
     }
 
     /// The checkpoint planned was written (its ETag `etag`) at `now`: the job takes what it committed

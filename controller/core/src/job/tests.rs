@@ -73,7 +73,7 @@ fn manifest(chunks: &[u64]) -> Manifest {
 
 /// Commits `commit` as if its checkpoint was written.
 fn commit(j: &mut Job<String>, commit: Commit) {
-    let save = j.plan(commit, wall, part).unwrap();
+    let save = j.plan(commit, &RequestCounts::default(), wall, part).unwrap();
     j.saved(save, "\"etag\"".into(), Instant::now());
 }
 
@@ -131,7 +131,7 @@ fn an_ending_is_the_job_s_only_once_a_checkpoint_commits_it() {
     let d = j.decide_now(&manifest(&[2, 5]));
     assert!(j.is_open(), "deciding is not committing");
     // The write failed: the plan is dropped, the job is as it was (no flag to roll back).
-    let lost = j.plan(Commit::Ending(d.clone()), wall, part).unwrap();
+    let lost = j.plan(Commit::Ending(d.clone()), &RequestCounts::default(), wall, part).unwrap();
     drop(lost);
     assert_eq!((j.is_open(), j.failed().len()), (true, 1));
     j.apply(chunk(1, 5)).unwrap();
@@ -145,7 +145,7 @@ fn an_ending_is_the_job_s_only_once_a_checkpoint_commits_it() {
     calls.add(Billed::call(Op::S3GetObject), 3);
     j.count(&calls);
     assert_eq!(j.uncommitted().calls(Op::S3GetObject), 3);
-    let save = j.plan(Commit::Ending(d.clone()), wall, part).unwrap();
+    let save = j.plan(Commit::Ending(d.clone()), &RequestCounts::default(), wall, part).unwrap();
     j.saved(save, "\"e1\"".into(), Instant::now());
     assert_eq!(j.phase(), &Phase::Ending(d.clone()));
     assert_eq!(j.requests().calls(Op::S3GetObject), 3, "counted calls are in the checkpoint");

@@ -117,4 +117,9 @@ async fn a_reports_s3_requests_are_what_the_store_counted_for_its_job() {
     // one, its reload's reads, the payload read that found nothing.
     assert!(seen.calls(Op::S3PutObject) >= 5 && seen.calls(Op::S3GetObject) >= 4, "{seen:?}");
     assert!(store.checkpoint_writes.load(std::sync::atomic::Ordering::SeqCst) >= 3);
+    // SQS's calls, attributed by rule once what they serve is done: a receive per batch applied
+    // (three: chunk 0, chunk 1 again from the hold after the drop lost the first, the last batch),
+    // the deletes of each checkpoint written (the two that covered a message, the ending's), none
+    // for the write the controller heard fail.
+    assert_eq!((r.requests.sqs.get("ReceiveMessage"), r.requests.sqs.get("DeleteMessageBatch")), (Some(&3), Some(&3)), "{:?}", r.requests.sqs);
 }
