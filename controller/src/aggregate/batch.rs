@@ -13,10 +13,10 @@ use fleet_io::error::{Error, Result};
 use fleet_io::op::sqs_extra_chunks;
 use tokio::time::Instant;
 
+use super::carried::CarriedCalls;
 use super::item::{self, parse, prepare, Item, Ready, Source};
 use super::job::{Asker, Job, Next};
 use super::limits::{FAILING_FOR, STRAY_RETRY, UNRECORDED_RECEIVES, UNRECORDED_WAITS};
-use super::memory::CarriedCalls;
 use super::records::Verdict;
 use super::{budget, limits};
 use super::{unpaired, Aggregator, Applied, Taken};

@@ -19,8 +19,8 @@ use tokio::time::Instant;
 
 pub(super) use controller_core::job::{Asker, Next, Phase, Unsaved};
 
+use super::carried::CarriedCalls;
 use super::item::{Ready, Source};
-use super::memory::CarriedCalls;
 use crate::clock::Clock;
 use crate::lease::Lease;
 

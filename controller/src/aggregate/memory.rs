@@ -1,17 +1,17 @@
 //! The jobs in memory, under one lock (never held across an await): the core's bookkeeping
 //! (`controller_core::resident`: slots, weak leases, failing marks, partitions) over this driver's
-//! slots, the count of messages applied and waiting for a checkpoint, and the calls carried for jobs
-//! that were not in memory to take them (`Carried`, under a lock of its own).
+//! slots, the count of messages applied and waiting for a checkpoint, and where the calls made for
+//! jobs not in memory are carried (`carried`, under a lock of its own).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use controller_core::resident::{Carried, Carry, Resident, Taken};
-use fleet_domain::requests::RequestCounts;
+use controller_core::resident::Resident;
 use fleet_io::error::Error;
 use fleet_io::lock;
 use tokio::time::Instant;
 
+use super::carried::CarriedCalls;
 use super::job::Job;
 use super::limits::FAILING_FOR;
 use crate::lease::WeakLease;
@@ -28,31 +28,6 @@ pub(super) struct Memory {
     pending: Arc<AtomicUsize>,
     /// Calls made for jobs that were not in memory to take them (shared with each job).
     carried: CarriedCalls,
-}
-
-/// The calls made for jobs that were not in memory to take them (see
-/// `controller_core::resident::Carried`): a job dropped carries its calls since its last checkpoint
-/// here, the timer's lease renewals are kept here, and a job takes its own when it is loaded, saved or
-/// finished.
-#[derive(Clone, Default)]
-pub(super) struct CarriedCalls(Arc<Mutex<Carried>>);
-
-impl CarriedCalls {
-    /// Keeps `calls` made for job `job_id` until it takes them.
-    pub(super) fn keep(&self, job_id: &str, calls: &RequestCounts) {
-        lock(&self.0).keep(job_id, calls);
-    }
-
-    /// Keeps what job `job_id` carried when it was dropped from memory.
-    pub(super) fn keep_dropped(&self, job_id: &str, carry: Carry) {
-        lock(&self.0).keep_dropped(job_id, carry);
-    }
-
-    /// What was kept for job `job_id`, less what the checkpoint it is loaded from (`loaded`: its
-    /// body's digest) holds already.
-    pub(super) fn take(&self, job_id: &str, loaded: Option<[u8; 32]>) -> Taken {
-        lock(&self.0).take(job_id, loaded)
-    }
 }
 
 impl Memory {

@@ -14,7 +14,7 @@
 //!
 //! Its state is owned by types that each guard theirs with one lock, never held across an await (a
 //! job's own lock excepted, held across that job's S3 calls), each in a file of its own: `memory`
-//! (the jobs in memory and the calls carried for jobs not in memory), `hold` (`Holding`: the messages
+//! (the jobs in memory), `carried` (the calls made for jobs not in memory to take them), `hold` (`Holding`: the messages
 //! held through an outage), `reading` (the partitions read, whether the controller is stopping),
 //! `known` (the jobs finished lately and dormant; the expiry's clock), `records`, `purging`, and
 //! `books` (a job's books in the store, with what is known of the jobs and their records). No other
@@ -45,6 +45,7 @@ use crate::lease::Leases;
 mod batch;
 mod books;
 pub mod budget;
+mod carried;
 mod checkpoint;
 mod finalize;
 pub mod hold;
