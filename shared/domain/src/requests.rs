@@ -177,9 +177,12 @@ impl fmt::Display for Billed {
 impl FromStr for Billed {
     type Err = String;
 
-    /// A [`Billed::name`] read back.
+    /// A [`Billed::name`] read back (every result and checkpoint read parses a few: from a table
+    /// of the names made once, not by formatting each candidate's).
     fn from_str(s: &str) -> Result<Billed, String> {
-        Billed::all().find(|b| b.name() == s).ok_or_else(|| format!("'{s}' is not a billed request"))
+        static BY_NAME: std::sync::LazyLock<std::collections::HashMap<String, Billed>> =
+            std::sync::LazyLock::new(|| Billed::all().map(|b| (b.name(), b)).collect());
+        BY_NAME.get(s).copied().ok_or_else(|| format!("'{s}' is not a billed request"))
     }
 }
 

@@ -1,3 +1,7 @@
+//! Why one file: a job's fields and the transitions that change them are checked together (that
+//! nothing changes before a write is confirmed, that each counted call lands in one checkpoint); the
+//! item's, the ending's and the unsaved messages' rules are in `apply`, `ending`, `unsaved`.
+//!
 //! A newcomer reads `Phase`, then `impl Job` here; what an item does to a job is in `apply`, how it
 //! ends in `ending`, its unit tests in `tests`.
 //!
