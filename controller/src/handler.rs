@@ -120,7 +120,7 @@ impl Handler for ResultsHandler {
         let kept = msgs.into_iter().map(|d| done.keep(d)).collect();
         // A job that could not be applied marks it failed (`Aggregator::apply`).
         let applied = tracing::Instrument::instrument(self.agg.apply(self.source, kept), span).await;
-        events::ResultsApplied { open_jobs: self.agg.open_jobs() }.emit();
+        events::ResultsApplied { open_jobs: self.agg.memory().open_jobs() }.emit();
         // Announced when they are visible again, so that the owner's parked listener finds them.
         announce(&self.notifiers, applied.release.iter().map(|(k, after)| (k.queue(), *after)));
         outcomes(done, applied)

@@ -102,7 +102,7 @@ async fn stop(
         // What is held through a store outage goes back to its queue first, for whoever reads it
         // next: nothing below (a balancing round under way, a flush) may wait out a hung store with
         // it invisible. Nothing is held from now on.
-        agg.stopping();
+        agg.reading().stop();
         hand_back_held(agg, None);
         // The timers first (a balancing round under way ends), then every listener at once: each may
         // wait for its long poll to end (up to 20 s).
@@ -119,7 +119,7 @@ async fn stop(
             if undo::is(undo::Fix::HandBackHeld) {
                 return;
             }
-            let unsaved = agg.unsaved_visibility();
+            let unsaved = agg.memory().unsaved_visibility();
             match tokio::time::timeout(left() / 2, agg.flush_idle()).await {
                 Ok(done) => complete(done),
                 Err(_) => unsaved.iter().for_each(fleet_engine::Visibility::show),
@@ -134,7 +134,7 @@ async fn stop(
         // The last checkpoint, within most of what is left: one that waits out a hung store gives
         // its messages back (visible at once) and the stop goes on to the listeners' last
         // completions and the hand-over.
-        let unsaved = agg.unsaved_visibility();
+        let unsaved = agg.memory().unsaved_visibility();
         match tokio::time::timeout(left() * 3 / 4, agg.flush()).await {
             Ok(done) => complete(done),
             Err(_) if !undo::is(undo::Fix::HandBackHeld) => {
@@ -149,7 +149,7 @@ async fn stop(
         }
         forward.finish(true).await;
         // Other controllers may take this one's jobs and partitions over at once.
-        agg.release_leases().await;
+        agg.release_leases(|_| true).await;
         drop(readers);
         if let Err(e) = own.lock().await.round(&BTreeSet::new(), true).await {
             tracing::warn!(error = %e, "could not hand the partitions back; they are taken over when this controller's membership runs out");
@@ -175,7 +175,7 @@ async fn stop(
         Err(_) => {
             tracing::warn!(
                 drain_secs = settings.drain_secs,
-                pending = agg.pending(),
+                pending = agg.memory().pending(),
                 "the stop deadline passed: what was not checkpointed comes back after its visibility timeout (at once if it had been \
                  held), leases not given back expire, a purge left halfway is redone from its marker (or by the bucket's lifecycle rule)"
             );

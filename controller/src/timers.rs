@@ -121,7 +121,7 @@ impl Actions {
             Timer::Flush => {
                 complete(self.agg.flush_idle().await);
                 self.agg.renew_leases().await;
-                events::open_jobs(self.agg.open_jobs());
+                events::open_jobs(self.agg.memory().open_jobs());
             }
             Timer::RetryHeld => complete_applied(self.agg.retry_held().await, &self.notifiers),
             Timer::ExtendHeld => self.agg.holding().extend(),

@@ -79,7 +79,7 @@ impl Aggregator {
             };
             match authorized {
                 Ok(item) => groups.entry(item.job_id().to_string()).or_default().push((m, item)),
-                Err(why) => applied.delete.extend(self.quarantine_message(source, m, &why).await),
+                Err(why) => applied.delete.extend(self.unreadable.keep(source, m, &why, &self.holding).await),
             }
         }
         if self.reading.partitioned() {
@@ -99,29 +99,6 @@ impl Aggregator {
             applied.release.extend(a.release);
         }
         applied
-    }
-
-    /// Keeps a message in the quarantine (`initiator dlq list`) with the reason; returns it for
-    /// deletion once kept (held when the store does not answer, else left to come back).
-    pub(super) async fn quarantine_message(&self, source: Source, m: Kept, reason: &str) -> Option<Kept> {
-        // The queue it came from (a partition's, so that a redrive sends it back to its job's owner).
-        let queue = if m.queue().is_empty() { self.queues.get(&source).map_or("unknown", String::as_str) } else { m.queue() };
-        match fleet_io::quarantine::put(self.store.as_ref(), queue, &m, reason).await {
-            Ok(key) => {
-                crate::events::MessageQuarantined { queue, message_id: &m.id, key: &key, reason }.emit();
-                // The batch's span (`apply_results`) shows it: a message not applied.
-                fleet_io::telemetry::fail(&tracing::Span::current(), format_args!("message {} of {queue} quarantined: {reason}", m.id));
-                Some(m)
-            }
-            Err(qe) if qe.is_retryable() => {
-                self.holding.hold(vec![(source, m)], &qe);
-                None
-            }
-            Err(qe) => {
-                tracing::warn!(queue, message_id = %m.id, error = %qe, "could not quarantine a message; it will be redelivered");
-                None
-            }
-        }
     }
 
     /// One job's messages of a batch: checked against its records, then applied in runs that fit the
@@ -192,7 +169,7 @@ impl Aggregator {
                         budget >> 20
                     );
                     crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded: true }.emit();
-                    out.delete.extend(self.quarantine_message(source, k, &why).await);
+                    out.delete.extend(self.unreadable.keep(source, k, &why, &self.holding).await);
                 }
                 Verdict::Agrees(figures) => {
                     let share = figures.map_or(0, limits::Figures::max_memory);
@@ -200,7 +177,7 @@ impl Aggregator {
                 }
                 Verdict::Refused(why) => {
                     crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded: true }.emit();
-                    out.delete.extend(self.quarantine_message(source, k, &why).await);
+                    out.delete.extend(self.unreadable.keep(source, k, &why, &self.holding).await);
                 }
                 // It may yet come on record (never in practice: the initiator writes its records
                 // before it sends what names them), so it waits a few receives, never into the
@@ -213,7 +190,7 @@ impl Aggregator {
                 }
                 Verdict::Unrecorded(why) => {
                     crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded: false }.emit();
-                    out.delete.extend(self.quarantine_message(source, k, &why).await);
+                    out.delete.extend(self.unreadable.keep(source, k, &why, &self.holding).await);
                 }
             }
         }
@@ -290,7 +267,9 @@ impl Aggregator {
     async fn apply_job(&self, job_id: &str, source: Source, work: Work, kept: Vec<Kept>) -> Result<Step> {
         if self.books.known.is_finished(job_id) {
             tracing::debug!(job = %job_id, n = kept.len(), "late messages of a finished job");
-            return Ok(Step::Delete(self.complete_late(job_id, kept.into_iter().map(|k| (source, k)).collect()).await));
+            return Ok(Step::Delete(
+                self.unreadable.complete_late(&self.books.known, &self.holding, job_id, kept.into_iter().map(|k| (source, k)).collect()).await,
+            ));
         }
         let mut kept: Vec<(Source, Kept)> = kept.into_iter().map(|k| (source, k)).collect();
         let slot = self.memory.slot(job_id);
@@ -368,14 +347,16 @@ impl Aggregator {
                 // messages, for the partition's new reader.
                 Taken::Open(job) if kept.iter().any(|(_, k)| self.reading.not_read(k.queue())) => {
                     self.memory.carried().keep(job_id, &ctl);
-                    self.memory.carried().keep_dropped(job_id, job.carry());
+                    self.memory.carried().keep_dropped(job_id, job.writes().carry());
                     if let Err(e) = self.books.leases.release(job_id, job.lease()).await {
                         tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
                     }
                     return Ok(Step::NotMine(unpaired(kept), Duration::ZERO));
                 }
                 Taken::Open(job) => *loaded = Some(*job),
-                Taken::AlreadyFinished => return Ok(Step::Delete(self.complete_late(job_id, std::mem::take(kept)).await)),
+                Taken::AlreadyFinished => {
+                    return Ok(Step::Delete(self.unreadable.complete_late(&self.books.known, &self.holding, job_id, std::mem::take(kept)).await))
+                }
                 Taken::Busy(after) => {
                     tracing::debug!(job = %job_id, n = kept.len(), after_ms = after.as_millis() as u64, "job owned by another controller; messages handed back");
                     return Ok(Step::NotMine(unpaired(kept), after));

@@ -36,15 +36,6 @@ impl Aggregator {
         self.flush_jobs(true).await
     }
 
-    /// Handles to every message applied and not yet checkpointed (jobs being worked on skipped: their
-    /// batch has them), taken before a stop's last [`flush`](Self::flush): when that flush does not
-    /// finish in time they are made visible at once for the partition's next owner, instead of
-    /// staying invisible for as long as their last extension said (the hold's two minutes for
-    /// messages applied again after a hold: found by the simulation's soak, seed 1518).
-    pub fn unsaved_visibility(&self) -> Vec<fleet_engine::Visibility> {
-        self.memory.slots().iter().filter_map(|(_, slot)| slot.try_lock().ok()?.as_ref().map(|job| job.visibility())).flatten().collect()
-    }
-
     /// [`flush`](Self::flush), skipping the jobs being worked on (the timer's: a job whose S3 calls
     /// hang holds up nobody else's deletes).
     pub async fn flush_idle(&self) -> Vec<Kept> {
@@ -95,10 +86,10 @@ impl Aggregator {
         deletes.add(Billed::call(Op::SqsDeleteMessageBatch), delete_calls(job.unsaved().iter()));
         // Its S3 calls as the store counts them, every attempt: in its next checkpoint.
         let (saved, calls) = counted(async {
-            if job.needs_marker() {
+            if job.writes().needs_marker() {
                 // Before the first checkpoint: a restarted controller finds the job through it.
                 self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await?;
-                job.marked();
+                job.writes_mut().marked();
             }
             self.books.commit(job, Commit::Progress, &deletes).await
         })
@@ -152,7 +143,7 @@ impl Books {
         let written = if crate::undo::is(crate::undo::Fix::LostAnswerReadBack) {
             self.store.put_if(&key, body.clone(), "application/zstd", &meta, &cond).await
         } else {
-            let earlier = if crate::undo::is(crate::undo::Fix::EarlierWriteReadBack) { &[][..] } else { job.unconfirmed() };
+            let earlier = if crate::undo::is(crate::undo::Fix::EarlierWriteReadBack) { &[][..] } else { job.writes().unconfirmed() };
             fleet_io::blob::put_if_owned_after(self.store.as_ref(), &key, body.clone(), "application/zstd", &meta, &cond, earlier).await
         };
         let written = match written {

@@ -20,7 +20,6 @@ use super::delete_calls;
 use super::job::{hand_over, Job, Phase};
 use super::limits::MAX_OPEN_JOBS;
 use controller_core::decision::Commit;
-use controller_core::job::placeholder_manifest;
 
 impl Books {
     /// Writes the report of a job in memory (complete, or abandoned when it says so) and forgets it;
@@ -54,11 +53,11 @@ impl Books {
         // recorded, the marker is what brings the finished job back to a scan should this
         // controller die (found by the simulation, seed 2225: cut off from S3 after the report,
         // then a crash, left its chunk blobs for good).
-        if job.needs_marker() {
+        if job.writes().needs_marker() {
             let (put, calls) = counted(self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream")).await;
             job.count(&calls);
             put?;
-            job.marked();
+            job.writes_mut().marked();
         }
         // The manifest its seal was checked against (else read again by `finalize`).
         let recorded = self.records.manifest(job_id);
@@ -113,8 +112,10 @@ impl Books {
         let manifest = match manifest {
             Some(m) => m,
             // Only an abandoned job may end without one (decided now, or committed so before).
-            None if job.may_end_without_manifest() => Arc::new(placeholder_manifest(&job_id, job.accounted() as u32, job.known_transactions())),
-            None => return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") }),
+            None => match job.stand_in_manifest() {
+                Some(m) => Arc::new(m),
+                None => return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") }),
+            },
         };
         if job.is_open() {
             // The deletes its last messages take: SQS's calls, shared by the jobs of a batch,
@@ -130,8 +131,8 @@ impl Books {
         job.take_carried();
         let Phase::Ending(decision) = job.phase() else { unreachable!("an open job's ending was committed above") };
         let mut requests = manifest.requests.clone();
-        requests.merge(job.requests());
-        let mut r = report::build_borrowed(&manifest, job.totals(), decision.failed.clone(), &requests);
+        requests.merge(job.tally().requests());
+        let mut r = report::build_borrowed(&manifest, job.tally().totals(), decision.failed.clone(), &requests);
         r.requests.set_cost(&self.prices, &requests, manifest.submitted);
         r.status = decision.status;
         r.note = decision.note.clone();
@@ -159,7 +160,7 @@ impl Books {
         }
         // Written: the rows borrowed from the job's totals are let go before the job is changed.
         let r = r.map_accounts(|_| ());
-        let had_parts = job.parts() > 0;
+        let had_parts = job.tally().parts() > 0;
         self.commit(job, Commit::Final, &RequestCounts::default()).await?;
         if had_parts {
             // Also what a fenced (stale) owner may have left there.
@@ -185,7 +186,7 @@ impl Books {
             failed: r.transactions.failed,
             requests: r.requests.total,
             latency,
-            total_chunks: job.total_chunks(),
+            total_chunks: job.tally().total_chunks(),
             failed_chunks: &r.failed_chunks,
             note: r.note.as_deref(),
         }

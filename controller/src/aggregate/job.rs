@@ -133,7 +133,7 @@ impl Job {
     /// A checkpoint write of `body`, which attributed `attributed`, failed without saying whether it
     /// landed.
     pub(super) fn write_unconfirmed(&mut self, body: &[u8], attributed: &RequestCounts) {
-        self.core.write_unconfirmed(fleet_io::blob::digest(body), attributed);
+        self.core.writes_mut().write_unconfirmed(fleet_io::blob::digest(body), attributed);
     }
 
     /// The checkpoint planned was written (its ETag `etag`): see the core's `saved`.
@@ -150,14 +150,14 @@ impl Job {
     /// Hands it over to the controller that owns it now: its unsaved messages (its calls since its
     /// last checkpoint carried, should it come back here).
     pub(super) fn hand_over(self) -> Vec<Kept> {
-        self.carried.keep_dropped(self.core.id(), self.core.carry());
+        self.carried.keep_dropped(self.core.id(), self.core.writes().carry());
         self.core.hand_over()
     }
 
     /// Drops it after a failure: its unsaved messages with their queues (its calls since its last
     /// checkpoint carried to its next load).
     pub(super) fn drop_unsaved(self) -> Vec<(Source, Kept)> {
-        self.carried.keep_dropped(self.core.id(), self.core.carry());
+        self.carried.keep_dropped(self.core.id(), self.core.writes().carry());
         self.core.drop_unsaved()
     }
 

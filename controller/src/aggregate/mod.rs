@@ -25,7 +25,8 @@
 //! parsed, its sender's role checked, its payload fetched), `limits` (sizes and periods), `budget`,
 //! `batch` (the path of one batch), `take` (a lease and a load; leases kept and given back),
 //! `checkpoint` (flushing, and writing what a job planned), `finalize` (the report), `scan` (dormant
-//! jobs and expiry), `quarantine`. A job's requests are counted where they are made
+//! jobs and expiry), `quarantine` (jobs whose state cannot be read; `Unreadable`, where a message that
+//! can never count is kept). A job's requests are counted where they are made
 //! (`docs/requests.md`). This file holds the aggregator, how it is set up (`Options`) and what it
 //! reports of itself.
 
@@ -68,9 +69,11 @@ pub use item::{Source, MEMORY_TARGET};
 use job::Job;
 use known::{Expiry, Known};
 pub use limits::{DEAD_LETTER_REASON, FLUSH_INTERVAL, FLUSH_MESSAGES, HAND_BACK, INLINE_ROWS, LEASE, MAX_RESULT_BYTES, SETTLE, UNRECORDED_RECEIVES};
-use memory::{Memory, Slot};
+pub use memory::Memory;
+use memory::Slot;
 pub use purging::Purging;
-use reading::Reading;
+use quarantine::Unreadable;
+pub use reading::Reading;
 use records::Records;
 pub use scan::{Emptied, FleetQueues, Look, StallLimit, DEPTH_LAG};
 
@@ -134,7 +137,8 @@ pub struct Waiting {
 /// ([`Options`]) and never changes.
 pub struct Aggregator {
     store: Arc<dyn BlobStore>,
-    queues: HashMap<Source, String>,
+    /// Where a message that can never count is kept with the reason (see `quarantine`).
+    unreadable: Unreadable,
     /// Each results partition's queue, where a stray (a message read from a partition other than its
     /// job's) is forwarded (see `forward_strays`).
     strays_to: BTreeMap<u16, Arc<dyn fleet_io::queue::Queue>>,
@@ -218,11 +222,6 @@ impl Default for Options {
 }
 
 impl Aggregator {
-    /// An aggregator set up as [`Options::default`] says.
-    pub fn new(store: Arc<dyn BlobStore>) -> Aggregator {
-        Self::with(store, Options::default())
-    }
-
     /// An aggregator set up as `options` say.
     pub fn with(store: Arc<dyn BlobStore>, options: Options) -> Aggregator {
         let Options { owner, lease, clock, settle, prices, decode_budget, stall, queues, partition_queues, strays_to, keyring } = options;
@@ -242,8 +241,8 @@ impl Aggregator {
             memory: memory.clone(),
         };
         Aggregator {
+            unreadable: Unreadable { store: store.clone(), queues },
             store,
-            queues,
             strays_to,
             keyring,
             memory,
@@ -281,30 +280,25 @@ impl Aggregator {
             return done;
         }
         let jobs = self.memory.with(|r| r.jobs_of(p));
-        self.release_leases_where(|job| jobs.contains(job)).await;
+        self.release_leases(|job| jobs.contains(job)).await;
         self.memory.with(|r| r.let_go(&jobs));
         done
     }
 
-    /// The controller is stopping: a batch that fails from now on goes back to its queue at once
-    /// instead of being held.
-    pub fn stopping(&self) {
-        self.reading.stop();
+    /// The partitions it reads (`read` when one is gained), and whether it is stopping (`stop`: a
+    /// batch that fails from then on goes back to its queue at once instead of being held).
+    pub fn reading(&self) -> &Reading {
+        &self.reading
     }
 
-    /// This controller reads results partition `p` (again): its messages may be held.
-    pub fn reading(&self, p: u16) {
-        self.reading.read(p);
+    /// The jobs in memory (`open_jobs`, `pending` messages, `unsaved_visibility` before a stop).
+    pub fn memory(&self) -> &Memory {
+        &self.memory
     }
 
     /// What checkpoints have written so far.
     pub fn stats(&self) -> &CheckpointStats {
         &self.books.stats
-    }
-
-    /// Jobs in memory (being aggregated).
-    pub fn open_jobs(&self) -> usize {
-        self.memory.open_jobs()
     }
 
     /// The partitions of the jobs in memory that have had no news for `quiet` (all of them for a job
@@ -337,7 +331,7 @@ impl Aggregator {
         for (_, slot) in self.memory.slots() {
             let Ok(loaded) = slot.try_lock() else { continue };
             match loaded.as_ref() {
-                Some(job) if job.is_open() && job.quiet_for(now, floor) >= quiet => match partition.get(job.id()).copied().or(job.partition()) {
+                Some(job) if job.is_open() && job.quiet_for(now, floor) >= quiet => match partition.get(job.id()).copied().or(job.tally().partition()) {
                     Some(p) => {
                         out.partitions.insert(p);
                     }
@@ -347,11 +341,6 @@ impl Aggregator {
             }
         }
         out
-    }
-
-    /// Messages applied in memory and waiting for a checkpoint.
-    pub fn pending(&self) -> usize {
-        self.memory.pending()
     }
 
     /// Where the purge of each finished job's blobs is recorded.

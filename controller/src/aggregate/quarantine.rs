@@ -10,7 +10,8 @@
 //! that arrives for it later is kept in the quarantine of unreadable messages (`initiator dlq list`),
 //! then deleted. Nothing is lost and nothing cycles; an operator who repairs the state can redrive.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use fleet_domain::billing::CheckedTotals;
@@ -19,29 +20,62 @@ use fleet_domain::layout::{checkpoint_key, manifest_key, open_key, quarantined_c
 use fleet_domain::model::{JobStatus, Manifest, Progress};
 use fleet_domain::report;
 use fleet_engine::Kept;
+use fleet_io::blob::BlobStore;
 use fleet_io::blob::Cond;
 use fleet_io::error::{Error, Result};
 
 use super::books::Books;
+use super::hold::Holding;
 use super::item::Source;
 use super::job::{Job, Phase};
+use super::known::Known;
 use super::take::{read_checkpoint, At};
-use super::Aggregator;
 use crate::lease::Lease;
 use controller_core::decision::Commit;
 use controller_core::job::{fresh_checkpoint, placeholder_manifest};
 
-impl Aggregator {
-    /// Completes the messages of a finished job: deleted; a quarantined job's are first kept in the
-    /// quarantine of unreadable messages (held when the store does not answer).
-    pub(super) async fn complete_late(&self, job_id: &str, kept: Vec<(Source, Kept)>) -> Vec<Kept> {
-        if self.books.known.status(job_id) != Some(JobStatus::Quarantined) {
+/// The quarantine of unreadable messages (`initiator dlq list`): where a message that can never
+/// count is kept with the reason before it is deleted.
+pub(super) struct Unreadable {
+    pub(super) store: Arc<dyn BlobStore>,
+    /// Each source's queue name (recorded with what is kept from it).
+    pub(super) queues: HashMap<Source, String>,
+}
+
+impl Unreadable {
+    /// Keeps a message with the reason; returns it for deletion once kept (held in `holding` when
+    /// the store does not answer, else left to come back).
+    pub(super) async fn keep(&self, source: Source, m: Kept, reason: &str, holding: &Holding) -> Option<Kept> {
+        // The queue it came from (a partition's, so that a redrive sends it back to its job's owner).
+        let queue = if m.queue().is_empty() { self.queues.get(&source).map_or("unknown", String::as_str) } else { m.queue() };
+        match fleet_io::quarantine::put(self.store.as_ref(), queue, &m, reason).await {
+            Ok(key) => {
+                crate::events::MessageQuarantined { queue, message_id: &m.id, key: &key, reason }.emit();
+                // The batch's span (`apply_results`) shows it: a message not applied.
+                fleet_io::telemetry::fail(&tracing::Span::current(), format_args!("message {} of {queue} quarantined: {reason}", m.id));
+                Some(m)
+            }
+            Err(qe) if qe.is_retryable() => {
+                holding.hold(vec![(source, m)], &qe);
+                None
+            }
+            Err(qe) => {
+                tracing::warn!(queue, message_id = %m.id, error = %qe, "could not quarantine a message; it will be redelivered");
+                None
+            }
+        }
+    }
+
+    /// Completes the messages of a finished job: deleted; a quarantined job's (as `known` says) are
+    /// first kept here (held in `holding` when the store does not answer).
+    pub(super) async fn complete_late(&self, known: &Known, holding: &Holding, job_id: &str, kept: Vec<(Source, Kept)>) -> Vec<Kept> {
+        if known.status(job_id) != Some(JobStatus::Quarantined) {
             return kept.into_iter().map(|(_, k)| k).collect();
         }
         let reason = format!("job {job_id} is quarantined: its state cannot be read");
         let mut delete = Vec::with_capacity(kept.len());
         for (source, k) in kept {
-            delete.extend(self.quarantine_message(source, k, &reason).await);
+            delete.extend(self.keep(source, k, &reason, holding).await);
         }
         delete
     }
@@ -99,8 +133,10 @@ impl Books {
         if job.phase() != &Phase::Finished(JobStatus::Quarantined) {
             self.commit(job, Commit::Quarantined, &Default::default()).await?;
         }
-        let note =
-            format!("quarantined: the job's manifest cannot be read ({why}); its checkpoint keeps the {} chunks accounted for and their rows", job.accounted());
+        let note = format!(
+            "quarantined: the job's manifest cannot be read ({why}); its checkpoint keeps the {} chunks accounted for and their rows",
+            job.tally().accounted()
+        );
         self.write_quarantine_report(job_id, None, Some(job), note, Cond::Any).await?;
         self.close_quarantined(job_id, job.lease()).await;
         Ok(job.covered())
@@ -109,9 +145,9 @@ impl Books {
     /// Writes a quarantined report if `cond` holds (`Absent`: never over another controller's report).
     async fn write_quarantine_report(&self, job_id: &str, manifest: Option<Manifest>, job: Option<&Job>, note: String, cond: Cond) -> Result<()> {
         let failed = job.map(|j| j.failed().to_vec()).unwrap_or_default();
-        let manifest = manifest.unwrap_or_else(|| placeholder_manifest(job_id, job.map_or(0, |j| j.accounted() as u32), 0));
+        let manifest = manifest.unwrap_or_else(|| placeholder_manifest(job_id, job.map_or(0, |j| j.tally().accounted() as u32), 0));
         let totals = CheckedTotals::new();
-        let requests = job.map(|j| j.requests().clone()).unwrap_or_default();
+        let requests = job.map(|j| j.tally().requests().clone()).unwrap_or_default();
         let mut r = report::build_borrowed(&manifest, &totals, failed, &requests);
         r.requests.set_cost(&self.prices, &requests, manifest.submitted);
         r.status = JobStatus::Quarantined;

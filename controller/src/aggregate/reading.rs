@@ -10,7 +10,7 @@ use fleet_io::lock;
 
 /// The partitions read here, under one lock.
 #[derive(Default)]
-pub(super) struct Reading {
+pub struct Reading {
     /// The results partition each partition queue (results and dead letters) belongs to (set at
     /// construction).
     queues: HashMap<String, u16>,
@@ -27,7 +27,7 @@ impl Reading {
     }
 
     /// Partition `p` is read here (again).
-    pub(super) fn read(&self, p: u16) {
+    pub fn read(&self, p: u16) {
         lock(&self.read).insert(p);
     }
 
@@ -37,7 +37,7 @@ impl Reading {
     }
 
     /// The controller is stopping.
-    pub(super) fn stop(&self) {
+    pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
     }
 

@@ -29,6 +29,7 @@ use tokio::time::Instant;
 pub use controller_core::expiry::{Dormant, Emptied, Look, DEPTH_LAG};
 use controller_core::expiry::{Ending, QuietRule};
 
+use super::known::Expiry;
 use super::limits::MAX_OPEN_JOBS;
 use super::{Aggregator, Taken};
 
@@ -104,7 +105,7 @@ impl Aggregator {
                             // authority: the job is kept here, as one without a manifest is.
                             let mut unknown = false;
                             let partitioned = self.reading.partitioned();
-                            if partitioned && job.partition().is_none() && !crate::undo::is(crate::undo::Fix::PartitionFromManifest) {
+                            if partitioned && job.tally().partition().is_none() && !crate::undo::is(crate::undo::Fix::PartitionFromManifest) {
                                 let (found, calls) = counted(self.books.manifest_partition(&job_id)).await;
                                 ctl.merge(&calls);
                                 match found {
@@ -120,21 +121,21 @@ impl Aggregator {
                                     }
                                 }
                             }
-                            if unknown || !self.reading.loads_here(job.partition()) {
+                            if unknown || !self.reading.loads_here(job.tally().partition()) {
                                 // The checkpoint just loaded (or the manifest) names a partition
                                 // another controller reads: left to that reader, which finishes it.
                                 // Kept here, its lease would shut that reader out while this
                                 // controller finished it without them.
                                 if !unknown {
-                                    tracing::info!(job = %job_id, partition = ?job.partition(), "a dormant job is left to the reader of its partition");
+                                    tracing::info!(job = %job_id, partition = ?job.tally().partition(), "a dormant job is left to the reader of its partition");
                                 }
                                 if let Err(e) = self.books.leases.release(&job_id, job.lease()).await {
                                     tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
                                 }
-                                self.memory.carried().keep_dropped(&job_id, job.carry());
+                                self.memory.carried().keep_dropped(&job_id, job.writes().carry());
                             } else {
                                 // Let go of with its partition, like a job its messages brought.
-                                if let Some(p) = job.partition().filter(|p| self.reading.is_partition(*p)) {
+                                if let Some(p) = job.tally().partition().filter(|p| self.reading.is_partition(*p)) {
                                     self.memory.with(|r| r.recorded_in(&job_id, p));
                                 }
                                 job.count(&std::mem::take(&mut ctl));
@@ -179,7 +180,7 @@ impl Aggregator {
             let Ok(loaded) = slot.try_lock() else { continue };
             let Some(job) = loaded.as_ref() else { continue };
             let quiet_for = job.quiet_for(now, floor);
-            let sealed = job.total_chunks().is_some();
+            let sealed = job.tally().total_chunks().is_some();
             if rule.is_due(sealed, quiet_for) {
                 idle.push((job_id.clone(), slot.clone(), sealed, quiet_for));
             }
@@ -188,21 +189,21 @@ impl Aggregator {
         for (job_id, slot, sealed, quiet_for) in idle {
             let Ok(mut loaded) = slot.try_lock() else { continue };
             let Some(job) = loaded.as_mut() else { continue };
-            if sealed && !self.emptied_since(job.news(), &mut looked).await {
+            if sealed && !emptied_since(&self.expiry, self.stall.as_ref(), job.news(), &mut looked).await {
                 tracing::debug!(job = %job_id, "a sealed job waits: the fleet's queues have not emptied since its last news");
                 continue;
             }
-            match rule.ending(sealed, quiet_for) {
-                Ending::Abandon(reason) => {
-                    tracing::warn!(job = %job_id, accounted = job.accounted(), idle_secs = quiet_for.as_secs(), "job never sealed; abandoning it");
-                    job.abandon(reason);
+            let ending = rule.ending(sealed, quiet_for);
+            match &ending {
+                Ending::Abandon(_) => {
+                    tracing::warn!(job = %job_id, accounted = job.tally().accounted(), idle_secs = quiet_for.as_secs(), "job never sealed; abandoning it");
                 }
-                Ending::Stalled(reason) => {
-                    tracing::warn!(job = %job_id, accounted = job.accounted(), total = ?job.total_chunks(), idle_secs = quiet_for.as_secs(),
+                Ending::Stalled(_) => {
+                    tracing::warn!(job = %job_id, accounted = job.tally().accounted(), total = ?job.tally().total_chunks(), idle_secs = quiet_for.as_secs(),
                         "sealed job stalled, the fleet's queues emptied since its last news; finishing it as partial");
-                    job.stall(reason);
                 }
             }
+            job.ask_to_end(ending);
             match self.books.finish(&job_id, &mut loaded).await {
                 Ok(done) => out.extend(done),
                 Err(e) => tracing::warn!(job = %job_id, error = %e, "could not write the idle job's report; trying again later"),
@@ -210,23 +211,6 @@ impl Aggregator {
         }
         self.memory.prune_all(slots);
         out
-    }
-
-    /// Looks at the fleet's queues (once per expiry tick, `looked`) and says whether every message
-    /// that was in them at the job's last news has left them since (see [`Emptied`]).
-    async fn emptied_since(&self, news: Instant, looked: &mut bool) -> bool {
-        let Some(stall) = &self.stall else { return false };
-        if !*looked {
-            *looked = true;
-            // The look counts from when it started: its depth calls take a round trip each, and a
-            // look stamped after them falls short of the lag at the next tick, one tick apart, so each
-            // step of a pass took a tick more (the simulation with the real processors, seed 449: a
-            // stalled job finished 178 s past its two ticks).
-            let at = Instant::now();
-            let look = stall.queues.look().await;
-            self.expiry.emptied(|e| e.observe(at.into_std(), look));
-        }
-        self.expiry.emptied(|e| e.emptied_after(news.into_std()))
     }
 
     /// Scans the open markers again at the next expiry tick instead of after a whole abandon time:
@@ -340,4 +324,21 @@ impl FleetQueues {
         tracing::debug!(work, work_dlq, results, results_dlq, "the fleet's queues looked at for stalled jobs");
         Look { work, work_dlq, results, results_dlq }
     }
+}
+
+/// Looks at the fleet's queues (once per expiry tick, `looked`) and says whether every message
+/// that was in them at the job's last news has left them since (see [`Emptied`]); never without a stall rule.
+async fn emptied_since(expiry: &Expiry, stall: Option<&StallLimit>, news: Instant, looked: &mut bool) -> bool {
+    let Some(stall) = stall else { return false };
+    if !*looked {
+        *looked = true;
+        // The look counts from when it started: its depth calls take a round trip each, and a
+        // look stamped after them falls short of the lag at the next tick, one tick apart, so each
+        // step of a pass took a tick more (the simulation with the real processors, seed 449: a
+        // stalled job finished 178 s past its two ticks).
+        let at = Instant::now();
+        let look = stall.queues.look().await;
+        expiry.emptied(|e| e.observe(at.into_std(), look));
+    }
+    expiry.emptied(|e| e.emptied_after(news.into_std()))
 }

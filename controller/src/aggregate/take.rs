@@ -88,19 +88,15 @@ impl Aggregator {
 
     /// Gives back every lease held (on shutdown, after the last checkpoint), so other controllers take
     /// the jobs over at once.
-    pub async fn release_leases(&self) {
-        self.release_leases_where(|_| true).await;
-    }
-
     /// Gives back the leases of the jobs `which` picks (their jobs dropped from memory).
-    pub(super) async fn release_leases_where(&self, which: impl Fn(&str) -> bool) {
+    pub async fn release_leases(&self, which: impl Fn(&str) -> bool) {
         let slots: Vec<(String, Slot)> = self.memory.slots().into_iter().filter(|(j, _)| which(j)).collect();
         for (job_id, slot) in &slots {
             let Some(job) = slot.lock().await.take() else { continue };
             if let Err(e) = self.books.leases.release(job_id, job.lease()).await {
                 tracing::warn!(job = %job_id, error = %e, "could not give a lease back; it expires on its own");
             }
-            self.memory.carried().keep_dropped(job_id, job.carry());
+            self.memory.carried().keep_dropped(job_id, job.writes().carry());
         }
         self.memory.prune_all(slots);
     }

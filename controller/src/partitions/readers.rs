@@ -46,7 +46,7 @@ impl Readers {
     pub(crate) async fn start(&mut self, p: u16) -> fleet_io::Result<()> {
         let Some((results, dlq)) = self.parts.get(usize::from(p)).cloned() else { return Ok(()) };
         let token = self.shutdown.child_token();
-        self.agg.reading(p);
+        self.agg.reading().read(p);
         // In `running` from the first listener on, so that a start cut short (an error, the stop) is
         // stopped like any other.
         self.running.insert(p, (Vec::with_capacity(2), token.clone()));

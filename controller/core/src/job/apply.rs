@@ -57,7 +57,7 @@ impl<H> Job<H> {
     /// may be read later is the error (the job unchanged).
     pub fn apply<E: std::fmt::Display>(&mut self, ready: Ready<E>) -> Result<bool, Unread<E>> {
         let Ready { item, accounts, .. } = ready;
-        let cp = &mut self.cp;
+        let cp = &mut self.tally.cp;
         let (chunk, transactions) = match &item {
             Item::Result(ResultMessage::Sealed { total_chunks, .. }) => {
                 let total = *total_chunks;
@@ -122,7 +122,7 @@ impl<H> Job<H> {
                 match c.outcome {
                     ChunkOutcome::Processed { .. } => match accounts.expect("prepared with its payload") {
                         Ok(accounts) => match accounts.transactions() {
-                            Some(counted) if counted == c.transactions => match self.totals.try_add_all(accounts.iter()) {
+                            Some(counted) if counted == c.transactions => match self.tally.totals.try_add_all(accounts.iter()) {
                                 Ok(()) => cp.processed_transactions = cp.processed_transactions.saturating_add(counted),
                                 Err(e) => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result not added: {e}") }),
                             },

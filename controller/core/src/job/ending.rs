@@ -19,15 +19,20 @@ impl<H> Job<H> {
             Phase::Open { abandon, stall } => (abandon, stall),
             Phase::Ending(d) => return d.clone(),
             Phase::Finished(status) => {
-                return Decision { status: *status, failed: self.cp.failed_chunks.clone(), note: self.cp.note.clone(), at: self.cp.ending_time().to_string() }
+                return Decision {
+                    status: *status,
+                    failed: self.tally.cp.failed_chunks.clone(),
+                    note: self.tally.cp.note.clone(),
+                    at: self.tally.cp.ending_time().to_string(),
+                }
             }
         };
         let placeholder = manifest.created_at.is_empty();
-        let mut failed = self.cp.failed_chunks.clone();
+        let mut failed = self.tally.cp.failed_chunks.clone();
         let note = match (abandon, stall) {
             (None, None) => None,
             (None, Some(reason)) => {
-                let missing = fail_missing(&self.cp, manifest, &mut failed, &format!("no result: {reason}"));
+                let missing = fail_missing(&self.tally.cp, manifest, &mut failed, &format!("no result: {reason}"));
                 let shown: Vec<String> = missing.iter().take(20).map(u32::to_string).collect();
                 let more = if missing.len() > shown.len() { ", ..." } else { "" };
                 Some(format!("finished without {} of its {} chunks ({}{more}): {reason}", missing.len(), manifest.total_chunks, shown.join(", ")))
@@ -36,7 +41,7 @@ impl<H> Job<H> {
                 "abandoned: {reason}; the submission never finished (no manifest): submitted and accepted count only the transactions of chunks that reported; files, rejected rows and tariff are unknown"
             )),
             (Some(reason), _) => {
-                fail_missing(&self.cp, manifest, &mut failed, &format!("no result before the job was abandoned: {reason}"));
+                fail_missing(&self.tally.cp, manifest, &mut failed, &format!("no result before the job was abandoned: {reason}"));
                 Some(format!("abandoned: {reason}"))
             }
         };
@@ -53,7 +58,7 @@ impl<H> Job<H> {
         };
         // Never `complete` unless every accepted transaction is accounted for, billed or failed: the
         // results disagree with the manifest (the report says so; the operator looks).
-        let processed = self.totals.transactions();
+        let processed = self.tally.totals.transactions();
         let failed_n = failed.iter().fold(0u64, |n, f| n.saturating_add(f.transactions));
         let counted = processed.checked_add(failed_n);
         let status = if status == JobStatus::Complete && counted != Some(manifest.accepted) && !crate::undo::is(crate::undo::Fix::CompleteOnlyWhenCounted) {

@@ -1,6 +1,8 @@
 //! Why one file: a job's fields and the transitions that change them are checked together (that
 //! nothing changes before a write is confirmed, that each counted call lands in one checkpoint); the
-//! item's, the ending's and the unsaved messages' rules are in `apply`, `ending`, `unsaved`.
+//! item's, the ending's and the unsaved messages' rules are in `apply`, `ending`, `unsaved`; what it
+//! has counted is its `Tally` (`tally`), what it knows of its own writes its `Writes` (`writes`),
+//! each read through the job and changed only by its transitions.
 //!
 //! A newcomer reads `Phase`, then `impl Job` here; what an item does to a job is in `apply`, how it
 //! ends in `ending`, its unit tests in `tests`.
@@ -19,7 +21,9 @@
 
 mod apply;
 mod ending;
+mod tally;
 mod unsaved;
+mod writes;
 
 #[cfg(test)]
 mod tests;
@@ -27,15 +31,17 @@ mod tests;
 use std::time::{Duration, Instant};
 
 use fleet_domain::billing::CheckedTotals;
-use fleet_domain::model::{Checkpoint, FailedChunk, JobStatus};
+use fleet_domain::model::{Checkpoint, FailedChunk, JobStatus, Manifest};
 use fleet_domain::requests::RequestCounts;
 
 pub use self::ending::placeholder_manifest;
+pub use self::tally::Tally;
 pub use self::unsaved::Unsaved;
+pub use self::writes::Writes;
 use crate::decision::{Commit, Decision};
+use crate::expiry::Ending;
 use crate::item::Source;
 use crate::limits::{FLUSH_INTERVAL, FLUSH_MESSAGES};
-use crate::resident::Carry;
 use crate::save::{self, Rows, Save};
 
 /// Where a job is in its life.
@@ -71,11 +77,9 @@ pub enum Asker {
 }
 
 pub struct Job<H> {
-    /// What it has counted, in its checkpoint's form (without rows: those are `totals`). While the job
-    /// is open its `status`, `note` and `finishing` are not read: the phase says them.
-    cp: Checkpoint,
+    /// What it has counted: its checkpoint without rows, and its rows.
+    tally: Tally,
     phase: Phase,
-    totals: CheckedTotals,
     /// Applied in memory, not yet covered by a checkpoint: completed after the next one.
     unsaved: Unsaved<H>,
     /// When it was last checkpointed (or loaded).
@@ -87,47 +91,22 @@ pub struct Job<H> {
     /// checkpoint that only covers duplicates keeps the time, so a reader that dates the job's news
     /// by when it saw that time change is not misled either).
     changed: bool,
-    /// Its `open/{job}` marker is known to exist.
-    marked_open: bool,
-    /// ETag of the checkpoint as last read or written (`None`: there is none yet where this release
-    /// writes it, a new job's or one read where an earlier release kept it): checkpoints are written
-    /// only if it still matches (fencing), or only where none is.
-    etag: Option<String>,
-    /// The digests of its checkpoint writes since the last confirmed one whose outcome is unknown (no
-    /// answer, or an answer lost and not read back): one may have landed, and a later write fenced
-    /// by `etag` then finds it in place (see `fleet_io::blob::put_if_owned_after`).
-    unconfirmed: Vec<[u8; 32]>,
-    /// The calls counted for it since its last checkpoint (in `cp.requests` too): lost with the job
-    /// when it is dropped from memory unless the driver carries them to its next load.
-    uncommitted: RequestCounts,
-    /// Beside each of `unconfirmed`, the calls since the last checkpoint its document held, and the
-    /// calls it attributed to what it covered.
-    unconfirmed_calls: Vec<(RequestCounts, RequestCounts)>,
+    /// Its writes: the ETag it fences on, those of unknown outcome, the calls since the last one,
+    /// its open marker.
+    writes: Writes,
 }
-
-/// How many checkpoint writes of unknown outcome a job remembers (each failed one may have landed,
-/// and at most one did: they are all fenced on the job's last confirmed ETag, so it may be the
-/// first). Digests, 32 bytes each: enough for minutes of failed tries at a finish's pace. (It was
-/// the last 4 bodies until seed 168173223: a finish whose first ending write landed unanswered,
-/// then four more tries without an answer, took its own first write for another controller's.)
-const MAX_UNCONFIRMED: usize = 1024;
 
 impl<H> Job<H> {
     /// A job nothing is known of yet (no checkpoint), met at `now` (`wall`).
     pub fn new(job_id: &str, now: Instant, wall: String, unsaved: Unsaved<H>) -> Job<H> {
         Job {
-            cp: fresh_checkpoint(job_id, wall),
+            tally: Tally { cp: fresh_checkpoint(job_id, wall), totals: CheckedTotals::new() },
             phase: Phase::Open { abandon: None, stall: None },
-            totals: CheckedTotals::new(),
             unsaved,
             saved: now,
             news: now,
             changed: true,
-            marked_open: false,
-            etag: None,
-            unconfirmed: Vec::new(),
-            uncommitted: RequestCounts::default(),
-            unconfirmed_calls: Vec::new(),
+            writes: Writes::new(None, false),
         }
     }
 
@@ -142,35 +121,32 @@ impl<H> Job<H> {
             Phase::Open { abandon: None, stall: None }
         };
         cp.accounts = Vec::new();
-        Job {
-            cp,
-            phase,
-            totals,
-            unsaved,
-            saved: now,
-            news,
-            changed: false,
-            marked_open: true,
-            etag,
-            unconfirmed: Vec::new(),
-            uncommitted: RequestCounts::default(),
-            unconfirmed_calls: Vec::new(),
-        }
+        Job { tally: Tally { cp, totals }, phase, unsaved, saved: now, news, changed: false, writes: Writes::new(etag, true) }
     }
 
     pub fn id(&self) -> &str {
-        &self.cp.job_id
-    }
-
-    /// The results partition its messages travel on, as its checkpoint recorded it.
-    pub fn partition(&self) -> Option<u16> {
-        self.cp.partition
+        &self.tally.cp.job_id
     }
 
     /// Its messages came from results partition `p`: recorded with its next checkpoint (the first
     /// partition seen stays: a job keeps its partition).
     pub fn travels_on(&mut self, p: u16) {
-        self.cp.partition.get_or_insert(p);
+        self.tally.cp.partition.get_or_insert(p);
+    }
+
+    /// What it has counted.
+    pub fn tally(&self) -> &Tally {
+        &self.tally
+    }
+
+    /// What it knows of its own writes.
+    pub fn writes(&self) -> &Writes {
+        &self.writes
+    }
+
+    /// Its writes, for the driver to report one of unknown outcome or its open marker written.
+    pub fn writes_mut(&mut self) -> &mut Writes {
+        &mut self.writes
     }
 
     pub fn phase(&self) -> &Phase {
@@ -182,86 +158,30 @@ impl<H> Job<H> {
         matches!(self.phase, Phase::Open { .. })
     }
 
-    pub fn total_chunks(&self) -> Option<u32> {
-        self.cp.total_chunks
-    }
-
-    /// Chunks accounted for (processed or failed).
-    pub fn accounted(&self) -> usize {
-        self.cp.accounted.len()
-    }
-
     /// The chunks failed so far (or those its committed ending has).
     pub fn failed(&self) -> &[FailedChunk] {
         match &self.phase {
             Phase::Ending(d) => &d.failed,
-            _ => &self.cp.failed_chunks,
+            _ => &self.tally.cp.failed_chunks,
         }
-    }
-
-    /// Checkpoint parts its last checkpoint names (a large job's rows).
-    pub fn parts(&self) -> usize {
-        self.cp.parts.len()
-    }
-
-    /// Transactions counted so far.
-    pub fn processed(&self) -> u64 {
-        self.cp.processed_transactions
-    }
-
-    pub fn totals(&self) -> &CheckedTotals {
-        &self.totals
-    }
-
-    /// The calls counted for it so far (by the initiator's manifest aside: by processors and the
-    /// controllers), each where it was made.
-    pub fn requests(&self) -> &RequestCounts {
-        &self.cp.requests
     }
 
     /// Counts calls made for it: in its next checkpoint.
     pub fn count(&mut self, calls: &RequestCounts) {
-        self.cp.requests.merge(calls);
-        self.uncommitted.merge(calls);
+        self.tally.cp.requests.merge(calls);
+        self.writes.counted(calls);
     }
 
     /// Takes back calls a loaded checkpoint holds that were not made: the deletes a write of unknown
     /// outcome attributed to it, which landed while its writer, told it failed, kept the messages
     /// (they were covered and attributed again by a later checkpoint).
     pub fn withdraw(&mut self, calls: &RequestCounts) {
-        self.cp.requests.sub(calls);
-    }
-
-    /// The calls counted since its last checkpoint.
-    pub fn uncommitted(&self) -> &RequestCounts {
-        &self.uncommitted
-    }
-
-    /// What it carries when it is dropped from memory: its calls since its last checkpoint, and
-    /// those each write of unknown outcome since held (see `crate::resident::Carry`).
-    pub fn carry(&self) -> Carry {
-        let in_writes = self.unconfirmed.iter().zip(&self.unconfirmed_calls).map(|(d, (held, attributed))| (*d, held.clone(), attributed.clone())).collect();
-        Carry { calls: self.uncommitted.clone(), in_writes }
+        self.tally.cp.requests.sub(calls);
     }
 
     /// Messages applied and not yet covered by a checkpoint.
     pub fn unsaved(&self) -> &Unsaved<H> {
         &self.unsaved
-    }
-
-    /// Whether its open marker must be written before its checkpoint.
-    pub fn needs_marker(&self) -> bool {
-        !self.marked_open
-    }
-
-    /// Its open marker was written.
-    pub fn marked(&mut self) {
-        self.marked_open = true;
-    }
-
-    /// Sealed, with every chunk accounted for (processed or failed).
-    pub fn all_in(&self) -> bool {
-        self.cp.total_chunks == Some(self.cp.accounted.len() as u32)
     }
 
     /// When it last had news.
@@ -279,22 +199,18 @@ impl<H> Job<H> {
         now.saturating_duration_since(self.news.max(floor))
     }
 
-    /// Whether it is to be finished now from memory: its ending is committed or asked for, or every
-    /// chunk is in and none failed, or some failed and nothing came for `settle` (no real result is
-    /// coming any more).
-    pub fn due_to_finish(&self, now: Instant, floor: Instant, settle: Duration) -> bool {
-        match &self.phase {
+    /// What it asks for at `now`: to be finished, saved, or nothing yet. It is finished from memory
+    /// when its ending is committed or asked for, or every chunk is in and none failed, or some failed
+    /// and nothing came for `settle` (no real result is coming any more).
+    pub fn next(&self, now: Instant, floor: Instant, settle: Duration, asker: Asker) -> Next {
+        let finish = match &self.phase {
             Phase::Ending(_) => true,
             Phase::Open { abandon: Some(_), .. } | Phase::Open { stall: Some(_), .. } => true,
-            Phase::Open { .. } => self.all_in() && (self.cp.failed_chunks.is_empty() || self.quiet_for(now, floor) >= settle),
+            Phase::Open { .. } => self.tally.all_in() && (self.tally.cp.failed_chunks.is_empty() || self.quiet_for(now, floor) >= settle),
             // Still in memory: what finishing it left undone (a quarantined job's report) is done again.
             Phase::Finished(_) => true,
-        }
-    }
-
-    /// What it asks for at `now`: to be finished, saved, or nothing yet.
-    pub fn next(&self, now: Instant, floor: Instant, settle: Duration, asker: Asker) -> Next {
-        if self.due_to_finish(now, floor, settle) {
+        };
+        if finish {
             return Next::Finish;
         }
         let save = match asker {
@@ -309,29 +225,26 @@ impl<H> Job<H> {
         }
     }
 
-    /// Asks it to end as abandoned for `reason` (an abandon asked before keeps its reason).
-    pub fn abandon(&mut self, reason: String) {
-        if let Phase::Open { abandon, .. } = &mut self.phase {
-            abandon.get_or_insert(reason);
+    /// Asks it to end (the expiry's rule found it quiet too long): abandoned, or stalled (its missing
+    /// chunks fail). The first reason of each kind is kept; an abandon outranks a stall.
+    pub fn ask_to_end(&mut self, ending: Ending) {
+        if let Phase::Open { abandon, stall } = &mut self.phase {
+            match ending {
+                Ending::Abandon(reason) => abandon.get_or_insert(reason),
+                Ending::Stalled(reason) => stall.get_or_insert(reason),
+            };
         }
     }
 
-    /// Asks it to end as stalled for `reason`: its missing chunks fail (the first reason is kept).
-    pub fn stall(&mut self, reason: String) {
-        if let Phase::Open { stall, .. } = &mut self.phase {
-            stall.get_or_insert(reason);
+    /// The manifest that stands in for one never written, if it may end without one (the submission
+    /// never finished): only abandoned, asked now or committed so before. It counts the transactions
+    /// the job knows of: processed, and those of its failed chunks.
+    pub fn stand_in_manifest(&self) -> Option<Manifest> {
+        if !matches!(&self.phase, Phase::Open { abandon: Some(_), .. } | Phase::Ending(_)) {
+            return None;
         }
-    }
-
-    /// Whether it may end without a manifest (the submission never finished): only abandoned, asked
-    /// now or committed so before.
-    pub fn may_end_without_manifest(&self) -> bool {
-        matches!(&self.phase, Phase::Open { abandon: Some(_), .. } | Phase::Ending(_))
-    }
-
-    /// The transactions it knows of without a manifest: processed, and those of its failed chunks.
-    pub fn known_transactions(&self) -> u64 {
-        self.cp.processed_transactions.saturating_add(self.failed().iter().fold(0u64, |n, f| n.saturating_add(f.transactions)))
+        let known = self.tally.cp.processed_transactions.saturating_add(self.failed().iter().fold(0u64, |n, f| n.saturating_add(f.transactions)));
+        Some(placeholder_manifest(self.id(), self.tally.accounted() as u32, known))
     }
 
     /// Hands it over to the controller that owns it now (fenced, or its lease lost): what it had applied
@@ -372,7 +285,7 @@ impl<H> Job<H> {
         wall: impl FnOnce() -> String,
         part_id: impl FnOnce() -> String,
     ) -> fleet_domain::error::Result<Save> {
-        let mut doc = self.cp.clone();
+        let mut doc = self.tally.cp.clone();
         doc.requests.merge(attributed);
         if self.changed || !matches!(commit, Commit::Progress) {
             doc.updated_at = wall();
@@ -403,41 +316,19 @@ impl<H> Job<H> {
         };
         doc.status = status;
         doc.finishing = finishing;
-        save::plan(doc, &self.totals, rows, commit, self.etag.clone(), part_id)
-    }
-
-    /// The digests of its checkpoint writes since the last one confirmed whose outcome is unknown
-    /// (up to [`MAX_UNCONFIRMED`], the latest).
-    pub fn unconfirmed(&self) -> &[[u8; 32]] {
-        &self.unconfirmed
-    }
-
-    /// A checkpoint write failed without saying whether it landed (any such write since the last
-    /// confirmed one may be the one in place): `digest`, its body's SHA-256; `attributed`, what its
-    /// plan attributed to what it covered.
-    pub fn write_unconfirmed(&mut self, digest: [u8; 32], attributed: &RequestCounts) {
-        if self.unconfirmed.len() >= MAX_UNCONFIRMED {
-            self.unconfirmed.remove(0);
-            self.unconfirmed_calls.remove(0);
-        }
-        self.unconfirmed.push(digest);
-        // Nothing is counted between a plan and its write: the document held these.
-        self.unconfirmed_calls.push((self.uncommitted.clone(), attributed.clone()));
+        save::plan(doc, &self.tally.totals, rows, commit, self.writes.etag(), part_id)
     }
 
     /// The checkpoint planned was written (its ETag `etag`) at `now`: the job takes what it committed
     /// (its calls, parts, phase). Returns the parts the document no longer names (to delete).
     pub fn saved(&mut self, save: Save, etag: String, now: Instant) -> Vec<String> {
-        self.unconfirmed.clear();
-        self.unconfirmed_calls.clear();
-        self.uncommitted = RequestCounts::default();
+        self.writes.confirmed(etag);
         let (doc, commit, stale) = save.into_parts();
         let rows_kept = !matches!(commit, Commit::Final);
         let failed = doc.failed_chunks;
-        self.cp.requests = doc.requests;
-        self.cp.parts = doc.parts;
-        self.cp.updated_at = doc.updated_at;
-        self.etag = Some(etag);
+        self.tally.cp.requests = doc.requests;
+        self.tally.cp.parts = doc.parts;
+        self.tally.cp.updated_at = doc.updated_at;
         self.saved = now;
         self.changed = false;
         match commit {
@@ -447,16 +338,16 @@ impl<H> Job<H> {
                 let Phase::Ending(d) = std::mem::replace(&mut self.phase, Phase::Finished(JobStatus::Running)) else {
                     unreachable!("only an ending job finishes")
                 };
-                (self.cp.status, self.cp.failed_chunks, self.cp.note, self.cp.ended_at) = (d.status, d.failed, d.note, Some(d.at));
+                (self.tally.cp.status, self.tally.cp.failed_chunks, self.tally.cp.note, self.tally.cp.ended_at) = (d.status, d.failed, d.note, Some(d.at));
                 self.phase = Phase::Finished(d.status);
             }
             Commit::Quarantined => {
-                (self.cp.status, self.cp.failed_chunks) = (JobStatus::Quarantined, failed);
+                (self.tally.cp.status, self.tally.cp.failed_chunks) = (JobStatus::Quarantined, failed);
                 self.phase = Phase::Finished(JobStatus::Quarantined);
             }
         }
         if rows_kept {
-            self.totals.clear_changed();
+            self.tally.totals.clear_changed();
         }
         stale
     }

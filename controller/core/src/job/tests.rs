@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::*;
+use crate::expiry::Ending;
 use crate::item::{Item, Ready};
 use fleet_domain::billing::AccountTotals;
 use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, Manifest, ResultMessage};
@@ -83,14 +84,14 @@ fn a_chunk_counts_once_a_real_result_replaces_a_failure_and_the_seal_bounds_the_
     j.apply(chunk(0, 2)).unwrap();
     j.apply(chunk(0, 2)).unwrap();
     j.apply(failed(1)).unwrap();
-    assert!(!j.all_in(), "not sealed");
+    assert!(!j.tally().all_in(), "not sealed");
     j.apply(seal(2)).unwrap();
-    assert!(j.all_in());
+    assert!(j.tally().all_in());
     assert_eq!(j.failed().len(), 1);
     j.apply(chunk(1, 3)).unwrap();
-    assert_eq!((j.failed().len(), j.processed()), (0, 5), "the real result replaced the failure");
+    assert_eq!((j.failed().len(), j.tally().processed()), (0, 5), "the real result replaced the failure");
     j.apply(chunk(7, 50)).unwrap();
-    assert_eq!(j.processed(), 5, "beyond the sealed size: ignored");
+    assert_eq!(j.tally().processed(), 5, "beyond the sealed size: ignored");
     let d = j.decide_now(&manifest(&[2, 3]));
     assert_eq!((d.status, d.note.as_deref()), (JobStatus::Complete, None));
 }
@@ -103,17 +104,17 @@ fn a_job_with_a_failure_finishes_only_once_settled_and_its_ending_is_kept() {
     }
     let settle = Duration::from_secs(120);
     let t0 = j.news();
-    assert!(!j.due_to_finish(t0 + Duration::from_secs(119), t0, settle));
-    assert!(j.due_to_finish(t0 + settle, t0, settle));
-    assert!(!j.due_to_finish(t0 + settle, t0 + Duration::from_secs(60), settle), "no idle time from before the floor");
+    assert_ne!(j.next(t0 + Duration::from_secs(119), t0, settle, Asker::Timer), Next::Finish);
+    assert_eq!(j.next(t0 + settle, t0, settle, Asker::Timer), Next::Finish);
+    assert_ne!(j.next(t0 + settle, t0 + Duration::from_secs(60), settle, Asker::Timer), Next::Finish, "no idle time from before the floor");
     let d = j.decide_now(&manifest(&[1, 4]));
     assert_eq!(d.status, JobStatus::Partial);
     assert_eq!(d.failed[0].transactions, 4, "the manifest's count, not the 99 the result declared");
     let mut a = job();
     a.apply(chunk(0, 1)).unwrap();
-    a.abandon("first".into());
-    a.abandon("second".into());
-    assert!(a.due_to_finish(a.news(), a.news(), settle), "an abandon asked for: finished at once");
+    a.ask_to_end(Ending::Abandon("first".into()));
+    a.ask_to_end(Ending::Abandon("second".into()));
+    assert_eq!(a.next(a.news(), a.news(), settle, Asker::Timer), Next::Finish, "an abandon asked for: finished at once");
     let d = a.decide_now(&manifest(&[1, 2, 3]));
     assert_eq!(d.status, JobStatus::Abandoned);
     assert_eq!(d.failed.iter().map(|f| (f.chunk, f.transactions)).collect::<Vec<_>>(), [(1, 2), (2, 3)]);
@@ -144,14 +145,18 @@ fn an_ending_is_the_job_s_only_once_a_checkpoint_commits_it() {
     let mut calls = RequestCounts::default();
     calls.add(Billed::call(Op::S3GetObject), 3);
     j.count(&calls);
-    assert_eq!(j.uncommitted().calls(Op::S3GetObject), 3);
+    assert_eq!(j.writes().uncommitted().calls(Op::S3GetObject), 3);
     let save = j.plan(Commit::Ending(d.clone()), &RequestCounts::default(), wall, part).unwrap();
     j.saved(save, "\"e1\"".into(), Instant::now());
     assert_eq!(j.phase(), &Phase::Ending(d.clone()));
-    assert_eq!(j.requests().calls(Op::S3GetObject), 3, "counted calls are in the checkpoint");
-    assert_eq!(j.uncommitted().total(), 0, "and committed with it");
+    assert_eq!(j.tally().requests().calls(Op::S3GetObject), 3, "counted calls are in the checkpoint");
+    assert_eq!(j.writes().uncommitted().total(), 0, "and committed with it");
     j.count(&[(Billed::call(Op::S3PutObject), 1)].into_iter().collect());
-    assert_eq!((j.requests().calls(Op::S3PutObject), j.uncommitted().calls(Op::S3PutObject)), (1, 1), "the write's own: in memory, for the next");
+    assert_eq!(
+        (j.tally().requests().calls(Op::S3PutObject), j.writes().uncommitted().calls(Op::S3PutObject)),
+        (1, 1),
+        "the write's own: in memory, for the next"
+    );
     // Nothing more is taken, and a decision asked again is the committed one.
     assert!(j.apply_batch(vec![(failed(0), (Source::Results, "late".to_string()))], Instant::now()).is_ok());
     assert_eq!((j.failed().len(), j.unsaved().len()), (0, 1), "a late failure is not applied, only kept for the finish");
@@ -226,15 +231,15 @@ fn a_duplicate_is_not_news() {
     j.apply_batch(vec![(chunk(0, 2), kept()), (seal(2), kept())], t1).unwrap();
     assert_eq!(j.news(), t1, "a first result and the seal are news");
     commit(&mut j, Commit::Progress);
-    j.cp.updated_at = "2026-11-26T00:00:00Z".into();
+    j.tally.cp.updated_at = "2026-11-26T00:00:00Z".into();
     j.apply_batch(vec![(chunk(0, 2), kept()), (seal(2), kept()), (seal(3), kept())], t2).unwrap();
     assert_eq!(j.news(), t1, "a duplicate, the seal again and a conflicting seal are not news");
     commit(&mut j, Commit::Progress);
-    assert_eq!(j.cp.updated_at, "2026-11-26T00:00:00Z", "a checkpoint covering only duplicates keeps its time");
+    assert_eq!(j.tally.cp.updated_at, "2026-11-26T00:00:00Z", "a checkpoint covering only duplicates keeps its time");
     j.apply_batch(vec![(failed(1), kept())], t3).unwrap();
     assert_eq!(j.news(), t3, "a chunk's first failure is news");
     commit(&mut j, Commit::Progress);
-    assert_ne!(j.cp.updated_at, "2026-11-26T00:00:00Z", "a checkpoint with news has a new time");
+    assert_ne!(j.tally.cp.updated_at, "2026-11-26T00:00:00Z", "a checkpoint with news has a new time");
 }
 
 impl<H> Job<H> {

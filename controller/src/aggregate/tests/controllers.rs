@@ -27,7 +27,7 @@ async fn a_stale_owner_is_fenced_and_messages_of_anothers_job_are_handed_back() 
     assert_eq!(b.flush().await.len(), 2);
     // a wakes and tries to save chunk 0: fenced, nothing deleted, b's checkpoint intact.
     assert!(a.flush().await.is_empty(), "a stale owner's messages are not deleted");
-    assert_eq!(a.open_jobs(), 0, "a dropped the job");
+    assert_eq!(a.memory().open_jobs(), 0, "a dropped the job");
     let cp: Checkpoint = from_zstd_json(&store.get(&checkpoint_key("f")).await.unwrap().unwrap(), 1 << 20).unwrap();
     assert_eq!(cp.accounted.iter().copied().collect::<Vec<_>>(), vec![1], "b's checkpoint was not overwritten");
     // a receives chunk 2: b holds the job, so it is handed back.
@@ -46,8 +46,8 @@ fn readers_of_0_and_1(store: &Arc<MemoryStore>, clock: Clock) -> (Aggregator, Ag
         Aggregator::with(store.clone(), Options { owner: owner.into(), clock, partition_queues, ..Options::default() })
     });
     let [a, b] = pair;
-    a.reading(0);
-    b.reading(1);
+    a.reading().read(0);
+    b.reading().read(1);
     (a, b)
 }
 
@@ -71,8 +71,8 @@ async fn a_dormant_job_is_left_to_the_reader_of_its_partition() {
     assert_eq!(b.scan_open().await.unwrap(), 1, "B knows the job as dormant");
     b.expire(hour).await;
     assert!(report_of(&store, "pd").await.is_none(), "not finished by a controller that does not read its partition");
-    assert_eq!(b.open_jobs(), 0, "nor loaded: no lease taken");
-    b.reading(0);
+    assert_eq!(b.memory().open_jobs(), 0, "nor loaded: no lease taken");
+    b.reading().read(0);
     // Its idle time counts from B's first sight of its checkpoint (B's own clock).
     tokio::time::advance(hour).await;
     b.expire(hour).await;
@@ -93,18 +93,18 @@ async fn a_dormant_job_that_turns_out_to_be_of_another_partition_is_given_back()
     let (a, b) = readers_of_0_and_1(&store, clock);
     old.apply(Source::Results, keep(Source::Results, &[result("lg", 0, vec![acct("x", 1, 100, 1)])])).await;
     assert_eq!(old.flush().await.len(), 1);
-    old.release_leases().await;
+    old.release_leases(|_| true).await;
     tokio::time::advance(Duration::from_secs(50 * 60)).await;
     assert_eq!(b.scan_open().await.unwrap(), 1, "B knows the job as dormant, of no partition");
     tokio::time::advance(Duration::from_secs(5 * 60)).await;
     let saved = a.apply(Source::Results, keep(Source::Results, &[result("lg", 1, vec![acct("x", 1, 100, 1)])])).await.delete.len();
     assert_eq!(saved + a.flush().await.len(), 1);
-    a.release_leases().await;
+    a.release_leases(|_| true).await;
     let progress = store.head(&checkpoint_key("lg")).await.unwrap().and_then(|m| Progress::from_meta(&m)).expect("a checkpoint");
     assert_eq!(progress.partition, Some(0), "A's checkpoint names the partition");
     tokio::time::advance(Duration::from_secs(6 * 60)).await;
     b.expire(hour).await;
-    assert_eq!(b.open_jobs(), 0, "B gave the job back (it held its lease while A read its messages)");
+    assert_eq!(b.memory().open_jobs(), 0, "B gave the job back (it held its lease while A read its messages)");
     assert!(report_of(&store, "lg").await.is_none());
     let saved = a.apply(Source::Results, keep(Source::Results, &[result("lg", 2, vec![acct("x", 1, 100, 1)])])).await.delete.len();
     assert_eq!(saved + a.flush().await.len(), 1, "A takes the job at once");
@@ -128,7 +128,7 @@ async fn old_release_checkpoint(job: &str, partition: u16, chunks: u32, seal: bo
     batch.extend(seal.then(|| sealed(job, chunks)));
     old.apply(Source::Results, keep(Source::Results, &batch)).await;
     assert_eq!(old.flush().await.len(), batch.len());
-    old.release_leases().await;
+    old.release_leases(|_| true).await;
     (store, clock)
 }
 
@@ -146,7 +146,7 @@ async fn a_dormant_job_without_a_partition_takes_its_manifests() {
     assert_eq!(b.scan_open().await.unwrap(), 1, "B knows the job as dormant, of no partition");
     tokio::time::advance(Duration::from_secs(30 * 60)).await;
     b.expire(hour).await;
-    assert_eq!(b.open_jobs(), 0, "B gave the job back: its manifest names partition 0, which A reads");
+    assert_eq!(b.memory().open_jobs(), 0, "B gave the job back: its manifest names partition 0, which A reads");
     let saved = a.apply(Source::Results, keep(Source::Results, &[result("pm", 1, vec![acct("x", 1, 100, 1)])])).await.delete.len();
     assert_eq!(saved + a.flush().await.len(), 1, "A takes the job at once");
     let r = report_of(&store, "pm").await.expect("finished by A");
@@ -161,7 +161,7 @@ async fn a_dormant_job_without_a_partition_is_kept_where_its_manifests_partition
     assert_eq!(b.scan_open().await.unwrap(), 1);
     tokio::time::advance(Duration::from_secs(30 * 60)).await;
     b.expire(Duration::from_secs(3600)).await;
-    assert_eq!(b.open_jobs(), 1, "B reads partition 1, which the manifest names: the job stays with B");
+    assert_eq!(b.memory().open_jobs(), 1, "B reads partition 1, which the manifest names: the job stays with B");
 }
 
 /// A dormant job whose checkpoint names no partition may have news at a controller of the release
@@ -181,7 +181,7 @@ async fn a_dormant_job_without_a_partition_is_looked_at_every_tick() {
     let news = Aggregator::with(store.clone(), Options { owner: "old-2".into(), clock, ..Options::default() });
     news.apply(Source::Results, keep(Source::Results, &[result("ut", 1, vec![acct("x", 1, 100, 1)])])).await;
     assert_eq!(news.flush().await.len(), 1);
-    news.release_leases().await;
+    news.release_leases(|_| true).await;
     let progress = store.head(&checkpoint_key("ut")).await.unwrap().and_then(|m| Progress::from_meta(&m)).expect("a checkpoint");
     assert_eq!(progress.partition, None, "the release before partitions names none");
     // B ticks every tenth of an abandon time, as the service does.
@@ -209,7 +209,7 @@ async fn a_dormant_job_whose_lease_is_busy_stays_dormant_and_looked_for() {
     let reader = |owner: &str| {
         let agg =
             Aggregator::with(store.clone(), Options { owner: owner.into(), clock, partition_queues: partitioned(&["billing-results"]), ..Options::default() });
-        agg.reading(0);
+        agg.reading().read(0);
         agg
     };
     let dead = reader("dead");
@@ -221,7 +221,7 @@ async fn a_dormant_job_whose_lease_is_busy_stays_dormant_and_looked_for() {
     assert_eq!(heir.scan_open().await.unwrap(), 1, "the heir knows the job as dormant");
     let applied = heir.apply(Source::Results, keep(Source::Results, &[result("bd", 1, vec![acct("x", 1, 100, 1)])])).await;
     assert!(applied.delete.is_empty(), "the dead owner's lease is busy: the result is handed back");
-    assert_eq!(heir.open_jobs(), 0);
+    assert_eq!(heir.memory().open_jobs(), 0);
     let quiet = Duration::from_secs(60);
     tokio::time::advance(quiet).await;
     assert!(heir.waiting(quiet).partitions.contains(&0), "still dormant: its partition's listeners look for its messages");
@@ -369,8 +369,8 @@ async fn a_stray_on_another_partition_is_forwarded_never_leased() {
         let strays_to = BTreeMap::from([(0, q0.clone() as Arc<dyn Queue>), (1, q1.clone() as Arc<dyn Queue>)]);
         quick_with(store.clone(), Options { owner: owner.into(), clock, partition_queues, strays_to, ..Options::default() })
     });
-    a.reading(0);
-    b.reading(1);
+    a.reading().read(0);
+    b.reading().read(1);
     let r0 = result("st", 0, vec![acct("x", 1, 100, 1)]);
     // The stray reaches B, which reads partition 1, before the job's manifest exists.
     q1.send(vec![r0.body.clone()]).await.unwrap();
@@ -378,7 +378,7 @@ async fn a_stray_on_another_partition_is_forwarded_never_leased() {
     let stray: Vec<Kept> = q1.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done1.keep(d)).collect();
     let applied = b.apply(Source::Results, stray).await;
     assert_eq!((applied.delete.len(), applied.release.len()), (1, 0), "the stray is deleted once forwarded");
-    assert_eq!(b.open_jobs(), 0, "B neither loaded nor leased the job");
+    assert_eq!(b.memory().open_jobs(), 0, "B neither loaded nor leased the job");
     assert!(store.get(&fleet_domain::layout::lease_key("st")).await.unwrap().is_none(), "no lease taken for a stray");
     assert_eq!(q0.depth().await.unwrap().visible, 1, "forwarded to the job's own partition");
     // J's own reader applies the forwarded copy, the real results and the seal: exact, at once.
@@ -401,5 +401,5 @@ async fn a_message_of_a_partition_with_no_queue_is_applied_where_it_is_read() {
     put_records_on(&store, "gone", &[1], 5).await;
     let agg = quick(store.clone());
     agg.apply(Source::Results, keep(Source::Results, &[result("gone", 0, vec![acct("x", 1, 100, 1)])])).await;
-    assert_eq!(agg.open_jobs(), 1, "applied here");
+    assert_eq!(agg.memory().open_jobs(), 1, "applied here");
 }

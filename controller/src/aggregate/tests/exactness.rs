@@ -11,7 +11,7 @@ async fn duplicates_count_once_and_report_is_exact() {
     let r0 = result("j1", 0, vec![acct("a", 2, 1000, 100)]);
     let applied = agg.apply(Source::Results, keep(Source::Results, &[r0.clone(), r0.clone()])).await;
     assert!(applied.delete.is_empty(), "nothing is deleted before a checkpoint covers it");
-    assert_eq!(agg.pending(), 2);
+    assert_eq!(agg.memory().pending(), 2);
     assert_eq!(agg.flush().await.len(), 2, "duplicates are deleted too, after the checkpoint");
     let meta = store.head(&checkpoint_key("j1")).await.unwrap().expect("checkpoint written");
     let p = fleet_domain::model::Progress::from_meta(&meta).expect("progress in the metadata");
@@ -347,7 +347,7 @@ async fn a_real_result_after_a_failure_on_the_last_chunk_still_counts() {
     let store = MemoryStore::new();
     put_manifest(&store, &manifest("ff", &[1, 1])).await;
     put_manifest(&store, &manifest("fp", &[1, 1])).await;
-    let agg = Aggregator::new(store.clone());
+    let agg = Aggregator::with(store.clone(), Options::default());
     let one = |job: &str, c: u32| result(job, c, vec![acct("a", 1, 100, 1)]);
     for job in ["ff", "fp"] {
         agg.apply(Source::Results, keep(Source::Results, &[one(job, 0), sealed(job, 2), failed(job, 1, 1, "bad rows")])).await;

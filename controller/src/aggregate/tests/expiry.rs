@@ -46,7 +46,7 @@ async fn abandon_finishes_a_job_with_what_was_processed() {
     let r = report_of(&store, "a1").await.unwrap();
     assert_eq!((r.status, r.transactions.processed, r.transactions.failed, r.transactions.accepted), (JobStatus::Abandoned, 2, 3, 5));
     assert!(r.failed_chunks[0].reason.contains("abandoned: operator"), "{:?}", r.failed_chunks);
-    assert_eq!(agg.open_jobs(), 0, "memory freed");
+    assert_eq!(agg.memory().open_jobs(), 0, "memory freed");
     // Never sealed, no manifest: the report holds what was processed.
     put_chunks(&store, "a2", 5).await;
     agg.apply(Source::Results, keep(Source::Results, &[result("a2", 4, vec![acct("b", 7, 700, 7)]), abandon("a2")])).await;
@@ -128,7 +128,7 @@ async fn a_sealed_job_that_stalls_is_finished_as_partial_once_nothing_can_arrive
     // its own start, the queues being empty.
     let got = work.receive(10, Duration::ZERO).await.unwrap();
     work.delete(got).await.unwrap();
-    agg.release_leases().await;
+    agg.release_leases(|_| true).await;
     drop(agg);
     let restarted = quick_with(store.clone(), Options { stall: Some(StallLimit { after: stall, queues }), ..Options::default() });
     assert!(restarted.expire(Duration::from_secs(3600)).await.is_empty(), "scanned; not due yet");
@@ -174,7 +174,7 @@ async fn news_on_another_controller_keeps_a_job_from_being_abandoned() {
     // Checkpointed by the batch itself (the last checkpoint is old) or by the flush.
     let saved = a.apply(Source::Results, keep(Source::Results, &[result("nw", 1, vec![acct("x", 1, 100, 1)])])).await.delete.len();
     assert_eq!(saved + a.flush().await.len(), 1);
-    a.release_leases().await;
+    a.release_leases(|_| true).await;
     tokio::time::advance(Duration::from_secs(6 * 60)).await;
     b.expire(hour).await;
     assert!(report_of(&store, "nw").await.is_none(), "abandoned 6 minutes after its last news");

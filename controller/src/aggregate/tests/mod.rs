@@ -286,6 +286,6 @@ async fn partition_zero_fixture() -> (Arc<BrokenStore>, Arc<MemoryQueue>, Comple
     let done = Completions::start(queue.clone(), BatchSettings::default());
     let options = Options { owner: "c".into(), lease: Duration::from_secs(30), partition_queues: partitioned(&["billing-results"]), ..Options::default() };
     let agg = quick_with(store.clone(), options);
-    agg.reading(0);
+    agg.reading().read(0);
     (store, queue, done, agg)
 }

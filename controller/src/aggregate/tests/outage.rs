@@ -124,7 +124,7 @@ async fn results_are_held_through_a_store_outage_then_applied_without_spending_r
     let first = receive().await;
     assert_eq!(first.len(), 1);
     assert!(agg.apply(Source::Results, first).await.delete.is_empty());
-    assert_eq!(agg.pending(), 1);
+    assert_eq!(agg.memory().pending(), 1);
 
     // The store stops answering; the rest of the job arrives (the seal makes the job finish: it cannot).
     store.down.store(true, Ordering::Relaxed);
@@ -135,7 +135,7 @@ async fn results_are_held_through_a_store_outage_then_applied_without_spending_r
     let applied = agg.apply(Source::Results, batch).await;
     assert!(applied.delete.is_empty() && applied.release.is_empty());
     assert_eq!(agg.holding().held(None), 4, "the batch and the job's pending message are held");
-    assert_eq!(agg.pending(), 0);
+    assert_eq!(agg.memory().pending(), 0);
 
     // Ten minutes down: sixty visibility timeouts, far past a lease.
     assert!(Duration::from_secs(600) > lease * 10);
@@ -231,7 +231,7 @@ async fn a_batch_that_fails_after_its_partition_was_let_go_is_handed_back_not_he
     assert_eq!(agg.holding().held(None), 0, "not held for a partition let go");
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(queue.depth().await.unwrap().visible, 1, "back on its queue at once");
-    agg.reading(0);
+    agg.reading().read(0);
     let batch: Vec<_> = queue.receive(10, Duration::ZERO).await.unwrap().into_iter().map(|d| done.keep(d)).collect();
     agg.apply(Source::Results, batch).await;
     assert_eq!(agg.holding().held(None), 1, "read again: held through the outage");

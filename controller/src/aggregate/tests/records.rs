@@ -75,7 +75,7 @@ async fn results_for_jobs_nobody_submitted_make_nothing_and_are_quarantined() {
     assert_eq!((last.release.len(), last.delete.len()), (0, 50), "quarantined, then deleted");
     let dead = agg.apply(Source::ResultsDeadLetter, keep(Source::ResultsDeadLetter, &forged[..5])).await;
     assert_eq!(dead.delete.len(), 5, "from the dead-letter queue at once");
-    assert_eq!(agg.open_jobs(), 0);
+    assert_eq!(agg.memory().open_jobs(), 0);
     for prefix in ["leases/", "jobs/", "open/", "warehouse/", "tables/"] {
         assert!(store.list(prefix, 10).await.unwrap().is_empty(), "nothing under {prefix}");
     }
@@ -127,7 +127,7 @@ async fn an_unrecorded_chunk_is_judged_by_the_manifest_and_an_oversized_share_re
     assert_eq!(applied.delete.len(), 1, "quarantined");
     let why = quarantined_of(&store, "old2").await;
     assert!(why.iter().any(|w| w.contains("more than the decode budget")), "{why:?}");
-    assert_eq!(agg.open_jobs(), 0, "nothing applied");
+    assert_eq!(agg.memory().open_jobs(), 0, "nothing applied");
 }
 
 /// `m` signed with `key` (as its role's sender signs it).
@@ -163,7 +163,7 @@ async fn only_a_role_that_may_send_a_message_makes_it_count() {
     ];
     let applied = agg.apply(Source::Results, keep(Source::Results, &forged)).await;
     assert_eq!(applied.delete.len(), 4, "all four quarantined, then deleted");
-    assert_eq!(agg.open_jobs(), 0, "nothing of the job loaded or leased");
+    assert_eq!(agg.memory().open_jobs(), 0, "nothing of the job loaded or leased");
     let why = quarantined_of(&store, "rl").await;
     assert_eq!(why.len(), 4, "{why:?}");
     assert!(why.iter().any(|w| w.contains("an abandon of job rl signed by a processor, which may not send one")), "{why:?}");

@@ -94,7 +94,7 @@ async fn a_reports_s3_requests_are_what_the_store_counted_for_its_job() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         deleted += agg.retry_held().await.delete.len();
         deleted += agg.flush().await.len();
-        if agg.holding().held(None) == 0 && agg.pending() == 0 {
+        if agg.holding().held(None) == 0 && agg.memory().pending() == 0 {
             break;
         }
     }

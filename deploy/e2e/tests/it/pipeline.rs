@@ -327,7 +327,7 @@ async fn a_controller_down_longer_than_abandon_after_finishes_the_job_whose_seal
     for k in applied.delete.into_iter().chain(agg.flush().await) {
         k.delete();
     }
-    agg.release_leases().await;
+    agg.release_leases(|_| true).await;
     drop(agg);
     done.finish(true).await;
     // Down for longer than the restarted controller's --abandon-after.
