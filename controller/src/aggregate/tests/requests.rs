@@ -1,9 +1,11 @@
 //! A report's requests are the calls made for its job, each where it was made (issue 59, item 3):
-//! compared with what the store itself saw of the job's objects, read-backs and a reload included.
+//! compared with what the store itself saw of the job's objects, read-backs and a reload included,
+//! and with what the results queue itself counted of the receives and deletes of its messages.
 
 use super::*;
 use fleet_io::call::{Billed, Op};
 use fleet_io::error::Service as S;
+use fleet_io::queue::Outgoing;
 
 /// Counts the calls on one job's objects as the store sees them (each call passed to the inner store
 /// is one billed attempt), and the counts at the moment the job's report starts to be written. Loses the answer
@@ -66,25 +68,61 @@ impl Hook for JobCalls {
     }
 }
 
+/// The results queue the test's messages travel through, and the completions that delete them: its
+/// own counter is the queue's count of the job's calls (it carries nothing else).
+struct Results {
+    queue: Arc<MemoryQueue>,
+    done: Completions,
+}
+
+impl Results {
+    fn new() -> Results {
+        let queue = MemoryQueue::new(Source::Results.default_queue(), Duration::from_secs(30));
+        Results { done: Completions::start(queue.clone(), BatchSettings::default()), queue }
+    }
+
+    /// Sends `msgs` and receives them in one call, as a listener's batch.
+    async fn batch(&self, msgs: &[Message]) -> Vec<Kept> {
+        let out: Vec<Outgoing> = msgs.iter().map(|m| Outgoing { body: m.body.clone(), attrs: m.attrs.clone(), dedup: None }).collect();
+        self.queue.send_messages(&out).await.unwrap();
+        let got = self.queue.receive(10, Duration::ZERO).await.unwrap();
+        assert_eq!(got.len(), msgs.len(), "one receive brings the batch");
+        got.into_iter().map(|d| self.done.keep(d)).collect()
+    }
+
+    /// Deletes what the aggregator handed back, and waits for the deletes to be made.
+    async fn delete(&self, kept: Vec<Kept>) -> usize {
+        let n = kept.len();
+        kept.into_iter().for_each(Kept::delete);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        n
+    }
+
+    fn calls(&self, op: Op) -> u64 {
+        self.queue.calls().snapshot().calls(op)
+    }
+}
+
 /// Every S3 call the controller made for the job before its report (record lookups, lease, loads,
 /// payload reads, the open marker, checkpoints with a lost answer's retry and its read-back, a write
 /// whose answer was lost and the job's reload) is in the report, once each, as the store counted it.
 /// (The report's own writes and what follows them are not: see docs/requests.md.)
 #[tokio::test(start_paused = true)]
-async fn a_reports_s3_requests_are_what_the_store_counted_for_its_job() {
+async fn a_reports_requests_are_what_the_store_and_the_queue_counted_for_its_job() {
     let memory = MemoryStore::new();
     put_manifest(&memory, &manifest("qz7", &[1, 1, 1])).await;
     let store =
         Hooked::new(memory.clone(), JobCalls { job: "qz7", counts: Mutex::default(), at_report: Mutex::default(), checkpoint_writes: AtomicUsize::new(0) });
     let agg = quick(store.clone());
+    let results = Results::new();
 
     // Chunk 0, checkpointed: its first write's answer is lost, the write found in place and read back.
-    let a = agg.apply(Source::Results, keep(Source::Results, &[result("qz7", 0, vec![acct("a", 1, 100, 1)])])).await;
+    let a = agg.apply(Source::Results, results.batch(&[result("qz7", 0, vec![acct("a", 1, 100, 1)])]).await).await;
     assert!(a.delete.is_empty());
-    assert_eq!(agg.flush().await.len(), 1, "checkpointed once the write is read back");
+    assert_eq!(results.delete(agg.flush().await).await, 1, "checkpointed once the write is read back");
 
     // Chunk 1: the checkpoint lands but the controller hears an error: the job is dropped, held.
-    agg.apply(Source::Results, keep(Source::Results, &[result("qz7", 1, vec![acct("b", 1, 200, 2)])])).await;
+    agg.apply(Source::Results, results.batch(&[result("qz7", 1, vec![acct("b", 1, 200, 2)])]).await).await;
     assert!(agg.flush().await.is_empty());
     assert_eq!(agg.holding().held(None), 1, "held for the store to answer");
 
@@ -92,8 +130,8 @@ async fn a_reports_s3_requests_are_what_the_store_counted_for_its_job() {
     let mut deleted = 0;
     for _ in 0..120 {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        deleted += agg.retry_held().await.delete.len();
-        deleted += agg.flush().await.len();
+        deleted += results.delete(agg.retry_held().await.delete).await;
+        deleted += results.delete(agg.flush().await).await;
         if agg.holding().held(None) == 0 && agg.memory().pending() == 0 {
             break;
         }
@@ -107,7 +145,8 @@ async fn a_reports_s3_requests_are_what_the_store_counted_for_its_job() {
         1,
         AccountsPayload::Blob { blob: BlobRef { key: fleet_domain::layout::result_key("qz7", 2), sha256: "0".repeat(64), compressed_bytes: 9, raw_bytes: 9 } },
     );
-    agg.apply(Source::Results, keep(Source::Results, &[lost, sealed("qz7", 3)])).await;
+    let last = agg.apply(Source::Results, results.batch(&[lost, sealed("qz7", 3)]).await).await;
+    assert_eq!(results.delete(last.delete).await, 2, "the finished job's last messages");
     let r = report_of(&memory, "qz7").await.expect("finished");
     assert_eq!((r.status, r.transactions.processed, r.transactions.failed), (JobStatus::Partial, 2, 1));
 
@@ -118,8 +157,14 @@ async fn a_reports_s3_requests_are_what_the_store_counted_for_its_job() {
     assert!(seen.calls(Op::S3PutObject) >= 5 && seen.calls(Op::S3GetObject) >= 4, "{seen:?}");
     assert!(store.checkpoint_writes.load(std::sync::atomic::Ordering::SeqCst) >= 3);
     // SQS's calls, attributed by rule once what they serve is done: a receive per batch applied
-    // (three: chunk 0, chunk 1 again from the hold after the drop lost the first, the last batch),
-    // the deletes of each checkpoint written (the two that covered a message, the ending's), none
-    // for the write the controller heard fail.
-    assert_eq!((r.requests.sqs.get("ReceiveMessage"), r.requests.sqs.get("DeleteMessageBatch")), (Some(&3), Some(&3)), "{:?}", r.requests.sqs);
+    // (three: chunk 0, chunk 1 (applied again from the hold after the drop lost the first, with no
+    // receive), the last batch), the deletes of each checkpoint written (the two that covered a
+    // message, the ending's), none for the write the controller heard fail. The queue counted the same.
+    let sqs = |name: &str| r.requests.sqs.get(name).copied().unwrap_or(0);
+    assert_eq!((sqs("ReceiveMessage"), sqs("DeleteMessageBatch")), (3, 3), "{:?}", r.requests.sqs);
+    assert_eq!(
+        (sqs("ReceiveMessage"), sqs("DeleteMessageBatch")),
+        (results.calls(Op::SqsReceiveMessage), results.calls(Op::SqsDeleteMessageBatch)),
+        "the report's SQS requests are the queue's own count of the job's receives and deletes"
+    );
 }
