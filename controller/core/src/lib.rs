@@ -13,6 +13,8 @@
 //! - `expiry`: the dormant jobs (known from their open marker only) and which are due, and whether
 //!   the fleet's queues have emptied since a job's news (the stall rule's condition), and the rule that
 //!   ends a quiet job (abandoned unsealed, stalled sealed);
+//! - `finish`: a job's finish, effect by effect (the lease renewed, the marker, the manifest, the
+//!   ending committed, the report, the rows dropped), until it is finished, handed over or quarantined;
 //! - `finished`: the jobs finished lately, remembered to drop late duplicates without a read;
 //! - `hold`: the messages held through a store outage, when each is extended and when they are tried
 //!   again;
@@ -27,6 +29,7 @@
 
 pub mod decision;
 pub mod expiry;
+pub mod finish;
 pub mod finished;
 pub mod hold;
 pub mod item;

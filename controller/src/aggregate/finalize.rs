@@ -1,13 +1,15 @@
 //! Finishing a job: when a sealed job has every chunk accounted for (or it is abandoned), its report
 //! and accounts are written to the warehouse, its checkpoint is marked finished without rows, its
 //! parts and `open/{job}` marker are removed, and its messages are handed back for deletion.
+//! The steps and their order are the core's (`controller_core::finish::Finish`, a state machine that
+//! takes each step's answer); this file performs them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use fleet_domain::layout::{accounts_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, MAX_MANIFEST_BYTES};
-use fleet_domain::model::{JobStatus, Manifest};
+use fleet_domain::model::Manifest;
 use fleet_domain::report::{self, AccountRows as _};
 use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_engine::Kept;
@@ -20,119 +22,132 @@ use super::delete_calls;
 use super::job::{hand_over, Job, Phase};
 use super::limits::MAX_OPEN_JOBS;
 use controller_core::decision::Commit;
+use controller_core::finish::{Answer, Effect, Finish};
 
 impl Books {
     /// Writes the report of a job in memory (complete, or abandoned when it says so) and forgets it;
-    /// returns its messages for deletion.
+    /// returns its messages for deletion. The order of its steps and when each is taken is the core's
+    /// (`controller_core::finish`); this performs each and answers. The job stays in its slot until it
+    /// is finished or handed over: a step that fails leaves it there as it stands, to be tried again.
     pub(super) async fn finish(&self, job_id: &str, loaded: &mut Option<Job>) -> Result<Vec<Kept>> {
-        // Still the owner? (A paused owner whose lease lapsed must not write a report.)
-        {
+        let mut finish = Finish::default();
+        let mut answer = Answer::Start;
+        // The report as written (its rows let go), for the line that says the job finished.
+        let mut written = None;
+        loop {
             let job = loaded.as_mut().expect("the job is in memory");
-            // Every call made for the job up to its report is in the report, counted as the store
-            // counts it (every attempt); what the report's own writes and what follows them make is
-            // not (see docs/requests.md).
-            let (renewed, calls) = counted(self.leases.renew(job_id, job.lease())).await;
-            job.count(&calls);
-            if !renewed? {
-                tracing::warn!(job = %job_id, "lease lost before the report; the new owner writes it");
-                hand_over(loaded);
-                return Ok(Vec::new());
-            }
+            answer = match job.finish_step(&mut finish, answer) {
+                // Every call made for the job up to its report is in the report, counted as the store
+                // counts it (every attempt); what the report's own writes and what follows them make
+                // is not (see docs/requests.md).
+                Effect::Renew => {
+                    let (renewed, calls) = counted(self.leases.renew(job_id, job.lease())).await;
+                    job.count(&calls);
+                    let renewed = renewed?;
+                    if !renewed {
+                        tracing::warn!(job = %job_id, "lease lost before the report; the new owner writes it");
+                    }
+                    Answer::Renewed(renewed)
+                }
+                Effect::MarkOpen => {
+                    let (put, calls) = counted(self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream")).await;
+                    job.count(&calls);
+                    put?;
+                    Answer::Done
+                }
+                Effect::ReadManifest => match self.read_manifest(job).await {
+                    Ok(found) => Answer::Manifest(found),
+                    Err(e) => refused(job_id, e)?,
+                },
+                Effect::Commit(commit) => {
+                    let had_parts = job.tally().parts() > 0;
+                    let done = match commit {
+                        Commit::Ending(_) => {
+                            // The deletes its last messages take: SQS's calls, shared by the jobs of a
+                            // batch, attributed to it by rule, in the checkpoint that commits its ending
+                            // (docs/requests.md).
+                            let mut deletes = RequestCounts::default();
+                            deletes.add(Billed::call(Op::SqsDeleteMessageBatch), delete_calls(job.unsaved().iter()));
+                            let (committed, calls) = counted(self.commit(job, commit, &deletes)).await;
+                            job.count(&calls);
+                            committed
+                        }
+                        Commit::Final => {
+                            let dropped = self.commit(job, commit, &RequestCounts::default()).await;
+                            if dropped.is_ok() && had_parts {
+                                self.delete_parts(job_id).await;
+                            }
+                            dropped
+                        }
+                        other => unreachable!("a finish does not commit {other:?}"),
+                    };
+                    match done {
+                        Ok(()) => Answer::Done,
+                        Err(e) => refused(job_id, e)?,
+                    }
+                }
+                Effect::Report(manifest) => match self.report(job, &manifest).await {
+                    Ok(r) => {
+                        written = Some(r);
+                        Answer::Done
+                    }
+                    Err(e) => refused(job_id, e)?,
+                },
+                Effect::HandOver => {
+                    hand_over(loaded);
+                    return Ok(Vec::new());
+                }
+                Effect::Quarantine(why) => {
+                    let why = why.unwrap_or_else(|| Error::Corrupt("its manifest cannot be read".into()));
+                    let done = self.quarantine_finishing(job_id, job, &why).await?;
+                    *loaded = None;
+                    return Ok(done);
+                }
+                Effect::NoManifest => {
+                    return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") })
+                }
+                Effect::Finished(status) => {
+                    if let Some(r) = &written {
+                        self.finished(job, r);
+                    }
+                    let job = loaded.take().expect("the job is in memory");
+                    if let Err(e) = self.close_finished(job_id).await {
+                        tracing::warn!(job = %job_id, error = %e, "could not remove the open-job marker; the next start removes it");
+                    }
+                    let _ = self.leases.release(job_id, job.lease()).await;
+                    self.remember_finished(job_id, status);
+                    return Ok(job.done());
+                }
+            };
         }
-        // The job stays in its slot until it is finished or handed over: a step that fails leaves it
-        // there as it stands, to be tried again.
-        let job = loaded.as_mut().expect("the job is in memory");
-        // Quarantined already (committed), its report not written (a write failed): only that is left.
-        if job.phase() == &Phase::Finished(JobStatus::Quarantined) {
-            let why = Error::Corrupt("its manifest cannot be read".into());
-            let done = self.quarantine_finishing(job_id, job, &why).await?;
-            *loaded = None;
-            return Ok(done);
-        }
-        // A job finishing before its first checkpoint is marked open first: until its purge is
-        // recorded, the marker is what brings the finished job back to a scan should this
-        // controller die (found by the simulation, seed 2225: cut off from S3 after the report,
-        // then a crash, left its chunk blobs for good).
-        if job.writes().needs_marker() {
-            let (put, calls) = counted(self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream")).await;
-            job.count(&calls);
-            put?;
-            job.writes_mut().marked();
-        }
-        // The manifest its seal was checked against (else read again by `finalize`).
-        let recorded = self.records.manifest(job_id);
-        let status = match self.finalize(job, recorded).await {
-            Ok(s) => s,
-            Err(Error::Conflict(why)) => {
-                tracing::warn!(job = %job_id, %why, "fenced while finishing: another controller owns the job now");
-                hand_over(loaded);
-                return Ok(Vec::new());
-            }
-            // The manifest cannot be read: it never will be.
-            Err(e @ Error::Corrupt(_)) => {
-                let done = self.quarantine_finishing(job_id, job, &e).await?;
-                *loaded = None;
-                return Ok(done);
-            }
-            // Nothing it had not committed changed: tried again from where it stands.
-            Err(e) => return Err(e),
-        };
-        let job = loaded.take().expect("the job is in memory");
-        if let Err(e) = self.close_finished(job_id).await {
-            tracing::warn!(job = %job_id, error = %e, "could not remove the open-job marker; the next start removes it");
-        }
-        let _ = self.leases.release(job_id, job.lease()).await;
-        self.remember_finished(job_id, status);
-        Ok(job.done())
     }
 
-    /// Finishes a job in three steps, each safe to repeat. (1) An open job's ending is decided
-    /// ([`Job::decide`]: status, the failed chunks it ends with, for an abandoned or stalled job also
-    /// the chunks its manifest names that have no result; its note) and committed in its checkpoint,
-    /// rows kept: a fenced write, so only the job's owner decides, and a controller that loads the job
-    /// after this writes the report of this decision, never one of its own. (2) The report and
-    /// accounts.csv are written from the committed decision. (3) The checkpoint drops its rows and its
-    /// parts are deleted. Without a manifest (the submission never finished) an abandoned job's report
-    /// holds what was processed. `recorded`: the manifest as the job's records hold it (see
-    /// `records`), read here when they do not.
-    async fn finalize(&self, job: &mut Job, recorded: Option<Arc<Manifest>>) -> Result<JobStatus> {
+    /// The manifest its seal was checked against (see `records`), else read (none: none was written).
+    async fn read_manifest(&self, job: &mut Job) -> Result<Option<Arc<Manifest>>> {
+        if let Some(m) = self.records.manifest(job.id()) {
+            return Ok(Some(m));
+        }
+        let (found, calls) = counted(self.store.get_capped(&manifest_key(job.id()), MAX_MANIFEST_BYTES)).await;
+        job.count(&calls);
+        match found? {
+            Some(b) => Ok(Some(Arc::new(serde_json::from_slice(&b)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes the report of the job's committed ending with `manifest`, and its accounts and warehouse
+    /// tables: once, `accounts.csv` first, then `report.json`, which says the pair is whole. A finish
+    /// tried again (a write failed, the owner changed) finds the report there and writes neither again:
+    /// its first `finished_at` stands. Returns the report without its rows.
+    async fn report(&self, job: &mut Job, manifest: &Manifest) -> Result<report::Report<()>> {
         let store = self.store.as_ref();
         let job_id = job.id().to_string();
-        let manifest: Option<Arc<Manifest>> = match recorded {
-            Some(m) => Some(m),
-            None => {
-                let (found, calls) = counted(store.get_capped(&manifest_key(&job_id), MAX_MANIFEST_BYTES)).await;
-                job.count(&calls);
-                match found? {
-                    Some(b) => Some(Arc::new(serde_json::from_slice(&b)?)),
-                    None => None,
-                }
-            }
-        };
-        let manifest = match manifest {
-            Some(m) => m,
-            // Only an abandoned job may end without one (decided now, or committed so before).
-            None => match job.stand_in_manifest() {
-                Some(m) => Arc::new(m),
-                None => return Err(Error::NotFound { service: fleet_io::error::Service::S3, what: format!("the manifest of job {job_id} does not exist") }),
-            },
-        };
-        if job.is_open() {
-            // The deletes its last messages take: SQS's calls, shared by the jobs of a batch,
-            // attributed to it by rule, in the checkpoint that commits its ending (docs/requests.md).
-            let mut deletes = RequestCounts::default();
-            deletes.add(Billed::call(Op::SqsDeleteMessageBatch), delete_calls(job.unsaved().iter()));
-            let decision = job.decide(&manifest);
-            let (committed, calls) = counted(self.commit(job, Commit::Ending(decision), &deletes)).await;
-            job.count(&calls);
-            committed?;
-        }
         // What was made for it outside its lock since its last checkpoint (the timer's renewals).
         job.take_carried();
-        let Phase::Ending(decision) = job.phase() else { unreachable!("an open job's ending was committed above") };
+        let Phase::Ending(decision) = job.phase() else { unreachable!("a report is written of a committed ending") };
         let mut requests = manifest.requests.clone();
         requests.merge(job.tally().requests());
-        let mut r = report::build_borrowed(&manifest, job.tally().totals(), decision.failed.clone(), &requests);
+        let mut r = report::build_borrowed(manifest, job.tally().totals(), decision.failed.clone(), &requests);
         r.requests.set_cost(&self.prices, &requests, manifest.submitted);
         r.status = decision.status;
         r.note = decision.note.clone();
@@ -142,9 +157,6 @@ impl Books {
             tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
                 "accepted != processed + failed: the results disagree with the manifest");
         }
-        // Written once: `accounts.csv` first, then `report.json`, which says the pair is whole. A finish
-        // tried again (a write failed, the owner changed) finds the report there and writes neither
-        // again: its first `finished_at` stands.
         if crate::undo::is(crate::undo::Fix::ReportOnce) || store.head(&report_key(&job_id)).await?.is_none() {
             if r.accounts.len() <= IN_MEMORY_ACCOUNTS {
                 store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
@@ -159,28 +171,31 @@ impl Books {
             }
         }
         // Written: the rows borrowed from the job's totals are let go before the job is changed.
-        let r = r.map_accounts(|_| ());
-        let had_parts = job.tally().parts() > 0;
-        self.commit(job, Commit::Final, &RequestCounts::default()).await?;
-        if had_parts {
-            // Also what a fenced (stale) owner may have left there.
-            match store.list(&checkpoint_parts_prefix(&job_id), MAX_OPEN_JOBS).await {
-                Ok(keys) => {
-                    for key in keys {
-                        if let Err(e) = store.delete(&key).await {
-                            tracing::warn!(job = %job_id, %key, error = %e, "could not delete a checkpoint part of a finished job");
-                        }
+        Ok(r.map_accounts(|_| ()))
+    }
+
+    /// Deletes a finished job's checkpoint parts (also what a fenced, stale owner may have left there).
+    async fn delete_parts(&self, job_id: &str) {
+        match self.store.list(&checkpoint_parts_prefix(job_id), MAX_OPEN_JOBS).await {
+            Ok(keys) => {
+                for key in keys {
+                    if let Err(e) = self.store.delete(&key).await {
+                        tracing::warn!(job = %job_id, %key, error = %e, "could not delete a checkpoint part of a finished job");
                     }
                 }
-                Err(e) => tracing::warn!(job = %job_id, error = %e, "could not list the checkpoint parts of a finished job"),
             }
+            Err(e) => tracing::warn!(job = %job_id, error = %e, "could not list the checkpoint parts of a finished job"),
         }
+    }
+
+    /// Says the job finished, with its report's figures and its latency since it was submitted.
+    fn finished(&self, job: &Job, r: &report::Report<()>) {
         let submitted = time::OffsetDateTime::parse(&r.created_at, &time::format_description::well_known::Rfc3339).ok();
         let latency = submitted
             .and_then(|t| u64::try_from(t.unix_timestamp_nanos() / 1_000_000).ok())
             .map(|ms| Duration::from_millis(self.clock.now_ms().saturating_sub(ms)));
         crate::events::JobFinished {
-            job: &job_id,
+            job: job.id(),
             status: r.status,
             processed: r.transactions.processed,
             failed: r.transactions.failed,
@@ -191,7 +206,20 @@ impl Books {
             note: r.note.as_deref(),
         }
         .emit();
-        Ok(r.status)
+    }
+}
+
+/// What a finish's step found when it failed: fenced (another controller owns the job now) and
+/// unreadable (the manifest cannot be read: it never will be) are answers; anything else leaves the
+/// job as it stands, to be tried again.
+fn refused(job_id: &str, e: Error) -> Result<Answer<Error>> {
+    match e {
+        Error::Conflict(why) => {
+            tracing::warn!(job = %job_id, %why, "fenced while finishing: another controller owns the job now");
+            Ok(Answer::Fenced)
+        }
+        e @ Error::Corrupt(_) => Ok(Answer::Unreadable(e)),
+        e => Err(e),
     }
 }
 

@@ -8,10 +8,11 @@
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
-use controller_core::decision::{Commit, Decision};
+use controller_core::decision::Commit;
+use controller_core::finish::{Answer, Effect, Finish};
 use controller_core::save::Save;
 use fleet_domain::billing::CheckedTotals;
-use fleet_domain::model::{Checkpoint, Manifest};
+use fleet_domain::model::Checkpoint;
 use fleet_domain::requests::RequestCounts;
 use fleet_engine::{Kept, Visibility};
 use fleet_io::error::{Error, Result};
@@ -118,9 +119,11 @@ impl Job {
         self.core.next(now.into_std(), floor.into_std(), settle, asker)
     }
 
-    /// How it ends, decided now.
-    pub(super) fn decide(&self, manifest: &Manifest) -> Decision {
-        self.core.decide(manifest, &self.clock.rfc3339())
+    /// The next step of its finish, given the answer to the last (see `controller_core::finish`); its
+    /// ending is decided at the aggregator's wall time.
+    pub(super) fn finish_step(&mut self, finish: &mut Finish, answer: Answer<Error>) -> Effect<Error> {
+        let clock = self.clock;
+        finish.next(&mut self.core, answer, || clock.rfc3339())
     }
 
     /// Plans the checkpoint that commits `commit` (a new part, if one is written, named by a fresh
