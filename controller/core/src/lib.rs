@@ -24,6 +24,7 @@
 //!   the driver's slot and lease;
 //! - `sighting`: expiry judged on the reader's own clock;
 //! - `timings`: the shipped timings and their start check;
+//! - `waiting`: the partitions whose quiet jobs wait for results that may come unannounced;
 //! - `undo`: the mutation harness's switches (compiled in only under `cfg(fleet_undo)`, which only
 //!   `controller-core-undoable`, the harness's build of this crate, sets).
 
@@ -41,3 +42,4 @@ pub mod save;
 pub mod sighting;
 pub mod timings;
 pub mod undo;
+pub mod waiting;

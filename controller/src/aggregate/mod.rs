@@ -30,11 +30,12 @@
 //! (`docs/requests.md`). This file holds the aggregator, how it is set up (`Options`) and what it
 //! reports of itself.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use controller_core::waiting::Waiting;
 use fleet_domain::prices::Prices;
 use fleet_engine::Kept;
 use fleet_io::blob::BlobStore;
@@ -115,15 +116,6 @@ impl CheckpointStats {
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     }
-}
-
-/// Where jobs in memory wait for results (see [`Aggregator::waiting`]).
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Waiting {
-    /// The partitions their messages travel on.
-    pub partitions: BTreeSet<u16>,
-    /// A job whose partition is not known (its checkpoint came from the release before partitions).
-    pub any: bool,
 }
 
 /// The controller's in-memory view of the jobs it is aggregating. Shared by every listener: each job
@@ -301,46 +293,21 @@ impl Aggregator {
         &self.books.stats
     }
 
-    /// The partitions of the jobs in memory that have had no news for `quiet` (all of them for a job
-    /// of no partition): what they wait for may come unannounced (a result SQS moved to a dead-letter
-    /// queue with the scaling agent down), so their listeners look now rather than at their safety
-    /// poll. A job being worked on is skipped. So are the dormant jobs (known from their open marker
-    /// only) of the partitions read here: a result of one dead-lettered unannounced waited for the
-    /// hourly safety poll, and its news then restarted the job's abandon time (the simulation, seed
-    /// 9103683: a report 2 h past its bound).
+    /// The partitions whose listeners should look now rather than at their safety poll: those of the
+    /// jobs that have had no news for `quiet`, in memory (a job being worked on skipped) or dormant in
+    /// a partition read here (the rule: `controller_core::waiting`).
     pub fn waiting(&self, quiet: Duration) -> Waiting {
-        let now = Instant::now();
-        let floor = self.expiry.idle_floor();
-        let mut out = Waiting::default();
-        if !crate::undo::is(crate::undo::Fix::WaitingLooks) {
-            let dormant: Vec<(Instant, Option<u16>)> =
-                self.books.known.dormant(|dormant| dormant.iter().map(|(_, d)| (Instant::from_std(d.since), d.partition)).collect());
-            for (since, partition) in dormant {
-                if now.saturating_duration_since(since.max(floor)) < quiet || !self.reading.loads_here(partition) {
-                    continue;
-                }
-                match partition {
-                    Some(p) => {
-                        out.partitions.insert(p);
-                    }
-                    None => out.any = true,
-                }
-            }
-        }
+        let (now, floor) = (Instant::now().into_std(), self.expiry.idle_floor().into_std());
+        let dormant: Vec<(std::time::Instant, Option<u16>)> = self.books.known.dormant(|dormant| dormant.iter().map(|(_, d)| (d.since, d.partition)).collect());
         let partition = self.memory.with(|r| r.partitions().clone());
+        let mut open = Vec::new();
         for (_, slot) in self.memory.slots() {
             let Ok(loaded) = slot.try_lock() else { continue };
-            match loaded.as_ref() {
-                Some(job) if job.is_open() && job.quiet_for(now, floor) >= quiet => match partition.get(job.id()).copied().or(job.tally().partition()) {
-                    Some(p) => {
-                        out.partitions.insert(p);
-                    }
-                    None => out.any = true,
-                },
-                _ => {}
+            if let Some(job) = loaded.as_ref().filter(|job| job.is_open()) {
+                open.push((job.news().into_std(), partition.get(job.id()).copied().or(job.tally().partition())));
             }
         }
-        out
+        Waiting::of(now, floor, quiet, open, dormant, |p| self.reading.loads_here(p))
     }
 
     /// Where the purge of each finished job's blobs is recorded.

@@ -291,7 +291,7 @@ async fn a_job_quiet_in_memory_names_its_partition_as_waiting() {
     agg.apply(Source::Results, batch).await;
     assert_eq!(agg.waiting(quiet), Waiting::default(), "news just came");
     tokio::time::sleep(Duration::from_secs(61)).await;
-    assert_eq!(agg.waiting(quiet), Waiting { partitions: BTreeSet::from([0]), any: false });
+    assert_eq!(agg.waiting(quiet), Waiting { partitions: std::collections::BTreeSet::from([0]), any: false });
     // A job whose messages came from no partition's queue (the release before partitions).
     put_manifest(&store.memory, &manifest("old", &[1, 1])).await;
     agg.apply(Source::ResultsDeadLetter, keep(Source::ResultsDeadLetter, &[result("old", 0, vec![acct("b", 1, 100, 1)])])).await;
