@@ -41,8 +41,8 @@ pub enum Effect<E> {
     Report(Arc<Manifest>),
     /// Another controller owns the job now (its lease lost, or a write fenced): hand it over.
     HandOver,
-    /// Its state cannot be read (its manifest, or it was quarantined before its report): quarantine
-    /// it for this.
+    /// Its state cannot be read (a step answered it unreadable; none: it was quarantined before and
+    /// only its report is left): quarantine it for this.
     Quarantine(Option<E>),
     /// It has no manifest and may not end without one: not finished now.
     NoManifest,
@@ -63,7 +63,8 @@ pub enum Answer<E> {
     Manifest(Option<Arc<Manifest>>),
     /// A write was fenced: another controller owns the job.
     Fenced,
-    /// What was read cannot be (the manifest corrupt, a checkpoint that cannot be planned).
+    /// What the step read or wrote cannot be (the manifest corrupt, a checkpoint that cannot be
+    /// planned, anything corrupt in the report's or the final commit's writing).
     Unreadable(E),
 }
 

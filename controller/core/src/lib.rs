@@ -22,6 +22,8 @@
 //! - `partitions`: the results partitions' ownership table and a balancing round's plan;
 //! - `resident`: the jobs in memory (their slots, leases, failing marks and partitions), generic over
 //!   the driver's slot and lease;
+//! - `take`: taking a job, effect by effect (its lease, its checkpoint read again until the same
+//!   document failed twice), and what becomes of it when it is not taken;
 //! - `sighting`: expiry judged on the reader's own clock;
 //! - `timings`: the shipped timings and their start check;
 //! - `waiting`: the partitions whose quiet jobs wait for results that may come unannounced;
@@ -40,6 +42,7 @@ pub mod partitions;
 pub mod resident;
 pub mod save;
 pub mod sighting;
+pub mod take;
 pub mod timings;
 pub mod undo;
 pub mod waiting;

@@ -19,7 +19,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Ok(body) = std::str::from_utf8(data) else { return };
     runtime().block_on(async {
         let store = MemoryStore::new();
-        let agg = Aggregator::new(store);
+        let agg = Aggregator::with(store, controller::aggregate::Options::default());
         let done = Completions::start(MemoryQueue::new("billing-results", std::time::Duration::from_secs(30)), Default::default());
         let sealed = r#"{"kind":"sealed","v":1,"job_id":"f","total_chunks":1}"#;
         let msg = |id: &str, body: &str| {

@@ -15,6 +15,7 @@ use super::job::{hand_over, Held, Job, Unsaved};
 use super::limits::{HAND_BACK, MAX_DOC_BYTES};
 use super::{Aggregator, Slot, Taken};
 use crate::lease::{Acquired, Lease};
+use controller_core::take::{self, Answer, Effect, Take};
 
 impl Aggregator {
     /// Renews the lease of a job in memory. The job is dropped (its messages were not deleted and go
@@ -86,9 +87,9 @@ impl Aggregator {
         self.memory.prune_all(slots);
     }
 
-    /// Gives back every lease held (on shutdown, after the last checkpoint), so other controllers take
-    /// the jobs over at once.
-    /// Gives back the leases of the jobs `which` picks (their jobs dropped from memory).
+    /// Gives back the leases of the jobs `which` picks, their jobs dropped from memory (every job on
+    /// shutdown, after the last checkpoint, so that other controllers take them over at once; a
+    /// partition's when it is let go).
     pub async fn release_leases(&self, which: impl Fn(&str) -> bool) {
         let slots: Vec<(String, Slot)> = self.memory.slots().into_iter().filter(|(j, _)| which(j)).collect();
         for (job_id, slot) in &slots {
@@ -103,85 +104,69 @@ impl Aggregator {
 }
 
 impl Books {
-    /// Takes a job's lease and loads it from its checkpoint (a new job when there is none).
+    /// Takes a job's lease and loads it from its checkpoint (a new job when there is none). The steps
+    /// and what becomes of a job not taken are the core's (`controller_core::take`); this performs
+    /// them.
     pub(super) async fn take(&self, job_id: &str) -> Result<Taken> {
-        let dormant = self.known.dormant(|d| d.take(job_id));
-        // Put back when the job is not taken for a store error (the scan's path puts it back too;
-        // a batch's does not): forgotten, its partition's listeners no longer look for it.
-        let restore = |d: Option<super::scan::Dormant>| {
-            if let Some(d) = d.filter(|_| !crate::undo::is(crate::undo::Fix::BusyStaysDormant)) {
-                self.known.dormant(|dormant| dormant.keep(job_id, d));
-            }
-        };
-        let acquired = match self.leases.acquire(job_id).await {
-            Ok(a) => a,
-            Err(e) => {
-                restore(dormant);
-                return Err(e);
-            }
-        };
-        let lease = match acquired {
-            Acquired::Ours(h) => h,
-            Acquired::Busy { expires_in, live, .. } => {
-                let after = self.leases.hand_back_after(live, expires_in, HAND_BACK);
-                // Still dormant here, tried again once the lease may have run out: its partition's
-                // listeners keep looking every minute meanwhile. Forgotten, a job whose messages
-                // were handed back until a dead owner's lease ran out was nobody's: when those
-                // messages reached the dead-letter queue after their last receive (each reader
-                // that sees a dead owner's lease first waits a lease, spending one), nobody looked
-                // there until the hourly safety poll with the scaling agent down (found by the
-                // simulation, seed 228242485: a report 53 min past its bound).
-                let not_before = Some((tokio::time::Instant::now() + after.max(self.leases.ttl() / 2)).into_std());
-                restore(dormant.map(|d| super::scan::Dormant { not_before, ..d }));
-                return Ok(Taken::Busy(after));
-            }
-        };
-        let job = match self.load_unchanged(job_id, &lease).await {
-            Ok(job) => job,
-            // Its checkpoint can never be read: the same document (ETag) failed twice.
-            Err((e @ Error::Corrupt(_), Some(etag))) => {
-                self.quarantine_unreadable(job_id, &lease, &e, &etag).await?;
-                return Ok(Taken::AlreadyFinished);
-            }
-            Err((e, _)) => {
-                // Not loaded: let another controller (or a later attempt) have it at once.
-                let _ = self.leases.release(job_id, &lease).await;
-                restore(dormant);
-                return Err(e);
-            }
-        };
-        let job = match job {
-            Loaded::AlreadyFinished(status) => {
-                self.remember_finished(job_id, status);
-                let _ = self.leases.release(job_id, &lease).await;
-                return Ok(Taken::AlreadyFinished);
-            }
-            Loaded::Job(job) => job,
-        };
-        self.memory.with(|r| r.hold_lease(job_id, job.lease().downgrade()));
-        Ok(Taken::Open(job))
-    }
-
-    /// Loads a job; a checkpoint that cannot be read is read again, and only one that failed twice
-    /// as the same document (one ETag) is unreadable: `Err((Corrupt, Some(etag)))`. A read that fails
-    /// because the document changed under it (a stale owner finishing, replacing its base part and
-    /// deleting the old ones) is not corruption: the new document is read instead.
-    async fn load_unchanged(&self, job_id: &str, lease: &Lease) -> std::result::Result<Loaded, (Error, Option<String>)> {
-        let mut failed_at: Option<String> = None;
-        for _ in 0..3 {
-            match self.load(job_id, lease.clone()).await {
-                Ok(job) => return Ok(job),
-                Err((e @ Error::Corrupt(_), Some(etag))) => {
-                    if failed_at.as_deref() == Some(etag.as_str()) || crate::undo::is(crate::undo::Fix::QuarantineSecondRead) {
-                        return Err((e, Some(etag)));
+        let mut take = Take::new(job_id, self.known.dormant(|d| d.take(job_id)));
+        let mut answer = Answer::Start;
+        let mut lease = None;
+        let mut job = None;
+        loop {
+            answer = match take.next(answer, || Error::Conflict(format!("the checkpoint of job {job_id} changed on every read"))) {
+                Effect::Acquire => match self.leases.acquire(job_id).await {
+                    Ok(Acquired::Ours(h)) => {
+                        lease = Some(h);
+                        Answer::Ours
                     }
-                    tracing::warn!(job = %job_id, error = %e, "the job's checkpoint could not be read; reading it again");
-                    failed_at = Some(etag);
+                    Ok(Acquired::Busy { expires_in, live, .. }) => Answer::Busy {
+                        after: self.leases.hand_back_after(live, expires_in, HAND_BACK),
+                        ttl: self.leases.ttl(),
+                        at: tokio::time::Instant::now().into_std(),
+                    },
+                    Err(e) => Answer::Failed(e),
+                },
+                Effect::Load => match self.load(job_id, lease.clone().expect("loaded under its lease")).await {
+                    Ok(Loaded::Job(loaded)) => {
+                        job = Some(loaded);
+                        Answer::Loaded
+                    }
+                    Ok(Loaded::AlreadyFinished(status)) => Answer::Finished(status),
+                    Err((e @ Error::Corrupt(_), Some(etag))) => Answer::Unreadable(e, etag),
+                    Err((e, _)) => Answer::Failed(e),
+                },
+                Effect::Quarantine(e, etag) => {
+                    match self.quarantine_unreadable(job_id, lease.as_ref().expect("quarantined under its lease"), &e, &etag).await {
+                        Ok(()) => Answer::Done,
+                        Err(e) => Answer::Failed(e),
+                    }
                 }
-                Err((e, _)) => return Err((e, None)),
-            }
+                Effect::Release => {
+                    let _ = self.leases.release(job_id, lease.as_ref().expect("given back once taken")).await;
+                    Answer::Done
+                }
+                Effect::KeepDormant(d) => {
+                    self.known.dormant(|dormant| dormant.keep(job_id, d));
+                    Answer::Done
+                }
+                Effect::Remember(status) => {
+                    self.remember_finished(job_id, status);
+                    Answer::Done
+                }
+                Effect::Taken(taken) => {
+                    return match taken {
+                        take::Taken::Open => {
+                            let job = job.expect("a job taken open was loaded");
+                            self.memory.with(|r| r.hold_lease(job_id, job.lease().downgrade()));
+                            Ok(Taken::Open(job))
+                        }
+                        take::Taken::AlreadyFinished => Ok(Taken::AlreadyFinished),
+                        take::Taken::Busy(after) => Ok(Taken::Busy(after)),
+                        take::Taken::Failed(e) => Err(e),
+                    }
+                }
+            };
         }
-        Err((Error::Conflict(format!("the checkpoint of job {job_id} changed on every read")), None))
     }
 
     /// Loads a job from its checkpoint (a new job when there is none, only its status when it is

@@ -1,8 +1,9 @@
-//! Why one file: a job's fields and the transitions that change them are checked together (that
-//! nothing changes before a write is confirmed, that each counted call lands in one checkpoint); the
-//! item's, the ending's and the unsaved messages' rules are in `apply`, `ending`, `unsaved`; what it
-//! has counted is its `Tally` (`tally`), what it knows of its own writes its `Writes` (`writes`),
-//! each read through the job and changed only by its transitions.
+//! Why the transitions are in one file: they are checked together (that nothing changes before a
+//! write is confirmed, that each counted call lands in one checkpoint). The item's, the ending's and
+//! the unsaved messages' rules are in `apply`, `ending`, `unsaved`; what it has counted is its
+//! `Tally` (`tally`), what it knows of its own writes its `Writes` (`writes`), both read through the
+//! job; the tally changes only by its transitions, and its writes also by what the driver reports
+//! through `writes_mut` (a write of unknown outcome, its open marker written).
 //!
 //! A newcomer reads `Phase`, then `impl Job` here; what an item does to a job is in `apply`, how it
 //! ends in `ending`, its unit tests in `tests`.

@@ -1,7 +1,7 @@
 //! What a job has counted: its checkpoint without rows (chunks accounted for, transactions, failed
 //! chunks, parts, calls, partition) and its rows (the per-account totals). Read through
-//! [`super::Job::tally`]; changed only by the job's transitions (an item applied, a checkpoint
-//! written).
+//! [`super::Job::tally`]; changed only by the job's transitions (an item applied, a call counted or
+//! withdrawn, its partition recorded, a checkpoint written).
 
 use fleet_domain::billing::CheckedTotals;
 use fleet_domain::model::Checkpoint;

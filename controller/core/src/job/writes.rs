@@ -1,8 +1,8 @@
 //! What a job knows of its own writes to the store: the ETag its checkpoints are fenced on, the
 //! writes of unknown outcome since the last confirmed one (any of them may be the one in place), the
-//! calls counted since that one, and whether its open marker exists. The job changes it only when
-//! a write is answered ([`super::Job::saved`]); the driver reports an unanswered write and a marker
-//! written here.
+//! calls counted since that one, and whether its open marker exists. The job adds the calls it counts
+//! and clears what a written checkpoint confirms ([`super::Job::saved`]); a write whose answer was
+//! lost and the open marker written are reported here (by the driver, or the core's finish).
 
 use fleet_domain::requests::RequestCounts;
 
