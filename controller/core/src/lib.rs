@@ -20,6 +20,8 @@
 //!   again;
 //! - `limits`: the job's own sizes and periods;
 //! - `partitions`: the results partitions' ownership table and a balancing round's plan;
+//! - `records`: a job's own records judging each message (agrees, refused, unrecorded) and its
+//!   payload's cap;
 //! - `resident`: the jobs in memory (their slots, leases, failing marks and partitions), generic over
 //!   the driver's slot and lease;
 //! - `take`: taking a job, effect by effect (its lease, its checkpoint read again until the same
@@ -39,6 +41,7 @@ pub mod item;
 pub mod job;
 pub mod limits;
 pub mod partitions;
+pub mod records;
 pub mod resident;
 pub mod save;
 pub mod sighting;

@@ -13,13 +13,14 @@ use fleet_io::error::{Error, Result};
 use fleet_io::op::sqs_extra_chunks;
 use tokio::time::Instant;
 
+use super::budget;
 use super::carried::CarriedCalls;
 use super::item::{self, parse, prepare, Item, Ready, Source};
 use super::job::{Asker, Job, Next};
-use super::limits::{FAILING_FOR, STRAY_RETRY, UNRECORDED_RECEIVES, UNRECORDED_WAITS};
+use super::limits::{FAILING_FOR, STRAY_RETRY, UNRECORDED_WAITS};
 use super::records::Verdict;
-use super::{budget, limits};
 use super::{unpaired, Aggregator, Applied, Taken};
+use controller_core::records::Disposition;
 
 /// What a job's messages bring to it: items to apply (with the calls that looked its records up), or
 /// a failure met before it (its records could not be read), taken as the job's own.
@@ -156,40 +157,14 @@ impl Aggregator {
         let mut agreeing = Vec::with_capacity(items.len());
         let budget = self.budget.bytes();
         for ((k, item), verdict) in kept.into_iter().zip(items).zip(verdicts) {
-            match verdict {
-                // More than the whole budget to decode: refused, not decoded alone past it (a result
-                // of a chunk from the release before records, held only to its own count).
-                Verdict::Agrees(Some(f))
-                    if f.raw_bytes.is_none() && item.decodes() && f.max_memory() > budget && !crate::undo::is(crate::undo::Fix::RefuseOverBudget) =>
-                {
-                    let why = format!(
-                        "decoding the result of job {job_id} chunk {} could take {} MiB, more than the decode budget of {} MiB (--decode-budget-mib): refused; redrive it after raising the budget",
-                        item.chunk().unwrap_or_default(),
-                        f.max_memory().div_ceil(1 << 20),
-                        budget >> 20
-                    );
-                    crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded: true }.emit();
-                    out.delete.extend(self.unreadable.keep(source, k, &why, &self.holding).await);
-                }
-                Verdict::Agrees(figures) => {
-                    let share = figures.map_or(0, limits::Figures::max_memory);
-                    agreeing.push(((k, item, figures), share));
-                }
-                Verdict::Refused(why) => {
-                    crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded: true }.emit();
-                    out.delete.extend(self.unreadable.keep(source, k, &why, &self.holding).await);
-                }
-                // It may yet come on record (never in practice: the initiator writes its records
-                // before it sends what names them), so it waits a few receives, never into the
-                // dead-letter queue; one that reached a dead-letter queue waited already.
-                // Undone: taken as agreeing, its cap from what it declares (as before the records).
-                Verdict::Unrecorded(_) if crate::undo::is(crate::undo::Fix::UnrecordedQuarantined) => agreeing.push(((k, item, None), 0)),
-                Verdict::Unrecorded(why) if source == Source::Results && k.receive_count < UNRECORDED_RECEIVES => {
+            match verdict.disposition(&item, budget, source, k.receive_count) {
+                Disposition::Apply(figures, share) => agreeing.push(((k, item, figures), share)),
+                Disposition::Wait(why) => {
                     tracing::debug!(job = %job_id, message_id = %k.id, receives = k.receive_count, %why, "no record yet: back to the queue");
                     out.release.push((k, UNRECORDED_WAITS));
                 }
-                Verdict::Unrecorded(why) => {
-                    crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded: false }.emit();
+                Disposition::Refuse { why, recorded } => {
+                    crate::events::MessageRefused { job: &job_id, message_id: &k.id, reason: &why, recorded }.emit();
                     out.delete.extend(self.unreadable.keep(source, k, &why, &self.holding).await);
                 }
             }

@@ -1,6 +1,6 @@
 //! The memory budget of decoded results: every result payload is decompressed and decoded only with a
 //! share of one byte budget taken for the most it can hold (its chunk's recorded figures, see
-//! `records::Figures::max_memory`), and keeps that share until it is applied to its job. So whatever
+//! `controller_core::limits::Figures::max_memory`), and keeps that share until it is applied to its job. So whatever
 //! number of messages arrive, of whatever declared size, the decoded results in memory at once across all
 //! jobs and batches stay within the budget (`--decode-budget-mib`), by construction. A share is taken
 //! before its job is locked and given back after, so a task holding a job's lock never waits on it.
