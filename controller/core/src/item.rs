@@ -92,3 +92,18 @@ impl<E> Ready<E> {
         matches!(self.item, Item::Result(ResultMessage::Sealed { .. }))
     }
 }
+
+#[cfg(test)]
+impl<E> Ready<E> {
+    /// A result message as the driver makes it ready: an inline payload decoded, nothing else read.
+    pub(crate) fn of(msg: ResultMessage) -> Ready<E> {
+        let accounts = match &msg {
+            ResultMessage::Chunk(ChunkResult {
+                outcome: ChunkOutcome::Processed { payload: fleet_domain::model::AccountsPayload::Inline { accounts } },
+                ..
+            }) => Some(Ok(accounts.iter().map(fleet_domain::billing::AccountTotals::borrowed).collect())),
+            _ => None,
+        };
+        Ready { item: Item::Result(msg), accounts }
+    }
+}

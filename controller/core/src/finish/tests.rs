@@ -12,7 +12,7 @@ use rust_decimal::Decimal;
 use super::{Answer, Effect, Finish};
 use crate::decision::Commit;
 use crate::expiry::Ending;
-use crate::item::{Item, Ready, Source};
+use crate::item::{Ready, Source};
 use crate::job::{placeholder_manifest, Job, Phase, Unsaved};
 
 const WALL: &str = "2026-12-07T00:00:00Z";
@@ -20,13 +20,7 @@ const WALL: &str = "2026-12-07T00:00:00Z";
 type Answered = Answer<&'static str>;
 
 fn ready(msg: ResultMessage) -> Ready<String> {
-    let accounts = match &msg {
-        ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts } }, .. }) => {
-            Some(Ok(accounts.iter().map(AccountTotals::borrowed).collect()))
-        }
-        _ => None,
-    };
-    Ready { item: Item::Result(msg), accounts }
+    Ready::of(msg)
 }
 
 /// A job with chunk 0 of `total` in (two transactions), sealed when `sealed`, loaded from a

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::expiry::Ending;
-use crate::item::{Item, Ready};
+use crate::item::Ready;
 use fleet_domain::billing::AccountTotals;
 use fleet_domain::model::{AccountsPayload, ChunkOutcome, ChunkResult, Manifest, ResultMessage};
 use fleet_domain::requests::{Billed, Op};
@@ -29,13 +29,7 @@ fn job() -> Job<String> {
 }
 
 fn ready(msg: ResultMessage) -> Ready<String> {
-    let accounts = match &msg {
-        ResultMessage::Chunk(ChunkResult { outcome: ChunkOutcome::Processed { payload: AccountsPayload::Inline { accounts } }, .. }) => {
-            Some(Ok(accounts.iter().map(AccountTotals::borrowed).collect()))
-        }
-        _ => None,
-    };
-    Ready { item: Item::Result(msg), accounts }
+    Ready::of(msg)
 }
 
 fn chunk(c: u32, n: u64) -> Ready<String> {
