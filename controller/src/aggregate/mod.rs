@@ -23,8 +23,9 @@
 //! Rooms that act on it: `job` (a job in memory: the core's state machine, `controller_core::job`,
 //! with this controller's lease beside it), `item` (what a message brings to a job, by `Source`:
 //! parsed, its sender's role checked, its payload fetched), `limits` (sizes and periods), `budget`,
-//! `batch` (the path of one batch), `take` (a lease and a load; leases kept and given back),
-//! `checkpoint` (flushing, and writing what a job planned), `finalize` (the report), `scan` (dormant
+//! `batch` (the path of one batch, each message's fate the core's `records`), `take` (a lease and a
+//! load, the effects of the core's `take`; leases kept and given back), `checkpoint` (flushing, and
+//! writing what a job planned), `finalize` (the report, the effects of the core's `finish`), `scan` (dormant
 //! jobs and expiry), `quarantine` (jobs whose state cannot be read; `Unreadable`, where a message that
 //! can never count is kept). A job's requests are counted where they are made
 //! (`docs/requests.md`). This file holds the aggregator, how it is set up (`Options`) and what it
