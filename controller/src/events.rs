@@ -181,7 +181,7 @@ impl MessageQuarantined<'_> {
     }
 }
 
-/// A message was refused against its job's records (see `aggregate::records`); it is quarantined.
+/// A message was refused against its job's records (see `controller_core::records`); it is quarantined.
 pub struct MessageRefused<'a> {
     pub job: &'a str,
     pub message_id: &'a str,

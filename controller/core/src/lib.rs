@@ -18,7 +18,8 @@
 //! - `finished`: the jobs finished lately, remembered to drop late duplicates without a read;
 //! - `hold`: the messages held through a store outage, when each is extended and when they are tried
 //!   again;
-//! - `limits`: the job's own sizes and periods;
+//! - `limits`: the job's own sizes and periods, and the figures a message about a chunk is held to
+//!   (`Figures`, the largest result payload, the receives an unrecorded message waits);
 //! - `partitions`: the results partitions' ownership table and a balancing round's plan;
 //! - `records`: a job's own records judging each message (agrees, refused, unrecorded) and its
 //!   payload's cap;

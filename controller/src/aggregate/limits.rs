@@ -10,9 +10,9 @@ pub use controller_core::timings::{LEASE, SETTLE};
 
 /// Largest decompressed checkpoint accepted.
 pub(super) const MAX_DOC_BYTES: u64 = 1 << 30;
-/// A message its job has no record of (see `records`) goes back to the results queue for this long ...
+/// A message its job has no record of (see `records`) goes back to the results queue for this long,
+/// until its receive [`UNRECORDED_RECEIVES`] times (the core's rule).
 pub(super) const UNRECORDED_WAITS: Duration = Duration::from_secs(20);
-/// ... until its receive [`UNRECORDED_RECEIVES`] times (the core's rule).
 /// Result payloads decompressed at once (on the blocking pool).
 pub(super) const DECODES: usize = 2;
 
