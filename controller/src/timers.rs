@@ -1,5 +1,5 @@
 //! Every periodic action of the controller in one table: [`Timer`] names each, [`Table`] gives its
-//! period (from [`Settings`]), and [`spawn`] runs one loop per timer, each ended by the stop. The
+//! period (from [`Settings`]), and `spawn` runs one loop per timer, each ended by the stop. The
 //! simulation drives this same table (it runs `run_with_clock` itself).
 //!
 //! Every loop follows the same rules: a tick missed while an action ran late is not made up (the

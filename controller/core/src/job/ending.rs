@@ -12,7 +12,7 @@ impl<H> Job<H> {
     /// chunks it ends with as failed (for an abandoned or stalled job also those its manifest names
     /// without a result; each counting the transactions its manifest gives it, not what a result
     /// declared), its status and its note. Nothing changes until a checkpoint commits the decision
-    /// ([`Commit::Ending`]); an ending already committed is that decision again. `wall`: the time it
+    /// ([`Commit::Ending`](crate::decision::Commit::Ending)); an ending already committed is that decision again. `wall`: the time it
     /// is decided at (RFC 3339), committed with it.
     pub fn decide(&self, manifest: &Manifest, wall: &str) -> Decision {
         let (abandon, stall) = match &self.phase {

@@ -74,7 +74,7 @@ impl Writes {
     }
 
     /// The digests of its checkpoint writes since the last one confirmed whose outcome is unknown
-    /// (up to [`MAX_UNCONFIRMED`], the latest).
+    /// (up to `MAX_UNCONFIRMED`, the latest).
     pub fn unconfirmed(&self) -> &[[u8; 32]] {
         &self.unconfirmed
     }
