@@ -108,8 +108,6 @@ pub struct Take<E> {
     reads: u32,
     /// How the take ends once the lease is given back or the job kept dormant.
     ending: Option<Taken<E>>,
-    /// A status to remember once the lease is given back.
-    finished: Option<JobStatus>,
     /// Whether a failed take keeps the job dormant (off only while a mutation test undoes it).
     keeps_dormant: bool,
 }
@@ -118,7 +116,7 @@ impl<E: std::fmt::Display> Take<E> {
     /// A take of job `job`, which the dormant set knew as `dormant` (taken out of it now).
     pub fn new(job: &str, dormant: Option<Dormant>) -> Take<E> {
         let keeps_dormant = !crate::undo::is(crate::undo::Fix::BusyStaysDormant);
-        Take { job: job.to_string(), stage: Stage::Start, dormant, failed_at: None, reads: 0, ending: None, finished: None, keeps_dormant }
+        Take { job: job.to_string(), stage: Stage::Start, dormant, failed_at: None, reads: 0, ending: None, keeps_dormant }
     }
 
     /// The next effect, given the answer to the last (`Answer::Start` first). `conflict`: the error of
@@ -135,7 +133,6 @@ impl<E: std::fmt::Display> Take<E> {
             (Stage::Acquiring, Answer::Ours) => self.load(),
             (Stage::Loading, Answer::Loaded) => Effect::Taken(Taken::Open),
             (Stage::Loading, Answer::Finished(status)) => {
-                self.finished = Some(status);
                 self.stage = Stage::Remembering;
                 Effect::Remember(status)
             }

@@ -47,6 +47,12 @@ pub(super) struct Books {
 }
 
 impl Books {
+    /// Writes a job's `open/{job}` marker, before its first checkpoint or its report: until its purge
+    /// is recorded, the marker is what brings the job back to a scan should this controller die.
+    pub(super) async fn mark_open(&self, job_id: &str) -> Result<()> {
+        self.store.put(&fleet_domain::layout::open_key(job_id), bytes::Bytes::new(), "application/octet-stream").await
+    }
+
     /// Closes a finished job (its report written): its purge is recorded, then its open marker goes.
     /// The open marker is the purge's one trace should this controller die before the purger wrote
     /// its marker, so it stays when the purge is not recorded (a purger that failed, timed out or

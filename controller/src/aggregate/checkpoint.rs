@@ -8,10 +8,9 @@
 
 use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
 use fleet_domain::billing::{AccountTotals, CheckedTotals, RowBatch};
 use fleet_domain::codec::{accounts_from_zstd_csv, sha256_hex};
-use fleet_domain::layout::{checkpoint_key, open_key};
+use fleet_domain::layout::checkpoint_key;
 use fleet_domain::model::Checkpoint;
 use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_engine::Kept;
@@ -88,7 +87,7 @@ impl Aggregator {
         let (saved, calls) = counted(async {
             if job.writes().needs_marker() {
                 // Before the first checkpoint: a restarted controller finds the job through it.
-                self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream").await?;
+                self.books.mark_open(job_id).await?;
                 job.writes_mut().marked();
             }
             self.books.commit(job, Commit::Progress, &deletes).await

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use fleet_domain::layout::{accounts_key, checkpoint_parts_prefix, manifest_key, open_key, report_key, MAX_MANIFEST_BYTES};
+use fleet_domain::layout::{accounts_key, checkpoint_parts_prefix, manifest_key, report_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::Manifest;
 use fleet_domain::report::{self, AccountRows as _};
 use fleet_domain::requests::{Billed, Op, RequestCounts};
@@ -50,7 +50,7 @@ impl Books {
                     Answer::Renewed(renewed)
                 }
                 Effect::MarkOpen => {
-                    let (put, calls) = counted(self.store.put(&open_key(job_id), Bytes::new(), "application/octet-stream")).await;
+                    let (put, calls) = counted(self.mark_open(job_id)).await;
                     job.count(&calls);
                     put?;
                     Answer::Done
