@@ -1,5 +1,5 @@
 //! Why one file: the page, its document and the cached reads behind it change together (a field shown is
-//! a field read); the HTML is a constant at the end.
+//! a field read); the HTML is `status.html` beside it (included as a constant), the tests `tests.rs`.
 //!
 //! The status page, served by the controller on its own address (`--page-addr`), apart from the
 //! metrics and health on `--http-addr`: `GET /` is one HTML page with its script and style inline (no
