@@ -20,7 +20,7 @@ fn the_controllers_exposition_is_clean_under_promtool() {
     }
     promtool::assert_clean("the controller's /metrics at its start", &m);
 
-    let failed = [FailedChunk { chunk: 3, transactions: 10, reason: "corrupt".into() }];
+    let failed = [FailedChunk { lines: Vec::new(), chunk: 3, transactions: 10, reason: "corrupt".into() }];
     events::JobFinished {
         job: "j1",
         status: JobStatus::Partial,

@@ -138,15 +138,18 @@ struct Chunk {
     partition: usize,
     rows: u64,
     blob: BlobRef,
+    /// The input lines its rows lie within (for its job's manifest).
+    lines: Vec<fleet_domain::model::Lines>,
     /// The bytes, until stored.
     bytes: Option<Bytes>,
 }
 
 async fn encode(number: u32, partition: usize, w: ChunkWriter, job_id: &str, bar: &ProgressBar) -> Result<Chunk, CliError> {
+    let lines = w.lines().to_vec();
     let enc: EncodedChunk = fleet_io::blocking(move || encode_chunk(w)).await.map_err(|e| CliError::Input(format!("compression task failed: {e}")))?;
     bar.inc(1);
     let blob = BlobRef { key: chunk_key(job_id, number), sha256: enc.sha256, compressed_bytes: enc.bytes.len() as u64, raw_bytes: enc.raw_bytes };
-    Ok(Chunk { number, partition, rows: enc.rows, blob, bytes: Some(Bytes::from(enc.bytes)) })
+    Ok(Chunk { number, partition, rows: enc.rows, blob, lines, bytes: Some(Bytes::from(enc.bytes)) })
 }
 
 /// Stores a chunk's blob with its record (its transactions and size, in the blob's metadata): the
@@ -469,13 +472,13 @@ fn read_chunks(
         }
         *next += 1;
     };
-    for f in files {
-        v.read(
+    for (file, f) in files.iter().enumerate() {
+        v.read_lines(
             f,
-            |t| {
+            |t, line| {
                 let p = grouping.partition(t.account_id);
                 let w = &mut cur[p];
-                w.push(t);
+                w.push_from(t, file as u32, line);
                 if w.rows() >= chunk_size || w.approx_bytes() >= chunk_bytes {
                     ship(std::mem::take(w), p, &mut next);
                 }
@@ -551,6 +554,7 @@ async fn submit_enqueued(
     requests.add(Billed::call(Op::S3PutObject), 1);
     requests.add(Billed::call(Op::SqsSendMessageBatch), 1);
     let manifest = Manifest {
+        chunk_lines: chunks.iter().map(|c| c.lines.clone()).collect(),
         v: WIRE_VERSION,
         job_id: job_id.clone(),
         created_at: now_rfc3339(),

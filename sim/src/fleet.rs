@@ -366,7 +366,8 @@ impl JobPlan {
         let mut out = String::from("txn_id,account_id,amount,currency,timestamp\n");
         for (c, chunk) in self.chunks.iter().enumerate() {
             for (i, (a, cur, amount, _)) in chunk.rows.iter().enumerate() {
-                out.push_str(&format!("t{c}-{i},{a},{amount},{cur},2026-11-26T10:00:00Z\n"));
+                // Ids of its own: a transaction billed by one job is another's duplicate.
+                out.push_str(&format!("{}-t{c}-{i},{a},{amount},{cur},2026-11-26T10:00:00Z\n", self.id));
             }
         }
         out

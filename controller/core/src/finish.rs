@@ -17,6 +17,10 @@
 //! ([`Job::decide`]) and committed, rows kept: a fenced write, so only the owner decides, and a
 //! controller that loads the job after writes the report of this decision; (5) the report of the
 //! committed decision; (6) the rows dropped ([`Commit::Final`]).
+//!
+//! Between (4) and (5), once per job: its transactions claimed (`crate::claims`), the rows another
+//! job billed first taken out of its totals and kept for its report. Only a committed ending claims
+//! (its counted chunks are frozen then), so every claim is one its job bills.
 
 use std::sync::Arc;
 
@@ -36,6 +40,9 @@ pub enum Effect<E> {
     ReadManifest,
     /// Write the checkpoint that commits this; answer [`Answer::Done`] once the job took it.
     Commit(Commit),
+    /// Claim the transactions of its committed ending's counted chunks (`crate::claims`) and settle
+    /// what they found on the job (`Job::settle_claims`); answer [`Answer::Done`].
+    Claim(Arc<Manifest>),
     /// Write the report of its committed ending with this manifest, unless one is there; answer
     /// [`Answer::Done`].
     Report(Arc<Manifest>),
@@ -76,6 +83,7 @@ enum Stage {
     Marking,
     Reading,
     Ending(Arc<Manifest>),
+    Claiming(Arc<Manifest>),
     Reporting,
     Dropping,
     Over,
@@ -123,11 +131,11 @@ impl Finish {
                     self.stage = Stage::Ending(manifest);
                     Effect::Commit(Commit::Ending(decision))
                 } else {
-                    self.stage = Stage::Reporting;
-                    Effect::Report(manifest)
+                    self.claim_or_report(job, manifest)
                 }
             }
-            (Stage::Ending(manifest), Answer::Done) => {
+            (Stage::Ending(manifest), Answer::Done) => self.claim_or_report(job, manifest),
+            (Stage::Claiming(manifest), Answer::Done) => {
                 self.stage = Stage::Reporting;
                 Effect::Report(manifest)
             }
@@ -140,6 +148,20 @@ impl Finish {
                 phase => unreachable!("a final commit leaves the job finished, not {phase:?}"),
             },
             (stage, answer) => unreachable!("a finish at {stage:?} does not take {}", what(&answer)),
+        }
+    }
+}
+
+impl Finish {
+    /// A committed ending claims its transactions once (settled in its checkpoint from then on), then
+    /// is reported.
+    fn claim_or_report<H, E>(&mut self, job: &Job<H>, manifest: Arc<Manifest>) -> Effect<E> {
+        if job.tally().duplicates().is_none() && !crate::undo::is(crate::undo::Fix::ClaimsChecked) {
+            self.stage = Stage::Claiming(manifest.clone());
+            Effect::Claim(manifest)
+        } else {
+            self.stage = Stage::Reporting;
+            Effect::Report(manifest)
         }
     }
 }

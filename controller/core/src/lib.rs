@@ -33,6 +33,7 @@
 //! - `undo`: the mutation harness's switches (compiled in only under `cfg(fleet_undo)`, which only
 //!   `controller-core-undoable`, the harness's build of this crate, sets).
 
+pub mod claims;
 pub mod decision;
 pub mod expiry;
 pub mod finish;

@@ -102,11 +102,16 @@ pub enum Fix {
     /// Only what changes a job is its news: a late duplicate neither restarts its stall or abandon
     /// time nor moves its checkpoint's time (issue 58, found by the simulation).
     DuplicatesNotNews,
+    /// A job's rows whose ids another job billed first are taken out of its totals (issue 60).
+    ClaimsChecked,
+    /// A job's own claims, found by a finish tried again (a crash between claiming and the report),
+    /// are its own, not duplicates of itself (issue 60).
+    OwnClaims,
 }
 
 #[cfg(fleet_undo)]
 impl Fix {
-    pub const ALL: [Fix; 38] = [
+    pub const ALL: [Fix; 40] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -145,6 +150,8 @@ impl Fix {
         Fix::StallLookAnnounces,
         Fix::DeclaredLeases,
         Fix::DuplicatesNotNews,
+        Fix::ClaimsChecked,
+        Fix::OwnClaims,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -188,6 +195,8 @@ impl Fix {
             Fix::StallLookAnnounces => "stall-look-announces",
             Fix::DeclaredLeases => "declared-leases",
             Fix::DuplicatesNotNews => "duplicates-not-news",
+            Fix::ClaimsChecked => "claims-checked",
+            Fix::OwnClaims => "own-claims",
         }
     }
 
@@ -232,6 +241,8 @@ impl Fix {
             Fix::StallLookAnnounces => "the stall look announces messages nobody takes",
             Fix::DeclaredLeases => "leases and memberships judged by the writer's declared lease when longer",
             Fix::DuplicatesNotNews => "a late duplicate is not a job's news",
+            Fix::ClaimsChecked => "a row another job billed first is not billed again",
+            Fix::OwnClaims => "a job's own claims found again are its own",
         }
     }
 }

@@ -86,6 +86,14 @@ impl Books {
                         Err(e) => refused(job_id, e)?,
                     }
                 }
+                Effect::Claim(manifest) => {
+                    let (claimed, calls) = counted(self.claim(job, &manifest)).await;
+                    job.count(&calls);
+                    match claimed {
+                        Ok(()) => Answer::Done,
+                        Err(e) => refused(job_id, e)?,
+                    }
+                }
                 Effect::Report(manifest) => match self.report(job, &manifest).await {
                     Ok(r) => {
                         written = Some(r);
@@ -153,7 +161,14 @@ impl Books {
         r.note = decision.note.clone();
         // The time the ending was committed, whoever writes it (a takeover writes the same).
         r.finished_at = decision.at.clone();
-        if r.transactions.processed.checked_add(r.transactions.failed) != Some(r.transactions.accepted) {
+        // The rows another job billed first: rejected here, with that job (see `claims`).
+        if let Some(dups) = job.tally().duplicates() {
+            r.transactions.duplicates = dups.len() as u64;
+            r.rejected.extend(dups.iter().cloned());
+            r.rejected.sort_by(|a, b| (a.file.as_bytes(), a.line).cmp(&(b.file.as_bytes(), b.line)));
+        }
+        let counted = r.transactions.processed.checked_add(r.transactions.failed).and_then(|n| n.checked_add(r.transactions.duplicates));
+        if counted != Some(r.transactions.accepted) {
             tracing::error!(job = %job_id, accepted = r.transactions.accepted, processed = r.transactions.processed, failed = r.transactions.failed,
                 "accepted != processed + failed: the results disagree with the manifest");
         }

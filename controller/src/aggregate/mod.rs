@@ -50,6 +50,7 @@ mod books;
 pub mod budget;
 mod carried;
 mod checkpoint;
+mod claims;
 mod finalize;
 pub mod hold;
 mod item;

@@ -429,10 +429,13 @@ impl Totals {
     fn chain(&self, a: u32) -> impl Iterator<Item = RowRef<'_>> + '_ {
         let id = self.id(a);
         let mut next = self.accounts[a as usize].first;
-        std::iter::from_fn(move || {
+        // A row taken back to a count of zero (`CheckedTotals::try_subtract`) is not listed.
+        std::iter::from_fn(move || loop {
             let r = self.rows.get(next as usize)?;
             next = r.next;
-            Some(RowRef::of(id, &self.currencies[r.currency as usize], &r.sums))
+            if r.sums.count > 0 {
+                return Some(RowRef::of(id, &self.currencies[r.currency as usize], &r.sums));
+            }
         })
     }
 
@@ -482,6 +485,7 @@ impl Totals {
             t.fees += r.sums.fees;
         }
         cur.into_iter()
+            .filter(|(_, s)| s.count > 0)
             .map(|(c, s)| AccountTotals { account_id: String::new(), currency: c.to_string(), count: s.count, gross: s.gross, fees: s.fees })
             .collect()
     }
@@ -543,6 +547,39 @@ impl CheckedTotals {
             match self.by_currency.iter_mut().find(|(k, _)| k == c) {
                 Some((_, t)) => *t = s,
                 None => self.by_currency.push((c.to_string(), s)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes rows back out (a job's rows that another job billed first): each must be within what
+    /// its (account, currency) holds, else nothing is taken and the first that is not is named. A row
+    /// left at a count of zero is no longer listed.
+    pub fn try_subtract(&mut self, rows: &[AccountTotals]) -> Result<(), Overflow> {
+        let mut left: HashMap<(&str, &str), Sums> = HashMap::new();
+        for a in rows {
+            let over = || Overflow { account: a.account_id.clone(), currency: a.currency.clone(), what: "a subtraction" };
+            let cur = left.get(&(a.account_id.as_str(), a.currency.as_str())).copied().unwrap_or_else(|| self.totals.peek(&a.account_id, &a.currency));
+            let next = Sums { count: cur.count.checked_sub(a.count).ok_or_else(over)?, gross: cur.gross.checked_sub(a.gross).ok_or_else(over)?, fees: cur.fees.checked_sub(a.fees).ok_or_else(over)? };
+            left.insert((a.account_id.as_str(), a.currency.as_str()), next);
+        }
+        for a in rows {
+            let (i, s) = self.totals.slot_of(&a.account_id, &a.currency);
+            s.count -= a.count;
+            s.gross -= a.gross;
+            s.fees -= a.fees;
+            let i = i as usize;
+            if self.changed.len() <= i / 64 {
+                self.changed.resize(i / 64 + 1, 0);
+            }
+            if self.changed[i / 64] & (1 << (i % 64)) == 0 {
+                self.changed[i / 64] |= 1 << (i % 64);
+                self.changed_accounts += 1;
+            }
+            if let Some((_, t)) = self.by_currency.iter_mut().find(|(k, _)| *k == a.currency) {
+                t.count -= a.count;
+                t.gross -= a.gross;
+                t.fees -= a.fees;
             }
         }
         Ok(())

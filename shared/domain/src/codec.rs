@@ -20,6 +20,8 @@ pub const CHUNK_ZSTD_LEVEL: i32 = 1;
 pub struct ChunkWriter {
     w: csv::Writer<Vec<u8>>,
     rows: u64,
+    /// The input lines its rows lie within, per file (see [`ChunkWriter::push_from`]).
+    lines: Vec<crate::model::Lines>,
 }
 
 impl Default for ChunkWriter {
@@ -33,7 +35,21 @@ impl ChunkWriter {
         let mut w = csv::WriterBuilder::new().terminator(csv::Terminator::Any(b'\n')).from_writer(Vec::with_capacity(1 << 20));
         // Writing to a Vec cannot fail.
         let _ = w.write_record(REQUIRED_COLUMNS);
-        ChunkWriter { w, rows: 0 }
+        ChunkWriter { w, rows: 0, lines: Vec::new() }
+    }
+
+    /// [`ChunkWriter::push`] of a row read from line `line` of input file `file` (by index).
+    pub fn push_from(&mut self, t: &Transaction<'_>, file: u32, line: u64) {
+        self.push(t);
+        match self.lines.last_mut() {
+            Some(l) if l.file == file => l.last = line,
+            _ => self.lines.push(crate::model::Lines { file, first: line, last: line }),
+        }
+    }
+
+    /// The input lines its rows lie within, per file (empty unless pushed with [`ChunkWriter::push_from`]).
+    pub fn lines(&self) -> &[crate::model::Lines] {
+        &self.lines
     }
 
     pub fn push(&mut self, t: &Transaction<'_>) {

@@ -235,6 +235,17 @@ impl Validator {
         &mut self,
         file: &InputFile,
         mut accept: impl FnMut(&Transaction<'_>),
+        reject: impl FnMut(Rejected),
+        progress: impl FnMut(u64),
+    ) -> Result<(), InputError> {
+        self.read_lines(file, |t, _| accept(t), reject, progress)
+    }
+
+    /// [`Validator::read`] that also gives each accepted row's physical line.
+    pub fn read_lines(
+        &mut self,
+        file: &InputFile,
+        mut accept: impl FnMut(&Transaction<'_>, u64),
         mut reject: impl FnMut(Rejected),
         mut progress: impl FnMut(u64),
     ) -> Result<(), InputError> {
@@ -273,7 +284,7 @@ impl Validator {
             match result {
                 Ok(t) => {
                     self.counts.accepted += 1;
-                    accept(&t);
+                    accept(&t, line);
                 }
                 Err(reason) => {
                     self.counts.rejected += 1;

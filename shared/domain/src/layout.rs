@@ -22,6 +22,14 @@ pub fn result_key(job: &str, chunk: u32) -> String {
 /// gigabytes): a larger one is read as corrupt, and its job quarantined.
 pub const MAX_MANIFEST_BYTES: u64 = 256 << 20;
 
+/// Claims of billed transactions (see `controller_core::claims`): written by controllers only.
+pub const CLAIMS_PREFIX: &str = "claims/";
+
+/// Segment `seg` of the claims of day `day` (yyyymmdd) in shard `shard`.
+pub fn claims_key(day: u32, shard: u32, seg: u32) -> String {
+    format!("{CLAIMS_PREFIX}{}/{shard:02x}/{seg:06}.bin", crate::claim_rows::day_text(day))
+}
+
 pub fn manifest_key(job: &str) -> String {
     format!("{JOBS_PREFIX}{job}/manifest.json")
 }

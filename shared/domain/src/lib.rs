@@ -7,6 +7,7 @@
 //! `codec`, `report`; `requests` <- `prices` <- `report`; `layout` stands alone.
 
 pub mod billing;
+pub mod claim_rows;
 pub mod codec;
 pub mod error;
 #[cfg(feature = "fuzz")]

@@ -185,6 +185,39 @@ pub struct Manifest {
     /// The results partition the job's messages travel on (0 before partitions).
     #[serde(default)]
     pub partition: u16,
+    /// Where each chunk's rows came from, by chunk number: per input file it read, the first and last
+    /// line of its rows (a chunk's rows may be interleaved with other chunks' there). Empty from an
+    /// initiator before it was recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunk_lines: Vec<Vec<Lines>>,
+}
+
+/// Lines of one input file that a chunk's rows lie within (1-based, physical lines, inclusive).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lines {
+    /// The file's index in the manifest's `files`.
+    pub file: u32,
+    pub first: u64,
+    pub last: u64,
+}
+
+impl Manifest {
+    /// Where chunk `chunk`'s rows came from, as `file:first-last` for each file (empty: not recorded).
+    pub fn chunk_source(&self, chunk: u32) -> Vec<ChunkLines> {
+        let spans = self.chunk_lines.get(chunk as usize).map(Vec::as_slice).unwrap_or_default();
+        spans
+            .iter()
+            .map(|l| ChunkLines { file: self.files.get(l.file as usize).cloned().unwrap_or_default(), first: l.first, last: l.last })
+            .collect()
+    }
+}
+
+/// A file's line range, named (a failed chunk's, in its report).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkLines {
+    pub file: String,
+    pub first: u64,
+    pub last: u64,
 }
 
 /// Job status as seen by users.
@@ -218,6 +251,9 @@ pub struct FailedChunk {
     pub chunk: u32,
     pub transactions: u64,
     pub reason: String,
+    /// Where its rows are in the input (filled in the report from the manifest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lines: Vec<ChunkLines>,
 }
 
 /// The controller's durable per-job state, `checkpoints/{job}/checkpoint.json.zst`.
@@ -261,6 +297,11 @@ pub struct Checkpoint {
     /// in checkpoints written before it was kept: then `updated_at` stands in).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<String>,
+    /// Its claims settled (an ending job's, see `controller_core::claims`): the rows another job
+    /// billed first, taken out of these totals already. Absent until then: a job loaded without it
+    /// claims again (its own claims found as its own), and takes them out of the totals it loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicates: Option<Vec<Rejected>>,
 }
 
 impl Checkpoint {

@@ -22,6 +22,10 @@ pub struct TxnCounts {
     pub rejected: u64,
     pub processed: u64,
     pub failed: u64,
+    /// Accepted rows not billed because another job billed their `txn_id` first (each listed in
+    /// `rejected` with that job).
+    #[serde(default)]
+    pub duplicates: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,6 +243,11 @@ pub fn build(manifest: &Manifest, totals: &Totals, failed_chunks: Vec<FailedChun
 /// Builds the report of a finished job with its account rows borrowed from `totals`.
 pub fn build_borrowed<'a>(manifest: &Manifest, totals: &'a Totals, mut failed_chunks: Vec<FailedChunk>, requests: &RequestCounts) -> Report<Accounts<'a>> {
     failed_chunks.sort_by_key(|f| f.chunk);
+    for f in &mut failed_chunks {
+        if f.lines.is_empty() {
+            f.lines = manifest.chunk_source(f.chunk);
+        }
+    }
     // Counts from messages: saturating, never wrapping (a hostile count cannot turn a sum small).
     let failed: u64 = failed_chunks.iter().fold(0u64, |n, f| n.saturating_add(f.transactions));
     let processed = totals.transactions();
@@ -251,7 +260,7 @@ pub fn build_borrowed<'a>(manifest: &Manifest, totals: &'a Totals, mut failed_ch
         created_at: manifest.created_at.clone(),
         finished_at: crate::model::now_rfc3339(),
         files: manifest.files.clone(),
-        transactions: TxnCounts { submitted: manifest.submitted, accepted: manifest.accepted, rejected: manifest.rejected.len() as u64, processed, failed },
+        transactions: TxnCounts { submitted: manifest.submitted, accepted: manifest.accepted, rejected: manifest.rejected.len() as u64, processed, failed, duplicates: 0 },
         totals: totals
             .by_currency()
             .into_iter()
@@ -355,6 +364,9 @@ pub fn summary<A: AccountRows>(r: &Report<A>) -> String {
         "transactions: {} submitted, {} accepted, {} rejected, {} processed, {} failed",
         t.submitted, t.accepted, t.rejected, t.processed, t.failed
     );
+    if t.duplicates > 0 {
+        let _ = writeln!(s, "duplicates: {} rows already billed by earlier jobs, not billed again (listed with the rejected rows)", t.duplicates);
+    }
     if !r.totals.is_empty() {
         let _ = writeln!(s, "{:<8} {:>10} {:>18} {:>14} {:>18}", "currency", "count", "gross", "fees", "net");
         for c in &r.totals {
@@ -369,7 +381,9 @@ pub fn summary<A: AccountRows>(r: &Report<A>) -> String {
         }
     }
     for f in &r.failed_chunks {
-        let _ = writeln!(s, "failed chunk {} ({} transactions): {}", f.chunk, f.transactions, f.reason);
+        let lines: Vec<String> = f.lines.iter().map(|l| format!("{} lines {}-{}", l.file, l.first, l.last)).collect();
+        let from = if lines.is_empty() { String::new() } else { format!(", from {}", lines.join(", ")) };
+        let _ = writeln!(s, "failed chunk {} ({} transactions{from}): {}", f.chunk, f.transactions, f.reason);
     }
     let _ = writeln!(
         s,
@@ -396,7 +410,7 @@ mod tests {
 
     #[test]
     fn report_counts_sorting_and_csv() {
-        let manifest = Manifest {
+        let manifest = Manifest { chunk_lines: Vec::new(),
             partition: 0,
             v: 1,
             job_id: "j".into(),
@@ -418,9 +432,9 @@ mod tests {
         let mut req = RequestCounts::default();
         req.add(Billed::call(Op::SqsReceiveMessage), 2);
         req.add(Billed::call(Op::S3PutObject), 1);
-        let r = build(&manifest, &totals, vec![FailedChunk { chunk: 1, transactions: 1, reason: "dlq".into() }], &req);
+        let r = build(&manifest, &totals, vec![FailedChunk { lines: Vec::new(), chunk: 1, transactions: 1, reason: "dlq".into() }], &req);
         assert_eq!(r.status, JobStatus::Partial);
-        assert_eq!(r.transactions, TxnCounts { submitted: 6, accepted: 4, rejected: 2, processed: 3, failed: 1 });
+        assert_eq!(r.transactions, TxnCounts { submitted: 6, accepted: 4, rejected: 2, processed: 3, failed: 1, duplicates: 0 });
         assert_eq!(r.transactions.accepted, r.transactions.processed + r.transactions.failed);
         assert_eq!(r.rejected[0].file, "a.csv");
         assert_eq!(r.totals[0].net, "9.41");
@@ -454,7 +468,7 @@ mod tests {
 
     #[test]
     fn a_report_written_from_borrowed_rows_reads_back_as_the_owned_one() {
-        let manifest = Manifest {
+        let manifest = Manifest { chunk_lines: Vec::new(),
             partition: 0,
             v: 1,
             job_id: "j".into(),

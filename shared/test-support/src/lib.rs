@@ -226,11 +226,27 @@ pub fn report_accounts(r: &Report) -> Vec<(String, String, u64, String, String, 
     r.accounts.iter().map(|a| (a.account_id.clone(), a.currency.clone(), a.count, a.gross.clone(), a.fees.clone(), a.net.clone())).collect()
 }
 
+/// The account rows of several reports added up (what a customer is billed over those jobs), in the
+/// form of [`expected_accounts`].
+pub fn summed_accounts(reports: &[&Report]) -> Vec<(String, String, u64, String, String, String)> {
+    let mut sums: std::collections::BTreeMap<(String, String), (u64, rust_decimal::Decimal, rust_decimal::Decimal)> = Default::default();
+    for r in reports {
+        for a in &r.accounts {
+            let s = sums.entry((a.account_id.clone(), a.currency.clone())).or_default();
+            s.0 += a.count;
+            s.1 += a.gross.parse::<rust_decimal::Decimal>().unwrap();
+            s.2 += a.fees.parse::<rust_decimal::Decimal>().unwrap();
+        }
+    }
+    sums.into_iter().filter(|(_, s)| s.0 > 0).map(|((a, c), (n, g, f))| (a, c, n, money(g), money(f), money(g - f))).collect()
+}
+
 /// The arithmetic identities every report must satisfy.
 pub fn assert_consistent(r: &Report) {
     let t = &r.transactions;
     assert_eq!(t.submitted, t.accepted + t.rejected, "submitted = accepted + rejected");
-    assert_eq!(t.accepted, t.processed + t.failed, "accepted = processed + failed");
+    assert_eq!(t.accepted, t.processed + t.failed + t.duplicates, "accepted = processed + failed + duplicates");
+    assert_eq!(t.duplicates as usize, r.rejected.iter().filter(|x| x.reason.starts_with("txn_id: already billed by job")).count(), "each duplicate listed");
     assert_eq!(r.accounts.iter().map(|a| a.count).sum::<u64>(), t.processed);
     assert_eq!(r.totals.iter().map(|c| c.count).sum::<u64>(), t.processed);
     assert_eq!(t.failed, r.failed_chunks.iter().map(|f| f.transactions).sum::<u64>());

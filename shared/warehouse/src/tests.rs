@@ -11,7 +11,7 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::{Field, Row};
 
 fn manifest(job: &str) -> Manifest {
-    Manifest {
+    Manifest { chunk_lines: Vec::new(),
         partition: 0,
         v: 1,
         job_id: job.into(),
@@ -61,7 +61,7 @@ fn a_partial_jobs_accounts_and_job_row_read_back_exactly() {
     let mut req = RequestCounts::default();
     req.add(Billed::call(Op::SqsSendMessageBatch), 4);
     req.add(Billed::call(Op::S3PutObject), 5);
-    let mut r = build(&manifest("j-1"), &totals, vec![FailedChunk { chunk: 1, transactions: 2, reason: "poison".into() }], &req);
+    let mut r = build(&manifest("j-1"), &totals, vec![FailedChunk { lines: Vec::new(), chunk: 1, transactions: 2, reason: "poison".into() }], &req);
     r.finished_at = "2026-11-28T00:00:01.5Z".into();
     r.requests.set_cost(&Prices::default(), &req, r.transactions.submitted);
     assert_eq!(billed_on(&r).unwrap(), "2026-11-28", "the UTC day of the committed ending");

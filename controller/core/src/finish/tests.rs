@@ -74,6 +74,7 @@ fn drive(j: &mut Job<String>, mut answer: impl FnMut(&Effect<&'static str>) -> A
             Effect::ReadManifest => "manifest".into(),
             Effect::Commit(Commit::Ending(d)) => format!("commit ending {:?}", d.status),
             Effect::Commit(c) => format!("commit {c:?}"),
+            Effect::Claim(_) => "claim".into(),
             Effect::Report(_) => "report".into(),
             Effect::HandOver => "hand over".into(),
             Effect::Quarantine(why) => format!("quarantine {why:?}"),
@@ -83,6 +84,8 @@ fn drive(j: &mut Job<String>, mut answer: impl FnMut(&Effect<&'static str>) -> A
         next = answer(&effect);
         match effect {
             Effect::Commit(c) if matches!(next, Answer::Done) => write(j, c),
+            // What the driver settles once it has claimed (here: no duplicate).
+            Effect::Claim(_) if matches!(next, Answer::Done) => j.settle_claims(&[], Vec::new()).unwrap(),
             Effect::HandOver | Effect::Quarantine(_) | Effect::NoManifest | Effect::Finished(_) => return seen,
             _ => {}
         }
@@ -102,7 +105,7 @@ fn fine(manifest: Option<Arc<Manifest>>) -> impl FnMut(&Effect<&'static str>) ->
 fn a_complete_job_commits_its_ending_then_its_report_then_drops_its_rows() {
     let mut j = job(1, true, true);
     let seen = drive(&mut j, fine(Some(manifest(&[2]))));
-    assert_eq!(seen, ["renew", "manifest", "commit ending Complete", "report", "commit Final", "finished Complete"]);
+    assert_eq!(seen, ["renew", "manifest", "commit ending Complete", "claim", "report", "commit Final", "finished Complete"]);
     assert_eq!(j.phase(), &Phase::Finished(JobStatus::Complete));
 }
 
@@ -152,7 +155,7 @@ fn an_ending_committed_before_is_reported_without_deciding_again() {
     let decision = j.decide(&m, WALL);
     write(&mut j, Commit::Ending(decision));
     let seen = drive(&mut j, fine(Some(m)));
-    assert_eq!(seen, ["renew", "manifest", "report", "commit Final", "finished Partial"], "the committed decision, not a new one");
+    assert_eq!(seen, ["renew", "manifest", "claim", "report", "commit Final", "finished Partial"], "the committed decision, not a new one");
 }
 
 #[test]
@@ -160,7 +163,7 @@ fn without_a_manifest_only_an_abandoned_job_ends() {
     let mut j = job(1, false, true);
     assert_eq!(drive(&mut j, fine(None)), ["renew", "manifest", "no manifest"]);
     j.ask_to_end(Ending::Abandon("no seal".into()));
-    assert_eq!(drive(&mut j, fine(None)), ["renew", "manifest", "commit ending Abandoned", "report", "commit Final", "finished Abandoned"]);
+    assert_eq!(drive(&mut j, fine(None)), ["renew", "manifest", "commit ending Abandoned", "claim", "report", "commit Final", "finished Abandoned"]);
 }
 
 #[test]

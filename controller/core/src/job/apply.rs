@@ -124,9 +124,9 @@ impl<H> Job<H> {
                         Ok(accounts) => match accounts.transactions() {
                             Some(counted) if counted == c.transactions => match self.tally.totals.try_add_all(accounts.iter()) {
                                 Ok(()) => cp.processed_transactions = cp.processed_transactions.saturating_add(counted),
-                                Err(e) => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result not added: {e}") }),
+                                Err(e) => cp.failed_chunks.push(FailedChunk { lines: Vec::new(), chunk, transactions, reason: format!("result not added: {e}") }),
                             },
-                            counted => cp.failed_chunks.push(FailedChunk {
+                            counted => cp.failed_chunks.push(FailedChunk { lines: Vec::new(), 
                                 chunk,
                                 transactions,
                                 reason: match counted {
@@ -140,16 +140,16 @@ impl<H> Job<H> {
                         // Missing or corrupt payload: it never becomes readable; the chunk failed.
                         Err(e) => {
                             tracing::error!(job = %cp.job_id, chunk, error = %e, "result payload unreadable; chunk recorded as failed");
-                            cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: format!("result unreadable: {e}") })
+                            cp.failed_chunks.push(FailedChunk { lines: Vec::new(), chunk, transactions, reason: format!("result unreadable: {e}") })
                         }
                     },
-                    ChunkOutcome::Failed { reason } => cp.failed_chunks.push(FailedChunk { chunk, transactions, reason }),
+                    ChunkOutcome::Failed { reason } => cp.failed_chunks.push(FailedChunk { lines: Vec::new(), chunk, transactions, reason }),
                 }
                 cp.requests.merge(&c.requests);
             }
             Item::Dead { receives, reason, .. } | Item::Result(ResultMessage::DeadLettered { receives, reason, .. }) => {
                 tracing::warn!(job = %cp.job_id, chunk, receives, ?reason, "work item dead-lettered; chunk recorded as failed");
-                cp.failed_chunks.push(FailedChunk { chunk, transactions, reason: reason.unwrap_or_else(|| DEAD_LETTER_REASON.to_string()) });
+                cp.failed_chunks.push(FailedChunk { lines: Vec::new(), chunk, transactions, reason: reason.unwrap_or_else(|| DEAD_LETTER_REASON.to_string()) });
             }
             Item::Result(ResultMessage::Sealed { .. } | ResultMessage::Abandon { .. }) => {}
         }

@@ -82,7 +82,7 @@ impl<H> Job<H> {
 /// `known` transactions submitted and accepted, no files, no tariff. Its empty `created_at` marks it
 /// (see [`Job::decide`]).
 pub fn placeholder_manifest(job_id: &str, total_chunks: u32, known: u64) -> Manifest {
-    Manifest {
+    Manifest { chunk_lines: Vec::new(),
         partition: 0,
         v: fleet_domain::model::WIRE_VERSION,
         job_id: job_id.to_string(),
@@ -104,7 +104,7 @@ fn fail_missing(cp: &Checkpoint, m: &Manifest, failed: &mut Vec<FailedChunk>, re
     let missing: Vec<u32> = (0..m.total_chunks).filter(|c| !cp.accounted.contains(c)).collect();
     for &chunk in &missing {
         let transactions = m.chunk_transactions.get(chunk as usize).copied().unwrap_or(0);
-        failed.push(FailedChunk { chunk, transactions, reason: reason.to_string() });
+        failed.push(FailedChunk { lines: Vec::new(), chunk, transactions, reason: reason.to_string() });
     }
     missing
 }

@@ -226,6 +226,20 @@ impl<H> Job<H> {
         }
     }
 
+    /// Its claims settled (see `crate::claims`): `subtract`, the bills of its rows that another job
+    /// billed first, taken out of its totals, and those rows kept for its report (`rejected`). Once
+    /// only: a job whose claims are settled takes nothing more. Fails, changing nothing, when a row
+    /// is not within its totals (its chunks read again disagree with what it counted).
+    pub fn settle_claims(&mut self, subtract: &[fleet_domain::billing::AccountTotals], rejected: Vec<fleet_domain::model::Rejected>) -> Result<(), fleet_domain::billing::Overflow> {
+        assert!(self.tally.cp.duplicates.is_none(), "a job's claims are settled once");
+        self.tally.totals.try_subtract(subtract)?;
+        let n = subtract.iter().fold(0u64, |n, a| n.saturating_add(a.count));
+        self.tally.cp.processed_transactions = self.tally.cp.processed_transactions.saturating_sub(n);
+        self.tally.cp.duplicates = Some(rejected);
+        self.changed = true;
+        Ok(())
+    }
+
     /// Asks it to end (the expiry's rule found it quiet too long): abandoned, or stalled (its missing
     /// chunks fail). The first reason of each kind is kept; an abandon outranks a stall.
     pub fn ask_to_end(&mut self, ending: Ending) {
@@ -357,6 +371,7 @@ impl<H> Job<H> {
 /// The checkpoint of a job nothing is known of yet, at `wall`.
 pub fn fresh_checkpoint(job_id: &str, wall: String) -> Checkpoint {
     Checkpoint {
+        duplicates: None,
         v: fleet_domain::model::WIRE_VERSION,
         job_id: job_id.to_string(),
         status: JobStatus::Running,

@@ -30,6 +30,16 @@ impl Tally {
         self.cp.accounted.len()
     }
 
+    /// The chunks accounted for (processed or failed), by number.
+    pub fn accounted_chunks(&self) -> &std::collections::BTreeSet<u32> {
+        &self.cp.accounted
+    }
+
+    /// Its claims, once settled: the rows another job billed first (see `Job::settle_claims`).
+    pub fn duplicates(&self) -> Option<&[fleet_domain::model::Rejected]> {
+        self.cp.duplicates.as_deref()
+    }
+
     /// Sealed, with every chunk accounted for (processed or failed).
     pub fn all_in(&self) -> bool {
         self.cp.total_chunks == Some(self.cp.accounted.len() as u32)

@@ -121,7 +121,7 @@ async fn old_release_job(job: &str, partition: u16) -> (Arc<MemoryStore>, Clock)
 async fn old_release_checkpoint(job: &str, partition: u16, chunks: u32, seal: bool) -> (Arc<MemoryStore>, Clock) {
     let store = MemoryStore::new();
     put_chunks(&store, job, chunks).await;
-    put_manifest(&store, &Manifest { partition, ..manifest(job, &vec![1; chunks as usize]) }).await;
+    put_manifest(&store, &Manifest { chunk_lines: Vec::new(), partition, ..manifest(job, &vec![1; chunks as usize]) }).await;
     let clock = Clock::driven(1_800_000_000_000);
     let old = Aggregator::with(store.clone(), Options { owner: "old".into(), clock, ..Options::default() });
     let mut batch = vec![result(job, 0, vec![acct("x", 1, 100, 1)])];
@@ -347,7 +347,7 @@ async fn put_records_on(store: &MemoryStore, job: &str, chunks: &[u64], p: u16) 
     for (c, &n) in chunks.iter().enumerate() {
         let record = ChunkRecord { transactions: n, raw_bytes: 100 * n, partition: Some(p) };
         let key = fleet_domain::layout::chunk_key(job, c as u32);
-        store.put_if(&key, Bytes::from_static(b"chunk"), "application/zstd", &record.to_meta(), &Cond::Any).await.unwrap();
+        store.put_if(&key, chunk_blob(job, c as u32, n), "application/zstd", &record.to_meta(), &Cond::Any).await.unwrap();
     }
 }
 

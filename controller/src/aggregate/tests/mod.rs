@@ -26,6 +26,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Mutex;
 
 mod checkpoints;
+mod claims;
 mod controllers;
 mod exactness;
 mod expiry;
@@ -34,7 +35,7 @@ mod records;
 mod requests;
 
 fn manifest(job: &str, chunks: &[u64]) -> Manifest {
-    Manifest {
+    Manifest { chunk_lines: Vec::new(),
         partition: 0,
         v: 1,
         job_id: job.into(),
@@ -106,10 +107,20 @@ fn partitioned(queues: &[&str]) -> HashMap<String, u16> {
     queues.iter().enumerate().map(|(p, q)| (q.to_string(), p as u16)).collect()
 }
 
+/// A chunk blob of `n` rows with ids of the job's own (`{job}-{chunk}-{i}`), as the initiator
+/// stores it (zstd CSV): what a finish reads again to claim its rows.
+fn chunk_blob(job: &str, chunk: u32, n: u64) -> Bytes {
+    let mut csv = String::from("txn_id,account_id,amount,currency,timestamp\n");
+    for i in 0..n {
+        csv.push_str(&format!("{job}-{chunk}-{i},a,1.00,EUR,2026-12-01T10:00:00Z\n"));
+    }
+    Bytes::from(zstd::bulk::compress(csv.as_bytes(), 1).unwrap())
+}
+
 /// The chunk blobs of a job's first `n` chunks (written by the initiator before their work items).
 async fn put_chunks(store: &MemoryStore, job: &str, n: u32) {
     for c in 0..n {
-        store.put(&fleet_domain::layout::chunk_key(job, c), Bytes::from_static(b"chunk"), "application/zstd").await.unwrap();
+        store.put(&fleet_domain::layout::chunk_key(job, c), chunk_blob(job, c, 1), "application/zstd").await.unwrap();
     }
 }
 
@@ -118,7 +129,7 @@ async fn put_records(store: &MemoryStore, job: &str, chunks: &[u64]) {
     for (c, &n) in chunks.iter().enumerate() {
         let record = ChunkRecord { transactions: n, raw_bytes: 100 * n, partition: None };
         let key = fleet_domain::layout::chunk_key(job, c as u32);
-        store.put_if(&key, Bytes::from_static(b"chunk"), "application/zstd", &record.to_meta(), &Cond::Any).await.unwrap();
+        store.put_if(&key, chunk_blob(job, c as u32, n), "application/zstd", &record.to_meta(), &Cond::Any).await.unwrap();
     }
 }
 

@@ -15,6 +15,7 @@ mod leases;
 mod localstack;
 mod memory_pipeline;
 mod no_switches;
+mod once;
 mod outage;
 mod partitions;
 mod pipeline;
