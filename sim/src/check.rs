@@ -73,6 +73,8 @@ fn rows_of(r: &Report) -> Result<BTreeMap<(String, String), Row>, String> {
 pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Arc<dyn Queue>], world: &World, _setup: &Setup) -> Vec<String> {
     let mut v = Vec::new();
     let written = fleet_io::lock(&world.reports).clone();
+    // The reports of a job and its twin, with the chunks each bills.
+    let mut pairs: BTreeMap<String, (BTreeSet<u32>, Report)> = BTreeMap::new();
     for job in jobs {
         let id = &job.id;
         let Some(r) = report(store, id).await else {
@@ -121,8 +123,13 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
         if reported_failed != expected_failed {
             v.push(format!("job {id}: failed chunks {reported_failed:?}, truly failed {expected_failed:?}"));
         }
-        let billed = (0..job.chunks.len() as u32).filter(|c| !expected_failed.contains(c) && !truly_failed.contains(c));
-        let oracle = job.oracle(billed);
+        let billed: BTreeSet<u32> = (0..job.chunks.len() as u32).filter(|c| !expected_failed.contains(c) && !truly_failed.contains(c)).collect();
+        // A job and its twin are billed together: each id once over the two (checked below).
+        if job.twin_of.is_some() || jobs.iter().any(|t| t.twin_of.is_some_and(|o| jobs[o].id == *id)) {
+            pairs.insert(id.clone(), (billed, r));
+            continue;
+        }
+        let oracle = job.oracle(billed.into_iter());
         match rows_of(&r) {
             Ok(rows) if rows == oracle => {}
             Ok(rows) => {
@@ -140,6 +147,41 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
         let counted: u64 = r.accounts.iter().map(|a| a.count).sum();
         if r.transactions.processed != counted {
             v.push(format!("job {id}: processed {} but the accounts count {counted}", r.transactions.processed));
+        }
+    }
+    for twin in jobs.iter().filter(|j| j.twin_of.is_some()) {
+        let original = &jobs[twin.twin_of.expect("a twin")];
+        let (Some((b1, r1)), Some((b2, r2))) = (pairs.get(&original.id), pairs.get(&twin.id)) else { continue };
+        // Chunk for chunk the same rows: a chunk either bills is billed once.
+        let oracle = original.oracle(b1.union(b2).copied());
+        let mut sum: BTreeMap<(String, String), Row> = BTreeMap::new();
+        for r in [r1, r2] {
+            match rows_of(r) {
+                Ok(rows) => {
+                    for (k, (n, g, f)) in rows {
+                        let e = sum.entry(k).or_insert((0, Decimal::ZERO, Decimal::ZERO));
+                        (e.0, e.1, e.2) = (e.0 + n, e.1 + g, e.2 + f);
+                    }
+                }
+                Err(e) => v.push(format!("job {}: unreadable report rows: {e}", r.job_id)),
+            }
+        }
+        if sum != oracle {
+            let diff: Vec<String> = oracle
+                .iter()
+                .filter(|(k, o)| sum.get(*k) != Some(o))
+                .map(|(k, o)| format!("{k:?}: billed {:?}, oracle {o:?}", sum.get(k)))
+                .chain(sum.keys().filter(|k| !oracle.contains_key(*k)).map(|k| format!("{k:?}: billed, not in the oracle")))
+                .take(3)
+                .collect();
+            v.push(format!(
+                "jobs {} and {} (the same rows twice): billed together differ from each row once ({} and {} duplicates): {}",
+                original.id,
+                twin.id,
+                r1.transactions.duplicates,
+                r2.transactions.duplicates,
+                diff.join("; ")
+            ));
         }
     }
     // Nothing left behind once every job has ended and every purge is done: under a finished job's

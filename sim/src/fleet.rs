@@ -129,6 +129,12 @@ pub struct ChunkPlan {
 #[derive(Debug)]
 pub struct JobPlan {
     pub id: String,
+    /// Whose ids its rows carry: its own, or those of the job it submits again (`twin_of`).
+    pub ids: String,
+    /// The operator submits job `twin_of`'s rows again as this job (the same ids, accounts and
+    /// amounts, chunk for chunk; its chunks' fates its own): each id is billed once over the two,
+    /// whichever bills it first, and a row neither bills is billed by neither.
+    pub twin_of: Option<usize>,
     pub shape: &'static str,
     pub chunks: Vec<ChunkPlan>,
     pub ending: Ending,
@@ -209,7 +215,7 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, setup:
     let (fifo, partitions, buggify, stragglers) = (setup.fifo, setup.partitions, setup.buggify, setup.stragglers());
     let n = rng.random_range(1..=4);
     let n = if buggify { n.max(2) } else { n };
-    (0..n)
+    let jobs = (0..n)
         .map(|j| {
             let (shape, chunks, rows, accounts) = match rng.random_range(0..10) {
                 // More (account, currency) rows than one checkpoint document holds inline.
@@ -301,9 +307,46 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, setup:
             // message's own, the upgrade window's documented limit; seed 283986117 billed one.)
             let before_records = hostile && !stray && !forged_beyond && own.random_bool(0.2);
             let submit_at = Duration::from_millis(rng.random_range(0..60_000));
-            JobPlan { id, shape, chunks, ending, submit_at, forged_beyond, groups, partition, stray, lying_manifest, before_records }
+            JobPlan { ids: id.clone(), twin_of: None, id, shape, chunks, ending, submit_at, forged_beyond, groups, partition, stray, lying_manifest, before_records }
         })
-        .collect()
+        .collect::<Vec<_>>();
+    let mut jobs = jobs;
+    // One run in four submits its first job's rows again as a job of its own (drawn apart, so that
+    // the rest of the plan stays as it was): a rerun of the same file, at any moment.
+    let mut own = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed ^ 0x7317_0000_0000);
+    let first = &jobs[0];
+    if own.random_bool(0.25) && !fifo && !first.chunks.is_empty() && !first.before_records && !first.lying_manifest {
+        let id = format!("{}-again", first.id);
+        let chunks = first
+            .chunks
+            .iter()
+            .map(|c| {
+                let fate = fate(&mut own, false, poison, false);
+                ChunkPlan { fate, group: None, rows: c.rows.clone(), straggle: None, dead_lettered: false, late_copy: None, late_copy_dead_lettered: false }
+            })
+            .collect();
+        let ending = if own.random_bool(0.2) { Ending::Abandoned } else { Ending::Sealed };
+        let partition = partition_of(&id, partitions);
+        let submit_at = Duration::from_millis(own.random_range(0..120_000));
+        let ids = first.id.clone();
+        let shape = first.shape;
+        jobs.push(JobPlan {
+            id,
+            ids,
+            twin_of: Some(0),
+            shape,
+            chunks,
+            ending,
+            submit_at,
+            forged_beyond: false,
+            groups: None,
+            partition,
+            stray: false,
+            lying_manifest: false,
+            before_records: false,
+        });
+    }
+    jobs
 }
 
 /// The suffix of job ids the hostile sender makes up (nobody submitted them).
@@ -367,7 +410,7 @@ impl JobPlan {
         for (c, chunk) in self.chunks.iter().enumerate() {
             for (i, (a, cur, amount, _)) in chunk.rows.iter().enumerate() {
                 // Ids of its own: a transaction billed by one job is another's duplicate.
-                out.push_str(&format!("{}-t{c}-{i},{a},{amount},{cur},2026-11-26T10:00:00Z\n", self.id));
+                out.push_str(&format!("{}-t{c}-{i},{a},{amount},{cur},2026-11-26T10:00:00Z\n", self.ids));
             }
         }
         out
