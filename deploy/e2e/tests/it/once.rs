@@ -62,8 +62,8 @@ async fn a_rerun_after_ctrl_c_bills_exactly_what_was_not_billed() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Interrupted once a few chunks are stored (50 chunks, one at a time: far from done).
-    let stored = async || st.store.list(fleet_domain::layout::JOBS_PREFIX, 100).await.is_ok_and(|k| k.iter().filter(|k| k.contains("/chunks/")).count() >= 5);
+    // Interrupted once 30 of its 50 chunks are stored (one at a time; work items go in tens).
+    let stored = async || st.store.list(fleet_domain::layout::JOBS_PREFIX, 100).await.is_ok_and(|k| k.iter().filter(|k| k.contains("/chunks/")).count() >= 30);
     until(Duration::from_secs(60), stored).await;
     assert!(std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
     let out = child.wait_with_output().unwrap();
