@@ -9,5 +9,9 @@ export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test} AWS_REGION=${AWS_REG
 if [ "${mode:-host}" = compose ]; then "$repo/deploy/compose.sh" up >/dev/null; else "$repo/deploy/local.sh" up >/dev/null; fi
 mkdir -p "$run"
 bin="$repo/target/release/initiator"
-data="$run/bench-$rows-$accounts.csv"
-[ -s "$data" ] || "$bin" generate --rows "$rows" --accounts "$accounts" --seed 42 >"$data"
+# A fresh seed per run (BENCH_SEED to repeat one): rows already billed are not billed again
+# (docs/claims.md), so a run of the same ids on a fleet that billed them measures duplicates.
+seed=${BENCH_SEED:-$(date +%s)}
+data="$run/bench-$rows-$accounts-$seed.csv"
+rm -f "$run"/bench-"$rows"-"$accounts"-*.csv
+[ -s "$data" ] || "$bin" generate --rows "$rows" --accounts "$accounts" --seed "$seed" >"$data"

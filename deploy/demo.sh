@@ -10,6 +10,7 @@ export AWS_ENDPOINT_URL=${AWS_ENDPOINT_URL:-http://127.0.0.1:4566} AWS_ACCESS_KE
 export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test} AWS_REGION=${AWS_REGION:-us-east-1}
 "$repo/deploy/local.sh" up
 mkdir -p "$run"
-"$repo/target/release/initiator" generate --rows "$rows" --accounts 1000 --seed 1 >"$run/demo.csv"
+# A fresh seed each run: the same ids twice are billed once (docs/claims.md).
+"$repo/target/release/initiator" generate --rows "$rows" --accounts 1000 --seed "$(date +%s)" >"$run/demo.csv"
 echo "submitting $rows transactions from $run/demo.csv"
 exec "$repo/target/release/initiator" submit "$run/demo.csv" --wait

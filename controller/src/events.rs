@@ -43,6 +43,8 @@ pub struct FinishedView {
     pub total_chunks: Option<u32>,
     pub processed: u64,
     pub failed: u64,
+    /// Rows another job billed first (not billed again).
+    pub duplicates: u64,
     /// The first failed chunks' numbers (at most 20; `failed_chunk_count` says how many).
     pub failed_chunks: Vec<u32>,
     pub failed_chunk_count: usize,
@@ -127,6 +129,7 @@ pub struct JobFinished<'a> {
     pub status: JobStatus,
     pub processed: u64,
     pub failed: u64,
+    pub duplicates: u64,
     pub requests: u64,
     /// From its submission, when its manifest says when that was.
     pub latency: Option<Duration>,
@@ -137,7 +140,7 @@ pub struct JobFinished<'a> {
 
 impl JobFinished<'_> {
     pub fn emit(&self) {
-        tracing::info!(job = %self.job, status = ?self.status, processed = self.processed, failed = self.failed, requests = self.requests,
+        tracing::info!(job = %self.job, status = ?self.status, processed = self.processed, failed = self.failed, duplicates = self.duplicates, requests = self.requests,
             latency_s = self.latency.map(|l| l.as_secs_f64()), "job finished; report written");
         JOBS.get_or_create(&vec![("status".to_string(), status_label(self.status).to_string())]).inc();
         BILLED.inc_by(self.processed);
@@ -151,6 +154,7 @@ impl JobFinished<'_> {
             total_chunks: self.total_chunks,
             processed: self.processed,
             failed: self.failed,
+            duplicates: self.duplicates,
             failed_chunks: self.failed_chunks.iter().take(FAILED_SHOWN).map(|c| c.chunk).collect(),
             failed_chunk_count: self.failed_chunks.len(),
             latency_s: self.latency.map(|l| l.as_secs_f64()),

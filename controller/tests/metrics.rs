@@ -26,6 +26,7 @@ fn the_controllers_exposition_is_clean_under_promtool() {
         status: JobStatus::Partial,
         processed: 90,
         failed: 10,
+        duplicates: 0,
         requests: 12,
         latency: Some(Duration::from_secs(7)),
         total_chunks: Some(4),

@@ -214,6 +214,7 @@ impl Books {
             status: r.status,
             processed: r.transactions.processed,
             failed: r.transactions.failed,
+            duplicates: r.transactions.duplicates,
             requests: r.requests.total,
             latency,
             total_chunks: job.tally().total_chunks(),

@@ -797,6 +797,23 @@ mod tests {
     }
 
     #[test]
+    fn subtracting_takes_rows_back_out_all_or_nothing() {
+        let row =
+            |a: &str, c: &str, n, g: i64| AccountTotals { account_id: a.into(), currency: c.into(), count: n, gross: Decimal::new(g, 2), fees: Decimal::ZERO };
+        let mut t = CheckedTotals::new();
+        let rows = [row("a", "EUR", 2, 300), row("b", "EUR", 1, 100), row("b", "USD", 1, 50)];
+        t.try_add_all(rows.iter().map(AccountTotals::borrowed)).unwrap();
+        // More than b's USD holds: nothing is taken.
+        assert!(t.try_subtract(&[row("a", "EUR", 1, 100), row("b", "USD", 2, 50)]).is_err());
+        assert_eq!(t.totals.transactions(), 4);
+        t.try_subtract(&[row("a", "EUR", 1, 100), row("b", "USD", 1, 50)]).unwrap();
+        let left: Vec<(String, String, u64)> = t.totals.rows().into_iter().map(|r| (r.account_id, r.currency, r.count)).collect();
+        assert_eq!(left, [("a".into(), "EUR".into(), 1), ("b".into(), "EUR".into(), 1)], "b's USD row, at zero, is no longer listed");
+        assert_eq!(t.totals.by_currency().iter().map(|c| (c.currency.as_str(), c.count)).collect::<Vec<_>>(), [("EUR", 2)]);
+        assert_eq!(t.changed_accounts(), 2);
+    }
+
+    #[test]
     fn money_format() {
         assert_eq!(money(Decimal::new(-1250, 3)), "-1.25");
         assert_eq!(money(Decimal::new(5, 0)), "5.00");

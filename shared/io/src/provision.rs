@@ -84,6 +84,10 @@ pub async fn ensure_queue_with_dlq(aws: &Aws, name: &str, dlq: &str, s: QueueSet
 /// of finished jobs.
 pub const JOBS_EXPIRE_DAYS: i32 = 30;
 
+/// The dedupe window: claims of billed transactions (`claims/`) expire this long after their last
+/// write, as Stripe's meter events accept timestamps 35 days back (docs/claims.md).
+pub const CLAIMS_WINDOW_DAYS: i32 = 35;
+
 /// Creates the bucket (idempotent) with its lifecycle rules: `jobs/`, `checkpoints/`, `purge/` and
 /// `purge-due/` expire after [`JOBS_EXPIRE_DAYS`], incomplete multipart uploads are aborted after a day.
 pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
@@ -109,6 +113,16 @@ pub async fn ensure_bucket(aws: &Aws, bucket: &str) -> Result<()> {
                 .build(),
         )?);
     }
+    // The claims of billed transactions: a day's segment goes once nobody has billed into it for the
+    // dedupe window (docs/claims.md).
+    rules.push(build(
+        LifecycleRule::builder()
+            .id("expire-claims")
+            .filter(LifecycleRuleFilter::builder().prefix("claims/").build())
+            .status(ExpirationStatus::Enabled)
+            .expiration(LifecycleExpiration::builder().days(CLAIMS_WINDOW_DAYS).build())
+            .build(),
+    )?);
     rules.push(build(
         LifecycleRule::builder()
             .id("abort-incomplete-uploads")

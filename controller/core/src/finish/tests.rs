@@ -178,3 +178,15 @@ fn an_unreadable_manifest_or_a_quarantined_job_is_quarantined() {
     write(&mut j, Commit::Quarantined);
     assert_eq!(drive(&mut j, fine(None)), ["renew", "quarantine None"], "only its report is left");
 }
+
+#[test]
+fn a_committed_ending_whose_claims_are_settled_is_reported_without_claiming_again() {
+    let mut j = job(1, true, true);
+    let decision = j.decide(&manifest(&[2]), WALL);
+    write(&mut j, Commit::Ending(decision));
+    let a = AccountTotals { account_id: "a".into(), currency: "EUR".into(), count: 1, gross: Decimal::new(100, 2), fees: Decimal::ZERO };
+    j.settle_claims(&[a], Vec::new()).unwrap();
+    assert_eq!(j.tally().totals().changed_accounts(), 1, "the totals taken out are written with the next checkpoint");
+    let seen = drive(&mut j, fine(Some(manifest(&[2]))));
+    assert_eq!(seen, ["renew", "manifest", "report", "commit Final", "finished Complete"]);
+}

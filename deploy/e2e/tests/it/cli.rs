@@ -57,8 +57,9 @@ async fn submit_wait_json_status_report_and_refusals() {
     let d = st.work.depth().await.unwrap();
     assert_eq!((d.visible, d.in_flight), (0, 0), "nothing enqueued by refused submissions");
     // --wait that gives up: exit 4, the job named and said to go on (no controller runs yet; it
-    // completes once one does).
-    let out = initiator(&st, &["submit", one_bad_row.to_str().unwrap(), "--wait", "--wait-timeout-secs", "1"]);
+    // completes once one does). Rows of its own: the same ids in two jobs are billed once.
+    let late = write(dir.path(), "late.csv", "txn_id,account_id,amount,currency,timestamp\nlate1,a,1.00,EUR,2026-11-21T10:00:00Z\n");
+    let out = initiator(&st, &["submit", late.to_str().unwrap(), "--wait", "--wait-timeout-secs", "1"]);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert!(err.contains("not finished after 1 s; it goes on: follow it with `initiator wait"), "{err}");
@@ -323,8 +324,10 @@ async fn abandon_quarantine_and_dlq_commands() {
         requests: Default::default(),
     });
     // Its chunk blob, as the initiator writes it before the work item (a result for a chunk without
-    // one waits for the job's seal).
-    st.store.put(&fleet_domain::layout::chunk_key(&job, 3), bytes::Bytes::from_static(b"chunk"), "application/zstd").await.unwrap();
+    // one waits for the job's seal; the finish reads it again to claim its rows).
+    let rows: String = (0..5).map(|i| format!("{job}-{i},{},1.00,EUR,2026-11-21T10:00:00Z\n", if i < 2 { "a" } else { "b" })).collect();
+    let chunk = zstd::bulk::compress(format!("txn_id,account_id,amount,currency,timestamp\n{rows}").as_bytes(), 1).unwrap();
+    st.store.put(&fleet_domain::layout::chunk_key(&job, 3), bytes::Bytes::from(chunk), "application/zstd").await.unwrap();
     // As a processor sends it: signed with its key, with the chunk's token its work item brought.
     let keys = crate::support::role_keys();
     let body = serde_json::to_string(&result).unwrap();
@@ -489,7 +492,7 @@ async fn provision_creates_queues_with_redrive_and_the_bucket_idempotently() {
     }
     let rules = st.aws.s3().get_bucket_lifecycle_configuration().bucket(&bucket).send().await.expect("no lifecycle on the bucket").rules.unwrap_or_default();
     let ids: Vec<&str> = rules.iter().filter_map(|r| r.id()).collect();
-    assert!(ids.contains(&"expire-jobs") && ids.contains(&"expire-checkpoints") && ids.contains(&"abort-incomplete-uploads"), "lifecycle rules {ids:?}");
+    assert!(ids.contains(&"expire-jobs") && ids.contains(&"expire-checkpoints") && ids.contains(&"expire-claims") && ids.contains(&"abort-incomplete-uploads"), "lifecycle rules {ids:?}");
 }
 
 /// Dead letters made by SQS itself (received past maxReceiveCount) sent back by `initiator dlq redrive`:

@@ -607,7 +607,7 @@ fn a_condition_operator_the_evaluator_does_not_know_fails_loudly() {
 }
 
 /// The controller's state (checkpoints and their parts, a quarantined job's state, leases, partition
-/// ownership, open markers, the quarantine, purge markers) is written by the controller's role only.
+/// ownership, open markers, the quarantine, purge markers, the claims of billed transactions) is written by the controller's role only.
 #[test]
 fn only_the_controllers_policy_may_write_the_controllers_state() {
     let keys = [
@@ -625,6 +625,8 @@ fn only_the_controllers_policy_may_write_the_controllers_state() {
         "purge/j",
         "purge-unreadable/j",
         "purge-due/00000000001/j",
+        // The claims of billed transactions (docs/claims.md).
+        "claims/2026-12-01/0a/000000.bin",
     ];
     // The operator's `dlq redrive --from quarantine` deletes what it sent back (it writes nothing there).
     let excepted = |role: &str, action: &str, key: &str| role == "operator" && action == "s3:DeleteObject" && key.starts_with("quarantine/");
