@@ -427,21 +427,25 @@ impl Totals {
 
     /// The rows of account `a` (by index), in currency order.
     fn chain(&self, a: u32) -> impl Iterator<Item = RowRef<'_>> + '_ {
+        // A row taken back to a count of zero (`CheckedTotals::try_subtract`) is not listed.
+        self.chain_all(a).filter(|r| r.count > 0)
+    }
+
+    /// An account's rows, those at a count of zero included (what a checkpoint's part of changed
+    /// rows writes, so that a restore replaces the row's earlier value with the zero).
+    fn chain_all(&self, a: u32) -> impl Iterator<Item = RowRef<'_>> + '_ {
         let id = self.id(a);
         let mut next = self.accounts[a as usize].first;
-        // A row taken back to a count of zero (`CheckedTotals::try_subtract`) is not listed.
-        std::iter::from_fn(move || loop {
+        std::iter::from_fn(move || {
             let r = self.rows.get(next as usize)?;
             next = r.next;
-            if r.sums.count > 0 {
-                return Some(RowRef::of(id, &self.currencies[r.currency as usize], &r.sums));
-            }
+            Some(RowRef::of(id, &self.currencies[r.currency as usize], &r.sums))
         })
     }
 
     /// The rows of one account (one per currency), empty when it has none.
     pub fn account_rows<'a>(&'a self, account: &str) -> impl Iterator<Item = RowRef<'a>> + 'a {
-        self.find(account).into_iter().flat_map(move |a| self.chain(a))
+        self.find(account).into_iter().flat_map(move |a| self.chain_all(a))
     }
 
     fn peek(&self, account: &str, currency: &str) -> Sums {
@@ -595,7 +599,7 @@ impl CheckedTotals {
     pub fn changed_rows(&self) -> impl Iterator<Item = RowRef<'_>> + '_ {
         let words = self.changed.iter().enumerate().filter(|(_, w)| **w != 0);
         let accounts = words.flat_map(|(i, &w)| (0..64u32).filter(move |b| w & (1 << b) != 0).map(move |b| i as u32 * 64 + b));
-        accounts.flat_map(|a| self.totals.chain(a))
+        accounts.flat_map(|a| self.totals.chain_all(a))
     }
 
     pub fn clear_changed(&mut self) {
@@ -811,6 +815,13 @@ mod tests {
         assert_eq!(left, [("a".into(), "EUR".into(), 1), ("b".into(), "EUR".into(), 1)], "b's USD row, at zero, is no longer listed");
         assert_eq!(t.totals.by_currency().iter().map(|c| (c.currency.as_str(), c.count)).collect::<Vec<_>>(), [("EUR", 2)]);
         assert_eq!(t.changed_accounts(), 2);
+        // A checkpoint's part of changed rows carries the zero, so a restore from an earlier base
+        // and that part does not bring b's USD back.
+        let base = [row("a", "EUR", 2, 300), row("b", "EUR", 1, 100), row("b", "USD", 1, 50)];
+        let changed: RowBatch = t.changed_rows().map(|r| r.to_totals()).collect::<Vec<_>>().iter().map(AccountTotals::borrowed).collect();
+        assert!(changed.iter().any(|r| r.account_id == "b" && r.currency == "USD" && r.count == 0));
+        let restored = CheckedTotals::restore([base.iter().map(AccountTotals::borrowed).collect::<RowBatch>().iter(), changed.iter()]).unwrap();
+        assert_eq!(restored.totals.rows(), t.totals.rows());
     }
 
     #[test]
