@@ -92,6 +92,8 @@ pub async fn purge_job(store: &Arc<dyn BlobStore>, job: &str) -> Result<usize> {
             }
         }
     }
+    // The tariff its initiator stored (read only to bill a job that never wrote its manifest).
+    store.delete(&fleet_domain::layout::tariff_key(job)).await?;
     Ok(deleted)
 }
 

@@ -50,8 +50,11 @@ impl Row {
 }
 
 /// A segment's contents: who claimed, and each fingerprint with the index of its claimer in `jobs`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
+    /// Sealed at this many entries (the cap of the release that created it, kept with it: every
+    /// release follows one chain alike).
+    pub cap: u32,
     pub jobs: Vec<String>,
     /// Sorted by fingerprint, each once.
     pub entries: Vec<(u128, u32)>,
@@ -62,14 +65,22 @@ pub struct Segment {
 #[error("claim segment: {0}")]
 pub struct Corrupt(pub String);
 
+impl Default for Segment {
+    /// A new segment, empty, sealed at [`SEGMENT_ENTRIES`].
+    fn default() -> Segment {
+        Segment { cap: SEGMENT_ENTRIES as u32, jobs: Vec::new(), entries: Vec::new() }
+    }
+}
+
 impl Segment {
     pub fn sealed(&self) -> bool {
-        self.entries.len() >= SEGMENT_ENTRIES
+        self.entries.len() >= self.cap as usize
     }
 
     pub fn encode(&self) -> Bytes {
         let mut b = BytesMut::with_capacity(16 + self.jobs.iter().map(|j| j.len() + 2).sum::<usize>() + self.entries.len() * 20);
         b.put_slice(MAGIC);
+        b.put_u32_le(self.cap);
         b.put_u32_le(self.jobs.len() as u32);
         for j in &self.jobs {
             b.put_u16_le(j.len() as u16);
@@ -96,6 +107,10 @@ impl Segment {
         if take(&mut b, 4)? != MAGIC {
             return Err(Corrupt("not a claim segment".into()));
         }
+        let cap = u32_of(take(&mut b, 4)?);
+        if cap == 0 {
+            return Err(Corrupt("a cap of zero entries".into()));
+        }
         let n_jobs = u32_of(take(&mut b, 4)?) as usize;
         let mut jobs = Vec::with_capacity(n_jobs.min(4096));
         for _ in 0..n_jobs {
@@ -119,7 +134,7 @@ impl Segment {
             }
             entries.push((fp, job));
         }
-        Ok(Segment { jobs, entries })
+        Ok(Segment { cap, jobs, entries })
     }
 }
 
@@ -139,6 +154,8 @@ pub struct ShardClaim {
     own: u64,
     /// Rows it claimed now.
     claimed: u64,
+    /// It has asked which segments follow the absent one it reads now.
+    looked_later: bool,
 }
 
 /// What the driver does next on one chain.
@@ -146,6 +163,10 @@ pub struct ShardClaim {
 pub enum Effect {
     /// Read segment `seg` of the chain; answer [`Answer::Read`].
     Read { seg: u32 },
+    /// Segment `seg` is absent: which of the chain's segments after it exist? Answer
+    /// [`Answer::Later`]. (A sealed segment is never written again, so it may expire before the
+    /// later ones of its chain; those still hold claims, and the chain goes on there.)
+    Later { seg: u32 },
     /// Write `body` as segment `seg`, only if it is still `etag` (none: only if absent); answer
     /// [`Answer::Written`] or [`Answer::Conflict`].
     Write { seg: u32, body: Bytes, etag: Option<String> },
@@ -162,6 +183,8 @@ pub enum Answer {
     Written,
     /// The conditional write lost: another claimer wrote first.
     Conflict,
+    /// The first segment after the absent one that exists, if any.
+    Later(Option<u32>),
 }
 
 impl ShardClaim {
@@ -174,6 +197,15 @@ impl ShardClaim {
                 self.pending.clear();
                 Effect::Done
             }
+            Answer::Read(None) if !self.looked_later => {
+                self.looked_later = true;
+                Effect::Later { seg: self.seg }
+            }
+            Answer::Later(Some(next)) if next > self.seg => {
+                self.seg = next;
+                Effect::Read { seg: next }
+            }
+            Answer::Later(_) => self.next(Answer::Read(None)),
             Answer::Read(found) => {
                 let (segment, etag) = match found {
                     Some((s, e)) => (s, Some(e)),
@@ -185,6 +217,7 @@ impl ShardClaim {
                 }
                 if segment.sealed() {
                     self.seg += 1;
+                    self.looked_later = false;
                     return Effect::Read { seg: self.seg };
                 }
                 let body = self.merged(segment).encode();
@@ -238,7 +271,7 @@ impl ShardClaim {
                 out.extend(next);
             }
         }
-        Segment { jobs: segment.jobs, entries: out }
+        Segment { cap: segment.cap, jobs: segment.jobs, entries: out }
     }
 }
 
@@ -268,7 +301,7 @@ impl Claims {
             .into_iter()
             .map(|((day, shard), mut pending)| {
                 pending.sort_unstable_by_key(|r| r.fp);
-                ShardClaim { day, shard, job: job.to_string(), seg: 0, pending, duplicates: Vec::new(), own: 0, claimed: 0 }
+                ShardClaim { day, shard, job: job.to_string(), seg: 0, pending, duplicates: Vec::new(), own: 0, claimed: 0, looked_later: false }
             })
             .collect();
         Claims { chains }

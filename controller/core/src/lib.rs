@@ -8,13 +8,15 @@
 //! - `job`: a job as a state machine (what each item does to it, when it asks to be saved or
 //!   finished, how it ends), generic over the handle of a message it applied;
 //! - `save`: a job's checkpoint planned (the document, the part before it, its write condition);
+//! - `claims`: each transaction billed once across jobs (a committed ending's rows claimed in chains
+//!   of segments by day and shard; another job's claim makes a row its duplicate);
 //! - `decision`: how a job ends and what a checkpoint commits;
 //! - `item`: what a message brings to a job, and the queue it came from;
 //! - `expiry`: the dormant jobs (known from their open marker only) and which are due, and whether
 //!   the fleet's queues have emptied since a job's news (the stall rule's condition), and the rule that
 //!   ends a quiet job (abandoned unsealed, stalled sealed);
 //! - `finish`: a job's finish, effect by effect (the lease renewed, the marker, the manifest, the
-//!   ending committed, the report, the rows dropped), until it is finished, handed over or quarantined;
+//!   ending committed, its transactions claimed, the report, the rows dropped), until it is finished, handed over or quarantined;
 //! - `finished`: the jobs finished lately, remembered to drop late duplicates without a read;
 //! - `hold`: the messages held through a store outage, when each is extended and when they are tried
 //!   again;

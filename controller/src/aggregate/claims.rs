@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use bytes::Bytes;
 use controller_core::claims::{Answer, Claims, Effect, Row, Segment, ShardClaim};
 use controller_core::job::Phase;
-use fleet_domain::billing::{AccountTotals, FeeCalculator};
+use fleet_domain::billing::{AccountTotals, FeeCalculator, Tariff};
 use fleet_domain::claim_rows::{chunk_claim_rows, chunk_rows_at};
-use fleet_domain::layout::{chunk_key, claims_key};
+use fleet_domain::layout::{chunk_key, claims_chain_prefix, claims_key, claims_segment_of, report_key, tariff_key};
 use fleet_domain::model::{Manifest, Rejected};
 use fleet_io::blob::{BlobStore, Cond};
 use fleet_io::error::{Error, Result};
@@ -24,6 +24,10 @@ use super::job::Job;
 /// The largest chunk blob read back (compressed), and the most it may expand to: the processors'
 /// default cap, which every chunk a processor billed fit.
 const MAX_CHUNK_BYTES: u64 = 64 << 20;
+
+/// A chain's segments listed at most when one is found absent (a day of a billion claims in one
+/// shard has a thousand).
+const LATER_SEGMENTS: usize = 10_000;
 
 /// Chunks read at once, and chains claimed at once.
 const CHUNKS_AT_ONCE: usize = 4;
@@ -37,6 +41,11 @@ impl Books {
         let counted: Vec<u32> = job.tally().accounted_chunks().iter().copied().filter(|c| !failed.contains(c)).collect();
         let job_id = job.id().to_string();
         let store = self.store.as_ref();
+        // Its report written already (a finish cut short after it, before the rows were dropped):
+        // what it billed is final; nothing to claim or take out.
+        if store.head(&report_key(&job_id)).await?.is_some() {
+            return Ok(());
+        }
         let started = std::time::Instant::now();
         let mut rows: Vec<Row> = Vec::new();
         for group in counted.chunks(CHUNKS_AT_ONCE) {
@@ -51,10 +60,24 @@ impl Books {
             futures::future::try_join_all(group.iter_mut().map(|chain| run_chain(store, chain))).await?;
         }
         let outcome = claims.outcome();
-        let (subtract, rejected) = duplicates(store, &job_id, manifest, &manifest.tariff.calculator(), &outcome.duplicates).await?;
+        let tariff = if outcome.duplicates.is_empty() { None } else { Some(tariff_of(store, &job_id, manifest).await?) };
+        let fees = tariff.as_ref().map(|t| t.calculator()).unwrap_or_else(|| manifest.tariff.calculator());
+        let (subtract, rejected) = duplicates(store, &job_id, manifest, &fees, &outcome.duplicates).await?;
         tracing::info!(job = %job_id, rows = n_rows, chunks = counted.len(), chains, claimed = outcome.claimed, own = outcome.own, duplicates = rejected.len(),
             elapsed_ms = started.elapsed().as_millis() as u64, "transactions claimed");
         job.settle_claims(&subtract, rejected).map_err(|e| Error::Corrupt(format!("job {job_id}: its duplicates read again do not fit its totals: {e}")))
+    }
+}
+
+/// The tariff the job's rows were billed with: its manifest's, or, for a job whose submission never
+/// wrote one (its manifest a stand-in), the one its initiator stored before its first work item.
+async fn tariff_of(store: &dyn BlobStore, job_id: &str, manifest: &Manifest) -> Result<Tariff> {
+    if !manifest.created_at.is_empty() {
+        return Ok(manifest.tariff.clone());
+    }
+    match store.get_capped(&tariff_key(job_id), 1 << 20).await? {
+        Some(b) => serde_json::from_slice(&b).map_err(|e| Error::Corrupt(format!("{}: {e}", tariff_key(job_id)))),
+        None => Err(Error::Corrupt(format!("job {job_id} has neither a manifest nor {}: its duplicates' fees are not known", tariff_key(job_id)))),
     }
 }
 
@@ -89,6 +112,11 @@ async fn run_chain(store: &dyn BlobStore, chain: &mut ShardClaim) -> Result<()> 
                     None => Answer::Read(None),
                     Some((body, etag)) => Answer::Read(Some((Segment::decode(&body).map_err(|e| Error::Corrupt(format!("{key}: {e}")))?, etag))),
                 }
+            }
+            Effect::Later { seg } => {
+                let prefix = claims_chain_prefix(chain.day, chain.shard);
+                let keys = store.list(&prefix, LATER_SEGMENTS).await?;
+                Answer::Later(keys.iter().filter_map(|k| claims_segment_of(k)).filter(|&n| n > seg).min())
             }
             Effect::Write { seg, body, etag } => {
                 let key = claims_key(chain.day, chain.shard, seg);

@@ -89,10 +89,17 @@ impl Books {
                 Effect::Claim(manifest) => {
                     let (claimed, calls) = counted(self.claim(job, &manifest)).await;
                     job.count(&calls);
-                    match claimed {
-                        Ok(()) => Answer::Done,
-                        Err(e) => refused(job_id, e)?,
-                    }
+                    // Never a quarantine: its ending is committed and some claims may be written;
+                    // a claim that cannot be made now (a segment or chunk unreadable, a store error)
+                    // leaves the job as it stands, to be tried again, the reason logged.
+                    claimed.map_err(|e| {
+                        tracing::error!(job = %job_id, error = %e, "its transactions cannot be claimed; the finish is tried again later");
+                        match e {
+                            Error::Corrupt(detail) => Error::Service { service: fleet_io::error::Service::S3, operation: "claims", detail, retryable: false, source: None },
+                            e => e,
+                        }
+                    })?;
+                    Answer::Done
                 }
                 Effect::Report(manifest) => match self.report(job, &manifest).await {
                     Ok(r) => {

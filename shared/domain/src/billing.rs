@@ -565,6 +565,10 @@ impl CheckedTotals {
             let over = || Overflow { account: a.account_id.clone(), currency: a.currency.clone(), what: "a subtraction" };
             let cur = left.get(&(a.account_id.as_str(), a.currency.as_str())).copied().unwrap_or_else(|| self.totals.peek(&a.account_id, &a.currency));
             let next = Sums { count: cur.count.checked_sub(a.count).ok_or_else(over)?, gross: cur.gross.checked_sub(a.gross).ok_or_else(over)?, fees: cur.fees.checked_sub(a.fees).ok_or_else(over)? };
+            // What is taken out is what was billed: no transaction left means no money left.
+            if next.count == 0 && (!next.gross.is_zero() || !next.fees.is_zero()) {
+                return Err(over());
+            }
             left.insert((a.account_id.as_str(), a.currency.as_str()), next);
         }
         for a in rows {
@@ -807,8 +811,9 @@ mod tests {
         let mut t = CheckedTotals::new();
         let rows = [row("a", "EUR", 2, 300), row("b", "EUR", 1, 100), row("b", "USD", 1, 50)];
         t.try_add_all(rows.iter().map(AccountTotals::borrowed)).unwrap();
-        // More than b's USD holds: nothing is taken.
+        // More than b's USD holds, or all its transactions but not all its money: nothing is taken.
         assert!(t.try_subtract(&[row("a", "EUR", 1, 100), row("b", "USD", 2, 50)]).is_err());
+        assert!(t.try_subtract(&[row("a", "EUR", 1, 100), row("b", "USD", 1, 49)]).is_err());
         assert_eq!(t.totals.transactions(), 4);
         t.try_subtract(&[row("a", "EUR", 1, 100), row("b", "USD", 1, 50)]).unwrap();
         let left: Vec<(String, String, u64)> = t.totals.rows().into_iter().map(|r| (r.account_id, r.currency, r.count)).collect();

@@ -27,7 +27,23 @@ pub const CLAIMS_PREFIX: &str = "claims/";
 
 /// Segment `seg` of the claims of day `day` (yyyymmdd) in shard `shard`.
 pub fn claims_key(day: u32, shard: u32, seg: u32) -> String {
-    format!("{CLAIMS_PREFIX}{}/{shard:02x}/{seg:06}.bin", crate::claim_rows::day_text(day))
+    format!("{}{seg:06}.bin", claims_chain_prefix(day, shard))
+}
+
+/// Where the segments of one (day, shard) chain are.
+pub fn claims_chain_prefix(day: u32, shard: u32) -> String {
+    format!("{CLAIMS_PREFIX}{}/{shard:02x}/", crate::claim_rows::day_text(day))
+}
+
+/// The segment number of a key under [`claims_chain_prefix`].
+pub fn claims_segment_of(key: &str) -> Option<u32> {
+    key.rsplit('/').next()?.strip_suffix(".bin")?.parse().ok()
+}
+
+/// The tariff a job is billed with, stored by its initiator before its first work item: what a job
+/// whose submission never wrote its manifest was billed with (read only for that).
+pub fn tariff_key(job: &str) -> String {
+    format!("{JOBS_PREFIX}{job}/tariff.json")
 }
 
 pub fn manifest_key(job: &str) -> String {

@@ -30,6 +30,9 @@ impl Store {
                         }
                         Answer::Read(found)
                     }
+                    Effect::Later { seg } => {
+                        Answer::Later(self.segs.range((chain.day, chain.shard, seg + 1)..(chain.day, chain.shard, u32::MAX)).next().map(|((_, _, n), _)| *n))
+                    }
                     Effect::Write { seg, body, etag } => {
                         let key = (chain.day, chain.shard, seg);
                         let now = self.segs.get(&key).map(|(_, e)| e.to_string());
@@ -92,7 +95,7 @@ fn a_lost_race_reads_again_and_finds_the_winners_ids() {
     let r = row(7, 0);
     let mut c = Claims::of("j2", vec![r, row(8, 0)]);
     // Only one chain can carry the race; find the one holding id 7.
-    let winner = Segment { jobs: vec!["j1".into()], entries: vec![(r.fp, 0)] };
+    let winner = Segment { cap: SEGMENT_ENTRIES as u32, jobs: vec!["j1".into()], entries: vec![(r.fp, 0)] };
     store.race = Some(winner);
     let chain = c.chains.iter().position(|ch| ch.day == r.day && ch.shard == r.shard()).unwrap();
     c.chains.swap(0, chain);
@@ -111,7 +114,7 @@ fn a_sealed_segment_is_read_and_the_chain_goes_on() {
     entries.push((r.fp, 0));
     entries.sort();
     entries.dedup_by_key(|e| e.0);
-    let sealed = Segment { jobs: vec!["j1".into()], entries };
+    let sealed = Segment { cap: SEGMENT_ENTRIES as u32, jobs: vec!["j1".into()], entries };
     assert!(sealed.sealed());
     store.segs.insert((r.day, r.shard(), 0), (sealed.encode(), 1));
     let mut c = Claims::of("j2", vec![r, row(4, 0)].into_iter().filter(|x| x.shard() == r.shard()).collect());
@@ -126,12 +129,41 @@ fn a_sealed_segment_is_read_and_the_chain_goes_on() {
 
 #[test]
 fn a_corrupt_segment_is_refused() {
-    let good = Segment { jobs: vec!["j1".into()], entries: vec![(1, 0), (2, 0)] }.encode();
+    let good = Segment { cap: SEGMENT_ENTRIES as u32, jobs: vec!["j1".into()], entries: vec![(1, 0), (2, 0)] }.encode();
     assert!(Segment::decode(&good).is_ok());
     assert!(Segment::decode(&good[..good.len() - 1]).is_err());
     assert!(Segment::decode(b"nope").is_err());
-    let unsorted = Segment { jobs: vec!["j1".into()], entries: vec![(2, 0), (1, 0)] }.encode();
+    let unsorted = Segment { cap: SEGMENT_ENTRIES as u32, jobs: vec!["j1".into()], entries: vec![(2, 0), (1, 0)] }.encode();
     assert!(Segment::decode(&unsorted).is_err());
-    let bad_job = Segment { jobs: vec!["j1".into()], entries: vec![(1, 5)] }.encode();
+    let bad_job = Segment { cap: SEGMENT_ENTRIES as u32, jobs: vec!["j1".into()], entries: vec![(1, 5)] }.encode();
     assert!(Segment::decode(&bad_job).is_err());
+}
+
+#[test]
+fn a_chain_whose_sealed_segment_expired_goes_on_where_its_claims_are() {
+    let mut store = Store::default();
+    let r = row(11, 0);
+    // Segment 0 expired (absent); segment 1, open, holds id 11 by j1 (a small cap: sealed at 2).
+    let one = Segment { cap: 2, jobs: vec!["j1".into()], entries: vec![(r.fp, 0)] };
+    store.segs.insert((r.day, r.shard(), 1), (one.encode(), 1));
+    let mut c = Claims::of("j2", vec![r]);
+    store.run(&mut c);
+    let o = c.outcome();
+    assert_eq!(o.duplicates.iter().map(|(r, by)| (r.row, by.as_str())).collect::<Vec<_>>(), [(11, "j1")]);
+    assert!(!store.segs.contains_key(&(r.day, r.shard(), 0)), "nothing written where the expired segment was");
+}
+
+#[test]
+fn a_segment_is_sealed_at_the_cap_it_was_created_with() {
+    let mut store = Store::default();
+    let (a, b) = (row(21, 0), row(22, 0));
+    let b = Row { fp: (a.fp & !0xFFFF) | 0x1, ..b };
+    assert_eq!(a.shard(), b.shard());
+    let small = Segment { cap: 1, jobs: vec!["j1".into()], entries: vec![(a.fp, 0)] };
+    store.segs.insert((a.day, a.shard(), 0), (small.encode(), 1));
+    let mut c = Claims::of("j2", vec![b]);
+    store.run(&mut c);
+    assert_eq!(c.outcome().claimed, 1);
+    let next = Segment::decode(&store.segs[&(a.day, a.shard(), 1)].0).unwrap();
+    assert_eq!(next.entries.len(), 1, "segment 0 was full at its own cap of 1: the claim went to segment 1");
 }

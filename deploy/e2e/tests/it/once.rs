@@ -138,7 +138,7 @@ async fn claims_left_by_a_crash_are_the_jobs_own_and_anothers_are_duplicates() {
     for (i, (id, ts)) in rows.iter().enumerate() {
         let who = if i < 1_000 { 0 } else if i >= 2_500 { 1 } else { continue };
         let row = controller_core::claims::Row { day: day_of(ts.as_bytes()).unwrap(), fp: fingerprint(id.as_bytes()), chunk: 0, row: 0 };
-        let seg = segs.entry(claims_key(row.day, row.shard(), 0)).or_insert_with(|| controller_core::claims::Segment { jobs: vec![s.job_id.clone(), "earlier-job".into()], entries: vec![] });
+        let seg = segs.entry(claims_key(row.day, row.shard(), 0)).or_insert_with(|| controller_core::claims::Segment { cap: controller_core::claims::SEGMENT_ENTRIES as u32, jobs: vec![s.job_id.clone(), "earlier-job".into()], entries: vec![] });
         seg.entries.push((row.fp, who));
     }
     for (key, mut seg) in segs {
