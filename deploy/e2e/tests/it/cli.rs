@@ -112,6 +112,9 @@ async fn submit_wait_json_status_report_and_refusals() {
     // `-`: standard input, named by --stdin-name. A file there: its size chooses the chunk size as
     // the file's own name would (4,000 rows: the smallest chunks, one chunk).
     let mut cmd = fleet_command(&st, "initiator");
+    // (Files of their own: rows a job billed are not billed again.)
+    let one_bad_row = write(dir.path(), "onebad2.csv", "txn_id,account_id,amount,currency,timestamp\nu1,a,1.00,EUR,2026-11-21T10:00:00Z\nu2,a,0,EUR,2026-11-21T10:00:00Z\n");
+    let good = generated(dir.path(), "good2.csv", 4_000, 25, 10);
     cmd.args(["submit", "-", "--stdin-name", "day.csv", "--wait", "--json"]).stdin(std::fs::File::open(&one_bad_row).unwrap());
     let out = cmd.output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));

@@ -46,6 +46,7 @@ const RARE: &[(&str, &str, &str, &str)] = &[
     ("initiator", "*", "*-??", WIDE),
     ("initiator", "*", "*-??-dlq", WIDE),
     ("initiator", "s3:GetObject", "*/chunks/*", "a chunk write (If-None-Match) whose answer was lost is read back to see it holds our bytes"),
+    ("initiator", "s3:GetObject", "*/tariff.json", "a tariff write (If-None-Match) whose answer was lost is read back to see it holds our bytes"),
     ("processor", "*", "*.fifo", FIFO),
     ("processor", "*", "*-??", WIDE),
     ("processor", "*", "*-??-dlq", WIDE),
