@@ -69,6 +69,18 @@ fn rows_of(r: &Report) -> Result<BTreeMap<(String, String), Row>, String> {
     Ok(out)
 }
 
+/// The first three rows where `rows` and `oracle` differ, as `what` (reported, billed) says.
+fn differences(rows: &BTreeMap<(String, String), Row>, oracle: &BTreeMap<(String, String), Row>, what: &str) -> String {
+    let diff: Vec<String> = oracle
+        .iter()
+        .filter(|(k, o)| rows.get(*k) != Some(o))
+        .map(|(k, o)| format!("{k:?}: {what} {:?}, oracle {o:?}", rows.get(k)))
+        .chain(rows.keys().filter(|k| !oracle.contains_key(*k)).map(|k| format!("{k:?}: {what}, not in the oracle")))
+        .take(3)
+        .collect();
+    diff.join("; ")
+}
+
 /// The invariants; each broken one is a line.
 pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Arc<dyn Queue>], world: &World, _setup: &Setup) -> Vec<String> {
     let mut v = Vec::new();
@@ -133,14 +145,7 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
         match rows_of(&r) {
             Ok(rows) if rows == oracle => {}
             Ok(rows) => {
-                let diff: Vec<String> = oracle
-                    .iter()
-                    .filter(|(k, o)| rows.get(*k) != Some(o))
-                    .map(|(k, o)| format!("{k:?}: reported {:?}, oracle {o:?}", rows.get(k)))
-                    .chain(rows.keys().filter(|k| !oracle.contains_key(*k)).map(|k| format!("{k:?}: reported, not in the oracle")))
-                    .take(3)
-                    .collect();
-                v.push(format!("job {id}: totals differ from the oracle ({} rows vs {}): {}", rows.len(), oracle.len(), diff.join("; ")));
+                v.push(format!("job {id}: totals differ from the oracle ({} rows vs {}): {}", rows.len(), oracle.len(), differences(&rows, &oracle, "reported")));
             }
             Err(e) => v.push(format!("job {id}: unreadable report rows: {e}")),
         }
@@ -186,20 +191,14 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
             }
         }
         if sum != oracle {
-            let diff: Vec<String> = oracle
-                .iter()
-                .filter(|(k, o)| sum.get(*k) != Some(o))
-                .map(|(k, o)| format!("{k:?}: billed {:?}, oracle {o:?}", sum.get(k)))
-                .chain(sum.keys().filter(|k| !oracle.contains_key(*k)).map(|k| format!("{k:?}: billed, not in the oracle")))
-                .take(3)
-                .collect();
+            let diff = differences(&sum, &oracle, "billed");
             v.push(format!(
                 "jobs {} and {} (the same rows twice): billed together differ from each row once ({} and {} duplicates): {}",
                 original.id,
                 twin.id,
                 r1.transactions.duplicates,
                 r2.transactions.duplicates,
-                diff.join("; ")
+                diff
             ));
         }
     }

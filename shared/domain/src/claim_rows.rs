@@ -9,10 +9,10 @@
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::codec::decompress_capped;
+use crate::codec::{check_chunk_header, decompress_capped};
 use crate::error::{Error, Result};
 use crate::transaction::Transaction;
-use crate::validate::{validate_row, REQUIRED_COLUMNS};
+use crate::validate::validate_row;
 
 /// The fingerprint a claim is made under.
 pub fn fingerprint(txn_id: &[u8]) -> u128 {
@@ -46,9 +46,7 @@ pub fn chunk_claim_rows(data: &[u8], raw_cap: u64, mut row: impl FnMut(u32, u32,
     while rdr.read_byte_record(&mut rec).map_err(|e| Error::corrupt(format!("chunk CSV: {e}")))? {
         if header {
             header = false;
-            if rec.iter().ne(REQUIRED_COLUMNS.iter().map(|c| c.as_bytes())) {
-                return Err(Error::corrupt("chunk header is not txn_id,account_id,amount,currency,timestamp"));
-            }
+            check_chunk_header(&rec)?;
             continue;
         }
         let (Some(id), Some(ts)) = (rec.get(0), rec.get(4)) else { return Err(Error::corrupt(format!("chunk row {n}: fewer than five fields"))) };

@@ -127,9 +127,7 @@ pub fn decode_chunk(data: &[u8], blob: &BlobRef, expected_rows: u64, max_raw_byt
     while rdr.read_byte_record(&mut rec).map_err(|e| Error::corrupt(format!("chunk CSV: {e}")))? {
         if header {
             header = false;
-            if rec.iter().ne(REQUIRED_COLUMNS.iter().map(|c| c.as_bytes())) {
-                return Err(Error::corrupt("chunk header is not txn_id,account_id,amount,currency,timestamp"));
-            }
+            check_chunk_header(&rec)?;
             continue;
         }
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
@@ -142,6 +140,14 @@ pub fn decode_chunk(data: &[u8], blob: &BlobRef, expected_rows: u64, max_raw_byt
     }
     if rows != expected_rows {
         return Err(Error::corrupt(format!("chunk holds {rows} transactions, work item says {expected_rows}")));
+    }
+    Ok(())
+}
+
+/// A stored chunk's first record is exactly its header.
+pub(crate) fn check_chunk_header(rec: &csv::ByteRecord) -> Result<()> {
+    if rec.iter().ne(REQUIRED_COLUMNS.iter().map(|c| c.as_bytes())) {
+        return Err(Error::corrupt("chunk header is not txn_id,account_id,amount,currency,timestamp"));
     }
     Ok(())
 }
