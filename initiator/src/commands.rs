@@ -398,9 +398,9 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
         match crate::ops::abandon(&clients.results, clients.triggers.as_deref(), &job_id, reason, None, clients.signing_key.as_ref()).await {
             Ok(()) => {
                 eprintln!(
-                "interrupted: job {job_id} abandoned; the controller finishes it as `abandoned` with what was billed (`initiator wait {job_id}`); \
+                    "interrupted: job {job_id} abandoned; the controller finishes it as `abandoned` with what was billed (`initiator wait {job_id}`); \
                  rerun the same command to bill the rest: rows already billed are not billed again"
-            )
+                )
             }
             Err(e) => eprintln!("interrupted: abandoning job {job_id} failed ({e}): run `initiator abandon {job_id}`"),
         }

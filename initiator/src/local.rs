@@ -21,7 +21,8 @@ pub fn bill(files: &[PathBuf], tariff: &Tariff) -> Result<Report, CliError> {
     for f in &inputs {
         v.read(f, |t| totals.add_txn(t, &calc), |r| rejected.push(r), |_| {}).map_err(|e| CliError::Input(e.to_string()))?;
     }
-    let manifest = Manifest { chunk_lines: Vec::new(),
+    let manifest = Manifest {
+        chunk_lines: Vec::new(),
         v: WIRE_VERSION,
         job_id: "local".into(),
         created_at: now_rfc3339(),

@@ -143,7 +143,8 @@ mod tests {
     /// A finished job's report, as the controller writes it.
     fn report(job: &str, finished_at: &str) -> Report {
         use fleet_domain::billing::{AccountTotals, Tariff, Totals};
-        let manifest = fleet_domain::model::Manifest { chunk_lines: Vec::new(),
+        let manifest = fleet_domain::model::Manifest {
+            chunk_lines: Vec::new(),
             partition: 0,
             v: 1,
             job_id: job.into(),

@@ -145,7 +145,12 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
         match rows_of(&r) {
             Ok(rows) if rows == oracle => {}
             Ok(rows) => {
-                v.push(format!("job {id}: totals differ from the oracle ({} rows vs {}): {}", rows.len(), oracle.len(), differences(&rows, &oracle, "reported")));
+                v.push(format!(
+                    "job {id}: totals differ from the oracle ({} rows vs {}): {}",
+                    rows.len(),
+                    oracle.len(),
+                    differences(&rows, &oracle, "reported")
+                ));
             }
             Err(e) => v.push(format!("job {id}: unreadable report rows: {e}")),
         }
@@ -194,11 +199,7 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
             let diff = differences(&sum, &oracle, "billed");
             v.push(format!(
                 "jobs {} and {} (the same rows twice): billed together differ from each row once ({} and {} duplicates): {}",
-                original.id,
-                twin.id,
-                r1.transactions.duplicates,
-                r2.transactions.duplicates,
-                diff
+                original.id, twin.id, r1.transactions.duplicates, r2.transactions.duplicates, diff
             ));
         }
     }

@@ -307,7 +307,21 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, setup:
             // message's own, the upgrade window's documented limit; seed 283986117 billed one.)
             let before_records = hostile && !stray && !forged_beyond && own.random_bool(0.2);
             let submit_at = Duration::from_millis(rng.random_range(0..60_000));
-            JobPlan { ids: id.clone(), twin_of: None, id, shape, chunks, ending, submit_at, forged_beyond, groups, partition, stray, lying_manifest, before_records }
+            JobPlan {
+                ids: id.clone(),
+                twin_of: None,
+                id,
+                shape,
+                chunks,
+                ending,
+                submit_at,
+                forged_beyond,
+                groups,
+                partition,
+                stray,
+                lying_manifest,
+                before_records,
+            }
         })
         .collect::<Vec<_>>();
     let mut jobs = jobs;

@@ -95,7 +95,9 @@ impl Books {
                     claimed.map_err(|e| {
                         tracing::error!(job = %job_id, error = %e, "its transactions cannot be claimed; the finish is tried again later");
                         match e {
-                            Error::Corrupt(detail) => Error::Service { service: fleet_io::error::Service::S3, operation: "claims", detail, retryable: false, source: None },
+                            Error::Corrupt(detail) => {
+                                Error::Service { service: fleet_io::error::Service::S3, operation: "claims", detail, retryable: false, source: None }
+                            }
                             e => e,
                         }
                     })?;

@@ -639,7 +639,12 @@ fn images_from_nothing() {
         "{}",
         r["transactions"]
     );
-    let dup = r["rejected"].as_array().unwrap().iter().find(|x| x["txn_id"] == "t7" && x["reason"].as_str().is_some_and(|r| r.starts_with("txn_id: duplicate of"))).expect("t7 rejected as a duplicate");
+    let dup = r["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["txn_id"] == "t7" && x["reason"].as_str().is_some_and(|r| r.starts_with("txn_id: duplicate of")))
+        .expect("t7 rejected as a duplicate");
     assert_eq!((dup["file"].as_str(), dup["line"].as_u64()), (second.to_str(), Some(3)), "{dup}");
 
     // Standard input reaches a command executed in the cli container, and a TERM to compose.sh (as

@@ -564,7 +564,11 @@ impl CheckedTotals {
         for a in rows {
             let over = || Overflow { account: a.account_id.clone(), currency: a.currency.clone(), what: "a subtraction" };
             let cur = left.get(&(a.account_id.as_str(), a.currency.as_str())).copied().unwrap_or_else(|| self.totals.peek(&a.account_id, &a.currency));
-            let next = Sums { count: cur.count.checked_sub(a.count).ok_or_else(over)?, gross: cur.gross.checked_sub(a.gross).ok_or_else(over)?, fees: cur.fees.checked_sub(a.fees).ok_or_else(over)? };
+            let next = Sums {
+                count: cur.count.checked_sub(a.count).ok_or_else(over)?,
+                gross: cur.gross.checked_sub(a.gross).ok_or_else(over)?,
+                fees: cur.fees.checked_sub(a.fees).ok_or_else(over)?,
+            };
             // What is taken out is what was billed: no transaction left means no money left.
             if next.count == 0 && (!next.gross.is_zero() || !next.fees.is_zero()) {
                 return Err(over());

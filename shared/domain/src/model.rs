@@ -205,10 +205,7 @@ impl Manifest {
     /// Where chunk `chunk`'s rows came from, as `file:first-last` for each file (empty: not recorded).
     pub fn chunk_source(&self, chunk: u32) -> Vec<ChunkLines> {
         let spans = self.chunk_lines.get(chunk as usize).map(Vec::as_slice).unwrap_or_default();
-        spans
-            .iter()
-            .map(|l| ChunkLines { file: self.files.get(l.file as usize).cloned().unwrap_or_default(), first: l.first, last: l.last })
-            .collect()
+        spans.iter().map(|l| ChunkLines { file: self.files.get(l.file as usize).cloned().unwrap_or_default(), first: l.first, last: l.last }).collect()
     }
 }
 

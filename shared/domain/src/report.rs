@@ -260,7 +260,14 @@ pub fn build_borrowed<'a>(manifest: &Manifest, totals: &'a Totals, mut failed_ch
         created_at: manifest.created_at.clone(),
         finished_at: crate::model::now_rfc3339(),
         files: manifest.files.clone(),
-        transactions: TxnCounts { submitted: manifest.submitted, accepted: manifest.accepted, rejected: manifest.rejected.len() as u64, processed, failed, duplicates: 0 },
+        transactions: TxnCounts {
+            submitted: manifest.submitted,
+            accepted: manifest.accepted,
+            rejected: manifest.rejected.len() as u64,
+            processed,
+            failed,
+            duplicates: 0,
+        },
         totals: totals
             .by_currency()
             .into_iter()
@@ -410,7 +417,8 @@ mod tests {
 
     #[test]
     fn report_counts_sorting_and_csv() {
-        let manifest = Manifest { chunk_lines: Vec::new(),
+        let manifest = Manifest {
+            chunk_lines: Vec::new(),
             partition: 0,
             v: 1,
             job_id: "j".into(),
@@ -468,7 +476,8 @@ mod tests {
 
     #[test]
     fn a_report_written_from_borrowed_rows_reads_back_as_the_owned_one() {
-        let manifest = Manifest { chunk_lines: Vec::new(),
+        let manifest = Manifest {
+            chunk_lines: Vec::new(),
             partition: 0,
             v: 1,
             job_id: "j".into(),

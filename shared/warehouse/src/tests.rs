@@ -11,7 +11,8 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::{Field, Row};
 
 fn manifest(job: &str) -> Manifest {
-    Manifest { chunk_lines: Vec::new(),
+    Manifest {
+        chunk_lines: Vec::new(),
         partition: 0,
         v: 1,
         job_id: job.into(),

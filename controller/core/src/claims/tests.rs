@@ -67,10 +67,14 @@ fn a_second_job_finds_the_first_ones_ids_and_only_those() {
     assert_eq!((first.claimed, first.own, first.duplicates.len()), (100, 0, 0));
     let second = claim(&mut store, "j2", 50..150);
     assert_eq!((second.claimed, second.own), (50, 0));
-    let mut dup: Vec<u32> = second.duplicates.iter().map(|(r, by)| {
-        assert_eq!(by, "j1");
-        r.row
-    }).collect();
+    let mut dup: Vec<u32> = second
+        .duplicates
+        .iter()
+        .map(|(r, by)| {
+            assert_eq!(by, "j1");
+            r.row
+        })
+        .collect();
     dup.sort();
     assert_eq!(dup, (50..100).collect::<Vec<u32>>());
     // Every segment decodes, sorted, each id once.
@@ -121,7 +125,7 @@ fn a_sealed_segment_is_read_and_the_chain_goes_on() {
     store.run(&mut c);
     let o = c.outcome();
     assert_eq!(o.duplicates.len(), 1);
-    assert_eq!(o.claimed as usize, c_len(&store, r) );
+    assert_eq!(o.claimed as usize, c_len(&store, r));
     fn c_len(store: &Store, r: Row) -> usize {
         store.segs.get(&(r.day, r.shard(), 1)).map_or(0, |(b, _)| Segment::decode(b).unwrap().entries.len())
     }

@@ -124,9 +124,12 @@ impl<H> Job<H> {
                         Ok(accounts) => match accounts.transactions() {
                             Some(counted) if counted == c.transactions => match self.tally.totals.try_add_all(accounts.iter()) {
                                 Ok(()) => cp.processed_transactions = cp.processed_transactions.saturating_add(counted),
-                                Err(e) => cp.failed_chunks.push(FailedChunk { lines: Vec::new(), chunk, transactions, reason: format!("result not added: {e}") }),
+                                Err(e) => {
+                                    cp.failed_chunks.push(FailedChunk { lines: Vec::new(), chunk, transactions, reason: format!("result not added: {e}") })
+                                }
                             },
-                            counted => cp.failed_chunks.push(FailedChunk { lines: Vec::new(), 
+                            counted => cp.failed_chunks.push(FailedChunk {
+                                lines: Vec::new(),
                                 chunk,
                                 transactions,
                                 reason: match counted {

@@ -82,7 +82,8 @@ impl<H> Job<H> {
 /// `known` transactions submitted and accepted, no files, no tariff. Its empty `created_at` marks it
 /// (see [`Job::decide`]).
 pub fn placeholder_manifest(job_id: &str, total_chunks: u32, known: u64) -> Manifest {
-    Manifest { chunk_lines: Vec::new(),
+    Manifest {
+        chunk_lines: Vec::new(),
         partition: 0,
         v: fleet_domain::model::WIRE_VERSION,
         job_id: job_id.to_string(),

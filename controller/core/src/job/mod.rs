@@ -230,7 +230,11 @@ impl<H> Job<H> {
     /// billed first, taken out of its totals, and those rows kept for its report (`rejected`). Once
     /// only: a job whose claims are settled takes nothing more. Fails, changing nothing, when a row
     /// is not within its totals (its chunks read again disagree with what it counted).
-    pub fn settle_claims(&mut self, subtract: &[fleet_domain::billing::AccountTotals], rejected: Vec<fleet_domain::model::Rejected>) -> Result<(), fleet_domain::billing::Overflow> {
+    pub fn settle_claims(
+        &mut self,
+        subtract: &[fleet_domain::billing::AccountTotals],
+        rejected: Vec<fleet_domain::model::Rejected>,
+    ) -> Result<(), fleet_domain::billing::Overflow> {
         assert!(self.tally.cp.duplicates.is_none(), "a job's claims are settled once");
         self.tally.totals.try_subtract(subtract)?;
         let n = subtract.iter().fold(0u64, |n, a| n.saturating_add(a.count));

@@ -62,7 +62,13 @@ struct ReportDown {
 impl Hook for ReportDown {
     async fn put_if(&self, inner: &dyn BlobStore, put: Put<'_>) -> Result<Option<String>> {
         if put.key == accounts_key(self.job) && self.down.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Error::Service { service: fleet_io::error::Service::S3, operation: "PutObject", detail: "report write refused".into(), retryable: true, source: None });
+            return Err(Error::Service {
+                service: fleet_io::error::Service::S3,
+                operation: "PutObject",
+                detail: "report write refused".into(),
+                retryable: true,
+                source: None,
+            });
         }
         put.to(inner).await
     }

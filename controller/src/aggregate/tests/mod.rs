@@ -35,7 +35,8 @@ mod records;
 mod requests;
 
 fn manifest(job: &str, chunks: &[u64]) -> Manifest {
-    Manifest { chunk_lines: Vec::new(),
+    Manifest {
+        chunk_lines: Vec::new(),
         partition: 0,
         v: 1,
         job_id: job.into(),

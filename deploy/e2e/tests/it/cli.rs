@@ -113,7 +113,8 @@ async fn submit_wait_json_status_report_and_refusals() {
     // the file's own name would (4,000 rows: the smallest chunks, one chunk).
     let mut cmd = fleet_command(&st, "initiator");
     // (Files of their own: rows a job billed are not billed again.)
-    let one_bad_row = write(dir.path(), "onebad2.csv", "txn_id,account_id,amount,currency,timestamp\nu1,a,1.00,EUR,2026-11-21T10:00:00Z\nu2,a,0,EUR,2026-11-21T10:00:00Z\n");
+    let one_bad_row =
+        write(dir.path(), "onebad2.csv", "txn_id,account_id,amount,currency,timestamp\nu1,a,1.00,EUR,2026-11-21T10:00:00Z\nu2,a,0,EUR,2026-11-21T10:00:00Z\n");
     let good = generated(dir.path(), "good2.csv", 4_000, 25, 10);
     cmd.args(["submit", "-", "--stdin-name", "day.csv", "--wait", "--json"]).stdin(std::fs::File::open(&one_bad_row).unwrap());
     let out = cmd.output().unwrap();
@@ -495,7 +496,10 @@ async fn provision_creates_queues_with_redrive_and_the_bucket_idempotently() {
     }
     let rules = st.aws.s3().get_bucket_lifecycle_configuration().bucket(&bucket).send().await.expect("no lifecycle on the bucket").rules.unwrap_or_default();
     let ids: Vec<&str> = rules.iter().filter_map(|r| r.id()).collect();
-    assert!(ids.contains(&"expire-jobs") && ids.contains(&"expire-checkpoints") && ids.contains(&"expire-claims") && ids.contains(&"abort-incomplete-uploads"), "lifecycle rules {ids:?}");
+    assert!(
+        ids.contains(&"expire-jobs") && ids.contains(&"expire-checkpoints") && ids.contains(&"expire-claims") && ids.contains(&"abort-incomplete-uploads"),
+        "lifecycle rules {ids:?}"
+    );
 }
 
 /// Dead letters made by SQS itself (received past maxReceiveCount) sent back by `initiator dlq redrive`:

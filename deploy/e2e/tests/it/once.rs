@@ -130,15 +130,29 @@ async fn claims_left_by_a_crash_are_the_jobs_own_and_anothers_are_duplicates() {
     // Its rows' claims as a crashed owner left them: the first 1,000 ids its own, the last 500 those
     // of a job that billed them before.
     let text = std::fs::read_to_string(&file).unwrap();
-    let rows: Vec<(String, String)> = text.lines().skip(1).map(|l| {
-        let f: Vec<&str> = l.split(',').collect();
-        (f[0].to_string(), f[4].to_string())
-    }).collect();
+    let rows: Vec<(String, String)> = text
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[0].to_string(), f[4].to_string())
+        })
+        .collect();
     let mut segs: std::collections::BTreeMap<String, controller_core::claims::Segment> = Default::default();
     for (i, (id, ts)) in rows.iter().enumerate() {
-        let who = if i < 1_000 { 0 } else if i >= 2_500 { 1 } else { continue };
+        let who = if i < 1_000 {
+            0
+        } else if i >= 2_500 {
+            1
+        } else {
+            continue;
+        };
         let row = controller_core::claims::Row { day: day_of(ts.as_bytes()).unwrap(), fp: fingerprint(id.as_bytes()), chunk: 0, row: 0 };
-        let seg = segs.entry(claims_key(row.day, row.shard(), 0)).or_insert_with(|| controller_core::claims::Segment { cap: controller_core::claims::SEGMENT_ENTRIES as u32, jobs: vec![s.job_id.clone(), "earlier-job".into()], entries: vec![] });
+        let seg = segs.entry(claims_key(row.day, row.shard(), 0)).or_insert_with(|| controller_core::claims::Segment {
+            cap: controller_core::claims::SEGMENT_ENTRIES as u32,
+            jobs: vec![s.job_id.clone(), "earlier-job".into()],
+            entries: vec![],
+        });
         seg.entries.push((row.fp, who));
     }
     for (key, mut seg) in segs {
@@ -154,7 +168,8 @@ async fn claims_left_by_a_crash_are_the_jobs_own_and_anothers_are_duplicates() {
     let want: std::collections::BTreeSet<&str> = rows[2_500..].iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(dup_ids, want);
     // The reference: the file without the rows the earlier job billed.
-    let kept = write(dir.path(), "kept.csv", &format!("{}\n{}\n", text.lines().next().unwrap(), text.lines().skip(1).take(2_500).collect::<Vec<_>>().join("\n")));
+    let kept =
+        write(dir.path(), "kept.csv", &format!("{}\n{}\n", text.lines().next().unwrap(), text.lines().skip(1).take(2_500).collect::<Vec<_>>().join("\n")));
     assert_eq!(report_accounts(&r), expected_accounts(std::slice::from_ref(&kept)));
     c.stop().await;
     p.stop().await;
