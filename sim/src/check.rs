@@ -174,7 +174,13 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
             (None, None) => continue,
         };
         let ((b1, r1), (b2, r2)) = (b1, b2);
-        for r in [r1, r2] {
+        for (r, other) in [(r1, &twin.id), (r2, &original.id)] {
+            // Each duplicate of one is the other's (no other job carries their ids).
+            let by: BTreeSet<&str> =
+                r.rejected.iter().filter_map(|x| x.reason.strip_prefix("txn_id: already billed by job ")).filter_map(|s| s.split(' ').next()).collect();
+            if by.iter().any(|j| *j != other.as_str()) {
+                v.push(format!("job {}: duplicates of {by:?}, only {other} carries its ids", r.job_id));
+            }
             let t = &r.transactions;
             let counted: u64 = r.accounts.iter().map(|a| a.count).sum();
             if t.processed != counted || t.duplicates as usize != r.rejected.iter().filter(|x| x.reason.starts_with("txn_id: already billed by job")).count() {

@@ -203,6 +203,9 @@ impl ShardClaim {
             }
             Answer::Later(Some(next)) if next > self.seg => {
                 self.seg = next;
+                // Looked past again should that one be gone too by the time it is read (segments
+                // expire in no order): the chain's open end is never written short of it.
+                self.looked_later = false;
                 Effect::Read { seg: next }
             }
             Answer::Later(_) => self.next(Answer::Read(None)),

@@ -44,6 +44,8 @@ pub(super) struct Books {
     /// The jobs in memory (the aggregator's): a job taken holds its lease there, a loaded job counts
     /// its unsaved messages there, and a checkpoint records the partition its messages travel on.
     pub(super) memory: Arc<Memory>,
+    /// Jobs whose claims failed for a lasting reason, waiting to be tried again (see `claims`).
+    pub(super) claims_backoff: super::claims::ClaimsBackoff,
 }
 
 impl Books {

@@ -21,6 +21,35 @@ use fleet_io::error::{Error, Result};
 use super::books::Books;
 use super::job::Job;
 
+/// Jobs whose claims failed for a reason that does not pass by itself (a segment or chunk that cannot
+/// be read, a tariff missing): tried again after a back-off that doubles from [`BACKOFF_FIRST`] to
+/// [`BACKOFF_LAST`], not at every flush (each try reads the job's chunks again).
+#[derive(Default)]
+pub(super) struct ClaimsBackoff(std::sync::Mutex<std::collections::HashMap<String, (tokio::time::Instant, std::time::Duration)>>);
+
+const BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_secs(5);
+const BACKOFF_LAST: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl ClaimsBackoff {
+    /// Job `job` waits out its back-off now.
+    pub(super) fn waiting(&self, job: &str) -> bool {
+        fleet_io::lock(&self.0).get(job).is_some_and(|(until, _)| tokio::time::Instant::now() < *until)
+    }
+
+    /// Its claims failed again: returns how long it waits.
+    pub(super) fn failed(&self, job: &str) -> std::time::Duration {
+        let mut m = fleet_io::lock(&self.0);
+        let wait = m.get(job).map_or(BACKOFF_FIRST, |(_, last)| (*last * 2).min(BACKOFF_LAST));
+        m.insert(job.to_string(), (tokio::time::Instant::now() + wait, wait));
+        wait
+    }
+
+    /// Its claims were made.
+    pub(super) fn cleared(&self, job: &str) {
+        fleet_io::lock(&self.0).remove(job);
+    }
+}
+
 /// The largest chunk blob read back (compressed), and the most it may expand to: the processors'
 /// default cap, which every chunk a processor billed fit.
 const MAX_CHUNK_BYTES: u64 = 64 << 20;

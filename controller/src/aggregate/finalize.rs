@@ -30,6 +30,13 @@ impl Books {
     /// (`controller_core::finish`); this performs each and answers. The job stays in its slot until it
     /// is finished or handed over: a step that fails leaves it there as it stands, to be tried again.
     pub(super) async fn finish(&self, job_id: &str, loaded: &mut Option<Job>) -> Result<Vec<Kept>> {
+        // A job whose claims failed for a lasting reason waits out its back-off before it is tried
+        // again (nothing is renewed or read meanwhile).
+        if let Some(job) = loaded.as_ref() {
+            if matches!(job.phase(), Phase::Ending(_)) && job.tally().duplicates().is_none() && self.claims_backoff.waiting(job_id) {
+                return Ok(Vec::new());
+            }
+        }
         let mut finish = Finish::default();
         let mut answer = Answer::Start;
         // The report as written (its rows let go), for the line that says the job finished.
@@ -93,14 +100,21 @@ impl Books {
                     // a claim that cannot be made now (a segment or chunk unreadable, a store error)
                     // leaves the job as it stands, to be tried again, the reason logged.
                     claimed.map_err(|e| {
-                        tracing::error!(job = %job_id, error = %e, "its transactions cannot be claimed; the finish is tried again later");
-                        match e {
+                        let e = match e {
                             Error::Corrupt(detail) => {
                                 Error::Service { service: fleet_io::error::Service::S3, operation: "claims", detail, retryable: false, source: None }
                             }
                             e => e,
+                        };
+                        if e.is_retryable() {
+                            tracing::warn!(job = %job_id, error = %e, "its transactions could not be claimed now; the finish is tried again");
+                        } else {
+                            let wait = self.claims_backoff.failed(job_id);
+                            tracing::error!(job = %job_id, error = %e, retry_in_s = wait.as_secs(), "its transactions cannot be claimed; the finish is tried again after a back-off");
                         }
+                        e
                     })?;
+                    self.claims_backoff.cleared(job_id);
                     Answer::Done
                 }
                 Effect::Report(manifest) => match self.report(job, &manifest).await {

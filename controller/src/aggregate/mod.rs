@@ -233,6 +233,7 @@ impl Aggregator {
             purging: Purging::default(),
             expiry: expiry.clone(),
             memory: memory.clone(),
+            claims_backoff: Default::default(),
         };
         Aggregator {
             unreadable: Unreadable { store: store.clone(), queues },

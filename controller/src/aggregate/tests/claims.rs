@@ -105,3 +105,25 @@ async fn a_finish_cut_short_after_its_claims_finds_them_its_own_and_bills_exactl
     assert_eq!((rb.transactions.processed, rb.transactions.duplicates), (1, 1), "x3 its own claim, x2 a's: taken out once");
     assert_eq!(rb.accounts.iter().map(|a| (a.account_id.as_str(), a.count)).collect::<Vec<_>>(), [("acc-1", 1)]);
 }
+
+/// A job abandoned before its manifest (Ctrl-C early in its submission) whose row another job billed
+/// first: that row's fee is taken out as its processor billed it, with the tariff its initiator
+/// stored first (here 0.10 + 1%: 5.00 pays 0.15, 1.00 pays 0.11), not the default one.
+#[tokio::test]
+async fn a_job_without_a_manifest_takes_its_duplicates_out_at_its_own_tariff() {
+    let store = MemoryStore::new();
+    submitted(&store, "a", &A).await;
+    let agg = quick(store.clone());
+    agg.apply(Source::Results, keep(Source::Results, &[result("a", 0, vec![acct("acc-1", 1, 1000, 59), acct("acc-2", 1, 500, 45)]), sealed("a", 1)])).await;
+    assert!(report_of(&store, "a").await.is_some());
+    // b: its chunk and tariff stored, no manifest; billed at its own tariff, then abandoned.
+    let tariff: Tariff = serde_json::from_str(r#"{"fixed_fee":"0.10","percent":"1.0"}"#).unwrap();
+    store.put(&fleet_domain::layout::tariff_key("b"), Bytes::from(serde_json::to_vec(&tariff).unwrap()), "application/json").await.unwrap();
+    put_chunk(&store, "b", 0, &B).await;
+    let billed = result("b", 0, vec![acct("acc-1", 1, 100, 11), acct("acc-2", 1, 500, 15)]);
+    agg.apply(Source::Results, keep(Source::Results, &[billed, abandon("b")])).await;
+    let rb = report_of(&store, "b").await.expect("b finished, abandoned");
+    assert_eq!((rb.status, rb.transactions.processed, rb.transactions.duplicates), (JobStatus::Abandoned, 1, 1));
+    assert_eq!(rb.accounts.iter().map(|a| (a.account_id.as_str(), a.count, a.fees.as_str())).collect::<Vec<_>>(), [("acc-1", 1, "0.11")]);
+    assert_eq!(rb.totals.iter().map(|c| (c.count, c.fees.as_str())).collect::<Vec<_>>(), [(1, "0.11")], "x2's own fee, 0.15, taken out");
+}
