@@ -16,14 +16,19 @@ struct JobCalls {
     job: &'static str,
     counts: Mutex<RequestCounts>,
     at_report: Mutex<Option<RequestCounts>>,
+    reported: std::sync::atomic::AtomicBool,
     checkpoint_writes: AtomicUsize,
 }
 
 impl JobCalls {
     fn count(&self, key: &str, op: Op) {
-        // The report's writing starts by asking whether it is there.
-        if key == report_key(self.job) {
-            lock(&self.at_report).get_or_insert_with(|| lock(&self.counts).clone());
+        // The report's writing starts by asking whether it is there (as the claims' step did before
+        // it): the counts at the last such look before the report is written.
+        if key == report_key(self.job) && op == Op::S3HeadObject && !self.reported.load(std::sync::atomic::Ordering::SeqCst) {
+            *lock(&self.at_report) = Some(lock(&self.counts).clone());
+        }
+        if key == report_key(self.job) && op == Op::S3PutObject {
+            self.reported.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         // The job's objects, and the claims of its transactions (this test's store holds no other job's).
         if key.contains(self.job) || key.starts_with(fleet_domain::layout::CLAIMS_PREFIX) {
@@ -112,8 +117,10 @@ impl Results {
 async fn a_reports_requests_are_what_the_store_and_the_queue_counted_for_its_job() {
     let memory = MemoryStore::new();
     put_manifest(&memory, &manifest("qz7", &[1, 1, 1])).await;
-    let store =
-        Hooked::new(memory.clone(), JobCalls { job: "qz7", counts: Mutex::default(), at_report: Mutex::default(), checkpoint_writes: AtomicUsize::new(0) });
+    let store = Hooked::new(
+        memory.clone(),
+        JobCalls { job: "qz7", counts: Mutex::default(), at_report: Mutex::default(), reported: Default::default(), checkpoint_writes: AtomicUsize::new(0) },
+    );
     let agg = quick(store.clone());
     let results = Results::new();
 
