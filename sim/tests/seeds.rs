@@ -186,11 +186,14 @@ fn regression_seeds_pass() {
         assert!(run.violations.is_empty(), "seed {seed}: {:?}", run.violations);
     }
     assert!(first_failure(26_121_503, 1, 1, opts(), Some(Fix::StallLookAnnounces)).is_some(), "seed 26121503 passes with the fix undone");
-    assert!(first_failure(845_127_842, 1, 1, opts(), Some(Fix::HandBackHeld)).is_some(), "seed 845127842 passes with the fix undone");
-    assert!(first_failure(228_242_485, 1, 1, opts(), Some(Fix::BusyStaysDormant)).is_some(), "seed 228242485 passes with the fix undone");
+    // (Since issue 60's plans, whose runs carry the tariff's write and, one in four, a twin job,
+    // seeds 845127842 and 228242485 no longer meet their faults: seed 5 fails `hand-back-held`, and
+    // `busy-stays-dormant` is guarded by its unit test, `CONTROLLER_UNDO=busy-stays-dormant cargo
+    // test -p controller-undoable --lib`; both seeds still pass above.)
+    assert!(first_failure(5, 1, 1, opts(), Some(Fix::HandBackHeld)).is_some(), "seed 5 passes with the fix undone");
     assert!(first_failure(1, 1, 1, opts(), Some(Fix::CompleteOnlyWhenCounted)).is_some(), "seed 1 passes with the fix undone");
     assert!(first_failure(105, 1, 1, opts(), Some(Fix::RefuseOverBudget)).is_some(), "seed 105 passes with the fix undone");
-    assert!(first_failure(142, 1, 1, opts(), Some(Fix::EarlierWriteReadBack)).is_some(), "seed 142 passes with the fix undone");
+    assert!(first_failure(214, 1, 1, opts(), Some(Fix::EarlierWriteReadBack)).is_some(), "seed 214 passes with the fix undone");
     assert!(first_failure(47, 1, 1, opts(), Some(Fix::DuplicatesNotNews)).is_some(), "seed 47 passes with the fix undone");
     assert!(first_failure(519, 1, 1, opts(), Some(Fix::StallLookAnnounces)).is_some(), "seed 519 passes with the fix undone");
 }
