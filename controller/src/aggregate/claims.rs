@@ -90,9 +90,13 @@ impl Books {
             futures::future::try_join_all(group.iter_mut().map(|chain| run_chain(store, chain))).await?;
         }
         let outcome = claims.outcome();
-        let tariff = if outcome.duplicates.is_empty() { None } else { Some(tariff_of(store, &job_id, manifest).await?) };
-        let fees = tariff.as_ref().map(|t| t.calculator()).unwrap_or_else(|| manifest.tariff.calculator());
-        let (subtract, rejected) = duplicates(store, &job_id, manifest, &fees, &outcome.duplicates).await?;
+        // The tariff is looked for only when there is something to take out.
+        let (subtract, rejected) = if outcome.duplicates.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            let fees = tariff_of(store, &job_id, manifest).await?.calculator();
+            duplicates(store, &job_id, manifest, &fees, &outcome.duplicates).await?
+        };
         tracing::info!(job = %job_id, rows = n_rows, chunks = counted.len(), chains, claimed = outcome.claimed, own = outcome.own, duplicates = rejected.len(),
             read_ms, elapsed_ms = started.elapsed().as_millis() as u64, "transactions claimed");
         job.settle_claims(&subtract, rejected).map_err(|e| Error::Corrupt(format!("job {job_id}: its duplicates read again do not fit its totals: {e}")))
