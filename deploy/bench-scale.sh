@@ -56,7 +56,7 @@ scenario() {
   local job day sizes=""
   job=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["job_id"])' "$run/scale-$name-fleet.json")
   day=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["finished_at"][:10])' "$run/scale-$name-fleet.json")
-  for key in "warehouse/$job/accounts.csv" "tables/accounts/billed_on=$day/$job.parquet" "tables/jobs/billed_on=$day/$job.parquet"; do
+  for key in "warehouse/$job/accounts.csv" "tables/v2/accounts/billed_on=$day/$job.parquet" "tables/v2/jobs/billed_on=$day/$job.parquet"; do
     sizes="$sizes $(curl -sfI "$AWS_ENDPOINT_URL/${FLEET_BUCKET:-billing-fleet}/$key" | awk 'tolower($1)=="content-length:" {print $2+0}')"
   done
   python3 - "$run/scale-$name-local.json" "$run/scale-$name-fleet.json" "$t0" "$t1" "$t3" "$hwm" "$stopped" "$tables" "$sizes" <<'PY'

@@ -1,5 +1,5 @@
 -- The warehouse's two tables for Amazon Athena: external tables over the Parquet objects the
--- controllers write (tables/{accounts,jobs}/billed_on=YYYY-MM-DD/{job}.parquet), with partition
+-- controllers write (tables/v2/{accounts,jobs}/billed_on=YYYY-MM-DD/{job}.parquet), with partition
 -- projection, so a new day is queryable at once (no MSCK REPAIR, no crawler). Replace
 -- s3://BUCKET/ with the fleet's bucket (`--bucket`, FLEET_BUCKET) and the start day with the day
 -- of the first job.
@@ -9,15 +9,15 @@ CREATE EXTERNAL TABLE IF NOT EXISTS fleet_accounts (
   account_id  string,
   currency    string,
   `count`     bigint,
-  gross       decimal(38,2),
-  fees        decimal(38,2),
-  net         decimal(38,2),
+  gross       decimal(38,4),
+  fees        decimal(38,4),
+  net         decimal(38,4),
   status      string,
   finished_at timestamp
 )
 PARTITIONED BY (billed_on string)
 STORED AS PARQUET
-LOCATION 's3://BUCKET/tables/accounts/'
+LOCATION 's3://BUCKET/tables/v2/accounts/'
 TBLPROPERTIES (
   'projection.enabled' = 'true',
   'projection.billed_on.type' = 'date',
@@ -25,7 +25,7 @@ TBLPROPERTIES (
   'projection.billed_on.range' = '2026-01-01,NOW',
   'projection.billed_on.interval' = '1',
   'projection.billed_on.interval.unit' = 'DAYS',
-  'storage.location.template' = 's3://BUCKET/tables/accounts/billed_on=${billed_on}/'
+  'storage.location.template' = 's3://BUCKET/tables/v2/accounts/billed_on=${billed_on}/'
 );
 
 CREATE EXTERNAL TABLE IF NOT EXISTS fleet_jobs (
@@ -36,6 +36,7 @@ CREATE EXTERNAL TABLE IF NOT EXISTS fleet_jobs (
   rejected      bigint,
   processed     bigint,
   failed        bigint,
+  duplicates    bigint,
   failed_chunks array<int>,
   requests      bigint,
   cost_usd      decimal(38,8),
@@ -46,7 +47,7 @@ CREATE EXTERNAL TABLE IF NOT EXISTS fleet_jobs (
 )
 PARTITIONED BY (billed_on string)
 STORED AS PARQUET
-LOCATION 's3://BUCKET/tables/jobs/'
+LOCATION 's3://BUCKET/tables/v2/jobs/'
 TBLPROPERTIES (
   'projection.enabled' = 'true',
   'projection.billed_on.type' = 'date',
@@ -54,7 +55,7 @@ TBLPROPERTIES (
   'projection.billed_on.range' = '2026-01-01,NOW',
   'projection.billed_on.interval' = '1',
   'projection.billed_on.interval.unit' = 'DAYS',
-  'storage.location.template' = 's3://BUCKET/tables/jobs/billed_on=${billed_on}/'
+  'storage.location.template' = 's3://BUCKET/tables/v2/jobs/billed_on=${billed_on}/'
 );
 
 -- Per account and currency, per day (a day's partition read alone when the WHERE names it).

@@ -8,9 +8,9 @@ CREATE OR REPLACE SECRET fleet (TYPE s3, PROVIDER credential_chain);
 --   REGION 'us-east-1', ENDPOINT 'localhost:4566', URL_STYLE 'path', USE_SSL false);
 
 CREATE OR REPLACE VIEW fleet_accounts AS
-  SELECT * FROM read_parquet('s3://BUCKET/tables/accounts/*/*.parquet', hive_partitioning = true);
+  SELECT * FROM read_parquet('s3://BUCKET/tables/v2/accounts/*/*.parquet', hive_partitioning = true);
 CREATE OR REPLACE VIEW fleet_jobs AS
-  SELECT * FROM read_parquet('s3://BUCKET/tables/jobs/*/*.parquet', hive_partitioning = true);
+  SELECT * FROM read_parquet('s3://BUCKET/tables/v2/jobs/*/*.parquet', hive_partitioning = true);
 
 -- Per account and currency, per day.
 SELECT billed_on, account_id, currency,

@@ -33,7 +33,7 @@ def pyarrow_read(bucket, jobs):
     s3 = fs.S3FileSystem(**kw)
 
     def table(name):
-        d = ds.dataset(f"{bucket}/tables/{name}", format="parquet", partitioning="hive", filesystem=s3)
+        d = ds.dataset(f"{bucket}/tables/v2/{name}", format="parquet", partitioning="hive", filesystem=s3)
         flt = pc.field("job_id").isin(jobs) if jobs else None
         return d.to_table(filter=flt), d.schema
 
@@ -54,7 +54,7 @@ def pyarrow_read(bucket, jobs):
             "job_id": r["job_id"],
             "status": r["status"],
             "billed_on": str(r["billed_on"]),
-            "counts": [r["submitted"], r["accepted"], r["rejected"], r["processed"], r["failed"]],
+            "counts": [r["submitted"], r["accepted"], r["rejected"], r["processed"], r["failed"], r.get("duplicates")],
             "failed_chunks": r["failed_chunks"],
             "requests": r["requests"],
             "cost_usd": None if r["cost_usd"] is None else str(r["cost_usd"]),
@@ -77,7 +77,7 @@ def pyarrow_read(bucket, jobs):
 PER_DAY = """
 SELECT billed_on, account_id, currency,
        sum("count") AS transactions, sum(gross) AS gross, sum(fees) AS fees, sum(net) AS net
-FROM read_parquet('s3://{bucket}/tables/accounts/*/*.parquet', hive_partitioning = true)
+FROM read_parquet('s3://{bucket}/tables/v2/accounts/*/*.parquet', hive_partitioning = true)
 {where}
 GROUP BY ALL
 ORDER BY ALL
@@ -108,7 +108,7 @@ def duckdb_read(bucket, jobs):
         t[1] += g
         t[2] += f
         t[3] += net
-    types = con.sql(f"DESCRIBE SELECT * FROM read_parquet('s3://{bucket}/tables/accounts/*/*.parquet', hive_partitioning = true)").fetchall()
+    types = con.sql(f"DESCRIBE SELECT * FROM read_parquet('s3://{bucket}/tables/v2/accounts/*/*.parquet', hive_partitioning = true)").fetchall()
     return {
         "types": {name: ty for name, ty, *_ in types},
         "per_day": [[str(d), a, c, str(n), str(g), str(f), str(net)] for d, a, c, n, g, f, net in per_day],

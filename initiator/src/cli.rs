@@ -76,7 +76,7 @@ pub enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
-    /// The warehouse's Parquet tables (`tables/accounts`, `tables/jobs`).
+    /// The warehouse's Parquet tables (`tables/v2/accounts`, `tables/v2/jobs`).
     Warehouse {
         #[command(subcommand)]
         command: WarehouseCommand,

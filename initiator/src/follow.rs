@@ -127,15 +127,76 @@ pub async fn report(store: &dyn BlobStore, job_id: &str) -> Result<Report, CliEr
     }
 }
 
-/// Polls the job's checkpoint until the controller has finished it, then returns the report.
-/// Polls every 100 ms for the first 10 s, then every 500 ms.
+/// How often `wait` looks at a job, and when it says where the job is without a terminal: decided
+/// here from what the last look saw, performed by [`wait`]. Fast at first (a small job reports within
+/// a second or two), then backing off while nothing moves (a long job is not asked ten times a
+/// second for hours), and quick again while chunks are being accounted for.
+#[derive(Debug, Clone)]
+pub struct WaitPace {
+    pause: Duration,
+    last_seen: Option<(u32, u32)>,
+    next_line: Duration,
+}
+
+impl WaitPace {
+    /// Looks every 100 ms this long after the start.
+    pub const EAGER: Duration = Duration::from_secs(2);
+    /// The pause after a look that saw chunks accounted for.
+    pub const MOVING: Duration = Duration::from_secs(1);
+    /// The longest pause, reached while nothing moves.
+    pub const MAX: Duration = Duration::from_secs(5);
+    /// A line on standard error this often when no progress bar is drawn.
+    pub const LINE_EVERY: Duration = Duration::from_secs(60);
+
+    pub fn new() -> WaitPace {
+        WaitPace { pause: Duration::from_millis(100), last_seen: None, next_line: Self::LINE_EVERY }
+    }
+
+    /// The pause before the next look, given how long the wait has run and the (accounted, failed)
+    /// chunks the last look saw.
+    pub fn after_look(&mut self, elapsed: Duration, seen: Option<(u32, u32)>) -> Duration {
+        let moved = seen.is_some() && seen != self.last_seen && self.last_seen.is_some();
+        self.last_seen = seen.or(self.last_seen);
+        self.pause = if elapsed < Self::EAGER {
+            Duration::from_millis(100)
+        } else if moved {
+            Self::MOVING
+        } else {
+            (self.pause.max(Duration::from_millis(250)) * 2).min(Self::MAX)
+        };
+        self.pause
+    }
+
+    /// Whether a progress line is due (once per [`Self::LINE_EVERY`]).
+    pub fn line_due(&mut self, elapsed: Duration) -> bool {
+        if elapsed < self.next_line {
+            return false;
+        }
+        while self.next_line <= elapsed {
+            self.next_line += Self::LINE_EVERY;
+        }
+        true
+    }
+}
+
+impl Default for WaitPace {
+    fn default() -> Self {
+        WaitPace::new()
+    }
+}
+
+/// Polls the job's checkpoint until the controller has finished it, then returns the report, at the
+/// pace [`WaitPace`] sets; without a progress bar (`show` false: no terminal), a line a minute on
+/// standard error says where the job is.
 pub async fn wait(store: &dyn BlobStore, job_id: &str, total_chunks: u32, timeout: Duration, show: bool) -> Result<Report, CliError> {
     let bar = ProgressBar::with_draw_target(Some(u64::from(total_chunks)), if show { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
     bar.set_style(ProgressStyle::with_template("billing   [{bar:30}] {pos}/{len} chunks {msg} ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_bar()));
     let start = Instant::now();
+    let mut pace = WaitPace::new();
     loop {
         // A HEAD request: the progress is in the checkpoint's metadata, not its (large) body.
-        if let Some(cp) = checkpoint_progress(store, job_id).await? {
+        let cp = checkpoint_progress(store, job_id).await?;
+        if let Some(cp) = &cp {
             bar.set_position(u64::from(cp.accounted));
             if cp.failed > 0 {
                 bar.set_message(format!("{} failed", cp.failed));
@@ -145,11 +206,58 @@ pub async fn wait(store: &dyn BlobStore, job_id: &str, total_chunks: u32, timeou
                 return report(store, job_id).await;
             }
         }
-        if start.elapsed() > timeout {
+        let elapsed = start.elapsed();
+        if elapsed > timeout {
             bar.abandon();
             return Err(CliError::WaitTimedOut { job_id: job_id.to_string(), after: timeout });
         }
-        let pause = if start.elapsed() < Duration::from_secs(10) { 100 } else { 500 };
-        tokio::time::sleep(Duration::from_millis(pause)).await;
+        if !show && pace.line_due(elapsed) {
+            let (accounted, failed, processed) = cp.as_ref().map_or((0, 0, 0), |c| (c.accounted, c.failed, c.processed));
+            eprintln!(
+                "job {job_id}: {accounted}/{total_chunks} chunks accounted for ({failed} failed), {processed} transactions processed, waiting {}s",
+                elapsed.as_secs()
+            );
+        }
+        let pause = pace.after_look(elapsed, cp.as_ref().map(|c| (c.accounted, c.failed)));
+        tokio::time::sleep(pause).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eager_at_first_then_backing_off_while_nothing_moves_and_quick_again_when_chunks_come() {
+        let mut p = WaitPace::new();
+        let s = Duration::from_secs;
+        assert_eq!(p.after_look(Duration::ZERO, None), Duration::from_millis(100));
+        assert_eq!(p.after_look(Duration::from_millis(1_900), Some((0, 0))), Duration::from_millis(100), "eager for the first two seconds");
+        let pauses: Vec<Duration> = (0..6).map(|i| p.after_look(s(3 + i), Some((0, 0)))).collect();
+        assert_eq!(pauses, [Duration::from_millis(500), s(1), s(2), s(4), s(5), s(5)], "doubling to five seconds while nothing moves");
+        assert_eq!(p.after_look(s(20), Some((3, 0))), s(1), "a chunk accounted for: quick again");
+        assert_eq!(p.after_look(s(21), Some((3, 1))), s(1), "a chunk failed moves it too");
+        assert_eq!(p.after_look(s(22), Some((3, 1))), s(2));
+        assert_eq!(p.after_look(s(24), None), s(4), "a look that saw nothing is not movement");
+        // An hour's wait of a job that never moves: about 720 looks, not 7,200.
+        let mut p = WaitPace::new();
+        let (mut t, mut looks) = (Duration::ZERO, 0);
+        while t < s(3_600) {
+            t += p.after_look(t, Some((0, 0)));
+            looks += 1;
+        }
+        assert!(looks < 750, "{looks} looks an hour");
+    }
+
+    #[test]
+    fn a_line_a_minute() {
+        let mut p = WaitPace::new();
+        let s = Duration::from_secs;
+        assert!(!p.line_due(s(59)));
+        assert!(p.line_due(s(60)));
+        assert!(!p.line_due(s(61)));
+        assert!(p.line_due(s(185)), "late: one line, not three");
+        assert!(!p.line_due(s(239)));
+        assert!(p.line_due(s(240)));
     }
 }

@@ -174,10 +174,13 @@ async fn put(mut c: Chunk, store: &Arc<dyn BlobStore>, results_partition: u16, j
 /// Stores the job's tariff before its first work item (`jobs/{job}/tariff.json`, created only if
 /// absent): should the submission never write its manifest (Ctrl-C, a crash), what its rows were
 /// billed with is still known to the controller that takes out its rows another job billed first.
-async fn put_tariff(store: &Arc<dyn BlobStore>, job_id: &str, tariff: &fleet_domain::billing::Tariff) -> Result<(), CliError> {
+/// Its metadata says what was submitted and when ([`fleet_domain::model::Submission`], for
+/// `initiator jobs`).
+async fn put_tariff(store: &Arc<dyn BlobStore>, job_id: &str, tariff: &fleet_domain::billing::Tariff, names: &[String]) -> Result<(), CliError> {
     let body = Bytes::from(serde_json::to_vec(tariff).map_err(|e| CliError::Input(e.to_string()))?);
     let key = fleet_domain::layout::tariff_key(job_id);
-    if fleet_io::blob::put_if_owned(store.as_ref(), &key, body, "application/json", &Default::default(), &fleet_io::blob::Cond::Absent).await?.is_none() {
+    let meta = fleet_domain::model::Submission::new(names, now_rfc3339()).to_meta();
+    if fleet_io::blob::put_if_owned(store.as_ref(), &key, body, "application/json", &meta, &fleet_io::blob::Cond::Absent).await?.is_none() {
         return Err(CliError::Input(format!("job {job_id} already has a tariff that is not this submission's: a job is submitted once")));
     }
     Ok(())
@@ -543,12 +546,12 @@ async fn submit_enqueued(
             return Err(CliError::Input(msg));
         }
         let held = held?;
-        put_tariff(&store, &job_id, &opts.tariff).await?;
+        put_tariff(&store, &job_id, &opts.tariff, &names).await?;
         let stored = run_all(futures::stream::iter(held).map(|c| put(c, &store, enqueue.partition, &job_id)), n, fifo);
         (Ok(read), enqueue.run(stored).await)
     } else {
         // Chunks are stored and their work items sent while reading goes on, so processing starts at once.
-        put_tariff(&store, &job_id, &opts.tariff).await?;
+        put_tariff(&store, &job_id, &opts.tariff, &names).await?;
         let stored = run_all(encoded.map(|r| async { put(r?, &store, enqueue.partition, &job_id).await }), n, fifo);
         let (read, sent) = tokio::join!(reader, enqueue.run(stored));
         (read_result(read), sent)

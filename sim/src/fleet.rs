@@ -246,14 +246,17 @@ pub fn plan(rng: &mut ChaCha8Rng, seed: u64, hostile: bool, poison: bool, setup:
                                 a += 1;
                             }
                             let a = format!("acct-{a:05}");
-                            let cur = if rng.random_bool(0.8) { "EUR" } else { "USD" };
+                            let euro = rng.random_bool(0.8);
                             // Refunds and charges; never zero (the initiator rejects a zero amount).
-                            let cents = match rng.random_range(-5_000..100_000) {
+                            let units: i64 = match rng.random_range(-5_000..100_000) {
                                 0 => 1,
                                 c => c,
                             };
-                            let amount = Decimal::new(cents, 2);
-                            (a, cur, amount, oracle_fee(cents))
+                            // The rest in dollars, yen and dinars (0, 2 and 3 places), picked by
+                            // the amount drawn, so that no draw is added to the plans.
+                            let cur = if euro { "EUR" } else { ["USD", "JPY", "BHD"][units.rem_euclid(3) as usize] };
+                            let (amount, fee) = oracle_amount_and_fee(units, cur);
+                            (a, cur, amount, fee)
                         })
                         .collect();
                     // One chunk in ten straggles, in runs with faults (drawn apart, so that the rest
@@ -1019,15 +1022,24 @@ fn bomb(job: &JobPlan, chunk: u32, transactions: u64) -> String {
     serde_json::to_string(&ResultMessage::Chunk(r)).expect("serializable")
 }
 
-/// The oracle's fee for a charge or refund of `cents`, in integer cents and independent of the
-/// processor's fee code (`fleet_domain::billing`): the shipped tariff is 0.30 + 2.9% per charge,
-/// rounded half away from zero to the cent, and nothing for a refund.
-fn oracle_fee(cents: i64) -> Decimal {
-    if cents <= 0 {
-        return Decimal::ZERO;
+/// The oracle's amount and fee for `units` of the currency's smallest unit (cents, yen, fils), in
+/// integers and independent of the processor's fee code (`fleet_domain::billing`, ISO 4217 from a
+/// crate): the shipped tariff is 0.30 + 2.9% per charge, rounded half away from zero to the
+/// currency's unit, and nothing for a refund. Places by hand: yen none, dinars three, the rest two.
+fn oracle_amount_and_fee(units: i64, currency: &str) -> (Decimal, Decimal) {
+    let places: u32 = match currency {
+        "JPY" => 0,
+        "BHD" => 3,
+        _ => 2,
+    };
+    let amount = Decimal::new(units, places);
+    if units <= 0 {
+        return (amount, Decimal::new(0, places));
     }
-    // 2.9% of `cents` is cents * 29 / 1000, rounded half up (it is positive).
-    Decimal::new(30 + (cents * 29 + 500) / 1000, 2)
+    // In thousandths of the unit: 0.30 is 300 * 10^places, 2.9% of `units` is 29 * units; then
+    // rounded half up (it is positive) to the unit.
+    let milli = 300 * 10i64.pow(places) + 29 * units;
+    (amount, Decimal::new((milli + 500) / 1000, places))
 }
 
 #[cfg(test)]
@@ -1038,12 +1050,23 @@ mod oracle_tests {
     #[test]
     fn the_oracles_fee_agrees_with_the_tariff_on_every_amount_the_simulation_draws() {
         let calc = fleet_domain::billing::Tariff::default().calculator();
-        for cents in -5_000..100_000i64 {
-            let cents = if cents == 0 { 1 } else { cents };
-            assert_eq!(oracle_fee(cents), calc.fee(Decimal::new(cents, 2), "EUR"), "{cents} cents");
+        for cur in ["EUR", "USD", "JPY", "BHD"] {
+            for units in -5_000..100_000i64 {
+                let units = if units == 0 { 1 } else { units };
+                let (amount, fee) = oracle_amount_and_fee(units, cur);
+                assert_eq!(fee, calc.fee(amount, cur), "{units} units of {cur}");
+                // The amount as a chunk carries it reads back as the same amount.
+                let (_, places) = fleet_domain::validate::parse_currency(cur).unwrap();
+                assert_eq!(fleet_domain::validate::parse_amount(&amount.to_string(), places, cur).unwrap(), amount, "{amount} {cur}");
+            }
         }
-        assert_eq!(oracle_fee(1_000), Decimal::new(59, 2), "10.00: 0.30 + 0.29");
-        assert_eq!(oracle_fee(50), Decimal::new(31, 2), "0.50: 0.30 + 0.0145, rounded to 0.01");
-        assert_eq!(oracle_fee(-100), Decimal::ZERO, "a refund is free");
+        let fee = |u, c| oracle_amount_and_fee(u, c).1.to_string();
+        assert_eq!(fee(1_000, "EUR"), "0.59", "10.00: 0.30 + 0.29");
+        assert_eq!(fee(50, "EUR"), "0.31", "0.50: 0.30 + 0.0145, rounded to 0.01");
+        assert_eq!(fee(-100, "EUR"), "0.00", "a refund is free");
+        assert_eq!(fee(1_000, "JPY"), "29", "1000 yen: 0.30 + 29 = 29.30, rounded to whole yen");
+        assert_eq!(fee(50, "JPY"), "2", "50 yen: 0.30 + 1.45 = 1.75");
+        assert_eq!(fee(12_345, "BHD"), "0.658", "12.345 dinars: 0.30 + 0.358005");
+        assert_eq!(fee(-1, "BHD"), "0.000", "a refund is free");
     }
 }

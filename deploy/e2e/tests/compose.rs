@@ -443,7 +443,7 @@ impl Fleet {
                 assert!(body.contains("fleet_build_info{"), "{service} {id}: no fleet_build_info at {url}:\n{body}");
                 // The operator's own figures on every service: its memory and CPU, and its SQS calls
                 // by operation (each service has made some by now: receives, depth reads).
-                for series in ["process_resident_memory_bytes ", "process_cpu_seconds_total ", "fleet_call_seconds_count{service=\"sqs\","] {
+                for series in ["process_resident_memory_bytes ", "process_cpu_seconds_total ", "fleet_call_seconds_count{dependency=\"sqs\","] {
                     let value = body.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse::<f64>().ok());
                     assert!(value.is_some_and(|v| v > 0.0), "{service} {id}: no {series:?} above 0 at {url}:\n{body}");
                 }

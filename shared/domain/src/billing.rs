@@ -1,14 +1,14 @@
 //! Long because its unit tests sit below the code (the code is the first ~510 lines).
 //!
-//! Billing: the tariff, the per-transaction fee (exact decimals, rounded to cents half away from zero)
-//! and the per (account, currency) totals that chunks produce and the controller merges.
+//! Billing: the tariff, the per-transaction fee (exact decimals, rounded once to the currency's minor
+//! unit, half away from zero: whole yen, cents, fils) and the per (account, currency) totals that chunks produce and the controller merges.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher as _;
 
 use std::path::Path;
 
-use rust_decimal::{Decimal, RoundingStrategy};
+use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
 use crate::transaction::Transaction;
@@ -66,8 +66,14 @@ impl Tariff {
                 return Err(format!("{name}: percent must be within 0..=100"));
             }
         }
-        for c in self.currencies.keys() {
-            crate::validate::parse_currency(c).map_err(|e| format!("currencies: {e}"))?;
+        for (c, r) in &self.currencies {
+            let (_, places) = crate::validate::parse_currency(c).map_err(|e| format!("currencies: {e}"))?;
+            // A fee below the currency's unit would be billed rounded: say so where it is written.
+            for (what, fee) in [("fixed_fee", r.fixed_fee), ("refund_fee", r.refund_fee)] {
+                if fee.normalize().scale() > places {
+                    return Err(format!("{c}: {what} {fee} has more decimals than {c}'s {places} (ISO 4217 minor unit)"));
+                }
+            }
         }
         Ok(())
     }
@@ -94,11 +100,13 @@ pub struct FeeCalculator {
 }
 
 impl FeeCalculator {
-    /// The fee for one amount in one currency, rounded to cents half away from zero.
+    /// The fee for one amount in one currency: `fixed + amount × percent / 100` for a charge, the
+    /// refund fee for a refund, computed exactly and rounded once to the currency's minor unit
+    /// (ISO 4217: whole yen, cents, fils), half away from zero.
     pub fn fee(&self, amount: Decimal, currency: &str) -> Decimal {
         let p = if self.overrides.is_empty() { &self.default } else { self.overrides.get(currency).unwrap_or(&self.default) };
         let fee = if amount.is_sign_positive() && !amount.is_zero() { p.fixed + amount * p.rate } else { p.refund };
-        fee.round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero)
+        crate::currency::rounded(fee, crate::currency::places_or_two(currency))
     }
 }
 
@@ -657,14 +665,10 @@ impl std::ops::Deref for CheckedTotals {
     }
 }
 
-/// Formats an amount as a string with exactly two decimals (`-12.50`).
-pub fn money(d: Decimal) -> String {
-    let mut r = d.round_dp_with_strategy(2, RoundingStrategy::MidpointAwayFromZero);
-    r.rescale(2);
-    if r.is_zero() {
-        r.set_sign_positive(true);
-    }
-    r.to_string()
+/// Formats an amount in `currency` with exactly the currency's places (`-12.50` EUR, `1500` JPY,
+/// `3.250` BHD).
+pub fn money(d: Decimal, currency: &str) -> String {
+    crate::currency::rounded(d, crate::currency::places_or_two(currency)).to_string()
 }
 
 #[cfg(test)]
@@ -673,7 +677,34 @@ mod tests {
     use crate::validate::parse_amount;
 
     fn fee(amount: &str) -> String {
-        money(Tariff::default().calculator().fee(parse_amount(amount).unwrap(), "EUR"))
+        money(Tariff::default().calculator().fee(parse_amount(amount, 2, "EUR").unwrap(), "EUR"), "EUR")
+    }
+
+    /// Each fee rounded once, in its currency's unit, half away from zero; worked by hand.
+    #[test]
+    fn fees_in_each_currency_unit() {
+        let t: Tariff = serde_json::from_str(
+            r#"{"fixed_fee":"0.30","percent":"2.9","currencies":{"JPY":{"fixed_fee":"40","percent":"3.6"},"BHD":{"fixed_fee":"0.115","percent":"2.5","refund_fee":"0.05"}}}"#,
+        )
+        .unwrap();
+        t.check().unwrap();
+        let c = t.calculator();
+        let fee = |amount: &str, cur: &str, places| money(c.fee(parse_amount(amount, places, cur).unwrap(), cur), cur);
+        assert_eq!(fee("1500", "JPY", 0), "94"); // 40 + 54
+        assert_eq!(fee("125", "JPY", 0), "45"); // 40 + 4.5: half away from zero (half to even: 44)
+        assert_eq!(fee("1", "JPY", 0), "40"); // 40 + 0.036
+        assert_eq!(fee("-300", "JPY", 0), "0");
+        assert_eq!(fee("12.345", "BHD", 3), "0.424"); // 0.115 + 0.308625
+        assert_eq!(fee("0.100", "BHD", 3), "0.118"); // 0.115 + 0.0025 = 0.1175
+        assert_eq!(fee("0.02", "BHD", 3), "0.116"); // 0.115 + 0.0005
+        assert_eq!(fee("-1", "BHD", 3), "0.050");
+        assert_eq!(fee("10", "EUR", 2), "0.59");
+        // The default rates in a currency without cents: 0.30 + 2.9% of 100 yen = 3.20, billed 3.
+        assert_eq!(Tariff::default().calculator().fee(Decimal::from(100), "JPY").to_string(), "3");
+        let half_yen: Tariff = serde_json::from_str(r#"{"fixed_fee":"0","percent":"1","currencies":{"JPY":{"fixed_fee":"0.5","percent":"1"}}}"#).unwrap();
+        assert_eq!(half_yen.check().unwrap_err(), "JPY: fixed_fee 0.5 has more decimals than JPY's 0 (ISO 4217 minor unit)");
+        let unknown: Tariff = serde_json::from_str(r#"{"fixed_fee":"0","percent":"1","currencies":{"ABC":{"fixed_fee":"1","percent":"1"}}}"#).unwrap();
+        assert!(unknown.check().unwrap_err().contains("not an ISO 4217 currency code"));
     }
 
     #[test]
@@ -697,9 +728,9 @@ mod tests {
                 .unwrap();
         t.check().unwrap();
         let c = t.calculator();
-        assert_eq!(money(c.fee(Decimal::new(10000, 2), "EUR")), "1.65");
-        assert_eq!(money(c.fee(Decimal::new(10000, 2), "GBP")), "2.70");
-        assert_eq!(money(c.fee(Decimal::new(-10000, 2), "EUR")), "0.10");
+        assert_eq!(money(c.fee(Decimal::new(10000, 2), "EUR"), "EUR"), "1.65");
+        assert_eq!(money(c.fee(Decimal::new(10000, 2), "GBP"), "GBP"), "2.70");
+        assert_eq!(money(c.fee(Decimal::new(-10000, 2), "EUR"), "EUR"), "0.10");
         let bad: Tariff = serde_json::from_str(r#"{"fixed_fee":"-1","percent":"1"}"#).unwrap();
         assert!(bad.check().is_err());
         assert!(serde_json::from_str::<Tariff>(r#"{"fixed_fee":"1","percent":"1","typo":1}"#).is_err());
@@ -723,8 +754,8 @@ mod tests {
         let out = fwd.rows();
         assert_eq!(out.iter().map(|r| (r.account_id.as_str(), r.currency.as_str())).collect::<Vec<_>>(), [("a", "EUR"), ("a", "USD"), ("b", "EUR")]);
         assert_eq!(out[2].count, 4);
-        assert_eq!(money(out[2].gross), "3.00");
-        assert_eq!(money(out[2].net()), "2.70");
+        assert_eq!(money(out[2].gross, "EUR"), "3.00");
+        assert_eq!(money(out[2].net(), "EUR"), "2.70");
         let cur = fwd.by_currency();
         assert_eq!(cur.len(), 2);
         assert_eq!(cur[0].currency, "EUR");
@@ -835,8 +866,11 @@ mod tests {
 
     #[test]
     fn money_format() {
-        assert_eq!(money(Decimal::new(-1250, 3)), "-1.25");
-        assert_eq!(money(Decimal::new(5, 0)), "5.00");
-        assert_eq!(money(Decimal::new(-0, 2)), "0.00");
+        assert_eq!(money(Decimal::new(-1250, 3), "EUR"), "-1.25");
+        assert_eq!(money(Decimal::new(5, 0), "EUR"), "5.00");
+        assert_eq!(money(Decimal::new(-0, 2), "EUR"), "0.00");
+        assert_eq!(money(Decimal::new(1500, 0), "JPY"), "1500");
+        assert_eq!(money(Decimal::new(325, 2), "BHD"), "3.250");
+        assert_eq!(money(Decimal::new(5, 0), "CLF"), "5.0000");
     }
 }

@@ -250,7 +250,7 @@ mod tests {
             w.push(&Transaction {
                 txn_id: &t,
                 account_id: &a,
-                amount: parse_amount("-12.5").unwrap(),
+                amount: parse_amount("-12.5", 2, "EUR").unwrap(),
                 amount_text: "-12.5",
                 currency: *b"EUR",
                 timestamp: "2026-11-21T10:00:00Z",

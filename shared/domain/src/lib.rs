@@ -3,12 +3,13 @@
 //! checkpoint, report) and the per-job request counts. No network I/O and no async runtime: every
 //! service and the fuzzers can use it, and its tests run in microseconds.
 //!
-//! Module graph (no cycles): `transaction` <- `validate` <- `billing` <- `model` (wire documents) <-
+//! Module graph (no cycles): `currency` <- `transaction` <- `validate` <- `billing` <- `model` (wire documents) <-
 //! `codec`, `report`; `requests` <- `prices` <- `report`; `layout` stands alone.
 
 pub mod billing;
 pub mod claim_rows;
 pub mod codec;
+pub mod currency;
 pub mod error;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;

@@ -60,6 +60,63 @@ impl ChunkRecord {
     }
 }
 
+/// What the initiator says of a submission as it begins it, in the metadata of the job's first object
+/// (`jobs/{job}/tariff.json`): the input files' names and the time, so that `initiator jobs` shows
+/// them with one HEAD, for a job still being read as for a finished one. Object metadata holds about
+/// 2 KB: names are kept whole while they fit in [`Submission::FILES_BYTES`] and the rest counted.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Submission {
+    pub files: Vec<String>,
+    /// Files left out for room.
+    pub more_files: usize,
+    /// RFC 3339, UTC.
+    pub submitted_at: String,
+}
+
+impl Submission {
+    /// The room the file names take in the metadata, encoded.
+    pub const FILES_BYTES: usize = 1_024;
+
+    pub fn new(files: &[String], submitted_at: String) -> Submission {
+        let mut kept = Vec::new();
+        let mut used = 0;
+        for f in files {
+            let n = Self::encode(f).len() + 1;
+            if used + n > Self::FILES_BYTES {
+                break;
+            }
+            used += n;
+            kept.push(f.clone());
+        }
+        Submission { more_files: files.len() - kept.len(), files: kept, submitted_at }
+    }
+
+    /// A name as metadata may carry it: printable ASCII, `%` and `,` escaped (names are joined by `,`).
+    fn encode(name: &str) -> String {
+        const SET: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%').add(b',').add(b' ');
+        percent_encoding::utf8_percent_encode(name, SET).to_string()
+    }
+
+    pub fn to_meta(&self) -> std::collections::BTreeMap<String, String> {
+        let files = self.files.iter().map(|f| Self::encode(f)).collect::<Vec<_>>().join(",");
+        [("files", files), ("more-files", self.more_files.to_string()), ("submitted-at", self.submitted_at.clone())]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+
+    /// `None` when the metadata holds no submission (a job begun by an initiator before it was kept).
+    pub fn from_meta(m: &std::collections::BTreeMap<String, String>) -> Option<Submission> {
+        let files = m.get("files")?;
+        let files = if files.is_empty() {
+            Vec::new()
+        } else {
+            files.split(',').map(|f| percent_encoding::percent_decode_str(f).decode_utf8_lossy().into_owned()).collect()
+        };
+        Some(Submission { files, more_files: m.get("more-files").and_then(|n| n.parse().ok()).unwrap_or(0), submitted_at: m.get("submitted-at")?.clone() })
+    }
+}
+
 /// The small message on the work queue that references one chunk blob.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkItem {
@@ -410,4 +467,24 @@ pub fn parse_work_item(body: &str) -> crate::Result<WorkItem> {
     crate::layout::check_chunk_key(&w.job_id, w.chunk, &w.blob.key)?;
     w.tariff.check().map_err(|e| crate::Error::Corrupt(format!("tariff: {e}")))?;
     Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_submission_travels_in_metadata_whatever_its_names() {
+        let names = vec!["day 1.csv".to_string(), "ümlaut,comma%.csv".to_string(), String::new()];
+        let s = Submission::new(&names, "2026-12-07T21:00:00Z".into());
+        let meta = s.to_meta();
+        assert!(meta.values().all(|v| v.is_ascii()), "{meta:?}");
+        assert_eq!(Submission::from_meta(&meta), Some(Submission { files: names, more_files: 0, submitted_at: "2026-12-07T21:00:00Z".into() }));
+        let many: Vec<String> = (0..500).map(|i| format!("part-{i:05}.csv")).collect();
+        let s = Submission::new(&many, "t".into());
+        assert!(s.to_meta()["files"].len() <= Submission::FILES_BYTES);
+        assert_eq!(s.files.len() + s.more_files, 500);
+        assert_eq!(Submission::from_meta(&s.to_meta()).unwrap().files, many[..s.files.len()]);
+        assert_eq!(Submission::from_meta(&Default::default()), None, "an older job's");
+    }
 }

@@ -190,7 +190,7 @@ impl AccountRows for Accounts<'_> {
 
     fn each(&self, f: &mut dyn FnMut(RowText<'_>)) {
         for r in self.0.iter() {
-            let (gross, fees, net) = (money(r.gross), money(r.fees), money(r.net()));
+            let (gross, fees, net) = (money(r.gross, &r.currency), money(r.fees, &r.currency), money(r.net(), &r.currency));
             f(RowText { account_id: r.account_id, currency: r.currency, count: r.count, gross: &gross, fees: &fees, net: &net });
         }
     }
@@ -271,7 +271,7 @@ pub fn build_borrowed<'a>(manifest: &Manifest, totals: &'a Totals, mut failed_ch
         totals: totals
             .by_currency()
             .into_iter()
-            .map(|t| CurrencyRow { currency: t.currency.clone(), count: t.count, gross: money(t.gross), fees: money(t.fees), net: money(t.net()) })
+            .map(|t| CurrencyRow { currency: t.currency.clone(), count: t.count, gross: money(t.gross, &t.currency), fees: money(t.fees, &t.currency), net: money(t.net(), &t.currency) })
             .collect(),
         accounts: Accounts(totals.sorted_rows()),
         rejected,

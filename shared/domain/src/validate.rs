@@ -7,6 +7,7 @@ use rust_decimal::Decimal;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+use crate::currency::NotBillable;
 use crate::transaction::Transaction;
 
 /// Longest allowed `txn_id` / `account_id`, in characters.
@@ -60,9 +61,11 @@ fn id<'a>(field: &'static str, raw: Option<&'a [u8]>) -> Result<&'a str, RowErro
     Ok(v)
 }
 
-/// Parses `-?digits[.d|.dd]` (at most 10 integer digits), non-zero, into an exact decimal with scale 2.
-pub fn parse_amount(v: &str) -> Result<Decimal, RowError> {
-    let bad = || err("amount", format!("{} is not -?digits[.d or .dd] with at most {MAX_INTEGER_DIGITS} integer digits", shown(v)));
+/// Parses `-?digits[.digits]` (at most 10 integer digits and `places` decimals, the currency's minor
+/// units), non-zero, into an exact decimal with scale `places`. More decimals than the currency has are
+/// refused, never rounded: `1.5` yen is not an amount.
+pub fn parse_amount(v: &str, places: u32, currency: &str) -> Result<Decimal, RowError> {
+    let bad = || err("amount", format!("{} is not -?digits[.decimals] with at most {MAX_INTEGER_DIGITS} integer digits", shown(v)));
     let b = v.as_bytes();
     let (neg, rest) = match b.first() {
         Some(b'-') => (true, &b[1..]),
@@ -75,34 +78,40 @@ pub fn parse_amount(v: &str) -> Result<Decimal, RowError> {
     if int.is_empty() || int.len() > MAX_INTEGER_DIGITS || !int.iter().all(u8::is_ascii_digit) {
         return Err(bad());
     }
-    let mut cents: i64 = 0;
+    let mut units: i64 = 0;
     for &d in int {
-        cents = cents * 10 + i64::from(d - b'0');
+        units = units * 10 + i64::from(d - b'0');
     }
-    cents *= 100;
+    units *= 10i64.pow(places);
     if let Some(frac) = frac {
-        if frac.is_empty() || frac.len() > 2 || !frac.iter().all(u8::is_ascii_digit) {
+        if frac.is_empty() || !frac.iter().all(u8::is_ascii_digit) {
             return Err(bad());
+        }
+        if frac.len() > places as usize {
+            return Err(err("amount", format!("{} has {} decimals; {currency} allows {places} (its ISO 4217 minor unit)", shown(v), frac.len())));
         }
         let mut f = 0i64;
         for &d in frac {
             f = f * 10 + i64::from(d - b'0');
         }
-        cents += if frac.len() == 1 { f * 10 } else { f };
+        units += f * 10i64.pow(places - frac.len() as u32);
     }
-    if cents == 0 {
+    if units == 0 {
         return Err(err("amount", "is zero"));
     }
-    Ok(Decimal::new(if neg { -cents } else { cents }, 2))
+    Ok(Decimal::new(if neg { -units } else { units }, places))
 }
 
-/// Three uppercase ASCII letters.
-pub fn parse_currency(v: &str) -> Result<[u8; 3], RowError> {
-    let b = v.as_bytes();
-    if b.len() == 3 && b.iter().all(u8::is_ascii_uppercase) {
-        Ok([b[0], b[1], b[2]])
-    } else {
-        Err(err("currency", format!("{} is not three uppercase letters (ISO 4217)", shown(v))))
+/// An ISO 4217 currency code that has a minor unit, and its places.
+pub fn parse_currency(v: &str) -> Result<([u8; 3], u32), RowError> {
+    match crate::currency::minor_units(v.as_bytes()) {
+        Ok(places) => {
+            let b = v.as_bytes();
+            Ok(([b[0], b[1], b[2]], places))
+        }
+        Err(NotBillable::Malformed) => Err(err("currency", format!("{} is not three uppercase letters (ISO 4217)", shown(v)))),
+        Err(NotBillable::Unknown) => Err(err("currency", format!("{} is not an ISO 4217 currency code", shown(v)))),
+        Err(NotBillable::NoMinorUnit) => Err(err("currency", format!("{} has no minor unit in ISO 4217 (a metal, fund or \"no currency\" code, not billed)", shown(v)))),
     }
 }
 
@@ -128,8 +137,9 @@ pub fn validate_row<'a>(
     let txn_id = id("txn_id", txn_id)?;
     let account_id = id("account_id", account_id)?;
     let amount_text = text("amount", amount)?;
-    let amount = parse_amount(amount_text)?;
-    let currency = parse_currency(text("currency", currency)?)?;
+    let currency_text = text("currency", currency)?;
+    let (currency, places) = parse_currency(currency_text)?;
+    let amount = parse_amount(amount_text, places, currency_text)?;
     let timestamp = text("timestamp", timestamp)?;
     check_timestamp(timestamp)?;
     Ok(Transaction { txn_id, account_id, amount, amount_text, currency, timestamp })
@@ -195,23 +205,42 @@ mod tests {
 
     #[test]
     fn amounts() {
-        assert_eq!(parse_amount("12").unwrap().to_string(), "12.00");
-        assert_eq!(parse_amount("12.5").unwrap().to_string(), "12.50");
-        assert_eq!(parse_amount("-0.05").unwrap().to_string(), "-0.05");
-        assert_eq!(parse_amount("9999999999.99").unwrap().to_string(), "9999999999.99");
+        let eur = |v: &str| parse_amount(v, 2, "EUR");
+        assert_eq!(eur("12").unwrap().to_string(), "12.00");
+        assert_eq!(eur("12.5").unwrap().to_string(), "12.50");
+        assert_eq!(eur("-0.05").unwrap().to_string(), "-0.05");
+        assert_eq!(eur("9999999999.99").unwrap().to_string(), "9999999999.99");
         for bad in ["", "-", "1.", ".5", "1.234", "12345678901", "+1", "1e3", " 1", "1,00", "--1", "1.2.3", "١"] {
-            assert_eq!(parse_amount(bad).unwrap_err().field, "amount", "{bad:?} should be rejected");
+            assert_eq!(eur(bad).unwrap_err().field, "amount", "{bad:?} should be rejected");
         }
-        assert_eq!(parse_amount("0.00").unwrap_err().problem, "is zero");
-        assert_eq!(parse_amount("-0").unwrap_err().problem, "is zero");
+        assert_eq!(eur("0.00").unwrap_err().problem, "is zero");
+        assert_eq!(eur("-0").unwrap_err().problem, "is zero");
+    }
+
+    #[test]
+    fn amounts_at_their_currency_places() {
+        assert_eq!(parse_amount("1500", 0, "JPY").unwrap().to_string(), "1500");
+        assert_eq!(parse_amount("9999999999", 0, "JPY").unwrap().to_string(), "9999999999");
+        assert_eq!(parse_amount("1.5", 0, "JPY").unwrap_err().to_string(), "amount: \"1.5\" has 1 decimals; JPY allows 0 (its ISO 4217 minor unit)");
+        assert_eq!(parse_amount("1.", 0, "JPY").unwrap_err().field, "amount");
+        assert_eq!(parse_amount("12.345", 3, "BHD").unwrap().to_string(), "12.345");
+        assert_eq!(parse_amount("-0.5", 3, "BHD").unwrap().to_string(), "-0.500");
+        assert_eq!(parse_amount("9999999999.999", 3, "BHD").unwrap().to_string(), "9999999999.999");
+        assert!(parse_amount("0.0005", 3, "BHD").unwrap_err().problem.contains("BHD allows 3"));
+        assert_eq!(parse_amount("0.0001", 4, "CLF").unwrap().to_string(), "0.0001");
+        assert_eq!(parse_amount("12.345", 2, "EUR").unwrap_err().to_string(), "amount: \"12.345\" has 3 decimals; EUR allows 2 (its ISO 4217 minor unit)");
     }
 
     #[test]
     fn currencies() {
-        assert_eq!(&parse_currency("EUR").unwrap(), b"EUR");
+        assert_eq!(parse_currency("EUR").unwrap(), (*b"EUR", 2));
+        assert_eq!(parse_currency("JPY").unwrap(), (*b"JPY", 0));
+        assert_eq!(parse_currency("BHD").unwrap(), (*b"BHD", 3));
         for bad in ["eur", "EU", "EURO", "E1R", "ÉUR", ""] {
-            assert!(parse_currency(bad).is_err(), "{bad:?}");
+            assert!(parse_currency(bad).unwrap_err().problem.contains("three uppercase letters"), "{bad:?}");
         }
+        assert_eq!(parse_currency("ABC").unwrap_err().to_string(), "currency: \"ABC\" is not an ISO 4217 currency code");
+        assert!(parse_currency("XAU").unwrap_err().problem.contains("no minor unit"));
     }
 
     #[test]
@@ -244,6 +273,13 @@ mod tests {
         assert_eq!(ok("t1", &long).unwrap_err().field, "account_id");
         let missing = validate_row(Some(b"t"), Some(b"a"), Some(b"1"), None, None).unwrap_err();
         assert_eq!(missing.field, "currency");
+        fn row(amount: &'static [u8], currency: &'static [u8]) -> Result<String, RowError> {
+            validate_row(Some(b"t"), Some(b"a"), Some(amount), Some(currency), Some(b"2026-11-21T10:00:00Z")).map(|t| t.amount.to_string())
+        }
+        assert_eq!(row(b"1500", b"JPY").unwrap(), "1500");
+        assert_eq!(row(b"1.5", b"JPY").unwrap_err().field, "amount", "yen have no decimals");
+        assert_eq!(row(b"1.005", b"BHD").unwrap(), "1.005");
+        assert_eq!(row(b"1", b"ABC").unwrap_err().field, "currency", "not ISO 4217");
         let bad_utf8 = validate_row(Some(b"t\xff"), Some(b"a"), Some(b"1"), Some(b"EUR"), Some(b"x")).unwrap_err();
         assert_eq!(bad_utf8.to_string(), "txn_id: not valid UTF-8");
     }

@@ -527,7 +527,7 @@ mod tests {
         prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
         let series =
             |name: &str| -> Option<String> { text.lines().find(|l| l.starts_with(name)).map(|l| l.rsplit(' ').next().unwrap_or_default().to_string()) };
-        let l = r#"{service="sqs",operation="ChangeMessageVisibilityBatch""#;
+        let l = r#"{dependency="sqs",operation="ChangeMessageVisibilityBatch""#;
         assert_eq!(series(&format!("fleet_call_seconds_count{l}}}")).as_deref(), Some("2"), "{text}");
         assert_eq!(series(&format!("fleet_call_retries_total{l}}}")).as_deref(), Some("2"), "{text}");
         assert_eq!(series(&format!(r#"fleet_call_errors_total{l},outage="false"}}"#)).as_deref(), Some("1"), "{text}");

@@ -24,7 +24,9 @@ pub fn register(reg: &mut Registry) {
 /// The labels of a call's series.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct CallLabels {
-    service: &'static str,
+    /// SQS, S3 or RabbitMQ. Not `service`: scrape configs set a `service` target label (the fleet's
+    /// own service), which would rename this one `exported_service`.
+    dependency: &'static str,
     operation: &'static str,
 }
 
@@ -32,7 +34,7 @@ struct CallLabels {
 /// refused, 5xx, throttled: what the breakers count), not the request's.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ErrorLabels {
-    service: &'static str,
+    dependency: &'static str,
     operation: &'static str,
     outage: &'static str,
 }
@@ -73,7 +75,7 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        let l = CallLabels { service: self.op.service().key(), operation: self.op.name() };
+        let l = CallLabels { dependency: self.op.service().key(), operation: self.op.name() };
         SECONDS.get_or_create(&l).observe(self.start.elapsed().as_secs_f64());
         let (attempts, failed) = self.ended.unwrap_or((1, None));
         RETRIES.get_or_create(&l).inc_by(u64::from(attempts.saturating_sub(1)));
@@ -82,7 +84,7 @@ impl Drop for Watch {
             cancelled.inc();
         }
         for outage in [false, true] {
-            let errors = ERRORS.get_or_create(&ErrorLabels { service: l.service, operation: l.operation, outage: if outage { "true" } else { "false" } });
+            let errors = ERRORS.get_or_create(&ErrorLabels { dependency: l.dependency, operation: l.operation, outage: if outage { "true" } else { "false" } });
             if failed == Some(outage) {
                 errors.inc();
             }
@@ -91,22 +93,22 @@ impl Drop for Watch {
 }
 
 /// Registers the process's call metrics (`fleet_call_seconds`, `fleet_call_retries_total`,
-/// `fleet_call_cancelled_total`, `fleet_call_errors_total`, by `service` and `operation`) into `reg`.
+/// `fleet_call_cancelled_total`, `fleet_call_errors_total`, by `dependency` and `operation`) into `reg`.
 pub fn register_calls(reg: &mut Registry) {
     reg.register(
         "fleet_call_seconds",
-        "Time an SQS, S3 or RabbitMQ call took, its attempts and back-off included (a long poll its wait), by service and operation",
+        "Time an SQS, S3 or RabbitMQ call took, its attempts and back-off included (a long poll its wait), by dependency and operation",
         SECONDS.clone(),
     );
-    reg.register("fleet_call_retries", "Attempts of SQS, S3 or RabbitMQ calls beyond each call's first, by service and operation", RETRIES.clone());
+    reg.register("fleet_call_retries", "Attempts of SQS, S3 or RabbitMQ calls beyond each call's first, by dependency and operation", RETRIES.clone());
     reg.register(
         "fleet_call_cancelled",
-        "SQS, S3 or RabbitMQ calls their caller gave up before they ended (a receive cut off by a listener's own timeout or a stop), by service and operation",
+        "SQS, S3 or RabbitMQ calls their caller gave up before they ended (a receive cut off by a listener's own timeout or a stop), by dependency and operation",
         CANCELLED.clone(),
     );
     reg.register(
         "fleet_call_errors",
-        "SQS, S3 or RabbitMQ calls that failed (after their retries), by service, operation and whether the failure was the dependency's (outage=true: no answer, refused, 5xx, throttled) or the request's",
+        "SQS, S3 or RabbitMQ calls that failed (after their retries), by dependency, operation and whether the failure was the dependency's (outage=true: no answer, refused, 5xx, throttled) or the request's",
         ERRORS.clone(),
     );
 }

@@ -219,7 +219,7 @@ pub fn expected_accounts(files: &[PathBuf]) -> Vec<(String, String, u64, String,
     for f in files {
         v.read(&InputFile::open(f).unwrap(), |t| totals.add_txn(t, &calc), |_| {}, |_| {}).unwrap();
     }
-    totals.rows().into_iter().map(|r| (r.account_id.clone(), r.currency.clone(), r.count, money(r.gross), money(r.fees), money(r.net()))).collect()
+    totals.rows().into_iter().map(|r| (r.account_id.clone(), r.currency.clone(), r.count, money(r.gross, &r.currency), money(r.fees, &r.currency), money(r.net(), &r.currency))).collect()
 }
 
 pub fn report_accounts(r: &Report) -> Vec<(String, String, u64, String, String, String)> {
@@ -238,7 +238,7 @@ pub fn summed_accounts(reports: &[&Report]) -> Vec<(String, String, u64, String,
             s.2 += a.fees.parse::<rust_decimal::Decimal>().unwrap();
         }
     }
-    sums.into_iter().filter(|(_, s)| s.0 > 0).map(|((a, c), (n, g, f))| (a, c, n, money(g), money(f), money(g - f))).collect()
+    sums.into_iter().filter(|(_, s)| s.0 > 0).map(|((a, c), (n, g, f))| { let (g2, f2, n2) = (money(g, &c), money(f, &c), money(g - f, &c)); (a, c, n, g2, f2, n2) }).collect()
 }
 
 /// The arithmetic identities every report must satisfy.

@@ -6,11 +6,12 @@
 //! The tables, Hive-partitioned (`billed_on=YYYY-MM-DD`, not also stored in the files), one Parquet
 //! object per job and table, written once:
 //!
-//! - `tables/accounts/billed_on=D/{job}.parquet`: one row per (job, account, currency) billed;
-//! - `tables/jobs/billed_on=D/{job}.parquet`: one row per job.
+//! - `tables/v2/accounts/billed_on=D/{job}.parquet`: one row per (job, account, currency) billed;
+//! - `tables/v2/jobs/billed_on=D/{job}.parquet`: one row per job.
 //!
-//! Money is `DECIMAL(38,2)` (`DECIMAL(38,8)` for the request cost in USD), exact to the cent as the
-//! report shows it, never a string or a float; times are UTC timestamps in milliseconds. The day is
+//! Money is `DECIMAL(38,4)` (`DECIMAL(38,8)` for the request cost in USD): four places hold every
+//! ISO 4217 currency's amounts exactly (yen have none, euros two, dinars three, CLF four), as the
+//! report shows them, never a string or a float; times are UTC timestamps in milliseconds. The day is
 //! the UTC date of the committed ending ([`billed_on`]), the same for whichever controller writes the
 //! objects, so a takeover after midnight writes the same keys. Encoding is pure (bytes in memory);
 //! the caller writes them with a conditional create.
@@ -27,11 +28,14 @@ use rust_decimal::Decimal;
 
 /// Where the tables live in the bucket (beside `warehouse/{job}/`, whose job-named folders a table
 /// root must not share).
-pub const TABLES_PREFIX: &str = "tables/";
+pub const TABLES_PREFIX: &str = "tables/v2/";
 /// The media type the tables' objects are stored with.
 pub const MEDIA_TYPE: &str = "application/vnd.apache.parquet";
 /// The account rows of a large job are written in row groups of this many rows.
 pub const ROW_GROUP_ROWS: usize = 128 * 1024;
+
+/// The places of the accounts table's money columns: the most any ISO 4217 currency has.
+pub const MONEY_SCALE: u32 = fleet_domain::currency::MAX_MINOR_UNITS;
 
 /// The accounts table's schema (the partition column `billed_on` is the object's folder).
 pub const ACCOUNTS_SCHEMA: &str = "message accounts {
@@ -39,9 +43,9 @@ pub const ACCOUNTS_SCHEMA: &str = "message accounts {
   required binary account_id (STRING);
   required binary currency (STRING);
   required int64 count;
-  required fixed_len_byte_array(16) gross (DECIMAL(38,2));
-  required fixed_len_byte_array(16) fees (DECIMAL(38,2));
-  required fixed_len_byte_array(16) net (DECIMAL(38,2));
+  required fixed_len_byte_array(16) gross (DECIMAL(38,4));
+  required fixed_len_byte_array(16) fees (DECIMAL(38,4));
+  required fixed_len_byte_array(16) net (DECIMAL(38,4));
   required binary status (STRING);
   required int64 finished_at (TIMESTAMP(MILLIS,true));
 }";
@@ -55,6 +59,7 @@ pub const JOBS_SCHEMA: &str = "message jobs {
   required int64 rejected;
   required int64 processed;
   required int64 failed;
+  required int64 duplicates;
   required group failed_chunks (LIST) {
     repeated group list {
       required int32 element;
@@ -249,7 +254,7 @@ pub fn accounts<A: AccountRows>(r: &Report<A>) -> Result<Vec<u8>> {
         if failed.is_some() {
             return;
         }
-        let money = (decimal(job, "gross", row.gross, 2), decimal(job, "fees", row.fees, 2), decimal(job, "net", row.net, 2));
+        let money = (decimal(job, "gross", row.gross, MONEY_SCALE), decimal(job, "fees", row.fees, MONEY_SCALE), decimal(job, "net", row.net, MONEY_SCALE));
         let (gross, fees, net) = match money {
             (Ok(g), Ok(f), Ok(n)) => (g, f, n),
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
@@ -290,7 +295,7 @@ pub fn jobs<A>(r: &Report<A>) -> Result<Vec<u8>> {
     let mut rg = w.next_row_group()?;
     strings(&mut rg, &[ByteArray::from(job.as_str())], None, None)?;
     strings(&mut rg, &[ByteArray::from(status(r.status))], None, None)?;
-    for n in [t.submitted, t.accepted, t.rejected, t.processed, t.failed] {
+    for n in [t.submitted, t.accepted, t.rejected, t.processed, t.failed, t.duplicates] {
         int64s(&mut rg, &[n as i64])?;
     }
     {

@@ -41,7 +41,7 @@ fn field<'r>(row: &'r Row, name: &str) -> &'r Field {
     row.get_column_iter().find(|(n, _)| n.as_str() == name).map(|(_, f)| f).unwrap_or_else(|| panic!("no column {name}"))
 }
 
-/// A decimal field as its text at its scale ("-12.34").
+/// A decimal field as its text at its scale ("-12.3400").
 fn money(f: &Field) -> String {
     let Field::Decimal(d) = f else { panic!("not a decimal: {f:?}") };
     let mut v = [0u8; 16];
@@ -59,6 +59,8 @@ fn a_partial_jobs_accounts_and_job_row_read_back_exactly() {
     totals.add(&row("acct-1", "EUR", 3, 1_000_050, 2_999));
     totals.add(&row("acct-1", "USD", 1, -505, 0));
     totals.add(&row("acct-2", "EUR", 1, 99_999_999_999_999, 1));
+    totals.add(&AccountTotals { account_id: "acct-3".into(), currency: "JPY".into(), count: 2, gross: Decimal::new(1_500, 0), fees: Decimal::new(94, 0) });
+    totals.add(&AccountTotals { account_id: "acct-3".into(), currency: "BHD".into(), count: 1, gross: Decimal::new(12_345, 3), fees: Decimal::new(424, 3) });
     let mut req = RequestCounts::default();
     req.add(Billed::call(Op::SqsSendMessageBatch), 4);
     req.add(Billed::call(Op::S3PutObject), 5);
@@ -66,7 +68,7 @@ fn a_partial_jobs_accounts_and_job_row_read_back_exactly() {
     r.finished_at = "2026-11-28T00:00:01.5Z".into();
     r.requests.set_cost(&Prices::default(), &req, r.transactions.submitted);
     assert_eq!(billed_on(&r).unwrap(), "2026-11-28", "the UTC day of the committed ending");
-    assert_eq!(Table::Accounts.key("2026-11-28", "j-1"), "tables/accounts/billed_on=2026-11-28/j-1.parquet");
+    assert_eq!(Table::Accounts.key("2026-11-28", "j-1"), "tables/v2/accounts/billed_on=2026-11-28/j-1.parquet");
     let key = Table::Jobs.key("2026-11-28", "j-1");
     assert!(key.starts_with(&Table::Jobs.day_prefix("2026-11-28")));
     assert_eq!((Table::Jobs.job_of(&key), Table::Accounts.job_of(&key)), (Some("j-1"), None), "a key names its job, in its own table only");
@@ -80,7 +82,10 @@ fn a_partial_jobs_accounts_and_job_row_read_back_exactly() {
                 f => panic!("{n}: {f:?}"),
             };
             let Field::Long(count) = field(row, "count") else { panic!() };
-            (s("job_id"), s("account_id"), s("currency"), *count, money(field(row, "gross")), money(field(row, "fees")), money(field(row, "net")))
+            // Stored at four places; shown, as the report shows it, at the currency's own.
+            let cur = s("currency");
+            let shown = |n| fleet_domain::billing::money(money(field(row, n)).parse().unwrap(), &cur);
+            (s("job_id"), s("account_id"), cur.clone(), *count, shown("gross"), shown("fees"), shown("net"))
         })
         .collect();
     // Exactly the report's rows (accounts.csv's), money to the cent, large sums whole.
@@ -99,6 +104,9 @@ fn a_partial_jobs_accounts_and_job_row_read_back_exactly() {
     assert_eq!(text, csv);
     assert_eq!(text[2].4, "999999999999.99");
     assert_eq!(text[1].4, "-5.05");
+    assert_eq!((text[3].2.as_str(), text[3].4.as_str(), text[3].6.as_str()), ("BHD", "12.345", "11.921"), "dinars to the fils");
+    assert_eq!((text[4].2.as_str(), text[4].4.as_str(), text[4].6.as_str()), ("JPY", "1500", "1406"), "whole yen");
+    assert_eq!(money(field(&got[3], "net")), "11.9210", "stored at four places, exactly");
     for row in &got {
         assert_eq!(field(row, "status"), &Field::Str("partial".into()));
         assert_eq!(field(row, "finished_at"), &Field::TimestampMillis(1_795_824_001_500));
@@ -108,8 +116,8 @@ fn a_partial_jobs_accounts_and_job_row_read_back_exactly() {
     assert_eq!(job.len(), 1);
     let j = &job[0];
     assert_eq!(field(j, "status"), &Field::Str("partial".into()));
-    let longs: Vec<&Field> = ["submitted", "accepted", "rejected", "processed", "failed", "requests"].iter().map(|n| field(j, n)).collect();
-    assert_eq!(longs, [&Field::Long(7), &Field::Long(6), &Field::Long(1), &Field::Long(5), &Field::Long(2), &Field::Long(9)]);
+    let longs: Vec<&Field> = ["submitted", "accepted", "rejected", "processed", "failed", "duplicates", "requests"].iter().map(|n| field(j, n)).collect();
+    assert_eq!(longs, [&Field::Long(7), &Field::Long(6), &Field::Long(1), &Field::Long(8), &Field::Long(2), &Field::Long(0), &Field::Long(9)]);
     let Field::ListInternal(failed) = field(j, "failed_chunks") else { panic!() };
     assert_eq!(failed.elements(), &[Field::Int(1)]);
     let cost: Decimal = money(field(j, "cost_usd")).parse().unwrap();
@@ -147,7 +155,7 @@ fn many_accounts_span_row_groups_and_every_row_reads_back() {
     assert_eq!(reader.metadata().num_row_groups(), 2);
     assert_eq!(reader.metadata().file_metadata().num_rows(), n as i64);
     let got = rows(bytes);
-    assert_eq!(money(field(&got[n - 1], "gross")), format!("{}.{:02}", (n - 1) / 100, (n - 1) % 100));
+    assert_eq!(money(field(&got[n - 1], "gross")), format!("{}.{:02}00", (n - 1) / 100, (n - 1) % 100));
 }
 
 #[test]

@@ -53,7 +53,7 @@ async fn large_jobs_checkpoint_only_what_changed_and_restore_exactly() {
     let applied = agg.apply(Source::Results, keep(Source::Results, &[result("big", chunks - 1, last), sealed("big", chunks)])).await;
     assert_eq!(applied.delete.len(), 2);
     let r = report_of(&store, "big").await.expect("finished");
-    let want: Vec<(String, u64, String)> = expected.rows().iter().map(|a| (a.account_id.clone(), a.count, fleet_domain::billing::money(a.gross))).collect();
+    let want: Vec<(String, u64, String)> = expected.rows().iter().map(|a| (a.account_id.clone(), a.count, fleet_domain::billing::money(a.gross, &a.currency))).collect();
     let got: Vec<(String, u64, String)> = r.accounts.iter().map(|a| (a.account_id.clone(), a.count, a.gross.clone())).collect();
     assert_eq!(got, want);
     assert!(store.list(&checkpoint_parts_prefix("big"), 1000).await.unwrap().is_empty(), "no part outlives the job");

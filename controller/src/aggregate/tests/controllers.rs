@@ -309,7 +309,7 @@ async fn a_finish_completed_by_another_controller_after_midnight_files_the_rows_
     // The job's ending is committed at 23:59 on one controller, whose write of the accounts table
     // fails; another controller, its clock a day on, finishes it: the tables' objects are filed under
     // the committed day, once each, and the report says the committed time.
-    let broken = Broken::new("tables/accounts/");
+    let broken = Broken::new("tables/v2/accounts/");
     let store = broken.memory.clone();
     put_manifest(&store, &manifest("mid", &[1, 1])).await;
     let epoch = 1_795_823_940_000; // 2026-11-27T23:59:00Z
@@ -336,7 +336,7 @@ async fn a_finish_completed_by_another_controller_after_midnight_files_the_rows_
     second.apply(Source::Results, keep(Source::Results, &[sealed("mid", 2)])).await;
     let r = report_of(&store, "mid").await.expect("the second controller writes the report");
     assert_eq!(r.finished_at, "2026-11-27T23:59:00Z", "the committed time, not the writer's clock");
-    assert_eq!(store.list("tables/", 10).await.unwrap(), ["tables/accounts/billed_on=2026-11-27/mid.parquet", "tables/jobs/billed_on=2026-11-27/mid.parquet"]);
+    assert_eq!(store.list("tables/", 10).await.unwrap(), ["tables/v2/accounts/billed_on=2026-11-27/mid.parquet", "tables/v2/jobs/billed_on=2026-11-27/mid.parquet"]);
     // Finished again (a late duplicate, a controller that missed the end): still one object each.
     second.apply(Source::Results, keep(Source::Results, &[sealed("mid", 2)])).await;
     assert_eq!(store.list("tables/", 10).await.unwrap().len(), 2);

@@ -155,13 +155,13 @@ async fn run(o: Outage) {
         m.lines().filter(|l| l.starts_with(prefix) && l.contains(with)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
     };
     for (down, service) in [(o.s3, "s3"), (o.sqs, "sqs")] {
-        let errors = sum(&format!("fleet_call_errors_total{{service=\"{service}\","), "outage=\"true\"");
+        let errors = sum(&format!("fleet_call_errors_total{{dependency=\"{service}\","), "outage=\"true\"");
         if down {
             assert!(errors > 0.0, "[{}] no {service} call counted as failed for the outage:\n{m}", o.name);
         }
         eprintln!("[{}] {service} calls failed for an outage: {errors}", o.name);
     }
-    assert!(sum("fleet_call_seconds_count{service=\"sqs\",operation=\"ReceiveMessage\"", "") > 0.0, "{m}");
+    assert!(sum("fleet_call_seconds_count{dependency=\"sqs\",operation=\"ReceiveMessage\"", "") > 0.0, "{m}");
     stop.cancel();
     processor.await.unwrap().unwrap();
     controller.await.unwrap().unwrap();

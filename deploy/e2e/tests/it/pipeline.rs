@@ -472,3 +472,83 @@ async fn an_oracle_computed_by_hand_agrees_with_the_fleet_and_initiator_local() 
     p.stop().await;
     c.stop().await;
 }
+
+/// Yen, euros and dinars, each at its ISO 4217 places, against an oracle worked by hand (no code of
+/// `billing` or `iso_currency`): the shipped tariff (0.30 + 2.9% per charge, refunds free), each fee
+/// rounded once to its currency's unit, half away from zero, through the fleet on the real stack and
+/// by `initiator local`; rows with more places than their currency, or a code that is not a
+/// currency, are refused with file, line and reason.
+///
+/// | txn | account | amount | fee | by hand |
+/// |---|---|---|---|---|
+/// | j1 | K | 1500 JPY | 44 | 0.30 + 43.5 = 43.80 |
+/// | j2 | K | 50 JPY | 2 | 0.30 + 1.45 = 1.75 |
+/// | j3 | K | -300 JPY | 0 | refund |
+/// | j4 | K | 3000 JPY | 87 | 0.30 + 87 = 87.30 |
+/// | j5 | K | 1800 JPY | 53 | 0.30 + 52.2 = 52.50: half away from zero (half to even: 52) |
+/// | b1 | L | 12.345 BHD | 0.658 | 0.30 + 0.358005 |
+/// | b2 | L | 0.5 BHD | 0.315 | 0.30 + 0.0145 = 0.3145 (half to even: 0.314) |
+/// | b3 | L | -1.250 BHD | 0.000 | refund |
+/// | b4 | L | 100 BHD | 3.200 | 0.30 + 2.90 |
+/// | e1 | L | 10.00 EUR | 0.59 | 0.30 + 0.29 |
+/// | e2 | M | 5.00 EUR | 0.45 | 0.30 + 0.145 = 0.445 |
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn yen_euros_and_dinars_each_at_its_places_agree_with_an_oracle_by_hand() {
+    const CSV: &str = "txn_id,account_id,amount,currency,timestamp\n\
+        j1,K,1500,JPY,2026-11-24T08:00:00Z\n\
+        j2,K,50,JPY,2026-11-24T08:00:01Z\n\
+        j3,K,-300,JPY,2026-11-24T08:00:02Z\n\
+        j4,K,3000,JPY,2026-11-24T08:00:03Z\n\
+        j5,K,1800,JPY,2026-11-24T08:00:04Z\n\
+        b1,L,12.345,BHD,2026-11-24T08:00:05Z\n\
+        b2,L,0.5,BHD,2026-11-24T08:00:06Z\n\
+        b3,L,-1.250,BHD,2026-11-24T08:00:07Z\n\
+        b4,L,100,BHD,2026-11-24T08:00:08Z\n\
+        e1,L,10.00,EUR,2026-11-24T08:00:09Z\n\
+        e2,M,5.00,EUR,2026-11-24T08:00:10Z\n\
+        r1,M,1.5,JPY,2026-11-24T08:00:11Z\n\
+        r2,M,1.0005,BHD,2026-11-24T08:00:12Z\n\
+        r3,M,12.345,EUR,2026-11-24T08:00:13Z\n\
+        r4,M,10,ABC,2026-11-24T08:00:14Z\n\
+        r5,M,10,XAU,2026-11-24T08:00:15Z\n";
+    let accounts = [
+        ("K", "JPY", 5, "6050", "186", "5864"),
+        ("L", "BHD", 4, "111.595", "4.173", "107.422"),
+        ("L", "EUR", 1, "10.00", "0.59", "9.41"),
+        ("M", "EUR", 1, "5.00", "0.45", "4.55"),
+    ];
+    let totals = [("BHD", 4, "111.595", "4.173", "107.422"), ("EUR", 2, "15.00", "1.04", "13.96"), ("JPY", 5, "6050", "186", "5864")];
+    let rejected = [
+        (13, "amount: \"1.5\" has 1 decimals; JPY allows 0 (its ISO 4217 minor unit)"),
+        (14, "amount: \"1.0005\" has 4 decimals; BHD allows 3 (its ISO 4217 minor unit)"),
+        (15, "amount: \"12.345\" has 3 decimals; EUR allows 2 (its ISO 4217 minor unit)"),
+        (16, "currency: \"ABC\" is not an ISO 4217 currency code"),
+        (17, "currency: \"XAU\" has no minor unit in ISO 4217 (a metal, fund or \"no currency\" code, not billed)"),
+    ];
+    let check = |r: &fleet_domain::report::Report, how: &str| {
+        let got: Vec<(&str, &str, u64, &str, &str, &str)> =
+            r.accounts.iter().map(|a| (a.account_id.as_str(), a.currency.as_str(), a.count, a.gross.as_str(), a.fees.as_str(), a.net.as_str())).collect();
+        assert_eq!(got, accounts, "{how}: accounts");
+        let got: Vec<(&str, u64, &str, &str, &str)> =
+            r.totals.iter().map(|t| (t.currency.as_str(), t.count, t.gross.as_str(), t.fees.as_str(), t.net.as_str())).collect();
+        assert_eq!(got, totals, "{how}: totals");
+        let got: Vec<(u64, &str)> = r.rejected.iter().map(|x| (x.line, x.reason.as_str())).collect();
+        assert_eq!(got, rejected, "{how}: rejected rows");
+        assert!(r.rejected.iter().all(|x| x.file.ends_with("money.csv")), "{how}");
+        assert_eq!((r.transactions.processed, r.transactions.failed, r.transactions.rejected), (11, 0, 5), "{how}");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "money.csv", CSV);
+    let out = std::process::Command::new(bin("initiator")).arg("local").arg(&file).arg("--json").output().unwrap();
+    assert!(out.status.success() || out.status.code() == Some(1), "initiator local: {}", String::from_utf8_lossy(&out.stderr));
+    check(&serde_json::from_slice(&out.stdout).unwrap(), "initiator local");
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
+    let p = st.start_processor(fast_processor());
+    let c = st.start_controller();
+    let s = st.submit(&[file], 4).await;
+    let r = st.wait_report(&s, T).await;
+    assert_eq!(r.status, JobStatus::Complete);
+    check(&r, "the fleet");
+    p.stop().await;
+    c.stop().await;
+}

@@ -125,9 +125,9 @@ async fn the_tables_read_by_pyarrow_and_duckdb_equal_the_jobs_accounts_and_repor
     // The recipe's query per day: the same in both.
     assert_eq!(v["pyarrow"]["per_day"], v["duckdb"]["per_day"]);
     // Typed: money a decimal, never a string or a float; times in UTC.
-    assert_eq!(v["pyarrow"]["schema"]["gross"], "decimal128(38, 2)");
+    assert_eq!(v["pyarrow"]["schema"]["gross"], "decimal128(38, 4)");
     assert_eq!(v["pyarrow"]["schema"]["finished_at"], "timestamp[ms, tz=UTC]");
-    assert_eq!(v["duckdb"]["types"]["net"], "DECIMAL(38,2)");
+    assert_eq!(v["duckdb"]["types"]["net"], "DECIMAL(38,4)");
     // The jobs table: one row per job, as its report says, under the day of its ending.
     let got = v["pyarrow"]["jobs"].as_array().unwrap();
     assert_eq!(got.len(), 3);
@@ -135,7 +135,7 @@ async fn the_tables_read_by_pyarrow_and_duckdb_equal_the_jobs_accounts_and_repor
         let row = got.iter().find(|j| j["job_id"] == r.job_id.as_str()).expect("the job's row");
         let t = &r.transactions;
         assert_eq!(row["status"], serde_json::to_value(r.status).unwrap(), "{}", r.job_id);
-        assert_eq!(row["counts"], serde_json::json!([t.submitted, t.accepted, t.rejected, t.processed, t.failed]));
+        assert_eq!(row["counts"], serde_json::json!([t.submitted, t.accepted, t.rejected, t.processed, t.failed, t.duplicates]));
         assert_eq!(row["failed_chunks"], serde_json::json!(r.failed_chunks.iter().map(|f| f.chunk).collect::<Vec<_>>()));
         assert_eq!(row["billed_on"], &r.finished_at[..10]);
         assert_eq!(row["requests"], r.requests.total);
