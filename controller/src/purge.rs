@@ -9,7 +9,9 @@
 //! reads, and only then does the job's open marker go: a purge that fails, or a controller that dies
 //! between a report and its purge, leaves a marker or an open marker that a later look or scan
 //! finds (the simulation found chunk blobs left for good both ways). The report, accounts, manifest
-//! and checkpoint stay. The bucket's lifecycle rule (provisioning) is the backstop.
+//! and checkpoint stay, and so do a partial job's failed chunks (its `kept.json`, written before its
+//! report, names them) with their tariff, for `initiator retry`. The bucket's lifecycle rule
+//! (provisioning) is the backstop: it ends those too, after 30 days.
 //!
 //! Idempotent: a purge that stops halfway runs again from its marker; a work item redelivered after
 //! the purge finds no chunk and reports it failed, which the finished job ignores.
@@ -28,7 +30,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use fleet_domain::layout::{checkpoint_parts_prefix, legacy_checkpoint_parts_prefix, JOBS_PREFIX};
+use fleet_domain::layout::{checkpoint_parts_prefix, chunk_key, kept_key, legacy_checkpoint_parts_prefix, JOBS_PREFIX};
 use fleet_io::blob::BlobStore;
 use fleet_io::error::Result;
 
@@ -64,10 +66,24 @@ fn parse_marker(key: &str) -> Option<(u64, &str)> {
     Some((due.parse().ok()?, job))
 }
 
-/// Deletes finished job `job`'s chunk and result blobs and checkpoint parts; returns how many were
-/// deleted.
+/// Deletes finished job `job`'s chunk and result blobs and checkpoint parts, but the failed chunks
+/// its `kept.json` names (and its tariff, with them); returns how many were deleted.
 pub async fn purge_job(store: &Arc<dyn BlobStore>, job: &str) -> Result<usize> {
     let mut deleted = 0;
+    // A kept list that cannot be read keeps every chunk (the lifecycle rule ends them): never a
+    // failed chunk deleted for a document that was there.
+    let kept: Option<std::collections::BTreeSet<String>> = match store.get(&kept_key(job)).await? {
+        None => Some(Default::default()),
+        Some(b) => match serde_json::from_slice::<fleet_domain::model::Kept>(&b) {
+            Ok(k) if k.job_id == job && !crate::undo::is(crate::undo::Fix::FailedChunksKept) => Some(k.chunks.iter().map(|&c| chunk_key(job, c)).collect()),
+            Ok(_) if crate::undo::is(crate::undo::Fix::FailedChunksKept) => Some(Default::default()),
+            _ => {
+                tracing::warn!(job, "the job's kept.json cannot be read: its chunk blobs are all kept");
+                None
+            }
+        },
+    };
+    let keeping = kept.as_ref().is_none_or(|k| !k.is_empty());
     // A finished job's checkpoint parts too: its finish deletes them, and one whose listing failed
     // left them for good (found by the simulation).
     // (Also where releases before `checkpoints/` kept the parts: a job moved mid-way names them.)
@@ -75,8 +91,11 @@ pub async fn purge_job(store: &Arc<dyn BlobStore>, job: &str) -> Result<usize> {
         [format!("{JOBS_PREFIX}{job}/chunks/"), format!("{JOBS_PREFIX}{job}/results/"), checkpoint_parts_prefix(job), legacy_checkpoint_parts_prefix(job)];
     for prefix in prefixes {
         loop {
-            let keys = store.list(&prefix, PAGE).await?;
-            if keys.is_empty() {
+            let listed = store.list(&prefix, PAGE).await?;
+            let full = listed.len() >= PAGE;
+            let chunks = prefix.ends_with("/chunks/");
+            let keys: Vec<String> = listed.into_iter().filter(|k| !chunks || kept.as_ref().is_some_and(|kept| !kept.contains(k))).collect();
+            if keys.is_empty() && !full {
                 break;
             }
             let n = keys.len();
@@ -87,13 +106,21 @@ pub async fn purge_job(store: &Arc<dyn BlobStore>, job: &str) -> Result<usize> {
             let results: Vec<Result<()>> = futures::stream::iter(deletes).buffer_unordered(PARALLEL).collect().await;
             results.into_iter().collect::<Result<Vec<()>>>()?;
             deleted += n;
-            if n < PAGE {
+            // A page of kept chunks only: the next page is listed after them (`list_after`).
+            if !full {
+                break;
+            }
+            if n == 0 {
+                tracing::warn!(job, "more than a page of kept chunks: the rest of the job's chunk blobs are left to the lifecycle rule");
                 break;
             }
         }
     }
-    // The tariff its initiator stored (read only to bill a job that never wrote its manifest).
-    store.delete(&fleet_domain::layout::tariff_key(job)).await?;
+    // The tariff its initiator stored (read only to bill a job that never wrote its manifest, and by
+    // a retry of its kept chunks).
+    if !keeping {
+        store.delete(&fleet_domain::layout::tariff_key(job)).await?;
+    }
     Ok(deleted)
 }
 

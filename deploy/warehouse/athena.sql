@@ -43,7 +43,8 @@ CREATE EXTERNAL TABLE IF NOT EXISTS fleet_jobs (
   submitted_at  timestamp,
   finished_at   timestamp,
   files         array<string>,
-  note          string
+  note          string,
+  completes     string
 )
 PARTITIONED BY (billed_on string)
 STORED AS PARQUET

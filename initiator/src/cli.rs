@@ -57,6 +57,22 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Bill a finished job's failed chunks again (their blobs are kept 30 days), as a new job that
+    /// completes it, with its tariff; follows it to its report. Rows already billed are not billed
+    /// again, whatever is run twice.
+    Retry {
+        job: String,
+        /// Delete the job's kept failed chunks instead, their rows left unbilled (the operator's
+        /// identity: the submitting role deletes nothing).
+        #[arg(long)]
+        give_up: bool,
+        /// Give up waiting after this many seconds (exit 4; the job goes on).
+        #[arg(long, default_value_t = 3600)]
+        wait_timeout_secs: u64,
+        /// Print the report JSON instead of the summary.
+        #[arg(long)]
+        json: bool,
+    },
     /// Finish a job that will never seal (its submission died) now, as `abandoned`, with what was
     /// processed; waits for the report unless --no-wait.
     Abandon {
@@ -267,4 +283,7 @@ pub struct SubmitArgs {
     /// Concurrent chunk uploads.
     #[arg(long, default_value_t = 16)]
     pub upload_concurrency: usize,
+    /// The finished job this one completes (set by `retry`, not a flag).
+    #[arg(skip)]
+    pub completes: Option<String>,
 }

@@ -117,6 +117,43 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Submit(args) => submit(args, &fleet).await,
+        Command::Retry { job, give_up, wait_timeout_secs, json } => {
+            let aws = aws(&fleet).await?;
+            let store = store(&aws, &fleet).await?;
+            if give_up {
+                let chunks = crate::retry::give_up(store.as_ref(), &job).await?;
+                eprintln!("job {job}: failed chunks {chunks:?} given up: their blobs are deleted, their rows not billed");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let dir = tempfile::tempdir().map_err(|e| CliError::Input(format!("a temporary directory: {e}")))?;
+            let p = crate::retry::prepare(store.as_ref(), &job, dir.path()).await?;
+            for u in &p.unreadable {
+                eprintln!("job {job}: {u}");
+            }
+            if p.files.is_empty() {
+                return Err(CliError::Input(format!("job {job}: none of its kept chunks can be read; nothing submitted")));
+            }
+            eprintln!("job {job}: billing its failed chunks {:?} again, as a new job that completes it", p.chunks);
+            let args = SubmitArgs {
+                files: p.files.clone(),
+                stdin_name: "stdin".into(),
+                stdin_size: None,
+                chunk_size: None,
+                chunk_bytes: 4 << 20,
+                wait: true,
+                json,
+                strict: false,
+                priority: 0,
+                deadline_secs: None,
+                group_by: None,
+                groups: 16,
+                tariff: Some(crate::retry::tariff_file(dir.path(), &p.tariff)?),
+                wait_timeout_secs,
+                upload_concurrency: 16,
+                completes: Some(job),
+            };
+            submit(args, &fleet).await
+        }
         Command::Abandon { job, reason, no_wait, json } => {
             follow::checked(&job)?;
             let aws = aws(&fleet).await?;
@@ -383,6 +420,7 @@ async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliErro
         deadline: args.deadline_secs.map(|s| std::time::SystemTime::now() + std::time::Duration::from_secs(s)),
         grouping,
         stdin,
+        completes: args.completes.clone(),
         ..SubmitOptions::new(args.files)
     };
     let Some(s) = until_interrupted(crate::submit::submit_inputs(opts, inputs, &clients)).await? else {

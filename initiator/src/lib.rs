@@ -10,6 +10,7 @@ pub mod interrupt;
 pub mod jobs;
 pub mod local;
 pub mod ops;
+pub mod retry;
 pub mod submit;
 pub mod warehouse;
 

@@ -23,6 +23,7 @@ pub fn bill(files: &[PathBuf], tariff: &Tariff) -> Result<Report, CliError> {
     }
     let manifest = Manifest {
         chunk_lines: Vec::new(),
+        completes: None,
         v: WIRE_VERSION,
         job_id: "local".into(),
         created_at: now_rfc3339(),

@@ -64,6 +64,9 @@ pub struct SubmitOptions {
     /// Ctrl-C drops the submission, to abandon a job whose seal's send had not begun and to leave one
     /// whose seal's send had begun to finish on its own (see [`crate::interrupt`]).
     pub submission: Submission,
+    /// The finished job whose failed chunks this one bills again (`initiator retry`), named in the
+    /// manifest and so in the report.
+    pub completes: Option<String>,
 }
 
 /// Standard input as an input file (`-`): the name its rows are reported under, and its size when
@@ -96,6 +99,7 @@ impl SubmitOptions {
             stdin: Stdin::default(),
             job_id: None,
             submission: Submission::default(),
+            completes: None,
         }
     }
 }
@@ -573,6 +577,7 @@ async fn submit_enqueued(
     requests.add(Billed::call(Op::SqsSendMessageBatch), 1);
     let manifest = Manifest {
         chunk_lines: chunks.iter().map(|c| c.lines.clone()).collect(),
+        completes: opts.completes.clone(),
         v: WIRE_VERSION,
         job_id: job_id.clone(),
         created_at: now_rfc3339(),

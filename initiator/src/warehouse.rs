@@ -145,6 +145,7 @@ mod tests {
         use fleet_domain::billing::{AccountTotals, Tariff, Totals};
         let manifest = fleet_domain::model::Manifest {
             chunk_lines: Vec::new(),
+            completes: None,
             partition: 0,
             v: 1,
             job_id: job.into(),

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_domain::layout::{checkpoint_key, manifest_key, open_key, quarantined_checkpoint_key, report_key, CHECKPOINTS_PREFIX};
+use fleet_domain::layout::{checkpoint_key, chunk_key, kept_key, manifest_key, open_key, quarantined_checkpoint_key, report_key, tariff_key, CHECKPOINTS_PREFIX};
 use fleet_domain::model::{AccountsPayload, ChunkOutcome, JobStatus, ResultMessage};
 use fleet_domain::report::Report;
 use fleet_io::blob::BlobStore;
@@ -210,12 +210,33 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
         }
     }
     // Nothing left behind once every job has ended and every purge is done: under a finished job's
-    // prefixes only its manifest and checkpoint (and, quarantined, the checkpoint it could not read);
-    // no chunk or result blob, no checkpoint part, no open marker.
+    // prefixes only its manifest and checkpoint (and, quarantined, the checkpoint it could not read),
+    // and its failed chunks for a retry (their blobs, `kept.json` naming exactly them, the tariff);
+    // no other chunk or result blob, no checkpoint part, no open marker.
     let keys = store.keys();
     for job in jobs.iter().filter(|j| known(j)) {
         let prefixes = [format!("jobs/{}/", job.id), format!("{CHECKPOINTS_PREFIX}{}/", job.id)];
-        let kept = [manifest_key(&job.id), checkpoint_key(&job.id), quarantined_checkpoint_key(&job.id)];
+        let mut kept = vec![manifest_key(&job.id), checkpoint_key(&job.id), quarantined_checkpoint_key(&job.id)];
+        let failed: Vec<u32> = match report(store, &job.id).await {
+            Some(r) if r.status != JobStatus::Quarantined => r.failed_chunks.iter().map(|f| f.chunk).collect(),
+            _ => Vec::new(),
+        };
+        if !failed.is_empty() {
+            let named = match store.get(&kept_key(&job.id)).await {
+                Ok(Some(b)) => serde_json::from_slice::<fleet_domain::model::Kept>(&b).map(|k| k.chunks).map_err(|e| e.to_string()),
+                other => Err(format!("{other:?}")),
+            };
+            if named.as_ref() != Ok(&failed) {
+                v.push(format!("job {}: kept.json names {named:?}, its report's failed chunks are {failed:?}", job.id));
+            }
+            for &c in &failed {
+                if !keys.contains(&chunk_key(&job.id, c)) {
+                    v.push(format!("job {}: failed chunk {c}'s blob not kept for a retry", job.id));
+                }
+            }
+            kept.extend(failed.iter().map(|&c| chunk_key(&job.id, c)));
+            kept.extend([kept_key(&job.id), tariff_key(&job.id)]);
+        }
         let ours = |k: &String| prefixes.iter().any(|p| k.starts_with(p.as_str()));
         let left: Vec<&String> = keys.iter().filter(|k| (ours(k) && !kept.contains(k)) || **k == open_key(&job.id)).take(3).collect();
         if !left.is_empty() {

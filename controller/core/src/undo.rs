@@ -107,11 +107,13 @@ pub enum Fix {
     /// A job's own claims, found by a finish tried again (a crash between claiming and the report),
     /// are its own, not duplicates of itself (issue 60).
     OwnClaims,
+    /// A partial job's failed chunks keep their blobs through the purge, for a retry (issue 60).
+    FailedChunksKept,
 }
 
 #[cfg(fleet_undo)]
 impl Fix {
-    pub const ALL: [Fix; 40] = [
+    pub const ALL: [Fix; 41] = [
         Fix::QuarantineSecondRead,
         Fix::NewsFromCheckpoint,
         Fix::LostAnswerReadBack,
@@ -152,6 +154,7 @@ impl Fix {
         Fix::DuplicatesNotNews,
         Fix::ClaimsChecked,
         Fix::OwnClaims,
+        Fix::FailedChunksKept,
     ];
 
     /// Its name on the command line (`fleet-sim --undo NAME`).
@@ -197,6 +200,7 @@ impl Fix {
             Fix::DuplicatesNotNews => "duplicates-not-news",
             Fix::ClaimsChecked => "claims-checked",
             Fix::OwnClaims => "own-claims",
+            Fix::FailedChunksKept => "failed-chunks-kept",
         }
     }
 
@@ -243,6 +247,7 @@ impl Fix {
             Fix::DuplicatesNotNews => "a late duplicate is not a job's news",
             Fix::ClaimsChecked => "a row another job billed first is not billed again",
             Fix::OwnClaims => "a job's own claims found again are its own",
+            Fix::FailedChunksKept => "a partial job's failed chunks kept through the purge, for a retry",
         }
     }
 }

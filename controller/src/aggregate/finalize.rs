@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use fleet_domain::layout::{accounts_key, checkpoint_parts_prefix, manifest_key, report_key, MAX_MANIFEST_BYTES};
-use fleet_domain::model::Manifest;
+use fleet_domain::layout::{accounts_key, checkpoint_parts_prefix, kept_key, manifest_key, report_key, MAX_MANIFEST_BYTES};
+use fleet_domain::model::{Kept as KeptChunks, Manifest, WIRE_VERSION};
 use fleet_domain::report::{self, AccountRows as _};
 use fleet_domain::requests::{Billed, Op, RequestCounts};
 use fleet_engine::Kept;
@@ -196,6 +196,12 @@ impl Books {
                 "accepted != processed + failed: the results disagree with the manifest");
         }
         if crate::undo::is(crate::undo::Fix::ReportOnce) || store.head(&report_key(&job_id)).await?.is_none() {
+            // The failed chunks whose blobs the purge keeps for `initiator retry`: said before the
+            // report, which lets the purge begin (a finish tried again writes the same).
+            if !r.failed_chunks.is_empty() {
+                let kept = KeptChunks { v: WIRE_VERSION, job_id: job_id.clone(), chunks: r.failed_chunks.iter().map(|f| f.chunk).collect() };
+                store.put(&kept_key(&job_id), Bytes::from(serde_json::to_vec(&kept)?), "application/json").await?;
+            }
             if r.accounts.len() <= IN_MEMORY_ACCOUNTS {
                 store.put(&accounts_key(&job_id), Bytes::from(report::accounts_csv(&r)), "text/csv").await?;
                 write_tables(store, &r).await?;

@@ -46,6 +46,11 @@ pub fn tariff_key(job: &str) -> String {
     format!("{JOBS_PREFIX}{job}/tariff.json")
 }
 
+/// The failed chunks of a finished job whose blobs are kept for a retry ([`crate::model::Kept`]).
+pub fn kept_key(job: &str) -> String {
+    format!("{JOBS_PREFIX}{job}/kept.json")
+}
+
 pub fn manifest_key(job: &str) -> String {
     format!("{JOBS_PREFIX}{job}/manifest.json")
 }

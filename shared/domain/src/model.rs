@@ -117,6 +117,18 @@ impl Submission {
     }
 }
 
+/// The failed chunks of a finished job whose blobs are kept for `initiator retry` (written by the
+/// job's controller before its report, at `jobs/{job}/kept.json`; the purge leaves those blobs), until
+/// a retry has billed their rows or the operator gives them up (`retry --give-up`). The bucket's
+/// lifecycle rule for `jobs/` ends them after 30 days whatever happens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kept {
+    pub v: u32,
+    pub job_id: String,
+    /// Chunk numbers, ascending.
+    pub chunks: Vec<u32>,
+}
+
 /// The small message on the work queue that references one chunk blob.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkItem {
@@ -247,6 +259,9 @@ pub struct Manifest {
     /// initiator before it was recorded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub chunk_lines: Vec<Vec<Lines>>,
+    /// The finished job whose failed chunks this job bills again (`initiator retry`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completes: Option<String>,
 }
 
 /// Lines of one input file that a chunk's rows lie within (1-based, physical lines, inclusive).

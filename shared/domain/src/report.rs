@@ -137,6 +137,9 @@ pub struct Report<A = Vec<AccountRow>> {
     /// Why the job ended as it did, when that is not plain (abandoned).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The job whose failed chunks this one billed again (`initiator retry`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completes: Option<String>,
 }
 
 /// The account rows of a report as it is written: borrowed from the job's totals and sorted, each
@@ -279,6 +282,7 @@ pub fn build_borrowed<'a>(manifest: &Manifest, totals: &'a Totals, mut failed_ch
         requests: RequestsReport::from_counts(requests, manifest.submitted),
         tariff: manifest.tariff.clone(),
         note: None,
+        completes: manifest.completes.clone(),
     }
 }
 
@@ -298,6 +302,7 @@ impl<A> Report<A> {
             failed_chunks: self.failed_chunks,
             requests: self.requests,
             tariff: self.tariff,
+            completes: self.completes,
             note: self.note,
         }
     }
@@ -366,6 +371,9 @@ pub fn summary<A: AccountRows>(r: &Report<A>) -> String {
     if let Some(note) = &r.note {
         let _ = writeln!(s, "note: {note}");
     }
+    if let Some(job) = &r.completes {
+        let _ = writeln!(s, "completes job {job}: its failed chunks billed again (`initiator retry`)");
+    }
     let _ = writeln!(
         s,
         "transactions: {} submitted, {} accepted, {} rejected, {} processed, {} failed",
@@ -391,6 +399,9 @@ pub fn summary<A: AccountRows>(r: &Report<A>) -> String {
         let lines: Vec<String> = f.lines.iter().map(|l| format!("{} lines {}-{}", l.file, l.first, l.last)).collect();
         let from = if lines.is_empty() { String::new() } else { format!(", from {}", lines.join(", ")) };
         let _ = writeln!(s, "failed chunk {} ({} transactions{from}): {}", f.chunk, f.transactions, f.reason);
+    }
+    if !r.failed_chunks.is_empty() && r.status == JobStatus::Partial {
+        let _ = writeln!(s, "to bill the failed chunks once their cause is fixed: `initiator retry {}` (their blobs are kept for 30 days)", r.job_id);
     }
     let _ = writeln!(
         s,
@@ -419,6 +430,7 @@ mod tests {
     fn report_counts_sorting_and_csv() {
         let manifest = Manifest {
             chunk_lines: Vec::new(),
+            completes: None,
             partition: 0,
             v: 1,
             job_id: "j".into(),
@@ -478,6 +490,7 @@ mod tests {
     fn a_report_written_from_borrowed_rows_reads_back_as_the_owned_one() {
         let manifest = Manifest {
             chunk_lines: Vec::new(),
+            completes: None,
             partition: 0,
             v: 1,
             job_id: "j".into(),

@@ -75,6 +75,7 @@ pub const JOBS_SCHEMA: &str = "message jobs {
     }
   }
   optional binary note (STRING);
+  optional binary completes (STRING);
 }";
 
 #[derive(Debug, thiserror::Error)]
@@ -319,9 +320,11 @@ pub fn jobs<A>(r: &Report<A>) -> Result<Vec<u8>> {
         let (def, rep) = list_levels(files.len());
         strings(&mut rg, &files, Some(&def), Some(&rep))?;
     }
-    match &r.note {
-        Some(n) => strings(&mut rg, &[ByteArray::from(n.as_str())], Some(&[1]), None)?,
-        None => strings(&mut rg, &[], Some(&[0]), None)?,
+    for text in [&r.note, &r.completes] {
+        match text {
+            Some(n) => strings(&mut rg, &[ByteArray::from(n.as_str())], Some(&[1]), None)?,
+            None => strings(&mut rg, &[], Some(&[0]), None)?,
+        }
     }
     rg.close()?;
     Ok(w.into_inner()?)

@@ -13,6 +13,7 @@ use parquet::record::{Field, Row};
 fn manifest(job: &str) -> Manifest {
     Manifest {
         chunk_lines: Vec::new(),
+        completes: None,
         partition: 0,
         v: 1,
         job_id: job.into(),

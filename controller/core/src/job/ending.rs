@@ -84,6 +84,7 @@ impl<H> Job<H> {
 pub fn placeholder_manifest(job_id: &str, total_chunks: u32, known: u64) -> Manifest {
     Manifest {
         chunk_lines: Vec::new(),
+        completes: None,
         partition: 0,
         v: fleet_domain::model::WIRE_VERSION,
         job_id: job_id.to_string(),

@@ -37,6 +37,7 @@ mod requests;
 fn manifest(job: &str, chunks: &[u64]) -> Manifest {
     Manifest {
         chunk_lines: Vec::new(),
+        completes: None,
         partition: 0,
         v: 1,
         job_id: job.into(),

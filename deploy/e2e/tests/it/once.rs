@@ -1,6 +1,6 @@
 //! Each transaction billed once across jobs (issue 60), on real LocalStack and RabbitMQ: the same
 //! file twice, a rerun after Ctrl-C, two jobs sharing ids at once, and claims left by a controller
-//! that died between claiming and its report. Every total is checked against an independent
+//! that died between claiming and its report, and a partial job finished by `initiator retry`. Every total is checked against an independent
 //! reference (the files read and billed in this process, `expected_accounts`), summed over the jobs.
 
 use std::time::Duration;
@@ -173,4 +173,59 @@ async fn claims_left_by_a_crash_are_the_jobs_own_and_anothers_are_duplicates() {
     assert_eq!(report_accounts(&r), expected_accounts(std::slice::from_ref(&kept)));
     c.stop().await;
     p.stop().await;
+}
+
+/// A `partial` job finished later: its failed chunk's blob is kept through the purge, `initiator
+/// retry` (a real process) bills that chunk as a new job naming the one it completes, a second retry
+/// bills nothing again (each row a duplicate of the first retry), and `--give-up` lets the kept
+/// chunk go. Together the jobs bill the file exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partial_job_is_finished_by_retry_once_whatever_is_run_twice() {
+    use fleet_domain::layout::{chunk_key, kept_key};
+    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = generated(dir.path(), "month.csv", 3_000, 40, 21);
+    let c = st.start_controller();
+    // No processor yet: chunk 2's blob is taken away before any is read (the cause), so that chunk
+    // fails at once; then put back (the cause fixed).
+    let s = st.submit(std::slice::from_ref(&file), 500).await;
+    let key = chunk_key(&s.job_id, 2);
+    let blob = st.store.get(&key).await.unwrap().expect("chunk 2 stored");
+    st.store.delete(&key).await.unwrap();
+    let p = st.start_processor(fast_processor());
+    let r1 = st.wait_report(&s, T).await;
+    assert_eq!((r1.status, r1.failed_chunks.iter().map(|f| f.chunk).collect::<Vec<_>>()), (JobStatus::Partial, vec![2]));
+    assert_eq!(r1.transactions.failed, 500);
+    st.store.put(&key, blob, "application/zstd").await.unwrap();
+    // The purge keeps the failed chunk (and says which), the others go.
+    until(Duration::from_secs(30), async || {
+        st.store.list(&format!("jobs/{}/chunks/", s.job_id), 100).await.is_ok_and(|k| k == [key.clone()])
+    })
+    .await;
+    let kept: fleet_domain::model::Kept = serde_json::from_slice(&st.store.get(&kept_key(&s.job_id)).await.unwrap().expect("kept.json")).unwrap();
+    assert_eq!(kept.chunks, [2]);
+
+    let retry = |what: &str| {
+        let out = fleet_command(&st, "initiator").args(["retry", &s.job_id, "--json", "--wait-timeout-secs", "120"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<fleet_domain::report::Report>(&out.stdout).unwrap()
+    };
+    let r2 = retry("retry");
+    assert_consistent(&r2);
+    assert_eq!((r2.completes.as_deref(), r2.transactions.processed, r2.transactions.duplicates), (Some(s.job_id.as_str()), 500, 0));
+    assert_eq!(summed_accounts(&[&r1, &r2]), expected_accounts(std::slice::from_ref(&file)), "the partial job and its retry bill the file once");
+    // Run twice: nothing billed again, each row named with the first retry.
+    let r3 = retry("retry again");
+    assert_eq!((r3.completes.as_deref(), r3.transactions.processed, r3.transactions.duplicates), (Some(s.job_id.as_str()), 0, 500));
+    assert!(duplicates_by(&r3).iter().all(|j| *j == r2.job_id), "{:?}", &r3.rejected[..3]);
+    assert_eq!(summed_accounts(&[&r1, &r2, &r3]), expected_accounts(std::slice::from_ref(&file)));
+    // Given up: the kept chunk goes, and a retry says there is nothing to retry.
+    let out = fleet_command(&st, "initiator").args(["retry", &s.job_id, "--give-up"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(st.store.get(&key).await.unwrap().is_none() && st.store.get(&kept_key(&s.job_id)).await.unwrap().is_none());
+    let out = fleet_command(&st, "initiator").args(["retry", &s.job_id]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("keeps no failed chunks"), "{}", String::from_utf8_lossy(&out.stderr));
+    p.stop().await;
+    c.stop().await;
 }
