@@ -387,6 +387,31 @@ mod tests {
         assert!(inner.list(DUE_PREFIX, 10).await.unwrap().is_empty(), "its marker gone with its purge");
     }
 
+    /// A partial job's failed chunks (its `kept.json`) and its tariff stay for a retry; the rest go.
+    /// A kept list that cannot be read keeps every chunk; a job without one keeps none.
+    #[tokio::test]
+    async fn the_failed_chunks_a_kept_list_names_stay_through_the_purge() {
+        let store: Arc<dyn BlobStore> = MemoryStore::new();
+        let tariff = |job: &str| fleet_domain::layout::tariff_key(job);
+        let chunks = |job: String| {
+            let store = store.clone();
+            async move { store.list(&format!("jobs/{job}/chunks/"), 10).await.unwrap() }
+        };
+        for (job, kept) in [("partial", Some(&br#"{"v":1,"job_id":"partial","chunks":[1,3]}"#[..])), ("garbled", Some(&b"{not json"[..])), ("whole", None)] {
+            job_blobs(store.as_ref(), job, 4).await;
+            store.put(&tariff(job), Bytes::from_static(b"{}"), "application/json").await.unwrap();
+            if let Some(k) = kept {
+                store.put(&kept_key(job), Bytes::copy_from_slice(k), "application/json").await.unwrap();
+            }
+            purge_job(&store, job).await.unwrap();
+            assert!(store.list(&format!("jobs/{job}/results/"), 10).await.unwrap().is_empty(), "{job}: results purged");
+        }
+        assert_eq!(chunks("partial".into()).await, [chunk_key("partial", 1), chunk_key("partial", 3)], "the failed chunks stay");
+        assert!(store.get(&tariff("partial")).await.unwrap().is_some(), "and the tariff they are billed with");
+        assert_eq!(chunks("garbled".into()).await.len(), 4, "an unreadable list keeps every chunk");
+        assert!(chunks("whole".into()).await.is_empty() && store.get(&tariff("whole")).await.unwrap().is_none(), "no list: all go");
+    }
+
     async fn job_blobs(store: &dyn BlobStore, job: &str, chunks: u32) {
         for c in 0..chunks {
             store.put(&chunk_key(job, c), Bytes::from_static(b"c"), "application/zstd").await.unwrap();
@@ -484,7 +509,7 @@ mod tests {
         let before = gets(&store);
         assert_eq!(p.due(1_800_000_115).await.unwrap(), vec![jobs[1].clone(), jobs[4].clone()]);
         assert!(p.due(1_800_000_115).await.unwrap().is_empty());
-        assert_eq!(gets(&store), before, "no marker read");
+        assert_eq!(gets(&store), before + 2, "no marker read: one GET per job purged, its kept list");
         assert_eq!(p.due(1_800_001_000).await.unwrap(), vec![jobs[2].clone(), jobs[3].clone()]);
         assert!(store.list(PURGE_PREFIX, 10).await.unwrap().is_empty() && store.list(DUE_PREFIX, 10).await.unwrap().is_empty());
     }

@@ -196,4 +196,5 @@ fn regression_seeds_pass() {
     assert!(first_failure(214, 1, 1, opts(), Some(Fix::EarlierWriteReadBack)).is_some(), "seed 214 passes with the fix undone");
     assert!(first_failure(47, 1, 1, opts(), Some(Fix::DuplicatesNotNews)).is_some(), "seed 47 passes with the fix undone");
     assert!(first_failure(519, 1, 1, opts(), Some(Fix::StallLookAnnounces)).is_some(), "seed 519 passes with the fix undone");
+    assert!(first_failure(1, 1, 1, opts(), Some(Fix::FailedChunksKept)).is_some(), "seed 1 passes with the fix undone");
 }
