@@ -9,9 +9,10 @@
 //! reads, and only then does the job's open marker go: a purge that fails, or a controller that dies
 //! between a report and its purge, leaves a marker or an open marker that a later look or scan
 //! finds (the simulation found chunk blobs left for good both ways). The report, accounts, manifest
-//! and checkpoint stay, and so do a partial job's failed chunks (its `kept.json`, written before its
-//! report, names them) with their tariff, for `initiator retry`. The bucket's lifecycle rule
-//! (provisioning) is the backstop: it ends those too, after 30 days.
+//! and checkpoint stay, and so do the job's tariff (`tariff.json`, whose metadata `initiator jobs`
+//! shows: the files and the submit time) and a partial job's failed chunks (its `kept.json`, written
+//! before its report, names them), for `initiator retry`. The bucket's lifecycle rule (provisioning)
+//! is the backstop: it ends those too, after 30 days.
 //!
 //! Idempotent: a purge that stops halfway runs again from its marker; a work item redelivered after
 //! the purge finds no chunk and reports it failed, which the finished job ignores.
@@ -67,7 +68,7 @@ fn parse_marker(key: &str) -> Option<(u64, &str)> {
 }
 
 /// Deletes finished job `job`'s chunk and result blobs and checkpoint parts, but the failed chunks
-/// its `kept.json` names (and its tariff, with them); returns how many were deleted.
+/// its `kept.json` names; returns how many were deleted.
 pub async fn purge_job(store: &Arc<dyn BlobStore>, job: &str) -> Result<usize> {
     let mut deleted = 0;
     // A kept list that cannot be read keeps every chunk (the lifecycle rule ends them): never a
@@ -83,7 +84,6 @@ pub async fn purge_job(store: &Arc<dyn BlobStore>, job: &str) -> Result<usize> {
             }
         },
     };
-    let keeping = kept.as_ref().is_none_or(|k| !k.is_empty());
     // A finished job's checkpoint parts too: its finish deletes them, and one whose listing failed
     // left them for good (found by the simulation).
     // (Also where releases before `checkpoints/` kept the parts: a job moved mid-way names them.)
@@ -106,20 +106,16 @@ pub async fn purge_job(store: &Arc<dyn BlobStore>, job: &str) -> Result<usize> {
             let results: Vec<Result<()>> = futures::stream::iter(deletes).buffer_unordered(PARALLEL).collect().await;
             results.into_iter().collect::<Result<Vec<()>>>()?;
             deleted += n;
-            // A page of kept chunks only: the next page is listed after them (`list_after`).
             if !full {
                 break;
             }
+            // A full page of chunks all kept: the listing cannot go past them (it has no start
+            // point), so the job's other chunks are left to the lifecycle rule.
             if n == 0 {
-                tracing::warn!(job, "more than a page of kept chunks: the rest of the job's chunk blobs are left to the lifecycle rule");
+                tracing::warn!(job, "a page of chunk blobs all kept (a thousand failed chunks, or a kept list that cannot be read): the job's other chunks are left to the lifecycle rule");
                 break;
             }
         }
-    }
-    // The tariff its initiator stored (read only to bill a job that never wrote its manifest, and by
-    // a retry of its kept chunks).
-    if !keeping {
-        store.delete(&fleet_domain::layout::tariff_key(job)).await?;
     }
     Ok(deleted)
 }
@@ -409,7 +405,8 @@ mod tests {
         assert_eq!(chunks("partial".into()).await, [chunk_key("partial", 1), chunk_key("partial", 3)], "the failed chunks stay");
         assert!(store.get(&tariff("partial")).await.unwrap().is_some(), "and the tariff they are billed with");
         assert_eq!(chunks("garbled".into()).await.len(), 4, "an unreadable list keeps every chunk");
-        assert!(chunks("whole".into()).await.is_empty() && store.get(&tariff("whole")).await.unwrap().is_none(), "no list: all go");
+        assert!(chunks("whole".into()).await.is_empty(), "no list: all go");
+        assert!(store.get(&tariff("whole")).await.unwrap().is_some(), "the tariff stays (its metadata: the job's files, for `initiator jobs`)");
     }
 
     async fn job_blobs(store: &dyn BlobStore, job: &str, chunks: u32) {

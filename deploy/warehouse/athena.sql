@@ -3,6 +3,11 @@
 -- projection, so a new day is queryable at once (no MSCK REPAIR, no crawler). Replace
 -- s3://BUCKET/ with the fleet's bucket (`--bucket`, FLEET_BUCKET) and the start day with the day
 -- of the first job.
+--
+-- Upgrading from the first tables (tables/accounts/, tables/jobs/, money at two places): drop them
+-- first, `IF NOT EXISTS` would keep them as they were (dropping an external table keeps its data):
+--   DROP TABLE IF EXISTS fleet_accounts; DROP TABLE IF EXISTS fleet_jobs;
+-- then `initiator warehouse backfill` writes tables/v2/ for the earlier jobs from their reports.
 
 CREATE EXTERNAL TABLE IF NOT EXISTS fleet_accounts (
   job_id      string,

@@ -134,8 +134,13 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 return Err(CliError::Input(format!("job {job}: none of its kept chunks can be read; nothing submitted")));
             }
             eprintln!("job {job}: billing its failed chunks {:?} again, as a new job that completes it", p.chunks);
+            // Its rows reported under the chunk files' own names (`JOB-chunk-NNNNNN.csv`), not a
+            // temporary directory's: read from there.
+            std::env::set_current_dir(dir.path()).map_err(|e| CliError::Input(format!("{}: {e}", dir.path().display())))?;
+            let files = p.files.iter().map(|f| f.file_name().map(PathBuf::from).unwrap_or_else(|| f.clone())).collect();
+            let unreadable = p.unreadable.len();
             let args = SubmitArgs {
-                files: p.files.clone(),
+                files,
                 stdin_name: "stdin".into(),
                 stdin_size: None,
                 chunk_size: None,
@@ -150,9 +155,14 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 tariff: Some(crate::retry::tariff_file(dir.path(), &p.tariff)?),
                 wait_timeout_secs,
                 upload_concurrency: 16,
-                completes: Some(job),
+                completes: Some(job.clone()),
             };
-            submit(args, &fleet).await
+            let code = submit(args, &fleet).await?;
+            if unreadable > 0 && code == ExitCode::SUCCESS {
+                eprintln!("job {job}: {unreadable} kept chunk(s) could not be billed (above): exit 2");
+                return Ok(job_exit_code(fleet_domain::model::JobStatus::Partial));
+            }
+            Ok(code)
         }
         Command::Abandon { job, reason, no_wait, json } => {
             follow::checked(&job)?;

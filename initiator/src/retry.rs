@@ -79,6 +79,14 @@ pub async fn prepare(store: &dyn BlobStore, job: &str, dir: &Path) -> Result<Pre
             None => Err("its blob is gone (expired or given up)".to_string()),
             Some(b) => fleet_domain::codec::decompress_capped(&b, MAX_CHUNK_BYTES).map_err(|e| format!("its blob cannot be read: {e}")),
         };
+        // As many rows as the job recorded for the chunk (a blob put back by hand must be the chunk).
+        let raw = raw.and_then(|raw| {
+            let rows = raw.split(|&b| b == b'\n').skip(1).filter(|l| !l.is_empty()).count() as u64;
+            match manifest.as_ref().and_then(|m| m.chunk_transactions.get(c as usize)) {
+                Some(&want) if want != rows => Err(format!("its blob holds {rows} rows, the job recorded {want} for it")),
+                _ => Ok(raw),
+            }
+        });
         match raw {
             Ok(raw) => {
                 let path = dir.join(format!("{job}-chunk-{c:06}.csv"));

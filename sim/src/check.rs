@@ -210,13 +210,13 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
         }
     }
     // Nothing left behind once every job has ended and every purge is done: under a finished job's
-    // prefixes only its manifest and checkpoint (and, quarantined, the checkpoint it could not read),
-    // and its failed chunks for a retry (their blobs, `kept.json` naming exactly them, the tariff);
+    // prefixes only its manifest, tariff and checkpoint (and, quarantined, the checkpoint it could not
+    // read), and its failed chunks for a retry (their blobs, `kept.json` naming exactly them);
     // no other chunk or result blob, no checkpoint part, no open marker.
     let keys = store.keys();
     for job in jobs.iter().filter(|j| known(j)) {
         let prefixes = [format!("jobs/{}/", job.id), format!("{CHECKPOINTS_PREFIX}{}/", job.id)];
-        let mut kept = vec![manifest_key(&job.id), checkpoint_key(&job.id), quarantined_checkpoint_key(&job.id)];
+        let mut kept = vec![manifest_key(&job.id), checkpoint_key(&job.id), quarantined_checkpoint_key(&job.id), tariff_key(&job.id)];
         let failed: Vec<u32> = match report(store, &job.id).await {
             Some(r) if r.status != JobStatus::Quarantined => r.failed_chunks.iter().map(|f| f.chunk).collect(),
             _ => Vec::new(),
@@ -235,7 +235,7 @@ pub async fn invariants(jobs: &[Arc<JobPlan>], store: &MemoryStore, queues: &[Ar
                 }
             }
             kept.extend(failed.iter().map(|&c| chunk_key(&job.id, c)));
-            kept.extend([kept_key(&job.id), tariff_key(&job.id)]);
+            kept.push(kept_key(&job.id));
         }
         let ours = |k: &String| prefixes.iter().any(|p| k.starts_with(p.as_str()));
         let left: Vec<&String> = keys.iter().filter(|k| (ours(k) && !kept.contains(k)) || **k == open_key(&job.id)).take(3).collect();

@@ -248,6 +248,7 @@ impl Fix {
             Fix::ClaimsChecked => "a row another job billed first is not billed again",
             Fix::OwnClaims => "a job's own claims found again are its own",
             Fix::FailedChunksKept => "a partial job's failed chunks kept through the purge, for a retry",
+
         }
     }
 }

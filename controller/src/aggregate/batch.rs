@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use fleet_domain::requests::{Billed, Op, RequestCounts};
+use fleet_domain::model::{ChunkOutcome, ResultMessage};
 use fleet_engine::Kept;
 use fleet_io::call::counted;
 use fleet_io::error::{Error, Result};
@@ -344,9 +345,20 @@ impl Aggregator {
         debug_assert_eq!(taken.len(), items.len(), "one message per item");
         let now = Instant::now();
         job.count(&ctl);
+        // The chunks this batch brings processed results for: read ahead of the job's claim.
+        let processed: Vec<(u32, u64)> = items
+            .iter()
+            .filter_map(|r| match &r.item {
+                Item::Result(ResultMessage::Chunk(c)) if matches!(c.outcome, ChunkOutcome::Processed { .. }) => Some((c.chunk, c.transactions)),
+                _ => None,
+            })
+            .collect();
         if let Err((e, back)) = job.apply_batch(items.into_iter().zip(taken).collect(), now) {
             *kept = back;
             return Err(e);
+        }
+        for (chunk, rows) in processed {
+            self.books.read_ahead(job_id, chunk, rows);
         }
         let floor = self.expiry.idle_floor();
         match job.next(now, floor, self.settle, Asker::Batch) {

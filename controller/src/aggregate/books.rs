@@ -46,6 +46,8 @@ pub(super) struct Books {
     pub(super) memory: Arc<Memory>,
     /// Jobs whose claims failed for a lasting reason, waiting to be tried again (see `claims`).
     pub(super) claims_backoff: super::claims::ClaimsBackoff,
+    /// Claim rows of open jobs' counted chunks, read ahead of their claims (see `claims`).
+    pub(super) read_ahead: Arc<super::claims::ReadAhead>,
 }
 
 impl Books {

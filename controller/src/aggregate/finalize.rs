@@ -282,7 +282,7 @@ async fn write_tables<A: report::AccountRows>(store: &dyn BlobStore, r: &report:
     let encode_ms = started.elapsed().as_millis() as u64;
     let objects = match encoded {
         Ok(o) => o,
-        // Our own report's values (money at two places, our clock's times): never expected. The
+        // Our own report's values (money at its currency's places, our clock's times): never expected. The
         // report is still written (it, not the tables, is the job's answer); the error names the job
         // and the value, for whoever writes its rows from the report.
         Err(e) => {

@@ -234,6 +234,7 @@ impl Aggregator {
             expiry: expiry.clone(),
             memory: memory.clone(),
             claims_backoff: Default::default(),
+            read_ahead: Default::default(),
         };
         Aggregator {
             unreadable: Unreadable { store: store.clone(), queues },

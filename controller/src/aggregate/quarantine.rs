@@ -154,12 +154,16 @@ impl Books {
         r.note = Some(note);
         r.finished_at = self.clock.rfc3339();
         // Its row in the warehouse's jobs table (none in the accounts table: it bills nothing), so
-        // that `initiator jobs` and the analysts see it; only if absent, as every table object.
-        match fleet_warehouse::billed_on(&r).and_then(|day| Ok((fleet_warehouse::Table::Jobs.key(&day, job_id), fleet_warehouse::Table::Jobs.encode(&r)?))) {
-            Ok((key, body)) => {
-                self.store.put_if(&key, Bytes::from(body), fleet_warehouse::MEDIA_TYPE, &BTreeMap::new(), &Cond::Absent).await?;
+        // that `initiator jobs` and the analysts see it; only if absent, as every table object, and
+        // only for a job without a report (one finished before its state turned unreadable keeps
+        // its report and its rows).
+        if self.store.head(&report_key(job_id)).await?.is_none() {
+            match fleet_warehouse::billed_on(&r).and_then(|day| Ok((fleet_warehouse::Table::Jobs.key(&day, job_id), fleet_warehouse::Table::Jobs.encode(&r)?))) {
+                Ok((key, body)) => {
+                    self.store.put_if(&key, Bytes::from(body), fleet_warehouse::MEDIA_TYPE, &BTreeMap::new(), &Cond::Absent).await?;
+                }
+                Err(e) => tracing::error!(job = %job_id, error = %e, "the quarantined job's warehouse row cannot be encoded; its report is written without it"),
             }
-            Err(e) => tracing::error!(job = %job_id, error = %e, "the quarantined job's warehouse row cannot be encoded; its report is written without it"),
         }
         let body = Bytes::from(report::to_json(&r)?);
         if fleet_io::blob::put_if_owned(self.store.as_ref(), &report_key(job_id), body, "application/json", &BTreeMap::new(), &cond).await?.is_none() {

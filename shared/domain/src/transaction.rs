@@ -8,7 +8,7 @@ use rust_decimal::Decimal;
 pub struct Transaction<'a> {
     pub txn_id: &'a str,
     pub account_id: &'a str,
-    /// Exact amount, scale 2; negative for a refund.
+    /// Exact amount at its currency's ISO 4217 places (scale 0 for JPY, 2 for EUR, 3 for BHD); negative for a refund.
     pub amount: Decimal,
     /// The amount as written (validated), for writing chunks without reformatting.
     pub amount_text: &'a str,

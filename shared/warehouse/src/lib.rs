@@ -162,12 +162,18 @@ fn millis(job: &str, field: &str, s: &str) -> Result<i64> {
 /// two's complement. More places than `scale` is an error, never a rounding.
 fn decimal(job: &str, field: &str, s: &str, scale: u32) -> Result<FixedLenByteArray> {
     let bad = |why: String| Error::Invalid { job: job.to_string(), what: format!("{field} {s:?} {why}") };
-    let mut d: Decimal = s.parse().map_err(|e| bad(format!("is not a decimal: {e}")))?;
+    let d: Decimal = s.parse().map_err(|e| bad(format!("is not a decimal: {e}")))?;
     if d.scale() > scale {
         return Err(bad(format!("has more than {scale} decimal places")));
     }
-    d.rescale(scale);
-    Ok(FixedLenByteArray::from(d.mantissa().to_be_bytes().to_vec()))
+    // `rescale` stops short of `scale` when the value cannot hold it (a 96-bit mantissa): the
+    // unscaled integer is made exactly here instead (38 digits hold any such value at 4 places).
+    let unscaled = d
+        .mantissa()
+        .checked_mul(10i128.pow(scale - d.scale()))
+        .filter(|u| u.unsigned_abs() < 10u128.pow(38))
+        .ok_or_else(|| bad(format!("does not fit DECIMAL(38,{scale})")))?;
+    Ok(FixedLenByteArray::from(unscaled.to_be_bytes().to_vec()))
 }
 
 fn status(s: JobStatus) -> &'static str {
@@ -313,7 +319,9 @@ pub fn jobs<A>(r: &Report<A>) -> Result<Vec<u8>> {
         Some(c) => decimals(&mut rg, std::slice::from_ref(c), Some(&[1]))?,
         None => decimals(&mut rg, &[], Some(&[0]))?,
     }
-    int64s(&mut rg, &[millis(job, "created_at", &r.created_at)?])?;
+    // A job quarantined without a readable manifest has no submit time: its ending's stands in.
+    let submitted_at = if r.created_at.is_empty() { &r.finished_at } else { &r.created_at };
+    int64s(&mut rg, &[millis(job, "created_at", submitted_at)?])?;
     int64s(&mut rg, &[millis(job, "finished_at", &r.finished_at)?])?;
     {
         let files: Vec<ByteArray> = r.files.iter().map(|f| ByteArray::from(f.as_str())).collect();

@@ -166,3 +166,19 @@ fn a_time_that_is_not_rfc3339_is_refused_with_where() {
     let e = billed_on(&r).unwrap_err().to_string();
     assert!(e.contains("job bad") && e.contains("finished_at") && e.contains("yesterday"), "{e}");
 }
+
+/// A sum too large for a 96-bit mantissa at four places is still stored exactly (`rescale` would
+/// stop short of the column's scale and the value would read a power of ten off).
+#[test]
+fn a_large_sum_is_stored_at_the_columns_scale() {
+    let mut totals = Totals::new();
+    // 7.9e26 at two places: rescaled to four it would need 2^96 * 100.
+    let big: Decimal = "792281625142643375935439503.35".parse().unwrap();
+    totals.add(&AccountTotals { account_id: "a".into(), currency: "EUR".into(), count: 1, gross: big, fees: Decimal::ZERO });
+    let r = build(&manifest("big-sum"), &totals, Vec::new(), &RequestCounts::default());
+    let got = rows(Table::Accounts.encode(&r).unwrap());
+    let Field::Decimal(d) = field(&got[0], "gross") else { panic!() };
+    let mut v = [0u8; 16];
+    v[16 - d.data().len()..].copy_from_slice(d.data());
+    assert_eq!((i128::from_be_bytes(v), d.scale()), (7_922_816_251_426_433_759_354_395_033_500, 4));
+}
