@@ -456,16 +456,21 @@ async fn an_oracle_computed_by_hand_agrees_with_the_fleet_and_initiator_local() 
         assert_eq!(got, totals, "{how}: totals");
         assert_eq!((r.transactions.processed, r.transactions.failed, r.transactions.rejected), (12, 0, 0), "{how}");
     };
+    by_local_and_by_the_fleet("oracle.csv", CSV, 3, check).await;
+}
+
+/// Bills `csv` by `initiator local` and through the fleet on the real stack (in chunks of
+/// `chunk`), and checks each report with `check`.
+async fn by_local_and_by_the_fleet(name: &str, csv: &str, chunk: u64, check: impl Fn(&fleet_domain::report::Report, &str)) {
     let dir = tempfile::tempdir().unwrap();
-    let file = write(dir.path(), "oracle.csv", CSV);
+    let file = write(dir.path(), name, csv);
     let out = std::process::Command::new(bin("initiator")).arg("local").arg(&file).arg("--json").output().unwrap();
-    assert!(out.status.success(), "initiator local: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(matches!(out.status.code(), Some(0 | 1)), "initiator local: {}", String::from_utf8_lossy(&out.stderr));
     check(&serde_json::from_slice(&out.stdout).unwrap(), "initiator local");
     let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
     let p = st.start_processor(fast_processor());
     let c = st.start_controller();
-    let s = st.submit(&[file], 3).await;
-    assert_eq!(s.total_chunks, 4);
+    let s = st.submit(&[file], chunk).await;
     let r = st.wait_report(&s, T).await;
     assert_eq!(r.status, JobStatus::Complete);
     check(&r, "the fleet");
@@ -537,18 +542,5 @@ async fn yen_euros_and_dinars_each_at_its_places_agree_with_an_oracle_by_hand() 
         assert!(r.rejected.iter().all(|x| x.file.ends_with("money.csv")), "{how}");
         assert_eq!((r.transactions.processed, r.transactions.failed, r.transactions.rejected), (11, 0, 5), "{how}");
     };
-    let dir = tempfile::tempdir().unwrap();
-    let file = write(dir.path(), "money.csv", CSV);
-    let out = std::process::Command::new(bin("initiator")).arg("local").arg(&file).arg("--json").output().unwrap();
-    assert!(out.status.success() || out.status.code() == Some(1), "initiator local: {}", String::from_utf8_lossy(&out.stderr));
-    check(&serde_json::from_slice(&out.stdout).unwrap(), "initiator local");
-    let Some(st) = crate::support::stack(QueueSettings::default()).await else { return };
-    let p = st.start_processor(fast_processor());
-    let c = st.start_controller();
-    let s = st.submit(&[file], 4).await;
-    let r = st.wait_report(&s, T).await;
-    assert_eq!(r.status, JobStatus::Complete);
-    check(&r, "the fleet");
-    p.stop().await;
-    c.stop().await;
+    by_local_and_by_the_fleet("money.csv", CSV, 4, check).await;
 }
