@@ -70,7 +70,9 @@ pub async fn progress(store: &dyn BlobStore, job_id: &str) -> Result<JobProgress
         None => None,
     };
     let cp = checkpoint_progress(store, job_id).await?;
-    if manifest.is_none() && cp.is_none() {
+    // A job being submitted has neither until its seal or its first checkpoint: its tariff, its
+    // first object, says it was begun.
+    if manifest.is_none() && cp.is_none() && store.head(&fleet_domain::layout::tariff_key(job_id)).await?.is_none() {
         return Err(CliError::Input(format!("no job {job_id} in bucket {}", store.bucket())));
     }
     Ok(JobProgress {

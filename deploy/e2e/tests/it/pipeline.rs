@@ -92,7 +92,11 @@ async fn whole_pipeline_bills_exactly() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let kept = st.store.list(&job_prefix, 1000).await.unwrap();
-    assert_eq!(kept, [fleet_domain::layout::manifest_key(&s.job_id)], "only the manifest stays beside the job's blobs");
+    assert_eq!(
+        kept,
+        [fleet_domain::layout::manifest_key(&s.job_id), fleet_domain::layout::tariff_key(&s.job_id)],
+        "only the manifest and the tariff (its metadata: the job's files, for `initiator jobs`) stay beside the job's blobs"
+    );
     let state = st.store.list(&format!("{}{}/", fleet_domain::layout::CHECKPOINTS_PREFIX, s.job_id), 1000).await.unwrap();
     assert_eq!(state, [fleet_domain::layout::checkpoint_key(&s.job_id)], "the checkpoint stays, under the controllers' prefix");
     // The bucket's lifecycle rules are the backstop (provisioning put them there).
