@@ -76,8 +76,8 @@ pub async fn purge_job(store: &Arc<dyn BlobStore>, job: &str) -> Result<usize> {
     let kept: Option<std::collections::BTreeSet<String>> = match store.get(&kept_key(job)).await? {
         None => Some(Default::default()),
         Some(b) => match serde_json::from_slice::<fleet_domain::model::Kept>(&b) {
-            Ok(k) if k.job_id == job && !crate::undo::is(crate::undo::Fix::FailedChunksKept) => Some(k.chunks.iter().map(|&c| chunk_key(job, c)).collect()),
             Ok(_) if crate::undo::is(crate::undo::Fix::FailedChunksKept) => Some(Default::default()),
+            Ok(k) if k.job_id == job => Some(k.chunks.iter().map(|&c| chunk_key(job, c)).collect()),
             _ => {
                 tracing::warn!(job, "the job's kept.json cannot be read: its chunk blobs are all kept");
                 None

@@ -116,7 +116,11 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             eprintln!("billed {} transactions in {secs:.3} s in one process", r.transactions.processed);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Submit(args) => submit(args, &fleet).await,
+        Command::Submit(args) => {
+            // Everything local first: nothing is contacted for a submission that cannot go.
+            let tariff = load_tariff(args.tariff.as_ref())?;
+            submit(args, tariff, &fleet).await
+        }
         Command::Retry { job, give_up, wait_timeout_secs, json } => {
             let aws = aws(&fleet).await?;
             let store = store(&aws, &fleet).await?;
@@ -152,12 +156,13 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 deadline_secs: None,
                 group_by: None,
                 groups: 16,
-                tariff: Some(crate::retry::tariff_file(dir.path(), &p.tariff)?),
+                tariff: None,
                 wait_timeout_secs,
                 upload_concurrency: 16,
                 completes: Some(job.clone()),
             };
-            let code = submit(args, &fleet).await?;
+            // Billed with the job's own tariff, as read from the bucket.
+            let code = submit(args, p.tariff, &fleet).await?;
             if unreadable > 0 && code == ExitCode::SUCCESS {
                 eprintln!("job {job}: {unreadable} kept chunk(s) could not be billed (above): exit 2");
                 return Ok(job_exit_code(fleet_domain::model::JobStatus::Partial));
@@ -397,9 +402,8 @@ fn print_report(r: &fleet_domain::report::Report, json: bool) -> Result<(), CliE
     Ok(())
 }
 
-async fn submit(args: SubmitArgs, fleet: &FleetArgs) -> Result<ExitCode, CliError> {
+async fn submit(args: SubmitArgs, tariff: Tariff, fleet: &FleetArgs) -> Result<ExitCode, CliError> {
     // Everything local first: nothing is contacted for a submission that cannot go.
-    let tariff = load_tariff(args.tariff.as_ref())?;
     let grouping = crate::grouping::Grouping::new(args.group_by, args.groups);
     let stdin = crate::submit::Stdin { name: args.stdin_name.clone(), size: args.stdin_size };
     let inputs = crate::submit::preflight(&args.files, &stdin, args.chunk_size, grouping, &fleet.work_queue)?;

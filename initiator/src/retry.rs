@@ -14,7 +14,6 @@
 
 use std::path::{Path, PathBuf};
 
-use bytes::Bytes;
 use fleet_domain::billing::Tariff;
 use fleet_domain::layout::{chunk_key, kept_key, manifest_key, tariff_key, MAX_MANIFEST_BYTES};
 use fleet_domain::model::{Kept, Manifest};
@@ -113,17 +112,10 @@ pub async fn give_up(store: &dyn BlobStore, job: &str) -> Result<Vec<u32>, CliEr
     Ok(k.chunks)
 }
 
-/// Writes `tariff` where `submit --tariff` reads it.
-pub fn tariff_file(dir: &Path, tariff: &Tariff) -> Result<PathBuf, CliError> {
-    let path = dir.join("tariff.json");
-    let body = Bytes::from(serde_json::to_vec(tariff).map_err(|e| CliError::Input(e.to_string()))?);
-    std::fs::write(&path, &body).map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
-    Ok(path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use fleet_io::blob::memory::MemoryStore;
 
     #[tokio::test]

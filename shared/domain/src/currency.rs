@@ -16,21 +16,22 @@ use rust_decimal::{Decimal, RoundingStrategy};
 /// currency's amounts exactly.
 pub const MAX_MINOR_UNITS: u32 = 4;
 
-/// A code's places, or [`NOT_BILLABLE`] (not listed, or listed without a minor unit); indexed by
-/// the code's three letters in base 26.
+/// A code's places, or [`UNKNOWN`] / [`NO_MINOR_UNIT`]; indexed by the code's three letters in base 26.
 static PLACES: LazyLock<Box<[u8; 26 * 26 * 26]>> = LazyLock::new(|| {
-    let mut t = Box::new([NOT_BILLABLE; 26 * 26 * 26]);
+    let mut t = Box::new([UNKNOWN; 26 * 26 * 26]);
     for (i, slot) in t.iter_mut().enumerate() {
         let code = [b'A' + (i / 676) as u8, b'A' + (i / 26 % 26) as u8, b'A' + (i % 26) as u8];
         let code = std::str::from_utf8(&code).expect("ASCII");
-        if let Some(places) = iso_currency::Currency::from_code(code).and_then(|c| c.exponent()) {
-            *slot = u8::try_from(places).ok().filter(|&p| u32::from(p) <= MAX_MINOR_UNITS).unwrap_or(NOT_BILLABLE);
+        if let Some(c) = iso_currency::Currency::from_code(code) {
+            *slot = c.exponent().and_then(|p| u8::try_from(p).ok()).filter(|&p| u32::from(p) <= MAX_MINOR_UNITS).unwrap_or(NO_MINOR_UNIT);
         }
     }
     t
 });
 
-const NOT_BILLABLE: u8 = u8::MAX;
+/// Table values that are not places: a code ISO 4217 does not list, and one it lists without a minor unit.
+const UNKNOWN: u8 = u8::MAX;
+const NO_MINOR_UNIT: u8 = u8::MAX - 1;
 
 /// Why a code is not a currency the fleet bills in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,11 +52,8 @@ pub fn minor_units(code: &[u8]) -> Result<u32, NotBillable> {
     }
     let i = usize::from(a - b'A') * 676 + usize::from(b - b'A') * 26 + usize::from(c - b'A');
     match PLACES[i] {
-        NOT_BILLABLE => Err(if iso_currency::Currency::from_code(std::str::from_utf8(code).unwrap_or("")).is_some() {
-            NotBillable::NoMinorUnit
-        } else {
-            NotBillable::Unknown
-        }),
+        UNKNOWN => Err(NotBillable::Unknown),
+        NO_MINOR_UNIT => Err(NotBillable::NoMinorUnit),
         p => Ok(u32::from(p)),
     }
 }

@@ -452,20 +452,34 @@ async fn an_oracle_computed_by_hand_agrees_with_the_fleet_and_initiator_local() 
     ];
     let totals = [("EUR", 10, "75.41", "5.03", "70.38"), ("USD", 2, "100.25", "3.51", "96.74")];
     let check = |r: &fleet_domain::report::Report, how: &str| {
-        let got: Vec<(&str, &str, u64, &str, &str, &str)> =
-            r.accounts.iter().map(|a| (a.account_id.as_str(), a.currency.as_str(), a.count, a.gross.as_str(), a.fees.as_str(), a.net.as_str())).collect();
-        assert_eq!(got, accounts, "{how}: accounts");
-        let got: Vec<(&str, u64, &str, &str, &str)> =
-            r.totals.iter().map(|t| (t.currency.as_str(), t.count, t.gross.as_str(), t.fees.as_str(), t.net.as_str())).collect();
-        assert_eq!(got, totals, "{how}: totals");
         assert_eq!((r.transactions.processed, r.transactions.failed, r.transactions.rejected), (12, 0, 0), "{how}");
     };
-    by_local_and_by_the_fleet("oracle.csv", CSV, 3, check).await;
+    by_local_and_by_the_fleet("oracle.csv", CSV, 3, &accounts, &totals, check).await;
 }
 
+/// An account row and a currency total as the oracles write them: (account, currency, count, gross,
+/// fees, net) and (currency, count, gross, fees, net).
+type AccountLine<'a> = (&'a str, &'a str, u64, &'a str, &'a str, &'a str);
+type TotalLine<'a> = (&'a str, u64, &'a str, &'a str, &'a str);
+
 /// Bills `csv` by `initiator local` and through the fleet on the real stack (in chunks of
-/// `chunk`), and checks each report with `check`.
-async fn by_local_and_by_the_fleet(name: &str, csv: &str, chunk: u64, check: impl Fn(&fleet_domain::report::Report, &str)) {
+/// `chunk`), and checks each report's account rows and totals against the oracle's, then `check`.
+async fn by_local_and_by_the_fleet(
+    name: &str,
+    csv: &str,
+    chunk: u64,
+    accounts: &[AccountLine<'_>],
+    totals: &[TotalLine<'_>],
+    more: impl Fn(&fleet_domain::report::Report, &str),
+) {
+    let check = |r: &fleet_domain::report::Report, how: &str| {
+        let got: Vec<AccountLine<'_>> =
+            r.accounts.iter().map(|a| (a.account_id.as_str(), a.currency.as_str(), a.count, a.gross.as_str(), a.fees.as_str(), a.net.as_str())).collect();
+        assert_eq!(got, accounts, "{how}: accounts");
+        let got: Vec<TotalLine<'_>> = r.totals.iter().map(|t| (t.currency.as_str(), t.count, t.gross.as_str(), t.fees.as_str(), t.net.as_str())).collect();
+        assert_eq!(got, totals, "{how}: totals");
+        more(r, how);
+    };
     let dir = tempfile::tempdir().unwrap();
     let file = write(dir.path(), name, csv);
     let out = std::process::Command::new(bin("initiator")).arg("local").arg(&file).arg("--json").output().unwrap();
@@ -535,16 +549,10 @@ async fn yen_euros_and_dinars_each_at_its_places_agree_with_an_oracle_by_hand() 
         (17, "currency: \"XAU\" has no minor unit in ISO 4217 (a metal, fund or \"no currency\" code, not billed)"),
     ];
     let check = |r: &fleet_domain::report::Report, how: &str| {
-        let got: Vec<(&str, &str, u64, &str, &str, &str)> =
-            r.accounts.iter().map(|a| (a.account_id.as_str(), a.currency.as_str(), a.count, a.gross.as_str(), a.fees.as_str(), a.net.as_str())).collect();
-        assert_eq!(got, accounts, "{how}: accounts");
-        let got: Vec<(&str, u64, &str, &str, &str)> =
-            r.totals.iter().map(|t| (t.currency.as_str(), t.count, t.gross.as_str(), t.fees.as_str(), t.net.as_str())).collect();
-        assert_eq!(got, totals, "{how}: totals");
         let got: Vec<(u64, &str)> = r.rejected.iter().map(|x| (x.line, x.reason.as_str())).collect();
         assert_eq!(got, rejected, "{how}: rejected rows");
         assert!(r.rejected.iter().all(|x| x.file.ends_with("money.csv")), "{how}");
         assert_eq!((r.transactions.processed, r.transactions.failed, r.transactions.rejected), (11, 0, 5), "{how}");
     };
-    by_local_and_by_the_fleet("money.csv", CSV, 4, check).await;
+    by_local_and_by_the_fleet("money.csv", CSV, 4, &accounts, &totals, check).await;
 }
