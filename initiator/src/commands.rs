@@ -3,6 +3,10 @@
 //! command checks what it can locally (files, flags, tariff, job id) before it contacts anything,
 //! then checks the AWS settings (region, credentials) and reaches the stack within
 //! [`REACH_WITHIN`] before its real calls. Exit codes: [`crate::Exit`].
+//!
+//! Why one file of ~480 lines: each command is a short flow over the library (`submit`, `retry`,
+//! `follow`, `jobs`, `ops`, ...), and they share the same few steps (reach the stack, follow a job,
+//! print a report, map its status to an exit code); the logic lives in those modules, not here.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

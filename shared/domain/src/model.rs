@@ -1,6 +1,11 @@
 //! The messages and documents that travel between the fleet's parts: work items on the work queue,
 //! chunk results on the results queue, the job manifest and the controller's checkpoint on S3.
 //! Every document carries a version field so that old and new fleet members can tell each other apart.
+//!
+//! Why one file of ~500 lines: these are the wire formats, read by every role; kept together, a
+//! change to one document is seen beside the others it must stay compatible with (the submission's
+//! metadata, the kept list of a partial job, the checkpoint's progress). The logic that acts on
+//! them lives elsewhere.
 
 use std::collections::BTreeSet;
 
